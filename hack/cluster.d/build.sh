@@ -1,0 +1,147 @@
+# shellcheck shell=bash
+# Build/caching helpers for hack/cluster. Sourced, not executed.
+# Everything is cached by version under $CACHE (outside the work tree):
+#   $CACHE/kubernetes/$K8S_VERSION/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet}
+#   $CACHE/etcd/$ETCD_VERSION/bin/etcd
+#   $CACHE/helm/$HELM_VERSION/bin/helm   (+ symlink $CACHE/bin/helm)
+# Builds go into a temp dir next to the destination and are moved into place with one rename,
+# so a killed build never leaves a half-filled cache entry.
+
+go_env() {
+  if ! command -v go >/dev/null 2>&1; then
+    if [[ -x /usr/local/go/bin/go ]]; then export PATH="$PATH:/usr/local/go/bin"
+    else die "go toolchain not found (need Go >= 1.24; /usr/local/go/bin/go or on PATH)"; fi
+  fi
+  export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+}
+
+# commit_dir TMPDIR DEST: atomically put TMPDIR/bin at DEST/bin
+commit_dir() {
+  local tmp=$1 dest=$2
+  mkdir -p "$dest"
+  rm -rf "$dest/bin.old"
+  [[ -e $dest/bin ]] && mv "$dest/bin" "$dest/bin.old"
+  mv -T "$tmp/bin" "$dest/bin"
+  rm -rf "$dest/bin.old" "$tmp"
+}
+
+build_kubernetes() {
+  local dest=$CACHE/kubernetes/$K8S_VERSION b ok=1
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+    [[ -x $dest/bin/$b ]] || ok=0
+  done
+  ((ok)) && return 0
+  go_env
+  log "building kubernetes $K8S_VERSION from the Go module proxy (once per machine, ~5-6 min on 2 cores)"
+  local t0=$SECONDS
+  mkdir -p "$CACHE/kubernetes"
+  local tmp; tmp=$(mktemp -d "$CACHE/kubernetes/.build-$K8S_VERSION.XXXXXX")
+  local src=$tmp/src
+  mkdir -p "$src" "$tmp/bin"
+  local modjson gomod moddir
+  modjson=$(cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$K8S_VERSION")
+  gomod=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p' <<<"$modjson")
+  moddir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p' <<<"$modjson")
+  [[ -f $gomod && -d $moddir ]] || die "could not download k8s.io/kubernetes@$K8S_VERSION"
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local staging
+  staging=$(sed -n 's#^[[:space:]]*\(k8s.io/[^[:space:]]*\) => ./staging/src/.*#\1#p' "$gomod" | sort -u)
+  [[ -n $staging ]] || die "no staging replaces found in $gomod"
+  {
+    echo "module agentbox.local/kubebuild"
+    echo
+    echo "go $(sed -n 's/^go \([0-9.]*\).*/\1/p' "$gomod")"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    local m; for m in $staging; do echo "	$m => $m v0.$minor.${K8S_VERSION##*.}"; done
+    echo ")"
+  } >"$src/go.mod"
+  {
+    echo "//go:build tools"
+    echo
+    echo "package tools"
+    echo
+    echo "import ("
+    for b in kube-apiserver kubelet kube-controller-manager kube-scheduler; do
+      echo "	_ \"k8s.io/kubernetes/cmd/$b/app\""
+    done
+    echo ")"
+  } >"$src/tools.go"
+  # main packages: the upstream main files verbatim (they only call app.NewXCommand()).
+  local f
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+    mkdir -p "$src/cmd/$b"
+    case $b in
+      kube-apiserver) f=apiserver.go ;;
+      kube-controller-manager) f=controller-manager.go ;;
+      kube-scheduler) f=scheduler.go ;;
+      kubelet) f=kubelet.go ;;
+    esac
+    cp "$moddir/cmd/$b/$f" "$src/cmd/$b/main.go"
+    chmod u+w "$src/cmd/$b/main.go"
+  done
+  local ld="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  (cd "$src" && GOFLAGS=-mod=mod go mod tidy >"$tmp/tidy.log" 2>&1) || { cat "$tmp/tidy.log" >&2; die "go mod tidy failed (see above)"; }
+  (cd "$src" && go build -trimpath -ldflags "$ld" -o "$tmp/bin/" ./cmd/...) || die "kubernetes build failed"
+  "$tmp/bin/kube-apiserver" --version | grep -q "$K8S_VERSION" || die "built kube-apiserver does not report $K8S_VERSION"
+  commit_dir "$tmp" "$dest"
+  log "kubernetes $K8S_VERSION built in $((SECONDS - t0))s"
+}
+
+build_etcd() {
+  local dest=$CACHE/etcd/$ETCD_VERSION
+  [[ -x $dest/bin/etcd ]] && return 0
+  go_env
+  log "building etcd $ETCD_VERSION from the Go module proxy (once per machine)"
+  local t0=$SECONDS
+  mkdir -p "$CACHE/etcd"
+  local tmp; tmp=$(mktemp -d "$CACHE/etcd/.build-$ETCD_VERSION.XXXXXX")
+  mkdir -p "$tmp/src" "$tmp/bin"
+  cat >"$tmp/src/go.mod" <<GOMOD
+module agentbox.local/etcdbuild
+
+go 1.22
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+GOMOD
+  cat >"$tmp/src/main.go" <<'GOMAIN'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GOMAIN
+  local p=go.etcd.io/etcd/api/v3/version
+  (cd "$tmp/src" && GOFLAGS=-mod=mod go mod tidy >"$tmp/tidy.log" 2>&1) || { cat "$tmp/tidy.log" >&2; die "etcd go mod tidy failed"; }
+  (cd "$tmp/src" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/etcd" .) || die "etcd build failed"
+  "$tmp/bin/etcd" --version | grep -q "${ETCD_VERSION#v}" || die "built etcd does not report $ETCD_VERSION"
+  commit_dir "$tmp" "$dest"
+  log "etcd $ETCD_VERSION built in $((SECONDS - t0))s"
+}
+
+build_helm() {
+  local dest=$CACHE/helm/$HELM_VERSION
+  if [[ ! -x $dest/bin/helm ]]; then
+    go_env
+    log "installing helm $HELM_VERSION from the Go module proxy (once per machine)"
+    local t0=$SECONDS
+    mkdir -p "$CACHE/helm"
+    local tmp; tmp=$(mktemp -d "$CACHE/helm/.build-$HELM_VERSION.XXXXXX")
+    mkdir -p "$tmp/bin"
+    (cd "$tmp" && GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION") || die "helm install failed"
+    commit_dir "$tmp" "$dest"
+    log "helm $HELM_VERSION installed in $((SECONDS - t0))s"
+  fi
+  mkdir -p "$CACHE/bin"
+  ln -sfn "$dest/bin/helm" "$CACHE/bin/helm.tmp" && mv -T "$CACHE/bin/helm.tmp" "$CACHE/bin/helm"
+}

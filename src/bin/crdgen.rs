@@ -1,0 +1,7 @@
+//! Prints the CRDs as YAML; `crds/agentbox.yaml` is this output.
+#![forbid(unsafe_code)]
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    print!("{}", agentbox::crd::render_yaml()?);
+    Ok(())
+}

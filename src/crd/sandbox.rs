@@ -1,0 +1,589 @@
+//! The `Sandbox` resource: one isolated execution environment backed by one Pod.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a Sandbox.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "agentbox.dev",
+    version = "v1alpha1",
+    kind = "Sandbox",
+    namespaced,
+    shortname = "sbx",
+    status = "SandboxStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope.kind"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.lifecycle.mode"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#,
+    printcolumn = r#"{"name":"Start","type":"string","description":"Start branch of the last workspace initialisation (A reuse, B recover, C restore, D fresh)","jsonPath":".status.workspace.lastStartBranch"}"#,
+    printcolumn = r#"{"name":"Pod","type":"string","priority":1,"jsonPath":".status.podName"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSpec {
+    /// Container image the sandbox runs. It needs `sh`; `tar` and `sha256sum` are needed for
+    /// snapshots and file transfer.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+
+    /// Image pull policy of the sandbox container (Always, IfNotPresent, Never). Defaults to
+    /// the Kubernetes default for the image's tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+
+    /// Entrypoint of the sandbox container. Defaults to a shell loop that keeps the container
+    /// alive, since the harness drives the sandbox through exec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub command: Option<Vec<String>>,
+
+    /// Arguments to the entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub args: Option<Vec<String>>,
+
+    /// Environment variables of the sandbox container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub env: Vec<EnvVar>,
+
+    /// CPU and memory requests and limits of the sandbox container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// RuntimeClass of the sandbox pod, for stronger isolation (for example gVisor or Kata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub runtime_class_name: Option<String>,
+
+    /// Node labels the sandbox pod must match when it is first scheduled. Once the workspace
+    /// exists the pod stays pinned to that node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Tolerations of the sandbox pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub tolerations: Vec<Toleration>,
+
+    /// The few security settings a sandbox may override. Privilege escalation, privileged mode
+    /// and added capabilities are never allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SandboxSecurityContext>,
+
+    /// Isolation scope of the sandbox. It decides the scope key that labels, guards and
+    /// snapshot lineage hang off. Immutable.
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("scope is immutable; create a new Sandbox for another scope"))]
+    pub scope: Scope,
+
+    /// The workspace directory: where it is mounted and what is written into it.
+    #[serde(default)]
+    pub workspace: WorkspaceSpec,
+
+    /// How the workspace is restored from and saved to snapshots.
+    #[serde(default)]
+    pub snapshot: SnapshotPolicy,
+
+    /// Whether the sandbox runs, and when it ends.
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+
+    /// Network policy of the sandbox pod.
+    #[serde(default)]
+    pub network: Network,
+}
+
+/// Image pull policy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ImagePullPolicy {
+    /// Always pull the image.
+    Always,
+    /// Pull only when the image is not on the node.
+    IfNotPresent,
+    /// Never pull; the image must be on the node.
+    Never,
+}
+
+impl ImagePullPolicy {
+    /// The value Kubernetes expects in a container spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImagePullPolicy::Always => "Always",
+            ImagePullPolicy::IfNotPresent => "IfNotPresent",
+            ImagePullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// Security settings a sandbox may choose.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSecurityContext {
+    /// UID the sandbox processes run as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub run_as_user: Option<i64>,
+    /// GID the sandbox processes run as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub run_as_group: Option<i64>,
+    /// Refuse to start when the image would run as root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_non_root: Option<bool>,
+    /// Mount the container's root filesystem read-only (the workspace stays writable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_root_filesystem: Option<bool>,
+}
+
+/// Kind of isolation scope.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    schemars::JsonSchema,
+)]
+pub enum ScopeKind {
+    /// One agent session of one user: needs `agent` and `session`.
+    Session,
+    /// One user of one agent, across sessions: needs `agent` and `user`.
+    User,
+    /// One agent, shared by all its users: needs `agent`.
+    Agent,
+    /// One sandbox lineage for everything: takes no ids.
+    Global,
+}
+
+impl ScopeKind {
+    /// The lower-case form used in the `agentbox.dev/scope` label.
+    pub fn label_value(self) -> &'static str {
+        match self {
+            ScopeKind::Session => "session",
+            ScopeKind::User => "user",
+            ScopeKind::Agent => "agent",
+            ScopeKind::Global => "global",
+        }
+    }
+}
+
+/// The isolation scope: which ids identify the sandbox's lineage.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+#[x_kube(
+    validation = kube::core::Rule::new("self.kind == 'Global' || has(self.agent)").message("scope.agent is required for Session, User and Agent scopes"),
+    validation = kube::core::Rule::new("self.kind != 'Session' || has(self.session)").message("scope.session is required for a Session scope"),
+    validation = kube::core::Rule::new("self.kind != 'User' || has(self.user)").message("scope.user is required for a User scope"),
+    validation = kube::core::Rule::new("self.kind == 'Session' || !has(self.session)").message("scope.session is only allowed for a Session scope"),
+    validation = kube::core::Rule::new("self.kind == 'User' || !has(self.user)").message("scope.user is only allowed for a User scope"),
+    validation = kube::core::Rule::new("self.kind != 'Global' || !has(self.agent)").message("a Global scope takes no ids"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Scope {
+    /// Session, User, Agent or Global.
+    pub kind: ScopeKind,
+    /// Agent id (any string up to 253 characters; need not be a valid label value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub agent: Option<String>,
+    /// User id, for a User scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub user: Option<String>,
+    /// Session id, for a Session scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub session: Option<String>,
+}
+
+/// The workspace: a directory on the node, chosen by the operator, mounted at `root`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSpec {
+    /// Absolute path of the workspace inside the container. Commands run here.
+    #[serde(default = "default_root")]
+    #[schemars(length(min = 2, max = 512))]
+    #[x_kube(
+        validation = kube::core::Rule::new("self.startsWith('/')").message("workspace.root must be an absolute path"),
+        validation = kube::core::Rule::new("!self.matches('(^|/)\\\\.\\\\.?(/|$)')").message("workspace.root must not contain '.' or '..' segments"),
+    )]
+    pub root: String,
+
+    /// Files written into the workspace when it is initialised (all of them on a fresh
+    /// workspace, only the ephemeral ones when an existing workspace is reused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub files: Vec<WorkspaceFile>,
+
+    /// ConfigMaps projected into workspace directories. A projection is re-applied on a start
+    /// only when the SHA-256 of its content changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub projections: Vec<Projection>,
+
+    /// Host directories bind-mounted into the workspace. Only host paths under the prefixes the
+    /// operator allows are accepted (none by default).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub mounts: Vec<HostMount>,
+}
+
+impl Default for WorkspaceSpec {
+    fn default() -> Self {
+        WorkspaceSpec {
+            root: default_root(),
+            files: Vec::new(),
+            projections: Vec::new(),
+            mounts: Vec::new(),
+        }
+    }
+}
+
+fn default_root() -> String {
+    "/workspace".to_string()
+}
+
+/// One file to write into the workspace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.content) != has(self.contentFrom)").message("a file needs exactly one of content and contentFrom"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceFile {
+    /// Path relative to the workspace root.
+    #[schemars(length(min = 1, max = 1024))]
+    #[x_kube(
+        validation = kube::core::Rule::new("!self.startsWith('/')").message("file paths are relative to the workspace root"),
+        validation = kube::core::Rule::new("!self.matches('(^|/)\\\\.\\\\.(/|$)')").message("file paths must not contain '..'"),
+        validation = kube::core::Rule::new("!self.matches('^(\\\\./)*\\\\.agentbox(/|$)')").message(".agentbox is reserved for the operator"),
+    )]
+    pub path: String,
+    /// Inline UTF-8 content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
+    pub content: Option<String>,
+    /// Content taken from a ConfigMap or Secret key in the sandbox's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_from: Option<FileSource>,
+    /// Permission bits (decimal in JSON, e.g. 420 for 0644; YAML accepts 0644). Default 0644.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 511))]
+    pub mode: Option<i32>,
+    /// Re-write this file on every start, not only when the workspace is fresh.
+    #[serde(default)]
+    pub ephemeral: bool,
+}
+
+/// Where a file's content comes from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.configMapKeyRef) != has(self.secretKeyRef)").message("contentFrom needs exactly one of configMapKeyRef and secretKeyRef"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FileSource {
+    /// A key of a ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyRef>,
+    /// A key of a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyRef>,
+}
+
+/// A key of a ConfigMap or Secret in the sandbox's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    /// Name of the object.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the object's data.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// A ConfigMap projected into a workspace directory: one file per key.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Projection {
+    /// Name of the ConfigMap in the sandbox's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub config_map: String,
+    /// Directory relative to the workspace root that receives the keys.
+    #[schemars(length(min = 1, max = 1024))]
+    #[x_kube(
+        validation = kube::core::Rule::new("!self.startsWith('/')").message("projection paths are relative to the workspace root"),
+        validation = kube::core::Rule::new("!self.matches('(^|/)\\\\.\\\\.(/|$)')").message("projection paths must not contain '..'"),
+        validation = kube::core::Rule::new("!self.matches('^(\\\\./)*\\\\.agentbox(/|$)')").message(".agentbox is reserved for the operator"),
+    )]
+    pub path: String,
+}
+
+/// A host directory bind-mounted into the workspace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HostMount {
+    /// Mount point relative to the workspace root.
+    #[schemars(length(min = 1, max = 1024))]
+    #[x_kube(
+        validation = kube::core::Rule::new("!self.startsWith('/')").message("mount paths are relative to the workspace root"),
+        validation = kube::core::Rule::new("!self.matches('(^|/)\\\\.\\\\.(/|$)')").message("mount paths must not contain '..'"),
+        validation = kube::core::Rule::new("!self.matches('^(\\\\./)*\\\\.agentbox(/|$)')").message(".agentbox is reserved for the operator"),
+    )]
+    pub path: String,
+    /// Absolute host path; must lie under a prefix the operator allows.
+    #[schemars(length(min = 2, max = 1024))]
+    #[x_kube(
+        validation = kube::core::Rule::new("self.startsWith('/')").message("hostPath must be absolute"),
+        validation = kube::core::Rule::new("!self.matches('(^|/)\\\\.\\\\.?(/|$)')").message("hostPath must not contain '.' or '..' segments"),
+    )]
+    pub host_path: String,
+    /// Mount read-only. Defaults to true.
+    #[serde(default = "default_true")]
+    pub read_only: bool,
+    /// What must exist at the host path.
+    #[serde(default, rename = "type")]
+    pub type_: HostMountType,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// What must exist at a mount's host path.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum HostMountType {
+    /// An existing directory.
+    #[default]
+    Directory,
+    /// A directory, created when missing.
+    DirectoryOrCreate,
+    /// An existing file.
+    File,
+}
+
+impl HostMountType {
+    /// The value of a hostPath volume's `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostMountType::Directory => "Directory",
+            HostMountType::DirectoryOrCreate => "DirectoryOrCreate",
+            HostMountType::File => "File",
+        }
+    }
+}
+
+/// Snapshot behaviour of a sandbox.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(
+    validation = kube::core::Rule::new("self.restore != 'Named' || has(self.name)").message("snapshot.name is required when snapshot.restore is Named"),
+    validation = kube::core::Rule::new("self.restore == 'Named' || !has(self.name)").message("snapshot.name is only used when snapshot.restore is Named"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotPolicy {
+    /// Which snapshot a fresh or lost workspace is restored from: `Latest` (the newest Ready
+    /// snapshot of this scope), `None`, or `Named` (the SandboxSnapshot in `name`).
+    #[serde(default)]
+    pub restore: RestorePolicy,
+    /// SandboxSnapshot to restore when `restore` is `Named`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub name: Option<String>,
+    /// Take a snapshot before the sandbox is suspended or deleted.
+    #[serde(default)]
+    pub on_stop: bool,
+    /// How many snapshots of this scope to keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+}
+
+/// Which snapshot to restore.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum RestorePolicy {
+    /// The newest Ready snapshot with this sandbox's scope key.
+    #[default]
+    Latest,
+    /// Never restore.
+    #[serde(rename = "None")]
+    Never,
+    /// The snapshot named in `snapshot.name`.
+    Named,
+}
+
+/// Snapshot retention per scope key.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// Keep the newest N Ready snapshots of the scope and delete older ones.
+    #[schemars(range(min = 1, max = 1000))]
+    pub keep_last: u32,
+}
+
+/// Lifecycle of a sandbox.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    /// Running keeps a pod; Suspended deletes the pod and keeps the workspace on its node.
+    #[serde(default)]
+    pub mode: LifecycleMode,
+    /// When this time passes the operator deletes the Sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_time: Option<Time>,
+}
+
+/// Whether a sandbox has a pod.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum LifecycleMode {
+    /// The sandbox has a running pod.
+    #[default]
+    Running,
+    /// No pod; the workspace stays on its node.
+    Suspended,
+}
+
+/// Network settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Network {
+    /// `All` allows egress; `None` denies all egress with a NetworkPolicy (the cluster's network
+    /// plugin must enforce NetworkPolicy).
+    #[serde(default)]
+    pub egress: Egress,
+}
+
+/// Egress policy.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum Egress {
+    /// Egress allowed.
+    #[default]
+    All,
+    /// No egress at all.
+    #[serde(rename = "None")]
+    Denied,
+}
+
+/// Observed state of a Sandbox.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// Coarse state: Pending, Initializing, Ready, Suspended, Failed or Terminating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<SandboxPhase>,
+    /// Detailed conditions: PodReady, WorkspaceReady, Ready and others, each with a reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Name of the sandbox pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    /// Node that holds the workspace; the pod is pinned to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Scope key: hex SHA-256 over the scope kind and ids (also the `agentbox.dev/scope-key` label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_key: Option<String>,
+    /// Workspace state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceStatus>,
+    /// SandboxSnapshot the workspace was last restored from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<String>,
+    /// Newest SandboxSnapshot taken of this sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_snapshot: Option<String>,
+    /// Who holds the scope's execution guard, as last seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<GuardStatus>,
+}
+
+/// Coarse phase of a sandbox.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum SandboxPhase {
+    /// Waiting for a pod.
+    Pending,
+    /// Pod running; workspace being initialised.
+    Initializing,
+    /// Pod and workspace ready for commands.
+    Ready,
+    /// No pod by request; the workspace is kept.
+    Suspended,
+    /// Cannot proceed; see the conditions.
+    Failed,
+    /// Being deleted.
+    Terminating,
+}
+
+impl SandboxPhase {
+    /// The phase's name as written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxPhase::Pending => "Pending",
+            SandboxPhase::Initializing => "Initializing",
+            SandboxPhase::Ready => "Ready",
+            SandboxPhase::Suspended => "Suspended",
+            SandboxPhase::Failed => "Failed",
+            SandboxPhase::Terminating => "Terminating",
+        }
+    }
+}
+
+/// The start branch taken when a workspace was initialised.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum StartBranch {
+    /// Marker present: the workspace was reused; only ephemeral files were re-applied.
+    A,
+    /// The workspace was ready before but is gone: restored from the latest snapshot.
+    B,
+    /// Fresh workspace restored from a snapshot, then all files written.
+    C,
+    /// Fresh workspace, nothing to restore: all files written.
+    D,
+}
+
+/// Workspace state.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceStatus {
+    /// The workspace has been initialised at least once on its node.
+    #[serde(default)]
+    pub root_ready: bool,
+    /// Branch taken by the last initialisation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_start_branch: Option<StartBranch>,
+    /// SHA-256 over the projected ConfigMaps' content at the last initialisation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projection_hash: Option<String>,
+    /// UID of the pod the workspace was last initialised in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialized_pod_uid: Option<String>,
+}
+
+/// Holder of the scope's execution guard.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GuardStatus {
+    /// Identity of the holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// When the holder acquired the guard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+}

@@ -1,0 +1,100 @@
+//! The `SandboxSnapshot` resource: one immutable workspace tarball in object storage.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a SandboxSnapshot. Immutable once created.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "agentbox.dev",
+    version = "v1alpha1",
+    kind = "SandboxSnapshot",
+    namespaced,
+    shortname = "sbxsnap",
+    status = "SandboxSnapshotStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Sandbox","type":"string","jsonPath":".spec.sandboxRef.name"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Members","type":"integer","priority":1,"jsonPath":".status.members"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("a SandboxSnapshot's spec is immutable"))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSnapshotSpec {
+    /// The Sandbox (same namespace) whose workspace is captured.
+    pub sandbox_ref: SandboxRef,
+    /// What happens to the stored tarball when this object is deleted.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// Reference to a Sandbox in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRef {
+    /// Name of the Sandbox.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// What happens to a snapshot's stored object when the resource is deleted.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum DeletionPolicy {
+    /// Delete the object with the resource.
+    #[default]
+    Delete,
+    /// Keep the object in the store.
+    Retain,
+}
+
+/// Observed state of a SandboxSnapshot.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSnapshotStatus {
+    /// Pending, Running, Ready or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<SnapshotPhase>,
+    /// Key of the tarball in the object store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_key: Option<String>,
+    /// Hex SHA-256 of the tarball.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Size of the tarball in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// Number of archive members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<i64>,
+    /// Fencing token (lease transitions) of the guard the snapshot was taken under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+    /// Scope key of the sandbox the snapshot was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_key: Option<String>,
+    /// When taking the snapshot started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the snapshot became Ready or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+    /// Conditions with reasons.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Phase of a snapshot.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum SnapshotPhase {
+    /// Waiting to start.
+    Pending,
+    /// Archive being streamed to the store.
+    Running,
+    /// Object committed and verified.
+    Ready,
+    /// Failed; see the conditions.
+    Failed,
+}
