@@ -3,5 +3,12 @@
 //! The library holds everything; the binaries in `src/bin` are thin wrappers.
 #![forbid(unsafe_code)]
 
+pub mod config;
+pub mod controller;
 pub mod crd;
+pub mod exec;
+pub mod guard;
 pub mod labels;
+pub mod metrics;
+pub mod operator;
+pub mod server;

@@ -138,7 +138,8 @@ build_helm() {
     mkdir -p "$CACHE/helm"
     local tmp; tmp=$(mktemp -d "$CACHE/helm/.build-$HELM_VERSION.XXXXXX")
     mkdir -p "$tmp/bin"
-    (cd "$tmp" && GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION") || die "helm install failed"
+    (cd "$tmp" && GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >"$tmp/install.log" 2>&1) ||
+      { cat "$tmp/install.log" >&2; die "helm install failed"; }
     commit_dir "$tmp" "$dest"
     log "helm $HELM_VERSION installed in $((SECONDS - t0))s"
   fi

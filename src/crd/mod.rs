@@ -32,3 +32,29 @@ pub fn render_yaml() -> Result<String, serde_yaml::Error> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn committed_crds_match_the_types() {
+        let committed = include_str!("../../crds/agentbox.yaml");
+        let generated = super::render_yaml().expect("render CRDs");
+        assert!(
+            committed == generated,
+            "crds/agentbox.yaml is stale: run `cargo run --bin crdgen > crds/agentbox.yaml`"
+        );
+    }
+
+    #[test]
+    fn scope_rules_evaluate_as_intended() {
+        use crate::crd::Scope;
+        use serde_json::json;
+        let ok = |v: serde_json::Value| Scope::validate_cel(&v, None);
+        assert!(ok(json!({"kind": "User", "agent": "a", "user": "u"})).is_ok());
+        assert!(ok(json!({"kind": "Global"})).is_ok());
+        assert!(ok(json!({"kind": "Session", "agent": "a"})).is_err());
+        assert!(ok(json!({"kind": "User", "agent": "a", "user": "u", "session": "s"})).is_err());
+        assert!(ok(json!({"kind": "Global", "agent": "a"})).is_err());
+        assert!(ok(json!({"kind": "Agent"})).is_err());
+    }
+}

@@ -180,6 +180,7 @@ impl ScopeKind {
 /// The isolation scope: which ids identify the sandbox's lineage.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
 #[x_kube(
+    cel,
     validation = kube::core::Rule::new("self.kind == 'Global' || has(self.agent)").message("scope.agent is required for Session, User and Agent scopes"),
     validation = kube::core::Rule::new("self.kind != 'Session' || has(self.session)").message("scope.session is required for a Session scope"),
     validation = kube::core::Rule::new("self.kind != 'User' || has(self.user)").message("scope.user is required for a User scope"),

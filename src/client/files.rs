@@ -1,0 +1,389 @@
+//! File access in a sandbox's workspace, over exec: read, write (creating parents), list, and
+//! directories as tar streamed over stdin/stdout.
+//!
+//! Every path is confined to the workspace root twice: here, without the pod ([`confine`]
+//! refuses `..` and absolute paths outside the root), and in the pod, where the nearest
+//! existing ancestor of the path is resolved with `readlink -f` and must still lie under the
+//! resolved root, so a symlink cannot lead out of the workspace.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::{ClientError, SandboxHandle};
+use crate::exec::{self, ExecEvent, ExecRequest, ExitStatus};
+
+/// A path that may not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// The path has a `..` component.
+    #[error("path {0:?} contains '..'")]
+    DotDot(String),
+    /// An absolute path outside the workspace root.
+    #[error("path {0:?} is outside the workspace root {1:?}")]
+    OutsideRoot(String, String),
+    /// The path resolves (through a symlink) outside the workspace.
+    #[error("path {0:?} resolves outside the workspace (symlink)")]
+    Escapes(String),
+    /// Empty, or contains NUL.
+    #[error("invalid path {0:?}")]
+    Invalid(String),
+}
+
+/// Maps `path` (relative to `root`, or absolute under it) to an absolute, normalised path under
+/// `root`, refusing `..` anywhere and absolute paths outside the root. `""` and `"."` are the
+/// root itself. Pure: symlinks are checked in the pod.
+pub fn confine(root: &str, path: &str) -> Result<String, PathError> {
+    if path.contains('\0') || !root.starts_with('/') {
+        return Err(PathError::Invalid(path.to_string()));
+    }
+    let root_parts: Vec<&str> = root.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    if root_parts.contains(&"..") {
+        return Err(PathError::Invalid(root.to_string()));
+    }
+    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    if parts.contains(&"..") {
+        return Err(PathError::DotDot(path.to_string()));
+    }
+    let rel: &[&str] = if path.starts_with('/') {
+        if parts.len() < root_parts.len() || parts[..root_parts.len()] != root_parts[..] {
+            return Err(PathError::OutsideRoot(path.to_string(), root.to_string()));
+        }
+        &parts[root_parts.len()..]
+    } else {
+        &parts
+    };
+    let mut out = String::new();
+    for c in root_parts.iter().chain(rel) {
+        out.push('/');
+        out.push_str(c);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Ok(out)
+}
+
+/// Exit code of the in-pod scripts for "resolves outside the workspace".
+const ESCAPES: i32 = 97;
+/// Exit code of the in-pod scripts for "missing or of the wrong type".
+const MISSING: i32 = 96;
+
+/// Shared prologue: `$1` root, `$2` path (absolute, from [`confine`]). `confine P` exits
+/// [`ESCAPES`] unless the nearest existing ancestor of P resolves under the resolved root.
+const PROLOGUE: &str = r#"R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
+p=$2
+confine() {
+  q=$1
+  while [ ! -e "$q" ] && [ ! -L "$q" ]; do q=$(dirname "$q"); done
+  r=$(readlink -f "$q") || { echo "agentbox: $1: cannot resolve" >&2; exit 97; }
+  [ "$R" = / ] && return 0
+  case "$r/" in "$R"/*) ;; *) echo "agentbox: $1 resolves outside the workspace" >&2; exit 97;; esac
+}
+confine "$p"
+"#;
+
+const READ: &str = r#"[ -f "$p" ] || { echo "agentbox: $p: not a regular file" >&2; exit 96; }
+exec cat "$p"
+"#;
+
+const WRITE: &str = r#"[ -d "$p" ] && { echo "agentbox: $p is a directory" >&2; exit 96; }
+d=$(dirname "$p")
+mkdir -p "$d" || exit 1
+confine "$p"
+t="$d/.agentbox-write.$$"
+if cat > "$t"; then mv -f "$t" "$p"; else rm -f "$t"; exit 1; fi
+"#;
+
+const LIST: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
+cd "$p" || exit 96
+for f in * .*; do
+  case $f in .|..) continue;; esac
+  [ -e "./$f" ] || [ -L "./$f" ] || continue
+  s=$(stat -c '%f %s %Y' "./$f") || continue
+  printf '%s %s\0' "$s" "$f"
+done
+"#;
+
+/// Upload: refuse when a symlink already in the destination tree leads out of the workspace
+/// (tar would write through it), then extract without restoring owners.
+const UPLOAD: &str = r#"mkdir -p "$p" || exit 1
+confine "$p"
+find "$p" -type l | while IFS= read -r l; do
+  r=$(readlink -f "$l") || continue
+  [ "$R" = / ] && continue
+  case "$r/" in "$R"/*) ;; *) echo "agentbox: $l resolves outside the workspace" >&2; exit 97;; esac
+done || exit 97
+exec tar -x -o -f - -C "$p"
+"#;
+
+const DOWNLOAD: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
+exec tar -c -f - -C "$p" .
+"#;
+
+/// Kind of a directory entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link (not followed).
+    Symlink,
+    /// Anything else (device, FIFO, socket).
+    Other,
+}
+
+/// One entry of [`SandboxHandle::list_dir`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    /// File name (no directory part).
+    pub name: String,
+    /// What it is.
+    pub kind: EntryKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (e.g. 0o644).
+    pub mode: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+}
+
+/// Parses the NUL-separated `"<hex mode> <size> <mtime> <name>"` records of the list script.
+pub(crate) fn parse_listing(out: &[u8]) -> Result<Vec<DirEntry>, String> {
+    let mut v = Vec::new();
+    for rec in out.split(|&b| b == 0).filter(|r| !r.is_empty()) {
+        let mut it = rec.splitn(4, |&b| b == b' ');
+        let (Some(m), Some(s), Some(t), Some(name)) = (it.next(), it.next(), it.next(), it.next())
+        else {
+            return Err(format!("bad listing record {:?}", String::from_utf8_lossy(rec)));
+        };
+        let parse = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let raw = u32::from_str_radix(&parse(m), 16).map_err(|e| e.to_string())?;
+        let kind = match raw & 0o170000 {
+            0o100000 => EntryKind::File,
+            0o040000 => EntryKind::Dir,
+            0o120000 => EntryKind::Symlink,
+            _ => EntryKind::Other,
+        };
+        v.push(DirEntry {
+            name: String::from_utf8_lossy(name).into_owned(),
+            kind,
+            size: parse(s).parse().map_err(|e: std::num::ParseIntError| e.to_string())?,
+            mode: raw & 0o7777,
+            mtime: parse(t).parse().map_err(|e: std::num::ParseIntError| e.to_string())?,
+        });
+    }
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(v)
+}
+
+/// Maps a file script's exit to an error.
+fn check(path: &str, status: &ExitStatus, stderr: &[u8]) -> Result<(), ClientError> {
+    let msg = || String::from_utf8_lossy(stderr).trim().to_string();
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(ESCAPES) => Err(ClientError::Path(PathError::Escapes(path.to_string()))),
+        Some(MISSING) => Err(ClientError::NotFound(msg())),
+        _ => Err(ClientError::Remote {
+            status: status.clone(),
+            stderr: msg(),
+        }),
+    }
+}
+
+impl SandboxHandle {
+    fn file_req(&self, script: &str, path: &str) -> Result<(ExecRequest, String), ClientError> {
+        let root = self.workspace_root();
+        let p = confine(&root, path).map_err(ClientError::Path)?;
+        let req = ExecRequest::argv([
+            "sh".to_string(),
+            "-c".to_string(),
+            format!("{PROLOGUE}{script}"),
+            "agentbox-files".to_string(),
+            root,
+            p.clone(),
+        ]);
+        Ok((req, p))
+    }
+
+    /// Reads a file of the workspace (at most `max` bytes; larger files are an error).
+    pub async fn read_file_capped(&self, path: &str, max: usize) -> Result<Vec<u8>, ClientError> {
+        let (req, p) = self.file_req(READ, path)?;
+        let out = self.exec_raw(req.max_output(max)).await?;
+        check(&p, &out.status, &out.stderr)?;
+        if out.stdout_truncated {
+            return Err(ClientError::TooLarge(p, max));
+        }
+        Ok(out.stdout)
+    }
+
+    /// Reads a file of the workspace (up to 64 MiB; see [`Self::read_file_capped`]).
+    pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        self.read_file_capped(path, 64 << 20).await
+    }
+
+    /// Writes a file of the workspace atomically (temp file + rename), creating its parent
+    /// directories.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        content: impl Into<Bytes>,
+    ) -> Result<(), ClientError> {
+        let (req, p) = self.file_req(WRITE, path)?;
+        let out = self.exec_raw(req.stdin(content).max_output(64 << 10)).await?;
+        check(&p, &out.status, &out.stderr)
+    }
+
+    /// Lists a directory of the workspace (sorted by name; symlinks are not followed).
+    pub async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, ClientError> {
+        let (req, p) = self.file_req(LIST, path)?;
+        let out = self.exec_raw(req.max_output(64 << 20)).await?;
+        check(&p, &out.status, &out.stderr)?;
+        parse_listing(&out.stdout).map_err(ClientError::Protocol)
+    }
+
+    /// Uploads the local directory `local` into the workspace directory `remote` (created if
+    /// missing; existing files are overwritten). The tar stream is built on the fly, so memory
+    /// stays flat whatever the size. Symlinks are sent as symlinks, never followed.
+    pub async fn upload_dir(&self, local: &Path, remote: &str) -> Result<(), ClientError> {
+        if !local.is_dir() {
+            return Err(ClientError::Local(format!(
+                "{} is not a directory",
+                local.display()
+            )));
+        }
+        let (req, p) = self.file_req(UPLOAD, remote)?;
+        let (reader, writer) = tokio::io::duplex(256 << 10);
+        let src = local.to_path_buf();
+        let builder = tokio::task::spawn_blocking(move || {
+            let w = tokio_util::io::SyncIoBridge::new(writer);
+            let mut b = tar::Builder::new(w);
+            b.follow_symlinks(false);
+            b.mode(tar::HeaderMode::Complete);
+            b.append_dir_all(".", &src)?;
+            let mut w = b.into_inner()?;
+            std::io::Write::flush(&mut w)?;
+            w.shutdown()
+        });
+        let out = self.exec_raw(req.stdin_reader(reader).max_output(64 << 10)).await;
+        let built = builder
+            .await
+            .map_err(|e| ClientError::Local(format!("tar builder: {e}")))?;
+        let out = out?;
+        check(&p, &out.status, &out.stderr)?;
+        built.map_err(|e| ClientError::Local(format!("archiving {}: {e}", local.display())))
+    }
+
+    /// Downloads the workspace directory `remote` into the local directory `local` (created
+    /// if missing), streaming the tar archive. Entries that would land outside `local` are
+    /// refused by the tar reader.
+    pub async fn download_dir(&self, remote: &str, local: &Path) -> Result<(), ClientError> {
+        let (req, p) = self.file_req(DOWNLOAD, remote)?;
+        std::fs::create_dir_all(local)
+            .map_err(|e| ClientError::Local(format!("{}: {e}", local.display())))?;
+        let (reader, mut writer) = tokio::io::duplex(256 << 10);
+        let dst = local.to_path_buf();
+        let unpacker = tokio::task::spawn_blocking(move || {
+            let r = tokio_util::io::SyncIoBridge::new(reader);
+            let mut a = tar::Archive::new(r);
+            a.set_overwrite(true);
+            a.set_preserve_permissions(false);
+            let res = a.unpack(&dst);
+            // Drain what is left so the writer side never blocks on a failed unpack.
+            let mut r = a.into_inner();
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
+            res
+        });
+        let mut s = self.exec_stream_raw(req).await?;
+        let mut stderr = crate::exec::Capped::new(64 << 10);
+        let mut status = None;
+        while let Some(ev) = s.next().await {
+            match ev.map_err(ClientError::Exec)? {
+                ExecEvent::Stdout(b) => {
+                    // A failed unpack still drains, so this only fails if the task died.
+                    if writer.write_all(&b).await.is_err() {
+                        break;
+                    }
+                }
+                ExecEvent::Stderr(b) => stderr.push(&b),
+                ExecEvent::Exit { status: st, .. } => status = Some(st),
+            }
+        }
+        let _ = writer.shutdown().await;
+        drop(writer);
+        let unpacked = unpacker
+            .await
+            .map_err(|e| ClientError::Local(format!("tar reader: {e}")))?;
+        let status = status.ok_or_else(|| {
+            ClientError::Exec(exec::ExecError::Stream("no exit status".into()))
+        })?;
+        check(&p, &status, &stderr.buf)?;
+        unpacked.map_err(|e| ClientError::Local(format!("extracting into {}: {e}", local.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_join_the_root() {
+        assert_eq!(confine("/workspace", "a/b.txt").unwrap(), "/workspace/a/b.txt");
+        assert_eq!(confine("/workspace", "./a//b/").unwrap(), "/workspace/a/b");
+        assert_eq!(confine("/workspace", "").unwrap(), "/workspace");
+        assert_eq!(confine("/workspace", ".").unwrap(), "/workspace");
+        assert_eq!(confine("/", "etc").unwrap(), "/etc");
+        assert_eq!(confine("/", "").unwrap(), "/");
+    }
+
+    #[test]
+    fn dotdot_is_refused_everywhere() {
+        for p in ["../x", "a/../../x", "a/..", "..", "/workspace/../etc", "a/../b"] {
+            assert!(matches!(confine("/workspace", p), Err(PathError::DotDot(_))), "{p}");
+        }
+        // A name that merely contains dots is fine.
+        assert_eq!(confine("/workspace", "..a/b..").unwrap(), "/workspace/..a/b..");
+    }
+
+    #[test]
+    fn absolute_paths_must_be_under_the_root() {
+        assert!(matches!(
+            confine("/workspace", "/etc/passwd"),
+            Err(PathError::OutsideRoot(..))
+        ));
+        assert!(matches!(
+            confine("/workspace", "/workspace2/x"),
+            Err(PathError::OutsideRoot(..))
+        ));
+        assert!(matches!(confine("/workspace", "/"), Err(PathError::OutsideRoot(..))));
+        assert_eq!(confine("/workspace", "/workspace/x").unwrap(), "/workspace/x");
+        assert_eq!(confine("/workspace/", "/workspace").unwrap(), "/workspace");
+        assert_eq!(confine("/w/s", "/w/s/t").unwrap(), "/w/s/t");
+    }
+
+    #[test]
+    fn nul_and_relative_roots_are_invalid() {
+        assert!(matches!(confine("/workspace", "a\0b"), Err(PathError::Invalid(_))));
+        assert!(matches!(confine("workspace", "a"), Err(PathError::Invalid(_))));
+    }
+
+    #[test]
+    fn listing_records_parse() {
+        let out = b"81a4 12 1700000000 b file.txt\x0041ed 4096 1700000001 dir\x00a1ff 7 1700000002 link\x00";
+        let v = parse_listing(out).unwrap();
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[0].name, "b file.txt");
+        assert_eq!(v[0].kind, EntryKind::File);
+        assert_eq!(v[0].mode, 0o644);
+        assert_eq!(v[0].size, 12);
+        assert_eq!(v[1].kind, EntryKind::Dir);
+        assert_eq!(v[1].mode, 0o755);
+        assert_eq!(v[2].kind, EntryKind::Symlink);
+        assert_eq!(v[2].mtime, 1_700_000_002);
+        assert!(parse_listing(b"zz\0").is_err());
+        assert!(parse_listing(b"").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,226 @@
+//! Controllers: observe → decide (pure) → apply → status.
+
+pub mod conditions;
+pub mod pod;
+pub mod sandbox;
+pub mod validate;
+pub mod workspace;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use rand::Rng;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::crd::Sandbox;
+use crate::labels;
+use crate::metrics::Metrics;
+
+/// Field manager of every server-side apply the operator makes.
+pub const FIELD_MANAGER: &str = "agentbox-operator";
+
+/// Shared state of the reconcilers.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// Operator configuration.
+    pub config: Config,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Identity for Events.
+    pub reporter: Reporter,
+}
+
+/// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Kubernetes API refused or failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An exec into the sandbox failed.
+    #[error("exec: {0}")]
+    Exec(#[from] crate::exec::ExecError),
+    /// The finalizer helper failed (wraps the inner error).
+    #[error("{0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// Workspace initialisation ran but failed.
+    #[error("workspace initialisation: {0}")]
+    Init(String),
+    /// A ConfigMap or Secret a file or projection needs is missing.
+    #[error("{0}")]
+    SourceMissing(String),
+    /// Building the file archive failed.
+    #[error("building the file archive: {0}")]
+    Archive(#[from] std::io::Error),
+    /// The workspace cleanup pod failed.
+    #[error("{0}")]
+    Cleanup(String),
+    /// The workspace cleanup pod has not finished yet (not a failure; polls).
+    #[error("waiting for the workspace cleanup pod")]
+    CleanupPending,
+    /// A namespaced object without a namespace.
+    #[error("object has no namespace")]
+    NotNamespaced,
+}
+
+impl Error {
+    /// The error inside the finalizer helper's wrapping, or this one.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.root(),
+                _ => self,
+            },
+            _ => self,
+        }
+    }
+
+    /// A short kind for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self.root() {
+            Error::Kube(_) => "kube",
+            Error::Exec(_) => "exec",
+            Error::Finalizer(_) => "finalizer",
+            Error::Init(_) => "init",
+            Error::SourceMissing(_) => "source_missing",
+            Error::Archive(_) => "archive",
+            Error::Cleanup(_) => "cleanup",
+            Error::CleanupPending => "cleanup_pending",
+            Error::NotNamespaced => "not_namespaced",
+        }
+    }
+
+    /// Condition reason and message for a failed workspace initialisation.
+    pub fn reason_and_message(&self) -> (&'static str, String) {
+        let reason = match self {
+            Error::SourceMissing(_) => "SourceMissing",
+            Error::Exec(_) => "ExecFailed",
+            _ => "InitFailed",
+        };
+        (reason, self.to_string())
+    }
+
+    /// Errors that will not go away by retrying soon (they wait for a spec or source change,
+    /// polled slowly).
+    pub fn is_permanent(&self) -> bool {
+        match self.root() {
+            Error::Exec(e) => !e.is_transient(),
+            Error::NotNamespaced => true,
+            _ => false,
+        }
+    }
+}
+
+/// Retry pace after a failed reconcile: quick polls while cleanup runs, backoff with jitter for
+/// transient errors, a slow poll for permanent ones.
+pub fn retry_after(err: &Error, jitter: f64) -> Duration {
+    let base = match err.root() {
+        Error::CleanupPending => return Duration::from_secs(1),
+        Error::SourceMissing(_) => 30.0,
+        e if e.is_permanent() => 300.0,
+        _ => 5.0,
+    };
+    Duration::from_secs_f64(base * (1.0 + jitter.clamp(0.0, 1.0) * 0.5))
+}
+
+fn error_policy(_sbx: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
+    if !matches!(err.root(), Error::CleanupPending) {
+        warn!("reconcile failed: {err}");
+        ctx.metrics.failed("sandbox", err.kind());
+    }
+    Action::requeue(retry_after(err, rand::rng().random()))
+}
+
+/// Runs the sandbox controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (sandboxes, pods, policies): (Api<Sandbox>, Api<Pod>, Api<NetworkPolicy>) =
+        if config.namespace.is_empty() {
+            (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+            )
+        } else {
+            let ns = config.namespace.as_str();
+            (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            )
+        };
+    let owned =
+        watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
+    let ctx = Arc::new(Context {
+        client,
+        reporter: Reporter {
+            controller: "agentbox-operator".into(),
+            instance: Some(config.identity.clone()),
+        },
+        config,
+        metrics: metrics.clone(),
+    });
+    info!("sandbox controller starting");
+    Controller::new(sandboxes, watcher::Config::default())
+        .owns(pods, owned.clone())
+        .owns(policies, owned)
+        // Pod updates arrive in bursts (scheduled, started, ready): let them settle briefly so
+        // one reconcile sees them together.
+        .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            move |sbx, ctx: Arc<Context>| {
+                let metrics = ctx.metrics.clone();
+                async move {
+                    let start = Instant::now();
+                    let out = sandbox::reconcile(sbx, ctx).await;
+                    metrics.reconciled("sandbox", start.elapsed());
+                    out
+                }
+            },
+            error_policy,
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    info!("sandbox controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_pace() {
+        assert_eq!(
+            retry_after(&Error::CleanupPending, 0.9),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            retry_after(&Error::Init("x".into()), 0.0),
+            Duration::from_secs(5)
+        );
+        assert!(retry_after(&Error::Init("x".into()), 1.0) <= Duration::from_secs_f64(7.5));
+        assert_eq!(
+            retry_after(&Error::NotNamespaced, 0.0),
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            retry_after(&Error::SourceMissing("cm".into()), 0.0),
+            Duration::from_secs(30)
+        );
+    }
+}

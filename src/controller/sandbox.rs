@@ -1,0 +1,1022 @@
+//! The sandbox controller: Sandbox → Pod, workspace initialisation, lifecycle, cleanup.
+//!
+//! Each reconcile observes the Sandbox and its pod, decides with the pure functions in
+//! [`super::pod`], [`super::validate`] and [`super::workspace`], applies what is missing, and
+//! patches status only when it changed. The writes one sandbox costs are kept few: the
+//! finalizer, the pod, status at scheduling and at readiness, and an Event at each.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Resource, ResourceExt};
+use tracing::{info, warn};
+
+use super::conditions::{self, POD_READY, READY, WORKSPACE_READY};
+use super::pod::{self, CONTAINER, SPEC_HASH};
+use super::workspace::{self, FileEntry, Observed, ResolvedProjection};
+use super::{Context, Error, FIELD_MANAGER};
+use crate::crd::{
+    Egress, LifecycleMode, RestorePolicy, Sandbox, SandboxPhase, SandboxSnapshot, SandboxStatus,
+    SnapshotPhase, WorkspaceStatus,
+};
+use crate::exec::{self, ExecRequest};
+use crate::labels;
+
+/// Finalizer that keeps a Sandbox until its pod and workspace directory are gone.
+pub const FINALIZER: &str = "agentbox.dev/workspace";
+
+/// How long one workspace exec may take before it counts as failed.
+const INIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Reconciles one Sandbox.
+pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, sbx, |event| async {
+        match event {
+            Finalizer::Apply(sbx) => apply(&sbx, &ctx).await,
+            Finalizer::Cleanup(sbx) => cleanup(&sbx, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// The API handles one reconcile needs.
+struct Apis {
+    sandboxes: Api<Sandbox>,
+    pods: Api<Pod>,
+    policies: Api<NetworkPolicy>,
+}
+
+impl Apis {
+    fn new(ctx: &Context, ns: &str) -> Self {
+        Apis {
+            sandboxes: Api::namespaced(ctx.client.clone(), ns),
+            pods: Api::namespaced(ctx.client.clone(), ns),
+            policies: Api::namespaced(ctx.client.clone(), ns),
+        }
+    }
+}
+
+async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let name = sbx.name_any();
+    let apis = Apis::new(ctx, &ns);
+    let now = Timestamp::now();
+    let generation = sbx.metadata.generation;
+    let old = sbx.status.clone().unwrap_or_default();
+    let mut st = old.clone();
+    st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
+    st.observed_generation = generation;
+    let pod_name = labels::pod_name(&name);
+
+    // Validate: a spec the operator cannot honour gets no pod.
+    let problems = super::validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes);
+    if !problems.is_empty() {
+        let message = problems.join("; ");
+        delete_if_present(&apis.pods, &pod_name).await?;
+        st.phase = Some(SandboxPhase::Failed);
+        st.pod_name = None;
+        conditions::set(
+            &mut st.conditions,
+            READY,
+            false,
+            "InvalidSpec",
+            &message,
+            generation,
+            now,
+        );
+        conditions::set(
+            &mut st.conditions,
+            POD_READY,
+            false,
+            "InvalidSpec",
+            "no pod for an invalid spec",
+            generation,
+            now,
+        );
+        if changed(&old, &st) {
+            publish(
+                ctx,
+                sbx,
+                EventType::Warning,
+                "InvalidSpec",
+                "Validate",
+                &message,
+            )
+            .await;
+            patch_status(&apis.sandboxes, &name, &st).await?;
+        }
+        return Ok(Action::await_change());
+    }
+
+    // Shutdown time: the sandbox ends itself.
+    let mut requeue = None;
+    if let Some(at) = sbx.spec.lifecycle.shutdown_time.as_ref() {
+        if at.0 <= now {
+            publish(
+                ctx,
+                sbx,
+                EventType::Normal,
+                "ShutdownTimeReached",
+                "Delete",
+                "shutdownTime passed; deleting the sandbox",
+            )
+            .await;
+            apis.sandboxes
+                .delete(&name, &DeleteParams::default())
+                .await?;
+            return Ok(Action::await_change());
+        }
+        let secs = at.0.as_second().saturating_sub(now.as_second()).max(1);
+        requeue = Some(Duration::from_secs(secs as u64));
+    }
+
+    ensure_network_policy(sbx, &apis.policies).await?;
+
+    if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
+        let gone = delete_if_present(&apis.pods, &pod_name).await?;
+        st.phase = Some(SandboxPhase::Suspended);
+        st.pod_name = None;
+        conditions::set(
+            &mut st.conditions,
+            POD_READY,
+            false,
+            "Suspended",
+            "the sandbox is suspended; its workspace is kept on its node",
+            generation,
+            now,
+        );
+        conditions::set(
+            &mut st.conditions,
+            READY,
+            false,
+            "Suspended",
+            "the sandbox is suspended",
+            generation,
+            now,
+        );
+        if changed(&old, &st) {
+            publish(
+                ctx,
+                sbx,
+                EventType::Normal,
+                "Suspended",
+                "DeletePod",
+                "pod deleted; workspace kept",
+            )
+            .await;
+            patch_status(&apis.sandboxes, &name, &st).await?;
+        }
+        return Ok(if gone {
+            requeue.map_or_else(Action::await_change, Action::requeue)
+        } else {
+            Action::requeue(Duration::from_secs(2))
+        });
+    }
+
+    let Some(pod) = apis.pods.get_opt(&pod_name).await? else {
+        let pin = pinned_node(ctx, &st).await?;
+        if st.node_name.is_some() && pin.is_none() {
+            // The workspace's node is gone: the workspace with it. The next start is B or D.
+            st.node_name = None;
+        }
+        let desired = pod::build_pod(sbx, &ctx.config.node_root, pin.as_deref());
+        apis.pods
+            .patch(
+                &pod_name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&desired),
+            )
+            .await?;
+        let msg = match &pin {
+            Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
+            None => format!("created pod {pod_name}"),
+        };
+        info!(sandbox = %name, namespace = %ns, "{msg}");
+        publish(ctx, sbx, EventType::Normal, "PodCreated", "CreatePod", &msg).await;
+        // A brand-new sandbox gets its first status from the pod's own progress (one write
+        // fewer); one that had a pod must stop saying Ready at once.
+        if old.phase.is_some() {
+            st.phase = Some(SandboxPhase::Pending);
+            st.pod_name = Some(pod_name.clone());
+            conditions::set(
+                &mut st.conditions,
+                POD_READY,
+                false,
+                "PodStarting",
+                "waiting for the sandbox pod to run",
+                generation,
+                now,
+            );
+            conditions::set(
+                &mut st.conditions,
+                READY,
+                false,
+                "PodStarting",
+                "waiting for the sandbox pod to run",
+                generation,
+                now,
+            );
+        }
+        if changed(&old, &st) {
+            patch_status(&apis.sandboxes, &name, &st).await?;
+        }
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    };
+
+    if pod.metadata.deletion_timestamp.is_some() {
+        st.phase = Some(SandboxPhase::Pending);
+        conditions::set(
+            &mut st.conditions,
+            POD_READY,
+            false,
+            "PodTerminating",
+            "the sandbox pod is terminating; a new one follows",
+            generation,
+            now,
+        );
+        conditions::set(
+            &mut st.conditions,
+            READY,
+            false,
+            "PodTerminating",
+            "the sandbox pod is terminating; a new one follows",
+            generation,
+            now,
+        );
+        if changed(&old, &st) {
+            patch_status(&apis.sandboxes, &name, &st).await?;
+        }
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    if !is_owned_by(&pod, sbx) {
+        let msg = format!("a pod named {pod_name} exists and does not belong to this sandbox");
+        st.phase = Some(SandboxPhase::Failed);
+        conditions::set(
+            &mut st.conditions,
+            POD_READY,
+            false,
+            "PodNameConflict",
+            &msg,
+            generation,
+            now,
+        );
+        conditions::set(
+            &mut st.conditions,
+            READY,
+            false,
+            "PodNameConflict",
+            &msg,
+            generation,
+            now,
+        );
+        if changed(&old, &st) {
+            publish(
+                ctx,
+                sbx,
+                EventType::Warning,
+                "PodNameConflict",
+                "CreatePod",
+                &msg,
+            )
+            .await;
+            patch_status(&apis.sandboxes, &name, &st).await?;
+        }
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+    let desired_hash = pod::build_pod(sbx, &ctx.config.node_root, None)
+        .metadata
+        .annotations
+        .and_then(|a| a.get(SPEC_HASH).cloned());
+    let have_hash = pod.annotations().get(SPEC_HASH).cloned();
+    let state = observe_pod(&pod);
+    let replace = if desired_hash != have_hash {
+        Some((
+            "PodReplaced",
+            "the sandbox spec changed; replacing the pod (the workspace is kept)".to_string(),
+        ))
+    } else if let PodState::Ended(reason) = &state {
+        Some((
+            "PodRecreated",
+            format!("the pod ended ({reason}); replacing it (the workspace is kept)"),
+        ))
+    } else {
+        None
+    };
+    if let Some((reason, msg)) = replace {
+        publish(ctx, sbx, EventType::Normal, reason, "DeletePod", &msg).await;
+        delete_if_present(&apis.pods, &pod_name).await?;
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+
+    st.pod_name = Some(pod_name.clone());
+    if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+        st.node_name = Some(node);
+    }
+    match state {
+        PodState::Ready => {
+            conditions::set(
+                &mut st.conditions,
+                POD_READY,
+                true,
+                "PodRunning",
+                "the sandbox container is running",
+                generation,
+                now,
+            );
+            let pod_uid = pod.uid().unwrap_or_default();
+            let ws = st.workspace.clone().unwrap_or_default();
+            let initialised_here = ws.initialized_pod_uid.as_deref() == Some(pod_uid.as_str());
+            if !initialised_here {
+                match init_workspace(sbx, ctx, &apis.pods, &pod_name, &ws).await {
+                    Ok((new_ws, decision)) => {
+                        st.workspace = Some(WorkspaceStatus {
+                            initialized_pod_uid: Some(pod_uid),
+                            ..new_ws
+                        });
+                        if decision.restore.is_some() {
+                            st.restored_from = decision.restore.clone();
+                        }
+                        conditions::set(
+                            &mut st.conditions,
+                            WORKSPACE_READY,
+                            true,
+                            decision.reason,
+                            &decision.message,
+                            generation,
+                            now,
+                        );
+                        let note =
+                            format!("start branch {:?}: {}", decision.branch, decision.message);
+                        publish(
+                            ctx,
+                            sbx,
+                            EventType::Normal,
+                            decision.reason,
+                            "InitWorkspace",
+                            &note,
+                        )
+                        .await;
+                    }
+                    Err(e) => {
+                        let (reason, msg) = e.reason_and_message();
+                        st.phase = Some(SandboxPhase::Initializing);
+                        conditions::set(
+                            &mut st.conditions,
+                            WORKSPACE_READY,
+                            false,
+                            reason,
+                            &msg,
+                            generation,
+                            now,
+                        );
+                        conditions::set(
+                            &mut st.conditions,
+                            READY,
+                            false,
+                            reason,
+                            &msg,
+                            generation,
+                            now,
+                        );
+                        if changed(&old, &st) {
+                            publish(ctx, sbx, EventType::Warning, reason, "InitWorkspace", &msg)
+                                .await;
+                            patch_status(&apis.sandboxes, &name, &st).await?;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            st.phase = Some(SandboxPhase::Ready);
+            conditions::set(
+                &mut st.conditions,
+                READY,
+                true,
+                "Ready",
+                "the sandbox accepts commands",
+                generation,
+                now,
+            );
+        }
+        PodState::Starting => {
+            st.phase = Some(SandboxPhase::Pending);
+            conditions::set(
+                &mut st.conditions,
+                POD_READY,
+                false,
+                "PodStarting",
+                "waiting for the sandbox pod to run",
+                generation,
+                now,
+            );
+            conditions::set(
+                &mut st.conditions,
+                READY,
+                false,
+                "PodStarting",
+                "waiting for the sandbox pod to run",
+                generation,
+                now,
+            );
+        }
+        PodState::Problem { reason, message } => {
+            st.phase = Some(SandboxPhase::Pending);
+            conditions::set(
+                &mut st.conditions,
+                POD_READY,
+                false,
+                &reason,
+                &message,
+                generation,
+                now,
+            );
+            conditions::set(
+                &mut st.conditions,
+                READY,
+                false,
+                &reason,
+                &message,
+                generation,
+                now,
+            );
+            if conditions::get(&old.conditions, POD_READY).map(|c| c.reason.as_str())
+                != Some(reason.as_str())
+            {
+                publish(ctx, sbx, EventType::Warning, &reason, "StartPod", &message).await;
+            }
+        }
+        // Ended pods were replaced above.
+        PodState::Ended(_) => {}
+    }
+    if changed(&old, &st) {
+        patch_status(&apis.sandboxes, &name, &st).await?;
+    }
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// The node the next pod must land on: the one holding the workspace, if it still exists.
+async fn pinned_node(ctx: &Context, st: &SandboxStatus) -> Result<Option<String>, Error> {
+    let Some(node) = st.node_name.clone() else {
+        return Ok(None);
+    };
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    Ok(nodes.get_opt(&node).await?.map(|_| node))
+}
+
+/// Probes the marker, decides the branch, resolves file sources, and writes.
+async fn init_workspace(
+    sbx: &Sandbox,
+    ctx: &Context,
+    pods: &Api<Pod>,
+    pod_name: &str,
+    ws: &WorkspaceStatus,
+) -> Result<(WorkspaceStatus, workspace::Decision), Error> {
+    let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
+    let uid = sbx.uid().unwrap_or_default();
+    let probe = exec::run(
+        pods,
+        pod_name,
+        CONTAINER,
+        ExecRequest::argv(["sh", "-c", workspace::PROBE_SCRIPT, "sh", root.as_str()])
+            .timeout(INIT_TIMEOUT)
+            .max_output(4096),
+    )
+    .await?;
+    if !probe.status.success() {
+        return Err(Error::Init(format!(
+            "probing the workspace failed ({}): {}",
+            probe.status,
+            String::from_utf8_lossy(&probe.stderr).trim()
+        )));
+    }
+    let marker_present = !probe.stdout.is_empty();
+    let snapshot = if marker_present {
+        None
+    } else {
+        restore_candidate(sbx, ctx).await?
+    };
+    let decision = workspace::decide(Observed {
+        marker_present,
+        root_was_ready: ws.root_ready,
+        snapshot: snapshot.as_deref(),
+        can_restore: false,
+    });
+
+    let files = resolve_files(sbx, ctx).await?;
+    let projections = resolve_projections(sbx, ctx).await?;
+    let hash = workspace::projection_hash(&projections);
+    let writes =
+        workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
+    if !writes.is_empty() || !marker_present {
+        let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
+        let archive = workspace::archive(&writes.files, mtime)?;
+        let mut argv = vec![
+            "sh".to_string(),
+            "-c".into(),
+            workspace::SCRIPT.into(),
+            "sh".into(),
+        ];
+        argv.extend(workspace::script_args(&root, &uid, &writes));
+        let out = exec::run(
+            pods,
+            pod_name,
+            CONTAINER,
+            ExecRequest::argv(argv)
+                .stdin(archive)
+                .timeout(INIT_TIMEOUT)
+                .max_output(16 * 1024),
+        )
+        .await?;
+        if !out.status.success() {
+            return Err(Error::Init(format!(
+                "writing the workspace failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    let new_ws = WorkspaceStatus {
+        root_ready: true,
+        last_start_branch: Some(decision.branch),
+        projection_hash: hash,
+        initialized_pod_uid: None,
+    };
+    Ok((new_ws, decision))
+}
+
+/// The snapshot the restore policy points at: the named one, or the newest Ready snapshot
+/// carrying this sandbox's scope key.
+async fn restore_candidate(sbx: &Sandbox, ctx: &Context) -> Result<Option<String>, Error> {
+    let ns = sbx.namespace().unwrap_or_default();
+    let snaps: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+    match sbx.spec.snapshot.restore {
+        RestorePolicy::Never => Ok(None),
+        RestorePolicy::Named => {
+            let Some(name) = sbx.spec.snapshot.name.as_deref() else {
+                return Ok(None);
+            };
+            let snap = snaps.get_opt(name).await?;
+            Ok(snap.filter(is_ready_snapshot).map(|s| s.name_any()))
+        }
+        RestorePolicy::Latest => {
+            let lp = ListParams::default().labels(&labels::scope_selector(&sbx.spec.scope));
+            let list = snaps.list(&lp).await?;
+            Ok(list
+                .items
+                .into_iter()
+                .filter(is_ready_snapshot)
+                .max_by_key(|s| {
+                    let done = s
+                        .status
+                        .as_ref()
+                        .and_then(|st| st.completed_at.as_ref())
+                        .map(|t| t.0);
+                    (done, s.name_any())
+                })
+                .map(|s| s.name_any()))
+        }
+    }
+}
+
+fn is_ready_snapshot(s: &SandboxSnapshot) -> bool {
+    s.status.as_ref().and_then(|st| st.phase) == Some(SnapshotPhase::Ready)
+}
+
+/// Reads every file's content: inline, or a ConfigMap/Secret key (each object read once).
+async fn resolve_files(sbx: &Sandbox, ctx: &Context) -> Result<Vec<FileEntry>, Error> {
+    let ns = sbx.namespace().unwrap_or_default();
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut cm_cache: BTreeMap<String, Option<ConfigMap>> = BTreeMap::new();
+    let mut secret_cache: BTreeMap<String, Option<Secret>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for f in &sbx.spec.workspace.files {
+        let data = match (&f.content, &f.content_from) {
+            (Some(c), _) => c.clone().into_bytes(),
+            (None, Some(src)) => {
+                if let Some(r) = &src.config_map_key_ref {
+                    if !cm_cache.contains_key(&r.name) {
+                        cm_cache.insert(r.name.clone(), cms.get_opt(&r.name).await?);
+                    }
+                    let cm = cm_cache
+                        .get(&r.name)
+                        .and_then(Option::as_ref)
+                        .ok_or_else(|| {
+                            Error::SourceMissing(format!(
+                                "file {:?}: ConfigMap {} not found",
+                                f.path, r.name
+                            ))
+                        })?;
+                    config_map_value(cm, &r.key).ok_or_else(|| {
+                        Error::SourceMissing(format!(
+                            "file {:?}: ConfigMap {} has no key {}",
+                            f.path, r.name, r.key
+                        ))
+                    })?
+                } else if let Some(r) = &src.secret_key_ref {
+                    if !secret_cache.contains_key(&r.name) {
+                        secret_cache.insert(r.name.clone(), secrets.get_opt(&r.name).await?);
+                    }
+                    let secret = secret_cache
+                        .get(&r.name)
+                        .and_then(Option::as_ref)
+                        .ok_or_else(|| {
+                            Error::SourceMissing(format!(
+                                "file {:?}: Secret {} not found",
+                                f.path, r.name
+                            ))
+                        })?;
+                    secret
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(&r.key))
+                        .map(|b| b.0.clone())
+                        .ok_or_else(|| {
+                            Error::SourceMissing(format!(
+                                "file {:?}: Secret {} has no key {}",
+                                f.path, r.name, r.key
+                            ))
+                        })?
+                } else {
+                    return Err(Error::SourceMissing(format!(
+                        "file {:?} has no source",
+                        f.path
+                    )));
+                }
+            }
+            (None, None) => {
+                return Err(Error::SourceMissing(format!(
+                    "file {:?} has no content",
+                    f.path
+                )));
+            }
+        };
+        out.push(FileEntry {
+            path: workspace::normalize(&f.path),
+            data,
+            mode: f.mode.map_or(0o644, |m| (m & 0o777) as u32),
+            ephemeral: f.ephemeral,
+        });
+    }
+    Ok(out)
+}
+
+fn config_map_value(cm: &ConfigMap, key: &str) -> Option<Vec<u8>> {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|s| s.clone().into_bytes())
+        .or_else(|| {
+            cm.binary_data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|b| b.0.clone())
+        })
+}
+
+/// Reads every projected ConfigMap, keys sorted.
+async fn resolve_projections(
+    sbx: &Sandbox,
+    ctx: &Context,
+) -> Result<Vec<ResolvedProjection>, Error> {
+    let ns = sbx.namespace().unwrap_or_default();
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut out = Vec::new();
+    for p in &sbx.spec.workspace.projections {
+        let cm = cms.get_opt(&p.config_map).await?.ok_or_else(|| {
+            Error::SourceMissing(format!(
+                "projection {:?}: ConfigMap {} not found",
+                p.path, p.config_map
+            ))
+        })?;
+        let mut entries: Vec<(String, Vec<u8>)> = cm
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_bytes()))
+            .chain(
+                cm.binary_data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0)),
+            )
+            .collect();
+        entries.sort();
+        out.push(ResolvedProjection {
+            config_map: p.config_map.clone(),
+            dir: workspace::normalize(&p.path),
+            entries,
+        });
+    }
+    Ok(out)
+}
+
+/// Creates the deny-egress policy when asked for, removes it when not; writes nothing when it
+/// is already as wanted.
+async fn ensure_network_policy(sbx: &Sandbox, api: &Api<NetworkPolicy>) -> Result<(), Error> {
+    let desired = pod::build_deny_egress(sbx);
+    let name = desired.metadata.name.clone().unwrap_or_default();
+    let current = api.get_opt(&name).await?;
+    match (sbx.spec.network.egress, current) {
+        (Egress::Denied, Some(np)) if np.spec == desired.spec => Ok(()),
+        (Egress::Denied, _) => {
+            api.patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&desired),
+            )
+            .await?;
+            Ok(())
+        }
+        (Egress::All, Some(_)) => {
+            delete_if_present(api, &name).await?;
+            Ok(())
+        }
+        (Egress::All, None) => Ok(()),
+    }
+}
+
+/// Deleting a Sandbox: onward only when its pod is gone and its workspace directory removed
+/// from the node by a short-lived pod bound there.
+async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let name = sbx.name_any();
+    let apis = Apis::new(ctx, &ns);
+    let pod_name = labels::pod_name(&name);
+
+    if sbx.status.as_ref().and_then(|s| s.phase) != Some(SandboxPhase::Terminating) {
+        let mut st = sbx.status.clone().unwrap_or_default();
+        st.phase = Some(SandboxPhase::Terminating);
+        // Best effort: a failed status write must not block deletion.
+        if let Err(e) = patch_status(&apis.sandboxes, &name, &st).await {
+            warn!(sandbox = %name, "could not mark the sandbox Terminating: {e}");
+        }
+    }
+    // Returning Ok removes the finalizer, so every unfinished step returns CleanupPending.
+    if !delete_if_present(&apis.pods, &pod_name).await? {
+        return Err(Error::CleanupPending);
+    }
+    delete_if_present(&apis.policies, &labels::network_policy_name(&name)).await?;
+
+    let Some(node) = sbx.status.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Ok(Action::await_change());
+    };
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    if nodes.get_opt(&node).await?.is_none() {
+        let msg = format!("node {node} is gone; its workspace directory cannot be removed");
+        publish(
+            ctx,
+            sbx,
+            EventType::Warning,
+            "WorkspaceUnreachable",
+            "DeleteWorkspace",
+            &msg,
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
+    let cleanup_name = pod::cleanup_pod_name(sbx);
+    match apis.pods.get_opt(&cleanup_name).await? {
+        None => {
+            let image = if ctx.config.helper_image.is_empty() {
+                sbx.spec.image.clone()
+            } else {
+                ctx.config.helper_image.clone()
+            };
+            let desired = pod::build_cleanup_pod(sbx, &ctx.config.node_root, &node, &image);
+            apis.pods
+                .patch(
+                    &cleanup_name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&desired),
+                )
+                .await?;
+            Err(Error::CleanupPending)
+        }
+        Some(p) => match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => {
+                delete_if_present(&apis.pods, &cleanup_name).await?;
+                info!(sandbox = %name, namespace = %ns, node = %node, "workspace removed");
+                Ok(Action::await_change())
+            }
+            Some("Failed") => {
+                let msg = format!("removing the workspace on node {node} failed; retrying");
+                publish(
+                    ctx,
+                    sbx,
+                    EventType::Warning,
+                    "WorkspaceCleanupFailed",
+                    "DeleteWorkspace",
+                    &msg,
+                )
+                .await;
+                delete_if_present(&apis.pods, &cleanup_name).await?;
+                Err(Error::Cleanup(msg))
+            }
+            _ => Err(Error::CleanupPending),
+        },
+    }
+}
+
+/// Deletes an object if it exists. Returns true when it is gone (absent already).
+async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(either) => Ok(either.is_right()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn is_owned_by(pod: &Pod, sbx: &Sandbox) -> bool {
+    let uid = sbx.uid();
+    pod.owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+}
+
+/// Status changed in a way worth a write (ignores nothing: conditions keep their transition
+/// times, so an unchanged world compares equal).
+fn changed(old: &SandboxStatus, new: &SandboxStatus) -> bool {
+    old != new
+}
+
+/// Server-side applies the whole status with the operator's field manager, so fields it stops
+/// setting are removed.
+async fn patch_status(api: &Api<Sandbox>, name: &str, st: &SandboxStatus) -> Result<(), Error> {
+    let body = serde_json::json!({
+        "apiVersion": Sandbox::api_version(&()),
+        "kind": Sandbox::kind(&()),
+        "status": st,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn publish(
+    ctx: &Context,
+    sbx: &Sandbox,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: &str,
+) {
+    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &sbx.object_ref(&())).await {
+        warn!(sandbox = %sbx.name_any(), "could not publish event {reason}: {e}");
+    }
+}
+
+/// What the sandbox pod is doing, as far as the sandbox cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodState {
+    /// Running, container ready.
+    Ready,
+    /// On its way: scheduling, pulling, creating.
+    Starting,
+    /// Stuck in a way a user should see (image pull errors, crash loops, unschedulable).
+    Problem {
+        /// Kubernetes' reason.
+        reason: String,
+        /// Kubernetes' message.
+        message: String,
+    },
+    /// Terminal: Succeeded or Failed (evicted, for example); a new pod is needed.
+    Ended(String),
+}
+
+/// Reads a pod's status into a [`PodState`].
+pub fn observe_pod(pod: &Pod) -> PodState {
+    let Some(status) = pod.status.as_ref() else {
+        return PodState::Starting;
+    };
+    if let Some(phase @ ("Succeeded" | "Failed")) = status.phase.as_deref() {
+        return PodState::Ended(status.reason.clone().unwrap_or_else(|| phase.to_string()));
+    }
+    let container = status
+        .container_statuses
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER));
+    if let Some(c) = container {
+        let running = c.state.as_ref().is_some_and(|s| s.running.is_some());
+        if running && c.ready {
+            return PodState::Ready;
+        }
+        if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+            let reason = w.reason.clone().unwrap_or_default();
+            if matches!(
+                reason.as_str(),
+                "" | "ContainerCreating" | "PodInitializing"
+            ) {
+                return PodState::Starting;
+            }
+            return PodState::Problem {
+                message: w.message.clone().unwrap_or_else(|| reason.clone()),
+                reason,
+            };
+        }
+        if let Some(t) = c.state.as_ref().and_then(|s| s.terminated.as_ref()) {
+            let reason = t.reason.clone().unwrap_or_else(|| "ContainerExited".into());
+            return PodState::Problem {
+                message: format!("the sandbox container exited with code {}", t.exit_code),
+                reason,
+            };
+        }
+        return PodState::Starting;
+    }
+    let unschedulable = status.conditions.as_ref().and_then(|cs| {
+        cs.iter().find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
+    });
+    match unschedulable {
+        Some(c) => PodState::Problem {
+            reason: "Unschedulable".into(),
+            message: c
+                .message
+                .clone()
+                .unwrap_or_else(|| "no node can run the pod".into()),
+        },
+        None => PodState::Starting,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pod_states() {
+        assert_eq!(observe_pod(&pod(serde_json::json!({}))), PodState::Starting);
+        let ready = pod(
+            serde_json::json!({"phase": "Running", "containerStatuses": [{
+            "name": "sandbox", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}),
+        );
+        assert_eq!(observe_pod(&ready), PodState::Ready);
+        let creating = pod(
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
+            "name": "sandbox", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+        );
+        assert_eq!(observe_pod(&creating), PodState::Starting);
+        let pull = pod(
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
+            "name": "sandbox", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "image not present"}}}]}),
+        );
+        assert_eq!(
+            observe_pod(&pull),
+            PodState::Problem {
+                reason: "ErrImageNeverPull".into(),
+                message: "image not present".into()
+            }
+        );
+        let unsched = pod(serde_json::json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]}));
+        assert_eq!(
+            observe_pod(&unsched),
+            PodState::Problem {
+                reason: "Unschedulable".into(),
+                message: "0/1 nodes".into()
+            }
+        );
+        let evicted = pod(serde_json::json!({"phase": "Failed", "reason": "Evicted"}));
+        assert_eq!(observe_pod(&evicted), PodState::Ended("Evicted".into()));
+    }
+}

@@ -1,0 +1,268 @@
+//! Spec checks the operator repeats in code: the CRD's CEL rules (in case the CRD is stale or
+//! was edited) and what CEL cannot know, such as the operator's allowed host-mount prefixes.
+
+use crate::crd::{RestorePolicy, SandboxSpec, ScopeKind};
+
+/// Every problem with a sandbox spec, as messages a user understands. Empty when valid.
+pub fn problems(spec: &SandboxSpec, allowed_host_prefixes: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let s = &spec.scope;
+    let need = |present: bool, id: &str, out: &mut Vec<String>| {
+        if !present {
+            out.push(format!("scope.{id} is required for a {:?} scope", s.kind));
+        }
+    };
+    let forbid = |present: bool, id: &str, out: &mut Vec<String>| {
+        if present {
+            out.push(format!("scope.{id} is not used by a {:?} scope", s.kind));
+        }
+    };
+    let has = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.is_empty());
+    match s.kind {
+        ScopeKind::Session => {
+            need(has(&s.agent), "agent", &mut out);
+            need(has(&s.session), "session", &mut out);
+            forbid(s.user.is_some(), "user", &mut out);
+        }
+        ScopeKind::User => {
+            need(has(&s.agent), "agent", &mut out);
+            need(has(&s.user), "user", &mut out);
+            forbid(s.session.is_some(), "session", &mut out);
+        }
+        ScopeKind::Agent => {
+            need(has(&s.agent), "agent", &mut out);
+            forbid(s.user.is_some(), "user", &mut out);
+            forbid(s.session.is_some(), "session", &mut out);
+        }
+        ScopeKind::Global => {
+            forbid(s.agent.is_some(), "agent", &mut out);
+            forbid(s.user.is_some(), "user", &mut out);
+            forbid(s.session.is_some(), "session", &mut out);
+        }
+    }
+
+    let root = &spec.workspace.root;
+    if !root.starts_with('/') || root == "/" || has_dot_segment(root) {
+        out.push(format!(
+            "workspace.root must be a clean absolute path other than '/', got {root:?}"
+        ));
+    }
+    for f in &spec.workspace.files {
+        check_relative("workspace.files[].path", &f.path, &mut out);
+        if f.content.is_some() == f.content_from.is_some() {
+            out.push(format!(
+                "file {:?} needs exactly one of content and contentFrom",
+                f.path
+            ));
+        }
+        if let Some(src) = &f.content_from
+            && src.config_map_key_ref.is_some() == src.secret_key_ref.is_some()
+        {
+            out.push(format!(
+                "file {:?}: contentFrom needs exactly one of configMapKeyRef and secretKeyRef",
+                f.path
+            ));
+        }
+        if let Some(m) = f.mode
+            && !(0..=0o777).contains(&m)
+        {
+            out.push(format!(
+                "file {:?}: mode must be between 0 and 0777",
+                f.path
+            ));
+        }
+    }
+    for p in &spec.workspace.projections {
+        check_relative("workspace.projections[].path", &p.path, &mut out);
+    }
+    for m in &spec.workspace.mounts {
+        check_relative("workspace.mounts[].path", &m.path, &mut out);
+        if !m.host_path.starts_with('/') || has_dot_segment(&m.host_path) {
+            out.push(format!(
+                "mount hostPath {:?} must be a clean absolute path",
+                m.host_path
+            ));
+        } else if !allowed_host_prefixes
+            .iter()
+            .any(|p| is_under(&m.host_path, p))
+        {
+            out.push(if allowed_host_prefixes.is_empty() {
+                format!(
+                    "mount hostPath {:?} is not allowed: this operator allows no host mounts",
+                    m.host_path
+                )
+            } else {
+                format!(
+                    "mount hostPath {:?} is not under an allowed prefix ({})",
+                    m.host_path,
+                    allowed_host_prefixes.join(", ")
+                )
+            });
+        }
+    }
+    match (spec.snapshot.restore, &spec.snapshot.name) {
+        (RestorePolicy::Named, None) => {
+            out.push("snapshot.name is required when snapshot.restore is Named".into())
+        }
+        (RestorePolicy::Latest | RestorePolicy::Never, Some(_)) => {
+            out.push("snapshot.name is only used when snapshot.restore is Named".into())
+        }
+        _ => {}
+    }
+    out
+}
+
+fn check_relative(what: &str, path: &str, out: &mut Vec<String>) {
+    if path.is_empty() || path.starts_with('/') {
+        out.push(format!(
+            "{what} {path:?} must be relative to the workspace root"
+        ));
+    } else if path.split('/').any(|s| s == "..") {
+        out.push(format!("{what} {path:?} must not contain '..'"));
+    } else if path.split('/').find(|s| !s.is_empty() && *s != ".") == Some(".agentbox") {
+        out.push(format!(
+            "{what} {path:?}: .agentbox is reserved for the operator"
+        ));
+    }
+}
+
+fn has_dot_segment(path: &str) -> bool {
+    path.split('/').skip(1).any(|s| s == "." || s == "..")
+}
+
+/// Whether `path` is `prefix` or lies beneath it (segment-wise: `/srv/ab` is not under `/srv/a`).
+pub fn is_under(path: &str, prefix: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    let prefix = prefix.trim_end_matches('/');
+    path == prefix
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{HostMount, HostMountType, Scope, WorkspaceFile};
+
+    fn spec() -> SandboxSpec {
+        serde_json::from_value(serde_json::json!({
+            "image": "agentbox/base:v1",
+            "scope": {"kind": "User", "agent": "coder", "user": "alice"}
+        }))
+        .unwrap()
+    }
+
+    fn mount(host: &str) -> HostMount {
+        HostMount {
+            path: "data".into(),
+            host_path: host.into(),
+            read_only: true,
+            type_: HostMountType::Directory,
+        }
+    }
+
+    #[test]
+    fn a_plain_spec_is_valid() {
+        assert!(problems(&spec(), &[]).is_empty());
+    }
+
+    #[test]
+    fn scope_ids_follow_the_kind() {
+        let mut s = spec();
+        s.scope = Scope {
+            kind: ScopeKind::Session,
+            agent: Some("a".into()),
+            user: None,
+            session: None,
+        };
+        assert_eq!(
+            problems(&s, &[]),
+            vec!["scope.session is required for a Session scope"]
+        );
+        s.scope = Scope {
+            kind: ScopeKind::Global,
+            agent: Some("a".into()),
+            user: None,
+            session: None,
+        };
+        assert_eq!(
+            problems(&s, &[]),
+            vec!["scope.agent is not used by a Global scope"]
+        );
+        s.scope = Scope {
+            kind: ScopeKind::User,
+            agent: Some(String::new()),
+            user: Some("u".into()),
+            session: None,
+        };
+        assert_eq!(
+            problems(&s, &[]),
+            vec!["scope.agent is required for a User scope"]
+        );
+    }
+
+    #[test]
+    fn paths_must_be_clean() {
+        let mut s = spec();
+        s.workspace.root = "workspace".into();
+        s.workspace.files = vec![
+            WorkspaceFile {
+                path: "../x".into(),
+                content: Some("x".into()),
+                content_from: None,
+                mode: None,
+                ephemeral: false,
+            },
+            WorkspaceFile {
+                path: "/etc/x".into(),
+                content: Some("x".into()),
+                content_from: None,
+                mode: None,
+                ephemeral: false,
+            },
+            WorkspaceFile {
+                path: "./.agentbox/marker".into(),
+                content: Some("x".into()),
+                content_from: None,
+                mode: None,
+                ephemeral: false,
+            },
+            WorkspaceFile {
+                path: "ok".into(),
+                content: None,
+                content_from: None,
+                mode: Some(0o1777),
+                ephemeral: false,
+            },
+        ];
+        let p = problems(&s, &[]);
+        assert_eq!(p.len(), 6, "{p:#?}");
+        assert!(p[0].contains("workspace.root"));
+        assert!(p[1].contains("'..'"));
+        assert!(p[2].contains("relative"));
+        assert!(p[3].contains("reserved"));
+        assert!(p[4].contains("exactly one"));
+        assert!(p[5].contains("mode"));
+    }
+
+    #[test]
+    fn host_mounts_only_under_allowed_prefixes() {
+        let mut s = spec();
+        s.workspace.mounts = vec![mount("/srv/shared/data")];
+        assert!(problems(&s, &[])[0].contains("allows no host mounts"));
+        assert!(problems(&s, &["/srv/shared".into()]).is_empty());
+        assert!(problems(&s, &["/srv/shared/data".into()]).is_empty());
+        assert!(problems(&s, &["/srv/sh".into()])[0].contains("not under an allowed prefix"));
+        s.workspace.mounts = vec![mount("/srv/shared/../../etc")];
+        assert!(problems(&s, &["/srv/shared".into()])[0].contains("clean absolute"));
+    }
+
+    #[test]
+    fn under_is_segment_wise() {
+        assert!(is_under("/a/b", "/a"));
+        assert!(is_under("/a", "/a/"));
+        assert!(!is_under("/ab", "/a"));
+        assert!(!is_under("/", "/a"));
+    }
+}

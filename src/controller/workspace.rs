@@ -1,0 +1,420 @@
+//! Workspace initialisation: which start branch to take, and what to write.
+//!
+//! After a sandbox pod runs, the operator probes the workspace for its marker and then writes
+//! files with one exec of `tar -x` fed from stdin. Everything here is pure; the reconciler does
+//! the I/O.
+
+use sha2::{Digest, Sha256};
+
+use crate::crd::StartBranch;
+
+/// Directory inside the workspace that belongs to the operator (marker, staging, temp files).
+pub const STATE_DIR: &str = ".agentbox";
+/// Marker file, relative to the workspace root. Written last, so it means "initialised".
+pub const MARKER: &str = ".agentbox/marker";
+
+/// A file to write into the workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    /// Path relative to the workspace root, normalised (no `./`, no trailing slash).
+    pub path: String,
+    /// Content.
+    pub data: Vec<u8>,
+    /// Permission bits.
+    pub mode: u32,
+    /// Re-written on every start.
+    pub ephemeral: bool,
+}
+
+/// A ConfigMap's content, resolved, for one projection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedProjection {
+    /// Name of the ConfigMap.
+    pub config_map: String,
+    /// Directory relative to the workspace root.
+    pub dir: String,
+    /// Keys and values, sorted by key.
+    pub entries: Vec<(String, Vec<u8>)>,
+}
+
+/// What the workspace looked like and what the sandbox remembers of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed<'a> {
+    /// The marker file exists in the workspace.
+    pub marker_present: bool,
+    /// Status says this sandbox's workspace was initialised before.
+    pub root_was_ready: bool,
+    /// A snapshot to restore, when the sandbox's restore policy finds one.
+    pub snapshot: Option<&'a str>,
+    /// Snapshot restore is available in this operator.
+    pub can_restore: bool,
+}
+
+/// The decided start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Branch recorded in status.
+    pub branch: StartBranch,
+    /// Snapshot to restore before writing files.
+    pub restore: Option<String>,
+    /// Write every file (fresh workspace), or only the ephemeral ones.
+    pub all_files: bool,
+    /// Condition reason for WorkspaceReady.
+    pub reason: &'static str,
+    /// Human-readable account of the start, for the condition message and the Event.
+    pub message: String,
+}
+
+/// Decides the start branch (A: reuse, B: recover a lost workspace, C: restore into a fresh one,
+/// D: fresh). Where a snapshot would be restored but none exists, the start falls back to D and
+/// the message says why.
+pub fn decide(o: Observed<'_>) -> Decision {
+    if o.marker_present {
+        return Decision {
+            branch: StartBranch::A,
+            restore: None,
+            all_files: false,
+            reason: "WorkspaceReused",
+            message: "existing workspace reused; ephemeral files re-applied".into(),
+        };
+    }
+    let restorable = o.snapshot.filter(|_| o.can_restore);
+    match (o.root_was_ready, restorable) {
+        (true, Some(snap)) => Decision {
+            branch: StartBranch::B,
+            restore: Some(snap.to_string()),
+            all_files: false,
+            reason: "WorkspaceRecovered",
+            message: format!("workspace was lost; restored from snapshot {snap}"),
+        },
+        (false, Some(snap)) => Decision {
+            branch: StartBranch::C,
+            restore: Some(snap.to_string()),
+            all_files: true,
+            reason: "WorkspaceRestored",
+            message: format!("fresh workspace restored from snapshot {snap}; files written"),
+        },
+        (lost, None) => {
+            let why = match (lost, o.snapshot, o.can_restore) {
+                (true, Some(s), false) => {
+                    format!(
+                        "workspace was lost; snapshot {s} exists but this operator cannot restore snapshots; "
+                    )
+                }
+                (true, _, _) => "workspace was lost and there is no snapshot to restore; ".into(),
+                (false, Some(s), false) => {
+                    format!("snapshot {s} exists but this operator cannot restore snapshots; ")
+                }
+                (false, _, _) => String::new(),
+            };
+            Decision {
+                branch: StartBranch::D,
+                restore: None,
+                all_files: true,
+                reason: if lost {
+                    "WorkspaceReinitialized"
+                } else {
+                    "WorkspaceInitialized"
+                },
+                message: format!("{why}fresh workspace initialised from the spec"),
+            }
+        }
+    }
+}
+
+/// SHA-256 over every projection's ConfigMap name, directory and content, length-prefixed so
+/// that moving bytes between keys or values changes the hash. `None` without projections.
+pub fn projection_hash(projections: &[ResolvedProjection]) -> Option<String> {
+    if projections.is_empty() {
+        return None;
+    }
+    let mut h = Sha256::new();
+    let mut put = |b: &[u8]| {
+        h.update((b.len() as u64).to_be_bytes());
+        h.update(b);
+    };
+    for p in projections {
+        put(p.config_map.as_bytes());
+        put(p.dir.as_bytes());
+        for (k, v) in &p.entries {
+            put(k.as_bytes());
+            put(v);
+        }
+    }
+    Some(hex::encode(h.finalize()))
+}
+
+/// Normalises a validated relative path: drops `./` and empty segments.
+pub fn normalize(path: &str) -> String {
+    path.split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The writes of one initialisation: a tar archive for stdin and the arguments of [`SCRIPT`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Writes {
+    /// Projection directories to empty before extraction (they are replaced whole).
+    pub replace_dirs: Vec<String>,
+    /// Parent directories to create (`mkdir -p`, which follows the user's symlinks as a user
+    /// would expect, instead of tar replacing them).
+    pub parents: Vec<String>,
+    /// The files, in archive order.
+    pub files: Vec<FileEntry>,
+}
+
+impl Writes {
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.replace_dirs.is_empty() && self.files.is_empty()
+    }
+}
+
+/// Chooses what to write: all files on a fresh workspace, else only the ephemeral ones; the
+/// projections when the workspace is fresh or their hash changed.
+pub fn plan_writes(
+    decision: &Decision,
+    files: &[FileEntry],
+    projections: &[ResolvedProjection],
+    projections_changed: bool,
+) -> Writes {
+    let mut out: Vec<FileEntry> = files
+        .iter()
+        .filter(|f| decision.all_files || f.ephemeral)
+        .cloned()
+        .collect();
+    let mut replace_dirs = Vec::new();
+    if decision.all_files || decision.branch == StartBranch::B || projections_changed {
+        for p in projections {
+            replace_dirs.push(p.dir.clone());
+            for (k, v) in &p.entries {
+                out.push(FileEntry {
+                    path: format!("{}/{k}", p.dir),
+                    data: v.clone(),
+                    mode: 0o644,
+                    ephemeral: false,
+                });
+            }
+        }
+    }
+    let mut parents: Vec<String> = out
+        .iter()
+        .filter_map(|f| f.path.rsplit_once('/').map(|(dir, _)| dir.to_string()))
+        .chain(replace_dirs.iter().cloned())
+        .collect();
+    parents.sort();
+    parents.dedup();
+    Writes {
+        replace_dirs,
+        parents,
+        files: out,
+    }
+}
+
+/// Builds the tar archive of the files (regular files only, owned by root, with their modes,
+/// modified at `mtime` seconds since the epoch).
+pub fn archive(files: &[FileEntry], mtime: u64) -> std::io::Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    for f in files {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(f.data.len() as u64);
+        h.set_mode(f.mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(mtime);
+        b.append_data(&mut h, &f.path, f.data.as_slice())?;
+    }
+    b.into_inner()
+}
+
+/// Probe: prints the marker's content when the workspace is initialised. `$1` is the root.
+pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || true"#;
+
+/// Initialisation: `$1` root, `$2` marker content, `$3` number of directories to replace, then
+/// those directories, then the parent directories to create. The archive arrives on stdin. The
+/// marker is written last and atomically, so a failed run leaves the workspace uninitialised.
+pub const SCRIPT: &str = r#"set -eu
+root="$1"; marker="$2"; n="$3"; shift 3
+cd "$root"
+mkdir -p .agentbox/tmp
+i=0
+while [ "$i" -lt "$n" ]; do rm -rf -- "./$1"; shift; i=$((i+1)); done
+for d in "$@"; do mkdir -p -- "./$d"; done
+tar -x -f -
+printf '%s' "$marker" > .agentbox/marker.tmp
+mv -f .agentbox/marker.tmp .agentbox/marker
+"#;
+
+/// Arguments for [`SCRIPT`] after `sh -c SCRIPT sh`.
+pub fn script_args(root: &str, marker: &str, w: &Writes) -> Vec<String> {
+    let mut args = vec![
+        root.to_string(),
+        marker.to_string(),
+        w.replace_dirs.len().to_string(),
+    ];
+    args.extend(w.replace_dirs.iter().cloned());
+    args.extend(w.parents.iter().cloned());
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(marker: bool, ready: bool, snap: Option<&str>, can: bool) -> Decision {
+        decide(Observed {
+            marker_present: marker,
+            root_was_ready: ready,
+            snapshot: snap,
+            can_restore: can,
+        })
+    }
+
+    #[test]
+    fn the_four_branches() {
+        assert_eq!(obs(true, true, Some("s"), true).branch, StartBranch::A);
+        assert_eq!(obs(true, false, None, false).branch, StartBranch::A);
+        let b = obs(false, true, Some("s1"), true);
+        assert_eq!(
+            (b.branch, b.restore.as_deref(), b.all_files),
+            (StartBranch::B, Some("s1"), false)
+        );
+        let c = obs(false, false, Some("s1"), true);
+        assert_eq!(
+            (c.branch, c.restore.as_deref(), c.all_files),
+            (StartBranch::C, Some("s1"), true)
+        );
+        let d = obs(false, false, None, true);
+        assert_eq!(
+            (d.branch, d.restore, d.all_files),
+            (StartBranch::D, None, true)
+        );
+        assert_eq!(d.reason, "WorkspaceInitialized");
+    }
+
+    #[test]
+    fn lost_workspace_without_snapshot_falls_back_to_d_and_says_so() {
+        let d = obs(false, true, None, true);
+        assert_eq!(d.branch, StartBranch::D);
+        assert_eq!(d.reason, "WorkspaceReinitialized");
+        assert!(d.message.contains("no snapshot"), "{}", d.message);
+        let d = obs(false, true, Some("s9"), false);
+        assert_eq!(d.branch, StartBranch::D);
+        assert!(d.message.contains("cannot restore"), "{}", d.message);
+    }
+
+    fn file(path: &str, eph: bool) -> FileEntry {
+        FileEntry {
+            path: path.into(),
+            data: b"x".to_vec(),
+            mode: 0o600,
+            ephemeral: eph,
+        }
+    }
+
+    fn proj() -> ResolvedProjection {
+        ResolvedProjection {
+            config_map: "cm".into(),
+            dir: "conf".into(),
+            entries: vec![("a".into(), b"1".to_vec()), ("b".into(), b"2".to_vec())],
+        }
+    }
+
+    #[test]
+    fn branch_a_writes_only_ephemeral_files_and_changed_projections() {
+        let files = [file("a/b/keep.txt", false), file("tmp/eph", true)];
+        let a = obs(true, true, None, false);
+        let w = plan_writes(&a, &files, &[proj()], false);
+        assert_eq!(
+            w.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+            vec!["tmp/eph"]
+        );
+        assert!(w.replace_dirs.is_empty());
+        assert_eq!(w.parents, vec!["tmp"]);
+        let w = plan_writes(&a, &files, &[proj()], true);
+        assert_eq!(w.replace_dirs, vec!["conf"]);
+        assert_eq!(w.files.len(), 3);
+        let d = obs(false, false, None, false);
+        let w = plan_writes(&d, &files, &[proj()], false);
+        assert_eq!(w.files.len(), 4);
+        assert_eq!(w.parents, vec!["a/b", "conf", "tmp"]);
+        assert!(!w.is_empty());
+        assert!(plan_writes(&a, &[file("x", false)], &[], false).is_empty());
+    }
+
+    #[test]
+    fn projection_hash_tracks_content() {
+        assert_eq!(projection_hash(&[]), None);
+        let h = projection_hash(&[proj()]).unwrap();
+        let mut p = proj();
+        p.entries[0].1 = b"changed".to_vec();
+        assert_ne!(Some(h.clone()), projection_hash(&[p]));
+        // Moving a byte from a key to its value changes the hash too.
+        let mut q = proj();
+        q.entries = vec![("a1".into(), Vec::new()), ("b".into(), b"2".to_vec())];
+        assert_ne!(Some(h), projection_hash(&[q]));
+    }
+
+    #[test]
+    fn archive_round_trips_paths_modes_and_bytes() {
+        let files = vec![
+            FileEntry {
+                path: "dir/run.sh".into(),
+                data: b"#!/bin/sh\n".to_vec(),
+                mode: 0o755,
+                ephemeral: false,
+            },
+            FileEntry {
+                path: "bin".into(),
+                data: vec![0, 159, 255],
+                mode: 0o600,
+                ephemeral: true,
+            },
+        ];
+        let bytes = archive(&files, 1_700_000_000).unwrap();
+        let mut ar = tar::Archive::new(bytes.as_slice());
+        let got: Vec<(String, u32, Vec<u8>)> = ar
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+                (
+                    e.path().unwrap().display().to_string(),
+                    e.header().mode().unwrap(),
+                    data,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got[0],
+            ("dir/run.sh".into(), 0o755, b"#!/bin/sh\n".to_vec())
+        );
+        assert_eq!(got[1], ("bin".into(), 0o600, vec![0, 159, 255]));
+        let mut ar = tar::Archive::new(bytes.as_slice());
+        let first = ar.entries().unwrap().next().unwrap().unwrap();
+        assert_eq!(first.header().mtime().unwrap(), 1_700_000_000);
+    }
+
+    #[test]
+    fn normalize_paths() {
+        assert_eq!(normalize("./a//b/"), "a/b");
+        assert_eq!(normalize("a/./b"), "a/b");
+    }
+
+    #[test]
+    fn script_args_layout() {
+        let w = Writes {
+            replace_dirs: vec!["conf".into()],
+            parents: vec!["a".into()],
+            files: vec![],
+        };
+        assert_eq!(
+            script_args("/workspace", "uid", &w),
+            vec!["/workspace", "uid", "1", "conf", "a"]
+        );
+    }
+}

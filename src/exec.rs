@@ -1,0 +1,732 @@
+//! Exec in a sandbox pod through the Kubernetes API (`pods/exec` over WebSocket).
+//!
+//! Used by the operator (workspace initialisation) and by the harness client. What it adds over
+//! a bare `Api::<Pod>::exec`:
+//! - the real exit code, parsed from the status channel ([`ExitStatus`]), never from stderr;
+//! - a timeout that really stops the command in the container: dropping the WebSocket does not
+//!   kill a remote process, so the command runs in its own process group under a small `sh`
+//!   prologue with a watchdog that `kill -KILL`s the whole group when the time is up;
+//! - a per-stream output cap: output past the cap is drained and dropped, and flagged;
+//! - stdin from bytes or from any [`AsyncRead`], half-closed when done (kube 5 speaks
+//!   `v5.channel.k8s.io`, whose CLOSE frame gives the remote process a clean EOF);
+//! - a streaming form ([`stream`]) that yields stdout/stderr chunks as they arrive;
+//! - a persistent shell ([`session::Session`]) for low-latency command loops.
+
+pub mod session;
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::Stream;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use kube::api::{Api, AttachParams};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+/// Name of the single container of every sandbox pod.
+pub const SANDBOX_CONTAINER: &str = "sandbox";
+
+/// Default cap on each of stdout and stderr kept by [`run`] (8 MiB).
+pub const DEFAULT_MAX_OUTPUT: usize = 8 << 20;
+
+/// How long to wait for the exit status after the timeout fired. The in-pod watchdog fires at
+/// the same timeout measured from a later start, so the status normally follows within a
+/// round trip; this only bounds a wedged connection.
+pub const TIMEOUT_GRACE: Duration = Duration::from_secs(15);
+
+/// Size of kube's in-process pipes for each stream. kube defaults to 1 KiB, which turns a large
+/// transfer into thousands of tiny wake-ups.
+const PIPE_BUF: usize = 256 << 10;
+
+/// Read size for stdout/stderr chunks.
+const CHUNK: usize = 64 << 10;
+
+/// The `sh` prologue that wraps a command when it needs a workdir, env or timeout.
+///
+/// Positional parameters: `$1` timeout in seconds (empty = none), `$2` workdir (empty = keep),
+/// `$3` number of `NAME=value` env entries that follow, then the entries, then the argv.
+///
+/// With a timeout the command runs under `setsid` (its own process group; it is not a group
+/// leader as a child of `&`, so busybox `setsid` does not fork and the exit code is kept).
+/// stdin is passed through fd 3 because a non-interactive shell points the stdin of `&`
+/// commands at /dev/null. The watchdog holds no stdio (or the exec would stay open until it
+/// exits), kills the whole group when the time is up, and is itself stopped when the command
+/// ends, unless members of the group are still alive: those are killed at the deadline too.
+pub(crate) const WRAPPER: &str = r#"t=$1; d=$2; n=$3; shift 3
+while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
+if [ -n "$d" ]; then cd -- "$d" || exit 126; fi
+if [ -z "$t" ]; then exec "$@"; fi
+exec 3<&0
+setsid "$@" <&3 3<&- &
+p=$!
+exec 3<&-
+( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
+w=$!
+wait $p; r=$?
+kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
+exit $r
+"#;
+
+/// Where a command's stdin comes from.
+pub enum Stdin {
+    /// A byte buffer, sent and then closed.
+    Bytes(Bytes),
+    /// A reader, streamed until EOF and then closed.
+    Reader(Pin<Box<dyn AsyncRead + Send>>),
+}
+
+impl fmt::Debug for Stdin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stdin::Bytes(b) => write!(f, "Stdin::Bytes({} bytes)", b.len()),
+            Stdin::Reader(_) => f.write_str("Stdin::Reader(..)"),
+        }
+    }
+}
+
+/// A command to run in a sandbox.
+#[derive(Debug)]
+pub struct ExecRequest {
+    /// Program and arguments (no shell unless the program is one).
+    pub argv: Vec<String>,
+    /// stdin; `None` gives the command no stdin (it reads EOF).
+    pub stdin: Option<Stdin>,
+    /// Stop the command (its whole process group) after this long.
+    pub timeout: Option<Duration>,
+    /// Cap on the bytes kept of each of stdout and stderr.
+    pub max_output: usize,
+    /// Working directory; `None` keeps the container's.
+    pub workdir: Option<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+}
+
+impl ExecRequest {
+    /// A command given as program and arguments.
+    pub fn argv<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ExecRequest {
+            argv: argv.into_iter().map(Into::into).collect(),
+            stdin: None,
+            timeout: None,
+            max_output: DEFAULT_MAX_OUTPUT,
+            workdir: None,
+            env: Vec::new(),
+        }
+    }
+
+    /// A shell script, run as `sh -c script`.
+    pub fn shell(script: impl Into<String>) -> Self {
+        Self::argv(["sh".to_string(), "-c".to_string(), script.into()])
+    }
+
+    /// Send these bytes on stdin, then close it.
+    pub fn stdin(mut self, bytes: impl Into<Bytes>) -> Self {
+        self.stdin = Some(Stdin::Bytes(bytes.into()));
+        self
+    }
+
+    /// Stream stdin from a reader until EOF, then close it.
+    pub fn stdin_reader(mut self, reader: impl AsyncRead + Send + 'static) -> Self {
+        self.stdin = Some(Stdin::Reader(Box::pin(reader)));
+        self
+    }
+
+    /// Stop the command after `d`.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+
+    /// Keep at most `n` bytes of each of stdout and stderr.
+    pub fn max_output(mut self, n: usize) -> Self {
+        self.max_output = n;
+        self
+    }
+
+    /// Run in this directory.
+    pub fn workdir(mut self, p: impl Into<String>) -> Self {
+        self.workdir = Some(p.into());
+        self
+    }
+
+    /// Set an environment variable.
+    pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// The argv actually sent to the container: the command itself when it needs no
+    /// prologue, otherwise `sh -c WRAPPER` with the settings as positional parameters.
+    pub(crate) fn remote_argv(&self) -> Result<Vec<String>, ExecError> {
+        if self.argv.is_empty() {
+            return Err(ExecError::Invalid("empty argv".into()));
+        }
+        for (k, _) in &self.env {
+            if !is_env_name(k) {
+                return Err(ExecError::Invalid(format!(
+                    "invalid environment variable name {k:?}"
+                )));
+            }
+        }
+        if self.timeout.is_none() && self.workdir.is_none() && self.env.is_empty() {
+            return Ok(self.argv.clone());
+        }
+        let mut v = vec![
+            "sh".to_string(),
+            "-c".to_string(),
+            WRAPPER.to_string(),
+            "agentbox-exec".to_string(),
+            self.timeout.map(sleep_arg).unwrap_or_default(),
+            self.workdir.clone().unwrap_or_default(),
+            self.env.len().to_string(),
+        ];
+        v.extend(self.env.iter().map(|(k, val)| format!("{k}={val}")));
+        v.extend(self.argv.iter().cloned());
+        Ok(v)
+    }
+}
+
+/// `sleep` argument for a duration: seconds with millisecond precision (busybox `sleep` takes
+/// fractions), at least 1 ms.
+fn sleep_arg(d: Duration) -> String {
+    let ms = d.as_millis().max(1);
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+/// Whether `k` is a portable environment variable name.
+fn is_env_name(k: &str) -> bool {
+    let mut b = k.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// How a command ended, as reported by the exec status channel.
+///
+/// Through the CRI (containerd, CRI-O) a process killed by signal N is reported as exit code
+/// 128+N, exactly like a process that exits with that code, so the two cannot be told apart;
+/// [`ExitStatus::signal`] applies the shell convention for display.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// The process exited with this code (0 = success).
+    Code(i32),
+    /// The process ended without an exit code; the runtime's message, verbatim.
+    Unknown(String),
+}
+
+impl ExitStatus {
+    /// The exit code, when there is one.
+    pub fn code(&self) -> Option<i32> {
+        match self {
+            ExitStatus::Code(c) => Some(*c),
+            ExitStatus::Unknown(_) => None,
+        }
+    }
+
+    /// Exit code 0.
+    pub fn success(&self) -> bool {
+        self.code() == Some(0)
+    }
+
+    /// The signal N when the code is 128+N (shell convention; a process may also exit with
+    /// such a code on purpose).
+    pub fn signal(&self) -> Option<i32> {
+        match self.code() {
+            Some(c) if (129..=128 + 64).contains(&c) => Some(c - 128),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitStatus::Code(c) => match self.signal() {
+                Some(s) => write!(f, "exit code {c} (signal {s}?)"),
+                None => write!(f, "exit code {c}"),
+            },
+            ExitStatus::Unknown(m) => write!(f, "unknown exit status: {m}"),
+        }
+    }
+}
+
+/// The collected result of [`run`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// stdout, at most `max_output` bytes.
+    pub stdout: Vec<u8>,
+    /// stderr, at most `max_output` bytes.
+    pub stderr: Vec<u8>,
+    /// How the command ended.
+    pub status: ExitStatus,
+    /// stdout was longer than the cap; the rest was dropped.
+    pub stdout_truncated: bool,
+    /// stderr was longer than the cap; the rest was dropped.
+    pub stderr_truncated: bool,
+    /// The timeout passed before the command ended; it was killed.
+    pub timed_out: bool,
+}
+
+impl ExecOutput {
+    /// stdout as (lossy) UTF-8.
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// stderr as (lossy) UTF-8.
+    pub fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
+    /// Exit code 0 and no timeout.
+    pub fn success(&self) -> bool {
+        self.status.success() && !self.timed_out
+    }
+}
+
+/// One event of a streamed exec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecEvent {
+    /// A chunk of stdout.
+    Stdout(Bytes),
+    /// A chunk of stderr.
+    Stderr(Bytes),
+    /// The command ended; always the last event.
+    Exit {
+        /// How it ended.
+        status: ExitStatus,
+        /// The timeout passed before it ended.
+        timed_out: bool,
+    },
+}
+
+/// Exec failures. [`ExecError::is_transient`] tells the retryable ones apart.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The request itself is wrong (empty argv, bad env name).
+    #[error("invalid exec request: {0}")]
+    Invalid(String),
+    /// The exec could not be opened: API server, pod or container unreachable (transient).
+    #[error("cannot open exec to pod {pod}: {source}")]
+    Connect {
+        /// Pod name.
+        pod: String,
+        /// Underlying error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The runtime refused to start the command (no such program, container not running).
+    #[error("command could not start: {0}")]
+    NotStarted(String),
+    /// The connection broke while the command ran; it may or may not have finished
+    /// (transient, but not safely retryable for non-idempotent commands).
+    #[error("exec stream failed: {0}")]
+    Stream(String),
+    /// The timeout passed and no exit status arrived within the grace period.
+    #[error("command timed out after {0:?} and no exit status arrived")]
+    Timeout(Duration),
+    /// A persistent session failed (see [`session`]).
+    #[error("session: {0}")]
+    Session(String),
+}
+
+impl ExecError {
+    /// Whether trying again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ExecError::Connect { source, .. } => match source {
+                kube::Error::Api(s) => s.code >= 500 || s.code == 429 || s.code == 404,
+                _ => true,
+            },
+            ExecError::Stream(_) | ExecError::Timeout(_) | ExecError::Session(_) => true,
+            ExecError::Invalid(_) | ExecError::NotStarted(_) => false,
+        }
+    }
+}
+
+/// Maps the status-channel object to an exit status. `Success` is 0; `NonZeroExitCode` carries
+/// the code in a cause with reason `ExitCode`. Anything else means the command never ran.
+pub fn parse_status(s: &Status) -> Result<ExitStatus, ExecError> {
+    if s.status.as_deref() == Some("Success") {
+        return Ok(ExitStatus::Code(0));
+    }
+    let code = s.details.as_ref().and_then(|d| {
+        d.causes.iter().flatten().find_map(|c| {
+            (c.reason.as_deref() == Some("ExitCode"))
+                .then(|| {
+                    c.message
+                        .as_deref()
+                        .and_then(|m| m.trim().parse::<i32>().ok())
+                })
+                .flatten()
+        })
+    });
+    match (s.reason.as_deref(), code) {
+        (Some("NonZeroExitCode"), Some(c)) => Ok(ExitStatus::Code(c)),
+        (Some("NonZeroExitCode"), None) => {
+            Ok(ExitStatus::Unknown(s.message.clone().unwrap_or_default()))
+        }
+        _ => Err(ExecError::NotStarted(
+            s.message
+                .clone()
+                .or_else(|| s.reason.clone())
+                .unwrap_or_else(|| "exec failed without a message".into()),
+        )),
+    }
+}
+
+/// A streamed exec: yields stdout/stderr chunks as they arrive, then exactly one
+/// [`ExecEvent::Exit`]. Dropping it closes the connection (the command keeps running in the
+/// pod unless it had a timeout).
+pub struct ExecStream {
+    rx: mpsc::Receiver<Result<ExecEvent, ExecError>>,
+}
+
+impl Stream for ExecStream {
+    type Item = Result<ExecEvent, ExecError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// Starts a command and returns its event stream. The connection is open when this returns
+/// (connection errors come back here, not from the stream).
+pub async fn stream(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    req: ExecRequest,
+) -> Result<ExecStream, ExecError> {
+    let argv = req.remote_argv()?;
+    let ap = AttachParams::default()
+        .container(container)
+        .stdin(req.stdin.is_some())
+        .stdout(true)
+        .stderr(true)
+        .max_stdin_buf_size(PIPE_BUF)
+        .max_stdout_buf_size(PIPE_BUF)
+        .max_stderr_buf_size(PIPE_BUF);
+    let proc = pods
+        .exec(pod, argv, &ap)
+        .await
+        .map_err(|source| ExecError::Connect {
+            pod: pod.to_string(),
+            source,
+        })?;
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(drive(proc, req.stdin, req.timeout, tx));
+    Ok(ExecStream { rx })
+}
+
+/// Runs a command to completion and collects its output (each stream capped at
+/// `req.max_output`; the rest is read and dropped so the command is never blocked).
+pub async fn run(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    req: ExecRequest,
+) -> Result<ExecOutput, ExecError> {
+    use futures::StreamExt;
+    let cap = req.max_output;
+    let mut s = stream(pods, pod, container, req).await?;
+    let mut out = Capped::new(cap);
+    let mut err = Capped::new(cap);
+    while let Some(ev) = s.next().await {
+        match ev? {
+            ExecEvent::Stdout(b) => out.push(&b),
+            ExecEvent::Stderr(b) => err.push(&b),
+            ExecEvent::Exit { status, timed_out } => {
+                return Ok(ExecOutput {
+                    stdout: out.buf,
+                    stderr: err.buf,
+                    status,
+                    stdout_truncated: out.truncated,
+                    stderr_truncated: err.truncated,
+                    timed_out,
+                });
+            }
+        }
+    }
+    Err(ExecError::Stream(
+        "stream ended without an exit status".into(),
+    ))
+}
+
+/// A byte buffer that keeps at most `cap` bytes and remembers whether it dropped any.
+#[derive(Debug)]
+pub(crate) struct Capped {
+    pub(crate) buf: Vec<u8>,
+    pub(crate) cap: usize,
+    pub(crate) truncated: bool,
+}
+
+impl Capped {
+    pub(crate) fn new(cap: usize) -> Self {
+        Capped {
+            buf: Vec::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    pub(crate) fn push(&mut self, b: &[u8]) {
+        let room = self.cap.saturating_sub(self.buf.len());
+        if b.len() > room {
+            self.truncated = true;
+        }
+        self.buf.extend_from_slice(&b[..b.len().min(room)]);
+    }
+}
+
+/// Pumps one attached process: stdin in, stdout/stderr out as events, then the exit status.
+async fn drive(
+    mut proc: kube::api::AttachedProcess,
+    stdin: Option<Stdin>,
+    timeout: Option<Duration>,
+    tx: mpsc::Sender<Result<ExecEvent, ExecError>>,
+) {
+    let result = pump(&mut proc, stdin, timeout, &tx).await;
+    match result {
+        Ok(ev) => {
+            let _ = tx.send(Ok(ev)).await;
+        }
+        Err(e) => {
+            let _ = tx.send(Err(e)).await;
+        }
+    }
+    // Dropping `proc` aborts kube's message loop if it is still running.
+}
+
+async fn pump(
+    proc: &mut kube::api::AttachedProcess,
+    stdin: Option<Stdin>,
+    timeout: Option<Duration>,
+    tx: &mpsc::Sender<Result<ExecEvent, ExecError>>,
+) -> Result<ExecEvent, ExecError> {
+    let mut stdout = proc.stdout();
+    let mut stderr = proc.stderr();
+    let status = proc
+        .take_status()
+        .ok_or_else(|| ExecError::Stream("no status channel".into()))?;
+    let writer = proc.stdin();
+
+    // stdin runs on its own task so that a slow or never-reading command cannot stall output.
+    let stdin_task = match (stdin, writer) {
+        (Some(src), Some(mut w)) => Some(tokio::spawn(async move {
+            // Write errors mean the process is gone or closed stdin: nothing left to do.
+            let _ = match src {
+                Stdin::Bytes(b) => w.write_all(&b).await,
+                Stdin::Reader(mut r) => tokio::io::copy(&mut r, &mut w).await.map(|_| ()),
+            };
+            // Shutdown + drop closes stdin (a CLOSE frame on v5, EOF for the process).
+            let _ = w.shutdown().await;
+        })),
+        _ => None,
+    };
+
+    let start = tokio::time::Instant::now();
+    let far = start + Duration::from_secs(100 * 365 * 24 * 3600);
+    let deadline = timeout.map(|t| start + t).unwrap_or(far);
+    let mut timed_out = false;
+    let mut give_up = far;
+    let mut obuf = vec![0u8; CHUNK];
+    let mut ebuf = vec![0u8; CHUNK];
+
+    while stdout.is_some() || stderr.is_some() {
+        tokio::select! {
+            r = read_opt(&mut stdout, &mut obuf), if stdout.is_some() => match r {
+                Ok(0) => stdout = None,
+                Ok(n) => {
+                    if tx.send(Ok(ExecEvent::Stdout(Bytes::copy_from_slice(&obuf[..n])))).await.is_err() {
+                        return Err(ExecError::Stream("receiver dropped".into()));
+                    }
+                }
+                Err(e) => return Err(ExecError::Stream(format!("reading stdout: {e}"))),
+            },
+            r = read_opt(&mut stderr, &mut ebuf), if stderr.is_some() => match r {
+                Ok(0) => stderr = None,
+                Ok(n) => {
+                    if tx.send(Ok(ExecEvent::Stderr(Bytes::copy_from_slice(&ebuf[..n])))).await.is_err() {
+                        return Err(ExecError::Stream("receiver dropped".into()));
+                    }
+                }
+                Err(e) => return Err(ExecError::Stream(format!("reading stderr: {e}"))),
+            },
+            _ = tokio::time::sleep_until(deadline), if !timed_out && timeout.is_some() => {
+                timed_out = true;
+                give_up = tokio::time::Instant::now() + TIMEOUT_GRACE;
+            },
+            _ = tokio::time::sleep_until(give_up), if timed_out => {
+                return Err(ExecError::Timeout(timeout.unwrap_or_default()));
+            },
+        }
+    }
+    if let Some(t) = stdin_task {
+        t.abort();
+    }
+    let bound = if timed_out { give_up } else { far };
+    let st = tokio::time::timeout_at(bound, status)
+        .await
+        .map_err(|_| ExecError::Timeout(timeout.unwrap_or_default()))?;
+    // The streams are closed, so kube's loop has ended: surface a broken connection.
+    let st = match st {
+        Some(st) => st,
+        None => {
+            return Err(ExecError::Stream(
+                "connection closed without an exit status".into(),
+            ));
+        }
+    };
+    let status = parse_status(&st)?;
+    // The client deadline starts before the in-pod watchdog, so a command the watchdog killed
+    // is always seen as timed out here.
+    let timed_out = timed_out || timeout.is_some_and(|t| start.elapsed() >= t);
+    Ok(ExecEvent::Exit { status, timed_out })
+}
+
+async fn read_opt<R: AsyncRead + Unpin>(
+    r: &mut Option<R>,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    match r {
+        Some(r) => r.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
+
+    fn failure(reason: &str, causes: Vec<(&str, &str)>, msg: &str) -> Status {
+        Status {
+            status: Some("Failure".into()),
+            reason: Some(reason.into()),
+            message: Some(msg.into()),
+            details: Some(StatusDetails {
+                causes: Some(
+                    causes
+                        .into_iter()
+                        .map(|(r, m)| StatusCause {
+                            reason: Some(r.into()),
+                            message: Some(m.into()),
+                            field: None,
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn status_success_is_zero() {
+        let s = Status {
+            status: Some("Success".into()),
+            ..Default::default()
+        };
+        assert_eq!(parse_status(&s).unwrap(), ExitStatus::Code(0));
+    }
+
+    #[test]
+    fn status_non_zero_exit_code() {
+        let s = failure(
+            "NonZeroExitCode",
+            vec![("ExitCode", "42")],
+            "command terminated with non-zero exit code: exit status 42",
+        );
+        assert_eq!(parse_status(&s).unwrap(), ExitStatus::Code(42));
+        let k = failure("NonZeroExitCode", vec![("ExitCode", "137")], "x");
+        let st = parse_status(&k).unwrap();
+        assert_eq!(st, ExitStatus::Code(137));
+        assert_eq!(st.signal(), Some(9));
+        assert!(!st.success());
+    }
+
+    #[test]
+    fn status_without_code_is_unknown_and_other_failures_did_not_start() {
+        let s = failure("NonZeroExitCode", vec![], "weird");
+        assert_eq!(
+            parse_status(&s).unwrap(),
+            ExitStatus::Unknown("weird".into())
+        );
+        let s = failure(
+            "InternalError",
+            vec![],
+            "OCI runtime exec failed: exec: \"nope\": executable file not found in $PATH",
+        );
+        let e = parse_status(&s).unwrap_err();
+        assert!(matches!(e, ExecError::NotStarted(ref m) if m.contains("not found")));
+        assert!(!e.is_transient());
+    }
+
+    #[test]
+    fn plain_argv_is_sent_as_is() {
+        let r = ExecRequest::argv(["echo", "hi"]);
+        assert_eq!(r.remote_argv().unwrap(), vec!["echo", "hi"]);
+        assert!(
+            ExecRequest::argv(Vec::<String>::new())
+                .remote_argv()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn wrapped_argv_carries_settings_positionally() {
+        let r = ExecRequest::shell("echo $A")
+            .timeout(Duration::from_millis(1500))
+            .workdir("/workspace")
+            .env("A", "x y")
+            .env("B", "");
+        let v = r.remote_argv().unwrap();
+        assert_eq!(&v[..2], ["sh", "-c"]);
+        assert_eq!(
+            &v[3..],
+            [
+                "agentbox-exec",
+                "1.500",
+                "/workspace",
+                "2",
+                "A=x y",
+                "B=",
+                "sh",
+                "-c",
+                "echo $A"
+            ]
+        );
+        let bad = ExecRequest::argv(["true"]).env("1A", "x");
+        assert!(matches!(bad.remote_argv(), Err(ExecError::Invalid(_))));
+    }
+
+    #[test]
+    fn sleep_arg_has_millisecond_precision() {
+        assert_eq!(sleep_arg(Duration::from_secs(3)), "3.000");
+        assert_eq!(sleep_arg(Duration::from_millis(20)), "0.020");
+        assert_eq!(sleep_arg(Duration::ZERO), "0.001");
+    }
+
+    #[test]
+    fn capped_keeps_prefix_and_flags() {
+        let mut c = Capped::new(5);
+        c.push(b"abc");
+        assert!(!c.truncated);
+        c.push(b"defg");
+        assert_eq!(c.buf, b"abcde");
+        assert!(c.truncated);
+        c.push(b"h");
+        assert_eq!(c.buf.len(), 5);
+        let mut e = Capped::new(3);
+        e.push(b"abc");
+        assert!(!e.truncated);
+    }
+}

@@ -1,0 +1,393 @@
+//! Shared set-up of the integration tests: a temporary namespace on the real local cluster
+//! (KUBECONFIG from `hack/cluster env`), and operator processes watching only that namespace.
+//! Every process started here is stopped by its PID; the namespace and its sandboxes are
+//! removed at the end, also when a test panics.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use agentbox::crd::Sandbox;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::wait::{Condition, await_condition};
+use kube::{Client, ResourceExt};
+
+/// The sandbox base image the test cluster imports.
+pub const BASE_IMAGE: &str = "agentbox/base:v1";
+/// Workspaces root the operator uses by default (the test operator runs on the node's host).
+pub const NODE_ROOT: &str = agentbox::config::DEFAULT_NODE_ROOT;
+
+/// A running operator process.
+pub struct Operator {
+    child: Child,
+    /// Its leader-election identity.
+    pub identity: String,
+    /// Its metrics/health address.
+    pub metrics_port: u16,
+    /// Where it logs.
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// Stops it abruptly (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Stops it gracefully (SIGTERM) and waits for it to exit.
+    pub fn terminate(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.kill();
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Fetches one of its HTTP endpoints (`/metrics`, `/readyz`).
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
+            .await
+            .ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Some((code, body))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// A temporary namespace and the operators started for it.
+pub struct TestEnv {
+    /// Client with the cluster's admin credentials.
+    pub client: Client,
+    /// The namespace's name.
+    pub ns: String,
+    /// Operators started so far.
+    pub operators: Vec<Operator>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// A short random suffix for names.
+pub fn suffix() -> String {
+    use rand::Rng;
+    let mut r = rand::rng();
+    (0..6)
+        .map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[r.random_range(0..36)]))
+        .collect()
+}
+
+impl TestEnv {
+    /// Creates namespace `<prefix>-<random>`.
+    pub async fn new(prefix: &str) -> TestEnv {
+        let client = Client::try_default()
+            .await
+            .expect("a cluster: run `eval \"$(hack/cluster env)\"` or use hack/test");
+        ensure_crds(&client).await;
+        let ns = format!("{prefix}-{}", suffix());
+        let nss: Api<Namespace> = Api::all(client.clone());
+        let mut obj = Namespace::default();
+        obj.metadata.name = Some(ns.clone());
+        nss.create(&PostParams::default(), &obj)
+            .await
+            .expect("create namespace");
+        // Pods need the namespace's default ServiceAccount, made by the controller-manager.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &ns);
+        for _ in 0..100 {
+            if sas.get_opt("default").await.ok().flatten().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        TestEnv {
+            client,
+            ns,
+            operators: Vec::new(),
+        }
+    }
+
+    /// Starts an operator process for this namespace with extra flags; returns its index.
+    pub fn start_operator(&mut self, extra: &[&str]) -> usize {
+        let n = self.operators.len();
+        let identity = format!("op-{}-{n}", self.ns);
+        let port = free_port();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operator-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let log = dir.join(format!("{}-{n}.log", self.ns));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
+            .args(["--namespace", &self.ns, "--identity", &identity])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--lease-seconds", "4"])
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info,agentbox=debug".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("start agentbox-operator");
+        self.operators.push(Operator {
+            child,
+            identity,
+            metrics_port: port,
+            log,
+        });
+        n
+    }
+
+    /// Typed API in the test namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Waits until `cond` holds for the named object, or panics after `secs` with the last state.
+    pub async fn wait_for<K>(&self, name: &str, secs: u64, cond: impl Condition<K>) -> K
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+        <K as kube::Resource>::DynamicType: Default + Eq + std::hash::Hash + Clone + Send,
+    {
+        let api = self.api::<K>();
+        match tokio::time::timeout(
+            Duration::from_secs(secs),
+            await_condition(api.clone(), name, cond),
+        )
+        .await
+        {
+            Ok(Ok(Some(obj))) => obj,
+            other => {
+                let last = api.get_opt(name).await.ok().flatten();
+                panic!(
+                    "{name}: condition not met within {secs}s ({other:?}); last state: {last:#?}\n{}",
+                    self.operator_logs()
+                );
+            }
+        }
+    }
+
+    /// Waits until the named object is gone.
+    pub async fn wait_gone<K>(&self, name: &str, secs: u64)
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+        <K as kube::Resource>::DynamicType: Default + Eq + std::hash::Hash + Clone + Send,
+    {
+        let api = self.api::<K>();
+        let r = tokio::time::timeout(
+            Duration::from_secs(secs),
+            await_condition(api.clone(), name, kube::runtime::conditions::is_deleted("")),
+        )
+        .await;
+        if !matches!(r, Ok(Ok(_))) && api.get_opt(name).await.ok().flatten().is_some() {
+            panic!(
+                "{name} still exists after {secs}s\n{}",
+                self.operator_logs()
+            );
+        }
+    }
+
+    /// The tail of every operator log, for failure messages.
+    pub fn operator_logs(&self) -> String {
+        self.operators
+            .iter()
+            .map(|o| {
+                let text = std::fs::read_to_string(&o.log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!(
+                    "--- {} ({}) ---\n{}",
+                    o.identity,
+                    o.log.display(),
+                    tail.join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The pods of a sandbox (by label).
+    pub async fn sandbox_pods(&self, sandbox: &str) -> Vec<Pod> {
+        let lp =
+            ListParams::default().labels(&format!("{}={}", agentbox::labels::SANDBOX, sandbox));
+        self.api::<Pod>().list(&lp).await.expect("list pods").items
+    }
+
+    /// Deletes every Sandbox, waits for the operator to finish them, stops the operators, and
+    /// deletes the namespace.
+    pub async fn finish(mut self) {
+        self.teardown().await;
+    }
+
+    async fn teardown(&mut self) {
+        let sbxs = self.api::<Sandbox>();
+        let _ = sbxs
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        for _ in 0..300 {
+            match sbxs.list(&ListParams::default()).await {
+                Ok(l) if l.items.is_empty() => break,
+                Ok(l) if self.operators.iter_mut().all(|o| !o.is_running()) => {
+                    // Nobody is left to run the finalizers: drop them so the namespace can go.
+                    for s in l.items {
+                        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+                        let _ = sbxs
+                            .patch(
+                                &s.name_any(),
+                                &Default::default(),
+                                &kube::api::Patch::Merge(&patch),
+                            )
+                            .await;
+                    }
+                }
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for o in &mut self.operators {
+            o.terminate();
+        }
+        let nss: Api<Namespace> = Api::all(self.client.clone());
+        let _ = nss.delete(&self.ns, &DeleteParams::default()).await;
+        self.ns.clear();
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if self.ns.is_empty() {
+            return;
+        }
+        // A panicking test: clean up on a fresh runtime in a plain thread (this drop may run
+        // inside the test's runtime, where blocking on another future is not allowed).
+        let mut env = TestEnv {
+            client: self.client.clone(),
+            ns: std::mem::take(&mut self.ns),
+            operators: std::mem::take(&mut self.operators),
+        };
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(env.teardown());
+            }
+        })
+        .join();
+    }
+}
+
+/// Condition: the Sandbox's phase is `phase`.
+pub fn phase_is(phase: &'static str) -> impl Condition<Sandbox> {
+    move |s: Option<&Sandbox>| {
+        s.and_then(|s| s.status.as_ref())
+            .and_then(|st| st.phase)
+            .is_some_and(|p| p.as_str() == phase)
+    }
+}
+
+/// Creates a Sandbox from JSON (name, spec) in the namespace.
+pub async fn create_sandbox(
+    env: &TestEnv,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<Sandbox, kube::Error> {
+    let obj: Sandbox = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("sandbox json");
+    env.api::<Sandbox>()
+        .create(&PostParams::default(), &obj)
+        .await
+}
+
+/// Runs a shell command in a sandbox pod and returns (exit code, stdout).
+pub async fn sh(env: &TestEnv, pod: &str, script: &str) -> (Option<i32>, String) {
+    let out = agentbox::exec::run(
+        &env.api::<Pod>(),
+        pod,
+        "sandbox",
+        agentbox::exec::ExecRequest::argv(["sh", "-c", script]).timeout(Duration::from_secs(60)),
+    )
+    .await
+    .expect("exec");
+    (out.status.code(), out.stdout_str())
+}
+
+/// Installs (server-side applies) the CRDs from the types and waits until they are served.
+pub async fn ensure_crds(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Patch, PatchParams};
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in agentbox::crd::all() {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply("agentbox-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        let established = await_condition(
+            crds.clone(),
+            &name,
+            kube::runtime::conditions::is_crd_established(),
+        );
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .expect("CRD established in time")
+            .expect("watch CRD");
+    }
+}

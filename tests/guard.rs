@@ -1,0 +1,305 @@
+//! The execution guard against the real API server: mutual exclusion under contention,
+//! takeover of a vanished holder only after the lease duration, losing on a stale update,
+//! fencing tokens, and failing closed.
+
+mod barepod;
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use agentbox::exec::{self, ExecRequest, SANDBOX_CONTAINER};
+use agentbox::guard::{self, GuardConfig, GuardError};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::PostParams;
+
+fn cfg(holder: &str, secs: u64) -> GuardConfig {
+    GuardConfig {
+        holder: holder.to_string(),
+        lease_duration: Duration::from_secs(secs),
+        retry_interval: Duration::from_millis(50),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn four_clients_never_interleave() {
+    let env = common::TestEnv::new("guard-mutex").await;
+    let pods = barepod::start(&env.client, &env.ns, "box").await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut tasks = Vec::new();
+    for c in 0..4 {
+        let leases = leases.clone();
+        let pods = pods.clone();
+        tasks.push(tokio::spawn(async move {
+            let cfg = cfg(&format!("client-{c}"), 10);
+            let mut tokens = Vec::new();
+            for i in 0..25 {
+                let g = guard::acquire(
+                    &leases,
+                    "mutex",
+                    BTreeMap::new(),
+                    &cfg,
+                    Some(Duration::from_secs(300)),
+                )
+                .await
+                .expect("acquire");
+                let tok = g.token();
+                tokens.push(tok);
+                // Two separate execs inside the critical section: anyone else writing between
+                // them would show up as interleaving.
+                g.run(async {
+                    for what in ["start", "end"] {
+                        let line = format!("{what} {c} {i} {tok}");
+                        let out = exec::run(
+                            &pods,
+                            "box",
+                            SANDBOX_CONTAINER,
+                            ExecRequest::argv(["sh", "-c", "echo \"$0\" >> /tmp/log", &line]),
+                        )
+                        .await
+                        .expect("append");
+                        assert!(out.status.success());
+                    }
+                })
+                .await
+                .expect("guard held throughout");
+                g.release().await.expect("release");
+            }
+            tokens
+        }));
+    }
+    let mut all_tokens = Vec::new();
+    for t in tasks {
+        all_tokens.extend(t.await.expect("client task"));
+    }
+    let out = exec::run(
+        &pods,
+        "box",
+        SANDBOX_CONTAINER,
+        ExecRequest::argv(["cat", "/tmp/log"]),
+    )
+    .await
+    .expect("read log");
+    let text = out.stdout_str();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 200, "{text}");
+    let mut last_token = 0i64;
+    for pair in lines.chunks(2) {
+        let s: Vec<&str> = pair[0].split(' ').collect();
+        let e: Vec<&str> = pair[1].split(' ').collect();
+        assert_eq!(s[0], "start", "interleaved:\n{text}");
+        assert_eq!(e[0], "end", "interleaved:\n{text}");
+        assert_eq!(s[1..], e[1..], "interleaved:\n{text}");
+        // Fencing tokens strictly increase in the order the critical sections ran.
+        let tok: i64 = s[3].parse().expect("token");
+        assert!(tok > last_token, "token {tok} after {last_token}");
+        last_token = tok;
+    }
+    all_tokens.sort();
+    all_tokens.dedup();
+    assert_eq!(all_tokens.len(), 100);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn vanished_holder_is_taken_over_after_the_duration_not_before() {
+    let env = common::TestEnv::new("guard-takeover").await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    // A holder that renewed once and vanished without releasing.
+    let ghost_renew = Timestamp::now();
+    let ghost = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some("scope".into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("ghost".into()),
+            lease_duration_seconds: Some(3),
+            acquire_time: Some(MicroTime(ghost_renew)),
+            renew_time: Some(MicroTime(ghost_renew)),
+            lease_transitions: Some(7),
+            ..Default::default()
+        }),
+    };
+    leases
+        .create(&PostParams::default(), &ghost)
+        .await
+        .expect("ghost lease");
+
+    // A short wait fails while the ghost's lease is still valid.
+    let early = guard::acquire(
+        &leases,
+        "scope",
+        BTreeMap::new(),
+        &cfg("early", 3),
+        Some(Duration::from_millis(500)),
+    )
+    .await;
+    assert!(
+        matches!(early, Err(GuardError::Timeout { ref holder, .. }) if holder == "ghost"),
+        "{early:?}"
+    );
+
+    let g = guard::acquire(
+        &leases,
+        "scope",
+        BTreeMap::new(),
+        &cfg("heir", 3),
+        Some(Duration::from_secs(30)),
+    )
+    .await
+    .expect("take over");
+    let got = g.acquired_at().expect("acquire time");
+    let waited = got.duration_since(ghost_renew);
+    assert!(
+        waited >= k8s_openapi::jiff::SignedDuration::from_secs(3),
+        "taken over {waited:?} after the ghost's last renewal, before its 3 s lease ran out"
+    );
+    assert_eq!(g.token(), 8, "takeover bumps leaseTransitions");
+    let now = leases.get("scope").await.expect("lease");
+    let spec = now.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("heir"));
+    assert_eq!(spec.lease_transitions, Some(8));
+
+    // Release keeps the lease and its counter; the next holder gets a higher token at once.
+    g.release().await.expect("release");
+    let after = leases
+        .get("scope")
+        .await
+        .expect("lease")
+        .spec
+        .expect("spec");
+    assert_eq!(after.holder_identity, None);
+    let g2 = guard::acquire(
+        &leases,
+        "scope",
+        BTreeMap::new(),
+        &cfg("next", 3),
+        Some(Duration::from_secs(5)),
+    )
+    .await
+    .expect("free lease");
+    assert_eq!(g2.token(), 9);
+    g2.release().await.expect("release");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn stale_update_gets_409_and_the_holder_knows_it_lost() {
+    let env = common::TestEnv::new("guard-stale").await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let g = guard::acquire(
+        &leases,
+        "scope",
+        BTreeMap::new(),
+        &cfg("holder", 3),
+        Some(Duration::from_secs(10)),
+    )
+    .await
+    .expect("acquire");
+    let stale = leases.get("scope").await.expect("lease");
+    // Let the holder renew at least once (every second): our copy is now stale.
+    let start = Instant::now();
+    loop {
+        let cur = leases.get("scope").await.expect("lease");
+        if cur.metadata.resource_version != stale.metadata.resource_version {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "holder never renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut stolen = stale.clone();
+    stolen.spec.as_mut().expect("spec").holder_identity = Some("intruder".into());
+    let err = leases
+        .replace("scope", &PostParams::default(), &stolen)
+        .await
+        .expect_err("stale update must be refused");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409),
+        "{err:?}"
+    );
+    assert!(!g.is_lost());
+
+    // Someone overwrites the lease with a current resourceVersion (a forced takeover): the
+    // holder's next renewal gets the 409 and it cancels its guarded work.
+    let mut cur = leases.get("scope").await.expect("lease");
+    cur.spec.as_mut().expect("spec").holder_identity = Some("intruder".into());
+    leases
+        .replace("scope", &PostParams::default(), &cur)
+        .await
+        .expect("forced takeover");
+    let work = g.run(std::future::pending::<()>());
+    let res = tokio::time::timeout(Duration::from_secs(30), work)
+        .await
+        .expect("lost in time");
+    assert!(matches!(res, Err(GuardError::Lost(_))), "{res:?}");
+    assert!(g.is_lost());
+    assert!(matches!(g.release().await, Err(GuardError::Lost(_))));
+    // The intruder's hold was not disturbed by the loser's release.
+    let spec = leases
+        .get("scope")
+        .await
+        .expect("lease")
+        .spec
+        .expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("intruder"));
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn unreachable_api_server_fails_closed() {
+    // Nothing listens on port 1.
+    let mut config = kube::Config::new("https://127.0.0.1:1".parse().expect("url"));
+    config.connect_timeout = Some(Duration::from_millis(200));
+    let client = kube::Client::try_from(config).expect("client");
+    let leases: Api<Lease> = Api::namespaced(client, "default");
+    let res = guard::acquire(
+        &leases,
+        "x",
+        BTreeMap::new(),
+        &cfg("c", 3),
+        Some(Duration::from_secs(1)),
+    )
+    .await;
+    assert!(matches!(res, Err(GuardError::Api { .. })), "{res:?}");
+}
+
+#[tokio::test]
+async fn acquire_release_latency_figures() {
+    let env = common::TestEnv::new("guard-bench").await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let c = cfg("bench", 15);
+    let mut acq = Vec::new();
+    let mut rel = Vec::new();
+    for _ in 0..40 {
+        let t = Instant::now();
+        let g = guard::acquire(
+            &leases,
+            "bench",
+            BTreeMap::new(),
+            &c,
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .expect("acquire");
+        acq.push(t.elapsed());
+        let t = Instant::now();
+        g.release().await.expect("release");
+        rel.push(t.elapsed());
+    }
+    println!(
+        "guard acquire p50 {:.1} ms p95 {:.1} ms; release p50 {:.1} ms p95 {:.1} ms",
+        barepod::pct(&mut acq, 50),
+        barepod::pct(&mut acq, 95),
+        barepod::pct(&mut rel, 50),
+        barepod::pct(&mut rel, 95)
+    );
+    env.finish().await;
+}
