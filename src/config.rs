@@ -65,6 +65,53 @@ pub struct Config {
     /// Identity in leader election and Events. Default: hostname and process id.
     #[arg(long, env = "AGENTBOX_IDENTITY", default_value = "")]
     pub identity: String,
+
+    /// Object store for snapshots: `file:///dir`, `s3://bucket`, `gs://bucket` or
+    /// `az://container`. Empty: no snapshots (nothing is taken or restored). Credentials come
+    /// from the operator's environment (for S3 `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`).
+    #[arg(long, env = "AGENTBOX_STORE_URL", default_value = crate::snapshot::store::DEFAULT_STORE_URL)]
+    pub store_url: String,
+
+    /// Key prefix under which snapshots are stored: `<prefix>/<namespace>/<scope-key>/<uid>.tar`.
+    #[arg(long, env = "AGENTBOX_STORE_PREFIX", default_value = "agentbox")]
+    pub store_prefix: String,
+
+    /// S3 endpoint, for S3-compatible servers (empty: AWS).
+    #[arg(long, env = "AGENTBOX_S3_ENDPOINT", default_value = "")]
+    pub s3_endpoint: String,
+
+    /// S3 region.
+    #[arg(long, env = "AGENTBOX_S3_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+
+    /// Path-style S3 requests (`endpoint/bucket/key`, most S3-compatible servers) instead of
+    /// virtual-hosted ones (`bucket.endpoint/key`).
+    #[arg(long, env = "AGENTBOX_S3_PATH_STYLE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub s3_path_style: bool,
+
+    /// Allow plain HTTP to the S3 endpoint.
+    #[arg(long, env = "AGENTBOX_S3_ALLOW_HTTP", default_value_t = false, action = clap::ArgAction::Set)]
+    pub s3_allow_http: bool,
+
+    /// Restore: largest snapshot archive in bytes (0: no limit).
+    #[arg(long, env = "AGENTBOX_RESTORE_MAX_INPUT_BYTES", default_value_t = 1u64 << 30)]
+    pub restore_max_input_bytes: u64,
+
+    /// Restore: largest total size of the files in an archive (0: no limit).
+    #[arg(long, env = "AGENTBOX_RESTORE_MAX_EXTRACTED_BYTES", default_value_t = 4u64 << 30)]
+    pub restore_max_extracted_bytes: u64,
+
+    /// Restore: most members in an archive (0: no limit).
+    #[arg(long, env = "AGENTBOX_RESTORE_MAX_MEMBERS", default_value_t = 100_000)]
+    pub restore_max_members: u64,
+
+    /// Restore: largest ratio of extracted bytes to archive bytes (0: no limit).
+    #[arg(
+        long,
+        env = "AGENTBOX_RESTORE_MAX_EXPANSION_RATIO",
+        default_value_t = 100
+    )]
+    pub restore_max_expansion_ratio: u64,
 }
 
 /// A configuration value that cannot work.
@@ -97,6 +144,28 @@ impl Config {
             self.identity = format!("{host}-{}", std::process::id());
         }
         Ok(self)
+    }
+
+    /// The snapshot store settings; `None` when snapshots are off (empty URL).
+    pub fn store(&self) -> Option<crate::snapshot::store::StoreConfig> {
+        (!self.store_url.trim().is_empty()).then(|| crate::snapshot::store::StoreConfig {
+            url: self.store_url.trim().to_string(),
+            prefix: self.store_prefix.clone(),
+            s3_endpoint: self.s3_endpoint.clone(),
+            s3_region: self.s3_region.clone(),
+            s3_path_style: self.s3_path_style,
+            s3_allow_http: self.s3_allow_http,
+        })
+    }
+
+    /// The limits every restored archive is checked against.
+    pub fn restore_limits(&self) -> crate::snapshot::archive::Limits {
+        crate::snapshot::archive::Limits {
+            max_input_bytes: self.restore_max_input_bytes,
+            max_extracted_bytes: self.restore_max_extracted_bytes,
+            max_members: self.restore_max_members,
+            max_expansion_ratio: self.restore_max_expansion_ratio,
+        }
     }
 
     /// Namespace of the leader-election Lease.
@@ -167,5 +236,32 @@ mod tests {
         .unwrap();
         assert_eq!(c.allowed_host_prefixes, vec!["/srv/shared", "/data"]);
         assert_eq!(c.lease_namespace(), "team-a");
+        assert_eq!(
+            c.store().map(|s| s.url),
+            Some(crate::snapshot::store::DEFAULT_STORE_URL.to_string())
+        );
+        assert_eq!(
+            c.restore_limits(),
+            crate::snapshot::archive::Limits::default()
+        );
+        let c = Config::parse_from([
+            "agentbox-operator",
+            "--store-url",
+            "s3://snaps",
+            "--s3-endpoint",
+            "http://127.0.0.1:9000",
+            "--s3-path-style",
+            "true",
+            "--restore-max-members",
+            "10",
+        ])
+        .validated()
+        .unwrap();
+        let s = c.store().unwrap();
+        assert!(s.s3_path_style && !s.s3_allow_http);
+        assert_eq!(s.s3_endpoint, "http://127.0.0.1:9000");
+        assert_eq!(c.restore_limits().max_members, 10);
+        let off = Config::parse_from(["agentbox-operator", "--store-url", ""]);
+        assert!(off.store().is_none());
     }
 }

@@ -56,6 +56,8 @@ const CHUNK: usize = 64 << 10;
 /// commands at /dev/null. The watchdog holds no stdio (or the exec would stay open until it
 /// exits), kills the whole group when the time is up, and is itself stopped when the command
 /// ends, unless members of the group are still alive: those are killed at the deadline too.
+/// `wait`'s stderr is dropped: ash reports a killed job ("Killed") there, which is not the
+/// command's output.
 pub(crate) const WRAPPER: &str = r#"t=$1; d=$2; n=$3; shift 3
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
 if [ -n "$d" ]; then cd -- "$d" || exit 126; fi
@@ -66,7 +68,7 @@ p=$!
 exec 3<&-
 ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
 w=$!
-wait $p; r=$?
+wait $p 2>/dev/null; r=$?
 kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
 exit $r
 "#;

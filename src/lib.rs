@@ -3,6 +3,7 @@
 //! The library holds everything; the binaries in `src/bin` are thin wrappers.
 #![forbid(unsafe_code)]
 
+pub mod client;
 pub mod config;
 pub mod controller;
 pub mod crd;
@@ -12,3 +13,4 @@ pub mod labels;
 pub mod metrics;
 pub mod operator;
 pub mod server;
+pub mod snapshot;

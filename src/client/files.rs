@@ -12,8 +12,11 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use super::{ClientError, SandboxHandle};
-use crate::exec::{self, ExecEvent, ExecRequest, ExitStatus};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+
+use super::ClientError;
+use crate::exec::{self, ExecEvent, ExecOutput, ExecRequest, ExecStream, ExitStatus};
 
 /// A path that may not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,11 +42,17 @@ pub fn confine(root: &str, path: &str) -> Result<String, PathError> {
     if path.contains('\0') || !root.starts_with('/') {
         return Err(PathError::Invalid(path.to_string()));
     }
-    let root_parts: Vec<&str> = root.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    let root_parts: Vec<&str> = root
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
     if root_parts.contains(&"..") {
         return Err(PathError::Invalid(root.to_string()));
     }
-    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    let parts: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
     if parts.contains(&"..") {
         return Err(PathError::DotDot(path.to_string()));
     }
@@ -136,7 +145,7 @@ pub enum EntryKind {
     Other,
 }
 
-/// One entry of [`SandboxHandle::list_dir`].
+/// One entry of [`Workspace::list_dir`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
     /// File name (no directory part).
@@ -158,7 +167,10 @@ pub(crate) fn parse_listing(out: &[u8]) -> Result<Vec<DirEntry>, String> {
         let mut it = rec.splitn(4, |&b| b == b' ');
         let (Some(m), Some(s), Some(t), Some(name)) = (it.next(), it.next(), it.next(), it.next())
         else {
-            return Err(format!("bad listing record {:?}", String::from_utf8_lossy(rec)));
+            return Err(format!(
+                "bad listing record {:?}",
+                String::from_utf8_lossy(rec)
+            ));
         };
         let parse = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let raw = u32::from_str_radix(&parse(m), 16).map_err(|e| e.to_string())?;
@@ -171,9 +183,13 @@ pub(crate) fn parse_listing(out: &[u8]) -> Result<Vec<DirEntry>, String> {
         v.push(DirEntry {
             name: String::from_utf8_lossy(name).into_owned(),
             kind,
-            size: parse(s).parse().map_err(|e: std::num::ParseIntError| e.to_string())?,
+            size: parse(s)
+                .parse()
+                .map_err(|e: std::num::ParseIntError| e.to_string())?,
             mode: raw & 0o7777,
-            mtime: parse(t).parse().map_err(|e: std::num::ParseIntError| e.to_string())?,
+            mtime: parse(t)
+                .parse()
+                .map_err(|e: std::num::ParseIntError| e.to_string())?,
         });
     }
     v.sort_by(|a, b| a.name.cmp(&b.name));
@@ -194,9 +210,47 @@ fn check(path: &str, status: &ExitStatus, stderr: &[u8]) -> Result<(), ClientErr
     }
 }
 
-impl SandboxHandle {
+/// The workspace of one sandbox pod: file operations over exec, confined to `root`. Get one
+/// from [`super::SandboxHandle::workspace`], or build one for any pod with [`Workspace::new`].
+#[derive(Clone)]
+pub struct Workspace {
+    pods: Api<Pod>,
+    pod: String,
+    container: String,
+    root: String,
+}
+
+impl Workspace {
+    /// The workspace at `root` in `container` of `pod`.
+    pub fn new(
+        pods: Api<Pod>,
+        pod: impl Into<String>,
+        container: impl Into<String>,
+        root: impl Into<String>,
+    ) -> Self {
+        Workspace {
+            pods,
+            pod: pod.into(),
+            container: container.into(),
+            root: root.into(),
+        }
+    }
+
+    /// The workspace root.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    async fn exec_raw(&self, req: ExecRequest) -> Result<ExecOutput, ClientError> {
+        Ok(exec::run(&self.pods, &self.pod, &self.container, req).await?)
+    }
+
+    async fn exec_stream_raw(&self, req: ExecRequest) -> Result<ExecStream, ClientError> {
+        Ok(exec::stream(&self.pods, &self.pod, &self.container, req).await?)
+    }
+
     fn file_req(&self, script: &str, path: &str) -> Result<(ExecRequest, String), ClientError> {
-        let root = self.workspace_root();
+        let root = self.root.clone();
         let p = confine(&root, path).map_err(ClientError::Path)?;
         let req = ExecRequest::argv([
             "sh".to_string(),
@@ -233,7 +287,9 @@ impl SandboxHandle {
         content: impl Into<Bytes>,
     ) -> Result<(), ClientError> {
         let (req, p) = self.file_req(WRITE, path)?;
-        let out = self.exec_raw(req.stdin(content).max_output(64 << 10)).await?;
+        let out = self
+            .exec_raw(req.stdin(content).max_output(64 << 10))
+            .await?;
         check(&p, &out.status, &out.stderr)
     }
 
@@ -268,7 +324,9 @@ impl SandboxHandle {
             std::io::Write::flush(&mut w)?;
             w.shutdown()
         });
-        let out = self.exec_raw(req.stdin_reader(reader).max_output(64 << 10)).await;
+        let out = self
+            .exec_raw(req.stdin_reader(reader).max_output(64 << 10))
+            .await;
         let built = builder
             .await
             .map_err(|e| ClientError::Local(format!("tar builder: {e}")))?;
@@ -317,11 +375,11 @@ impl SandboxHandle {
         let unpacked = unpacker
             .await
             .map_err(|e| ClientError::Local(format!("tar reader: {e}")))?;
-        let status = status.ok_or_else(|| {
-            ClientError::Exec(exec::ExecError::Stream("no exit status".into()))
-        })?;
+        let status = status
+            .ok_or_else(|| ClientError::Exec(exec::ExecError::Stream("no exit status".into())))?;
         check(&p, &status, &stderr.buf)?;
-        unpacked.map_err(|e| ClientError::Local(format!("extracting into {}: {e}", local.display())))
+        unpacked
+            .map_err(|e| ClientError::Local(format!("extracting into {}: {e}", local.display())))
     }
 }
 
@@ -331,7 +389,10 @@ mod tests {
 
     #[test]
     fn relative_paths_join_the_root() {
-        assert_eq!(confine("/workspace", "a/b.txt").unwrap(), "/workspace/a/b.txt");
+        assert_eq!(
+            confine("/workspace", "a/b.txt").unwrap(),
+            "/workspace/a/b.txt"
+        );
         assert_eq!(confine("/workspace", "./a//b/").unwrap(), "/workspace/a/b");
         assert_eq!(confine("/workspace", "").unwrap(), "/workspace");
         assert_eq!(confine("/workspace", ".").unwrap(), "/workspace");
@@ -341,11 +402,24 @@ mod tests {
 
     #[test]
     fn dotdot_is_refused_everywhere() {
-        for p in ["../x", "a/../../x", "a/..", "..", "/workspace/../etc", "a/../b"] {
-            assert!(matches!(confine("/workspace", p), Err(PathError::DotDot(_))), "{p}");
+        for p in [
+            "../x",
+            "a/../../x",
+            "a/..",
+            "..",
+            "/workspace/../etc",
+            "a/../b",
+        ] {
+            assert!(
+                matches!(confine("/workspace", p), Err(PathError::DotDot(_))),
+                "{p}"
+            );
         }
         // A name that merely contains dots is fine.
-        assert_eq!(confine("/workspace", "..a/b..").unwrap(), "/workspace/..a/b..");
+        assert_eq!(
+            confine("/workspace", "..a/b..").unwrap(),
+            "/workspace/..a/b.."
+        );
     }
 
     #[test]
@@ -358,16 +432,28 @@ mod tests {
             confine("/workspace", "/workspace2/x"),
             Err(PathError::OutsideRoot(..))
         ));
-        assert!(matches!(confine("/workspace", "/"), Err(PathError::OutsideRoot(..))));
-        assert_eq!(confine("/workspace", "/workspace/x").unwrap(), "/workspace/x");
+        assert!(matches!(
+            confine("/workspace", "/"),
+            Err(PathError::OutsideRoot(..))
+        ));
+        assert_eq!(
+            confine("/workspace", "/workspace/x").unwrap(),
+            "/workspace/x"
+        );
         assert_eq!(confine("/workspace/", "/workspace").unwrap(), "/workspace");
         assert_eq!(confine("/w/s", "/w/s/t").unwrap(), "/w/s/t");
     }
 
     #[test]
     fn nul_and_relative_roots_are_invalid() {
-        assert!(matches!(confine("/workspace", "a\0b"), Err(PathError::Invalid(_))));
-        assert!(matches!(confine("workspace", "a"), Err(PathError::Invalid(_))));
+        assert!(matches!(
+            confine("/workspace", "a\0b"),
+            Err(PathError::Invalid(_))
+        ));
+        assert!(matches!(
+            confine("workspace", "a"),
+            Err(PathError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -2,7 +2,9 @@
 
 pub mod conditions;
 pub mod pod;
+pub mod restore;
 pub mod sandbox;
+pub mod snapshot;
 pub mod validate;
 pub mod workspace;
 
@@ -17,12 +19,13 @@ use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use rand::Rng;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::Config;
-use crate::crd::Sandbox;
+use crate::crd::{Sandbox, SandboxSnapshot};
 use crate::labels;
 use crate::metrics::Metrics;
+use crate::snapshot::store::Store;
 
 /// Field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "agentbox-operator";
@@ -37,6 +40,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Identity for Events.
     pub reporter: Reporter,
+    /// The snapshot store; `None` when snapshots are off or the store could not be built.
+    pub store: Option<Store>,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -69,6 +74,20 @@ pub enum Error {
     /// A namespaced object without a namespace.
     #[error("object has no namespace")]
     NotNamespaced,
+    /// Taking or storing a snapshot failed.
+    #[error("snapshot: {0}")]
+    Snapshot(#[source] crate::snapshot::SnapshotError),
+    /// The scope's guard could not be taken or was lost.
+    #[error("guard: {0}")]
+    Guard(#[source] crate::guard::GuardError),
+    /// Restoring a workspace from a snapshot failed; the workspace is as it was.
+    #[error("restore refused or failed ({reason}): {message}")]
+    Restore {
+        /// CamelCase reason for the WorkspaceReady condition.
+        reason: &'static str,
+        /// What happened.
+        message: String,
+    },
 }
 
 impl Error {
@@ -96,6 +115,9 @@ impl Error {
             Error::Cleanup(_) => "cleanup",
             Error::CleanupPending => "cleanup_pending",
             Error::NotNamespaced => "not_namespaced",
+            Error::Snapshot(_) => "snapshot",
+            Error::Guard(_) => "guard",
+            Error::Restore { .. } => "restore",
         }
     }
 
@@ -104,6 +126,7 @@ impl Error {
         let reason = match self {
             Error::SourceMissing(_) => "SourceMissing",
             Error::Exec(_) => "ExecFailed",
+            Error::Restore { reason, .. } => *reason,
             _ => "InitFailed",
         };
         (reason, self.to_string())
@@ -115,6 +138,12 @@ impl Error {
         match self.root() {
             Error::Exec(e) => !e.is_transient(),
             Error::NotNamespaced => true,
+            // A refused archive or a missing snapshot waits for a change; a busy guard or a
+            // store hiccup is retried soon.
+            Error::Restore { reason, .. } => !matches!(
+                *reason,
+                "GuardBusy" | "StoreError" | "RestoreFailed" | "ExtractFailed" | "SwapFailed"
+            ),
             _ => false,
         }
     }
@@ -164,6 +193,25 @@ pub async fn run(
         };
     let owned =
         watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
+    let store = match config.store().map(|c| Store::new(&c)) {
+        None => {
+            info!("no snapshot store configured: snapshots are off");
+            None
+        }
+        Some(Ok(s)) => {
+            info!(store = %s, "snapshot store ready");
+            Some(s)
+        }
+        Some(Err(e)) => {
+            error!("snapshot store unusable, snapshots are off: {e}");
+            None
+        }
+    };
+    let snapshots: Api<SandboxSnapshot> = if config.namespace.is_empty() {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), &config.namespace)
+    };
     let ctx = Arc::new(Context {
         client,
         reporter: Reporter {
@@ -172,9 +220,36 @@ pub async fn run(
         },
         config,
         metrics: metrics.clone(),
+        store,
     });
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let snapshot_ctx = ctx.clone();
+    let snapshot_shutdown = shutdown.clone();
+    let snapshot_controller = async move {
+        info!("snapshot controller starting");
+        Controller::new(snapshots, watcher::Config::default())
+            // Uploads hold a few multipart parts in memory each: bound how many run at once.
+            .with_config(ControllerConfig::default().concurrency(4))
+            .graceful_shutdown_on(snapshot_shutdown)
+            .run(
+                |snap, ctx: Arc<Context>| {
+                    let metrics = ctx.metrics.clone();
+                    async move {
+                        let start = Instant::now();
+                        let out = snapshot::reconcile(snap, ctx).await;
+                        metrics.reconciled("snapshot", start.elapsed());
+                        out
+                    }
+                },
+                snapshot_error_policy,
+                snapshot_ctx,
+            )
+            .for_each(|_| futures::future::ready(()))
+            .await;
+        info!("snapshot controller stopped");
+    };
     info!("sandbox controller starting");
-    Controller::new(sandboxes, watcher::Config::default())
+    let sandbox_controller = Controller::new(sandboxes, watcher::Config::default())
         .owns(pods, owned.clone())
         .owns(policies, owned)
         // Pod updates arrive in bursts (scheduled, started, ready): let them settle briefly so
@@ -194,9 +269,15 @@ pub async fn run(
             error_policy,
             ctx,
         )
-        .for_each(|_| futures::future::ready(()))
-        .await;
+        .for_each(|_| futures::future::ready(()));
+    futures::join!(sandbox_controller, snapshot_controller);
     info!("sandbox controller stopped");
+}
+
+fn snapshot_error_policy(_snap: Arc<SandboxSnapshot>, err: &Error, ctx: Arc<Context>) -> Action {
+    warn!("snapshot reconcile failed: {err}");
+    ctx.metrics.failed("snapshot", err.kind());
+    Action::requeue(retry_after(err, rand::rng().random()))
 }
 
 #[cfg(test)]

@@ -18,8 +18,9 @@ use crate::labels;
 
 /// The single container of a sandbox pod.
 pub const CONTAINER: &str = "sandbox";
-/// Annotation on the pod: hash of the pod spec built from the sandbox spec. A different hash
-/// means the sandbox spec changed in a way that needs a new pod.
+/// Annotation on owned objects: hash of the spec built from the sandbox spec. A different hash
+/// means the sandbox spec changed in a way that needs a new object. Comparing hashes, not the
+/// stored spec, is immune to the API server's defaulting and pruning.
 pub const SPEC_HASH: &str = "agentbox.dev/pod-spec-hash";
 /// The volume holding the workspace.
 const WORKSPACE_VOLUME: &str = "workspace";
@@ -135,7 +136,7 @@ pub fn build_pod(sbx: &Sandbox, node_root: &str, pin_node: Option<&str>) -> Pod 
         }),
         ..Default::default()
     };
-    let hash = spec_hash(&pod_spec);
+    let hash = json_hash(&pod_spec);
     if let Some(node) = pin_node {
         pod_spec.affinity = Some(pin_to_node(node));
     }
@@ -157,7 +158,7 @@ pub fn build_pod(sbx: &Sandbox, node_root: &str, pin_node: Option<&str>) -> Pod 
 }
 
 /// Hex SHA-256 of a pod spec's JSON form (field order is fixed by the struct, so it is stable).
-fn spec_hash(spec: &PodSpec) -> String {
+fn json_hash(spec: &impl serde::Serialize) -> String {
     let json = serde_json::to_vec(spec).unwrap_or_default();
     hex::encode(&Sha256::digest(&json)[..12])
 }
@@ -191,23 +192,26 @@ pub fn build_deny_egress(sbx: &Sandbox) -> NetworkPolicy {
         labels::SANDBOX.to_string(),
         labels::sandbox_label_value(&name),
     )]);
+    let spec = NetworkPolicySpec {
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(selector),
+            ..Default::default()
+        }),
+        policy_types: Some(vec!["Egress".into()]),
+        egress: Some(vec![]),
+        ingress: None,
+    };
+    let hash = json_hash(&spec);
     NetworkPolicy {
         metadata: ObjectMeta {
             name: Some(labels::network_policy_name(&name)),
             namespace: sbx.namespace(),
             labels: Some(owned_labels(sbx)),
+            annotations: Some(BTreeMap::from([(SPEC_HASH.to_string(), hash)])),
             owner_references: owner_ref(sbx).map(|o| vec![o]),
             ..Default::default()
         },
-        spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(selector),
-                ..Default::default()
-            }),
-            policy_types: Some(vec!["Egress".into()]),
-            egress: Some(vec![]),
-            ingress: None,
-        }),
+        spec: Some(spec),
     }
 }
 

@@ -144,6 +144,10 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     ensure_network_policy(sbx, &apis.policies).await?;
 
     if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
+        // spec.snapshot.onStop: persist the workspace before its pod goes.
+        if super::snapshot::on_stop(ctx, sbx).await? == super::snapshot::OnStop::Wait {
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        }
         let gone = delete_if_present(&apis.pods, &pod_name).await?;
         st.phase = Some(SandboxPhase::Suspended);
         st.pod_name = None;
@@ -510,8 +514,13 @@ async fn init_workspace(
         marker_present,
         root_was_ready: ws.root_ready,
         snapshot: snapshot.as_deref(),
-        can_restore: false,
+        can_restore: ctx.store.is_some(),
     });
+    // Branches B and C: restore before any file is written. A failure leaves the workspace
+    // as it was and surfaces as WorkspaceReady=False with the refusal's reason.
+    if let Some(snap) = decision.restore.as_deref() {
+        super::restore::restore(ctx, sbx, pods, pod_name, snap).await?;
+    }
 
     let files = resolve_files(sbx, ctx).await?;
     let projections = resolve_projections(sbx, ctx).await?;
@@ -576,14 +585,8 @@ async fn restore_candidate(sbx: &Sandbox, ctx: &Context) -> Result<Option<String
                 .items
                 .into_iter()
                 .filter(is_ready_snapshot)
-                .max_by_key(|s| {
-                    let done = s
-                        .status
-                        .as_ref()
-                        .and_then(|st| st.completed_at.as_ref())
-                        .map(|t| t.0);
-                    (done, s.name_any())
-                })
+                // Completion time, then fencing token (orders snapshots within one second).
+                .max_by_key(super::snapshot::age)
                 .map(|s| s.name_any()))
         }
     }
@@ -729,7 +732,13 @@ async fn ensure_network_policy(sbx: &Sandbox, api: &Api<NetworkPolicy>) -> Resul
     let name = desired.metadata.name.clone().unwrap_or_default();
     let current = api.get_opt(&name).await?;
     match (sbx.spec.network.egress, current) {
-        (Egress::Denied, Some(np)) if np.spec == desired.spec => Ok(()),
+        // Compare by the hash of what we asked for: the API server drops empty lists
+        // (`egress: []`), so the stored spec never equals the desired one field by field.
+        (Egress::Denied, Some(np))
+            if np.annotations().get(SPEC_HASH) == desired.annotations().get(SPEC_HASH) =>
+        {
+            Ok(())
+        }
         (Egress::Denied, _) => {
             api.patch(
                 &name,
@@ -762,6 +771,10 @@ async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         if let Err(e) = patch_status(&apis.sandboxes, &name, &st).await {
             warn!(sandbox = %name, "could not mark the sandbox Terminating: {e}");
         }
+    }
+    // spec.snapshot.onStop: persist the workspace before its pod goes.
+    if super::snapshot::on_stop(ctx, sbx).await? == super::snapshot::OnStop::Wait {
+        return Err(Error::CleanupPending);
     }
     // Returning Ok removes the finalizer, so every unfinished step returns CleanupPending.
     if !delete_if_present(&apis.pods, &pod_name).await? {

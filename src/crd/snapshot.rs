@@ -75,6 +75,10 @@ pub struct SandboxSnapshotStatus {
     /// Scope key of the sandbox the snapshot was taken from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope_key: Option<String>,
+    /// How many times taking the snapshot was started (an interrupted attempt, for example by
+    /// an operator restart, is retried from scratch a few times).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<i32>,
     /// When taking the snapshot started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,

@@ -40,8 +40,14 @@ impl Operator {
 
     /// Stops it gracefully (SIGTERM) and waits for it to exit.
     pub fn terminate(&mut self) {
+        if !self.is_running() {
+            return;
+        }
         let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid])
+            .stderr(Stdio::null())
+            .status();
         for _ in 0..100 {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
@@ -140,6 +146,12 @@ impl TestEnv {
 
     /// Starts an operator process for this namespace with extra flags; returns its index.
     pub fn start_operator(&mut self, extra: &[&str]) -> usize {
+        self.start_operator_env(extra, &[])
+    }
+
+    /// Starts an operator process with extra flags and environment variables (object-store
+    /// credentials, for example); returns its index.
+    pub fn start_operator_env(&mut self, extra: &[&str], envs: &[(String, String)]) -> usize {
         let n = self.operators.len();
         let identity = format!("op-{}-{n}", self.ns);
         let port = free_port();
@@ -152,6 +164,7 @@ impl TestEnv {
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .args(["--lease-seconds", "4"])
             .args(extra)
+            .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info,agentbox=debug".into()),
@@ -223,17 +236,16 @@ impl TestEnv {
         <K as kube::Resource>::DynamicType: Default + Eq + std::hash::Hash + Clone + Send,
     {
         let api = self.api::<K>();
-        let r = tokio::time::timeout(
-            Duration::from_secs(secs),
-            await_condition(api.clone(), name, kube::runtime::conditions::is_deleted("")),
-        )
-        .await;
-        if !matches!(r, Ok(Ok(_))) && api.get_opt(name).await.ok().flatten().is_some() {
-            panic!(
-                "{name} still exists after {secs}s\n{}",
-                self.operator_logs()
-            );
+        for _ in 0..secs * 10 {
+            if api.get_opt(name).await.expect("get").is_none() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        panic!(
+            "{name} still exists after {secs}s\n{}",
+            self.operator_logs()
+        );
     }
 
     /// The tail of every operator log, for failure messages.
@@ -308,19 +320,29 @@ impl Drop for TestEnv {
             return;
         }
         // A panicking test: clean up on a fresh runtime in a plain thread (this drop may run
-        // inside the test's runtime, where blocking on another future is not allowed).
-        let mut env = TestEnv {
-            client: self.client.clone(),
-            ns: std::mem::take(&mut self.ns),
-            operators: std::mem::take(&mut self.operators),
-        };
+        // inside the test's runtime, where blocking on another future is not allowed). The
+        // test's client has its connection task on the blocked runtime, so the teardown makes
+        // a client of its own.
+        let ns = std::mem::take(&mut self.ns);
+        let operators = std::mem::take(&mut self.operators);
         let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-            {
-                rt.block_on(env.teardown());
-            }
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(client) = Client::try_default().await else {
+                    return;
+                };
+                let mut env = TestEnv {
+                    client,
+                    ns,
+                    operators,
+                };
+                env.teardown().await;
+            });
         })
         .join();
     }

@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1.7
+# The agentbox image: static (musl) release binaries of the operator and, when present, the CLI,
+# on a distroless base that has CA certificates, no shell, and runs as a non-root user.
+#
+#   docker build -t agentbox/operator:0.1.0 .
+#
+# (The local test cluster has no container engine: hack/image assembles an equivalent image from
+# a static glibc build with hack/mkimage instead.)
+
+ARG RUST_VERSION=1.95
+
+FROM rust:${RUST_VERSION}-alpine AS build
+# musl-dev: the C runtime that ring's and the linker's static musl build needs.
+RUN apk add --no-cache musl-dev
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY crds ./crds
+# On Alpine the host target is x86_64/aarch64-unknown-linux-musl: binaries are static by default.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bins \
+ && mkdir -p /out \
+ && for b in agentbox-operator agentbox; do \
+      if [ -f "target/release/$b" ]; then cp "target/release/$b" /out/; fi; \
+    done \
+ && test -x /out/agentbox-operator
+
+# distroless static: CA certificates, /etc/passwd with "nonroot" (65532), tzdata, nothing else.
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/ /usr/local/bin/
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/agentbox-operator"]

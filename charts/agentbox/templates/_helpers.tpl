@@ -1,0 +1,52 @@
+{{/* Chart name. */}}
+{{- define "agentbox.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name prefix of the release's objects. */}}
+{{- define "agentbox.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "agentbox.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "agentbox.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels that select the operator pods. */}}
+{{- define "agentbox.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "agentbox.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "agentbox.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "agentbox.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Namespace of the leader-election Lease. */}}
+{{- define "agentbox.leaseNamespace" -}}
+{{- default .Release.Namespace .Values.leaderElection.namespace }}
+{{- end }}
+
+{{/* The operator image reference. */}}
+{{- define "agentbox.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}

@@ -1,0 +1,52 @@
+{{- /* Rules on namespaced resources: a ClusterRole when all namespaces are watched, else a
+       Role in the watched namespace. Each rule says why the operator needs it. */}}
+{{- define "agentbox.namespacedRules" }}
+# Sandboxes: the primary resource; watched, finalizer added/removed by patch, deleted once spec.lifecycle.shutdownTime passes.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxes"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# Sandbox status: phase, conditions and workspace state are server-side applied to the status subresource.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxes/status"]
+  verbs: ["patch"]
+# Sandbox finalizers: owned pods/NetworkPolicies set blockOwnerDeletion, which OwnerReferencesPermissionEnforcement allows only with this.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxes/finalizers"]
+  verbs: ["update"]
+# SandboxSnapshots: watched by the snapshot controller, listed to pick a restore (Latest) and apply retention; created for onStop, labelled and finalized by patch, deleted by retention.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxsnapshots"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# SandboxSnapshot status: phase, object key, digest and size are written to the status subresource.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxsnapshots/status"]
+  verbs: ["patch"]
+# Pods: the sandbox pod and the node-bound workspace cleanup pod; watched, server-side applied (create is checked when an apply creates), deleted.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# pods/exec: workspace probe/init, snapshots and restores exec sh/tar in the sandbox container (a WebSocket GET, also authorized as create since 1.30).
+- apiGroups: [""]
+  resources: ["pods/exec"]
+  verbs: ["get", "create"]
+# NetworkPolicies: the deny-all-egress policy of a sandbox with network.egress None; watched, server-side applied, deleted.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# ConfigMaps: read by name (no list/watch) as sources of workspace files and projections named in a Sandbox spec.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
+# Secrets: read by name (no list/watch) as sources of workspace files (contentFrom.secretKeyRef) named in a Sandbox spec.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+# Leases: the per-scope execution guard, taken (create, or a conditional update) around snapshots and restores, so they never race a harness.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
+# Events: what the operator did and why, on each Sandbox (created, then patched when an event repeats as a series).
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

@@ -1,0 +1,432 @@
+//! The harness-facing library: get or create the Sandbox of a scope, wait until it is Ready,
+//! run commands in it, move files in and out, and take the scope's execution guard.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use agentbox::client::Sandboxes;
+//! use agentbox::crd::{Scope, ScopeKind, SandboxSpec};
+//! use agentbox::exec::ExecRequest;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = kube::Client::try_default().await?;
+//! let sandboxes = Sandboxes::new(client, "agents");
+//! let scope = Scope {
+//!     kind: ScopeKind::User,
+//!     agent: Some("coder".into()),
+//!     user: Some("alice@example.com".into()),
+//!     session: None,
+//! };
+//! let template: SandboxSpec = serde_json::from_value(serde_json::json!({
+//!     "image": "agentbox/base:v1",
+//!     "scope": {"kind": "User", "agent": "coder", "user": "alice@example.com"},
+//! }))?;
+//! // Two harnesses racing here get the same Sandbox (its name derives from the scope).
+//! let mut sbx = sandboxes.get_or_create(&scope, template).await?;
+//! sbx.wait_ready(Duration::from_secs(120)).await?;
+//!
+//! // One-shot exec: real exit code, timeout that kills, capped output. Runs in the workspace.
+//! let out = sbx.exec(ExecRequest::shell("ls -la; exit 3").timeout(Duration::from_secs(30))).await?;
+//! assert_eq!(out.status.code(), Some(3));
+//!
+//! // Files, confined to the workspace.
+//! sbx.write_file("notes/todo.txt", "ship it\n").await?;
+//! let text = sbx.read_file("notes/todo.txt").await?;
+//!
+//! // A persistent shell for fast tool loops (a few ms per command).
+//! let session = sbx.session();
+//! let out = session.run(ExecRequest::argv(["cat", "notes/todo.txt"])).await?;
+//!
+//! // Exclusive work in the scope: everything inside runs under the Lease.
+//! let guard = sbx.guard(Some(Duration::from_secs(60))).await?;
+//! guard.run(async { /* ... */ }).await?;
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod files;
+
+pub use files::{DirEntry, EntryKind, PathError, Workspace, confine};
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::runtime::wait::await_condition;
+
+use crate::crd::{Sandbox, SandboxPhase, SandboxSpec, Scope};
+use crate::exec::{
+    self, ExecError, ExecOutput, ExecRequest, ExecStream, ExitStatus, session::Session,
+};
+use crate::guard::{self, Guard, GuardConfig, GuardError};
+use crate::labels;
+
+/// Client errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The API server refused or could not be reached.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// Exec failed.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    /// The guard could not be taken or was lost.
+    #[error(transparent)]
+    Guard(#[from] GuardError),
+    /// The sandbox cannot become Ready (phase Failed), with its condition's reason.
+    #[error("sandbox {name} failed: {reason}: {message}")]
+    Failed {
+        /// Sandbox name.
+        name: String,
+        /// Reason of the failing condition.
+        reason: String,
+        /// Its message.
+        message: String,
+    },
+    /// The sandbox did not become Ready in time.
+    #[error("sandbox {name} not Ready after {waited:?} (phase {phase})")]
+    NotReady {
+        /// Sandbox name.
+        name: String,
+        /// How long we waited.
+        waited: Duration,
+        /// Phase last seen.
+        phase: String,
+    },
+    /// The sandbox (or a file) does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A path outside the workspace.
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// A file larger than the read cap.
+    #[error("{0} is larger than {1} bytes")]
+    TooLarge(String, usize),
+    /// A remote file operation failed.
+    #[error("remote command failed ({status}): {stderr}")]
+    Remote {
+        /// How it ended.
+        status: ExitStatus,
+        /// What it said.
+        stderr: String,
+    },
+    /// Unexpected output from the pod.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// A local I/O or archive error.
+    #[error("local: {0}")]
+    Local(String),
+    /// An existing Sandbox has this scope's name but another scope.
+    #[error("sandbox {0} exists with a different scope")]
+    ScopeMismatch(String),
+}
+
+/// Sandboxes of one namespace.
+#[derive(Clone)]
+pub struct Sandboxes {
+    client: kube::Client,
+    namespace: String,
+    api: Api<Sandbox>,
+}
+
+impl Sandboxes {
+    /// Sandboxes in `namespace`.
+    pub fn new(client: kube::Client, namespace: impl Into<String>) -> Self {
+        let namespace = namespace.into();
+        Sandboxes {
+            api: Api::namespaced(client.clone(), &namespace),
+            client,
+            namespace,
+        }
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The Sandbox of `scope`: created from `template` (its scope is replaced by `scope`)
+    /// under the scope's deterministic name, or the existing one if someone created it first.
+    pub async fn get_or_create(
+        &self,
+        scope: &Scope,
+        mut template: SandboxSpec,
+    ) -> Result<SandboxHandle, ClientError> {
+        let name = labels::sandbox_name_for_scope(scope);
+        template.scope = scope.clone();
+        let obj = Sandbox {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(labels::scope_labels(scope)),
+                annotations: Some(labels::scope_annotations(scope)).filter(|a| !a.is_empty()),
+                ..Default::default()
+            },
+            spec: template,
+            status: None,
+        };
+        let sandbox = match self.api.create(&PostParams::default(), &obj).await {
+            Ok(s) => s,
+            Err(kube::Error::Api(s)) if s.code == 409 => self.api.get(&name).await?,
+            Err(e) => return Err(e.into()),
+        };
+        // The name is a hash of the scope; a mismatch means someone made it by hand.
+        if sandbox.spec.scope != *scope {
+            return Err(ClientError::ScopeMismatch(name));
+        }
+        Ok(self.handle(sandbox))
+    }
+
+    /// Opens an existing Sandbox by name.
+    pub async fn open(&self, name: &str) -> Result<SandboxHandle, ClientError> {
+        match self.api.get_opt(name).await? {
+            Some(s) => Ok(self.handle(s)),
+            None => Err(ClientError::NotFound(format!(
+                "sandbox {}/{name}",
+                self.namespace
+            ))),
+        }
+    }
+
+    /// Opens the Sandbox of a scope (without creating it).
+    pub async fn open_scope(&self, scope: &Scope) -> Result<SandboxHandle, ClientError> {
+        self.open(&labels::sandbox_name_for_scope(scope)).await
+    }
+
+    /// Lists Sandboxes, optionally by a label selector (see [`labels::scope_selector`]).
+    pub async fn list(&self, selector: Option<&str>) -> Result<Vec<Sandbox>, ClientError> {
+        let mut lp = ListParams::default();
+        if let Some(s) = selector {
+            lp = lp.labels(s);
+        }
+        Ok(self.api.list(&lp).await?.items)
+    }
+
+    fn handle(&self, sandbox: Sandbox) -> SandboxHandle {
+        SandboxHandle {
+            name: sandbox.metadata.name.clone().unwrap_or_default(),
+            client: self.client.clone(),
+            namespace: self.namespace.clone(),
+            api: self.api.clone(),
+            pods: Api::namespaced(self.client.clone(), &self.namespace),
+            sandbox,
+        }
+    }
+}
+
+/// One Sandbox: exec, files, sessions and its scope's guard.
+#[derive(Clone)]
+pub struct SandboxHandle {
+    name: String,
+    client: kube::Client,
+    namespace: String,
+    api: Api<Sandbox>,
+    pods: Api<Pod>,
+    sandbox: Sandbox,
+}
+
+impl SandboxHandle {
+    /// The Sandbox's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The Sandbox as last fetched.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// Fetches the Sandbox again.
+    pub async fn refresh(&mut self) -> Result<&Sandbox, ClientError> {
+        self.sandbox = self.api.get(&self.name).await?;
+        Ok(&self.sandbox)
+    }
+
+    /// The phase as last fetched.
+    pub fn phase(&self) -> Option<SandboxPhase> {
+        self.sandbox.status.as_ref().and_then(|s| s.phase)
+    }
+
+    /// The Pod API of the sandbox's namespace (for raw exec, e.g. an interactive TTY).
+    pub fn pods(&self) -> Api<Pod> {
+        self.pods.clone()
+    }
+
+    /// The workspace root (`spec.workspace.root`).
+    pub fn workspace_root(&self) -> String {
+        self.sandbox.spec.workspace.root.clone()
+    }
+
+    /// The sandbox's pod (from status, else the deterministic name).
+    pub fn pod_name(&self) -> String {
+        self.sandbox
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_name.clone())
+            .unwrap_or_else(|| labels::pod_name(&self.name))
+    }
+
+    /// Waits (with a watch) until the phase is Ready; fails at once with the failing
+    /// condition's reason and message when the phase becomes Failed.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(), ClientError> {
+        let done = |s: Option<&Sandbox>| {
+            s.is_none_or(|s| {
+                matches!(
+                    s.status.as_ref().and_then(|st| st.phase),
+                    Some(SandboxPhase::Ready | SandboxPhase::Failed)
+                )
+            })
+        };
+        let waited =
+            tokio::time::timeout(timeout, await_condition(self.api.clone(), &self.name, done))
+                .await;
+        match waited {
+            Ok(Ok(Some(s))) => self.sandbox = s,
+            Ok(Ok(None)) => {
+                return Err(ClientError::NotFound(format!("sandbox {}", self.name)));
+            }
+            Ok(Err(e)) => {
+                return Err(ClientError::Protocol(format!(
+                    "watching {}: {e}",
+                    self.name
+                )));
+            }
+            Err(_) => {
+                let phase = self
+                    .refresh()
+                    .await
+                    .ok()
+                    .and_then(|s| s.status.as_ref().and_then(|st| st.phase))
+                    .map(|p| p.as_str().to_string())
+                    .unwrap_or_else(|| "unknown".into());
+                return Err(ClientError::NotReady {
+                    name: self.name.clone(),
+                    waited: timeout,
+                    phase,
+                });
+            }
+        }
+        match self.phase() {
+            Some(SandboxPhase::Ready) => Ok(()),
+            _ => {
+                let conds = self
+                    .sandbox
+                    .status
+                    .as_ref()
+                    .map(|s| s.conditions.clone())
+                    .unwrap_or_default();
+                // Prefer the Ready condition; else any condition that is False.
+                let c = conds
+                    .iter()
+                    .find(|c| c.type_ == "Ready" && c.status != "True")
+                    .or_else(|| conds.iter().find(|c| c.status == "False"));
+                Err(ClientError::Failed {
+                    name: self.name.clone(),
+                    reason: c
+                        .map(|c| c.reason.clone())
+                        .unwrap_or_else(|| "Failed".into()),
+                    message: c.map(|c| c.message.clone()).unwrap_or_default(),
+                })
+            }
+        }
+    }
+
+    fn in_workspace(&self, mut req: ExecRequest) -> ExecRequest {
+        if req.workdir.is_none() {
+            req.workdir = Some(self.workspace_root());
+        }
+        req
+    }
+
+    /// Runs a command (in the workspace root unless the request names a workdir).
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, ClientError> {
+        self.exec_raw(self.in_workspace(req)).await
+    }
+
+    /// Runs a command and streams its output (see [`exec::stream`]).
+    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, ClientError> {
+        self.exec_stream_raw(self.in_workspace(req)).await
+    }
+
+    async fn exec_raw(&self, req: ExecRequest) -> Result<ExecOutput, ClientError> {
+        Ok(exec::run(&self.pods, &self.pod_name(), exec::SANDBOX_CONTAINER, req).await?)
+    }
+
+    async fn exec_stream_raw(&self, req: ExecRequest) -> Result<ExecStream, ClientError> {
+        Ok(exec::stream(&self.pods, &self.pod_name(), exec::SANDBOX_CONTAINER, req).await?)
+    }
+
+    /// File access to the workspace (paths confined to the root).
+    pub fn workspace(&self) -> Workspace {
+        Workspace::new(
+            self.pods.clone(),
+            self.pod_name(),
+            exec::SANDBOX_CONTAINER,
+            self.workspace_root(),
+        )
+    }
+
+    /// Reads a workspace file (up to 64 MiB). See [`Workspace::read_file`].
+    pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        self.workspace().read_file(path).await
+    }
+
+    /// Writes a workspace file, creating parents. See [`Workspace::write_file`].
+    pub async fn write_file(
+        &self,
+        path: &str,
+        content: impl Into<bytes::Bytes>,
+    ) -> Result<(), ClientError> {
+        self.workspace().write_file(path, content).await
+    }
+
+    /// Lists a workspace directory. See [`Workspace::list_dir`].
+    pub async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, ClientError> {
+        self.workspace().list_dir(path).await
+    }
+
+    /// Uploads a local directory into the workspace. See [`Workspace::upload_dir`].
+    pub async fn upload_dir(
+        &self,
+        local: &std::path::Path,
+        remote: &str,
+    ) -> Result<(), ClientError> {
+        self.workspace().upload_dir(local, remote).await
+    }
+
+    /// Downloads a workspace directory. See [`Workspace::download_dir`].
+    pub async fn download_dir(
+        &self,
+        remote: &str,
+        local: &std::path::Path,
+    ) -> Result<(), ClientError> {
+        self.workspace().download_dir(remote, local).await
+    }
+
+    /// A persistent shell in the sandbox (commands run in the workspace root by default).
+    pub fn session(&self) -> Session {
+        Session::new(self.pods.clone(), self.pod_name(), exec::SANDBOX_CONTAINER)
+            .with_workdir(self.workspace_root())
+    }
+
+    /// Takes the scope's execution guard with default settings, waiting up to `wait`
+    /// (`None` = indefinitely).
+    pub async fn guard(&self, wait: Option<Duration>) -> Result<Guard, ClientError> {
+        self.guard_with(&GuardConfig::default(), wait).await
+    }
+
+    /// Takes the scope's execution guard with the given settings.
+    pub async fn guard_with(
+        &self,
+        cfg: &GuardConfig,
+        wait: Option<Duration>,
+    ) -> Result<Guard, ClientError> {
+        Ok(guard::acquire_scope(
+            self.client.clone(),
+            &self.namespace,
+            &self.sandbox.spec.scope,
+            cfg,
+            wait,
+        )
+        .await?)
+    }
+}

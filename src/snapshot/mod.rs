@@ -1,0 +1,285 @@
+//! Workspace snapshots: tar archives in object storage.
+//!
+//! - [`archive`]: a streaming tar parser and validator (pure).
+//! - [`store`]: the object store and its key layout.
+//! - here: the streaming pipelines between the two and an exec stream. Memory stays flat
+//!   whatever the archive's size: chunks flow through SHA-256 and the tar parser into a
+//!   multipart upload with at most [`MAX_PARTS_IN_FLIGHT`] parts of [`PART_SIZE`] buffered,
+//!   and downloads are read chunk by chunk.
+
+pub mod archive;
+pub mod store;
+
+use bytes::Bytes;
+use futures::{SinkExt, Stream, StreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, WriteMultipart};
+use tokio::io::AsyncRead;
+
+use archive::{Limits, Refusal, Summary, TarStream};
+use store::{SnapshotKeys, Store, StoreError};
+
+/// Size of each multipart part (the S3 minimum is 5 MiB).
+pub const PART_SIZE: usize = 5 << 20;
+/// Parts uploading at once; with the part being filled this bounds buffered data at
+/// `(MAX_PARTS_IN_FLIGHT + 1) * PART_SIZE`.
+pub const MAX_PARTS_IN_FLIGHT: usize = 2;
+
+/// Snapshot and restore failures.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The archive was refused.
+    #[error("archive refused: {0}")]
+    Refused(#[from] Refusal),
+    /// The source of the archive (the `tar -c` in the pod) failed.
+    #[error("archive source: {0}")]
+    Source(String),
+    /// The object to restore does not exist.
+    #[error("snapshot object {0} is missing")]
+    Missing(String),
+}
+
+impl From<object_store::Error> for SnapshotError {
+    fn from(e: object_store::Error) -> Self {
+        SnapshotError::Store(StoreError::ObjectStore(e))
+    }
+}
+
+impl SnapshotError {
+    /// A CamelCase reason for conditions.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SnapshotError::Store(_) => "StoreError",
+            SnapshotError::Refused(r) => r.reason(),
+            SnapshotError::Source(_) => "ArchiveFailed",
+            SnapshotError::Missing(_) => "ObjectMissing",
+        }
+    }
+}
+
+/// Streams `chunks` (a tar archive) into a multipart upload at `keys.temp`, hashing and
+/// counting members on the way. On any error the upload is aborted and the error returned;
+/// the caller commits ([`Store::commit`]) only after success.
+pub async fn upload<S>(
+    store: &Store,
+    keys: &SnapshotKeys,
+    mut chunks: S,
+) -> Result<Summary, SnapshotError>
+where
+    S: Stream<Item = Result<Bytes, SnapshotError>> + Unpin,
+{
+    let up = store.inner().put_multipart(&keys.temp).await?;
+    let mut w = WriteMultipart::new_with_chunk_size(up, PART_SIZE);
+    let mut tar = TarStream::counting();
+    let failed = loop {
+        let Some(next) = chunks.next().await else {
+            break None;
+        };
+        let chunk = match next {
+            Ok(c) => c,
+            Err(e) => break Some(e),
+        };
+        if let Err(r) = tar.feed(&chunk) {
+            break Some(r.into());
+        }
+        if let Err(e) = w.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
+            break Some(e.into());
+        }
+        w.put(chunk);
+    };
+    if let Some(e) = failed {
+        let _ = w.abort().await;
+        return Err(e);
+    }
+    let summary = match tar.finish() {
+        Ok(s) => s,
+        Err(r) => {
+            let _ = w.abort().await;
+            return Err(r.into());
+        }
+    };
+    w.finish().await?;
+    Ok(summary)
+}
+
+/// Pass one of a restore: reads the whole object through a validating [`TarStream`] and
+/// checks its digest (and size, when recorded). Nothing is written anywhere.
+pub async fn verify_object(
+    store: &Store,
+    key: &Path,
+    sha256: &str,
+    size: Option<u64>,
+    limits: Limits,
+) -> Result<Summary, SnapshotError> {
+    let total = store
+        .size(key)
+        .await?
+        .ok_or_else(|| SnapshotError::Missing(key.to_string()))?;
+    let mut tar = TarStream::validating(limits, Some(total));
+    tar.check_size(total)?;
+    let mut body = store.inner().get(key).await?.into_stream();
+    while let Some(chunk) = body.next().await {
+        tar.feed(&chunk?)?;
+    }
+    let summary = tar.finish()?;
+    archive::verify(&summary, sha256, size)?;
+    Ok(summary)
+}
+
+/// The handle of pass two: the task that reads, validates and forwards.
+pub type ForwardTask = tokio::task::JoinHandle<Result<Summary, SnapshotError>>;
+
+/// Pass two of a restore: a reader of the object whose bytes are forwarded only after the
+/// validator has accepted every header in them, so a member refused now (the object changed
+/// since pass one) never reaches the extracting `tar`. The task's result is the summary of
+/// what was forwarded; compare its digest before using what was extracted.
+pub async fn validated_reader(
+    store: &Store,
+    key: &Path,
+    limits: Limits,
+) -> Result<(impl AsyncRead + Send + 'static, ForwardTask), SnapshotError> {
+    let total = store
+        .size(key)
+        .await?
+        .ok_or_else(|| SnapshotError::Missing(key.to_string()))?;
+    let mut tar = TarStream::validating(limits, Some(total));
+    tar.check_size(total)?;
+    let mut body = store.inner().get(key).await?.into_stream();
+    let (mut tx, rx) = futures::channel::mpsc::channel::<std::io::Result<Bytes>>(4);
+    let task = tokio::spawn(async move {
+        while let Some(chunk) = body.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(std::io::Error::other("download failed"))).await;
+                    return Err(e.into());
+                }
+            };
+            if let Err(r) = tar.feed(&chunk) {
+                let _ = tx.send(Err(std::io::Error::other("archive refused"))).await;
+                return Err(r.into());
+            }
+            if tx.send(Ok(chunk)).await.is_err() {
+                return Err(SnapshotError::Source("the extracting side stopped".into()));
+            }
+        }
+        Ok(tar.finish()?)
+    });
+    Ok((tokio_util::io::StreamReader::new(rx), task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    fn sample(n_bytes: usize) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        let data: Vec<u8> = (0..n_bytes).map(|i| (i * 31 % 251) as u8).collect();
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "big.bin", data.as_slice()).unwrap();
+        let mut d = tar::Header::new_gnu();
+        d.set_entry_type(tar::EntryType::Directory);
+        d.set_size(0);
+        b.append_data(&mut d, "empty", std::io::empty()).unwrap();
+        b.into_inner().unwrap()
+    }
+
+    fn chunks(bytes: &[u8]) -> impl Stream<Item = Result<Bytes, SnapshotError>> + Unpin {
+        let v: Vec<Result<Bytes, SnapshotError>> = bytes
+            .chunks(64 << 10)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        futures::stream::iter(v)
+    }
+
+    #[tokio::test]
+    async fn upload_commit_verify_and_read_back() {
+        let store = Store::memory("p");
+        let keys = store.keys("ns", "key", "uid");
+        let bytes = sample(12 << 20);
+        let s = upload(&store, &keys, chunks(&bytes)).await.unwrap();
+        assert_eq!(s.size, bytes.len() as u64);
+        assert_eq!(s.members, 2);
+        store.commit(&keys).await.unwrap();
+        let v = verify_object(
+            &store,
+            &keys.object,
+            &s.sha256,
+            Some(s.size),
+            Limits::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(v, s);
+        let (mut r, task) = validated_reader(&store, &keys.object, Limits::default())
+            .await
+            .unwrap();
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, bytes);
+        assert_eq!(task.await.unwrap().unwrap(), s);
+        let e = verify_object(
+            &store,
+            &keys.object,
+            &"0".repeat(64),
+            None,
+            Limits::default(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.reason(), "DigestMismatch");
+    }
+
+    #[tokio::test]
+    async fn a_failing_source_aborts_the_upload() {
+        let store = Store::memory("");
+        let keys = store.keys("ns", "key", "uid");
+        let bytes = sample(1 << 20);
+        let half = bytes.len() / 2;
+        let s = chunks(&bytes[..half]).chain(futures::stream::iter(vec![Err(
+            SnapshotError::Source("tar exited 1".into()),
+        )]));
+        let e = upload(&store, &keys, s).await.unwrap_err();
+        assert_eq!(e.reason(), "ArchiveFailed");
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+        // A truncated archive is refused, not stored.
+        let e = upload(&store, &keys, chunks(&bytes[..half]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "Truncated");
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn the_forwarder_stops_before_a_refused_member() {
+        let store = Store::memory("");
+        let keys = store.keys("ns", "key", "uid");
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(3);
+        b.append_data(&mut h, "ok.txt", &b"abc"[..]).unwrap();
+        let mut l = tar::Header::new_gnu();
+        l.set_entry_type(tar::EntryType::Symlink);
+        l.set_size(0);
+        b.append_link(&mut l, "etc", "/etc").unwrap();
+        let bytes = b.into_inner().unwrap();
+        store
+            .inner()
+            .put(&keys.object, bytes.clone().into())
+            .await
+            .unwrap();
+        let (mut r, task) = validated_reader(&store, &keys.object, Limits::default())
+            .await
+            .unwrap();
+        let mut back = Vec::new();
+        assert!(r.read_to_end(&mut back).await.is_err());
+        assert!(back.len() < 1024, "the symlink header was forwarded");
+        assert_eq!(task.await.unwrap().unwrap_err().reason(), "SymlinkEscapes");
+    }
+}

@@ -1,0 +1,601 @@
+//! The Helm chart against the real local cluster: build and import the operator image
+//! (hack/image), `helm install` it watching a test namespace, run the Sandbox lifecycle against
+//! the in-cluster operator, `helm upgrade` with a changed value, and `helm uninstall`, after
+//! which no object of the release is left. What stays by design: the CRDs (Helm never deletes a
+//! chart's crds/), the leader-election Lease the operator created at run time (released, holder
+//! cleared; it goes with its namespace), the Events the operator recorded (they expire), and
+//! the snapshot store's directory on the node.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agentbox::crd::{Sandbox, SandboxSnapshot, SnapshotPhase};
+use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is, sh, suffix};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// The snapshot store directory of hack/values-local.yaml (a hostPath of the operator pod).
+const STORE_DIR: &str = "/var/lib/agentbox/helm-snapshots";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn helm_bin() -> String {
+    if let Ok(h) = std::env::var("HELM") {
+        return h;
+    }
+    let cached = Path::new(&std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+        .join(".cache/agentbox/bin/helm");
+    if cached.exists() {
+        cached.to_string_lossy().into_owned()
+    } else {
+        "helm".into()
+    }
+}
+
+/// Runs a command; panics with its output when it fails; returns stdout.
+fn run(cmd: &mut Command) -> String {
+    let shown = format!("{cmd:?}");
+    let t = Instant::now();
+    let out = cmd.output().unwrap_or_else(|e| panic!("{shown}: {e}"));
+    assert!(
+        out.status.success(),
+        "{shown} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("[helm test] {shown} took {:.1?}", t.elapsed());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A Helm release in its own namespace; uninstalled and its namespace deleted on drop (also when
+/// the test panics).
+struct Release {
+    name: String,
+    ns: String,
+    uninstalled: bool,
+}
+
+impl Release {
+    fn helm(&self, args: &[&str]) -> String {
+        run(Command::new(helm_bin())
+            .args(args)
+            .args(["-n", &self.ns])
+            .current_dir(root()))
+    }
+
+    fn selector(&self) -> String {
+        format!("app.kubernetes.io/instance={}", self.name)
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if !self.uninstalled {
+            let _ = Command::new(helm_bin())
+                .args([
+                    "uninstall",
+                    &self.name,
+                    "-n",
+                    &self.ns,
+                    "--wait",
+                    "--timeout",
+                    "60s",
+                ])
+                .status();
+        }
+        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let _ = Command::new(kubectl)
+            .args([
+                "delete",
+                "namespace",
+                &self.ns,
+                "--wait=false",
+                "--ignore-not-found",
+            ])
+            .status();
+    }
+}
+
+/// Polls `f` every 500 ms until it returns Some, or panics with `what` after `secs`.
+async fn eventually<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {secs}s: {what}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The release's operator pods that are not terminating.
+async fn operator_pods(client: &Client, rel: &Release) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &rel.ns);
+    pods.list(&ListParams::default().labels(&rel.selector()))
+        .await
+        .expect("list operator pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// Waits until the Deployment has rolled out: one up-to-date, ready pod and no other pod left.
+async fn rolled_out(client: &Client, rel: &Release) -> Pod {
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &rel.ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &rel.ns);
+    let sel = rel.selector();
+    eventually("the operator Deployment to roll out", 180, || async {
+        let d = deps
+            .list(&ListParams::default().labels(&sel))
+            .await
+            .ok()?
+            .items
+            .pop()?;
+        let st = d.status.as_ref()?;
+        let want = d.spec.as_ref()?.replicas.unwrap_or(1);
+        let done = st.observed_generation == d.metadata.generation
+            && st.updated_replicas == Some(want)
+            && st.ready_replicas == Some(want)
+            && st.replicas == Some(want);
+        let all = pods
+            .list(&ListParams::default().labels(&sel))
+            .await
+            .ok()?
+            .items;
+        (done && all.len() == 1 && all[0].metadata.deletion_timestamp.is_none())
+            .then(|| all[0].clone())
+    })
+    .await
+}
+
+async fn lease_holder(client: &Client, ns: &str, name: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    leases
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+fn env_of(pod: &Pod, name: &str) -> Option<String> {
+    pod.spec.as_ref()?.containers[0]
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == name)?
+        .value
+        .clone()
+}
+
+/// Create → Ready (files from inline content, a ConfigMap and a Secret, a projection, egress
+/// denied) → exec → delete → pod, policy and workspace directory gone. Asserts that the
+/// in-cluster operator (`operator_pod`) did the work, from the Events' reporting instance.
+async fn lifecycle(env: &TestEnv, name: &str, operator_pod: &str) {
+    create_sandbox(
+        env,
+        name,
+        json!({
+            "image": common::BASE_IMAGE,
+            "scope": {"kind": "Session", "agent": "helm", "session": name},
+            "network": {"egress": "None"},
+            "workspace": {
+                "files": [
+                    {"path": "README.md", "content": "in-cluster\n"},
+                    {"path": "conf/settings", "contentFrom": {"configMapKeyRef": {"name": "cfg", "key": "settings"}}},
+                    {"path": "secret/token", "contentFrom": {"secretKeyRef": {"name": "token", "key": "value"}}, "mode": 0o600}
+                ],
+                "projections": [{"configMap": "tools", "path": "tools"}]
+            }
+        }),
+    )
+    .await
+    .expect("create sandbox");
+    let s = env.wait_for::<Sandbox>(name, 120, phase_is("Ready")).await;
+    let pod = s
+        .status
+        .as_ref()
+        .and_then(|st| st.pod_name.clone())
+        .expect("pod name");
+    let (code, out) = sh(
+        env,
+        &pod,
+        "cd /workspace && cat README.md conf/settings secret/token && echo && ls tools",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out, "in-cluster\na=1\ns3cr3t\nlint.sh\n");
+    let (code, _) = sh(env, &pod, "exit 7").await;
+    assert_eq!(code, Some(7), "the real exit code comes back");
+
+    // A snapshot through the in-cluster operator into the file store on its hostPath volume,
+    // written as the operator's non-root user; deleting the CR (policy Delete) removes it.
+    let snaps = env.api::<SandboxSnapshot>();
+    let snap_name = format!("{name}-snap");
+    let snap: SandboxSnapshot = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": snap_name},
+        "spec": {"sandboxRef": {"name": name}, "deletionPolicy": "Delete"},
+    }))
+    .unwrap();
+    snaps
+        .create(&PostParams::default(), &snap)
+        .await
+        .expect("create snapshot");
+    let snap = env
+        .wait_for::<SandboxSnapshot>(&snap_name, 120, |s: Option<&SandboxSnapshot>| {
+            matches!(
+                s.and_then(|s| s.status.as_ref()).and_then(|st| st.phase),
+                Some(SnapshotPhase::Ready | SnapshotPhase::Failed)
+            )
+        })
+        .await;
+    let st = snap.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(SnapshotPhase::Ready), "{snap:#?}");
+    let object = Path::new(STORE_DIR).join(st.object_key.expect("object key"));
+    let meta = std::fs::metadata(&object).expect("snapshot object in the file store");
+    assert_eq!(Some(meta.len() as i64), st.size_bytes);
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(meta.uid(), 65532, "written by the operator's non-root user");
+    }
+    snaps
+        .delete(&snap_name, &DeleteParams::default())
+        .await
+        .expect("delete snapshot");
+    env.wait_gone::<SandboxSnapshot>(&snap_name, 60).await;
+    assert!(
+        !object.exists(),
+        "deletionPolicy Delete removed {}",
+        object.display()
+    );
+
+    let dir = agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap());
+    assert!(
+        Path::new(&dir).join(".agentbox/marker").exists(),
+        "{dir} on the node"
+    );
+    let np_name = agentbox::labels::network_policy_name(name);
+    assert!(
+        env.api::<NetworkPolicy>()
+            .get_opt(&np_name)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    let ours: Vec<&Event> = events
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect();
+    assert!(!ours.is_empty(), "events about {name}");
+    for e in &ours {
+        assert_eq!(e.reporting_controller.as_deref(), Some("agentbox-operator"));
+        assert_eq!(e.reporting_instance.as_deref(), Some(operator_pod), "{e:?}");
+    }
+
+    env.api::<Sandbox>()
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete sandbox");
+    env.wait_gone::<Sandbox>(name, 120).await;
+    assert!(
+        env.sandbox_pods(name).await.is_empty(),
+        "pods of {name} gone"
+    );
+    assert!(
+        env.api::<NetworkPolicy>()
+            .get_opt(&np_name)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(!Path::new(&dir).exists(), "{dir} removed from the node");
+}
+
+#[tokio::test]
+async fn helm_install_lifecycle_upgrade_uninstall() {
+    let t0 = Instant::now();
+    let image = run(Command::new(root().join("hack/image")).current_dir(root()));
+    let image = image
+        .lines()
+        .last()
+        .expect("hack/image prints the image")
+        .trim()
+        .to_string();
+    let (repo, tag) = image.rsplit_once(':').expect("repo:tag");
+
+    let env = TestEnv::new("helm").await;
+    let client = env.client.clone();
+    let name = format!("abx-{}", suffix());
+    let mut rel = Release {
+        ns: format!("{name}-system"),
+        name,
+        uninstalled: false,
+    };
+    let lease = format!("{}-leader", rel.name);
+    // The file store of hack/values-local.yaml, writable by the operator's user.
+    std::fs::create_dir_all(STORE_DIR).expect("store dir");
+    std::os::unix::fs::chown(STORE_DIR, Some(65532), Some(65532)).expect("chown store dir");
+    let port = free_port();
+
+    // Sources for the sandbox's files: read by the in-cluster operator through its Role.
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"settings": "a=1\n"}}))
+            .unwrap();
+    env.api::<ConfigMap>()
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let tools: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "tools"}, "data": {"lint.sh": "echo lint\n"}}),
+    )
+    .unwrap();
+    env.api::<ConfigMap>()
+        .create(&PostParams::default(), &tools)
+        .await
+        .unwrap();
+    let secret: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "token"}, "stringData": {"value": "s3cr3t"}}),
+    )
+    .unwrap();
+    env.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    // --- install ------------------------------------------------------------------------
+    let t = Instant::now();
+    rel.helm(&[
+        "install",
+        &rel.name,
+        "charts/agentbox",
+        "--create-namespace",
+        "-f",
+        "hack/values-local.yaml",
+        "--set",
+        &format!("image.repository={repo}"),
+        "--set",
+        &format!("image.tag={tag}"),
+        "--set",
+        &format!("watchNamespace={}", env.ns),
+        "--set",
+        &format!("leaderElection.leaseName={lease}"),
+        "--set",
+        "leaderElection.leaseSeconds=5",
+        "--set",
+        &format!("metrics.port={port}"),
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    let pod = rolled_out(&client, &rel).await;
+    let pod_name = pod.name_any();
+    eprintln!(
+        "[helm test] installed and ready in {:.1?} ({pod_name})",
+        t.elapsed()
+    );
+
+    // The restricted security context holds: non-root, read-only root, no capabilities.
+    let spec = pod.spec.clone().unwrap();
+    let sc = spec.containers[0].security_context.clone().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(spec.security_context.unwrap().run_as_user, Some(65532));
+    assert_eq!(spec.host_network, Some(true));
+
+    // Leader election: this pod holds the release's Lease; endpoints answer on loopback.
+    let holder = eventually("the operator to hold its leader Lease", 60, || async {
+        lease_holder(&client, &rel.ns, &lease).await
+    })
+    .await;
+    assert_eq!(holder, pod_name);
+    let (code, body) = http_get(port, "/readyz").await.expect("/readyz");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = http_get(port, "/metrics").await.expect("/metrics");
+    assert_eq!(code, 200);
+    assert!(body.contains("# EOF"), "OpenMetrics text: {body}");
+
+    lifecycle(&env, "life", &pod_name).await;
+
+    // --- upgrade with a changed value: JSON logs ---------------------------------------
+    let t = Instant::now();
+    rel.helm(&[
+        "upgrade",
+        &rel.name,
+        "charts/agentbox",
+        "--reuse-values",
+        "--set",
+        "logging.json=true",
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    let new_pod = rolled_out(&client, &rel).await;
+    let new_name = new_pod.name_any();
+    eprintln!(
+        "[helm test] upgraded and rolled out in {:.1?} ({new_name})",
+        t.elapsed()
+    );
+    assert_ne!(new_name, pod_name, "the pod was replaced");
+    assert_eq!(
+        env_of(&new_pod, "AGENTBOX_LOG_JSON").as_deref(),
+        Some("true")
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &rel.ns);
+    let logs = eventually("log lines from the upgraded operator", 60, || async {
+        let l = pods.logs(&new_name, &LogParams::default()).await.ok()?;
+        (!l.trim().is_empty()).then_some(l)
+    })
+    .await;
+    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+        assert!(v.is_object(), "{line}");
+    }
+    let holder = eventually("the new pod to take the leader Lease", 60, || async {
+        lease_holder(&client, &rel.ns, &lease)
+            .await
+            .filter(|h| *h == new_name)
+    })
+    .await;
+    assert_eq!(holder, new_name);
+    lifecycle(&env, "after-upgrade", &new_name).await;
+
+    // --- uninstall: nothing of the release is left -------------------------------------
+    let t = Instant::now();
+    rel.helm(&["uninstall", &rel.name, "--wait", "--timeout", "120s"]);
+    rel.uninstalled = true;
+    eprintln!("[helm test] uninstalled in {:.1?}", t.elapsed());
+    let lp = ListParams::default().labels(&rel.selector());
+    eventually("the operator pods to go", 60, || async {
+        operator_pods(&client, &rel).await.is_empty().then_some(())
+    })
+    .await;
+    let all_pods: Api<Pod> = Api::namespaced(client.clone(), &rel.ns);
+    eventually("terminating operator pods to go", 60, || async {
+        all_pods
+            .list(&lp)
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let mut left: BTreeMap<&str, usize> = BTreeMap::new();
+    for ns in [rel.ns.as_str(), env.ns.as_str()] {
+        left.insert(
+            "Deployment",
+            Api::<Deployment>::namespaced(client.clone(), ns)
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .len(),
+        );
+        left.insert(
+            "ServiceAccount",
+            Api::<ServiceAccount>::namespaced(client.clone(), ns)
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .len(),
+        );
+        left.insert(
+            "Service",
+            Api::<Service>::namespaced(client.clone(), ns)
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .len(),
+        );
+        left.insert(
+            "Role",
+            Api::<Role>::namespaced(client.clone(), ns)
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .len(),
+        );
+        left.insert(
+            "RoleBinding",
+            Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .len(),
+        );
+        left.retain(|_, n| *n > 0);
+        assert!(left.is_empty(), "left in {ns}: {left:?}");
+    }
+    assert!(
+        Api::<ClusterRole>::all(client.clone())
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // By design: the CRDs stay; the leader Lease stays, released (no holder).
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    assert!(
+        crds.get_opt("sandboxes.agentbox.dev")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        lease_holder(&client, &rel.ns, &lease).await,
+        None,
+        "leader Lease released"
+    );
+
+    env.finish().await;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let _ = nss.delete(&rel.ns, &DeleteParams::default()).await;
+    eprintln!("[helm test] total {:.1?}", t0.elapsed());
+}

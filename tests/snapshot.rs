@@ -1,0 +1,867 @@
+//! Snapshots against the real local cluster, each scenario against a `file://` store and an
+//! S3-compatible server on loopback (`hack/s3`, started here when not running): round trip
+//! into a new sandbox (branch C), recovery of a lost workspace (branch B), hostile archives,
+//! an operator killed mid-upload, retention, deletion policies and onStop.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
+use agentbox::labels;
+use agentbox::snapshot::store::{Store, StoreConfig};
+use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is, sh};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use object_store::ObjectStoreExt;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    File,
+    S3,
+}
+
+/// Where a scenario's operator stores snapshots, and a client of the same store.
+struct Backend {
+    flags: Vec<String>,
+    envs: Vec<(String, String)>,
+    store: Store,
+    dir: Option<PathBuf>,
+}
+
+fn s3_env() -> Vec<(String, String)> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let up = std::process::Command::new(format!("{root}/hack/s3"))
+        .arg("up")
+        .status()
+        .expect("run hack/s3 up");
+    assert!(up.success(), "hack/s3 up failed");
+    let out = std::process::Command::new(format!("{root}/hack/s3"))
+        .arg("env")
+        .output()
+        .expect("run hack/s3 env");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn backend(kind: Kind, ns: &str) -> Backend {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match kind {
+        Kind::File => {
+            let dir = PathBuf::from(format!("/var/lib/agentbox/test-snapshots/{ns}"));
+            let url = format!("file://{}", dir.display());
+            let store = Store::new(&StoreConfig {
+                url: url.clone(),
+                prefix: "snaps".into(),
+                s3_endpoint: String::new(),
+                s3_region: String::new(),
+                s3_path_style: false,
+                s3_allow_http: false,
+            })
+            .expect("file store");
+            Backend {
+                flags: vec![
+                    "--store-url".into(),
+                    url,
+                    "--store-prefix".into(),
+                    "snaps".into(),
+                ],
+                envs: Vec::new(),
+                store,
+                dir: Some(dir),
+            }
+        }
+        Kind::S3 => {
+            let vars = s3_env();
+            let get = |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_else(|| panic!("hack/s3 env has no {k}"))
+            };
+            let endpoint = get("AGENTBOX_TEST_S3_ENDPOINT");
+            let bucket = get("AGENTBOX_TEST_S3_BUCKET");
+            let s3 = object_store::aws::AmazonS3Builder::new()
+                .with_bucket_name(&bucket)
+                .with_endpoint(&endpoint)
+                .with_region(get("AWS_REGION"))
+                .with_access_key_id(get("AWS_ACCESS_KEY_ID"))
+                .with_secret_access_key(get("AWS_SECRET_ACCESS_KEY"))
+                .with_allow_http(true)
+                .with_virtual_hosted_style_request(false)
+                .build()
+                .expect("s3 client");
+            Backend {
+                flags: vec![
+                    "--store-url".into(),
+                    format!("s3://{bucket}"),
+                    "--store-prefix".into(),
+                    ns.to_string(),
+                    "--s3-endpoint".into(),
+                    endpoint,
+                    "--s3-path-style".into(),
+                    "true".into(),
+                    "--s3-allow-http".into(),
+                    "true".into(),
+                ],
+                envs: vars
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("AWS_"))
+                    .cloned()
+                    .collect(),
+                store: Store::from_object_store(Arc::new(s3), ns),
+                dir: None,
+            }
+        }
+    }
+}
+
+fn start(env: &mut TestEnv, b: &Backend) -> usize {
+    let flags: Vec<&str> = b.flags.iter().map(String::as_str).collect();
+    env.start_operator_env(&flags, &b.envs)
+}
+
+fn spec(user: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut s = json!({
+        "image": common::BASE_IMAGE,
+        "imagePullPolicy": "Never",
+        "scope": {"kind": "User", "agent": "snap-tests", "user": user},
+    });
+    if let (Some(base), Some(more)) = (s.as_object_mut(), extra.as_object()) {
+        for (k, v) in more {
+            base.insert(k.clone(), v.clone());
+        }
+    }
+    s
+}
+
+fn pod_of(s: &Sandbox) -> String {
+    s.status
+        .as_ref()
+        .and_then(|st| st.pod_name.clone())
+        .expect("pod name")
+}
+
+fn branch(s: &Sandbox) -> Option<StartBranch> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.workspace.as_ref())
+        .and_then(|w| w.last_start_branch)
+}
+
+async fn ready(env: &TestEnv, name: &str) -> Sandbox {
+    env.wait_for::<Sandbox>(name, 300, phase_is("Ready")).await
+}
+
+fn finished(s: Option<&SandboxSnapshot>) -> bool {
+    matches!(
+        s.and_then(|s| s.status.as_ref()).and_then(|st| st.phase),
+        Some(SnapshotPhase::Ready | SnapshotPhase::Failed)
+    )
+}
+
+async fn take_snapshot(env: &TestEnv, name: &str, sandbox: &str, policy: &str) -> SandboxSnapshot {
+    let obj: SandboxSnapshot = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": name},
+        "spec": {"sandboxRef": {"name": sandbox}, "deletionPolicy": policy},
+    }))
+    .expect("snapshot json");
+    env.api::<SandboxSnapshot>()
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create snapshot");
+    let s = env.wait_for::<SandboxSnapshot>(name, 900, finished).await;
+    assert_eq!(
+        s.status.as_ref().and_then(|st| st.phase),
+        Some(SnapshotPhase::Ready),
+        "{s:#?}\n{}",
+        env.operator_logs()
+    );
+    s
+}
+
+/// SHA-256 and size of an object, streamed.
+async fn object_digest(store: &Store, key: &object_store::path::Path) -> (String, u64) {
+    let mut body = store
+        .inner()
+        .get(key)
+        .await
+        .expect("get object")
+        .into_stream();
+    let mut h = Sha256::new();
+    let mut n = 0u64;
+    while let Some(c) = body.next().await {
+        let c = c.expect("read object");
+        n += c.len() as u64;
+        h.update(&c);
+    }
+    (hex::encode(h.finalize()), n)
+}
+
+fn keys_of(
+    b: &Backend,
+    env: &TestEnv,
+    s: &SandboxSnapshot,
+) -> agentbox::snapshot::store::SnapshotKeys {
+    let st = s.status.as_ref().expect("status");
+    b.store.keys(
+        &env.ns,
+        st.scope_key.as_deref().expect("scope key"),
+        &s.uid().expect("uid"),
+    )
+}
+
+/// Checks a Ready snapshot against its object and manifest.
+async fn check_committed(b: &Backend, env: &TestEnv, s: &SandboxSnapshot) {
+    let st = s.status.as_ref().expect("status");
+    let keys = keys_of(b, env, s);
+    assert_eq!(st.object_key.as_deref(), Some(keys.object.as_ref()));
+    let (sha, size) = object_digest(&b.store, &keys.object).await;
+    assert_eq!(st.sha256.as_deref(), Some(sha.as_str()));
+    assert_eq!(st.size_bytes, Some(size as i64));
+    assert!(st.members.unwrap_or(0) > 0);
+    assert!(st.fencing_token.unwrap_or(0) > 0);
+    assert!(st.started_at.is_some() && st.completed_at.is_some());
+    let m = b
+        .store
+        .get_manifest(&keys.manifest)
+        .await
+        .expect("manifest")
+        .expect("manifest present");
+    assert_eq!((m.sha256.as_str(), m.size_bytes), (sha.as_str(), size));
+    assert_eq!(m.members as i64, st.members.unwrap_or(0));
+    assert_eq!(b.store.size(&keys.temp).await.expect("head temp"), None);
+}
+
+/// Every path in the workspace (except .agentbox) with its type, mode and content digest or
+/// link target.
+const LISTING: &str = r#"cd /workspace && find . -path ./.agentbox -prune -o -print | sort | while IFS= read -r f; do
+  [ "$f" = . ] && continue
+  if [ -L "$f" ]; then echo "L $f $(readlink "$f")"
+  elif [ -d "$f" ]; then echo "D $f $(stat -c %a "$f")"
+  else echo "F $f $(stat -c %a "$f") $(sha256sum < "$f" | cut -d' ' -f1)"; fi
+done"#;
+
+async fn listing(env: &TestEnv, pod: &str) -> String {
+    let out = agentbox::exec::run(
+        &env.api::<Pod>(),
+        pod,
+        "sandbox",
+        agentbox::exec::ExecRequest::shell(LISTING).timeout(Duration::from_secs(300)),
+    )
+    .await
+    .expect("exec listing");
+    assert!(out.success(), "listing failed: {}", out.stderr_str());
+    out.stdout_str()
+}
+
+async fn fill(env: &TestEnv, pod: &str, script: &str) {
+    let out = agentbox::exec::run(
+        &env.api::<Pod>(),
+        pod,
+        "sandbox",
+        agentbox::exec::ExecRequest::shell(script).timeout(Duration::from_secs(300)),
+    )
+    .await
+    .expect("exec fill");
+    assert!(out.success(), "fill failed: {}", out.stderr_str());
+}
+
+/// Deletes every snapshot while the operator still runs (their finalizers need it).
+async fn finish(env: TestEnv, b: &Backend) {
+    let api = env.api::<SandboxSnapshot>();
+    let _ = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    for _ in 0..300 {
+        if api
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.is_empty())
+            .unwrap_or(true)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.finish().await;
+    if let Some(dir) = &b.dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+const CONTENT: &str = r#"set -e
+cd /workspace
+mkdir -p src/deep/er empty/nested-empty bin 'with space'
+head -c 65536 /dev/urandom > bin/blob.bin
+printf '\000\001\002\377binary' > src/deep/er/raw
+echo 'echo hi' > bin/run.sh && chmod 0755 bin/run.sh
+echo secret > src/private && chmod 0600 src/private
+chmod 0750 src/deep
+echo spaced > 'with space/file name'
+ln -s deep/er/raw src/link-to-raw
+ln -s ../bin src/deep/up-link
+ln -s . self
+head -c 209715200 /dev/urandom > big.dat
+"#;
+
+async fn round_trip(kind: Kind) {
+    let mut env = TestEnv::new(&format!("snap-rt-{}", format!("{kind:?}").to_lowercase())).await;
+    let b = backend(kind, &env.ns);
+    start(&mut env, &b);
+    create_sandbox(&env, "a", spec("alice", json!({})))
+        .await
+        .expect("create a");
+    let a = ready(&env, "a").await;
+    let pod_a = pod_of(&a);
+    fill(&env, &pod_a, CONTENT).await;
+    let before = listing(&env, &pod_a).await;
+    assert!(before.contains("F ./big.dat 644"), "{before}");
+    assert!(
+        before.contains("L ./src/link-to-raw deep/er/raw"),
+        "{before}"
+    );
+
+    let s = take_snapshot(&env, "s1", "a", "Delete").await;
+    check_committed(&b, &env, &s).await;
+    let key = labels::scope_key(&a.spec.scope);
+    assert_eq!(s.labels().get(labels::SCOPE_KEY), Some(&key));
+    assert_eq!(
+        s.labels().get(labels::USER).map(String::as_str),
+        Some("alice")
+    );
+    assert!(s.owner_references().is_empty(), "snapshots have no owner");
+
+    // A new sandbox of the same user scope restores the newest snapshot: branch C.
+    create_sandbox(&env, "b", spec("alice", json!({})))
+        .await
+        .expect("create b");
+    let sb = ready(&env, "b").await;
+    assert_eq!(branch(&sb), Some(StartBranch::C), "{sb:#?}");
+    assert_eq!(
+        sb.status
+            .as_ref()
+            .and_then(|st| st.restored_from.as_deref()),
+        Some("s1")
+    );
+    let after = listing(&env, &pod_of(&sb)).await;
+    assert_eq!(before, after, "restored workspace differs");
+    let host =
+        agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &sb.uid().unwrap());
+    let leftovers: Vec<String> = std::fs::read_dir(format!("{host}/.agentbox"))
+        .expect("read .agentbox")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("staging-") || n.starts_with("old-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    finish(env, &b).await;
+}
+
+#[tokio::test]
+async fn round_trip_into_a_new_sandbox_is_byte_for_byte_file() {
+    round_trip(Kind::File).await;
+}
+
+#[tokio::test]
+async fn round_trip_into_a_new_sandbox_is_byte_for_byte_s3() {
+    round_trip(Kind::S3).await;
+}
+
+async fn lost_workspace(kind: Kind) {
+    let mut env = TestEnv::new(&format!("snap-lost-{}", format!("{kind:?}").to_lowercase())).await;
+    let b = backend(kind, &env.ns);
+    start(&mut env, &b);
+    create_sandbox(
+        &env,
+        "r",
+        spec("bob", json!({"snapshot": {"onStop": true}})),
+    )
+    .await
+    .expect("create r");
+    let r = ready(&env, "r").await;
+    let pod = pod_of(&r);
+    fill(&env, &pod, "mkdir -p /workspace/d && echo kept > /workspace/d/kept.txt && ln -s d/kept.txt /workspace/l").await;
+    take_snapshot(&env, "before-loss", "r", "Delete").await;
+    fill(&env, &pod, "echo later > /workspace/after.txt").await;
+    let old_pod_uid = env
+        .api::<Pod>()
+        .get(&pod)
+        .await
+        .expect("pod")
+        .uid()
+        .expect("pod uid");
+
+    // The node loses the workspace, then the pod goes.
+    let host =
+        agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &r.uid().unwrap());
+    std::fs::remove_dir_all(&host).expect("remove the workspace on the host");
+    env.api::<Pod>()
+        .delete(&pod, &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    let back = env
+        .wait_for::<Sandbox>("r", 300, move |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+                st.phase == Some(SandboxPhase::Ready)
+                    && st
+                        .workspace
+                        .as_ref()
+                        .and_then(|w| w.initialized_pod_uid.as_deref())
+                        .is_some_and(|u| u != old_pod_uid)
+            })
+        })
+        .await;
+    assert_eq!(branch(&back), Some(StartBranch::B), "{back:#?}");
+    let (code, out) = sh(
+        &env,
+        &pod_of(&back),
+        "cat /workspace/l; test -e /workspace/after.txt && echo after; true",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        out, "kept\n",
+        "the snapshot's content, and nothing written after it"
+    );
+
+    // onStop: suspending takes a snapshot first.
+    env.api::<Sandbox>()
+        .patch(
+            "r",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"lifecycle": {"mode": "Suspended"}}})),
+        )
+        .await
+        .expect("suspend");
+    env.wait_for::<Sandbox>("r", 300, phase_is("Suspended"))
+        .await;
+    let stops = env
+        .api::<SandboxSnapshot>()
+        .list(&ListParams::default().labels("agentbox.dev/on-stop=true"))
+        .await
+        .expect("list");
+    assert_eq!(stops.items.len(), 1, "{stops:#?}");
+    let stop = &stops.items[0];
+    assert_eq!(
+        stop.status.as_ref().and_then(|s| s.phase),
+        Some(SnapshotPhase::Ready),
+        "{stop:#?}"
+    );
+    check_committed(&b, &env, stop).await;
+    finish(env, &b).await;
+}
+
+#[tokio::test]
+async fn a_lost_workspace_comes_back_through_branch_b_file() {
+    lost_workspace(Kind::File).await;
+}
+
+#[tokio::test]
+async fn a_lost_workspace_comes_back_through_branch_b_s3() {
+    lost_workspace(Kind::S3).await;
+}
+
+/// A raw ustar header (the tar crate refuses to write some of the hostile ones).
+fn raw_header(path: &str, flag: u8, size: u64, link: &str) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..path.len()].copy_from_slice(path.as_bytes());
+    h[100..107].copy_from_slice(b"0000644");
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    h[136..147].copy_from_slice(b"00000000000");
+    h[156] = flag;
+    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+fn raw(members: &[(&str, u8, &[u8], &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (path, flag, data, link) in members {
+        out.extend_from_slice(&raw_header(path, *flag, data.len() as u64, link));
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+async fn hostile(kind: Kind) {
+    let mut env = TestEnv::new(&format!("snap-evil-{}", format!("{kind:?}").to_lowercase())).await;
+    let b = backend(kind, &env.ns);
+    let tag = common::suffix();
+    let evil_abs = format!("/tmp/agentbox-evil-{tag}");
+    let evil_up = format!("../agentbox-evil-{tag}");
+    let mut bomb = Vec::new();
+    for i in 0..100_001 {
+        bomb.extend_from_slice(&raw_header(&format!("m{i}"), b'0', 0, ""));
+    }
+    bomb.extend_from_slice(&[0u8; 1024]);
+    let mut expansion = raw_header("huge", b'0', 50 << 20, "").to_vec();
+    expansion.extend_from_slice(&[7u8; 4096]);
+    let good = raw(&[("fine.txt", b'0', b"fine", "")]);
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "absolute",
+            raw(&[(evil_abs.as_str(), b'0', b"x", "")]),
+            "AbsolutePath",
+        ),
+        (
+            "dotdot",
+            raw(&[(evil_up.as_str(), b'0', b"x", "")]),
+            "ParentComponent",
+        ),
+        (
+            "hardlink",
+            raw(&[("f", b'0', b"x", ""), ("h", b'1', b"", "/etc/passwd")]),
+            "Hardlink",
+        ),
+        ("device", raw(&[("null", b'3', b"", "")]), "Device"),
+        ("fifo", raw(&[("pipe", b'6', b"", "")]), "Fifo"),
+        (
+            "etc-link",
+            raw(&[("etc", b'2', b"", "/etc")]),
+            "SymlinkEscapes",
+        ),
+        (
+            "under-link",
+            raw(&[
+                ("sub", b'5', b"", ""),
+                ("l", b'2', b"", "sub"),
+                ("l/x", b'0', b"x", ""),
+            ]),
+            "BeneathSymlink",
+        ),
+        (
+            "duplicate",
+            raw(&[("f", b'0', b"x", ""), ("f", b'0', b"y", "")]),
+            "Duplicate",
+        ),
+        ("member-bomb", bomb, "TooManyMembers"),
+        ("expansion-bomb", expansion, "ExpansionRatio"),
+        ("wrong-digest", good, "DigestMismatch"),
+    ];
+    // The snapshots are made Ready by hand before an operator runs, pointing at the hostile
+    // objects placed directly in the store.
+    let scope_key = labels::scope_key(
+        &serde_json::from_value(json!({"kind": "User", "agent": "snap-tests", "user": "mallory"}))
+            .unwrap(),
+    );
+    let api = env.api::<SandboxSnapshot>();
+    for (name, bytes, _) in &cases {
+        let obj: SandboxSnapshot = serde_json::from_value(json!({
+            "apiVersion": "agentbox.dev/v1alpha1",
+            "kind": "SandboxSnapshot",
+            "metadata": {"name": name},
+            "spec": {"sandboxRef": {"name": "gone"}},
+        }))
+        .unwrap();
+        let created = api
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("create");
+        let keys = b.store.keys(&env.ns, &scope_key, &created.uid().unwrap());
+        b.store
+            .inner()
+            .put(&keys.object, bytes.clone().into())
+            .await
+            .expect("put hostile object");
+        let sha = if *name == "wrong-digest" {
+            "0".repeat(64)
+        } else {
+            hex::encode(Sha256::digest(bytes))
+        };
+        let status = json!({
+            "apiVersion": "agentbox.dev/v1alpha1",
+            "kind": "SandboxSnapshot",
+            "status": {"phase": "Ready", "objectKey": keys.object.to_string(), "sha256": sha,
+                        "sizeBytes": bytes.len(), "members": 1, "scopeKey": scope_key},
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply("agentbox-tests").force(),
+            &Patch::Apply(&status),
+        )
+        .await
+        .expect("set status");
+    }
+    start(&mut env, &b);
+    for (name, _, _) in &cases {
+        create_sandbox(
+            &env,
+            &format!("h-{name}"),
+            spec(
+                "mallory",
+                json!({"snapshot": {"restore": "Named", "name": name}}),
+            ),
+        )
+        .await
+        .expect("create sandbox");
+    }
+    let mut reasons = std::collections::BTreeSet::new();
+    for (name, _, want) in &cases {
+        let want = want.to_string();
+        let w2 = want.clone();
+        let s = env
+            .wait_for::<Sandbox>(&format!("h-{name}"), 300, move |s: Option<&Sandbox>| {
+                s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+                    st.conditions.iter().any(|c| {
+                        c.type_ == "WorkspaceReady" && c.status == "False" && c.reason == w2
+                    })
+                })
+            })
+            .await;
+        reasons.insert(want);
+        let st = s.status.as_ref().unwrap();
+        assert_ne!(st.phase, Some(SandboxPhase::Ready), "{name}");
+        // Nothing was written: the workspace holds at most the operator's own directory, with
+        // no staging left behind.
+        let host =
+            agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap());
+        let entries: Vec<String> = std::fs::read_dir(&host)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            entries.iter().all(|e| e == ".agentbox"),
+            "{name}: {entries:?}"
+        );
+        let inner: Vec<String> = std::fs::read_dir(format!("{host}/.agentbox"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            inner
+                .iter()
+                .all(|e| !e.starts_with("staging-") && !e.starts_with("old-")),
+            "{name}: {inner:?}"
+        );
+        let (_, out) = sh(
+            &env,
+            &pod_of(&s),
+            &format!("test -e {evil_abs} && echo leaked; true"),
+        )
+        .await;
+        assert_eq!(out, "", "{name}");
+    }
+    assert_eq!(reasons.len(), cases.len(), "{reasons:?}");
+    assert!(!std::path::Path::new(&format!("{NODE_ROOT}/{}/agentbox-evil-{tag}", env.ns)).exists());
+    finish(env, &b).await;
+}
+
+#[tokio::test]
+async fn hostile_archives_are_refused_each_with_its_reason_file() {
+    hostile(Kind::File).await;
+}
+
+#[tokio::test]
+async fn hostile_archives_are_refused_each_with_its_reason_s3() {
+    hostile(Kind::S3).await;
+}
+
+async fn killed_mid_upload(kind: Kind) {
+    let mut env = TestEnv::new(&format!("snap-kill-{}", format!("{kind:?}").to_lowercase())).await;
+    let b = backend(kind, &env.ns);
+    start(&mut env, &b);
+    create_sandbox(&env, "k", spec("carol", json!({})))
+        .await
+        .expect("create");
+    let k = ready(&env, "k").await;
+    fill(
+        &env,
+        &pod_of(&k),
+        "head -c 524288000 /dev/urandom > /workspace/big.dat",
+    )
+    .await;
+    let obj: SandboxSnapshot = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": "k1"},
+        "spec": {"sandboxRef": {"name": "k"}},
+    }))
+    .unwrap();
+    let api = env.api::<SandboxSnapshot>();
+    api.create(&PostParams::default(), &obj)
+        .await
+        .expect("create");
+    let running = env
+        .wait_for::<SandboxSnapshot>("k1", 300, |s: Option<&SandboxSnapshot>| {
+            s.and_then(|s| s.status.as_ref()).and_then(|st| st.phase)
+                == Some(SnapshotPhase::Running)
+        })
+        .await;
+    let keys = keys_of(&b, &env, &running);
+    // Let some of the upload happen.
+    if let Some(dir) = &b.dir {
+        let tmp_dir = dir.join(keys.temp.as_ref()).parent().unwrap().to_path_buf();
+        for _ in 0..600 {
+            let staged: u64 = std::fs::read_dir(&tmp_dir)
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|e| e.metadata().ok())
+                        .map(|m| m.len())
+                        .sum()
+                })
+                .unwrap_or(0);
+            if staged > 20 << 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    } else {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    env.operators[0].kill();
+    let at_kill = api.get("k1").await.expect("get");
+    assert_eq!(
+        at_kill.status.as_ref().and_then(|s| s.phase),
+        Some(SnapshotPhase::Running),
+        "the kill came too late to test anything"
+    );
+    start(&mut env, &b);
+    let s = env.wait_for::<SandboxSnapshot>("k1", 900, finished).await;
+    let st = s.status.as_ref().unwrap();
+    match st.phase {
+        Some(SnapshotPhase::Ready) => check_committed(&b, &env, &s).await,
+        other => {
+            assert_eq!(other, Some(SnapshotPhase::Failed));
+            assert_eq!(b.store.size(&keys.object).await.unwrap(), None);
+        }
+    }
+    assert_eq!(
+        b.store.size(&keys.temp).await.unwrap(),
+        None,
+        "temporary object left"
+    );
+    if let Some(dir) = &b.dir {
+        let tmp_dir = dir.join(keys.temp.as_ref()).parent().unwrap().to_path_buf();
+        let left: Vec<String> = std::fs::read_dir(&tmp_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "staged upload files left: {left:?}");
+    }
+    finish(env, &b).await;
+}
+
+#[tokio::test]
+async fn an_operator_killed_mid_upload_never_leaves_a_bad_ready_snapshot_file() {
+    killed_mid_upload(Kind::File).await;
+}
+
+#[tokio::test]
+async fn an_operator_killed_mid_upload_never_leaves_a_bad_ready_snapshot_s3() {
+    killed_mid_upload(Kind::S3).await;
+}
+
+async fn ready_of_scope(env: &TestEnv, key: &str) -> Vec<String> {
+    let mut v: Vec<String> = env
+        .api::<SandboxSnapshot>()
+        .list(&ListParams::default().labels(&format!("{}={key}", labels::SCOPE_KEY)))
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter(|s| s.status.as_ref().and_then(|st| st.phase) == Some(SnapshotPhase::Ready))
+        .map(|s| s.name_any())
+        .collect();
+    v.sort();
+    v
+}
+
+async fn retention(kind: Kind) {
+    let mut env = TestEnv::new(&format!("snap-ret-{}", format!("{kind:?}").to_lowercase())).await;
+    let b = backend(kind, &env.ns);
+    start(&mut env, &b);
+    create_sandbox(
+        &env,
+        "t",
+        spec("dave", json!({"snapshot": {"retention": {"keepLast": 2}}})),
+    )
+    .await
+    .expect("create");
+    let t = ready(&env, "t").await;
+    fill(&env, &pod_of(&t), "echo v1 > /workspace/v").await;
+    let key = labels::scope_key(&t.spec.scope);
+    let s1 = take_snapshot(&env, "s1", "t", "Delete").await;
+    let k1 = keys_of(&b, &env, &s1);
+    take_snapshot(&env, "s2", "t", "Delete").await;
+    take_snapshot(&env, "s3", "t", "Delete").await;
+    env.wait_gone::<SandboxSnapshot>("s1", 120).await;
+    assert_eq!(ready_of_scope(&env, &key).await, vec!["s2", "s3"]);
+    assert_eq!(
+        b.store.size(&k1.object).await.unwrap(),
+        None,
+        "Delete removes the object"
+    );
+    assert_eq!(b.store.size(&k1.manifest).await.unwrap(), None);
+
+    // Retain keeps the object when the resource goes; Delete removes it.
+    let keep = take_snapshot(&env, "keep", "t", "Retain").await;
+    env.wait_gone::<SandboxSnapshot>("s2", 120).await;
+    let drop = take_snapshot(&env, "drop", "t", "Delete").await;
+    env.wait_gone::<SandboxSnapshot>("s3", 120).await;
+    assert_eq!(ready_of_scope(&env, &key).await, vec!["drop", "keep"]);
+    let (kk, kd) = (keys_of(&b, &env, &keep), keys_of(&b, &env, &drop));
+    let api = env.api::<SandboxSnapshot>();
+    api.delete("keep", &DeleteParams::default())
+        .await
+        .expect("delete keep");
+    api.delete("drop", &DeleteParams::default())
+        .await
+        .expect("delete drop");
+    env.wait_gone::<SandboxSnapshot>("keep", 120).await;
+    env.wait_gone::<SandboxSnapshot>("drop", 120).await;
+    assert!(
+        b.store.size(&kk.object).await.unwrap().is_some(),
+        "Retain kept the object"
+    );
+    assert!(b.store.get_manifest(&kk.manifest).await.unwrap().is_some());
+    assert_eq!(
+        b.store.size(&kd.object).await.unwrap(),
+        None,
+        "Delete removed the object"
+    );
+    b.store
+        .delete_snapshot(&kk)
+        .await
+        .expect("tidy the retained object");
+    finish(env, &b).await;
+}
+
+#[tokio::test]
+async fn retention_keeps_n_and_deletion_policies_behave_file() {
+    retention(Kind::File).await;
+}
+
+#[tokio::test]
+async fn retention_keeps_n_and_deletion_policies_behave_s3() {
+    retention(Kind::S3).await;
+}
