@@ -114,6 +114,12 @@ async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
         Some(labels::scope_key(&sbx.spec.scope).as_str())
     );
     assert!(st.workspace.as_ref().unwrap().projection_hash.is_some());
+    // The operator labels the Sandbox itself with its scope, so label queries find it.
+    assert_eq!(sbx.labels().get(labels::SCOPE_KEY), st.scope_key.as_ref());
+    assert_eq!(
+        sbx.labels().get(labels::SCOPE).map(String::as_str),
+        Some("session")
+    );
     for t in ["PodReady", "WorkspaceReady", "Ready"] {
         let c = st
             .conditions
@@ -328,6 +334,26 @@ async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
         "no egress rule: all egress denied"
     );
 
+    // A harness used the scope's guard and released it: the idle Lease goes with the sandbox.
+    let guard = agentbox::guard::acquire_scope(
+        env.client.clone(),
+        &env.ns,
+        &sbx.spec.scope,
+        &agentbox::guard::GuardConfig::default(),
+        Some(Duration::from_secs(10)),
+    )
+    .await
+    .expect("guard");
+    guard.release().await.expect("release");
+    let lease_name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
+    assert!(
+        env.api::<Lease>()
+            .get_opt(&lease_name)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
     env.api::<Sandbox>()
         .delete("d", &DeleteParams::default())
         .await
@@ -355,6 +381,14 @@ async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
     assert!(
         !std::path::Path::new(&dir).exists(),
         "workspace directory {dir} removed"
+    );
+    assert!(
+        env.api::<Lease>()
+            .get_opt(&lease_name)
+            .await
+            .unwrap()
+            .is_none(),
+        "idle guard lease removed"
     );
     env.finish().await;
 }

@@ -9,13 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
@@ -40,14 +40,56 @@ const INIT_TIMEOUT: Duration = Duration::from_secs(120);
 pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, sbx, |event| async {
-        match event {
-            Finalizer::Apply(sbx) => apply(&sbx, &ctx).await,
-            Finalizer::Cleanup(sbx) => cleanup(&sbx, &ctx).await,
+    let name = sbx.name_any();
+    let has_finalizer = sbx.finalizers().iter().any(|f| f == FINALIZER);
+    if sbx.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer {
+            return Ok(Action::await_change());
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+        cleanup(&sbx, &ctx).await?;
+        // Applying our metadata without the finalizer removes it: we own that list entry.
+        apply_metadata(&api, &name, &sbx, false).await?;
+        return Ok(Action::await_change());
+    }
+    let labels = labels::scope_labels(&sbx.spec.scope);
+    let labelled = labels.iter().all(|(k, v)| sbx.labels().get(k) == Some(v));
+    if !has_finalizer || !labelled {
+        // One write puts both the finalizer and the scope labels on the Sandbox, so
+        // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too.
+        apply_metadata(&api, &name, &sbx, true).await?;
+    }
+    apply(&sbx, &ctx).await
+}
+
+/// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,
+/// while it lives, the finalizer.
+async fn apply_metadata(
+    api: &Api<Sandbox>,
+    name: &str,
+    sbx: &Sandbox,
+    finalizer: bool,
+) -> Result<(), Error> {
+    let finalizers: Vec<&str> = if finalizer {
+        vec![FINALIZER]
+    } else {
+        Vec::new()
+    };
+    let body = serde_json::json!({
+        "apiVersion": Sandbox::api_version(&()),
+        "kind": Sandbox::kind(&()),
+        "metadata": {
+            "name": name,
+            "labels": labels::scope_labels(&sbx.spec.scope),
+            "finalizers": finalizers,
+        },
+    });
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
 }
 
 /// The API handles one reconcile needs.
@@ -756,9 +798,60 @@ async fn ensure_network_policy(sbx: &Sandbox, api: &Api<NetworkPolicy>) -> Resul
     }
 }
 
+/// Deleting a Sandbox: pod and workspace first, then the scope's idle guard Lease.
+async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+    let action = remove_pod_and_workspace(sbx, ctx).await?;
+    forget_scope_lease(sbx, ctx).await?;
+    Ok(action)
+}
+
+/// Deletes the scope's guard Lease when this was the last sandbox of the scope in the namespace
+/// and nobody holds the guard, so leases do not pile up. The delete is conditioned on the
+/// resourceVersion read, so a harness taking the guard meanwhile keeps it.
+async fn forget_scope_lease(sbx: &Sandbox, ctx: &Context) -> Result<(), Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
+    let others = sandboxes
+        .list_metadata(&ListParams::default().labels(&labels::scope_selector(&sbx.spec.scope)))
+        .await?
+        .items
+        .into_iter()
+        .filter(|o| o.metadata.uid != sbx.metadata.uid)
+        .count();
+    if others > 0 {
+        return Ok(());
+    }
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
+    let Some(lease) = leases.get_opt(&name).await? else {
+        return Ok(());
+    };
+    let free = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .is_none_or(str::is_empty);
+    if !free {
+        return Ok(());
+    }
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            resource_version: lease.metadata.resource_version.clone(),
+            uid: lease.metadata.uid.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match leases.delete(&name, &dp).await {
+        Ok(_) => Ok(()),
+        // Gone already, or changed under us (someone took the guard): leave it.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Deleting a Sandbox: onward only when its pod is gone and its workspace directory removed
 /// from the node by a short-lived pod bound there.
-async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let name = sbx.name_any();
     let apis = Apis::new(ctx, &ns);
@@ -776,7 +869,7 @@ async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     if super::snapshot::on_stop(ctx, sbx).await? == super::snapshot::OnStop::Wait {
         return Err(Error::CleanupPending);
     }
-    // Returning Ok removes the finalizer, so every unfinished step returns CleanupPending.
+    // Returning Ok lets the finalizer go, so every unfinished step returns CleanupPending.
     if !delete_if_present(&apis.pods, &pod_name).await? {
         return Err(Error::CleanupPending);
     }
