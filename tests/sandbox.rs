@@ -344,7 +344,25 @@ async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
     )
     .await
     .expect("guard");
+    // The sandbox shows who holds its scope's guard, and when it is free again.
+    let holder = guard.holder().to_string();
+    let guarded = |want: bool| {
+        move |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Guarded" && (c.status == "True") == want)
+            })
+        }
+    };
+    let sbx = env.wait_for::<Sandbox>("d", 30, guarded(true)).await;
+    assert_eq!(
+        status(&sbx).guard.as_ref().and_then(|g| g.holder.clone()),
+        Some(holder)
+    );
     guard.release().await.expect("release");
+    let sbx = env.wait_for::<Sandbox>("d", 30, guarded(false)).await;
+    assert!(status(&sbx).guard.is_none());
     let lease_name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
     assert!(
         env.api::<Lease>()

@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::Reporter;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use rand::Rng;
 use tracing::{error, info, warn};
 
@@ -207,6 +209,11 @@ pub async fn run(
             None
         }
     };
+    let leases: Api<Lease> = if config.namespace.is_empty() {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), &config.namespace)
+    };
     let snapshots: Api<SandboxSnapshot> = if config.namespace.is_empty() {
         Api::all(client.clone())
     } else {
@@ -249,9 +256,28 @@ pub async fn run(
         info!("snapshot controller stopped");
     };
     info!("sandbox controller starting");
-    let sandbox_controller = Controller::new(sandboxes, watcher::Config::default())
+    let controller = Controller::new(sandboxes, watcher::Config::default());
+    // A scope's guard Lease changing holder updates the Guarded condition of the sandboxes of
+    // that scope (renewals keep the holder, so they cost no status write).
+    let sandbox_store = controller.store();
+    let guard_to_sandboxes = move |lease: Lease| {
+        let key = lease.labels().get(labels::SCOPE_KEY).cloned();
+        let ns = lease.namespace();
+        sandbox_store
+            .state()
+            .into_iter()
+            .filter(|s| {
+                key.is_some()
+                    && s.labels().get(labels::SCOPE_KEY) == key.as_ref()
+                    && s.namespace() == ns
+            })
+            .map(|s| ObjectRef::from_obj(s.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    let sandbox_controller = controller
         .owns(pods, owned.clone())
-        .owns(policies, owned)
+        .owns(policies, owned.clone())
+        .watches(leases, owned, guard_to_sandboxes)
         // Pod updates arrive in bursts (scheduled, started, ready): let them settle briefly so
         // one reconcile sees them together.
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))

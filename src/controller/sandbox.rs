@@ -12,6 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -19,13 +20,13 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::conditions::{self, POD_READY, READY, WORKSPACE_READY};
+use super::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
 use super::pod::{self, CONTAINER, SPEC_HASH};
 use super::workspace::{self, FileEntry, Observed, ResolvedProjection};
 use super::{Context, Error, FIELD_MANAGER};
 use crate::crd::{
-    Egress, LifecycleMode, RestorePolicy, Sandbox, SandboxPhase, SandboxSnapshot, SandboxStatus,
-    SnapshotPhase, WorkspaceStatus,
+    Egress, GuardStatus, LifecycleMode, RestorePolicy, Sandbox, SandboxPhase, SandboxSnapshot,
+    SandboxStatus, SnapshotPhase, WorkspaceStatus,
 };
 use crate::exec::{self, ExecRequest};
 use crate::labels;
@@ -120,6 +121,21 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
     st.observed_generation = generation;
     let pod_name = labels::pod_name(&name);
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+    let lease = leases
+        .get_opt(&labels::lease_name(&labels::scope_key(&sbx.spec.scope)))
+        .await?;
+    let (guard, held, reason, message) = guard_state(lease.as_ref(), now);
+    st.guard = guard;
+    conditions::set(
+        &mut st.conditions,
+        GUARDED,
+        held,
+        reason,
+        message,
+        generation,
+        now,
+    );
 
     // Validate: a spec the operator cannot honour gets no pod.
     let problems = super::validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes);
@@ -998,6 +1014,46 @@ async fn publish(
     }
 }
 
+/// The scope's execution guard as the Sandbox reports it: holder and since when, whether it is
+/// held, and the Guarded condition's reason and message. A lease past its duration counts as
+/// free: anyone may take it over.
+pub fn guard_state(
+    lease: Option<&Lease>,
+    now: Timestamp,
+) -> (Option<GuardStatus>, bool, &'static str, String) {
+    let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
+        return (None, false, "Free", "nobody holds the scope's guard".into());
+    };
+    let Some(holder) = spec.holder_identity.clone().filter(|h| !h.is_empty()) else {
+        return (None, false, "Free", "nobody holds the scope's guard".into());
+    };
+    let renewed = spec
+        .renew_time
+        .as_ref()
+        .or(spec.acquire_time.as_ref())
+        .map(|t| t.0);
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+    let expired = renewed.is_none_or(|t| t.as_second() + duration < now.as_second());
+    if expired {
+        return (
+            None,
+            false,
+            "Expired",
+            format!("{holder} held the guard but stopped renewing it"),
+        );
+    }
+    let since = spec.acquire_time.as_ref().map(|t| Time(t.0));
+    (
+        Some(GuardStatus {
+            holder: Some(holder.clone()),
+            since,
+        }),
+        true,
+        "Held",
+        format!("held by {holder}"),
+    )
+}
+
 /// What the sandbox pod is doing, as far as the sandbox cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodState {
@@ -1084,6 +1140,34 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn guard_state_reads_the_lease() {
+        let now = Timestamp::from_second(10_000).unwrap();
+        assert_eq!(guard_state(None, now).1, false);
+        let lease = |holder: &str, renewed: i64| -> Lease {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "l"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                    "acquireTime": "1970-01-01T02:40:00Z",
+                    "renewTime": Timestamp::from_second(renewed).unwrap().to_string()}
+            }))
+            .unwrap()
+        };
+        let (g, held, reason, msg) = guard_state(Some(&lease("harness-1", 9_990)), now);
+        assert!(held);
+        assert_eq!(reason, "Held");
+        assert_eq!(msg, "held by harness-1");
+        let g = g.unwrap();
+        assert_eq!(g.holder.as_deref(), Some("harness-1"));
+        assert_eq!(g.since.unwrap().0.as_second(), 9_600);
+        let (g, held, reason, _) = guard_state(Some(&lease("harness-1", 9_980)), now);
+        assert!(!held && g.is_none());
+        assert_eq!(reason, "Expired");
+        let (_, held, reason, _) = guard_state(Some(&lease("", 9_999)), now);
+        assert!(!held);
+        assert_eq!(reason, "Free");
     }
 
     #[test]
