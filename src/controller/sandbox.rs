@@ -1145,7 +1145,7 @@ mod tests {
     #[test]
     fn guard_state_reads_the_lease() {
         let now = Timestamp::from_second(10_000).unwrap();
-        assert_eq!(guard_state(None, now).1, false);
+        assert!(!guard_state(None, now).1);
         let lease = |holder: &str, renewed: i64| -> Lease {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": "l"},
