@@ -278,9 +278,6 @@ pub async fn run(
         .owns(pods, owned.clone())
         .owns(policies, owned.clone())
         .watches(leases, owned, guard_to_sandboxes)
-        // Pod updates arrive in bursts (scheduled, started, ready): let them settle briefly so
-        // one reconcile sees them together.
-        .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
         .graceful_shutdown_on(shutdown)
         .run(
             move |sbx, ctx: Arc<Context>| {

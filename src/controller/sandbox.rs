@@ -290,7 +290,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 now,
             );
         }
-        if changed(&old, &st) {
+        if old.phase.is_some() && changed(&old, &st) {
             patch_status(&apis.sandboxes, &name, &st).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(10)));
@@ -956,6 +956,13 @@ async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    // Read first: deleting an object that is already terminating is a write that changes
+    // nothing, and cleanup polls.
+    match api.get_opt(name).await? {
+        None => return Ok(true),
+        Some(o) if o.meta().deletion_timestamp.is_some() => return Ok(false),
+        Some(_) => {}
+    }
     match api.delete(name, &DeleteParams::background()).await {
         Ok(either) => Ok(either.is_right()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
