@@ -780,6 +780,18 @@ async fn an_operator_killed_mid_upload_never_leaves_a_bad_ready_snapshot_s3() {
     killed_mid_upload(Kind::S3).await;
 }
 
+/// Waits until a snapshot no longer exists (its finalizer ran).
+async fn gone(env: &TestEnv, name: &str, secs: u64) {
+    let api = env.api::<SandboxSnapshot>();
+    for _ in 0..secs * 5 {
+        if api.get_opt(name).await.expect("get snapshot").is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{name} still exists after {secs}s\n{}", env.operator_logs());
+}
+
 async fn ready_of_scope(env: &TestEnv, key: &str) -> Vec<String> {
     let mut v: Vec<String> = env
         .api::<SandboxSnapshot>()
@@ -814,7 +826,7 @@ async fn retention(kind: Kind) {
     let k1 = keys_of(&b, &env, &s1);
     take_snapshot(&env, "s2", "t", "Delete").await;
     take_snapshot(&env, "s3", "t", "Delete").await;
-    env.wait_gone::<SandboxSnapshot>("s1", 120).await;
+    gone(&env, "s1", 120).await;
     assert_eq!(ready_of_scope(&env, &key).await, vec!["s2", "s3"]);
     assert_eq!(
         b.store.size(&k1.object).await.unwrap(),
@@ -825,9 +837,9 @@ async fn retention(kind: Kind) {
 
     // Retain keeps the object when the resource goes; Delete removes it.
     let keep = take_snapshot(&env, "keep", "t", "Retain").await;
-    env.wait_gone::<SandboxSnapshot>("s2", 120).await;
+    gone(&env, "s2", 120).await;
     let drop = take_snapshot(&env, "drop", "t", "Delete").await;
-    env.wait_gone::<SandboxSnapshot>("s3", 120).await;
+    gone(&env, "s3", 120).await;
     assert_eq!(ready_of_scope(&env, &key).await, vec!["drop", "keep"]);
     let (kk, kd) = (keys_of(&b, &env, &keep), keys_of(&b, &env, &drop));
     let api = env.api::<SandboxSnapshot>();
@@ -837,8 +849,8 @@ async fn retention(kind: Kind) {
     api.delete("drop", &DeleteParams::default())
         .await
         .expect("delete drop");
-    env.wait_gone::<SandboxSnapshot>("keep", 120).await;
-    env.wait_gone::<SandboxSnapshot>("drop", 120).await;
+    gone(&env, "keep", 120).await;
+    gone(&env, "drop", 120).await;
     assert!(
         b.store.size(&kk.object).await.unwrap().is_some(),
         "Retain kept the object"

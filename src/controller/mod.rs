@@ -16,7 +16,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::Reporter;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -40,8 +40,8 @@ pub struct Context {
     pub config: Config,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Identity for Events.
-    pub reporter: Reporter,
+    /// Publishes Events as the operator; one recorder, so repeats of an Event become a series.
+    pub recorder: Recorder,
     /// The snapshot store; `None` when snapshots are off or the store could not be built.
     pub store: Option<Store>,
 }
@@ -220,11 +220,14 @@ pub async fn run(
         Api::namespaced(client.clone(), &config.namespace)
     };
     let ctx = Arc::new(Context {
-        client,
-        reporter: Reporter {
-            controller: "agentbox-operator".into(),
-            instance: Some(config.identity.clone()),
-        },
+        client: client.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "agentbox-operator".into(),
+                instance: Some(config.identity.clone()),
+            },
+        ),
         config,
         metrics: metrics.clone(),
         store,
@@ -326,5 +329,52 @@ mod tests {
             retry_after(&Error::SourceMissing("cm".into()), 0.0),
             Duration::from_secs(30)
         );
+    }
+}
+
+/// Server-side applies an object's whole status with the operator's field manager, so fields
+/// it stops setting are removed.
+pub(crate) async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+) -> Result<(), Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+        &kube::api::Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Publishes an Event about `obj`. Best effort: a failed Event is logged, never fatal.
+pub(crate) async fn publish<K>(
+    ctx: &Context,
+    obj: &K,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: &str,
+) where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
+        warn!(object = %obj.name_any(), "could not publish event {reason}: {e}");
     }
 }

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
@@ -163,7 +163,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             now,
         );
         if changed(&old, &st) {
-            publish(
+            super::publish(
                 ctx,
                 sbx,
                 EventType::Warning,
@@ -172,7 +172,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 &message,
             )
             .await;
-            patch_status(&apis.sandboxes, &name, &st).await?;
+            super::apply_status(&apis.sandboxes, &name, &st).await?;
         }
         return Ok(Action::await_change());
     }
@@ -181,7 +181,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     let mut requeue = None;
     if let Some(at) = sbx.spec.lifecycle.shutdown_time.as_ref() {
         if at.0 <= now {
-            publish(
+            super::publish(
                 ctx,
                 sbx,
                 EventType::Normal,
@@ -228,7 +228,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             now,
         );
         if changed(&old, &st) {
-            publish(
+            super::publish(
                 ctx,
                 sbx,
                 EventType::Normal,
@@ -237,7 +237,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 "pod deleted; workspace kept",
             )
             .await;
-            patch_status(&apis.sandboxes, &name, &st).await?;
+            super::apply_status(&apis.sandboxes, &name, &st).await?;
         }
         return Ok(if gone {
             requeue.map_or_else(Action::await_change, Action::requeue)
@@ -265,25 +265,14 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             None => format!("created pod {pod_name}"),
         };
         info!(sandbox = %name, namespace = %ns, "{msg}");
-        publish(ctx, sbx, EventType::Normal, "PodCreated", "CreatePod", &msg).await;
+        super::publish(ctx, sbx, EventType::Normal, "PodCreated", "CreatePod", &msg).await;
         // A brand-new sandbox gets its first status from the pod's own progress (one write
         // fewer); one that had a pod must stop saying Ready at once.
         if old.phase.is_some() {
             st.phase = Some(SandboxPhase::Pending);
             st.pod_name = Some(pod_name.clone());
-            conditions::set(
-                &mut st.conditions,
-                POD_READY,
-                false,
-                "PodStarting",
-                "waiting for the sandbox pod to run",
-                generation,
-                now,
-            );
-            conditions::set(
-                &mut st.conditions,
-                READY,
-                false,
+            not_ready(
+                &mut st,
                 "PodStarting",
                 "waiting for the sandbox pod to run",
                 generation,
@@ -291,59 +280,31 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             );
         }
         if old.phase.is_some() && changed(&old, &st) {
-            patch_status(&apis.sandboxes, &name, &st).await?;
+            super::apply_status(&apis.sandboxes, &name, &st).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(10)));
     };
 
     if pod.metadata.deletion_timestamp.is_some() {
         st.phase = Some(SandboxPhase::Pending);
-        conditions::set(
-            &mut st.conditions,
-            POD_READY,
-            false,
-            "PodTerminating",
-            "the sandbox pod is terminating; a new one follows",
-            generation,
-            now,
-        );
-        conditions::set(
-            &mut st.conditions,
-            READY,
-            false,
+        not_ready(
+            &mut st,
             "PodTerminating",
             "the sandbox pod is terminating; a new one follows",
             generation,
             now,
         );
         if changed(&old, &st) {
-            patch_status(&apis.sandboxes, &name, &st).await?;
+            super::apply_status(&apis.sandboxes, &name, &st).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     if !is_owned_by(&pod, sbx) {
         let msg = format!("a pod named {pod_name} exists and does not belong to this sandbox");
         st.phase = Some(SandboxPhase::Failed);
-        conditions::set(
-            &mut st.conditions,
-            POD_READY,
-            false,
-            "PodNameConflict",
-            &msg,
-            generation,
-            now,
-        );
-        conditions::set(
-            &mut st.conditions,
-            READY,
-            false,
-            "PodNameConflict",
-            &msg,
-            generation,
-            now,
-        );
+        not_ready(&mut st, "PodNameConflict", &msg, generation, now);
         if changed(&old, &st) {
-            publish(
+            super::publish(
                 ctx,
                 sbx,
                 EventType::Warning,
@@ -352,7 +313,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 &msg,
             )
             .await;
-            patch_status(&apis.sandboxes, &name, &st).await?;
+            super::apply_status(&apis.sandboxes, &name, &st).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
@@ -376,7 +337,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         None
     };
     if let Some((reason, msg)) = replace {
-        publish(ctx, sbx, EventType::Normal, reason, "DeletePod", &msg).await;
+        super::publish(ctx, sbx, EventType::Normal, reason, "DeletePod", &msg).await;
         delete_if_present(&apis.pods, &pod_name).await?;
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -420,7 +381,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                         );
                         let note =
                             format!("start branch {:?}: {}", decision.branch, decision.message);
-                        publish(
+                        super::publish(
                             ctx,
                             sbx,
                             EventType::Normal,
@@ -452,9 +413,16 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                             now,
                         );
                         if changed(&old, &st) {
-                            publish(ctx, sbx, EventType::Warning, reason, "InitWorkspace", &msg)
-                                .await;
-                            patch_status(&apis.sandboxes, &name, &st).await?;
+                            super::publish(
+                                ctx,
+                                sbx,
+                                EventType::Warning,
+                                reason,
+                                "InitWorkspace",
+                                &msg,
+                            )
+                            .await;
+                            super::apply_status(&apis.sandboxes, &name, &st).await?;
                         }
                         return Err(e);
                     }
@@ -473,19 +441,8 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         }
         PodState::Starting => {
             st.phase = Some(SandboxPhase::Pending);
-            conditions::set(
-                &mut st.conditions,
-                POD_READY,
-                false,
-                "PodStarting",
-                "waiting for the sandbox pod to run",
-                generation,
-                now,
-            );
-            conditions::set(
-                &mut st.conditions,
-                READY,
-                false,
+            not_ready(
+                &mut st,
                 "PodStarting",
                 "waiting for the sandbox pod to run",
                 generation,
@@ -494,37 +451,41 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         }
         PodState::Problem { reason, message } => {
             st.phase = Some(SandboxPhase::Pending);
-            conditions::set(
-                &mut st.conditions,
-                POD_READY,
-                false,
-                &reason,
-                &message,
-                generation,
-                now,
-            );
-            conditions::set(
-                &mut st.conditions,
-                READY,
-                false,
-                &reason,
-                &message,
-                generation,
-                now,
-            );
+            not_ready(&mut st, &reason, &message, generation, now);
             if conditions::get(&old.conditions, POD_READY).map(|c| c.reason.as_str())
                 != Some(reason.as_str())
             {
-                publish(ctx, sbx, EventType::Warning, &reason, "StartPod", &message).await;
+                super::publish(ctx, sbx, EventType::Warning, &reason, "StartPod", &message).await;
             }
         }
         // Ended pods were replaced above.
         PodState::Ended(_) => {}
     }
     if changed(&old, &st) {
-        patch_status(&apis.sandboxes, &name, &st).await?;
+        super::apply_status(&apis.sandboxes, &name, &st).await?;
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Sets PodReady and Ready to False with one reason: the pod is not (yet) serving.
+fn not_ready(
+    st: &mut SandboxStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    for type_ in [POD_READY, READY] {
+        conditions::set(
+            &mut st.conditions,
+            type_,
+            false,
+            reason,
+            message,
+            generation,
+            now,
+        );
+    }
 }
 
 /// The node the next pod must land on: the one holding the workspace, if it still exists.
@@ -877,7 +838,7 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Action
         let mut st = sbx.status.clone().unwrap_or_default();
         st.phase = Some(SandboxPhase::Terminating);
         // Best effort: a failed status write must not block deletion.
-        if let Err(e) = patch_status(&apis.sandboxes, &name, &st).await {
+        if let Err(e) = super::apply_status(&apis.sandboxes, &name, &st).await {
             warn!(sandbox = %name, "could not mark the sandbox Terminating: {e}");
         }
     }
@@ -897,7 +858,7 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Action
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     if nodes.get_opt(&node).await?.is_none() {
         let msg = format!("node {node} is gone; its workspace directory cannot be removed");
-        publish(
+        super::publish(
             ctx,
             sbx,
             EventType::Warning,
@@ -934,7 +895,7 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Action
             }
             Some("Failed") => {
                 let msg = format!("removing the workspace on node {node} failed; retrying");
-                publish(
+                super::publish(
                     ctx,
                     sbx,
                     EventType::Warning,
@@ -981,44 +942,6 @@ fn is_owned_by(pod: &Pod, sbx: &Sandbox) -> bool {
 /// times, so an unchanged world compares equal).
 fn changed(old: &SandboxStatus, new: &SandboxStatus) -> bool {
     old != new
-}
-
-/// Server-side applies the whole status with the operator's field manager, so fields it stops
-/// setting are removed.
-async fn patch_status(api: &Api<Sandbox>, name: &str, st: &SandboxStatus) -> Result<(), Error> {
-    let body = serde_json::json!({
-        "apiVersion": Sandbox::api_version(&()),
-        "kind": Sandbox::kind(&()),
-        "status": st,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
-}
-
-async fn publish(
-    ctx: &Context,
-    sbx: &Sandbox,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: &str,
-) {
-    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: action.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, &sbx.object_ref(&())).await {
-        warn!(sandbox = %sbx.name_any(), "could not publish event {reason}: {e}");
-    }
 }
 
 /// The scope's execution guard as the Sandbox reports it: holder and since when, whether it is

@@ -19,17 +19,17 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::conditions;
 use super::pod::CONTAINER;
 use super::sandbox::{PodState, observe_pod};
-use super::{Context, Error, FIELD_MANAGER};
+use super::{Context, Error};
 use crate::crd::{
     DeletionPolicy, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
     SandboxSnapshotStatus, SnapshotPhase,
@@ -292,8 +292,8 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
                 None,
                 now,
             );
-            publish(ctx, snap, EventType::Warning, reason, "Snapshot", &message).await;
-            patch_status(&api, &name, &st).await?;
+            super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", &message).await;
+            super::apply_status(&api, &name, &st).await?;
             Ok(Action::await_change())
         }
         Plan::Wait(reason, message) => {
@@ -308,7 +308,7 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
                 now,
             );
             if st != old {
-                patch_status(&api, &name, &st).await?;
+                super::apply_status(&api, &name, &st).await?;
             }
             Ok(Action::requeue(Duration::from_secs(3)))
         }
@@ -384,7 +384,7 @@ async fn take(
                 None,
                 now,
             );
-            patch_status(&api, &name, &st).await?;
+            super::apply_status(&api, &name, &st).await?;
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
         Err(e) => return Err(Error::Guard(e)),
@@ -411,7 +411,7 @@ async fn take(
         None,
         now,
     );
-    patch_status(&api, &name, &st).await?;
+    super::apply_status(&api, &name, &st).await?;
 
     let pod_name = sbx
         .status
@@ -480,9 +480,9 @@ async fn take(
                 None,
                 now,
             );
-            patch_status(&api, &name, &st).await?;
+            super::apply_status(&api, &name, &st).await?;
             info!(snapshot = %name, namespace = %ns, "{msg}");
-            publish(ctx, snap, EventType::Normal, "Committed", "Snapshot", &msg).await;
+            super::publish(ctx, snap, EventType::Normal, "Committed", "Snapshot", &msg).await;
             if let Err(e) = apply_retention(ctx, &ns, sbx, &scope_key).await {
                 warn!(snapshot = %name, "retention: {e}");
             }
@@ -512,8 +512,8 @@ async fn take(
                 None,
                 now,
             );
-            publish(ctx, snap, EventType::Warning, reason, "Snapshot", &msg).await;
-            patch_status(&api, &name, &st).await?;
+            super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", &msg).await;
+            super::apply_status(&api, &name, &st).await?;
             Ok(Action::requeue(Duration::from_secs(5)))
         }
     }
@@ -820,47 +820,6 @@ pub async fn on_stop(ctx: &Context, sbx: &Sandbox) -> Result<OnStop, Error> {
                 Ok(OnStop::Wait)
             }
         }
-    }
-}
-
-/// Server-side applies the whole status.
-async fn patch_status(
-    api: &Api<SandboxSnapshot>,
-    name: &str,
-    st: &SandboxSnapshotStatus,
-) -> Result<(), Error> {
-    let body = serde_json::json!({
-        "apiVersion": SandboxSnapshot::api_version(&()),
-        "kind": SandboxSnapshot::kind(&()),
-        "status": st,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
-}
-
-async fn publish(
-    ctx: &Context,
-    snap: &SandboxSnapshot,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: &str,
-) {
-    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: action.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, &snap.object_ref(&())).await {
-        warn!(snapshot = %snap.name_any(), "could not publish event {reason}: {e}");
     }
 }
 
