@@ -306,32 +306,6 @@ fn snapshot_error_policy(_snap: Arc<SandboxSnapshot>, err: &Error, ctx: Arc<Cont
     Action::requeue(retry_after(err, rand::rng().random()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_pace() {
-        assert_eq!(
-            retry_after(&Error::CleanupPending, 0.9),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            retry_after(&Error::Init("x".into()), 0.0),
-            Duration::from_secs(5)
-        );
-        assert!(retry_after(&Error::Init("x".into()), 1.0) <= Duration::from_secs_f64(7.5));
-        assert_eq!(
-            retry_after(&Error::NotNamespaced, 0.0),
-            Duration::from_secs(300)
-        );
-        assert_eq!(
-            retry_after(&Error::SourceMissing("cm".into()), 0.0),
-            Duration::from_secs(30)
-        );
-    }
-}
-
 /// Server-side applies an object's whole status with the operator's field manager, so fields
 /// it stops setting are removed.
 pub(crate) async fn apply_status<K>(
@@ -376,5 +350,31 @@ pub(crate) async fn publish<K>(
     };
     if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
         warn!(object = %obj.name_any(), "could not publish event {reason}: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_pace() {
+        assert_eq!(
+            retry_after(&Error::CleanupPending, 0.9),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            retry_after(&Error::Init("x".into()), 0.0),
+            Duration::from_secs(5)
+        );
+        assert!(retry_after(&Error::Init("x".into()), 1.0) <= Duration::from_secs_f64(7.5));
+        assert_eq!(
+            retry_after(&Error::NotNamespaced, 0.0),
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            retry_after(&Error::SourceMissing("cm".into()), 0.0),
+            Duration::from_secs(30)
+        );
     }
 }
