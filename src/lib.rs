@@ -9,8 +9,11 @@ pub mod controller;
 pub mod crd;
 pub mod exec;
 pub mod guard;
+pub mod kubeclient;
 pub mod labels;
 pub mod metrics;
 pub mod operator;
 pub mod server;
 pub mod snapshot;
+
+pub use kubeclient::kube_client;

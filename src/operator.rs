@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, Client};
+use kube::Api;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -42,7 +42,8 @@ pub enum OperatorError {
 
 /// Runs the operator until SIGTERM/SIGINT (Ok) or lost leadership (Err).
 pub async fn run(config: Config) -> Result<(), OperatorError> {
-    let client = Client::try_default().await.map_err(OperatorError::Client)?;
+    // kube's default stack with TCP_NODELAY (see crate::kubeclient).
+    let client = crate::kube_client().await.map_err(OperatorError::Client)?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agentbox::client::{ClientError, SandboxHandle, Sandboxes};
-use agentbox::crd::{Scope, ScopeKind};
+use agentbox::crd::{DeletionPolicy, Scope, ScopeKind};
 use agentbox::exec::{ExecEvent, ExecRequest};
 use agentbox::guard::GuardConfig;
 use clap::{Args, Parser, Subcommand};
@@ -126,6 +126,40 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Snapshot a sandbox's workspace (a new SandboxSnapshot); prints its name, and with
+    /// `--wait` its object key, digest and size once Ready.
+    Snapshot {
+        #[command(flatten)]
+        target: Target,
+        /// Snapshot name (default: `<sandbox>-<random>`).
+        #[arg(long = "as")]
+        snapshot: Option<String>,
+        /// Keep the stored tarball when the SandboxSnapshot is deleted.
+        #[arg(long)]
+        retain: bool,
+        /// Wait until the snapshot is Ready (fails with its reason if it fails).
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
+    },
+    /// Create a sandbox whose workspace is restored from a snapshot. The spec is copied from
+    /// the snapshot's source sandbox (which must still exist); the scope flags give another
+    /// scope, NAME another name (default: the scope's name).
+    Restore {
+        #[command(flatten)]
+        target: Target,
+        /// The SandboxSnapshot to restore.
+        #[arg(long = "from")]
+        from: String,
+        /// Wait until the new sandbox is Ready.
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
+    },
 }
 
 /// A failure: one line for the user.
@@ -154,7 +188,7 @@ fn code(c: i32) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Fail> {
-    let client = kube::Client::try_default().await?;
+    let client = agentbox::kube_client().await?;
     let ns = cli
         .namespace
         .clone()
@@ -214,6 +248,29 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             shell(&h).await
         }
         Cmd::Cp { src, dst } => cp(&sbx, &src, &dst).await,
+        Cmd::Snapshot {
+            target,
+            snapshot: name,
+            retain,
+            wait,
+            timeout,
+        } => {
+            let wait = wait
+                .then(|| Duration::try_from_secs_f64(timeout))
+                .transpose()?;
+            snapshot(&sbx, &target, name.as_deref(), retain, wait).await
+        }
+        Cmd::Restore {
+            target,
+            from,
+            wait,
+            timeout,
+        } => {
+            let wait = wait
+                .then(|| Duration::try_from_secs_f64(timeout))
+                .transpose()?;
+            restore(&sbx, &target, &from, wait).await
+        }
         Cmd::Lock {
             target,
             wait,
@@ -243,6 +300,76 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             }
         }
     }
+}
+
+async fn snapshot(
+    sbx: &Sandboxes,
+    target: &Target,
+    name: Option<&str>,
+    retain: bool,
+    wait: Option<Duration>,
+) -> Result<ExitCode, Fail> {
+    let h = open(sbx, target).await?;
+    let policy = if retain {
+        DeletionPolicy::Retain
+    } else {
+        DeletionPolicy::Delete
+    };
+    let created = h.snapshot(name, policy).await?;
+    let snap_name = created.metadata.name.clone().unwrap_or_default();
+    let Some(wait) = wait else {
+        println!("{snap_name}");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let s = sbx.wait_snapshot(&snap_name, wait).await?;
+    let st = s.status.unwrap_or_default();
+    println!("{:<40} {:<64} {:>12} OBJECT", "NAME", "SHA256", "BYTES");
+    println!(
+        "{:<40} {:<64} {:>12} {}",
+        snap_name,
+        st.sha256.as_deref().unwrap_or("-"),
+        st.size_bytes
+            .map(|b| b.to_string())
+            .unwrap_or_else(|| "-".into()),
+        st.object_key.as_deref().unwrap_or("-"),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn restore(
+    sbx: &Sandboxes,
+    target: &Target,
+    from: &str,
+    wait: Option<Duration>,
+) -> Result<ExitCode, Fail> {
+    let snap = sbx.get_snapshot(from).await?;
+    let source = &snap.spec.sandbox_ref.name;
+    let src = sbx.open(source).await.map_err(|e| {
+        Fail(format!(
+            "snapshot {from}: its sandbox {source} is needed for the spec to copy: {e}"
+        ))
+    })?;
+    let mut spec = src.sandbox().spec.clone();
+    if !target.scope.is_empty() {
+        spec.scope = target.scope.scope()?;
+    }
+    let mut h = match sbx
+        .create_restored(target.name.as_deref(), spec, from)
+        .await
+    {
+        Err(ClientError::Kube(kube::Error::Api(s))) if s.code == 409 => {
+            return Err(Fail(format!(
+                "a sandbox of that name exists (give another NAME, or other scope flags): {}",
+                s.message
+            )));
+        }
+        r => r?,
+    };
+    if let Some(wait) = wait {
+        h.wait_ready(wait).await?;
+    }
+    print_sandboxes(&[h.sandbox().clone()]);
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn open(sbx: &Sandboxes, t: &Target) -> Result<SandboxHandle, Fail> {

@@ -8,7 +8,7 @@
 //! use agentbox::exec::ExecRequest;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = kube::Client::try_default().await?;
+//! let client = agentbox::kube_client().await?;
 //! let sandboxes = Sandboxes::new(client, "agents");
 //! let scope = Scope {
 //!     kind: ScopeKind::User,
@@ -45,6 +45,7 @@
 //! ```
 
 mod files;
+mod snapshots;
 
 pub use files::{DirEntry, EntryKind, PathError, Workspace, confine};
 

@@ -1,0 +1,288 @@
+//! Exec and guard latency against one bare pod on the local cluster (not a test).
+//!
+//! `eval "$(hack/cluster env)"; cargo bench --bench exec` (release build). In one run, against
+//! one pod in a temporary namespace, it measures one-shot `true`:
+//! - through `agentbox::exec::run` with kube's default client and with
+//!   [`agentbox::kube_client`] (TCP_NODELAY), interleaved sample by sample;
+//! - through `kubectl exec` (`$KUBECTL`, a process per command);
+//! - through the Python `kubernetes` client in-process (`benches/exec_python.py`; needs
+//!   `pip install kubernetes`, skipped with a note if missing);
+//!
+//! and the persistent session's per-command latency, guard acquire/release latency, and the
+//! guard's throughput with 8 contending clients. `BENCH_N` samples each (default 200),
+//! `BENCH_GUARD_SECS` of contention (default 10).
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use agentbox::exec::{self, ExecRequest, SANDBOX_CONTAINER, session::Session};
+use agentbox::guard::{self, GuardConfig};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::conditions::is_pod_running;
+use kube::runtime::wait::await_condition;
+use serde_json::json;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const POD: &str = "box";
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// (p50, p95) in milliseconds.
+fn stats(v: &mut [Duration]) -> (f64, f64) {
+    v.sort();
+    let pick = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize].as_secs_f64() * 1e3;
+    (pick(0.5), pick(0.95))
+}
+
+/// Deletes the namespace when the bench ends, also on an error.
+struct Cleanup(Client, String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let nss: Api<Namespace> = Api::all(self.0.clone());
+        let name = self.1.clone();
+        // The runtime is still alive while `main`'s future drops its locals.
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async move {
+                let _ = nss.delete(&name, &DeleteParams::default()).await;
+            })
+        });
+    }
+}
+
+async fn start_pod(client: &Client, ns: &str) -> Res<Api<Pod>> {
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let mut obj = Namespace::default();
+    obj.metadata.name = Some(ns.to_string());
+    nss.create(&PostParams::default(), &obj).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": POD},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": SANDBOX_CONTAINER,
+                "image": "agentbox/base:v1",
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; mkdir -p /workspace; while :; do sleep 3600 & wait; done"],
+            }],
+        },
+    }))?;
+    // The namespace's default ServiceAccount appears shortly after the namespace.
+    let mut created = pods.create(&PostParams::default(), &pod).await;
+    for _ in 0..50 {
+        if created.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        created = pods.create(&PostParams::default(), &pod).await;
+    }
+    created?;
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        await_condition(pods.clone(), POD, is_pod_running()),
+    )
+    .await??;
+    Ok(pods)
+}
+
+async fn exec_true(pods: &Api<Pod>) -> Res<Duration> {
+    let t = Instant::now();
+    let out = exec::run(pods, POD, SANDBOX_CONTAINER, ExecRequest::argv(["true"])).await?;
+    let d = t.elapsed();
+    if !out.success() {
+        return Err(format!("true failed: {out:?}").into());
+    }
+    Ok(d)
+}
+
+fn kubectl_exec(kubectl: &str, ns: &str) -> Res<Duration> {
+    let t = Instant::now();
+    let st = Command::new(kubectl)
+        .args(["-n", ns, "exec", POD, "-c", SANDBOX_CONTAINER, "--", "true"])
+        .stdin(Stdio::null())
+        .status()?;
+    let d = t.elapsed();
+    if !st.success() {
+        return Err(format!("kubectl exec: {st}").into());
+    }
+    Ok(d)
+}
+
+/// `n` one-shot execs from one Python process (after its own warm-up); the samples.
+fn python_exec(ns: &str, n: u64) -> Result<Vec<Duration>, String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/exec_python.py");
+    let out = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+        .args([script, ns, POD, SANDBOX_CONTAINER, &n.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("").to_string();
+        return Err(format!("python: {last}"));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(v["samples_ms"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(serde_json::Value::as_f64)
+                .map(|ms| Duration::from_secs_f64(ms / 1e3))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// 8 clients, each with its own connection, taking and releasing one lease for `secs`.
+async fn guard_contention(ns: &str, secs: u64) -> Res<(u64, f64)> {
+    let total = Arc::new(AtomicU64::new(0));
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let client = agentbox::kube_client().await?;
+        let total = total.clone();
+        let leases: Api<Lease> = Api::namespaced(client, ns);
+        tasks.push(tokio::spawn(async move {
+            let cfg = GuardConfig::default();
+            while Instant::now() < stop {
+                let g = guard::acquire(
+                    &leases,
+                    "bench-contended",
+                    BTreeMap::new(),
+                    &cfg,
+                    Some(Duration::from_secs(30)),
+                )
+                .await?;
+                total.fetch_add(1, Ordering::Relaxed);
+                g.release().await?;
+            }
+            Ok::<_, guard::GuardError>(())
+        }));
+    }
+    let started = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    let n = total.load(Ordering::Relaxed);
+    Ok((n, n as f64 / started.elapsed().as_secs_f64()))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Res<()> {
+    let n = env_num("BENCH_N", 200);
+    let guard_secs = env_num("BENCH_GUARD_SECS", 10);
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let default_client = Client::try_default().await?;
+    let nodelay_client = agentbox::kube_client().await?;
+    let ns = format!("bench-exec-{}", std::process::id());
+    let _cleanup = Cleanup(default_client.clone(), ns.clone());
+    start_pod(&default_client, &ns).await?;
+    let pods_default: Api<Pod> = Api::namespaced(default_client.clone(), &ns);
+    let pods_nodelay: Api<Pod> = Api::namespaced(nodelay_client.clone(), &ns);
+    eprintln!("pod {ns}/{POD} running; {n} samples each");
+
+    // Warm-up: connections, TLS sessions, the API server's and kubelet's caches.
+    for _ in 0..5 {
+        exec_true(&pods_default).await?;
+        exec_true(&pods_nodelay).await?;
+    }
+    // Four rounds, so that load drifting on the machine hits every client alike: Rust with
+    // both clients (interleaved sample by sample), then a Python process.
+    let (mut a0, mut a1) = (Vec::new(), Vec::new());
+    let mut py: Result<Vec<Duration>, String> = Ok(Vec::new());
+    let rounds = 4;
+    for _ in 0..rounds {
+        for _ in 0..n.div_ceil(rounds) {
+            a0.push(exec_true(&pods_default).await?);
+            a1.push(exec_true(&pods_nodelay).await?);
+        }
+        if let Ok(v) = &mut py {
+            match python_exec(&ns, n.div_ceil(rounds)) {
+                Ok(s) => v.extend(s),
+                Err(e) => py = Err(e),
+            }
+        }
+    }
+
+    let mut k = Vec::new();
+    kubectl_exec(&kubectl, &ns)?;
+    for _ in 0..n.min(100) {
+        k.push(kubectl_exec(&kubectl, &ns)?);
+    }
+
+    let session = Session::new(pods_nodelay.clone(), POD, SANDBOX_CONTAINER);
+    session.start().await?;
+    for _ in 0..20 {
+        session.run(ExecRequest::argv(["true"])).await?;
+    }
+    let mut s = Vec::new();
+    for _ in 0..n.max(500) {
+        let t = Instant::now();
+        let out = session.run(ExecRequest::argv(["true"])).await?;
+        s.push(t.elapsed());
+        if !out.success() {
+            return Err(format!("session true failed: {out:?}").into());
+        }
+    }
+    session.close().await;
+
+    let leases: Api<Lease> = Api::namespaced(nodelay_client.clone(), &ns);
+    let cfg = GuardConfig::default();
+    let (mut acq, mut rel) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t = Instant::now();
+        let g = guard::acquire(&leases, "bench-solo", BTreeMap::new(), &cfg, None).await?;
+        acq.push(t.elapsed());
+        let t = Instant::now();
+        g.release().await?;
+        rel.push(t.elapsed());
+    }
+    let (entries, per_sec) = guard_contention(&ns, guard_secs).await?;
+
+    let row = |what: &str, (p50, p95): (f64, f64)| {
+        println!("{what:<58} {p50:>9.2} {p95:>9.2}");
+    };
+    println!();
+    println!(
+        "{:<58} {:>9} {:>9}",
+        "one-shot exec `true` (ms)", "p50", "p95"
+    );
+    row(
+        "agentbox exec::run, kube default client (Nagle on)",
+        stats(&mut a0),
+    );
+    row(
+        "agentbox exec::run, agentbox::kube_client (TCP_NODELAY)",
+        stats(&mut a1),
+    );
+    row("kubectl exec (process per command)", stats(&mut k));
+    match py {
+        Ok(mut p) => row("python kubernetes client, in-process", stats(&mut p)),
+        Err(e) => println!(
+            "{:<58} skipped: {e}",
+            "python kubernetes client, in-process"
+        ),
+    }
+    row("persistent session, per command", stats(&mut s));
+    row("guard acquire (uncontended)", stats(&mut acq));
+    row("guard release", stats(&mut rel));
+    println!(
+        "guard, 8 contending clients for {guard_secs}s (retry {:?} ±50%): {entries} entries, {per_sec:.1}/s",
+        cfg.retry_interval
+    );
+    Ok(())
+}

@@ -1,0 +1,343 @@
+//! `agentbox::client` and the `agentbox` CLI against the real local cluster, with the operator
+//! running: get-or-create races, waiting for Ready (and failing fast), exec and files through
+//! the handle, the scope guard's fencing tokens, and the CLI's exit codes and lookups.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agentbox::client::{ClientError, EntryKind, Sandboxes};
+use agentbox::crd::{SandboxPhase, SandboxSpec, Scope, ScopeKind};
+use agentbox::exec::ExecRequest;
+use agentbox::guard::GuardConfig;
+use common::TestEnv;
+use serde_json::json;
+
+fn scope(agent: &str, user: &str) -> Scope {
+    Scope {
+        kind: ScopeKind::User,
+        agent: Some(agent.into()),
+        user: Some(user.into()),
+        session: None,
+    }
+}
+
+fn template(scope: &Scope, extra: serde_json::Value) -> SandboxSpec {
+    let mut spec = json!({
+        "image": common::BASE_IMAGE,
+        "imagePullPolicy": "Never",
+        "scope": scope,
+    });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(spec).expect("sandbox spec")
+}
+
+/// Runs the CLI against the test namespace: (exit code, stdout, stderr).
+fn cli(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentbox"))
+        .args(["-n", &env.ns])
+        .args(args)
+        .output()
+        .expect("run agentbox");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn get_or_create_race_wait_ready_exec_files_guard_and_cli() {
+    let mut env = TestEnv::new("client").await;
+    env.start_operator(&[]);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+    let sc = scope("clitest", "alice");
+
+    // Two harnesses racing for one scope get one Sandbox.
+    let (a, b) = tokio::join!(
+        sbxs.get_or_create(&sc, template(&sc, json!({}))),
+        sbxs.get_or_create(&sc, template(&sc, json!({}))),
+    );
+    let (mut a, b) = (
+        a.expect("first get_or_create"),
+        b.expect("second get_or_create"),
+    );
+    assert_eq!(a.name(), b.name());
+    assert_eq!(a.sandbox().metadata.uid, b.sandbox().metadata.uid);
+    assert!(a.sandbox().metadata.uid.is_some());
+    let all = sbxs.list(None).await.expect("list");
+    assert_eq!(all.len(), 1, "one sandbox for the scope");
+    assert_eq!(
+        agentbox::labels::sandbox_name_for_scope(&sc),
+        a.name(),
+        "deterministic name"
+    );
+    // A third call after the fact returns the same object too.
+    let c = sbxs
+        .get_or_create(&sc, template(&sc, json!({})))
+        .await
+        .expect("third get_or_create");
+    assert_eq!(c.sandbox().metadata.uid, a.sandbox().metadata.uid);
+
+    a.wait_ready(Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("wait_ready: {e}\n{}", env.operator_logs()));
+    assert_eq!(a.phase(), Some(SandboxPhase::Ready));
+    let name = a.name().to_string();
+
+    // Exec runs in the workspace root by default.
+    let out = a
+        .exec(ExecRequest::shell("pwd; echo err >&2; exit 3").timeout(Duration::from_secs(30)))
+        .await
+        .expect("exec");
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.stdout_str().trim(), a.workspace_root());
+    assert_eq!(out.stderr_str().trim(), "err");
+
+    // Files: write (creating parents), read back, list.
+    a.write_file("notes/deep/todo.txt", "ship it\n")
+        .await
+        .expect("write_file");
+    assert_eq!(
+        a.read_file("notes/deep/todo.txt").await.expect("read_file"),
+        b"ship it\n"
+    );
+    let bin: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    a.write_file("blob.bin", bin.clone()).await.expect("write");
+    assert_eq!(a.read_file("blob.bin").await.expect("read"), bin);
+    let listing = a.list_dir("notes").await.expect("list_dir");
+    assert!(
+        listing
+            .iter()
+            .any(|e| e.name == "deep" && e.kind == EntryKind::Dir),
+        "{listing:?}"
+    );
+    let deep = a.list_dir("notes/deep").await.expect("list_dir deep");
+    let todo = deep.iter().find(|e| e.name == "todo.txt").expect("todo");
+    assert_eq!((todo.kind, todo.size), (EntryKind::File, 8));
+    // The file is where a plain exec in the workspace sees it.
+    let cat = a
+        .exec(ExecRequest::argv(["cat", "notes/deep/todo.txt"]))
+        .await
+        .expect("cat");
+    assert_eq!(cat.stdout_str(), "ship it\n");
+    assert!(matches!(
+        a.read_file("../etc/passwd").await,
+        Err(ClientError::Path(_))
+    ));
+
+    // The guard's fencing token increases with each holder.
+    let cfg = GuardConfig::with_duration(Duration::from_secs(5));
+    let g1 = a
+        .guard_with(&cfg, Some(Duration::from_secs(60)))
+        .await
+        .expect("guard 1");
+    let t1 = g1.token();
+    let inside = g1
+        .run(a.exec(ExecRequest::argv(["true"])))
+        .await
+        .expect("guard held");
+    assert!(inside.expect("exec under guard").success());
+    g1.release().await.expect("release 1");
+    let g2 = b
+        .guard_with(&cfg, Some(Duration::from_secs(60)))
+        .await
+        .expect("guard 2");
+    let t2 = g2.token();
+    g2.release().await.expect("release 2");
+    let g3 = a
+        .guard_with(&cfg, Some(Duration::from_secs(60)))
+        .await
+        .expect("guard 3");
+    let t3 = g3.token();
+    g3.release().await.expect("release 3");
+    assert!(t1 < t2 && t2 < t3, "fencing tokens {t1} < {t2} < {t3}");
+
+    // The CLI: exit codes pass through.
+    let (code, _, err) = cli(&env, &["exec", &name, "--", "sh", "-c", "exit 42"]);
+    assert_eq!(code, Some(42), "{err}");
+    let (code, out, err) = cli(&env, &["exec", &name, "--", "cat", "notes/deep/todo.txt"]);
+    assert_eq!((code, out.as_str()), (Some(0), "ship it\n"), "{err}");
+    // By scope flags instead of the name.
+    let (code, out, err) = cli(
+        &env,
+        &["exec", "--agent", "clitest", "--user", "alice", "--", "pwd"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), a.workspace_root());
+    let (code, _, err) = cli(&env, &["exec", "--lock", &name, "--", "true"]);
+    assert_eq!(code, Some(0), "{err}");
+
+    // get / list find it (the Sandbox carries its scope labels).
+    let (code, out, err) = cli(&env, &["get", &name]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&name) && out.contains("Ready"), "{out}");
+    let (code, out, err) = cli(&env, &["list", "--agent", "clitest"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&name), "list --agent: {out}");
+    let (code, out, err) = cli(&env, &["list", "--agent", "someone-else"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains(&name), "list --agent other: {out}");
+
+    // An error is one line on stderr with a non-zero exit.
+    let (code, out, err) = cli(&env, &["exec", "no-such-sandbox", "--", "true"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(
+        err.starts_with("agentbox: ") && err.contains("no-such-sandbox"),
+        "{err}"
+    );
+    let (code, _, err) = cli(&env, &["get", "no-such-sandbox"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn wait_ready_fails_fast_with_the_condition_reason() {
+    let mut env = TestEnv::new("client-fail").await;
+    env.start_operator(&[]);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+    let sc = scope("clitest", "bob");
+    // A host mount outside the operator's allowed prefixes: admitted, then refused (Failed).
+    let spec = template(
+        &sc,
+        json!({"workspace": {"mounts": [{"path": "data", "hostPath": "/etc"}]}}),
+    );
+    let mut h = sbxs.get_or_create(&sc, spec).await.expect("create");
+    let started = Instant::now();
+    let err = h
+        .wait_ready(Duration::from_secs(120))
+        .await
+        .expect_err("cannot become Ready");
+    let took = started.elapsed();
+    match &err {
+        ClientError::Failed {
+            name,
+            reason,
+            message,
+        } => {
+            assert_eq!(name, h.name());
+            assert_eq!(reason, "InvalidSpec", "{message}");
+            assert!(message.contains("/etc"), "{message}");
+        }
+        other => panic!("expected Failed, got {other}"),
+    }
+    assert!(took < Duration::from_secs(30), "failed fast: {took:?}");
+    // Open by name sees the same, and a missing sandbox is NotFound.
+    let mut again = sbxs.open(h.name()).await.expect("open");
+    assert!(matches!(
+        again.wait_ready(Duration::from_secs(5)).await,
+        Err(ClientError::Failed { .. })
+    ));
+    assert!(matches!(
+        sbxs.open("nope").await,
+        Err(ClientError::NotFound(_))
+    ));
+    // A sandbox still starting, with a tiny timeout: NotReady, not Failed.
+    let sc2 = scope("clitest", "carol");
+    let mut slow = sbxs
+        .get_or_create(&sc2, template(&sc2, json!({})))
+        .await
+        .expect("create");
+    match slow.wait_ready(Duration::from_millis(1)).await {
+        Err(ClientError::NotReady { .. }) => {}
+        Err(other) => panic!("expected NotReady, got {other}"),
+        Ok(()) => panic!("Ready within a millisecond"),
+    }
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn cli_snapshot_and_restore_into_a_new_sandbox() {
+    let mut env = TestEnv::new("client-snap").await;
+    // A file store on the node's host (the test operator runs there).
+    let dir = format!("/var/lib/agentbox/test-snapshots/{}", env.ns);
+    env.start_operator(&[
+        "--store-url",
+        &format!("file://{dir}"),
+        "--store-prefix",
+        "snaps",
+    ]);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+    let sc = scope("clitest", "dave");
+    let mut h = sbxs
+        .get_or_create(&sc, template(&sc, json!({"snapshot": {"restore": "None"}})))
+        .await
+        .expect("create");
+    h.wait_ready(Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("wait_ready: {e}\n{}", env.operator_logs()));
+    h.write_file("work/result.txt", "42\n")
+        .await
+        .expect("write");
+    let name = h.name().to_string();
+
+    let (code, out, err) = cli(&env, &["snapshot", &name, "--as", "s1", "--wait"]);
+    assert_eq!(code, Some(0), "{out}{err}\n{}", env.operator_logs());
+    let row = out.lines().nth(1).unwrap_or_default().to_string();
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols.first(), Some(&"s1"), "{out}");
+    let snap = sbxs.get_snapshot("s1").await.expect("snapshot");
+    let st = snap.status.clone().expect("status");
+    assert_eq!(cols.get(1).copied(), st.sha256.as_deref(), "{out}");
+    assert_eq!(
+        cols.get(2).and_then(|b| b.parse::<i64>().ok()),
+        st.size_bytes,
+        "{out}"
+    );
+    // Without --wait it prints the generated name at once.
+    let (code, out, err) = cli(&env, &["snapshot", &name]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.trim().starts_with(&format!("{name}-")), "{out}");
+
+    // Restore into a new sandbox of the same scope under another name.
+    let (code, out, err) = cli(&env, &["restore", "copy", "--from", "s1", "--wait"]);
+    assert_eq!(code, Some(0), "{out}{err}\n{}", env.operator_logs());
+    assert!(out.contains("copy") && out.contains("Ready"), "{out}");
+    let copy = sbxs.open("copy").await.expect("open copy");
+    assert_eq!(
+        copy.read_file("work/result.txt")
+            .await
+            .expect("restored file"),
+        b"42\n"
+    );
+    let restored_from = copy
+        .sandbox()
+        .status
+        .as_ref()
+        .and_then(|s| s.restored_from.clone());
+    assert_eq!(restored_from.as_deref(), Some("s1"));
+    // The same name again: one clear line.
+    let (code, _, err) = cli(&env, &["restore", "copy", "--from", "s1"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    // An unknown snapshot: one clear line.
+    let (code, _, err) = cli(&env, &["restore", "other", "--from", "nope"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("nope") && err.lines().count() == 1, "{err:?}");
+
+    // Snapshots have finalizers the operator runs: delete them while it is still up.
+    let snaps: kube::Api<agentbox::crd::SandboxSnapshot> = env.api();
+    let _ = snaps
+        .delete_collection(&Default::default(), &Default::default())
+        .await;
+    for _ in 0..300 {
+        if snaps
+            .list(&Default::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.finish().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
