@@ -217,10 +217,9 @@ pub fn build_deny_egress(sbx: &Sandbox) -> NetworkPolicy {
 
 /// Name of the pod that removes a sandbox's workspace directory from its node.
 pub fn cleanup_pod_name(sbx: &Sandbox) -> String {
-    labels::bounded_name(
-        &format!("sbx-cleanup-{}", sbx.name_any()),
-        labels::MAX_LABEL,
-    )
+    // Named for this sandbox's uid, not its name: a leftover from an earlier sandbox of the
+    // same name is never taken for this one's.
+    format!("sbx-cleanup-{}", sbx.uid().unwrap_or_default())
 }
 
 /// A pod bound directly to `node` (no scheduling: it must run exactly there, even on a cordoned

@@ -47,9 +47,18 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         if !has_finalizer {
             return Ok(Action::await_change());
         }
-        cleanup(&sbx, &ctx).await?;
+        // The cache may trail the API server: a reconcile queued before the finalizer went
+        // would otherwise clean up again (and leave a cleanup pod behind). Act only on what
+        // the API server says now.
+        let Some(fresh) = api.get_opt(&name).await? else {
+            return Ok(Action::await_change());
+        };
+        if fresh.uid() != sbx.uid() || !fresh.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(Action::await_change());
+        }
+        cleanup(&fresh, &ctx).await?;
         // Applying our metadata without the finalizer removes it: we own that list entry.
-        apply_metadata(&api, &name, &sbx, false).await?;
+        apply_metadata(&api, &name, &fresh, false).await?;
         return Ok(Action::await_change());
     }
     let labels = labels::scope_labels(&sbx.spec.scope);

@@ -41,10 +41,10 @@
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
-# Leases: the per-scope execution guard, taken (create, or a conditional update) around snapshots and restores, so they never race a harness.
+# Leases: per-scope guards; watched for the Guarded condition, taken (create/conditional update) around snapshots and restores, deleted with a scope's last sandbox.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "create", "update"]
+  verbs: ["get", "list", "watch", "create", "update", "delete"]
 # Events: what the operator did and why, on each Sandbox (created, then patched when an event repeats as a series).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
