@@ -531,6 +531,31 @@ async fn invalid_specs_are_refused_with_clear_messages_and_get_no_pod() {
         "{evs:?}"
     );
     env.wait_for::<Sandbox>("ok", 120, phase_is("Ready")).await;
+
+    // A file whose ConfigMap does not exist: the pod runs, the workspace is not initialised,
+    // and the condition names what is missing.
+    let missing = json!({"workspace": {"files": [{"path": "cfg", "contentFrom": {"configMapKeyRef": {"name": "absent", "key": "k"}}}]}});
+    create_sandbox(&env, "nocm", with(missing)).await.unwrap();
+    let sbx = env
+        .wait_for::<Sandbox>("nocm", 120, |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "WorkspaceReady" && c.reason == "SourceMissing")
+            })
+        })
+        .await;
+    let c = status(&sbx)
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "WorkspaceReady")
+        .unwrap();
+    assert!(
+        c.message.contains("ConfigMap absent not found"),
+        "{}",
+        c.message
+    );
+    assert_ne!(status(&sbx).phase, Some(SandboxPhase::Ready));
     assert!(
         env.sandbox_pods("mount").await.is_empty(),
         "no pod for the refused spec"

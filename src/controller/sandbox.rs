@@ -636,54 +636,39 @@ async fn resolve_files(sbx: &Sandbox, ctx: &Context) -> Result<Vec<FileEntry>, E
         let data = match (&f.content, &f.content_from) {
             (Some(c), _) => c.clone().into_bytes(),
             (None, Some(src)) => {
-                if let Some(r) = &src.config_map_key_ref {
-                    if !cm_cache.contains_key(&r.name) {
-                        cm_cache.insert(r.name.clone(), cms.get_opt(&r.name).await?);
-                    }
-                    let cm = cm_cache
-                        .get(&r.name)
-                        .and_then(Option::as_ref)
-                        .ok_or_else(|| {
-                            Error::SourceMissing(format!(
-                                "file {:?}: ConfigMap {} not found",
-                                f.path, r.name
-                            ))
-                        })?;
-                    config_map_value(cm, &r.key).ok_or_else(|| {
-                        Error::SourceMissing(format!(
-                            "file {:?}: ConfigMap {} has no key {}",
-                            f.path, r.name, r.key
-                        ))
-                    })?
+                // Outer None: the object is missing; inner None: it lacks the key.
+                let (kind, r, value) = if let Some(r) = &src.config_map_key_ref {
+                    let cm = cached(&cms, &mut cm_cache, &r.name).await?;
+                    ("ConfigMap", r, cm.map(|cm| config_map_value(cm, &r.key)))
                 } else if let Some(r) = &src.secret_key_ref {
-                    if !secret_cache.contains_key(&r.name) {
-                        secret_cache.insert(r.name.clone(), secrets.get_opt(&r.name).await?);
-                    }
-                    let secret = secret_cache
-                        .get(&r.name)
-                        .and_then(Option::as_ref)
-                        .ok_or_else(|| {
-                            Error::SourceMissing(format!(
-                                "file {:?}: Secret {} not found",
-                                f.path, r.name
-                            ))
-                        })?;
-                    secret
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get(&r.key))
-                        .map(|b| b.0.clone())
-                        .ok_or_else(|| {
-                            Error::SourceMissing(format!(
-                                "file {:?}: Secret {} has no key {}",
-                                f.path, r.name, r.key
-                            ))
-                        })?
+                    let secret = cached(&secrets, &mut secret_cache, &r.name).await?;
+                    let value = secret.map(|s| {
+                        s.data
+                            .as_ref()
+                            .and_then(|d| d.get(&r.key))
+                            .map(|b| b.0.clone())
+                    });
+                    ("Secret", r, value)
                 } else {
                     return Err(Error::SourceMissing(format!(
                         "file {:?} has no source",
                         f.path
                     )));
+                };
+                match value {
+                    None => {
+                        return Err(Error::SourceMissing(format!(
+                            "file {:?}: {kind} {} not found",
+                            f.path, r.name
+                        )));
+                    }
+                    Some(None) => {
+                        return Err(Error::SourceMissing(format!(
+                            "file {:?}: {kind} {} has no key {}",
+                            f.path, r.name, r.key
+                        )));
+                    }
+                    Some(Some(v)) => v,
                 }
             }
             (None, None) => {
@@ -701,6 +686,21 @@ async fn resolve_files(sbx: &Sandbox, ctx: &Context) -> Result<Vec<FileEntry>, E
         });
     }
     Ok(out)
+}
+
+/// Reads an object once per reconcile: later files naming it use the first read.
+async fn cached<'a, K>(
+    api: &Api<K>,
+    cache: &'a mut BTreeMap<String, Option<K>>,
+    name: &str,
+) -> Result<Option<&'a K>, Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if !cache.contains_key(name) {
+        cache.insert(name.to_string(), api.get_opt(name).await?);
+    }
+    Ok(cache.get(name).and_then(Option::as_ref))
 }
 
 fn config_map_value(cm: &ConfigMap, key: &str) -> Option<Vec<u8>> {
