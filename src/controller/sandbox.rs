@@ -71,6 +71,23 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
     apply(&sbx, &ctx).await
 }
 
+/// Writes the status and publishes an Event about the transition, both only when the status
+/// changed: a sandbox stuck in one state costs no writes on each retry.
+async fn write_transition(
+    ctx: &Context,
+    sbx: &Sandbox,
+    api: &Api<Sandbox>,
+    old: &SandboxStatus,
+    st: &SandboxStatus,
+    (type_, reason, action, note): (EventType, &str, &str, &str),
+) -> Result<(), Error> {
+    if old == st {
+        return Ok(());
+    }
+    super::publish(ctx, sbx, type_, reason, action, note).await;
+    super::apply_status(api, &sbx.name_any(), st).await
+}
+
 /// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,
 /// while it lives, the finalizer.
 async fn apply_metadata(
@@ -171,18 +188,15 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             generation,
             now,
         );
-        if changed(&old, &st) {
-            super::publish(
-                ctx,
-                sbx,
-                EventType::Warning,
-                "InvalidSpec",
-                "Validate",
-                &message,
-            )
-            .await;
-            super::apply_status(&apis.sandboxes, &name, &st).await?;
-        }
+        write_transition(
+            ctx,
+            sbx,
+            &apis.sandboxes,
+            &old,
+            &st,
+            (EventType::Warning, "InvalidSpec", "Validate", &message),
+        )
+        .await?;
         return Ok(Action::await_change());
     }
 
@@ -236,18 +250,20 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             generation,
             now,
         );
-        if changed(&old, &st) {
-            super::publish(
-                ctx,
-                sbx,
+        write_transition(
+            ctx,
+            sbx,
+            &apis.sandboxes,
+            &old,
+            &st,
+            (
                 EventType::Normal,
                 "Suspended",
                 "DeletePod",
                 "pod deleted; workspace kept",
-            )
-            .await;
-            super::apply_status(&apis.sandboxes, &name, &st).await?;
-        }
+            ),
+        )
+        .await?;
         return Ok(if gone {
             requeue.map_or_else(Action::await_change, Action::requeue)
         } else {
@@ -312,18 +328,15 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         let msg = format!("a pod named {pod_name} exists and does not belong to this sandbox");
         st.phase = Some(SandboxPhase::Failed);
         not_ready(&mut st, "PodNameConflict", &msg, generation, now);
-        if changed(&old, &st) {
-            super::publish(
-                ctx,
-                sbx,
-                EventType::Warning,
-                "PodNameConflict",
-                "CreatePod",
-                &msg,
-            )
-            .await;
-            super::apply_status(&apis.sandboxes, &name, &st).await?;
-        }
+        write_transition(
+            ctx,
+            sbx,
+            &apis.sandboxes,
+            &old,
+            &st,
+            (EventType::Warning, "PodNameConflict", "CreatePod", &msg),
+        )
+        .await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
     let desired_hash = pod::build_pod(sbx, &ctx.config.node_root, None)
@@ -421,18 +434,15 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                             generation,
                             now,
                         );
-                        if changed(&old, &st) {
-                            super::publish(
-                                ctx,
-                                sbx,
-                                EventType::Warning,
-                                reason,
-                                "InitWorkspace",
-                                &msg,
-                            )
-                            .await;
-                            super::apply_status(&apis.sandboxes, &name, &st).await?;
-                        }
+                        write_transition(
+                            ctx,
+                            sbx,
+                            &apis.sandboxes,
+                            &old,
+                            &st,
+                            (EventType::Warning, reason, "InitWorkspace", &msg),
+                        )
+                        .await?;
                         return Err(e);
                     }
                 }
