@@ -2,30 +2,15 @@
 //! `helm template` pass for the default and the notable value sets, every RBAC rule carries a
 //! comment saying why, every value is documented, and the values reach the operator's env.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn helm_bin() -> String {
-    if let Ok(h) = std::env::var("HELM") {
-        return h;
-    }
-    let cached = Path::new(&std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-        .join(".cache/agentbox/bin/helm");
-    if cached.exists() {
-        cached.to_string_lossy().into_owned()
-    } else {
-        "helm".into()
-    }
-}
+mod common;
+use common::{helm_bin, repo_root};
 
 fn helm(args: &[&str]) -> Result<String, String> {
     let out = Command::new(helm_bin())
         .args(args)
-        .current_dir(root())
+        .current_dir(repo_root())
         .output()
         .map_err(|e| format!("running helm: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -80,8 +65,9 @@ fn env_value(docs: &[serde_yaml::Value], name: &str) -> Option<String> {
 
 #[test]
 fn chart_crds_are_the_generated_crds() {
-    let generated = std::fs::read(root().join("crds/agentbox.yaml")).expect("crds/agentbox.yaml");
-    let chart = std::fs::read(root().join("charts/agentbox/crds/agentbox.yaml"))
+    let generated =
+        std::fs::read(repo_root().join("crds/agentbox.yaml")).expect("crds/agentbox.yaml");
+    let chart = std::fs::read(repo_root().join("charts/agentbox/crds/agentbox.yaml"))
         .expect("charts/agentbox/crds/agentbox.yaml");
     assert!(
         generated == chart,
@@ -237,7 +223,7 @@ fn values_reach_the_operator_environment() {
 /// (e.g. the fields of `resources`).
 #[test]
 fn every_value_is_documented() {
-    let text = std::fs::read_to_string(root().join("charts/agentbox/values.yaml")).unwrap();
+    let text = std::fs::read_to_string(repo_root().join("charts/agentbox/values.yaml")).unwrap();
     let mut documented_indent: Option<usize> = None;
     let mut prev = "";
     for line in text.lines() {

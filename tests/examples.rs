@@ -8,11 +8,11 @@ use std::process::Command;
 
 use agentbox::crd::{Sandbox, SandboxPhase, StartBranch};
 use agentbox::labels;
-use common::{TestEnv, phase_is, sh};
+use common::{TestEnv, phase_is, repo_root, sh};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 fn examples_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+    repo_root().join("examples")
 }
 
 fn kubectl() -> String {

@@ -9,12 +9,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agentbox::crd::{Sandbox, SandboxSnapshot, SnapshotPhase, StartBranch};
-use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is, sh, suffix};
+use common::{NODE_ROOT, TestEnv, create_sandbox, helm_bin, phase_is, repo_root, sh, suffix};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
@@ -27,23 +27,6 @@ use serde_json::json;
 
 /// The snapshot store directory of hack/values-local.yaml (a hostPath of the operator pod).
 const STORE_DIR: &str = "/var/lib/agentbox/helm-snapshots";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn helm_bin() -> String {
-    if let Ok(h) = std::env::var("HELM") {
-        return h;
-    }
-    let cached = Path::new(&std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-        .join(".cache/agentbox/bin/helm");
-    if cached.exists() {
-        cached.to_string_lossy().into_owned()
-    } else {
-        "helm".into()
-    }
-}
 
 /// Runs a command; panics with its output when it fails; returns stdout.
 fn run(cmd: &mut Command) -> String {
@@ -83,7 +66,7 @@ impl Release {
         run(Command::new(helm_bin())
             .args(args)
             .args(["-n", &self.ns])
-            .current_dir(root()))
+            .current_dir(repo_root()))
     }
 
     fn selector(&self) -> String {
@@ -414,7 +397,7 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     // AGENTBOX_OPERATOR_IMAGE: an image already in the cluster (skips hack/image).
     let image = match std::env::var("AGENTBOX_OPERATOR_IMAGE") {
         Ok(image) if !image.is_empty() => image,
-        _ => run(Command::new(root().join("hack/image")).current_dir(root()))
+        _ => run(Command::new(repo_root().join("hack/image")).current_dir(repo_root()))
             .lines()
             .last()
             .expect("hack/image prints the image")

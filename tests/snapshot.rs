@@ -12,7 +12,7 @@ use std::time::Duration;
 use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
 use agentbox::labels;
 use agentbox::snapshot::store::{Store, StoreConfig};
-use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is, sh};
+use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is, repo_root, sh};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -36,13 +36,13 @@ struct Backend {
 }
 
 fn s3_env() -> Vec<(String, String)> {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let up = std::process::Command::new(format!("{root}/hack/s3"))
+    let s3 = repo_root().join("hack/s3");
+    let up = std::process::Command::new(&s3)
         .arg("up")
         .status()
         .expect("run hack/s3 up");
     assert!(up.success(), "hack/s3 up failed");
-    let out = std::process::Command::new(format!("{root}/hack/s3"))
+    let out = std::process::Command::new(&s3)
         .arg("env")
         .output()
         .expect("run hack/s3 env");

@@ -273,6 +273,11 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
         store: ctx.store.is_some(),
     };
     let plan = decide(&observed);
+    if matches!(plan, Plan::Take { .. } | Plan::Fail(..)) && !is_current(&api, snap).await? {
+        // The cache lags our own last write (say, Ready): acting on it would take a finished
+        // snapshot again. The watch event of the newer version brings us back.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let now = Timestamp::now();
     let mut st = old.clone();
     match plan {
@@ -319,6 +324,13 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
             take(ctx, snap, &sbx, &store, clean_first, st).await
         }
     }
+}
+
+/// Whether the cached snapshot is the API server's current version (a fresh read), so a
+/// decision to take or fail it does not rest on a status this process already replaced.
+async fn is_current(api: &Api<SandboxSnapshot>, snap: &SandboxSnapshot) -> Result<bool, Error> {
+    let fresh = api.get_opt(&snap.name_any()).await?;
+    Ok(fresh.is_some_and(|f| f.metadata.resource_version == snap.metadata.resource_version))
 }
 
 /// The keys of a snapshot, from the scope key in its status or labels.
@@ -532,6 +544,9 @@ while [ "$i" -lt "$n" ]; do anc="$anc$1$nl"; shift; i=$((i+1)); done
 ex=".agentbox$nl"
 for m in "$@"; do ex="$ex$m$nl"; done
 cd "$root" || exit 1
+# A workspace without its marker was lost or never initialised: archiving it would pass off
+# an empty or partial tree as the sandbox's state.
+[ -f .agentbox/marker ] || { echo "the workspace has no agentbox marker (lost or not initialised)" >&2; exit 1; }
 listed() { case "$nl$2" in *"$nl$1$nl"*) return 0;; esac; return 1; }
 set --
 dirs=$anc
@@ -934,5 +949,58 @@ mod tests {
             tar_args("/w", &["data".into(), "./a/b/c/".into()]),
             vec!["/w", "2", "a", "a/b", "data", "a/b/c"]
         );
+    }
+
+    /// Runs [`TAR_SCRIPT`] with the host's `sh` and `tar` on a scratch workspace; returns the
+    /// exit status, the member names, and stderr.
+    fn run_tar_script(root: &std::path::Path, mounts: &[String]) -> (bool, Vec<String>, String) {
+        let out = std::process::Command::new("sh")
+            .args(["-c", TAR_SCRIPT, "sh"])
+            .args(tar_args(&root.to_string_lossy(), mounts))
+            .output()
+            .expect("run sh");
+        let mut names = Vec::new();
+        if out.status.success() {
+            let mut ar = tar::Archive::new(&out.stdout[..]);
+            for e in ar.entries().expect("entries") {
+                let e = e.expect("entry");
+                names.push(e.path().expect("path").to_string_lossy().into_owned());
+            }
+            names.sort();
+        }
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), names, err)
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("agentbox-tar-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    #[test]
+    fn tar_script_refuses_a_workspace_without_its_marker() {
+        let dir = scratch("nomarker");
+        std::fs::write(dir.join("f"), "x").expect("write");
+        let (ok, _, err) = run_tar_script(&dir, &[]);
+        assert!(!ok, "a workspace without a marker must not be archived");
+        assert!(err.contains("no agentbox marker"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tar_script_archives_all_but_its_own_dir_and_mounts() {
+        let dir = scratch("ok");
+        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
+        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
+        std::fs::create_dir_all(dir.join("a/mnt")).expect("mkdir");
+        std::fs::write(dir.join("a/mnt/secret"), "s").expect("write");
+        std::fs::write(dir.join("a/keep"), "k").expect("write");
+        std::fs::write(dir.join(".hidden"), "h").expect("write");
+        let (ok, names, err) = run_tar_script(&dir, &["a/mnt".into()]);
+        assert!(ok, "{err}");
+        assert_eq!(names, vec!["./.hidden", "./a/keep"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -15,6 +15,28 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition};
 use kube::{Client, ResourceExt};
 
+/// The repository root, read at run time: the test binaries may be cached in a target
+/// directory shared by several clones, so the compile-time path can name a clone that is gone.
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// The helm binary: `$HELM`, else the one `hack/cluster` caches, else `helm` on the PATH.
+pub fn helm_bin() -> String {
+    if let Ok(h) = std::env::var("HELM") {
+        return h;
+    }
+    let cached = PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+        .join(".cache/agentbox/bin/helm");
+    if cached.exists() {
+        cached.to_string_lossy().into_owned()
+    } else {
+        "helm".into()
+    }
+}
+
 /// The sandbox base image the test cluster imports.
 pub const BASE_IMAGE: &str = "agentbox/base:v1";
 /// Workspaces root the operator uses by default (the test operator runs on the node's host).
