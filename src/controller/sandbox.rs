@@ -18,7 +18,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
 use super::pod::{self, CONTAINER, SPEC_HASH};
@@ -294,15 +294,8 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         // A brand-new sandbox gets its first status from the pod's own progress (one write
         // fewer); one that had a pod must stop saying Ready at once.
         if old.phase.is_some() {
-            st.phase = Some(SandboxPhase::Pending);
             st.pod_name = Some(pod_name.clone());
-            not_ready(
-                &mut st,
-                "PodStarting",
-                "waiting for the sandbox pod to run",
-                generation,
-                now,
-            );
+            pod_starting(&mut st, generation, now);
         }
         if old.phase.is_some() && changed(&old, &st) {
             super::apply_status(&apis.sandboxes, &name, &st).await?;
@@ -368,23 +361,46 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
         st.node_name = Some(node);
     }
-    match state {
-        PodState::Ready => {
-            conditions::set(
-                &mut st.conditions,
-                POD_READY,
-                true,
-                "PodRunning",
-                "the sandbox container is running",
-                generation,
-                now,
-            );
+    // The kubelet reports a started container on its next relist, up to a second later; exec
+    // reaches the container runtime directly. So a bound pod whose container answers exec is
+    // initialised and served at once instead of after that report.
+    let early = state == PodState::Starting && may_answer_exec(&pod);
+    let mut starting = false;
+    // The start's Event goes out after the status write: Ready is what a harness waits for.
+    let mut started = None;
+    match (state, early) {
+        (PodState::Ready, _) | (PodState::Starting, true) => {
             let pod_uid = pod.uid().unwrap_or_default();
             let ws = st.workspace.clone().unwrap_or_default();
             let initialised_here = ws.initialized_pod_uid.as_deref() == Some(pod_uid.as_str());
-            if !initialised_here {
-                match init_workspace(sbx, ctx, &apis.pods, &pod_name, &ws).await {
-                    Ok((new_ws, decision)) => {
+            let init = if initialised_here {
+                Ok(None)
+            } else {
+                init_workspace(sbx, ctx, &apis.pods, &pod_name, &ws)
+                    .await
+                    .map(Some)
+            };
+            if early && init.as_ref().is_err_and(container_not_running) {
+                if let Err(e) = &init {
+                    debug!(sandbox = %name, "the container does not answer exec yet: {e}");
+                }
+                pod_starting(&mut st, generation, now);
+                starting = true;
+                let retry = early_retry(pod_age(&pod, now));
+                requeue = Some(requeue.map_or(retry, |r| r.min(retry)));
+            } else {
+                conditions::set(
+                    &mut st.conditions,
+                    POD_READY,
+                    true,
+                    "PodRunning",
+                    "the sandbox container is running",
+                    generation,
+                    now,
+                );
+                match init {
+                    Ok(None) => {}
+                    Ok(Some((new_ws, decision))) => {
                         st.workspace = Some(WorkspaceStatus {
                             initialized_pod_uid: Some(pod_uid),
                             ..new_ws
@@ -401,17 +417,10 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                             generation,
                             now,
                         );
-                        let note =
-                            format!("start branch {:?}: {}", decision.branch, decision.message);
-                        super::publish(
-                            ctx,
-                            sbx,
-                            EventType::Normal,
+                        started = Some((
                             decision.reason,
-                            "InitWorkspace",
-                            &note,
-                        )
-                        .await;
+                            format!("start branch {:?}: {}", decision.branch, decision.message),
+                        ));
                     }
                     Err(e) => {
                         let (reason, msg) = e.reason_and_message();
@@ -446,29 +455,23 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                         return Err(e);
                     }
                 }
+                st.phase = Some(SandboxPhase::Ready);
+                conditions::set(
+                    &mut st.conditions,
+                    READY,
+                    true,
+                    "Ready",
+                    "the sandbox accepts commands",
+                    generation,
+                    now,
+                );
             }
-            st.phase = Some(SandboxPhase::Ready);
-            conditions::set(
-                &mut st.conditions,
-                READY,
-                true,
-                "Ready",
-                "the sandbox accepts commands",
-                generation,
-                now,
-            );
         }
-        PodState::Starting => {
-            st.phase = Some(SandboxPhase::Pending);
-            not_ready(
-                &mut st,
-                "PodStarting",
-                "waiting for the sandbox pod to run",
-                generation,
-                now,
-            );
+        (PodState::Starting, false) => {
+            starting = true;
+            pod_starting(&mut st, generation, now);
         }
-        PodState::Problem { reason, message } => {
+        (PodState::Problem { reason, message }, _) => {
             st.phase = Some(SandboxPhase::Pending);
             not_ready(&mut st, &reason, &message, generation, now);
             if conditions::get(&old.conditions, POD_READY).map(|c| c.reason.as_str())
@@ -478,12 +481,30 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             }
         }
         // Ended pods were replaced above.
-        PodState::Ended(_) => {}
+        (PodState::Ended(_), _) => {}
+    }
+    if let Some(wait) = defer_first_status(old.phase, starting, pod_age(&pod, now)) {
+        return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
     }
     if changed(&old, &st) {
         super::apply_status(&apis.sandboxes, &name, &st).await?;
     }
+    if let Some((reason, note)) = started {
+        super::publish(ctx, sbx, EventType::Normal, reason, "InitWorkspace", &note).await;
+    }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Pending: the pod is on its way.
+fn pod_starting(st: &mut SandboxStatus, generation: Option<i64>, now: Timestamp) {
+    st.phase = Some(SandboxPhase::Pending);
+    not_ready(
+        st,
+        "PodStarting",
+        "waiting for the sandbox pod to run",
+        generation,
+        now,
+    );
 }
 
 /// Sets PodReady and Ready to False with one reason: the pod is not (yet) serving.
@@ -517,6 +538,9 @@ async fn pinned_node(ctx: &Context, st: &SandboxStatus) -> Result<Option<String>
 }
 
 /// Probes the marker, decides the branch, resolves file sources, and writes.
+///
+/// The probe carries no stdin: it is also what finds out whether a starting container runs
+/// yet, and an exec with stdin into one that does not can hang instead of failing.
 async fn init_workspace(
     sbx: &Sandbox,
     ctx: &Context,
@@ -566,32 +590,13 @@ async fn init_workspace(
     let writes =
         workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
     if !writes.is_empty() || !marker_present {
-        let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
-        let archive = workspace::archive(&writes.files, mtime)?;
-        let mut argv = vec![
-            "sh".to_string(),
-            "-c".into(),
-            workspace::SCRIPT.into(),
-            "sh".into(),
-        ];
-        argv.extend(workspace::script_args(&root, &uid, &writes));
-        let out = exec::run(
+        run_script(
             pods,
             pod_name,
-            CONTAINER,
-            ExecRequest::argv(argv)
-                .stdin(archive)
-                .timeout(INIT_TIMEOUT)
-                .max_output(16 * 1024),
+            workspace::script_args(&root, &uid, &writes),
+            &writes,
         )
         .await?;
-        if !out.status.success() {
-            return Err(Error::Init(format!(
-                "writing the workspace failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
     }
     let new_ws = WorkspaceStatus {
         root_ready: true,
@@ -600,6 +605,38 @@ async fn init_workspace(
         initialized_pod_uid: None,
     };
     Ok((new_ws, decision))
+}
+
+/// Runs the workspace script, with the archive of `writes` on stdin when it has files.
+async fn run_script(
+    pods: &Api<Pod>,
+    pod_name: &str,
+    args: Vec<String>,
+    writes: &workspace::Writes,
+) -> Result<(), Error> {
+    let mut argv = vec![
+        "sh".to_string(),
+        "-c".into(),
+        workspace::SCRIPT.into(),
+        "sh".into(),
+    ];
+    argv.extend(args);
+    let mut req = ExecRequest::argv(argv)
+        .timeout(INIT_TIMEOUT)
+        .max_output(16 * 1024);
+    if !writes.files.is_empty() {
+        let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
+        req = req.stdin(workspace::archive(&writes.files, mtime)?);
+    }
+    let out = exec::run(pods, pod_name, CONTAINER, req).await?;
+    if !out.status.success() {
+        return Err(Error::Init(format!(
+            "writing the workspace failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 /// The snapshot the restore policy points at: the named one, or the newest Ready snapshot
@@ -1021,6 +1058,68 @@ pub enum PodState {
     Ended(String),
 }
 
+/// Whether a starting pod's container may already answer exec: the pod is bound to a node,
+/// not terminating, and its container is not reported in any state but "being created".
+pub fn may_answer_exec(pod: &Pod) -> bool {
+    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    let creating = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER))
+        .is_none_or(|c| {
+            c.state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .is_some_and(|w| {
+                    matches!(w.reason.as_deref(), None | Some("" | "ContainerCreating"))
+                })
+        });
+    bound && creating && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// How long ago the pod was created.
+fn pod_age(pod: &Pod, now: Timestamp) -> Duration {
+    let ms = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| now.as_millisecond().saturating_sub(t.0.as_millisecond()))
+        .unwrap_or(0);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// When to try exec again on a pod whose container did not answer yet: often while the pod is
+/// young (a container whose image is present starts within a second), backing off to 1 s as
+/// it ages (an image pull), so a slow start does not become a stream of exec attempts.
+pub fn early_retry(pod_age: Duration) -> Duration {
+    (pod_age / 8).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// How long a brand-new sandbox whose pod is starting goes without a status.
+pub const FIRST_STATUS_GRACE: Duration = Duration::from_secs(2);
+
+/// Whether to hold back a brand-new sandbox's first status (and for how long): while its pod
+/// starts, for the first [`FIRST_STATUS_GRACE`]. Most sandboxes are Ready by then, and Ready
+/// becomes their first and only status write; a slow start still shows Pending after it.
+pub fn defer_first_status(
+    old_phase: Option<SandboxPhase>,
+    starting: bool,
+    pod_age: Duration,
+) -> Option<Duration> {
+    (old_phase.is_none() && starting && pod_age < FIRST_STATUS_GRACE)
+        .then(|| FIRST_STATUS_GRACE - pod_age)
+}
+
+/// Whether an initialisation failed only because the container does not run yet (exec could
+/// not reach it), as opposed to a failure inside a running container.
+fn container_not_running(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Exec(crate::exec::ExecError::Connect { .. } | crate::exec::ExecError::NotStarted(_))
+    )
+}
+
 /// Reads a pod's status into a [`PodState`].
 pub fn observe_pod(pod: &Pod) -> PodState {
     let Some(status) = pod.status.as_ref() else {
@@ -1089,6 +1188,64 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn early_exec_is_tried_on_bound_pods_whose_container_is_being_created() {
+        let bound = |status: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"nodeName": "n", "containers": [{"name": CONTAINER}]},
+                "status": status,
+            }))
+            .unwrap()
+        };
+        let waiting = |reason: &str| {
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
+                "name": CONTAINER, "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"waiting": {"reason": reason}}}]})
+        };
+        assert!(!may_answer_exec(&pod(serde_json::json!({}))), "not bound");
+        assert!(may_answer_exec(&bound(
+            serde_json::json!({"phase": "Pending"})
+        )));
+        assert!(may_answer_exec(&bound(waiting("ContainerCreating"))));
+        assert!(!may_answer_exec(&bound(waiting("ImagePullBackOff"))));
+        let mut gone = bound(serde_json::json!({"phase": "Pending"}));
+        gone.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(1).unwrap(),
+            ));
+        assert!(!may_answer_exec(&gone), "terminating");
+    }
+
+    #[test]
+    fn early_exec_backs_off_as_the_pod_ages() {
+        let ms = |m| early_retry(Duration::from_millis(m)).as_millis();
+        assert_eq!(ms(0), 50);
+        assert_eq!(ms(800), 100);
+        assert_eq!(ms(4_000), 500);
+        assert_eq!(ms(60_000), 1000);
+    }
+
+    #[test]
+    fn a_new_sandbox_gets_no_status_while_its_pod_starts_briefly() {
+        let young = Duration::from_millis(500);
+        assert_eq!(
+            defer_first_status(None, true, young),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(defer_first_status(None, true, FIRST_STATUS_GRACE), None);
+        assert_eq!(
+            defer_first_status(None, false, young),
+            None,
+            "problems show"
+        );
+        assert_eq!(
+            defer_first_status(Some(SandboxPhase::Pending), true, young),
+            None,
+            "only the first status"
+        );
     }
 
     #[test]

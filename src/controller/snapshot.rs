@@ -232,7 +232,10 @@ async fn observe_sandbox(
             Some(sbx),
         ));
     };
-    if observe_pod(&pod) != PodState::Ready || pod.metadata.deletion_timestamp.is_some() {
+    // Starting counts too: a sandbox is served as soon as its container answers exec, which
+    // can be before the kubelet reports it running (initialised-here is checked below).
+    let serving = matches!(observe_pod(&pod), PodState::Ready | PodState::Starting);
+    if !serving || pod.metadata.deletion_timestamp.is_some() {
         return Ok((
             SandboxState::NotReady("the sandbox pod is not ready".into()),
             Some(sbx),

@@ -232,26 +232,29 @@ pub fn archive(files: &[FileEntry], mtime: u64) -> std::io::Result<Vec<u8>> {
 /// Probe: prints the marker's content when the workspace is initialised. `$1` is the root.
 pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || true"#;
 
-/// Initialisation: `$1` root, `$2` marker content, `$3` number of directories to replace, then
-/// those directories, then the parent directories to create. The archive arrives on stdin. The
-/// marker is written last and atomically, so a failed run leaves the workspace uninitialised.
+/// Initialisation: `$1` root, `$2` marker content, `$3` 1 when an archive of files arrives on
+/// stdin (0: no files, no stdin), `$4` number of directories to replace, then those
+/// directories, then the parent directories to create. The marker is written last and
+/// atomically, so a failed run leaves the workspace uninitialised.
 pub const SCRIPT: &str = r#"set -eu
-root="$1"; marker="$2"; n="$3"; shift 3
+root="$1"; marker="$2"; archive="$3"; n="$4"; shift 4
 cd "$root"
 mkdir -p .agentbox/tmp
 i=0
 while [ "$i" -lt "$n" ]; do rm -rf -- "./$1"; shift; i=$((i+1)); done
 for d in "$@"; do mkdir -p -- "./$d"; done
-tar -x -f -
+if [ "$archive" = 1 ]; then tar -x -f -; fi
 printf '%s' "$marker" > .agentbox/marker.tmp
 mv -f .agentbox/marker.tmp .agentbox/marker
 "#;
 
 /// Arguments for [`SCRIPT`] after `sh -c SCRIPT sh`.
 pub fn script_args(root: &str, marker: &str, w: &Writes) -> Vec<String> {
+    let archive = if w.files.is_empty() { "0" } else { "1" };
     let mut args = vec![
         root.to_string(),
         marker.to_string(),
+        archive.to_string(),
         w.replace_dirs.len().to_string(),
     ];
     args.extend(w.replace_dirs.iter().cloned());
@@ -414,7 +417,55 @@ mod tests {
         };
         assert_eq!(
             script_args("/workspace", "uid", &w),
-            vec!["/workspace", "uid", "1", "conf", "a"]
+            vec!["/workspace", "uid", "0", "1", "conf", "a"]
         );
+    }
+
+    /// Runs [`SCRIPT`] with the host's `sh` and `tar` on a scratch directory, the archive on
+    /// stdin when there are files (none otherwise, as in the pod).
+    fn run_init(root: &std::path::Path, w: &Writes) -> bool {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", SCRIPT, "sh"])
+            .args(script_args(&root.to_string_lossy(), "uid-1", w))
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        if !w.files.is_empty() {
+            stdin
+                .write_all(&archive(&w.files, 1_700_000_000).unwrap())
+                .unwrap();
+        }
+        drop(stdin);
+        child.wait().unwrap().success()
+    }
+
+    #[test]
+    fn init_script_reads_an_archive_only_when_there_are_files() {
+        let dir = std::env::temp_dir().join(format!("agentbox-init-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let none = Writes {
+            replace_dirs: vec!["skills".into()],
+            parents: vec!["skills".into()],
+            files: vec![],
+        };
+        assert!(run_init(&dir, &none), "no files: no tar, no stdin needed");
+        assert!(dir.join("skills").is_dir());
+        assert_eq!(std::fs::read_to_string(dir.join(MARKER)).unwrap(), "uid-1");
+        let files = Writes {
+            replace_dirs: vec![],
+            parents: vec!["bin".into()],
+            files: vec![FileEntry {
+                path: "bin/run".into(),
+                data: b"one".to_vec(),
+                mode: 0o755,
+                ephemeral: false,
+            }],
+        };
+        assert!(run_init(&dir, &files));
+        assert_eq!(std::fs::read_to_string(dir.join("bin/run")).unwrap(), "one");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

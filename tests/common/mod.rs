@@ -218,7 +218,13 @@ impl TestEnv {
     }
 
     /// Waits until `cond` holds for the named object, or panics after `secs` with the last state.
-    pub async fn wait_for<K>(&self, name: &str, secs: u64, cond: impl Condition<K>) -> K
+    /// A broken watch (a loaded API server drops them) is opened again until the deadline.
+    pub async fn wait_for<K>(
+        &self,
+        name: &str,
+        secs: u64,
+        cond: impl Condition<K> + Send + Sync + 'static,
+    ) -> K
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + Clone
@@ -229,21 +235,30 @@ impl TestEnv {
         <K as kube::Resource>::DynamicType: Default + Eq + std::hash::Hash + Clone + Send,
     {
         let api = self.api::<K>();
-        match tokio::time::timeout(
-            Duration::from_secs(secs),
-            await_condition(api.clone(), name, cond),
-        )
-        .await
-        {
-            Ok(Ok(Some(obj))) => obj,
-            other => {
-                let last = api.get_opt(name).await.ok().flatten();
-                panic!(
-                    "{name}: condition not met within {secs}s ({other:?}); last state: {last:#?}\n{}",
-                    self.operator_logs()
-                );
+        let cond = std::sync::Arc::new(cond);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        let mut watch_errors = Vec::new();
+        let outcome = loop {
+            let c = cond.clone();
+            let waited = tokio::time::timeout_at(
+                deadline,
+                await_condition(api.clone(), name, move |o: Option<&K>| c.matches_object(o)),
+            )
+            .await;
+            match waited {
+                Ok(Ok(Some(obj))) => return obj,
+                Ok(Err(e)) if tokio::time::Instant::now() < deadline => {
+                    watch_errors.push(e.to_string());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => break format!("{other:?}"),
             }
-        }
+        };
+        let last = api.get_opt(name).await.ok().flatten();
+        panic!(
+            "{name}: condition not met within {secs}s ({outcome}; watch errors: {watch_errors:?}); last state: {last:#?}\n{}",
+            self.operator_logs()
+        );
     }
 
     /// Waits until the named object is gone.
