@@ -550,6 +550,7 @@ async fn init_workspace(
 ) -> Result<(WorkspaceStatus, workspace::Decision), Error> {
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let uid = sbx.uid().unwrap_or_default();
+    let t0 = std::time::Instant::now();
     let probe = exec::run(
         pods,
         pod_name,
@@ -567,6 +568,7 @@ async fn init_workspace(
         )));
     }
     let marker_present = !probe.stdout.is_empty();
+    let probed = t0.elapsed();
     let snapshot = if marker_present {
         None
     } else {
@@ -589,6 +591,7 @@ async fn init_workspace(
     let hash = workspace::projection_hash(&projections);
     let writes =
         workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
+    let prepared = t0.elapsed();
     if !writes.is_empty() || !marker_present {
         run_script(
             pods,
@@ -598,6 +601,11 @@ async fn init_workspace(
         )
         .await?;
     }
+    debug!(
+        sandbox = %sbx.name_any(),
+        "workspace initialised: probe {probed:?}, lookups and restore until {prepared:?}, written at {:?}",
+        t0.elapsed()
+    );
     let new_ws = WorkspaceStatus {
         root_ready: true,
         last_start_branch: Some(decision.branch),
