@@ -11,8 +11,9 @@
 //! - the operator's peak RSS growth over its idle RSS (`VmHWM` − `VmRSS` before the run).
 //!
 //! `BENCH_STORE=s3` uses the S3-compatible server of `hack/s3` instead of a `file://` store.
+//! With `BENCH_RESULTS` set, each figure is also appended to that file as a JSON line.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase};
@@ -23,34 +24,11 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+mod common;
+
+use common::{Operator, emit, proc_kib, repo_root};
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        for _ in 0..50 {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn proc_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 fn mib_s(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / (1 << 20) as f64 / d.as_secs_f64().max(1e-9)
@@ -127,7 +105,7 @@ async fn main() -> Res<()> {
 
 async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
     let store_dir = format!("/var/lib/agentbox/bench-snapshots/{ns}");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"));
+    let mut cmd = Operator::command();
     cmd.args(["--namespace", ns, "--identity", &format!("bench-{ns}")])
         .args([
             "--metrics-addr",
@@ -141,13 +119,13 @@ async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
             &((mib + 64) << 20).to_string(),
         ]);
     let label = if std::env::var("BENCH_STORE").as_deref() == Ok("s3") {
-        let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/s3"))
+        let out = Command::new(repo_root().join("hack/s3"))
             .arg("up")
             .status()?;
         if !out.success() {
             return Err("hack/s3 up failed".into());
         }
-        let env = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/s3"))
+        let env = Command::new(repo_root().join("hack/s3"))
             .arg("env")
             .output()?;
         let vars: Vec<(String, String)> = String::from_utf8_lossy(&env.stdout)
@@ -181,14 +159,8 @@ async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
         cmd.args(["--store-url", &format!("file://{store_dir}")]);
         "file://"
     };
-    let log = std::fs::File::create(format!("/tmp/agentbox-bench-{ns}.log"))?;
-    let child = cmd
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?;
-    let op = Operator(child);
+    let log = format!("/tmp/agentbox-bench-{ns}.log");
+    let op = Operator::start(cmd.env("RUST_LOG", "info"), log.as_ref())?;
     let pid = op.0.id();
     let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
     let snaps: Api<SandboxSnapshot> = Api::namespaced(client.clone(), ns);
@@ -309,6 +281,18 @@ async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
         peak as f64 / 1024.0,
         peak.saturating_sub(idle_rss) as f64 / 1024.0
     );
+
+    let store = if label == "file://" { "file" } else { "s3" };
+    let fig = |key: &str, value: f64, unit: &str| {
+        emit("snapshot", &format!("{store}_{key}"), value, unit, mib);
+    };
+    fig("raw_mib_s", raw_rate, "MiB/s");
+    fig("snapshot_mib_s", snap_rate, "MiB/s");
+    fig("restore_mib_s", restore_rate, "MiB/s");
+    fig("idle_rss_mib", idle_rss as f64 / 1024.0, "MiB");
+    fig("peak_rss_mib", peak as f64 / 1024.0, "MiB");
+    let growth = peak.saturating_sub(idle_rss) as f64 / 1024.0;
+    fig("rss_growth_mib", growth, "MiB");
 
     let _ = snaps
         .delete_collection(&DeleteParams::default(), &ListParams::default())
