@@ -436,6 +436,9 @@ fn main() -> Res<()> {
     doc.push_str(&machine_and_versions());
     doc.push('\n');
     doc.push_str(METHOD);
+    if let Some(dir) = std::path::Path::new(&path).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     std::fs::write(&path, doc)?;
     eprintln!("wrote {path}");
     Ok(())
