@@ -67,6 +67,7 @@ async fn main() -> Res<()> {
     )?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let _delete_all = common::DeleteAll(sbxs.clone());
 
     let mut bare = Vec::new();
     for i in 0..n {

@@ -29,8 +29,8 @@ use serde_json::json;
 mod common;
 
 use common::{
-    LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95, proc_kib,
-    read_audit,
+    DeleteAll, LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95,
+    proc_kib, read_audit,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -121,6 +121,7 @@ async fn main() -> Res<()> {
     );
 
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let _delete_all = DeleteAll(sbxs.clone());
     // The watch is open before the first create, so no status is missed.
     let mut events = watcher::watcher(sbxs.clone(), watcher::Config::default())
         .applied_objects()

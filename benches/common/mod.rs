@@ -115,6 +115,31 @@ impl Drop for Cleanup {
     }
 }
 
+/// Deletes every Sandbox of an Api when dropped and waits (up to 2 min) until they are gone.
+/// Declared after the operator, it drops first, also after a failure: the finalizers need the
+/// operator, and a failed run must not leave its namespace stuck Terminating.
+pub struct DeleteAll(pub kube::Api<agentbox::crd::Sandbox>);
+
+impl Drop for DeleteAll {
+    fn drop(&mut self) {
+        let api = self.0.clone();
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async move {
+                let lp = kube::api::ListParams::default();
+                let _ = api.delete_collection(&Default::default(), &lp).await;
+                for _ in 0..240 {
+                    match api.list_metadata(&lp).await {
+                        Ok(l) if !l.items.is_empty() => {
+                            tokio::time::sleep(Duration::from_millis(500)).await
+                        }
+                        _ => return,
+                    }
+                }
+            })
+        });
+    }
+}
+
 /// Creates the namespace `<prefix>-<pid>`, deleted when the returned guard drops.
 pub async fn namespace(client: &kube::Client, prefix: &str) -> Result<Cleanup, kube::Error> {
     let name = format!("{prefix}-{}", std::process::id());
