@@ -6,11 +6,13 @@
 //!   [`agentbox::kube_client`] (TCP_NODELAY), interleaved sample by sample;
 //! - through `kubectl exec` (`$KUBECTL`, a process per command);
 //! - through the Python `kubernetes` client in-process (`benches/exec_python.py`; needs
-//!   `pip install kubernetes`, skipped with a note if missing);
+//!   the `kubernetes` package, skipped with a note if missing);
 //!
 //! and the persistent session's per-command latency, guard acquire/release latency, and the
 //! guard's throughput with 8 contending clients. `BENCH_N` samples each (default 200),
-//! `BENCH_GUARD_SECS` of contention (default 10).
+//! `BENCH_GUARD_SECS` of contention (default 10). `PYTHON` names the interpreter with the
+//! `kubernetes` package (`hack/bench` uses its own venv). With `BENCH_RESULTS` set, each figure
+//! is also appended to that file as a JSON line.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -23,43 +25,22 @@ use agentbox::guard::{self, GuardConfig};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::conditions::is_pod_running;
 use kube::runtime::wait::await_condition;
 use serde_json::json;
+
+mod common;
+
+use common::{Cleanup, emit, env_num, p50_p95, repo_root};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 const POD: &str = "box";
 
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// (p50, p95) in milliseconds.
-fn stats(v: &mut [Duration]) -> (f64, f64) {
-    v.sort();
-    let pick = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize].as_secs_f64() * 1e3;
-    (pick(0.5), pick(0.95))
-}
-
-/// Deletes the namespace when the bench ends, also on an error.
-struct Cleanup(Client, String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let nss: Api<Namespace> = Api::all(self.0.clone());
-        let name = self.1.clone();
-        // The runtime is still alive while `main`'s future drops its locals.
-        tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(async move {
-                let _ = nss.delete(&name, &DeleteParams::default()).await;
-            })
-        });
-    }
+fn stats(v: &[Duration]) -> (f64, f64) {
+    p50_p95(v.iter().map(|d| d.as_secs_f64() * 1e3).collect())
 }
 
 async fn start_pod(client: &Client, ns: &str) -> Res<Api<Pod>> {
@@ -124,9 +105,10 @@ fn kubectl_exec(kubectl: &str, ns: &str) -> Res<Duration> {
 
 /// `n` one-shot execs from one Python process (after its own warm-up); the samples.
 fn python_exec(ns: &str, n: u64) -> Result<Vec<Duration>, String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/exec_python.py");
+    let script = repo_root().join("benches/exec_python.py");
     let out = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
-        .args([script, ns, POD, SANDBOX_CONTAINER, &n.to_string()])
+        .arg(script)
+        .args([ns, POD, SANDBOX_CONTAINER, &n.to_string()])
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("python3: {e}"))?;
@@ -253,8 +235,12 @@ async fn main() -> Res<()> {
     }
     let (entries, per_sec) = guard_contention(&ns, guard_secs).await?;
 
-    let row = |what: &str, (p50, p95): (f64, f64)| {
+    // Each row also goes to $BENCH_RESULTS as `<key>_p50_ms` and `<key>_p95_ms`.
+    let row = |what: &str, key: &str, v: &[Duration]| {
+        let (p50, p95) = stats(v);
         println!("{what:<58} {p50:>9.2} {p95:>9.2}");
+        emit("exec", &format!("{key}_p50_ms"), p50, "ms", v.len() as u64);
+        emit("exec", &format!("{key}_p95_ms"), p95, "ms", v.len() as u64);
     };
     println!();
     println!(
@@ -263,26 +249,35 @@ async fn main() -> Res<()> {
     );
     row(
         "agentbox exec::run, kube default client (Nagle on)",
-        stats(&mut a0),
+        "oneshot_kube_default",
+        &a0,
     );
     row(
         "agentbox exec::run, agentbox::kube_client (TCP_NODELAY)",
-        stats(&mut a1),
+        "oneshot_agentbox",
+        &a1,
     );
-    row("kubectl exec (process per command)", stats(&mut k));
+    row("kubectl exec (process per command)", "oneshot_kubectl", &k);
     match py {
-        Ok(mut p) => row("python kubernetes client, in-process", stats(&mut p)),
+        Ok(p) => row("python kubernetes client, in-process", "oneshot_python", &p),
         Err(e) => println!(
             "{:<58} skipped: {e}",
             "python kubernetes client, in-process"
         ),
     }
-    row("persistent session, per command", stats(&mut s));
-    row("guard acquire (uncontended)", stats(&mut acq));
-    row("guard release", stats(&mut rel));
+    row("persistent session, per command", "session", &s);
+    row("guard acquire (uncontended)", "guard_acquire", &acq);
+    row("guard release", "guard_release", &rel);
     println!(
         "guard, 8 contending clients for {guard_secs}s (retry {:?} ±50%): {entries} entries, {per_sec:.1}/s",
         cfg.retry_interval
+    );
+    emit(
+        "exec",
+        "guard_contended_per_s",
+        per_sec,
+        "entries/s",
+        entries,
     );
     Ok(())
 }

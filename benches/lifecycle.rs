@@ -6,29 +6,23 @@
 //! of each, one after another, then watches 60 s of steady state (`BENCH_IDLE_SECS`).
 //! The audit log is `$AGENTBOX_AUDIT_LOG` (set by `hack/cluster env`).
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agentbox::crd::{Sandbox, SandboxPhase};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
+mod common;
+
+use common::{
+    LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95, read_audit,
+};
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.wait();
-    }
-}
 
 /// Waits on a watch until `done` holds for the named object.
 async fn watch_until<K>(api: &Api<K>, name: &str, done: impl Fn(&K) -> bool) -> Res<()>
@@ -49,69 +43,17 @@ where
     Err(format!("{name}: watch ended before the condition held").into())
 }
 
-fn stats(mut v: Vec<f64>) -> (f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let pick = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
-    (pick(0.5), pick(0.95))
-}
-
-/// An audit record of a write.
-struct Write {
-    at: Timestamp,
-    user: String,
-    verb: String,
-    resource: String,
-    subresource: String,
-    namespace: String,
-}
-
-fn read_audit(path: &str) -> Vec<Write> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| {
-            let s = |p: &str| {
-                v.pointer(p)
-                    .and_then(|x| x.as_str())
-                    .unwrap_or_default()
-                    .to_string()
-            };
-            Some(Write {
-                at: s("/requestReceivedTimestamp").parse().ok()?,
-                user: s("/user/username"),
-                verb: s("/verb"),
-                resource: s("/objectRef/resource"),
-                subresource: s("/objectRef/subresource"),
-                namespace: s("/objectRef/namespace"),
-            })
-        })
-        .collect()
-}
-
 #[tokio::main]
 async fn main() -> Res<()> {
-    let n: usize = std::env::var("BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
-    let idle: u64 = std::env::var("BENCH_IDLE_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
-    let audit = std::env::var("AGENTBOX_AUDIT_LOG")
-        .map_err(|_| "AGENTBOX_AUDIT_LOG unset: eval \"$(hack/cluster env)\"")?;
+    let n = env_num("BENCH_N", 10) as usize;
+    let idle = env_num("BENCH_IDLE_SECS", 60);
+    let audit = audit_log()?;
     let client = Client::try_default().await?;
-    let ns = format!("bench-life-{}", std::process::id());
-    let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-    )
-    .await?;
+    let cleanup = namespace(&client, "bench-life").await?;
+    let ns = cleanup.1.clone();
     tokio::time::sleep(Duration::from_secs(1)).await; // default ServiceAccount
-    let log = std::fs::File::create(std::env::temp_dir().join(format!("{ns}-operator.log")))?;
-    let _op = Operator(
-        Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
+    let _op = Operator::start(
+        Operator::command()
             .args([
                 "--namespace",
                 &ns,
@@ -120,14 +62,12 @@ async fn main() -> Res<()> {
                 "--identity",
                 "bench",
             ])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?,
-    );
+            .env("RUST_LOG", "warn"),
+        &std::env::temp_dir().join(format!("{ns}-operator.log")),
+    )?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let _delete_all = common::DeleteAll(sbxs.clone());
 
     let mut bare = Vec::new();
     for i in 0..n {
@@ -176,57 +116,71 @@ async fn main() -> Res<()> {
     tokio::time::sleep(Duration::from_secs(idle)).await;
     let idle_end = Timestamp::now();
 
-    // Writes by the operator: the admin identity the operator and this program share, in the
-    // namespace, less this program's own create of each sandbox.
-    let writes = read_audit(&audit);
-    let admin = writes
-        .iter()
-        .find(|w| w.namespace == ns && w.resource == "sandboxes" && w.verb == "create")
-        .map(|w| w.user.clone())
-        .ok_or("no sandbox create in the audit log")?;
-    let by_op = |from: Timestamp, to: Timestamp| -> Vec<&Write> {
+    // Writes by the operator: the requests with its User-Agent in the namespace. Its
+    // leader-election Lease renewals are counted apart: they are the price of a standby
+    // replica, the same with no sandbox at all.
+    let writes = read_audit(&audit, &ns);
+    let by_op = |from: Timestamp, to: Timestamp, leader: bool| -> Vec<&common::Write> {
         writes
             .iter()
-            .filter(|w| w.namespace == ns && w.user == admin && w.at >= from && w.at < to)
-            .filter(|w| {
-                !(w.resource == "sandboxes" && w.verb == "create" && w.subresource.is_empty())
-            })
+            .filter(|w| w.user_agent.starts_with(OPERATOR_UA) && w.at >= from && w.at < to)
+            .filter(|w| (w.resource == "leases" && w.name == LEADER_LEASE) == leader)
             .collect()
     };
-    let per_sandbox: Vec<usize> = windows.iter().map(|(a, b)| by_op(*a, *b).len()).collect();
+    let per_sandbox: Vec<f64> = windows
+        .iter()
+        .map(|(a, b)| by_op(*a, *b, false).len() as f64)
+        .collect();
     let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
     if let Some((a, b)) = windows.first() {
-        for w in by_op(*a, *b) {
-            let key = format!(
-                "{} {}{}",
-                w.verb,
-                w.resource,
-                if w.subresource.is_empty() {
-                    String::new()
-                } else {
-                    format!("/{}", w.subresource)
-                }
-            );
-            *kinds.entry(key).or_default() += 1;
+        for w in by_op(*a, *b, false) {
+            *kinds.entry(w.kind()).or_default() += 1;
         }
     }
-    let idle_writes = by_op(idle_start, idle_end).len();
+    let idle_writes = by_op(idle_start, idle_end, false).len();
+    let leader_writes = by_op(idle_start, idle_end, true).len();
+    let per_min = |k: usize| k as f64 * 60.0 / idle as f64;
 
-    let (bp50, bp95) = stats(bare.clone());
-    let (sp50, sp95) = stats(sandbox.clone());
+    let (bp50, bp95) = p50_p95(bare);
+    let (sp50, sp95) = p50_p95(sandbox);
+    let (wp50, wmax) = (
+        p50_p95(per_sandbox.clone()).0,
+        per_sandbox.iter().copied().fold(0.0, f64::max),
+    );
     println!("| measure (n={n}) | p50 | p95 |");
     println!("|---|---|---|");
     println!("| bare pod create → Running (ms) | {bp50:.0} | {bp95:.0} |");
     println!("| Sandbox create → Ready (ms) | {sp50:.0} | {sp95:.0} |");
-    println!(
-        "| overhead of the median | {:+.1}% | |",
-        (sp50 / bp50 - 1.0) * 100.0
-    );
+    let overhead = (sp50 / bp50 - 1.0) * 100.0;
+    println!("| overhead of the median | {overhead:+.1}% | |");
     println!();
     println!("API writes per sandbox, create → Ready (audit log): {per_sandbox:?}");
     println!("first sandbox's writes: {kinds:?}");
     println!(
-        "API writes by the operator in {idle} s of steady state ({n} Ready sandboxes): {idle_writes}"
+        "API writes by the operator in {idle} s of steady state ({n} Ready sandboxes): {idle_writes}, \
+         and {leader_writes} leader-election Lease renewals"
+    );
+    let n64 = n as u64;
+    emit("lifecycle", "bare_ready_p50_ms", bp50, "ms", n64);
+    emit("lifecycle", "bare_ready_p95_ms", bp95, "ms", n64);
+    emit("lifecycle", "sandbox_ready_p50_ms", sp50, "ms", n64);
+    emit("lifecycle", "sandbox_ready_p95_ms", sp95, "ms", n64);
+    emit("lifecycle", "ready_overhead_pct", overhead, "%", n64);
+    emit("lifecycle", "writes_to_ready_p50", wp50, "writes", n64);
+    emit("lifecycle", "writes_to_ready_max", wmax, "writes", n64);
+    emit(
+        "lifecycle",
+        "idle_writes_per_min",
+        per_min(idle_writes),
+        "writes/min",
+        idle,
+    );
+    emit(
+        "lifecycle",
+        "idle_leader_writes_per_min",
+        per_min(leader_writes),
+        "writes/min",
+        idle,
     );
 
     for i in 0..n {
@@ -241,6 +195,6 @@ async fn main() -> Res<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop(_op);
-    nss.delete(&ns, &DeleteParams::default()).await?;
+    drop(cleanup);
     Ok(())
 }

@@ -42,8 +42,10 @@ pub enum OperatorError {
 
 /// Runs the operator until SIGTERM/SIGINT (Ok) or lost leadership (Err).
 pub async fn run(config: Config) -> Result<(), OperatorError> {
-    // kube's default stack with TCP_NODELAY (see crate::kubeclient).
-    let client = crate::kube_client().await.map_err(OperatorError::Client)?;
+    // kube's default stack with TCP_NODELAY and our User-Agent (see crate::kubeclient).
+    let client = crate::kubeclient::kube_client_as(crate::kubeclient::OPERATOR_USER_AGENT)
+        .await
+        .map_err(OperatorError::Client)?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();

@@ -1,0 +1,218 @@
+//! Shared by the benches: the repository root, the machine-readable results `hack/bench`
+//! assembles its table from, an operator process stopped by PID, and the API server's audit log.
+#![allow(dead_code)]
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+/// The operator's leader-election Lease (its default name) and its User-Agent, by which the
+/// audit log tells its writes from the bench's (both use the same kubeconfig).
+pub const LEADER_LEASE: &str = "agentbox-operator-leader";
+pub const OPERATOR_UA: &str = agentbox::kubeclient::OPERATOR_USER_AGENT;
+
+/// The repository root, read at run time: the bench binaries may be cached in a target
+/// directory shared by several clones, so the compile-time path can name a clone that is gone.
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// An unsigned number from the environment, else `default`.
+pub fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Records one figure as a JSON line in the file `$BENCH_RESULTS` (appended; nothing when
+/// unset): `{"bench", "key", "value", "unit", "n"}`. `hack/bench` builds its table from these
+/// lines only, never from the human-readable output.
+pub fn emit(bench: &str, key: &str, value: f64, unit: &str, n: u64) {
+    let Some(path) = std::env::var_os("BENCH_RESULTS") else {
+        return;
+    };
+    let line = serde_json::json!({
+        "bench": bench, "key": key, "value": value, "unit": unit, "n": n,
+    });
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| writeln!(f, "{line}"));
+    if let Err(e) = written {
+        eprintln!("BENCH_RESULTS {}: {e}", PathBuf::from(path).display());
+    }
+}
+
+/// (p50, p95) of the samples, nearest rank.
+pub fn p50_p95(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let pick = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    (pick(0.5), pick(0.95))
+}
+
+/// The operator (this build's binary), stopped by its PID (SIGTERM, then SIGKILL after 5 s)
+/// when dropped.
+pub struct Operator(pub Child);
+
+impl Operator {
+    /// A command for this build's operator binary.
+    pub fn command() -> Command {
+        Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
+    }
+
+    /// Spawns `cmd` with its output into the file `log`.
+    pub fn start(cmd: &mut Command, log: &Path) -> std::io::Result<Operator> {
+        let log = std::fs::File::create(log)?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        Ok(Operator(child))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        for _ in 0..50 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Deletes the bench's namespace when dropped, also on an error (needs the multi-threaded
+/// runtime, still alive while `main`'s future drops its locals).
+pub struct Cleanup(pub kube::Client, pub String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(self.0.clone());
+        let name = self.1.clone();
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async move {
+                let _ = nss.delete(&name, &Default::default()).await;
+            })
+        });
+    }
+}
+
+/// Deletes every Sandbox of an Api when dropped and waits (up to 2 min) until they are gone.
+/// Declared after the operator, it drops first, also after a failure: the finalizers need the
+/// operator, and a failed run must not leave its namespace stuck Terminating.
+pub struct DeleteAll(pub kube::Api<agentbox::crd::Sandbox>);
+
+impl Drop for DeleteAll {
+    fn drop(&mut self) {
+        let api = self.0.clone();
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async move {
+                let lp = kube::api::ListParams::default();
+                let _ = api.delete_collection(&Default::default(), &lp).await;
+                for _ in 0..240 {
+                    match api.list_metadata(&lp).await {
+                        Ok(l) if !l.items.is_empty() => {
+                            tokio::time::sleep(Duration::from_millis(500)).await
+                        }
+                        _ => return,
+                    }
+                }
+            })
+        });
+    }
+}
+
+/// Creates the namespace `<prefix>-<pid>`, deleted when the returned guard drops.
+pub async fn namespace(client: &kube::Client, prefix: &str) -> Result<Cleanup, kube::Error> {
+    let name = format!("{prefix}-{}", std::process::id());
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    let mut obj = k8s_openapi::api::core::v1::Namespace::default();
+    obj.metadata.name = Some(name.clone());
+    nss.create(&Default::default(), &obj).await?;
+    Ok(Cleanup(client.clone(), name))
+}
+
+/// The API server's audit log (`hack/cluster env` sets `AGENTBOX_AUDIT_LOG`).
+pub fn audit_log() -> Result<String, &'static str> {
+    std::env::var("AGENTBOX_AUDIT_LOG")
+        .map_err(|_| "AGENTBOX_AUDIT_LOG unset: eval \"$(hack/cluster env)\"")
+}
+
+/// An audit record of a write (the local cluster's policy logs writes only).
+pub struct Write {
+    pub at: Timestamp,
+    pub user: String,
+    pub user_agent: String,
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Write {
+    /// `verb resource[/subresource]`.
+    pub fn kind(&self) -> String {
+        if self.subresource.is_empty() {
+            format!("{} {}", self.verb, self.resource)
+        } else {
+            format!("{} {}/{}", self.verb, self.resource, self.subresource)
+        }
+    }
+}
+
+/// The writes in the audit log at `path` in namespace `ns`.
+pub fn read_audit(path: &str, ns: &str) -> Vec<Write> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains(ns)) // cheap pre-filter: the log holds every namespace
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            let s = |p: &str| {
+                v.pointer(p)
+                    .and_then(|x| x.as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            Some(Write {
+                at: s("/requestReceivedTimestamp").parse().ok()?,
+                user: s("/user/username"),
+                user_agent: s("/userAgent"),
+                verb: s("/verb"),
+                resource: s("/objectRef/resource"),
+                subresource: s("/objectRef/subresource"),
+                namespace: s("/objectRef/namespace"),
+                name: s("/objectRef/name"),
+            })
+        })
+        .filter(|w| w.namespace == ns)
+        .collect()
+}
+
+/// `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`), 0 when unreadable.
+pub fn proc_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}

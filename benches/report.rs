@@ -1,0 +1,445 @@
+//! The one table of `hack/bench`: reads the JSON lines the other benches appended to
+//! `$BENCH_RESULTS`, prints the table (figure | agentbox | baseline measured in the same run |
+//! target | met?) and writes it to `$BENCH_REPORT` (docs/benchmarks.md) with the machine, the
+//! versions and the command (`$BENCH_COMMAND`, `$BENCH_WALL_SECS`). Does nothing without
+//! `BENCH_RESULTS`, so a plain `cargo bench` passes over it. Targets are issue 7's.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::process::Command;
+
+mod common;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Figures by (bench, key): value and sample count.
+struct Figures(BTreeMap<(String, String), (f64, u64)>);
+
+impl Figures {
+    fn get(&self, bench: &str, key: &str) -> Option<f64> {
+        self.0.get(&(bench.into(), key.into())).map(|v| v.0)
+    }
+    fn n(&self, bench: &str, key: &str) -> u64 {
+        self.0.get(&(bench.into(), key.into())).map_or(0, |v| v.1)
+    }
+}
+
+struct Row {
+    figure: String,
+    agentbox: String,
+    baseline: String,
+    target: &'static str,
+    met: Option<bool>,
+}
+
+fn row(figure: String, agentbox: String, baseline: String) -> Row {
+    Row {
+        figure,
+        agentbox,
+        baseline,
+        target: "—",
+        met: None,
+    }
+}
+
+fn rows(f: &Figures) -> Vec<Row> {
+    let mut out = Vec::new();
+    let l = |k: &str| f.get("lifecycle", k);
+    if let (Some(s50), Some(b50), Some(s95), Some(b95)) = (
+        l("sandbox_ready_p50_ms"),
+        l("bare_ready_p50_ms"),
+        l("sandbox_ready_p95_ms"),
+        l("bare_ready_p95_ms"),
+    ) {
+        let n = f.n("lifecycle", "sandbox_ready_p50_ms");
+        let over = (s50 / b50 - 1.0) * 100.0;
+        out.push(Row {
+            target: "overhead < 10% of the bare pod's median",
+            met: Some(over < 10.0),
+            ..row(
+                format!("Create → Ready, p50 (n={n}, one at a time)"),
+                format!("{s50:.0} ms ({over:+.0}%)"),
+                format!("bare pod → Running {b50:.0} ms"),
+            )
+        });
+        out.push(row(
+            format!("Create → Ready, p95 (n={n})"),
+            format!("{s95:.0} ms"),
+            format!("bare pod → Running {b95:.0} ms"),
+        ));
+    }
+    if let (Some(p50), Some(max)) = (l("writes_to_ready_p50"), l("writes_to_ready_max")) {
+        let n = f.n("lifecycle", "writes_to_ready_max");
+        out.push(Row {
+            target: "≤ 6",
+            met: Some(max <= 6.0),
+            ..row(
+                format!("API writes per Sandbox, create → Ready, p50 / max (n={n}, audit log)"),
+                format!("{p50:.0} / {max:.0}"),
+                "—".into(),
+            )
+        });
+    }
+    if let Some(w) = l("idle_writes_per_min") {
+        let n = f.n("lifecycle", "sandbox_ready_p50_ms");
+        let secs = f.n("lifecycle", "idle_writes_per_min");
+        out.push(Row {
+            target: "0",
+            met: Some(w == 0.0),
+            ..row(
+                format!("API writes/min at rest, {n} Ready sandboxes ({secs} s)"),
+                format!("{w:.1}"),
+                "—".into(),
+            )
+        });
+    }
+
+    let e = |k: &str| f.get("exec", k);
+    let ours = (e("oneshot_agentbox_p50_ms"), e("oneshot_agentbox_p95_ms"));
+    for (name, key) in [
+        ("kubectl exec", "oneshot_kubectl"),
+        ("Python client", "oneshot_python"),
+    ] {
+        let (Some(a50), Some(a95)) = ours else { break };
+        let n = f.n("exec", "oneshot_agentbox_p50_ms");
+        let figure = format!("One-shot exec `true`, p50 / p95, vs {name} (n={n})");
+        let agentbox = format!("{a50:.1} / {a95:.1} ms");
+        let Some((b50, b95)) = e(&format!("{key}_p50_ms")).zip(e(&format!("{key}_p95_ms"))) else {
+            out.push(row(figure, agentbox, "not measured (see the log)".into()));
+            continue;
+        };
+        let bn = f.n("exec", &format!("{key}_p50_ms"));
+        out.push(Row {
+            target: "below the baseline",
+            met: Some(a50 < b50 && a95 < b95),
+            ..row(
+                figure,
+                agentbox,
+                format!("{name} {b50:.1} / {b95:.1} ms (n={bn})"),
+            )
+        });
+    }
+    if let (Some(s50), Some(s95)) = (e("session_p50_ms"), e("session_p95_ms")) {
+        let n = f.n("exec", "session_p50_ms");
+        out.push(Row {
+            target: "p50 < 5 ms",
+            met: Some(s50 < 5.0),
+            ..row(
+                format!("Persistent session, per command, p50 / p95 (n={n})"),
+                format!("{s50:.2} / {s95:.2} ms"),
+                ours.0
+                    .map_or("—".into(), |a| format!("one-shot exec {a:.1} ms")),
+            )
+        });
+    }
+    if let (Some(a), Some(r)) = (e("guard_acquire_p50_ms"), e("guard_release_p50_ms")) {
+        let n = f.n("exec", "guard_acquire_p50_ms");
+        out.push(row(
+            format!("Guard acquire / release, p50, uncontended (n={n})"),
+            format!("{a:.1} / {r:.1} ms"),
+            "—".into(),
+        ));
+    }
+    if let Some(t) = e("guard_contended_per_s") {
+        let n = f.n("exec", "guard_contended_per_s");
+        out.push(row(
+            "Guard, 8 contending clients, acquisitions/s".into(),
+            format!("{t:.1}/s ({n} in all)"),
+            "—".into(),
+        ));
+    }
+
+    for store in ["file", "s3"] {
+        let s = |k: &str| f.get("snapshot", &format!("{store}_{k}"));
+        let Some(raw) = s("raw_mib_s") else { continue };
+        let mib = f.n("snapshot", &format!("{store}_raw_mib_s"));
+        let baseline = format!("raw `tar -c` through exec {raw:.1} MiB/s");
+        if let Some(v) = s("snapshot_mib_s") {
+            out.push(row(
+                format!("Snapshot of {mib} MiB, {store} store"),
+                format!("{v:.1} MiB/s ({:.0}% of raw)", 100.0 * v / raw),
+                baseline.clone(),
+            ));
+        }
+        if let Some(v) = s("restore_mib_s") {
+            out.push(row(
+                format!("Restore of {mib} MiB (validate, then extract), {store} store"),
+                format!("{v:.1} MiB/s ({:.0}% of raw)", 100.0 * v / raw),
+                baseline,
+            ));
+        }
+        if let (Some(g), Some(p)) = (s("rss_growth_mib"), s("peak_rss_mib")) {
+            out.push(row(
+                format!("Operator peak RSS over snapshot + restore, {store} store"),
+                format!("+{g:.1} MiB (peak {p:.1} MiB)"),
+                s("idle_rss_mib").map_or("—".into(), |i| format!("idle {i:.1} MiB")),
+            ));
+        }
+    }
+
+    let c = |k: &str| f.get("scale", k);
+    let n = f.n("scale", "reconcile_all_secs");
+    if let (Some(all), Some(create)) = (c("reconcile_all_secs"), c("create_secs")) {
+        out.push(row(
+            format!("Scale: {n} Suspended sandboxes, first create → all reconciled"),
+            format!("{all:.1} s"),
+            format!("the creates alone {create:.1} s (16 in flight)"),
+        ));
+    }
+    if let (Some(p50), Some(p95)) = (c("reconcile_p50_ms"), c("reconcile_p95_ms")) {
+        out.push(row(
+            format!("Scale: each create → reconciled, p50 / p95 (n={n})"),
+            format!("{:.1} / {:.1} s", p50 / 1e3, p95 / 1e3),
+            "—".into(),
+        ));
+    }
+    if let Some(w) = c("writes_per_sandbox") {
+        out.push(row(
+            "Scale: operator API writes per Suspended sandbox".into(),
+            format!("{w:.2}"),
+            "—".into(),
+        ));
+    }
+    if let (Some(rss), Some(cpu)) = (c("rest_rss_mib"), c("rest_cpu_pct")) {
+        let secs = f.n("scale", "rest_cpu_pct");
+        out.push(row(
+            format!("Scale: operator RSS / CPU at rest, {n} sandboxes ({secs} s)"),
+            format!("{rss:.1} MiB / {cpu:.2}%"),
+            c("rest_rss_before_mib")
+                .map_or("—".into(), |b| format!("RSS with no sandbox {b:.1} MiB")),
+        ));
+    }
+    if let Some(w) = c("rest_writes_per_min") {
+        out.push(Row {
+            target: "0",
+            met: Some(w == 0.0),
+            ..row(
+                format!("Scale: API writes/min at rest, {n} sandboxes"),
+                format!("{w:.1}"),
+                "—".into(),
+            )
+        });
+    }
+    if let Some(d) = c("delete_all_secs") {
+        out.push(row(
+            format!("Scale: deletecollection of {n} → all gone"),
+            format!("{d:.1} s"),
+            "—".into(),
+        ));
+    }
+    out
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut t = String::from("| figure | agentbox | baseline (same run) | target | met? |\n");
+    t.push_str("|---|---|---|---|---|\n");
+    for r in rows {
+        let met = match r.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "—",
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {met} |",
+            r.figure, r.agentbox, r.baseline, r.target
+        );
+    }
+    t
+}
+
+/// The first line a command prints, or "unknown".
+fn first_line(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn json_of(cmd: &str, args: &[&str]) -> serde_json::Value {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+        .unwrap_or_default()
+}
+
+fn machine_and_versions() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or("unknown".into(), |kib| {
+            format!("{:.1} GiB", kib / 1024.0 / 1024.0)
+        });
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or("unknown".into(), |s| s.trim().to_string());
+    let os = std::fs::read_to_string("/etc/os-release")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map_or("unknown".into(), |v| v.trim_matches('"').to_string());
+
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let v = json_of(&kubectl, &["version", "-o", "json"]);
+    let s = |p: &str| {
+        v.pointer(p)
+            .and_then(|x| x.as_str())
+            .unwrap_or("unknown")
+            .to_string()
+    };
+    let (server, client) = (
+        s("/serverVersion/gitVersion"),
+        s("/clientVersion/gitVersion"),
+    );
+    let nodes = json_of(&kubectl, &["get", "nodes", "-o", "json"]);
+    let info = |k: &str| {
+        nodes
+            .pointer(&format!("/items/0/status/nodeInfo/{k}"))
+            .and_then(|x| x.as_str())
+            .unwrap_or("unknown")
+            .to_string()
+    };
+    // etcd answers no version through the API server: ask the binary hack/cluster runs.
+    let state = std::env::var("AGENTBOX_CLUSTER_DIR")
+        .unwrap_or_else(|_| "/var/lib/agentbox-cluster".into());
+    let etcd = std::fs::read_to_string(format!("{state}/run/etcd.pid"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).map(str::to_string))
+        .map_or("unknown (not started by hack/cluster)".into(), |exe| {
+            first_line(&exe, &["--version"])
+        });
+    let python = std::env::var("PYTHON").map_or("not measured".into(), |py| {
+        first_line(
+            &py,
+            &[
+                "-c",
+                "import sys, kubernetes; print(kubernetes.__version__, 'on Python', sys.version.split()[0])",
+            ],
+        )
+    });
+    let root = common::repo_root();
+    let root = root.to_string_lossy();
+    let commit = first_line("git", &["-C", &root, "rev-parse", "--short=12", "HEAD"]);
+    let dirty = Command::new("git")
+        .args(["-C", &root, "status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    let commit = if dirty {
+        format!("{commit} (with uncommitted changes)")
+    } else {
+        commit
+    };
+
+    let mut t = String::new();
+    let _ = writeln!(t, "## Machine\n");
+    let _ = writeln!(t, "- CPU: {cpu}, {cores} cores");
+    let _ = writeln!(t, "- RAM: {mem}");
+    let _ = writeln!(t, "- kernel {kernel}, {os}");
+    let _ = writeln!(t, "\n## Versions\n");
+    let _ = writeln!(
+        t,
+        "- Kubernetes: API server {server}, kubelet {}, kubectl {client}",
+        info("kubeletVersion")
+    );
+    let _ = writeln!(t, "- etcd: {etcd}");
+    let _ = writeln!(
+        t,
+        "- container runtime: {}",
+        info("containerRuntimeVersion")
+    );
+    let _ = writeln!(t, "- rustc: {}", first_line("rustc", &["-V"]));
+    let _ = writeln!(t, "- agentbox: commit {commit}");
+    let _ = writeln!(t, "- Python `kubernetes` client: {python}");
+    t
+}
+
+const METHOD: &str = "\
+## What each figure is
+
+- **Create → Ready**: one object at a time, from the create request to a watch seeing the
+  Sandbox `Ready` (workspace initialised), next to a bare pod of the same image to all containers
+  ready (`benches/lifecycle.rs`).
+- **API writes**: write requests in the API server's audit log with the operator's User-Agent
+  (`agentbox-operator/<version>`) in the bench's namespace, per sandbox from its create until it
+  is Ready (plus 1.5 s), and per minute with nothing changing. The operator runs with leader
+  election as deployed; its leader Lease renewals (one per 5 s with the default 15 s lease, the
+  same with no sandbox) are counted apart and not in these figures.
+- **Exec**: one-shot `true` in one pod: `agentbox::exec::run` with `agentbox::kube_client`,
+  `kubectl exec` (a process per command, as a harness shelling out would), the Python
+  `kubernetes` client in one process (`benches/exec_python.py`, after a warm-up); the persistent
+  session runs `true` per command over one exec. Guard: Lease acquire/release, and 8 clients each
+  with its own connection contending for one Lease (`benches/exec.rs`).
+- **Snapshot / restore**: a sandbox filled with random data; the raw figure is the same
+  `tar -c` streamed through exec to nowhere; snapshot is SandboxSnapshot create → Ready (tar,
+  SHA-256, upload, commit); restore is a new sandbox of the scope from its pod running to Ready
+  (a validating pass and an extracting pass over the object). RSS is the operator's `VmHWM`
+  against its `VmRSS` before (`benches/snapshot.rs`).
+- **Scale**: Suspended sandboxes (no pods) created 16 requests in flight against a freshly
+  started operator; reconciled = phase Suspended with `observedGeneration` current, seen on a
+  watch; then a window at rest (RSS and CPU from `/proc/<pid>`, writes from the audit log), then
+  one `deletecollection` until the last finalizer is gone (`benches/scale.rs`).
+
+Timings share the machine with the whole cluster (API server, etcd, kubelet, containerd) and
+with whatever else runs on it; figures from a busy machine are slower, not wrong in kind.
+";
+
+fn main() -> Res<()> {
+    let Ok(results) = std::env::var("BENCH_RESULTS") else {
+        return Ok(()); // run by hack/bench only
+    };
+    let mut figs = BTreeMap::new();
+    for line in std::fs::read_to_string(&results)?.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+        figs.insert(
+            (s("bench"), s("key")),
+            (
+                v["value"].as_f64().unwrap_or(f64::NAN),
+                v["n"].as_u64().unwrap_or(0),
+            ),
+        );
+    }
+    let table = table(&rows(&Figures(figs)));
+    println!("\n{table}");
+    let Ok(path) = std::env::var("BENCH_REPORT") else {
+        return Ok(());
+    };
+    let command = std::env::var("BENCH_COMMAND").unwrap_or_else(|_| "hack/bench".into());
+    let wall = std::env::var("BENCH_WALL_SECS").unwrap_or_else(|_| "?".into());
+    let date = first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let mut doc = String::from("# Benchmarks\n\n");
+    let _ = writeln!(
+        doc,
+        "Written by `hack/bench` (each run replaces this file); targets are issue 7's.\n"
+    );
+    let _ = writeln!(doc, "Command: `{command}`  ");
+    let _ = writeln!(doc, "Run: {date}, {wall} s in all.\n");
+    let _ = writeln!(doc, "{table}");
+    doc.push_str(&machine_and_versions());
+    doc.push('\n');
+    doc.push_str(METHOD);
+    if let Some(dir) = std::path::Path::new(&path).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&path, doc)?;
+    eprintln!("wrote {path}");
+    Ok(())
+}
