@@ -5,9 +5,9 @@
 //! patches status only when it changed. The writes one sandbox costs are kept few: the
 //! finalizer, the pod, status at scheduling and at readiness, and an Event at each.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
@@ -61,14 +61,76 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         apply_metadata(&api, &name, &fresh, false).await?;
         return Ok(Action::await_change());
     }
+    if SUPERSEDED.is_stale(&sbx, Instant::now()) {
+        // The cache still holds the version this process already wrote over: acting on it
+        // would write the same status (and Event) again. The newer version's watch event
+        // brings us back; the requeue is the fallback.
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
     let labels = labels::scope_labels(&sbx.spec.scope);
     let labelled = labels.iter().all(|(k, v)| sbx.labels().get(k) == Some(v));
     if !has_finalizer || !labelled {
         // One write puts both the finalizer and the scope labels on the Sandbox, so
         // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too.
         apply_metadata(&api, &name, &sbx, true).await?;
+        SUPERSEDED.record(&sbx, Instant::now());
     }
     apply(&sbx, &ctx).await
+}
+
+/// How long a written-over version is remembered. Watch events arrive well within it; the
+/// bound keeps a missed event (or a write that changed nothing) from stalling a sandbox.
+const SUPERSEDED_FOR: Duration = Duration::from_secs(5);
+
+/// Versions of Sandboxes (by UID) that this process has written over, so a reconcile that a
+/// lagging cache hands the old version is skipped instead of repeating the writes.
+#[derive(Default)]
+pub struct Superseded(Mutex<HashMap<String, (String, Instant)>>);
+
+impl Superseded {
+    /// Remembers that `sbx`, as read, has just been written over.
+    pub fn record(&self, sbx: &Sandbox, now: Instant) {
+        let (Some(uid), Some(rv)) = (sbx.uid(), sbx.resource_version()) else {
+            return;
+        };
+        if let Ok(mut m) = self.0.lock() {
+            m.retain(|_, (_, at)| now.duration_since(*at) < SUPERSEDED_FOR);
+            m.insert(uid, (rv, now));
+        }
+    }
+
+    /// Whether `sbx` is a version this process wrote over less than [`SUPERSEDED_FOR`] ago.
+    /// Any other version forgets the entry.
+    pub fn is_stale(&self, sbx: &Sandbox, now: Instant) -> bool {
+        let Some(uid) = sbx.uid() else {
+            return false;
+        };
+        let Ok(mut m) = self.0.lock() else {
+            return false;
+        };
+        match m.get(&uid) {
+            Some((rv, at))
+                if Some(rv) == sbx.metadata.resource_version.as_ref()
+                    && now.duration_since(*at) < SUPERSEDED_FOR =>
+            {
+                true
+            }
+            Some(_) => {
+                m.remove(&uid);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+static SUPERSEDED: LazyLock<Superseded> = LazyLock::new(Superseded::default);
+
+/// Writes a Sandbox's status and remembers the version read as written over.
+async fn write_status(api: &Api<Sandbox>, sbx: &Sandbox, st: &SandboxStatus) -> Result<(), Error> {
+    super::apply_status(api, &sbx.name_any(), st).await?;
+    SUPERSEDED.record(sbx, Instant::now());
+    Ok(())
 }
 
 /// Writes the status and publishes an Event about the transition, both only when the status
@@ -85,7 +147,7 @@ async fn write_transition(
         return Ok(());
     }
     super::publish(ctx, sbx, type_, reason, action, note).await;
-    super::apply_status(api, &sbx.name_any(), st).await
+    write_status(api, sbx, st).await
 }
 
 /// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,
@@ -298,7 +360,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             pod_starting(&mut st, generation, now);
         }
         if old.phase.is_some() && changed(&old, &st) {
-            super::apply_status(&apis.sandboxes, &name, &st).await?;
+            write_status(&apis.sandboxes, sbx, &st).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(10)));
     };
@@ -313,7 +375,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             now,
         );
         if changed(&old, &st) {
-            super::apply_status(&apis.sandboxes, &name, &st).await?;
+            write_status(&apis.sandboxes, sbx, &st).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -487,7 +549,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
     }
     if changed(&old, &st) {
-        super::apply_status(&apis.sandboxes, &name, &st).await?;
+        write_status(&apis.sandboxes, sbx, &st).await?;
     }
     if let Some((reason, note)) = started {
         super::publish(ctx, sbx, EventType::Normal, reason, "InitWorkspace", &note).await;
@@ -902,7 +964,7 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Action
         let mut st = sbx.status.clone().unwrap_or_default();
         st.phase = Some(SandboxPhase::Terminating);
         // Best effort: a failed status write must not block deletion.
-        if let Err(e) = super::apply_status(&apis.sandboxes, &name, &st).await {
+        if let Err(e) = write_status(&apis.sandboxes, sbx, &st).await {
             warn!(sandbox = %name, "could not mark the sandbox Terminating: {e}");
         }
     }
@@ -1196,6 +1258,35 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_written_over_version_is_skipped_until_a_newer_one_or_the_bound() {
+        let sbx = |rv: &str| -> Sandbox {
+            let mut s: Sandbox = serde_json::from_value(serde_json::json!({
+                "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+                "metadata": {"name": "s", "uid": "u1", "resourceVersion": rv},
+                "spec": {"image": "i", "scope": {"kind": "Global"}},
+            }))
+            .unwrap();
+            s.metadata.namespace = Some("n".into());
+            s
+        };
+        let reg = Superseded::default();
+        let t = Instant::now();
+        assert!(!reg.is_stale(&sbx("1"), t), "nothing written yet");
+        reg.record(&sbx("1"), t);
+        assert!(reg.is_stale(&sbx("1"), t + Duration::from_millis(10)));
+        assert!(
+            !reg.is_stale(&sbx("2"), t + Duration::from_millis(20)),
+            "newer version"
+        );
+        assert!(
+            !reg.is_stale(&sbx("1"), t + Duration::from_millis(30)),
+            "entry forgotten"
+        );
+        reg.record(&sbx("3"), t);
+        assert!(!reg.is_stale(&sbx("3"), t + SUPERSEDED_FOR), "bounded");
     }
 
     #[test]
