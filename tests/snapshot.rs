@@ -647,19 +647,25 @@ async fn hostile(kind: Kind) {
             entries.iter().all(|e| e == ".agentbox"),
             "{name}: {entries:?}"
         );
-        let inner: Vec<String> = std::fs::read_dir(format!("{host}/.agentbox"))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        assert!(
-            inner
-                .iter()
-                .all(|e| !e.starts_with("staging-") && !e.starts_with("old-")),
-            "{name}: {inner:?}"
-        );
+        // The refused archive's staging directory is gone. The sandbox may be retrying the
+        // restore meanwhile (events of its scope's other sandboxes wake it), which stages and
+        // discards again: a staging directory left behind is one that never goes away.
+        let mut inner: Vec<String> = Vec::new();
+        for _ in 0..150 {
+            inner = std::fs::read_dir(format!("{host}/.agentbox"))
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|e| e.starts_with("staging-") || e.starts_with("old-"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if inner.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(inner.is_empty(), "{name}: {inner:?}");
         let (_, out) = sh(
             &env,
             &pod_of(&s),
