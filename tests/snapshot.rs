@@ -871,6 +871,36 @@ async fn retention(kind: Kind) {
         .delete_snapshot(&kk)
         .await
         .expect("tidy the retained object");
+
+    // A workspace the restore would refuse (an absolute symlink) is not stored as a Ready
+    // snapshot that can never come back: the snapshot fails at once, naming the member.
+    fill(&env, &pod_of(&t), "ln -s /etc/hostname /workspace/abs-link").await;
+    let obj: SandboxSnapshot = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": "unrestorable"},
+        "spec": {"sandboxRef": {"name": "t"}},
+    }))
+    .expect("snapshot json");
+    api.create(&PostParams::default(), &obj)
+        .await
+        .expect("create");
+    let bad = env
+        .wait_for::<SandboxSnapshot>("unrestorable", 300, finished)
+        .await;
+    let st = bad.status.as_ref().expect("status");
+    assert_eq!(st.phase, Some(SnapshotPhase::Failed), "{bad:#?}");
+    assert_eq!(st.attempts, Some(1), "a refusal is not retried");
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Committed")
+        .expect("Committed condition");
+    assert_eq!(c.reason, "SymlinkEscapes", "{c:?}");
+    assert!(c.message.contains("abs-link"), "{c:?}");
+    let kb = b.store.keys(&env.ns, &key, &bad.uid().expect("uid"));
+    assert_eq!(b.store.size(&kb.object).await.unwrap(), None);
+    assert_eq!(b.store.size(&kb.temp).await.unwrap(), None);
     finish(env, &b).await;
 }
 

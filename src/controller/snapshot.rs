@@ -37,6 +37,7 @@ use crate::crd::{
 use crate::exec::{self, ExecEvent, ExecRequest};
 use crate::guard::{self, GuardConfig, GuardError};
 use crate::labels;
+use crate::snapshot::archive::Refusal;
 use crate::snapshot::store::{Manifest, SnapshotKeys, Store};
 use crate::snapshot::{self, SnapshotError};
 
@@ -430,13 +431,15 @@ async fn take(
         .as_ref()
         .and_then(|s| s.pod_name.clone())
         .unwrap_or_else(|| labels::pod_name(&sbx.name_any()));
+    let started = std::time::Instant::now();
     let result = g
-        .run(stream_to_store(ctx, sbx, &ns, &pod_name, store, &keys))
+        .run(stream_to_store(ctx, sbx, (&ns, &pod_name), store, &keys))
         .await
         .unwrap_or_else(|e| Err(SnapshotError::Source(format!("guard: {e}"))));
     let now = Timestamp::now();
     let outcome = match result {
         Ok(summary) => {
+            info!(snapshot = %name, namespace = %ns, bytes = summary.size, secs = started.elapsed().as_secs_f64(), "uploaded; committing");
             let manifest = Manifest {
                 version: 1,
                 object_key: keys.object.to_string(),
@@ -507,12 +510,16 @@ async fn take(
             let reason = e.reason();
             let msg = format!("attempt {attempts} failed: {e}");
             warn!(snapshot = %name, namespace = %ns, "{msg}");
-            st.phase = Some(if attempts >= MAX_ATTEMPTS {
+            // An archive the restore would refuse stays refused: no point in trying again (a
+            // truncated one is a broken stream, which may not recur).
+            let refused = matches!(&e, SnapshotError::Refused(r) if *r != Refusal::Truncated);
+            let give_up = attempts >= MAX_ATTEMPTS || refused;
+            st.phase = Some(if give_up {
                 SnapshotPhase::Failed
             } else {
                 SnapshotPhase::Pending
             });
-            if attempts >= MAX_ATTEMPTS {
+            if give_up {
                 st.completed_at = Some(Time(now));
             }
             conditions::set(
@@ -594,8 +601,7 @@ pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
 async fn stream_to_store(
     ctx: &Context,
     sbx: &Sandbox,
-    ns: &str,
-    pod: &str,
+    (ns, pod): (&str, &str),
     store: &Store,
     keys: &SnapshotKeys,
 ) -> Result<crate::snapshot::archive::Summary, SnapshotError> {
@@ -654,7 +660,8 @@ async fn stream_to_store(
         futures::future::ready(out)
     });
     let chunks = Box::pin(chunks);
-    let result = snapshot::upload(store, keys, chunks).await;
+    let limits = ctx.config.restore_limits();
+    let result = snapshot::upload(store, keys, limits, chunks).await;
     if result.is_err() {
         let _ = store.delete_temp(keys).await;
     }

@@ -62,12 +62,16 @@ impl SnapshotError {
     }
 }
 
-/// Streams `chunks` (a tar archive) into a multipart upload at `keys.temp`, hashing and
-/// counting members on the way. On any error the upload is aborted and the error returned;
-/// the caller commits ([`Store::commit`]) only after success.
+/// Streams `chunks` (a tar archive) into a multipart upload at `keys.temp`. On the way every
+/// byte is hashed and every member checked by the restore's validator with `limits`,
+/// so an archive that could not be restored (an absolute symlink, too many members...) is
+/// refused now rather than stored as a snapshot that can never come back. On any error the
+/// upload is aborted and the error returned; the caller commits ([`Store::commit`]) only after
+/// success.
 pub async fn upload<S>(
     store: &Store,
     keys: &SnapshotKeys,
+    limits: Limits,
     mut chunks: S,
 ) -> Result<Summary, SnapshotError>
 where
@@ -75,7 +79,7 @@ where
 {
     let up = store.inner().put_multipart(&keys.temp).await?;
     let mut w = WriteMultipart::new_with_chunk_size(up, PART_SIZE);
-    let mut tar = TarStream::counting();
+    let mut tar = TarStream::validating(limits, None);
     let failed = loop {
         let Some(next) = chunks.next().await else {
             break None;
@@ -217,7 +221,9 @@ mod tests {
         let store = Store::memory("p");
         let keys = store.keys("ns", "key", "uid");
         let bytes = sample(12 << 20);
-        let s = upload(&store, &keys, chunks(&bytes)).await.unwrap();
+        let s = upload(&store, &keys, Limits::default(), chunks(&bytes))
+            .await
+            .unwrap();
         assert_eq!(s.size, bytes.len() as u64);
         assert_eq!(s.members, 2);
         store.commit(&keys).await.unwrap();
@@ -284,15 +290,44 @@ mod tests {
         let s = chunks(&bytes[..half]).chain(futures::stream::iter(vec![Err(
             SnapshotError::Source("tar exited 1".into()),
         )]));
-        let e = upload(&store, &keys, s).await.unwrap_err();
+        let e = upload(&store, &keys, Limits::default(), s)
+            .await
+            .unwrap_err();
         assert_eq!(e.reason(), "ArchiveFailed");
         assert_eq!(store.size(&keys.temp).await.unwrap(), None);
         // A truncated archive is refused, not stored.
-        let e = upload(&store, &keys, chunks(&bytes[..half]))
+        let e = upload(&store, &keys, Limits::default(), chunks(&bytes[..half]))
             .await
             .unwrap_err();
         assert_eq!(e.reason(), "Truncated");
         assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn an_archive_restore_would_refuse_is_not_stored() {
+        let store = Store::memory("");
+        let keys = store.keys("ns", "key", "uid");
+        let mut b = tar::Builder::new(Vec::new());
+        let mut l = tar::Header::new_gnu();
+        l.set_entry_type(tar::EntryType::Symlink);
+        l.set_size(0);
+        b.append_link(&mut l, "python", "/usr/bin/python3").unwrap();
+        let bytes = b.into_inner().unwrap();
+        let e = upload(&store, &keys, Limits::default(), chunks(&bytes))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "SymlinkEscapes");
+        assert!(e.to_string().contains("python"), "{e}");
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+        // So are archives over the restore's limits.
+        let small = Limits {
+            max_input_bytes: 1000,
+            ..Limits::default()
+        };
+        let e = upload(&store, &keys, small, chunks(&sample(4096)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "InputTooLarge");
     }
 
     #[tokio::test]
