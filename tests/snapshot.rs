@@ -748,6 +748,20 @@ async fn killed_mid_upload(kind: Kind) {
         Some(SnapshotPhase::Running),
         "the kill came too late to test anything"
     );
+    let upload_id = at_kill.status.as_ref().and_then(|s| s.upload_id.clone());
+    if kind == Kind::S3 {
+        let id = upload_id
+            .as_deref()
+            .expect("the Running status records the upload id");
+        assert!(
+            multipart_uploads(&keys.temp)
+                .await
+                .contains(&id.to_string()),
+            "the killed upload should be in the bucket before the restart"
+        );
+    } else {
+        assert_eq!(upload_id, None, "file:// has no multipart ids");
+    }
     start(&mut env, &b);
     let s = env.wait_for::<SandboxSnapshot>("k1", 900, finished).await;
     let st = s.status.as_ref().unwrap();
@@ -763,6 +777,11 @@ async fn killed_mid_upload(kind: Kind) {
         None,
         "temporary object left"
     );
+    assert_eq!(st.upload_id, None, "a finished snapshot records no upload");
+    if kind == Kind::S3 {
+        let left = multipart_uploads(&keys.temp).await;
+        assert!(left.is_empty(), "multipart uploads left: {left:?}");
+    }
     if let Some(dir) = &b.dir {
         let tmp_dir = dir.join(keys.temp.as_ref()).parent().unwrap().to_path_buf();
         let left: Vec<String> = std::fs::read_dir(&tmp_dir)
@@ -774,6 +793,38 @@ async fn killed_mid_upload(kind: Kind) {
         assert!(left.is_empty(), "staged upload files left: {left:?}");
     }
     finish(env, &b).await;
+}
+
+/// Ids of the multipart uploads in progress for `key` in the loopback S3 server's bucket
+/// (ListMultipartUploads; the server does not check signatures).
+async fn multipart_uploads(key: &object_store::path::Path) -> Vec<String> {
+    let vars = s3_env();
+    let get = |k: &str| {
+        vars.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let url = format!(
+        "{}/{}?uploads",
+        get("AGENTBOX_TEST_S3_ENDPOINT"),
+        get("AGENTBOX_TEST_S3_BUCKET")
+    );
+    let body = reqwest::get(&url)
+        .await
+        .expect("list multipart uploads")
+        .text()
+        .await
+        .expect("read the listing");
+    assert!(body.contains("ListMultipartUploadsResult"), "{body}");
+    body.split("<Upload>")
+        .skip(1)
+        .filter(|u| u.contains(&format!("<Key>{}</Key>", key.as_ref())))
+        .filter_map(|u| {
+            let id = u.split("<UploadId>").nth(1)?.split("</UploadId>").next()?;
+            Some(id.to_string())
+        })
+        .collect()
 }
 
 #[tokio::test]

@@ -38,8 +38,9 @@ use crate::exec::{self, ExecEvent, ExecRequest};
 use crate::guard::{self, GuardConfig, GuardError};
 use crate::labels;
 use crate::snapshot::archive::Refusal;
-use crate::snapshot::store::{Manifest, SnapshotKeys, Store};
+use crate::snapshot::store::{Manifest, SnapshotKeys, Store, StoreError};
 use crate::snapshot::{self, SnapshotError};
+use object_store::MultipartId;
 
 /// Finalizer that removes a snapshot's object (policy `Delete`) before the resource goes.
 pub const FINALIZER: &str = "agentbox.dev/snapshot-object";
@@ -285,8 +286,11 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
         Plan::Done => Ok(Action::await_change()),
         Plan::Fail(reason, message) => {
             if let (Some(store), Some(keys)) = (ctx.store.as_ref(), keys_of(ctx, snap)) {
-                store.delete_temp(&keys).await.map_err(snapshot_err)?;
+                discard_attempt(store, &keys, old.upload_id.as_deref())
+                    .await
+                    .map_err(snapshot_err)?;
             }
+            st.upload_id = None;
             st.phase = Some(SnapshotPhase::Failed);
             st.completed_at = Some(Time(now));
             conditions::set(
@@ -349,6 +353,20 @@ fn snapshot_err(e: impl Into<SnapshotError>) -> Error {
     Error::Snapshot(e.into())
 }
 
+/// Removes what an unfinished attempt may have left: its multipart upload (by the id recorded
+/// in the status; its parts are not objects and would stay in the bucket) and the temporary
+/// object or staged files.
+async fn discard_attempt(
+    store: &Store,
+    keys: &SnapshotKeys,
+    upload_id: Option<&str>,
+) -> Result<(), StoreError> {
+    if let Some(id) = upload_id {
+        store.abort_upload(keys, id).await?;
+    }
+    store.delete_temp(keys).await
+}
+
 /// Takes the snapshot: labels, guard, Running, stream, commit, manifest, Ready, retention.
 async fn take(
     ctx: &Context,
@@ -367,7 +385,11 @@ async fn take(
     ensure_labels(&api, snap, sbx).await?;
     if clean_first {
         info!(snapshot = %name, namespace = %ns, "interrupted snapshot: removing its objects and taking it again");
+        discard_attempt(store, &keys, st.upload_id.as_deref())
+            .await
+            .map_err(snapshot_err)?;
         store.delete_snapshot(&keys).await.map_err(snapshot_err)?;
+        st.upload_id = None;
     }
 
     let gcfg = GuardConfig {
@@ -424,7 +446,24 @@ async fn take(
         None,
         now,
     );
-    super::apply_status(&api, &name, &st).await?;
+    // The upload is created before the Running write records its id: whoever finds this
+    // attempt interrupted can then abort it (only a kill between the two calls loses it).
+    let upload_id = match store.create_upload(&keys).await {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = g.release().await;
+            return Err(snapshot_err(e));
+        }
+    };
+    st.upload_id = upload_id.clone();
+    if let Err(e) = super::apply_status(&api, &name, &st).await {
+        if let Some(id) = &upload_id {
+            let _ = store.abort_upload(&keys, id).await;
+        }
+        let _ = g.release().await;
+        return Err(e);
+    }
+    st.upload_id = None;
 
     let pod_name = sbx
         .status
@@ -433,7 +472,14 @@ async fn take(
         .unwrap_or_else(|| labels::pod_name(&sbx.name_any()));
     let started = std::time::Instant::now();
     let result = g
-        .run(stream_to_store(ctx, sbx, (&ns, &pod_name), store, &keys))
+        .run(stream_to_store(
+            ctx,
+            sbx,
+            (&ns, &pod_name),
+            store,
+            &keys,
+            upload_id.as_ref(),
+        ))
         .await
         .unwrap_or_else(|e| Err(SnapshotError::Source(format!("guard: {e}"))));
     let now = Timestamp::now();
@@ -504,7 +550,9 @@ async fn take(
             Ok(Action::await_change())
         }
         Err(e) => {
-            let _ = store.delete_temp(&keys).await;
+            // The upload aborts itself on errors it sees, but not when a lost guard cancelled
+            // it mid-way.
+            let _ = discard_attempt(store, &keys, upload_id.as_deref()).await;
             let _ = store.delete(&keys.manifest).await;
             let _ = store.delete(&keys.object).await;
             let reason = e.reason();
@@ -597,13 +645,15 @@ pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
     args
 }
 
-/// Runs `tar -c` in the pod and streams its stdout into the store's temporary key.
+/// Runs `tar -c` in the pod and streams its stdout into the store's temporary key, through
+/// the multipart upload `upload_id` when the store has them.
 async fn stream_to_store(
     ctx: &Context,
     sbx: &Sandbox,
     (ns, pod): (&str, &str),
     store: &Store,
     keys: &SnapshotKeys,
+    upload_id: Option<&MultipartId>,
 ) -> Result<crate::snapshot::archive::Summary, SnapshotError> {
     store.delete_temp(keys).await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
@@ -661,7 +711,7 @@ async fn stream_to_store(
     });
     let chunks = Box::pin(chunks);
     let limits = ctx.config.restore_limits();
-    let result = snapshot::upload(store, keys, limits, chunks).await;
+    let result = snapshot::upload(store, keys, upload_id, limits, chunks).await;
     if result.is_err() {
         let _ = store.delete_temp(keys).await;
     }
@@ -736,15 +786,19 @@ async fn apply_retention(
     Ok(())
 }
 
-/// Deleting a snapshot: with `Delete`, its objects go first; with `Retain`, only a leftover
-/// temporary object.
+/// Deleting a snapshot: with `Delete`, its objects go first; with `Retain`, only what an
+/// unfinished attempt left (a multipart upload, a temporary object).
 async fn cleanup(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
     let (Some(store), Some(keys)) = (ctx.store.as_ref(), keys_of(ctx, snap)) else {
         return Ok(Action::await_change());
     };
-    match snap.spec.deletion_policy {
-        DeletionPolicy::Delete => store.delete_snapshot(&keys).await.map_err(snapshot_err)?,
-        DeletionPolicy::Retain => store.delete_temp(&keys).await.map_err(snapshot_err)?,
+    // An upload still recorded was cut short (a finished attempt clears it).
+    let upload_id = snap.status.as_ref().and_then(|s| s.upload_id.as_deref());
+    discard_attempt(store, &keys, upload_id)
+        .await
+        .map_err(snapshot_err)?;
+    if snap.spec.deletion_policy == DeletionPolicy::Delete {
+        store.delete_snapshot(&keys).await.map_err(snapshot_err)?;
     }
     Ok(Action::await_change())
 }

@@ -10,11 +10,17 @@
 pub mod archive;
 pub mod store;
 
+use std::sync::{Arc, Mutex};
+
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{SinkExt, Stream, StreamExt};
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
-use object_store::{GetResultPayload, ObjectStoreExt, WriteMultipart};
+use object_store::{
+    GetResultPayload, MultipartId, MultipartUpload, ObjectStoreExt, PutPayload, PutResult,
+    UploadPart, WriteMultipart,
+};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::io::ReaderStream;
 
@@ -62,8 +68,9 @@ impl SnapshotError {
     }
 }
 
-/// Streams `chunks` (a tar archive) into a multipart upload at `keys.temp`. On the way every
-/// byte is hashed and every member checked by the restore's validator with `limits`,
+/// Streams `chunks` (a tar archive) into a multipart upload at `keys.temp`: the upload `id`
+/// made by [`Store::create_upload`] when the store has a multipart API, else a new one. On the
+/// way every byte is hashed and every member checked by the restore's validator with `limits`,
 /// so an archive that could not be restored (an absolute symlink, too many members...) is
 /// refused now rather than stored as a snapshot that can never come back. On any error the
 /// upload is aborted and the error returned; the caller commits ([`Store::commit`]) only after
@@ -71,13 +78,23 @@ impl SnapshotError {
 pub async fn upload<S>(
     store: &Store,
     keys: &SnapshotKeys,
+    id: Option<&MultipartId>,
     limits: Limits,
     mut chunks: S,
 ) -> Result<Summary, SnapshotError>
 where
     S: Stream<Item = Result<Bytes, SnapshotError>> + Unpin,
 {
-    let up = store.inner().put_multipart(&keys.temp).await?;
+    let up: Box<dyn MultipartUpload> = match (id, store.multipart()) {
+        (Some(id), Some(m)) => Box::new(KnownUpload {
+            store: m.clone(),
+            path: keys.temp.clone(),
+            id: id.clone(),
+            parts: Arc::default(),
+            next: 0,
+        }),
+        _ => store.inner().put_multipart(&keys.temp).await?,
+    };
     let mut w = WriteMultipart::new_with_chunk_size(up, PART_SIZE);
     let mut tar = TarStream::validating(limits, None);
     let failed = loop {
@@ -109,6 +126,73 @@ where
     };
     w.finish().await?;
     Ok(summary)
+}
+
+/// A multipart upload continued by its id (object_store's own `put_multipart` hides the id,
+/// so an upload cut short by a kill could not be aborted later).
+struct KnownUpload {
+    store: Arc<dyn MultipartStore>,
+    path: Path,
+    id: MultipartId,
+    /// Finished parts by index (they may finish out of order).
+    parts: Arc<Mutex<Vec<(usize, PartId)>>>,
+    next: usize,
+}
+
+impl std::fmt::Debug for KnownUpload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KnownUpload")
+            .field("path", &self.path)
+            .field("id", &self.id)
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+/// A part upload panicked while holding the part list.
+fn poisoned() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "snapshot",
+        source: "part list poisoned".into(),
+    }
+}
+
+#[async_trait::async_trait]
+impl MultipartUpload for KnownUpload {
+    fn put_part(&mut self, data: PutPayload) -> UploadPart {
+        let idx = self.next;
+        self.next += 1;
+        let (store, path, id, parts) = (
+            self.store.clone(),
+            self.path.clone(),
+            self.id.clone(),
+            self.parts.clone(),
+        );
+        Box::pin(async move {
+            let part = store.put_part(&path, &id, idx, data).await?;
+            parts.lock().map_err(|_| poisoned())?.push((idx, part));
+            Ok(())
+        })
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        let mut done = self.parts.lock().map_err(|_| poisoned())?.clone();
+        done.sort_by_key(|(i, _)| *i);
+        if done.len() != self.next {
+            return Err(object_store::Error::Generic {
+                store: "snapshot",
+                source: format!("{} of {} parts uploaded", done.len(), self.next).into(),
+            });
+        }
+        let parts = done.into_iter().map(|(_, p)| p).collect();
+        self.store
+            .complete_multipart(&self.path, &self.id, parts)
+            .await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.store.abort_multipart(&self.path, &self.id).await
+    }
 }
 
 /// Read size for objects of a `file://` store. object_store's own stream reads a local file
@@ -221,7 +305,7 @@ mod tests {
         let store = Store::memory("p");
         let keys = store.keys("ns", "key", "uid");
         let bytes = sample(12 << 20);
-        let s = upload(&store, &keys, Limits::default(), chunks(&bytes))
+        let s = upload(&store, &keys, None, Limits::default(), chunks(&bytes))
             .await
             .unwrap();
         assert_eq!(s.size, bytes.len() as u64);
@@ -290,17 +374,50 @@ mod tests {
         let s = chunks(&bytes[..half]).chain(futures::stream::iter(vec![Err(
             SnapshotError::Source("tar exited 1".into()),
         )]));
-        let e = upload(&store, &keys, Limits::default(), s)
+        let e = upload(&store, &keys, None, Limits::default(), s)
             .await
             .unwrap_err();
         assert_eq!(e.reason(), "ArchiveFailed");
         assert_eq!(store.size(&keys.temp).await.unwrap(), None);
         // A truncated archive is refused, not stored.
-        let e = upload(&store, &keys, Limits::default(), chunks(&bytes[..half]))
-            .await
-            .unwrap_err();
+        let e = upload(
+            &store,
+            &keys,
+            None,
+            Limits::default(),
+            chunks(&bytes[..half]),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.reason(), "Truncated");
         assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn an_upload_by_id_completes_or_is_aborted_by_that_id() {
+        let store = Store::memory("");
+        let keys = store.keys("ns", "key", "uid");
+        let bytes = sample(11 << 20);
+        let id = store.create_upload(&keys).await.unwrap().expect("an id");
+        let s = upload(&store, &keys, Some(&id), Limits::default(), chunks(&bytes))
+            .await
+            .unwrap();
+        let back = store.inner().get(&keys.temp).await.unwrap().bytes().await;
+        assert_eq!(back.unwrap(), bytes);
+        assert_eq!(s.size, bytes.len() as u64);
+        // An upload left behind (its operator killed) is aborted by its recorded id: its
+        // parts are gone and it can no longer be completed.
+        let m = store.multipart().unwrap().clone();
+        let left = store.create_upload(&keys).await.unwrap().expect("an id");
+        m.put_part(&keys.temp, &left, 0, bytes.clone().into())
+            .await
+            .unwrap();
+        store.abort_upload(&keys, &left).await.unwrap();
+        assert!(
+            m.complete_multipart(&keys.temp, &left, vec![])
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test]
@@ -313,9 +430,16 @@ mod tests {
         l.set_size(0);
         b.append_link(&mut l, "python", "/usr/bin/python3").unwrap();
         let bytes = b.into_inner().unwrap();
-        let e = upload(&store, &keys, Limits::default(), chunks(&bytes))
-            .await
-            .unwrap_err();
+        let id = store.create_upload(&keys).await.unwrap();
+        let e = upload(
+            &store,
+            &keys,
+            id.as_ref(),
+            Limits::default(),
+            chunks(&bytes),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.reason(), "SymlinkEscapes");
         assert!(e.to_string().contains("python"), "{e}");
         assert_eq!(store.size(&keys.temp).await.unwrap(), None);
@@ -324,7 +448,7 @@ mod tests {
             max_input_bytes: 1000,
             ..Limits::default()
         };
-        let e = upload(&store, &keys, small, chunks(&sample(4096)))
+        let e = upload(&store, &keys, None, small, chunks(&sample(4096)))
             .await
             .unwrap_err();
         assert_eq!(e.reason(), "InputTooLarge");
