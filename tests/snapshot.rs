@@ -343,6 +343,29 @@ async fn round_trip(kind: Kind) {
         Some("alice")
     );
     assert!(s.owner_references().is_empty(), "snapshots have no owner");
+    // The sandbox records its newest Ready snapshot.
+    let sha = s.status.as_ref().and_then(|st| st.sha256.clone());
+    let a = env
+        .wait_for::<Sandbox>("a", 60, |x: Option<&Sandbox>| {
+            x.and_then(|x| x.status.as_ref())
+                .and_then(|st| st.last_snapshot.as_ref())
+                .is_some_and(|l| l.name == "s1")
+        })
+        .await;
+    let last = a
+        .status
+        .as_ref()
+        .and_then(|st| st.last_snapshot.clone())
+        .expect("lastSnapshot");
+    assert_eq!(Some(last.sha256), sha);
+    assert_eq!(
+        Some(last.size_bytes),
+        s.status.as_ref().and_then(|st| st.size_bytes)
+    );
+    assert_eq!(
+        Some(&last.completed_at),
+        s.status.as_ref().and_then(|st| st.completed_at.as_ref())
+    );
 
     // A new sandbox of the same user scope restores the newest snapshot: branch C.
     create_sandbox(&env, "b", spec("alice", json!({})))

@@ -85,7 +85,16 @@ async fn write_transition(
         return Ok(());
     }
     super::publish(ctx, sbx, type_, reason, action, note).await;
-    super::apply_status(api, &sbx.name_any(), st).await
+    apply_status(api, &sbx.name_any(), st).await
+}
+
+/// Server-side applies the sandbox controller's part of a Sandbox's status: all of it but
+/// `lastSnapshot`, which the snapshot controller owns under its own field manager (applying a
+/// copy read from a lagging cache would put back an older snapshot).
+async fn apply_status(api: &Api<Sandbox>, name: &str, st: &SandboxStatus) -> Result<(), Error> {
+    let mut mine = st.clone();
+    mine.last_snapshot = None;
+    super::apply_status(api, name, &mine).await
 }
 
 /// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,
@@ -305,7 +314,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             );
         }
         if old.phase.is_some() && changed(&old, &st) {
-            super::apply_status(&apis.sandboxes, &name, &st).await?;
+            apply_status(&apis.sandboxes, &name, &st).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(10)));
     };
@@ -320,7 +329,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             now,
         );
         if changed(&old, &st) {
-            super::apply_status(&apis.sandboxes, &name, &st).await?;
+            apply_status(&apis.sandboxes, &name, &st).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -481,7 +490,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         PodState::Ended(_) => {}
     }
     if changed(&old, &st) {
-        super::apply_status(&apis.sandboxes, &name, &st).await?;
+        apply_status(&apis.sandboxes, &name, &st).await?;
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
@@ -857,7 +866,7 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Action
         let mut st = sbx.status.clone().unwrap_or_default();
         st.phase = Some(SandboxPhase::Terminating);
         // Best effort: a failed status write must not block deletion.
-        if let Err(e) = super::apply_status(&apis.sandboxes, &name, &st).await {
+        if let Err(e) = apply_status(&apis.sandboxes, &name, &st).await {
             warn!(sandbox = %name, "could not mark the sandbox Terminating: {e}");
         }
     }

@@ -31,7 +31,7 @@ use super::pod::CONTAINER;
 use super::sandbox::{PodState, observe_pod};
 use super::{Context, Error};
 use crate::crd::{
-    DeletionPolicy, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
+    DeletionPolicy, LastSnapshot, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
     SandboxSnapshotStatus, SnapshotPhase,
 };
 use crate::exec::{self, ExecEvent, ExecRequest};
@@ -52,6 +52,9 @@ pub const MAX_ATTEMPTS: i32 = 3;
 const GUARD_WAIT: Duration = Duration::from_secs(60);
 /// Upper bound on one `tar -c` run.
 const TAR_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
+/// Field manager of the Sandbox's `status.lastSnapshot`, the one Sandbox field this controller
+/// writes (the sandbox controller applies the rest of the status under its own manager).
+pub const LAST_SNAPSHOT_MANAGER: &str = "agentbox-operator-snapshots";
 /// Label on snapshots taken by `spec.snapshot.onStop`.
 pub const ON_STOP: &str = "agentbox.dev/on-stop";
 
@@ -543,6 +546,15 @@ async fn take(
             );
             super::apply_status(&api, &name, &st).await?;
             info!(snapshot = %name, namespace = %ns, "{msg}");
+            let last = LastSnapshot {
+                name: name.clone(),
+                completed_at: Time(now),
+                sha256: summary.sha256.clone(),
+                size_bytes: st.size_bytes.unwrap_or(0),
+            };
+            if let Err(e) = set_last_snapshot(ctx, &ns, &sbx.name_any(), last).await {
+                warn!(snapshot = %name, "recording the snapshot on its sandbox: {e}");
+            }
             super::publish(ctx, snap, EventType::Normal, "Committed", "Snapshot", &msg).await;
             if let Err(e) = apply_retention(ctx, &ns, sbx, &scope_key).await {
                 warn!(snapshot = %name, "retention: {e}");
@@ -583,6 +595,22 @@ async fn take(
             super::apply_status(&api, &name, &st).await?;
             Ok(Action::requeue(Duration::from_secs(5)))
         }
+    }
+}
+
+/// Records a Ready snapshot in its Sandbox's `status.lastSnapshot` (one status write; a
+/// sandbox deleted meanwhile is fine).
+async fn set_last_snapshot(
+    ctx: &Context,
+    ns: &str,
+    sandbox: &str,
+    last: LastSnapshot,
+) -> Result<(), Error> {
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
+    let status = serde_json::json!({ "lastSnapshot": last });
+    match super::apply_status_as(&api, sandbox, &status, LAST_SNAPSHOT_MANAGER).await {
+        Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(()),
+        r => r,
     }
 }
 
