@@ -7,7 +7,7 @@
 //! - snapshot: SandboxSnapshot created → Ready (tar through exec, SHA-256, tar parsing,
 //!   multipart upload, commit, manifest);
 //! - restore: a new sandbox of the same scope, from its pod running to the sandbox Ready
-//!   (validating pass, extracting pass, swap);
+//!   (one validating, extracting pass, then the swap);
 //! - the operator's peak RSS growth over its idle RSS (`VmHWM` − `VmRSS` before the run).
 //!
 //! `BENCH_STORE=s3` uses the S3-compatible server of `hack/s3` instead of a `file://` store.
@@ -274,7 +274,7 @@ async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
             100.0 * mib_s(size, upload_time) / raw_rate
         );
         println!(
-            "restore (pod running->Ready, 2 passes): {restore_rate:8.1} MiB/s ({:.1}s), branch {branch:?}",
+            "restore (pod running->Ready, 1 pass): {restore_rate:8.1} MiB/s ({:.1}s), branch {branch:?}",
             restore_time.as_secs_f64()
         );
         println!(

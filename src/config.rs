@@ -93,7 +93,8 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_S3_ALLOW_HTTP", default_value_t = false, action = clap::ArgAction::Set)]
     pub s3_allow_http: bool,
 
-    /// Restore: largest snapshot archive in bytes (0: no limit).
+    /// Restore: largest snapshot archive in bytes (0: no limit). The restore limits also
+    /// bound snapshots: one that could not be restored fails instead of becoming Ready.
     #[arg(long, env = "AGENTBOX_RESTORE_MAX_INPUT_BYTES", default_value_t = 1u64 << 30)]
     pub restore_max_input_bytes: u64,
 
@@ -158,7 +159,7 @@ impl Config {
         })
     }
 
-    /// The limits every restored archive is checked against.
+    /// The limits every restored archive, and every archive taken, is checked against.
     pub fn restore_limits(&self) -> crate::snapshot::archive::Limits {
         crate::snapshot::archive::Limits {
             max_input_bytes: self.restore_max_input_bytes,

@@ -7,8 +7,9 @@
 //!   kill a remote process, so the command runs in its own process group under a small `sh`
 //!   prologue with a watchdog that `kill -KILL`s the whole group when the time is up;
 //! - a per-stream output cap: output past the cap is drained and dropped, and flagged;
-//! - stdin from bytes or from any [`AsyncRead`], half-closed when done (kube 5 speaks
-//!   `v5.channel.k8s.io`, whose CLOSE frame gives the remote process a clean EOF);
+//! - stdin from bytes or from any [`AsyncRead`], in large frames, half-closed when done or
+//!   when the reader fails (`v5.channel.k8s.io`'s CLOSE frame gives the remote process a clean
+//!   EOF);
 //! - a streaming form ([`stream`]) that yields stdout/stderr chunks as they arrive;
 //! - a persistent shell ([`session::Session`]) for low-latency command loops.
 
@@ -19,13 +20,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::Stream;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::{FutureExt, SinkExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{Api, AttachParams};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
 
 /// Name of the single container of every sandbox pod.
 pub const SANDBOX_CONTAINER: &str = "sandbox";
@@ -38,12 +40,26 @@ pub const DEFAULT_MAX_OUTPUT: usize = 8 << 20;
 /// round trip; this only bounds a wedged connection.
 pub const TIMEOUT_GRACE: Duration = Duration::from_secs(15);
 
-/// Size of kube's in-process pipes for each stream. kube defaults to 1 KiB, which turns a large
-/// transfer into thousands of tiny wake-ups.
-const PIPE_BUF: usize = 256 << 10;
+/// Size of kube's in-process pipes for each stream of a persistent session. kube defaults to
+/// 1 KiB, which turns a large transfer into thousands of tiny wake-ups.
+pub(crate) const PIPE_BUF: usize = 256 << 10;
 
-/// Read size for stdout/stderr chunks.
-const CHUNK: usize = 64 << 10;
+/// Largest stdin frame. kube's own exec loop sends stdin in 4 KiB WebSocket messages (its
+/// `ReaderStream`'s default), each flushed on its own, which held a streamed restore to a third
+/// of the speed of the stdout direction; this transport sends up to this much per message.
+const STDIN_FRAME: usize = 256 << 10;
+
+/// Interval of WebSocket pings on an exec connection, as kube sends them (keeps proxies from
+/// dropping an exec that is silent for long).
+const PING_EVERY: Duration = Duration::from_secs(60);
+
+/// Channel numbers of the Kubernetes remote-command protocol (`v5.channel.k8s.io`).
+const STDIN_CHANNEL: u8 = 0;
+const STDOUT_CHANNEL: u8 = 1;
+const STDERR_CHANNEL: u8 = 2;
+const STATUS_CHANNEL: u8 = 3;
+/// v5: `[CLOSE_CHANNEL, n]` half-closes channel n (stdin EOF for the process).
+const CLOSE_CHANNEL: u8 = 255;
 
 /// The `sh` prologue that wraps a command when it needs a workdir, env or timeout.
 ///
@@ -401,6 +417,9 @@ impl Stream for ExecStream {
 
 /// Starts a command and returns its event stream. The connection is open when this returns
 /// (connection errors come back here, not from the stream).
+///
+/// The remote-command protocol is spoken here rather than through kube's `AttachedProcess`:
+/// that one moves every byte through in-process pipes and sends stdin in 4 KiB messages.
 pub async fn stream(
     pods: &Api<Pod>,
     pod: &str,
@@ -412,19 +431,22 @@ pub async fn stream(
         .container(container)
         .stdin(req.stdin.is_some())
         .stdout(true)
-        .stderr(true)
-        .max_stdin_buf_size(PIPE_BUF)
-        .max_stdout_buf_size(PIPE_BUF)
-        .max_stderr_buf_size(PIPE_BUF);
-    let proc = pods
+        .stderr(true);
+    let mut http = kube::core::Request::new(pods.resource_url())
         .exec(pod, argv, &ap)
+        .map_err(|e| ExecError::Invalid(e.to_string()))?;
+    http.extensions_mut().insert("exec");
+    let conn = pods
+        .clone()
+        .into_client()
+        .connect(http)
         .await
         .map_err(|source| ExecError::Connect {
             pod: pod.to_string(),
             source,
         })?;
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(drive(proc, req.stdin, req.timeout, tx));
+    tokio::spawn(drive(conn, req.stdin, req.timeout, tx));
     Ok(ExecStream { rx })
 }
 
@@ -488,120 +510,168 @@ impl Capped {
     }
 }
 
-/// Pumps one attached process: stdin in, stdout/stderr out as events, then the exit status.
+/// Pumps one exec connection: stdin in, stdout/stderr out as events, then the exit status.
 async fn drive(
-    mut proc: kube::api::AttachedProcess,
+    conn: kube::client::Connection,
     stdin: Option<Stdin>,
     timeout: Option<Duration>,
     tx: mpsc::Sender<Result<ExecEvent, ExecError>>,
 ) {
-    let result = pump(&mut proc, stdin, timeout, &tx).await;
-    match result {
-        Ok(ev) => {
-            let _ = tx.send(Ok(ev)).await;
-        }
-        Err(e) => {
-            let _ = tx.send(Err(e)).await;
-        }
-    }
-    // Dropping `proc` aborts kube's message loop if it is still running.
+    let result = pump(conn, stdin, timeout, &tx).await;
+    let _ = tx.send(result).await;
+    // Dropping the connection closes it.
 }
 
 async fn pump(
-    proc: &mut kube::api::AttachedProcess,
+    conn: kube::client::Connection,
     stdin: Option<Stdin>,
     timeout: Option<Duration>,
     tx: &mpsc::Sender<Result<ExecEvent, ExecError>>,
 ) -> Result<ExecEvent, ExecError> {
-    let mut stdout = proc.stdout();
-    let mut stderr = proc.stderr();
-    let status = proc
-        .take_status()
-        .ok_or_else(|| ExecError::Stream("no status channel".into()))?;
-    let writer = proc.stdin();
-
+    let half_close = conn.supports_stream_close();
+    let (sink, mut incoming) = conn.into_stream().split();
     // stdin runs on its own task so that a slow or never-reading command cannot stall output.
-    let stdin_task = match (stdin, writer) {
-        (Some(src), Some(mut w)) => Some(tokio::spawn(async move {
-            // Write errors mean the process is gone or closed stdin: nothing left to do.
-            let _ = match src {
-                Stdin::Bytes(b) => w.write_all(&b).await,
-                Stdin::Reader(mut r) => tokio::io::copy(&mut r, &mut w).await.map(|_| ()),
-            };
-            // Shutdown + drop closes stdin (a CLOSE frame on v5, EOF for the process).
-            let _ = w.shutdown().await;
-        })),
-        _ => None,
-    };
-
+    let sender = tokio::spawn(send_stdin(sink, stdin, half_close));
     let start = tokio::time::Instant::now();
     let far = start + Duration::from_secs(100 * 365 * 24 * 3600);
     let deadline = timeout.map(|t| start + t).unwrap_or(far);
     let mut timed_out = false;
     let mut give_up = far;
-    let mut obuf = vec![0u8; CHUNK];
-    let mut ebuf = vec![0u8; CHUNK];
-
-    while stdout.is_some() || stderr.is_some() {
+    let result = loop {
         tokio::select! {
-            r = read_opt(&mut stdout, &mut obuf), if stdout.is_some() => match r {
-                Ok(0) => stdout = None,
-                Ok(n) => {
-                    if tx.send(Ok(ExecEvent::Stdout(Bytes::copy_from_slice(&obuf[..n])))).await.is_err() {
-                        return Err(ExecError::Stream("receiver dropped".into()));
+            msg = incoming.next() => match msg {
+                Some(Ok(Message::Binary(b))) if b.len() > 1 => {
+                    let ev = match b[0] {
+                        STDOUT_CHANNEL => ExecEvent::Stdout(b.slice(1..)),
+                        STDERR_CHANNEL => ExecEvent::Stderr(b.slice(1..)),
+                        STATUS_CHANNEL => {
+                            let st: Status = serde_json::from_slice(&b[1..])
+                                .map_err(|e| ExecError::Stream(format!("bad status: {e}")))?;
+                            break Ok(st);
+                        }
+                        _ => continue,
+                    };
+                    if tx.send(Ok(ev)).await.is_err() {
+                        break Err(ExecError::Stream("receiver dropped".into()));
                     }
                 }
-                Err(e) => return Err(ExecError::Stream(format!("reading stdout: {e}"))),
-            },
-            r = read_opt(&mut stderr, &mut ebuf), if stderr.is_some() => match r {
-                Ok(0) => stderr = None,
-                Ok(n) => {
-                    if tx.send(Ok(ExecEvent::Stderr(Bytes::copy_from_slice(&ebuf[..n])))).await.is_err() {
-                        return Err(ExecError::Stream("receiver dropped".into()));
-                    }
-                }
-                Err(e) => return Err(ExecError::Stream(format!("reading stderr: {e}"))),
+                // The server sends only binary messages; a close ends the stream.
+                Some(Ok(Message::Close(_))) | None => break Err(ExecError::Stream(
+                    "connection closed without an exit status".into(),
+                )),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => break Err(ExecError::Stream(format!("reading: {e}"))),
             },
             _ = tokio::time::sleep_until(deadline), if !timed_out && timeout.is_some() => {
                 timed_out = true;
                 give_up = tokio::time::Instant::now() + TIMEOUT_GRACE;
             },
             _ = tokio::time::sleep_until(give_up), if timed_out => {
-                return Err(ExecError::Timeout(timeout.unwrap_or_default()));
+                break Err(ExecError::Timeout(timeout.unwrap_or_default()));
             },
         }
-    }
-    if let Some(t) = stdin_task {
-        t.abort();
-    }
-    let bound = if timed_out { give_up } else { far };
-    let st = tokio::time::timeout_at(bound, status)
-        .await
-        .map_err(|_| ExecError::Timeout(timeout.unwrap_or_default()))?;
-    // The streams are closed, so kube's loop has ended: surface a broken connection.
-    let st = match st {
-        Some(st) => st,
-        None => {
-            return Err(ExecError::Stream(
-                "connection closed without an exit status".into(),
-            ));
-        }
     };
-    let status = parse_status(&st)?;
+    sender.abort();
+    let status = parse_status(&result?)?;
     // The client deadline starts before the in-pod watchdog, so a command the watchdog killed
     // is always seen as timed out here.
     let timed_out = timed_out || timeout.is_some_and(|t| start.elapsed() >= t);
     Ok(ExecEvent::Exit { status, timed_out })
 }
 
-async fn read_opt<R: AsyncRead + Unpin>(
-    r: &mut Option<R>,
-    buf: &mut [u8],
-) -> std::io::Result<usize> {
-    match r {
-        Some(r) => r.read(buf).await,
-        None => std::future::pending().await,
+/// Sends stdin (if any) in frames of up to [`STDIN_FRAME`], then its end, then pings until
+/// aborted. A failed send means the connection is gone: the receiving side reports that.
+async fn send_stdin<S>(mut sink: S, stdin: Option<Stdin>, half_close: bool)
+where
+    S: futures::Sink<Message> + Unpin,
+{
+    if let Some(src) = stdin {
+        let sent = match src {
+            Stdin::Bytes(b) => {
+                let mut r = Ok(());
+                for part in b.chunks(STDIN_FRAME) {
+                    let mut f = BytesMut::with_capacity(1 + part.len());
+                    f.put_u8(STDIN_CHANNEL);
+                    f.put_slice(part);
+                    r = sink.send(Message::Binary(f.freeze())).await;
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                r.is_ok()
+            }
+            Stdin::Reader(mut r) => loop {
+                // A failed source ends stdin like EOF, and the exec still waits for the
+                // command to exit: dropping the connection instead would leave the command
+                // running in the pod. Callers that stream from a fallible source check it
+                // themselves (a restore checks what its reader forwarded).
+                let (frame, eof) = next_frame(&mut r).await.unwrap_or((None, true));
+                if let Some(f) = frame
+                    && sink.send(Message::Binary(f)).await.is_err()
+                {
+                    break false;
+                }
+                if eof {
+                    break true;
+                }
+            },
+        };
+        if !sent {
+            return;
+        }
+        let end = if half_close {
+            // v5: half-close stdin; output keeps flowing.
+            sink.send(Message::Binary(Bytes::from_static(&[
+                CLOSE_CHANNEL,
+                STDIN_CHANNEL,
+            ])))
+            .await
+        } else {
+            // Older protocols can only close the whole connection to signal EOF.
+            sink.close().await
+        };
+        if end.is_err() {
+            return;
+        }
     }
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
+    loop {
+        ping.tick().await;
+        if sink.send(Message::Ping(Bytes::new())).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads the next stdin frame: waits for some bytes, then takes whatever more is ready at
+/// once, up to [`STDIN_FRAME`] (a trickling interactive source is not held back). Returns the
+/// frame (`None` when nothing was read) and whether the source ended.
+async fn next_frame(
+    r: &mut Pin<Box<dyn AsyncRead + Send>>,
+) -> std::io::Result<(Option<Bytes>, bool)> {
+    let mut f = BytesMut::with_capacity(1 + STDIN_FRAME);
+    f.put_u8(STDIN_CHANNEL);
+    let mut eof = false;
+    let mut first = true;
+    while f.len() < 1 + STDIN_FRAME {
+        let room = 1 + STDIN_FRAME - f.len();
+        let mut limited = (&mut f).limit(room);
+        let n = if first {
+            first = false;
+            r.read_buf(&mut limited).await?
+        } else {
+            match r.read_buf(&mut limited).now_or_never() {
+                Some(n) => n?,
+                None => break,
+            }
+        };
+        if n == 0 {
+            eof = true;
+            break;
+        }
+    }
+    let frame = (f.len() > 1).then(|| f.freeze());
+    Ok((frame, eof))
 }
 
 #[cfg(test)]

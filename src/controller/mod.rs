@@ -316,6 +316,19 @@ pub(crate) async fn apply_status<K>(
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    apply_status_as(api, name, status, FIELD_MANAGER).await
+}
+
+/// Server-side applies the status fields in `status` with field manager `manager`.
+pub(crate) async fn apply_status_as<K>(
+    api: &Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+    manager: &str,
+) -> Result<(), Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let body = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
@@ -323,7 +336,7 @@ where
     });
     api.patch_status(
         name,
-        &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+        &kube::api::PatchParams::apply(manager).force(),
         &kube::api::Patch::Apply(&body),
     )
     .await?;

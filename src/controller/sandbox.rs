@@ -126,9 +126,14 @@ impl Superseded {
 
 static SUPERSEDED: LazyLock<Superseded> = LazyLock::new(Superseded::default);
 
-/// Writes a Sandbox's status and remembers the version read as written over.
+/// Server-side applies the sandbox controller's part of a Sandbox's status and remembers the
+/// version read as written over. Its part is all but `lastSnapshot`, which the snapshot
+/// controller owns under its own field manager (applying a copy read from a lagging cache
+/// would put back an older snapshot).
 async fn write_status(api: &Api<Sandbox>, sbx: &Sandbox, st: &SandboxStatus) -> Result<(), Error> {
-    super::apply_status(api, &sbx.name_any(), st).await?;
+    let mut mine = st.clone();
+    mine.last_snapshot = None;
+    super::apply_status(api, &sbx.name_any(), &mine).await?;
     SUPERSEDED.record(sbx, Instant::now());
     Ok(())
 }

@@ -31,14 +31,16 @@ use super::pod::CONTAINER;
 use super::sandbox::{PodState, observe_pod};
 use super::{Context, Error};
 use crate::crd::{
-    DeletionPolicy, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
+    DeletionPolicy, LastSnapshot, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
     SandboxSnapshotStatus, SnapshotPhase,
 };
 use crate::exec::{self, ExecEvent, ExecRequest};
 use crate::guard::{self, GuardConfig, GuardError};
 use crate::labels;
-use crate::snapshot::store::{Manifest, SnapshotKeys, Store};
+use crate::snapshot::archive::Refusal;
+use crate::snapshot::store::{Manifest, SnapshotKeys, Store, StoreError};
 use crate::snapshot::{self, SnapshotError};
+use object_store::MultipartId;
 
 /// Finalizer that removes a snapshot's object (policy `Delete`) before the resource goes.
 pub const FINALIZER: &str = "agentbox.dev/snapshot-object";
@@ -50,6 +52,9 @@ pub const MAX_ATTEMPTS: i32 = 3;
 const GUARD_WAIT: Duration = Duration::from_secs(60);
 /// Upper bound on one `tar -c` run.
 const TAR_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
+/// Field manager of the Sandbox's `status.lastSnapshot`, the one Sandbox field this controller
+/// writes (the sandbox controller applies the rest of the status under its own manager).
+pub const LAST_SNAPSHOT_MANAGER: &str = "agentbox-operator-snapshots";
 /// Label on snapshots taken by `spec.snapshot.onStop`.
 pub const ON_STOP: &str = "agentbox.dev/on-stop";
 
@@ -287,8 +292,11 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
         Plan::Done => Ok(Action::await_change()),
         Plan::Fail(reason, message) => {
             if let (Some(store), Some(keys)) = (ctx.store.as_ref(), keys_of(ctx, snap)) {
-                store.delete_temp(&keys).await.map_err(snapshot_err)?;
+                discard_attempt(store, &keys, old.upload_id.as_deref())
+                    .await
+                    .map_err(snapshot_err)?;
             }
+            st.upload_id = None;
             st.phase = Some(SnapshotPhase::Failed);
             st.completed_at = Some(Time(now));
             conditions::set(
@@ -351,6 +359,20 @@ fn snapshot_err(e: impl Into<SnapshotError>) -> Error {
     Error::Snapshot(e.into())
 }
 
+/// Removes what an unfinished attempt may have left: its multipart upload (by the id recorded
+/// in the status; its parts are not objects and would stay in the bucket) and the temporary
+/// object or staged files.
+async fn discard_attempt(
+    store: &Store,
+    keys: &SnapshotKeys,
+    upload_id: Option<&str>,
+) -> Result<(), StoreError> {
+    if let Some(id) = upload_id {
+        store.abort_upload(keys, id).await?;
+    }
+    store.delete_temp(keys).await
+}
+
 /// Takes the snapshot: labels, guard, Running, stream, commit, manifest, Ready, retention.
 async fn take(
     ctx: &Context,
@@ -369,7 +391,11 @@ async fn take(
     ensure_labels(&api, snap, sbx).await?;
     if clean_first {
         info!(snapshot = %name, namespace = %ns, "interrupted snapshot: removing its objects and taking it again");
+        discard_attempt(store, &keys, st.upload_id.as_deref())
+            .await
+            .map_err(snapshot_err)?;
         store.delete_snapshot(&keys).await.map_err(snapshot_err)?;
+        st.upload_id = None;
     }
 
     let gcfg = GuardConfig {
@@ -426,20 +452,46 @@ async fn take(
         None,
         now,
     );
-    super::apply_status(&api, &name, &st).await?;
+    // The upload is created before the Running write records its id: whoever finds this
+    // attempt interrupted can then abort it (only a kill between the two calls loses it).
+    let upload_id = match store.create_upload(&keys).await {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = g.release().await;
+            return Err(snapshot_err(e));
+        }
+    };
+    st.upload_id = upload_id.clone();
+    if let Err(e) = super::apply_status(&api, &name, &st).await {
+        if let Some(id) = &upload_id {
+            let _ = store.abort_upload(&keys, id).await;
+        }
+        let _ = g.release().await;
+        return Err(e);
+    }
+    st.upload_id = None;
 
     let pod_name = sbx
         .status
         .as_ref()
         .and_then(|s| s.pod_name.clone())
         .unwrap_or_else(|| labels::pod_name(&sbx.name_any()));
+    let started = std::time::Instant::now();
     let result = g
-        .run(stream_to_store(ctx, sbx, &ns, &pod_name, store, &keys))
+        .run(stream_to_store(
+            ctx,
+            sbx,
+            (&ns, &pod_name),
+            store,
+            &keys,
+            upload_id.as_ref(),
+        ))
         .await
         .unwrap_or_else(|e| Err(SnapshotError::Source(format!("guard: {e}"))));
     let now = Timestamp::now();
     let outcome = match result {
         Ok(summary) => {
+            info!(snapshot = %name, namespace = %ns, bytes = summary.size, secs = started.elapsed().as_secs_f64(), "uploaded; committing");
             let manifest = Manifest {
                 version: 1,
                 object_key: keys.object.to_string(),
@@ -497,6 +549,15 @@ async fn take(
             );
             super::apply_status(&api, &name, &st).await?;
             info!(snapshot = %name, namespace = %ns, "{msg}");
+            let last = LastSnapshot {
+                name: name.clone(),
+                completed_at: Time(now),
+                sha256: summary.sha256.clone(),
+                size_bytes: st.size_bytes.unwrap_or(0),
+            };
+            if let Err(e) = set_last_snapshot(ctx, &ns, &sbx.name_any(), last).await {
+                warn!(snapshot = %name, "recording the snapshot on its sandbox: {e}");
+            }
             super::publish(ctx, snap, EventType::Normal, "Committed", "Snapshot", &msg).await;
             if let Err(e) = apply_retention(ctx, &ns, sbx, &scope_key).await {
                 warn!(snapshot = %name, "retention: {e}");
@@ -504,18 +565,24 @@ async fn take(
             Ok(Action::await_change())
         }
         Err(e) => {
-            let _ = store.delete_temp(&keys).await;
+            // The upload aborts itself on errors it sees, but not when a lost guard cancelled
+            // it mid-way.
+            let _ = discard_attempt(store, &keys, upload_id.as_deref()).await;
             let _ = store.delete(&keys.manifest).await;
             let _ = store.delete(&keys.object).await;
             let reason = e.reason();
             let msg = format!("attempt {attempts} failed: {e}");
             warn!(snapshot = %name, namespace = %ns, "{msg}");
-            st.phase = Some(if attempts >= MAX_ATTEMPTS {
+            // An archive the restore would refuse stays refused: no point in trying again (a
+            // truncated one is a broken stream, which may not recur).
+            let refused = matches!(&e, SnapshotError::Refused(r) if *r != Refusal::Truncated);
+            let give_up = attempts >= MAX_ATTEMPTS || refused;
+            st.phase = Some(if give_up {
                 SnapshotPhase::Failed
             } else {
                 SnapshotPhase::Pending
             });
-            if attempts >= MAX_ATTEMPTS {
+            if give_up {
                 st.completed_at = Some(Time(now));
             }
             conditions::set(
@@ -531,6 +598,22 @@ async fn take(
             super::apply_status(&api, &name, &st).await?;
             Ok(Action::requeue(Duration::from_secs(5)))
         }
+    }
+}
+
+/// Records a Ready snapshot in its Sandbox's `status.lastSnapshot` (one status write; a
+/// sandbox deleted meanwhile is fine).
+async fn set_last_snapshot(
+    ctx: &Context,
+    ns: &str,
+    sandbox: &str,
+    last: LastSnapshot,
+) -> Result<(), Error> {
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
+    let status = serde_json::json!({ "lastSnapshot": last });
+    match super::apply_status_as(&api, sandbox, &status, LAST_SNAPSHOT_MANAGER).await {
+        Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(()),
+        r => r,
     }
 }
 
@@ -593,14 +676,15 @@ pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
     args
 }
 
-/// Runs `tar -c` in the pod and streams its stdout into the store's temporary key.
+/// Runs `tar -c` in the pod and streams its stdout into the store's temporary key, through
+/// the multipart upload `upload_id` when the store has them.
 async fn stream_to_store(
     ctx: &Context,
     sbx: &Sandbox,
-    ns: &str,
-    pod: &str,
+    (ns, pod): (&str, &str),
     store: &Store,
     keys: &SnapshotKeys,
+    upload_id: Option<&MultipartId>,
 ) -> Result<crate::snapshot::archive::Summary, SnapshotError> {
     store.delete_temp(keys).await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
@@ -657,7 +741,8 @@ async fn stream_to_store(
         futures::future::ready(out)
     });
     let chunks = Box::pin(chunks);
-    let result = snapshot::upload(store, keys, chunks).await;
+    let limits = ctx.config.restore_limits();
+    let result = snapshot::upload(store, keys, upload_id, limits, chunks).await;
     if result.is_err() {
         let _ = store.delete_temp(keys).await;
     }
@@ -732,15 +817,19 @@ async fn apply_retention(
     Ok(())
 }
 
-/// Deleting a snapshot: with `Delete`, its objects go first; with `Retain`, only a leftover
-/// temporary object.
+/// Deleting a snapshot: with `Delete`, its objects go first; with `Retain`, only what an
+/// unfinished attempt left (a multipart upload, a temporary object).
 async fn cleanup(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
     let (Some(store), Some(keys)) = (ctx.store.as_ref(), keys_of(ctx, snap)) else {
         return Ok(Action::await_change());
     };
-    match snap.spec.deletion_policy {
-        DeletionPolicy::Delete => store.delete_snapshot(&keys).await.map_err(snapshot_err)?,
-        DeletionPolicy::Retain => store.delete_temp(&keys).await.map_err(snapshot_err)?,
+    // An upload still recorded was cut short (a finished attempt clears it).
+    let upload_id = snap.status.as_ref().and_then(|s| s.upload_id.as_deref());
+    discard_attempt(store, &keys, upload_id)
+        .await
+        .map_err(snapshot_err)?;
+    if snap.spec.deletion_policy == DeletionPolicy::Delete {
+        store.delete_snapshot(&keys).await.map_err(snapshot_err)?;
     }
     Ok(Action::await_change())
 }

@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.lifecycle.mode"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#,
     printcolumn = r#"{"name":"Start","type":"string","description":"Start branch of the last workspace initialisation (A reuse, B recover, C restore, D fresh)","jsonPath":".status.workspace.lastStartBranch"}"#,
+    printcolumn = r#"{"name":"Snapshot","type":"date","description":"When the newest Ready snapshot of this sandbox was taken","jsonPath":".status.lastSnapshot.completedAt"}"#,
+    printcolumn = r#"{"name":"Last-Snapshot","type":"string","priority":1,"description":"Name of the newest Ready snapshot of this sandbox","jsonPath":".status.lastSnapshot.name"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","priority":1,"jsonPath":".status.podName"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -507,12 +509,27 @@ pub struct SandboxStatus {
     /// SandboxSnapshot the workspace was last restored from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<String>,
-    /// Newest SandboxSnapshot taken of this sandbox.
+    /// Newest SandboxSnapshot of this sandbox that became Ready. Written by the snapshot
+    /// controller (field manager `agentbox-operator-snapshots`) when a snapshot commits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_snapshot: Option<String>,
+    pub last_snapshot: Option<LastSnapshot>,
     /// Who holds the scope's execution guard, as last seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard: Option<GuardStatus>,
+}
+
+/// The newest Ready snapshot of a sandbox.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastSnapshot {
+    /// Name of the SandboxSnapshot (same namespace).
+    pub name: String,
+    /// When it became Ready (its `status.completedAt`).
+    pub completed_at: Time,
+    /// Hex SHA-256 of its tarball.
+    pub sha256: String,
+    /// Size of its tarball in bytes.
+    pub size_bytes: i64,
 }
 
 /// Coarse phase of a sandbox.

@@ -79,6 +79,12 @@ pub struct SandboxSnapshotStatus {
     /// an operator restart, is retried from scratch a few times).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<i32>,
+    /// Id of the multipart upload of the attempt in progress (S3, GCS, Azure stores). Recorded
+    /// so that an attempt cut short (an operator killed mid-upload) is aborted by this id when
+    /// the snapshot is retaken, failed or deleted, and its uploaded parts do not stay in the
+    /// bucket. Cleared when the attempt ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_id: Option<String>,
     /// When taking the snapshot started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,

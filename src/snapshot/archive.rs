@@ -4,9 +4,9 @@
 //! Everything here is pure and push-based: bytes go in chunk by chunk ([`TarStream::feed`]),
 //! so an archive of any size is checked in constant memory (plus one entry per member for the
 //! duplicate and beneath-a-symlink checks, bounded by the member limit). The restore path
-//! feeds the whole object through a validating [`TarStream`] *before* anything is written, and
-//! again while streaming it to the pod; the snapshot path uses a counting one to report the
-//! member count and digest of what it uploads.
+//! validates each member header before any of its bytes reach the pod; the snapshot path runs
+//! the same validator over what it uploads (and reports its member count and digest), so a
+//! snapshot that is Ready can also be restored.
 //!
 //! Formats understood: ustar (with the `prefix` field), GNU (`L`/`K` long names, base-256
 //! sizes) and pax (`x` per-member `path`, `linkpath`, `size`; `g` global headers are skipped).
@@ -763,10 +763,10 @@ pub struct Summary {
     pub members: u64,
 }
 
-/// A tar stream being hashed, counted and (optionally) validated.
+/// A tar stream being hashed, counted and validated.
 pub struct TarStream {
     parser: Parser,
-    validator: Option<Validator>,
+    validator: Validator,
     max_input: u64,
     hasher: Sha256,
     size: u64,
@@ -778,29 +778,16 @@ impl fmt::Debug for TarStream {
         f.debug_struct("TarStream")
             .field("size", &self.size)
             .field("members", &self.members)
-            .field("validating", &self.validator.is_some())
             .finish()
     }
 }
 
 impl TarStream {
-    /// Hashes and counts members; refuses only malformed tar (taking a snapshot).
-    pub fn counting() -> Self {
-        TarStream {
-            parser: Parser::default(),
-            validator: None,
-            max_input: 0,
-            hasher: Sha256::new(),
-            size: 0,
-            members: 0,
-        }
-    }
-
-    /// Hashes, counts and validates every member against `limits` (restoring).
+    /// Hashes, counts and validates every member against `limits`.
     pub fn validating(limits: Limits, total_input: Option<u64>) -> Self {
         TarStream {
             parser: Parser::default(),
-            validator: Some(Validator::new(limits, total_input)),
+            validator: Validator::new(limits, total_input),
             max_input: limits.max_input_bytes,
             hasher: Sha256::new(),
             size: 0,
@@ -827,10 +814,7 @@ impl TarStream {
         let members = &mut self.members;
         self.parser.feed(chunk, &mut |m| {
             *members += 1;
-            match validator {
-                Some(v) => v.check(&m),
-                None => Ok(()),
-            }
+            validator.check(&m)
         })
     }
 
@@ -970,14 +954,6 @@ mod tests {
             assert_eq!(check_chunked(&bytes, chunk).unwrap(), s, "chunk {chunk}");
         }
         assert!(verify(&s, &s.sha256, Some(s.size)).is_ok());
-    }
-
-    #[test]
-    fn counting_mode_counts_what_validation_would_refuse() {
-        let bytes = raw(&[("/etc/passwd", b'0', b"x", ""), ("a", b'1', b"", "b")]);
-        let mut t = TarStream::counting();
-        t.feed(&bytes).unwrap();
-        assert_eq!(t.finish().unwrap().members, 2);
     }
 
     #[test]

@@ -20,8 +20,9 @@ use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
+use object_store::multipart::MultipartStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
 /// Default store: a directory on the operator's host.
@@ -116,13 +117,28 @@ pub struct SnapshotKeys {
 }
 
 /// One object store per operator, with the key layout.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Store {
     inner: Arc<dyn ObjectStore>,
+    /// The same store's multipart API, for stores that have one (S3, GCS, Azure, memory):
+    /// uploads are created by id, so an upload a killed operator left can be aborted by that
+    /// id. `None` for `file://`, whose staged part files are removed by name instead.
+    multipart: Option<Arc<dyn MultipartStore>>,
     prefix: String,
     /// For `file://`: the directory, to clean up staged multipart files a crash left behind.
     local_root: Option<PathBuf>,
     display: String,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("inner", &self.inner)
+            .field("multipart", &self.multipart.is_some())
+            .field("prefix", &self.prefix)
+            .field("local_root", &self.local_root)
+            .finish()
+    }
 }
 
 impl std::fmt::Display for Store {
@@ -170,6 +186,7 @@ impl Store {
             .map(|(_, p)| p.trim_matches('/').to_string())
             .unwrap_or_default();
         let mut local_root = None;
+        let mut multipart: Option<Arc<dyn MultipartStore>> = None;
         let (inner, url_prefix): (Arc<dyn ObjectStore>, String) = match scheme {
             "file" => {
                 let dir = PathBuf::from(if rest.is_empty() { "/" } else { rest });
@@ -186,7 +203,11 @@ impl Store {
                     String::new(),
                 )
             }
-            "memory" => (Arc::new(InMemory::new()), String::new()),
+            "memory" => {
+                let m = Arc::new(InMemory::new());
+                multipart = Some(m.clone());
+                (m, String::new())
+            }
             "s3" => {
                 let mut b = AmazonS3Builder::from_env()
                     .with_bucket_name(bucket()?)
@@ -198,15 +219,21 @@ impl Store {
                 if !cfg.s3_endpoint.is_empty() {
                     b = b.with_endpoint(&cfg.s3_endpoint);
                 }
-                (Arc::new(b.build()?), url_path)
+                let s = Arc::new(b.build()?);
+                multipart = Some(s.clone());
+                (s, url_path)
             }
             "gs" => {
                 let b = GoogleCloudStorageBuilder::from_env().with_bucket_name(bucket()?);
-                (Arc::new(b.build()?), url_path)
+                let s = Arc::new(b.build()?);
+                multipart = Some(s.clone());
+                (s, url_path)
             }
             "az" | "azure" => {
                 let b = MicrosoftAzureBuilder::from_env().with_container_name(bucket()?);
-                (Arc::new(b.build()?), url_path)
+                let s = Arc::new(b.build()?);
+                multipart = Some(s.clone());
+                (s, url_path)
             }
             _ => return Err(bad("supported schemes: file, s3, gs, az")),
         };
@@ -217,6 +244,7 @@ impl Store {
             .join("/");
         Ok(Store {
             inner,
+            multipart,
             display: if prefix.is_empty() {
                 shown
             } else {
@@ -231,16 +259,19 @@ impl Store {
     pub fn from_object_store(inner: Arc<dyn ObjectStore>, prefix: &str) -> Store {
         Store {
             inner,
+            multipart: None,
             prefix: prefix.trim_matches('/').to_string(),
             local_root: None,
             display: "custom".into(),
         }
     }
 
-    /// An in-memory store (tests).
+    /// An in-memory store (tests), with its multipart API.
     pub fn memory(prefix: &str) -> Store {
+        let m = Arc::new(InMemory::new());
         Store {
-            inner: Arc::new(InMemory::new()),
+            inner: m.clone(),
+            multipart: Some(m),
             prefix: prefix.trim_matches('/').to_string(),
             local_root: None,
             display: "memory://".into(),
@@ -250,6 +281,36 @@ impl Store {
     /// The underlying object store.
     pub fn inner(&self) -> &Arc<dyn ObjectStore> {
         &self.inner
+    }
+
+    /// The multipart API, when the store has one.
+    pub fn multipart(&self) -> Option<&Arc<dyn MultipartStore>> {
+        self.multipart.as_ref()
+    }
+
+    /// Starts a multipart upload to `keys.temp` and returns its id, for stores with a
+    /// multipart API (`None` otherwise). Record the id before uploading parts, so that an
+    /// upload cut short can be aborted ([`Store::abort_upload`]) by whoever finds it.
+    pub async fn create_upload(
+        &self,
+        keys: &SnapshotKeys,
+    ) -> Result<Option<MultipartId>, StoreError> {
+        match &self.multipart {
+            Some(m) => Ok(Some(m.create_multipart(&keys.temp).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Aborts the multipart upload `id` to `keys.temp`, freeing its parts. An upload that no
+    /// longer exists (completed or aborted before) is fine.
+    pub async fn abort_upload(&self, keys: &SnapshotKeys, id: &str) -> Result<(), StoreError> {
+        let Some(m) = &self.multipart else {
+            return Ok(());
+        };
+        match m.abort_multipart(&keys.temp, &id.to_string()).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The keys of a snapshot.
@@ -284,8 +345,8 @@ impl Store {
     }
 
     /// Removes an upload's temporary object, and for `file://` the staged part files a killed
-    /// upload leaves beside it (`<temp>#<n>`). S3-style multipart uploads that were never
-    /// completed are not objects; the bucket's lifecycle rule for incomplete uploads reaps them.
+    /// upload leaves beside it (`<temp>#<n>`). The parts of an S3-style multipart upload are
+    /// not objects: they go with [`Store::abort_upload`].
     pub async fn delete_temp(&self, keys: &SnapshotKeys) -> Result<(), StoreError> {
         self.delete(&keys.temp).await?;
         if let Some(root) = &self.local_root {
