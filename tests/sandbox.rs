@@ -165,7 +165,9 @@ async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
         .collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "SCOPE", "MODE", "NODE", "START", "SNAPSHOT", "AGE"],
+        [
+            "NAME", "PHASE", "SCOPE", "MODE", "NODE", "START", "SNAPSHOT", "AGE"
+        ],
         "{table}"
     );
     let row: Vec<&str> = table

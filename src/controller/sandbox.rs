@@ -58,7 +58,7 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         }
         cleanup(&fresh, &ctx).await?;
         // Applying our metadata without the finalizer removes it: we own that list entry.
-        apply_metadata(&api, &name, &fresh, false).await?;
+        let _ = apply_metadata(&api, &name, &fresh, false).await?;
         return Ok(Action::await_change());
     }
     if SUPERSEDED.is_stale(&sbx, Instant::now()) {
@@ -69,12 +69,17 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
     }
     let labels = labels::scope_labels(&sbx.spec.scope);
     let labelled = labels.iter().all(|(k, v)| sbx.labels().get(k) == Some(v));
-    if !has_finalizer || !labelled {
+    let sbx = if !has_finalizer || !labelled {
         // One write puts both the finalizer and the scope labels on the Sandbox, so
         // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too.
-        apply_metadata(&api, &name, &sbx, true).await?;
+        // The rest of this reconcile works on the version that write returned, so a status
+        // write after it marks that version written over too.
+        let patched = apply_metadata(&api, &name, &sbx, true).await?;
         SUPERSEDED.record(&sbx, Instant::now());
-    }
+        Arc::new(patched)
+    } else {
+        sbx
+    };
     apply(&sbx, &ctx).await
 }
 
@@ -83,9 +88,11 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
 const SUPERSEDED_FOR: Duration = Duration::from_secs(5);
 
 /// Versions of Sandboxes (by UID) that this process has written over, so a reconcile that a
-/// lagging cache hands the old version is skipped instead of repeating the writes.
+/// lagging cache hands an old version is skipped instead of repeating the writes. One
+/// reconcile can write over several versions (the one it read, then the one its metadata
+/// write returned).
 #[derive(Default)]
-pub struct Superseded(Mutex<HashMap<String, (String, Instant)>>);
+pub struct Superseded(Mutex<HashMap<String, (Vec<String>, Instant)>>);
 
 impl Superseded {
     /// Remembers that `sbx`, as read, has just been written over.
@@ -95,12 +102,16 @@ impl Superseded {
         };
         if let Ok(mut m) = self.0.lock() {
             m.retain(|_, (_, at)| now.duration_since(*at) < SUPERSEDED_FOR);
-            m.insert(uid, (rv, now));
+            let e = m.entry(uid).or_insert_with(|| (Vec::new(), now));
+            if !e.0.contains(&rv) {
+                e.0.push(rv);
+            }
+            e.1 = now;
         }
     }
 
     /// Whether `sbx` is a version this process wrote over less than [`SUPERSEDED_FOR`] ago.
-    /// Any other version forgets the entry.
+    /// Any other version forgets the entry: the cache has caught up.
     pub fn is_stale(&self, sbx: &Sandbox, now: Instant) -> bool {
         let Some(uid) = sbx.uid() else {
             return false;
@@ -109,8 +120,12 @@ impl Superseded {
             return false;
         };
         match m.get(&uid) {
-            Some((rv, at))
-                if Some(rv) == sbx.metadata.resource_version.as_ref()
+            Some((rvs, at))
+                if sbx
+                    .metadata
+                    .resource_version
+                    .as_ref()
+                    .is_some_and(|rv| rvs.contains(rv))
                     && now.duration_since(*at) < SUPERSEDED_FOR =>
             {
                 true
@@ -162,7 +177,7 @@ async fn apply_metadata(
     name: &str,
     sbx: &Sandbox,
     finalizer: bool,
-) -> Result<(), Error> {
+) -> Result<Sandbox, Error> {
     let finalizers: Vec<&str> = if finalizer {
         vec![FINALIZER]
     } else {
@@ -177,13 +192,13 @@ async fn apply_metadata(
             "finalizers": finalizers,
         },
     });
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
+    Ok(api
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?)
 }
 
 /// The API handles one reconcile needs.
@@ -1291,7 +1306,10 @@ mod tests {
             "entry forgotten"
         );
         reg.record(&sbx("3"), t);
-        assert!(!reg.is_stale(&sbx("3"), t + SUPERSEDED_FOR), "bounded");
+        reg.record(&sbx("4"), t);
+        assert!(reg.is_stale(&sbx("3"), t), "every version written over");
+        assert!(reg.is_stale(&sbx("4"), t));
+        assert!(!reg.is_stale(&sbx("4"), t + SUPERSEDED_FOR), "bounded");
     }
 
     #[test]
