@@ -122,6 +122,25 @@ pub enum ClientError {
     ScopeMismatch(String),
 }
 
+impl ClientError {
+    /// `Failed` for an object that cannot become Ready, with the reason and message of its
+    /// Ready condition when that is not True, else of any False condition.
+    fn failed(
+        name: &str,
+        conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    ) -> Self {
+        let c = conds
+            .iter()
+            .find(|c| c.type_ == "Ready" && c.status != "True")
+            .or_else(|| conds.iter().find(|c| c.status == "False"));
+        ClientError::Failed {
+            name: name.to_string(),
+            reason: c.map_or_else(|| "Failed".into(), |c| c.reason.clone()),
+            message: c.map(|c| c.message.clone()).unwrap_or_default(),
+        }
+    }
+}
+
 /// Sandboxes of one namespace.
 #[derive(Clone)]
 pub struct Sandboxes {
@@ -308,26 +327,13 @@ impl SandboxHandle {
         }
         match self.phase() {
             Some(SandboxPhase::Ready) => Ok(()),
-            _ => {
-                let conds = self
-                    .sandbox
+            _ => Err(ClientError::failed(
+                &self.name,
+                self.sandbox
                     .status
                     .as_ref()
-                    .map(|s| s.conditions.clone())
-                    .unwrap_or_default();
-                // Prefer the Ready condition; else any condition that is False.
-                let c = conds
-                    .iter()
-                    .find(|c| c.type_ == "Ready" && c.status != "True")
-                    .or_else(|| conds.iter().find(|c| c.status == "False"));
-                Err(ClientError::Failed {
-                    name: self.name.clone(),
-                    reason: c
-                        .map(|c| c.reason.clone())
-                        .unwrap_or_else(|| "Failed".into()),
-                    message: c.map(|c| c.message.clone()).unwrap_or_default(),
-                })
-            }
+                    .map_or(&[][..], |s| &s.conditions),
+            )),
         }
     }
 

@@ -92,22 +92,10 @@ impl Sandboxes {
         if phase(&snap) == Some(SnapshotPhase::Ready) {
             return Ok(snap);
         }
-        let conds = snap
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        let c = conds
-            .iter()
-            .find(|c| c.type_ == "Ready" && c.status != "True")
-            .or_else(|| conds.iter().find(|c| c.status == "False"));
-        Err(ClientError::Failed {
-            name: name.to_string(),
-            reason: c
-                .map(|c| c.reason.clone())
-                .unwrap_or_else(|| "Failed".into()),
-            message: c.map(|c| c.message.clone()).unwrap_or_default(),
-        })
+        Err(ClientError::failed(
+            name,
+            snap.status.as_ref().map_or(&[][..], |s| &s.conditions),
+        ))
     }
 
     /// Creates Sandbox `name` from `spec`, its workspace restored from the Ready snapshot

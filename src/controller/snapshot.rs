@@ -297,19 +297,7 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
                     .map_err(snapshot_err)?;
             }
             st.upload_id = None;
-            st.phase = Some(SnapshotPhase::Failed);
-            st.completed_at = Some(Time(now));
-            conditions::set(
-                &mut st.conditions,
-                COMMITTED,
-                false,
-                reason,
-                &message,
-                None,
-                now,
-            );
-            super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", &message).await;
-            super::apply_status(&api, &name, &st).await?;
+            write_failure(ctx, snap, &api, st, reason, &message, true).await?;
             Ok(Action::await_change())
         }
         Plan::Wait(reason, message) => {
@@ -335,6 +323,37 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
             take(ctx, snap, &sbx, &store, clean_first, st).await
         }
     }
+}
+
+/// Records a failed attempt: Failed when `give_up`, else Pending for another attempt; the
+/// Committed condition and a Warning Event carry the reason.
+async fn write_failure(
+    ctx: &Context,
+    snap: &SandboxSnapshot,
+    api: &Api<SandboxSnapshot>,
+    mut st: SandboxSnapshotStatus,
+    reason: &str,
+    message: &str,
+    give_up: bool,
+) -> Result<(), Error> {
+    let now = Timestamp::now();
+    if give_up {
+        st.phase = Some(SnapshotPhase::Failed);
+        st.completed_at = Some(Time(now));
+    } else {
+        st.phase = Some(SnapshotPhase::Pending);
+    }
+    conditions::set(
+        &mut st.conditions,
+        COMMITTED,
+        false,
+        reason,
+        message,
+        None,
+        now,
+    );
+    super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message).await;
+    super::apply_status(api, &snap.name_any(), &st).await
 }
 
 /// Whether the cached snapshot is the API server's current version (a fresh read), so a
@@ -577,25 +596,7 @@ async fn take(
             // truncated one is a broken stream, which may not recur).
             let refused = matches!(&e, SnapshotError::Refused(r) if *r != Refusal::Truncated);
             let give_up = attempts >= MAX_ATTEMPTS || refused;
-            st.phase = Some(if give_up {
-                SnapshotPhase::Failed
-            } else {
-                SnapshotPhase::Pending
-            });
-            if give_up {
-                st.completed_at = Some(Time(now));
-            }
-            conditions::set(
-                &mut st.conditions,
-                COMMITTED,
-                false,
-                reason,
-                &msg,
-                None,
-                now,
-            );
-            super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", &msg).await;
-            super::apply_status(&api, &name, &st).await?;
+            write_failure(ctx, snap, &api, st, reason, &msg, give_up).await?;
             Ok(Action::requeue(Duration::from_secs(5)))
         }
     }
