@@ -12,6 +12,7 @@ pub mod guard;
 pub mod kubeclient;
 pub mod labels;
 pub mod metrics;
+pub mod names;
 pub mod operator;
 pub mod server;
 pub mod snapshot;

@@ -30,11 +30,12 @@ pub struct SandboxSnapshotSpec {
 }
 
 /// Reference to a Sandbox in the same namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxRef {
-    /// Name of the Sandbox.
+    /// Name of the Sandbox (a Kubernetes object name).
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
     pub name: String,
 }
 

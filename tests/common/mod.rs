@@ -42,6 +42,15 @@ pub const BASE_IMAGE: &str = "agentbox/base:v1";
 /// Workspaces root the operator uses by default (the test operator runs on the node's host).
 pub const NODE_ROOT: &str = agentbox::config::DEFAULT_NODE_ROOT;
 
+/// The trusted helper image the test operators run their node-side pods from:
+/// `$AGENTBOX_HELPER_IMAGE`, else the one `hack/cluster up` (hack/helper-image) imports.
+pub fn helper_image() -> String {
+    std::env::var("AGENTBOX_HELPER_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "docker.io/agentbox/helper:dev".into())
+}
+
 /// A running operator process.
 pub struct Operator {
     child: Child,
@@ -172,7 +181,8 @@ impl TestEnv {
     }
 
     /// Starts an operator process with extra flags and environment variables (object-store
-    /// credentials, for example); returns its index.
+    /// credentials, for example); returns its index. It gets the test helper image unless
+    /// `extra` names one (an empty `--helper-image` runs it without).
     pub fn start_operator_env(&mut self, extra: &[&str], envs: &[(String, String)]) -> usize {
         let n = self.operators.len();
         let identity = format!("op-{}-{n}", self.ns);
@@ -185,6 +195,12 @@ impl TestEnv {
             .args(["--namespace", &self.ns, "--identity", &identity])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .args(["--lease-seconds", "4"])
+            .args(
+                (!extra.iter().any(|a| a.starts_with("--helper-image")))
+                    .then(|| ["--helper-image".to_string(), helper_image()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env(
