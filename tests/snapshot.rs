@@ -12,7 +12,10 @@ use std::time::Duration;
 use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
 use agentbox::labels;
 use agentbox::snapshot::store::{Store, StoreConfig};
-use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is, repo_root, sh};
+use common::{
+    NODE_ROOT, TestEnv, create_sandbox, phase_is, repo_root, sh, snapshot_finished as finished,
+    take_snapshot,
+};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -163,35 +166,6 @@ async fn ready(env: &TestEnv, name: &str) -> Sandbox {
     env.wait_for::<Sandbox>(name, 300, phase_is("Ready")).await
 }
 
-fn finished(s: Option<&SandboxSnapshot>) -> bool {
-    matches!(
-        s.and_then(|s| s.status.as_ref()).and_then(|st| st.phase),
-        Some(SnapshotPhase::Ready | SnapshotPhase::Failed)
-    )
-}
-
-async fn take_snapshot(env: &TestEnv, name: &str, sandbox: &str, policy: &str) -> SandboxSnapshot {
-    let obj: SandboxSnapshot = serde_json::from_value(json!({
-        "apiVersion": "agentbox.dev/v1alpha1",
-        "kind": "SandboxSnapshot",
-        "metadata": {"name": name},
-        "spec": {"sandboxRef": {"name": sandbox}, "deletionPolicy": policy},
-    }))
-    .expect("snapshot json");
-    env.api::<SandboxSnapshot>()
-        .create(&PostParams::default(), &obj)
-        .await
-        .expect("create snapshot");
-    let s = env.wait_for::<SandboxSnapshot>(name, 900, finished).await;
-    assert_eq!(
-        s.status.as_ref().and_then(|st| st.phase),
-        Some(SnapshotPhase::Ready),
-        "{s:#?}\n{}",
-        env.operator_logs()
-    );
-    s
-}
-
 /// SHA-256 and size of an object, streamed.
 async fn object_digest(store: &Store, key: &object_store::path::Path) -> (String, u64) {
     let mut body = store
@@ -281,21 +255,7 @@ async fn fill(env: &TestEnv, pod: &str, script: &str) {
 
 /// Deletes every snapshot while the operator still runs (their finalizers need it).
 async fn finish(env: TestEnv, b: &Backend) {
-    let api = env.api::<SandboxSnapshot>();
-    let _ = api
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await;
-    for _ in 0..300 {
-        if api
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items.is_empty())
-            .unwrap_or(true)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    common::delete_snapshots(&env).await;
     env.finish().await;
     if let Some(dir) = &b.dir {
         let _ = std::fs::remove_dir_all(dir);

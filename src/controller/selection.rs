@@ -5,7 +5,8 @@
 //! a convenience for `kubectl get -l` and a pre-filter for list requests: anyone who may patch
 //! a SandboxSnapshot can change them. So:
 //!
-//! - `Latest` picks the newest Ready snapshot whose *recorded* scope key is the sandbox's; a
+//! - `Latest` picks the newest Ready snapshot whose *recorded* scope key is the sandbox's,
+//!   listed with the field selector `status.scopeKey` (a selectable field of the CRD); a
 //!   snapshot relabelled into the scope is never picked, and one relabelled out of it still is.
 //! - `Named` restores the named snapshot only when its recorded scope key is the sandbox's, or
 //!   when the namespace allows cross-scope restores with the annotation [`ALLOW_CROSS_SCOPE`]
@@ -73,6 +74,26 @@ pub fn latest<'a>(snaps: &'a [SandboxSnapshot], scope_key: &str) -> Option<&'a S
         .iter()
         .filter(|s| is_ready_of_scope(s, scope_key))
         .max_by_key(|s| super::snapshot::age(s))
+}
+
+/// The snapshots the operator recorded for scope `scope_key` in the namespace of `api`: a list
+/// by the field selector `status.scopeKey`, or, where the installed CRD predates that
+/// selectable field (the API server answers 400), by listing all and filtering here. Callers
+/// check [`is_ready_of_scope`] on each anyway.
+pub async fn recorded_for(
+    api: &Api<SandboxSnapshot>,
+    scope_key: &str,
+) -> Result<Vec<SandboxSnapshot>, Error> {
+    let lp = ListParams::default().fields(&format!("status.scopeKey={scope_key}"));
+    let items = match api.list(&lp).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 400 => api.list(&ListParams::default()).await?.items,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(items
+        .into_iter()
+        .filter(|s| s.status.as_ref().and_then(|st| st.scope_key.as_deref()) == Some(scope_key))
+        .collect())
 }
 
 /// Whether the namespace allows cross-scope restores (read only when one is asked for).
@@ -152,11 +173,9 @@ pub async fn candidate(ctx: &Context, sbx: &Sandbox) -> Result<Option<String>, E
             Ok(Some(name.to_string()))
         }
         RestorePolicy::Latest => {
-            // The label is only a pre-filter: the recorded scope key decides.
-            let lp = ListParams::default().labels(&labels::scope_selector(&sbx.spec.scope));
-            let list = snaps.list(&lp).await?;
             let key = labels::scope_key(&sbx.spec.scope);
-            Ok(latest(&list.items, &key).map(|s| s.name_any()))
+            let recorded = recorded_for(&snaps, &key).await?;
+            Ok(latest(&recorded, &key).map(|s| s.name_any()))
         }
     }
 }

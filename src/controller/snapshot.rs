@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -805,13 +805,10 @@ async fn apply_retention(
         return Ok(());
     };
     let api: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), ns);
-    // The label pre-filters; the recorded scope key decides, so a snapshot of another scope
-    // relabelled into this one is never deleted by this scope's retention.
-    let lp = ListParams::default().labels(&format!("{}={scope_key}", labels::SCOPE_KEY));
-    let ready: Vec<Age> = api
-        .list(&lp)
+    // By the recorded scope key, not labels: a snapshot of another scope relabelled into this
+    // one is never deleted by this scope's retention.
+    let ready: Vec<Age> = super::selection::recorded_for(&api, scope_key)
         .await?
-        .items
         .iter()
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .filter(|s| super::selection::is_ready_of_scope(s, scope_key))

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use agentbox::crd::Sandbox;
+use agentbox::crd::{Sandbox, SandboxSnapshot, SnapshotPhase};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition};
@@ -407,6 +407,65 @@ pub fn phase_is(phase: &'static str) -> impl Condition<Sandbox> {
         s.and_then(|s| s.status.as_ref())
             .and_then(|st| st.phase)
             .is_some_and(|p| p.as_str() == phase)
+    }
+}
+
+/// Condition: the SandboxSnapshot is Ready or Failed.
+pub fn snapshot_finished(s: Option<&SandboxSnapshot>) -> bool {
+    matches!(
+        s.and_then(|s| s.status.as_ref()).and_then(|st| st.phase),
+        Some(SnapshotPhase::Ready | SnapshotPhase::Failed)
+    )
+}
+
+/// Creates SandboxSnapshot `name` of `sandbox` with `policy` (Delete or Retain) and waits
+/// until it is Ready (panics with the operator's log when it fails).
+pub async fn take_snapshot(
+    env: &TestEnv,
+    name: &str,
+    sandbox: &str,
+    policy: &str,
+) -> SandboxSnapshot {
+    let obj: SandboxSnapshot = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": name},
+        "spec": {"sandboxRef": {"name": sandbox}, "deletionPolicy": policy},
+    }))
+    .expect("snapshot json");
+    env.api::<SandboxSnapshot>()
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create snapshot");
+    let s = env
+        .wait_for::<SandboxSnapshot>(name, 900, snapshot_finished)
+        .await;
+    assert_eq!(
+        s.status.as_ref().and_then(|st| st.phase),
+        Some(SnapshotPhase::Ready),
+        "{s:#?}\n{}",
+        env.operator_logs()
+    );
+    s
+}
+
+/// Deletes every SandboxSnapshot of the namespace and waits until they are gone: call it
+/// while the operator still runs, since their finalizers need it.
+pub async fn delete_snapshots(env: &TestEnv) {
+    let api = env.api::<SandboxSnapshot>();
+    let _ = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    for _ in 0..300 {
+        if api
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.is_empty())
+            .unwrap_or(true)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
