@@ -268,6 +268,15 @@ async fn sandbox_code_leaves_nothing_a_node_user_can_use() {
             | CAP_NET_BIND_SERVICE,
         "CapEff {caps:#x}"
     );
+    // No API credentials in the sandbox: no service-account token, no operator environment.
+    let (_, out) = sh(
+        &env,
+        &pod,
+        "ls /var/run/secrets/kubernetes.io 2>&1; env | grep -c -e AWS_ -e AGENTBOX_ -e GOOGLE_ -e AZURE_",
+    )
+    .await;
+    assert!(out.contains("No such file or directory"), "{out}");
+    assert!(out.trim_end().ends_with('0'), "{out}");
     let (code, out) = sh(
         &env,
         &pod,
