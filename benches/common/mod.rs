@@ -62,9 +62,17 @@ pub fn p50_p95(mut v: Vec<f64>) -> (f64, f64) {
 pub struct Operator(pub Child);
 
 impl Operator {
-    /// A command for this build's operator binary.
+    /// A command for this build's operator binary, with the helper image `hack/helper-image`
+    /// imports (`$AGENTBOX_HELPER_IMAGE` overrides it): without one, deleted sandboxes would
+    /// keep their workspaces and never go.
     pub fn command() -> Command {
-        Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
+        let helper = std::env::var("AGENTBOX_HELPER_IMAGE")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "docker.io/agentbox/helper:dev".into());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"));
+        cmd.args(["--helper-image", &helper]);
+        cmd
     }
 
     /// Spawns `cmd` with its output into the file `log`.

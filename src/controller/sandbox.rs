@@ -304,17 +304,6 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         requeue = Some(Duration::from_secs(secs as u64));
     }
 
-    // The kubelet reads what the environment names on the operator's word: only objects that
-    // opted in, checked before there is a pod.
-    if let Err(e @ (Error::SourceMissing(_) | Error::SourceNotReadable(_))) =
-        sources::check_env(sbx, ctx).await
-    {
-        let (reason, message) = e.reason_and_message();
-        delete_if_present(&apis.pods, &pod_name).await?;
-        hold_pod(ctx, sbx, &apis, (&old, st), (reason, &message), now).await?;
-        return Err(e);
-    }
-
     ensure_network_policy(sbx, &apis.policies).await?;
 
     if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
@@ -365,6 +354,17 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     }
 
     let Some(pod) = apis.pods.get_opt(&pod_name).await? else {
+        // The kubelet reads what the environment names on the operator's word: only objects
+        // that opted in, checked before each pod is made. (A running pod keeps what it got.)
+        match sources::check_env(sbx, ctx).await {
+            Ok(()) => {}
+            Err(e @ (Error::SourceMissing(_) | Error::SourceNotReadable(_))) => {
+                let (reason, message) = e.reason_and_message();
+                hold_pod(ctx, sbx, &apis, (&old, st), (reason, &message), now).await?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        }
         let pin = pinned_node(ctx, &st).await?;
         if st.node_name.is_some() && pin.is_none() {
             // The workspace's node is gone: the workspace with it. The next start is B or D.
