@@ -1143,7 +1143,9 @@ pub enum PodState {
 }
 
 /// Whether a starting pod's container may already answer exec: the pod is bound to a node,
-/// not terminating, and its container is not reported in any state but "being created".
+/// not terminating, and its container is not reported in any state but "being created" (or
+/// "waiting for the init container", for a non-root sandbox's: the init container may have
+/// finished before the kubelet says so).
 pub fn may_answer_exec(pod: &Pod) -> bool {
     let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
     let creating = pod
@@ -1156,7 +1158,10 @@ pub fn may_answer_exec(pod: &Pod) -> bool {
                 .as_ref()
                 .and_then(|s| s.waiting.as_ref())
                 .is_some_and(|w| {
-                    matches!(w.reason.as_deref(), None | Some("" | "ContainerCreating"))
+                    matches!(
+                        w.reason.as_deref(),
+                        None | Some("" | "ContainerCreating" | "PodInitializing")
+                    )
                 })
         });
     bound && creating && pod.metadata.deletion_timestamp.is_none()
@@ -1326,6 +1331,7 @@ mod tests {
             serde_json::json!({"phase": "Pending"})
         )));
         assert!(may_answer_exec(&bound(waiting("ContainerCreating"))));
+        assert!(may_answer_exec(&bound(waiting("PodInitializing"))));
         assert!(!may_answer_exec(&bound(waiting("ImagePullBackOff"))));
         let mut gone = bound(serde_json::json!({"phase": "Pending"}));
         gone.metadata.deletion_timestamp =
