@@ -181,6 +181,16 @@ const CAP_NET_BIND_SERVICE: u64 = 1 << 10;
 const CAP_NET_RAW: u64 = 1 << 13;
 const CAP_MKNOD: u64 = 1 << 27;
 
+/// A directory this test made on the node, removed when the guard goes (also when the test
+/// panics; declared before the TestEnv, it is dropped after the sandboxes are gone).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Starts the test's operator with a `file://` snapshot store on this host; returns the
 /// store's directory.
 fn start_with_store(env: &mut TestEnv) -> PathBuf {
@@ -345,8 +355,9 @@ async fn sandbox_code_leaves_nothing_a_node_user_can_use() {
 /// what is missing on the Sandbox (condition and Warning Event).
 #[tokio::test]
 async fn an_unhardened_node_root_is_reported() {
+    let root = format!("/var/lib/agentbox/unhardened-{}", common::suffix());
+    let _scratch = Scratch(PathBuf::from(&root));
     let mut env = TestEnv::new("sec-unhardened").await;
-    let root = format!("/var/lib/agentbox/unhardened-{}", env.ns);
     let _ = std::fs::create_dir_all(&root);
     assert!(
         !mount_options(&root).contains("nosuid"),
@@ -379,7 +390,6 @@ async fn an_unhardened_node_root_is_reported() {
         0o700
     );
     env.finish().await;
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 // ------------------------------------------------------------------------------------------
