@@ -15,5 +15,6 @@ pub mod metrics;
 pub mod operator;
 pub mod server;
 pub mod snapshot;
+pub mod vectors;
 
 pub use kubeclient::kube_client;
