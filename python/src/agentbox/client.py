@@ -45,14 +45,19 @@ def readiness(obj: Mapping[str, Any]) -> Readiness:
     (it will not become Ready until its spec changes); ``suspended`` by its spec (waiting would
     not help); else ``waiting``.
     """
-    phase = (obj.get("status") or {}).get("phase")
+    # Suspended by the spec wins: a phase still Ready is about to change.
+    if ((obj.get("spec") or {}).get("lifecycle") or {}).get("mode") == "Suspended":
+        return "suspended"
+    status = obj.get("status") or {}
+    phase = status.get("phase")
+    observed = status.get("observedGeneration")
+    generation = (obj.get("metadata") or {}).get("generation")
+    if isinstance(observed, int) and isinstance(generation, int) and observed < generation:
+        return "waiting"  # a status from before the latest spec change
     if phase == "Ready":
         return "ready"
     if phase == "Failed":
         return "failed"
-    mode = ((obj.get("spec") or {}).get("lifecycle") or {}).get("mode")
-    if phase == "Suspended" and mode == "Suspended":
-        return "suspended"
     return "waiting"
 
 

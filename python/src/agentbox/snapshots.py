@@ -139,8 +139,18 @@ async def wait(kube: Kube, namespace: str, name: str, timeout: float) -> Snapsho
 
 
 async def lineage(kube: Kube, namespace: str, selector: str) -> list[Snapshot]:
-    """The snapshots matching a label selector, oldest first."""
+    """The snapshots matching a label selector, oldest first in the operator's order
+    (completion time, then fencing token, then name; unfinished ones first).
+    """
     data = await kube.call("GET", snapshots_path(namespace), query={"labelSelector": selector})
     snaps = [Snapshot.from_object(o) for o in data.get("items") or []]
-    snaps.sort(key=lambda s: (s.created_at, s.name))
+    snaps.sort(key=age)
     return snaps
+
+
+def age(s: Snapshot) -> tuple[bool, str, int, str]:
+    """A snapshot's place in its scope's order, as the operator's ``snapshot::age``:
+    completion time (whole seconds), then the fencing token (a new guard acquisition per
+    snapshot orders those completed within one second), then the name.
+    """
+    return (s.completed_at is not None, s.completed_at or "", s.fencing_token or 0, s.name)

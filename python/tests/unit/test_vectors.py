@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from agentbox import _wire, labels
-from agentbox import files as F
-from agentbox import guard as G
+from agentbox import files
+from agentbox import guard
 from agentbox.errors import (
     CommandNotStartedError,
     InvalidRequestError,
@@ -35,24 +35,24 @@ def test_the_vector_file_is_the_format_this_suite_reads() -> None:
 
 def test_label_and_annotation_keys() -> None:
     v = VECTORS["labels"]
-    assert (labels.SCOPE, labels.SCOPE_KEY, labels.AGENT, labels.USER, labels.SESSION) == (
+    assert (
         v["scope"],
         v["scope_key"],
         v["agent"],
         v["user"],
         v["session"],
-    )
-    assert (labels.SANDBOX, labels.MANAGED_BY, labels.MANAGER) == (
+    ) == (labels.SCOPE, labels.SCOPE_KEY, labels.AGENT, labels.USER, labels.SESSION)
+    assert (
         v["sandbox"],
         v["managed_by"],
         v["manager"],
-    )
-    assert (labels.AGENT_ID, labels.USER_ID, labels.SESSION_ID) == (
+    ) == (labels.SANDBOX, labels.MANAGED_BY, labels.MANAGER)
+    assert (
         v["agent_id"],
         v["user_id"],
         v["session_id"],
-    )
-    assert (labels.SCOPE_KEY_LEN, labels.MAX_LABEL) == (v["scope_key_len"], v["max_label"])
+    ) == (labels.AGENT_ID, labels.USER_ID, labels.SESSION_ID)
+    assert (v["scope_key_len"], v["max_label"]) == (labels.SCOPE_KEY_LEN, labels.MAX_LABEL)
 
 
 @pytest.mark.parametrize("case", VECTORS["scopes"], ids=lambda c: c["sandbox_name"])
@@ -86,28 +86,28 @@ def test_bounded_names(case: dict[str, Any]) -> None:
 @pytest.mark.parametrize("case", VECTORS["confine"], ids=lambda c: f"{c['root']}|{c['path']}")
 def test_path_confinement(case: dict[str, Any]) -> None:
     if "ok" in case:
-        assert F.confine(case["root"], case["path"]) == case["ok"]
+        assert files.confine(case["root"], case["path"]) == case["ok"]
     else:
         with pytest.raises(PathError) as e:
-            F.confine(case["root"], case["path"])
+            files.confine(case["root"], case["path"])
         assert e.value.reason == case["error"]
 
 
 def test_exec_constants_and_wrapper() -> None:
     v = VECTORS["exec"]
-    assert _wire.SANDBOX_CONTAINER == v["container"]
+    assert v["container"] == _wire.SANDBOX_CONTAINER
     assert list(_wire.PROTOCOLS) == v["protocols"]
-    assert (
+    assert tuple(v["channels"][k] for k in ("stdin", "stdout", "stderr", "status", "close")) == (
         _wire.STDIN_CHANNEL,
         _wire.STDOUT_CHANNEL,
         _wire.STDERR_CHANNEL,
         _wire.STATUS_CHANNEL,
         _wire.CLOSE_CHANNEL,
-    ) == tuple(v["channels"][k] for k in ("stdin", "stdout", "stderr", "status", "close"))
-    assert _wire.STDIN_FRAME == v["stdin_frame"]
-    assert _wire.DEFAULT_MAX_OUTPUT == v["default_max_output"]
-    assert _wire.TIMEOUT_GRACE * 1000 == v["timeout_grace_ms"]
-    assert _wire.WRAPPER == v["wrapper"]
+    )
+    assert v["stdin_frame"] == _wire.STDIN_FRAME
+    assert v["default_max_output"] == _wire.DEFAULT_MAX_OUTPUT
+    assert v["timeout_grace_ms"] == _wire.TIMEOUT_GRACE * 1000
+    assert v["wrapper"] == _wire.WRAPPER
 
 
 def _request(r: dict[str, Any]) -> tuple[list[str], float | None, str | None, dict[str, str]]:
@@ -193,20 +193,20 @@ def test_session_framing(case: dict[str, Any]) -> None:
 
 def test_file_scripts_are_the_rust_ones() -> None:
     v = VECTORS["files"]
-    assert F.ARGV0 == v["argv0"]
-    assert F.PROLOGUE == v["prologue"]
-    assert {
-        "read": F.READ,
-        "write": F.WRITE,
-        "list": F.LIST,
-        "upload": F.UPLOAD,
-        "download": F.DOWNLOAD,
-    } == v["scripts"]
-    assert (F.ESCAPES, F.MISSING, F.READ_CAP) == (
+    assert v["argv0"] == files.ARGV0
+    assert v["prologue"] == files.PROLOGUE
+    assert v["scripts"] == {
+        "read": files.READ,
+        "write": files.WRITE,
+        "list": files.LIST,
+        "upload": files.UPLOAD,
+        "download": files.DOWNLOAD,
+    }
+    assert (
         v["exit_escapes"],
         v["exit_missing"],
         v["read_cap"],
-    )
+    ) == (files.ESCAPES, files.MISSING, files.READ_CAP)
 
 
 @pytest.mark.parametrize(
@@ -214,18 +214,21 @@ def test_file_scripts_are_the_rust_ones() -> None:
 )
 def test_file_request_argv(case: dict[str, Any]) -> None:
     script = {
-        "read": F.READ,
-        "write": F.WRITE,
-        "list": F.LIST,
-        "upload": F.UPLOAD,
-        "download": F.DOWNLOAD,
+        "read": files.READ,
+        "write": files.WRITE,
+        "list": files.LIST,
+        "upload": files.UPLOAD,
+        "download": files.DOWNLOAD,
     }[case["script"]]
     if "error" in case:
         with pytest.raises(PathError) as e:
-            F.file_argv(script, case["root"], case["path"])
+            files.file_argv(script, case["root"], case["path"])
         assert e.value.reason == case["error"]
     else:
-        assert F.file_argv(script, case["root"], case["path"]) == (case["argv"], case["confined"])
+        assert files.file_argv(script, case["root"], case["path"]) == (
+            case["argv"],
+            case["confined"],
+        )
 
 
 @pytest.mark.parametrize("case", VECTORS["files"]["listings"], ids=lambda c: c["raw"][:20])
@@ -233,7 +236,7 @@ def test_listing_records(case: dict[str, Any]) -> None:
     raw = case["raw"].encode()
     if case.get("error"):
         with pytest.raises(ProtocolError):
-            F.parse_listing(raw)
+            files.parse_listing(raw)
         return
     got = [
         {
@@ -243,14 +246,14 @@ def test_listing_records(case: dict[str, Any]) -> None:
             "mode": e.mode,
             "mtime": e.mtime,
         }
-        for e in F.parse_listing(raw)
+        for e in files.parse_listing(raw)
     ]
     assert got == case["entries"]
 
 
 def test_guard_defaults() -> None:
     d = VECTORS["guard"]["defaults"]
-    cfg = G.GuardConfig()
+    cfg = guard.GuardConfig()
     assert (cfg.lease_duration * 1000, cfg.retry_interval * 1000, cfg.clock_skew * 1000) == (
         d["lease_duration_ms"],
         d["retry_interval_ms"],
@@ -262,9 +265,9 @@ def test_guard_defaults() -> None:
     "case", VECTORS["guard"]["judge"], ids=lambda c: f"{c['now'][11:23]}-{c['unchanged_for_ms']}"
 )
 def test_guard_expiry_verdicts(case: dict[str, Any]) -> None:
-    verdict = G.judge(
+    verdict = guard.judge(
         case["spec"],
-        G.parse_time(case["now"]),
+        guard.parse_time(case["now"]),
         case["unchanged_for_ms"] / 1000,
         case["clock_skew_ms"] / 1000,
         case["default_duration_ms"] / 1000,
@@ -276,15 +279,15 @@ def test_guard_expiry_verdicts(case: dict[str, Any]) -> None:
     "case", VECTORS["guard"]["taken_spec"], ids=lambda c: str(c["lease_duration_ms"])
 )
 def test_guard_taken_spec(case: dict[str, Any]) -> None:
-    cfg = G.GuardConfig(lease_duration=case["lease_duration_ms"] / 1000, holder=case["holder"])
-    assert G.taken_spec(case["old"], cfg, G.parse_time(case["now"])) == case["spec"]
+    cfg = guard.GuardConfig(lease_duration=case["lease_duration_ms"] / 1000, holder=case["holder"])
+    assert guard.taken_spec(case["old"], cfg, guard.parse_time(case["now"])) == case["spec"]
 
 
 @pytest.mark.parametrize(
     "case", VECTORS["guard"]["timings"], ids=lambda c: str(c["lease_duration_ms"])
 )
 def test_guard_timings(case: dict[str, Any]) -> None:
-    cfg = G.GuardConfig(lease_duration=case["lease_duration_ms"] / 1000)
+    cfg = guard.GuardConfig(lease_duration=case["lease_duration_ms"] / 1000)
     assert cfg.duration_secs == case["duration_secs"]
     assert int(cfg.renew_every * 1000) == case["renew_every_ms"]
     assert round(cfg.trust_window * 1000) == case["trust_window_ms"]
@@ -292,6 +295,6 @@ def test_guard_timings(case: dict[str, Any]) -> None:
 
 def test_micro_time_round_trips() -> None:
     t = dt.datetime(2027, 1, 15, 8, 0, 30, 123456, tzinfo=dt.timezone.utc)
-    assert G.micro_time(t) == "2027-01-15T08:00:30.123456Z"
-    assert G.parse_time("2027-01-15T08:00:30.123456Z") == t
-    assert G.parse_time("2027-01-15T09:00:30.1234567+01:00") == t
+    assert guard.micro_time(t) == "2027-01-15T08:00:30.123456Z"
+    assert guard.parse_time("2027-01-15T08:00:30.123456Z") == t
+    assert guard.parse_time("2027-01-15T09:00:30.1234567+01:00") == t
