@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentbox import _wire, labels
-from agentbox import files
-from agentbox import guard
+from agentbox import _wire, files, guard, labels
 from agentbox.errors import (
     CommandNotStartedError,
     InvalidRequestError,
