@@ -108,21 +108,21 @@ class ProtocolError(AgentboxError):
     """Unexpected data from the API server or the pod."""
 
 
-class SandboxNotReadyError(AgentboxError):
-    """A Sandbox did not become Ready in time.
-
-    Carries the last phase seen and, when there is one, the reason and message of the
-    condition that explains it.
+class _StateError(AgentboxError):
+    """An object that did not reach the state asked for: its name, the phase last seen and
+    the reason and message of the condition that explains it.
     """
 
+    _what = "object"
+
     def __init__(self, name: str, phase: str, reason: str = "", message: str = "") -> None:
-        text = f"sandbox {name} is not Ready (phase {phase or 'unknown'})"
+        text = f"{self._what} {name}: phase {phase or 'unknown'}"
         if reason:
             text += f": {reason}"
         if message:
             text += f": {message}"
         super().__init__(text)
-        #: Sandbox name.
+        #: Object name.
         self.name = name
         #: Phase last seen.
         self.phase = phase
@@ -130,6 +130,12 @@ class SandboxNotReadyError(AgentboxError):
         self.reason = reason
         #: Its message.
         self.message = message
+
+
+class SandboxNotReadyError(_StateError):
+    """A Sandbox did not become Ready in time (or cannot: see the subclasses)."""
+
+    _what = "sandbox"
 
 
 class SandboxFailedError(SandboxNotReadyError):
@@ -140,24 +146,10 @@ class SandboxSuspendedError(SandboxNotReadyError):
     """The Sandbox is suspended by its spec; resume it (``resume()``) to use it."""
 
 
-class SnapshotFailedError(AgentboxError):
+class SnapshotFailedError(_StateError):
     """A SandboxSnapshot failed, or did not become Ready in time."""
 
-    def __init__(self, name: str, phase: str, reason: str = "", message: str = "") -> None:
-        text = f"snapshot {name}: phase {phase or 'unknown'}"
-        if reason:
-            text += f": {reason}"
-        if message:
-            text += f": {message}"
-        super().__init__(text)
-        #: SandboxSnapshot name.
-        self.name = name
-        #: Phase last seen.
-        self.phase = phase
-        #: Reason of its failing condition.
-        self.reason = reason
-        #: Its message.
-        self.message = message
+    _what = "snapshot"
 
 
 class ScopeMismatchError(AgentboxError):

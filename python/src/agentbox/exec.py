@@ -109,6 +109,9 @@ class Exit:
     status_message: str = ""
 
 
+#: WebSocket message types that end a connection.
+CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
+
 #: One event of :class:`ExecStream`.
 ExecEvent = Union[Output, Exit]
 
@@ -254,11 +257,7 @@ async def _events(
                     return
             elif msg.type == aiohttp.WSMsgType.ERROR:
                 raise TransportError(f"exec stream failed: {ws.exception()!r}")
-            elif msg.type in (
-                aiohttp.WSMsgType.CLOSE,
-                aiohttp.WSMsgType.CLOSING,
-                aiohttp.WSMsgType.CLOSED,
-            ):
+            elif msg.type in CLOSED:
                 raise TransportError("exec stream failed: connection closed without an exit status")
     finally:
         if sender is not None:

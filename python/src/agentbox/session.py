@@ -23,7 +23,7 @@ import aiohttp
 from . import _wire
 from ._kube import KubeSource
 from .errors import ExecTimeoutError, ProtocolError, SessionError
-from .exec import ExecResult, _connect
+from .exec import CLOSED, ExecResult, _connect
 
 __all__ = ["Session"]
 
@@ -277,12 +277,7 @@ class Session:
                 elif ch == _wire.STATUS_CHANNEL:
                     await sh.ws.close()
                     self._died(out)
-            elif msg.type in (
-                aiohttp.WSMsgType.CLOSE,
-                aiohttp.WSMsgType.CLOSING,
-                aiohttp.WSMsgType.CLOSED,
-                aiohttp.WSMsgType.ERROR,
-            ):
+            elif msg.type in CLOSED or msg.type == aiohttp.WSMsgType.ERROR:
                 self._died(out)
             else:
                 raise ProtocolError(f"unexpected message from the shell: {msg.type!r}")

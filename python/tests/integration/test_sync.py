@@ -13,13 +13,15 @@ from agentbox import sync
 from .conftest import BASE_IMAGE, Env
 
 
+def ready_sandbox(sandboxes: sync.Sandboxes, session: str) -> sync.Sandbox:
+    scope = agentbox.Scope.for_session("sync", session)
+    spec = agentbox.SandboxSpec(image=BASE_IMAGE, image_pull_policy="Never")
+    return sandboxes.get_or_create(scope, spec).wait_ready(120)
+
+
 def test_the_sync_api_end_to_end(env: Env) -> None:
     with sync.Sandboxes(env.ns) as sandboxes:
-        scope = agentbox.Scope.for_session("sync", "s-1")
-        sbx = sandboxes.get_or_create(
-            scope, agentbox.SandboxSpec(image=BASE_IMAGE, image_pull_policy="Never")
-        )
-        sbx.wait_ready(120)
+        sbx = ready_sandbox(sandboxes, "s-1")
         assert sbx.phase == "Ready"
         r = sbx.exec("echo hi; exit 4")
         assert (r.exit_code, r.stdout) == (4, b"hi\n")
@@ -51,11 +53,7 @@ def test_the_sync_api_end_to_end(env: Env) -> None:
 
 def test_a_lost_sync_guard_fails_the_next_call_in_its_block(env: Env) -> None:
     with sync.Sandboxes(env.ns) as sandboxes:
-        scope = agentbox.Scope.for_session("sync", "s-2")
-        sbx = sandboxes.get_or_create(
-            scope, agentbox.SandboxSpec(image=BASE_IMAGE, image_pull_policy="Never")
-        )
-        sbx.wait_ready(120)
+        sbx = ready_sandbox(sandboxes, "s-2")
         with (
             pytest.raises(agentbox.GuardLostError),
             sbx.guard(wait=30, config=agentbox.GuardConfig(lease_duration=3)) as g,
