@@ -25,3 +25,18 @@ def test_quickstart_runs(env: Env) -> None:
     assert "refused before any request" in text
     assert "turn done under fencing token" in text and "'step', '2'" in text
     assert "restored: ship it" in text
+
+
+def test_the_readme_python_example_runs(env: Env) -> None:
+    # The README's Python section's first code block, against this module's namespace.
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("\n## Python\n") :]
+    code = section[section.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert 'agentbox.Sandboxes("agents")' in code
+    code = code.replace('agentbox.Sandboxes("agents")', f'agentbox.Sandboxes("{env.ns}")')
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{env.logs()}"
+    assert "ship it" in out.stdout
