@@ -46,8 +46,13 @@ def active_guards() -> list[Guard]:
 
 async def _under_guards(aw: Awaitable[_T], guards: Sequence[Guard]) -> _T:
     """Runs ``aw``, cancelled with :class:`GuardLostError` if one of ``guards`` is lost."""
-    for g in guards:
-        g.check()
+    try:
+        for g in guards:
+            g.check()
+    except GuardLostError:
+        if isinstance(aw, Coroutine):
+            aw.close()  # never started
+        raise
     task = asyncio.ensure_future(aw)
     if not guards:
         return await task
@@ -78,7 +83,8 @@ def call(aw: Awaitable[_T], *, guarded: bool = True) -> _T:
         raise AgentboxError(
             "agentbox.sync called from its own event loop thread; use the async API there"
         )
-    guards = list(active_guards()) if guarded else []
+    # A guard released by hand inside its block no longer guards the calls after it.
+    guards = [g for g in active_guards() if not g.released] if guarded else []
     fut: concurrent.futures.Future[_T] = asyncio.run_coroutine_threadsafe(
         _under_guards(aw, guards), lp
     )

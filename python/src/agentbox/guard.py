@@ -238,6 +238,11 @@ class Guard:
         return self._lost.is_set()
 
     @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called (the guard is no longer in use)."""
+        return self._released
+
+    @property
     def held(self) -> bool:
         """Acquired, not released and not lost."""
         return self._lease is not None and not self._released and not self.is_lost
