@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -48,6 +49,14 @@ async def load_api_client() -> Any:
         await k8s_config.load_kube_config(client_configuration=cfg)
     api = k8s_client.ApiClient(configuration=cfg)
     api.user_agent = USER_AGENT
+    base: aiohttp.ClientSession = api.rest_client.pool_manager
+    if base.trust_env and not urllib.request.getproxies():
+        # The same connector (TLS context, pool) without trust_env: see Kube.session.
+        connector = base.connector
+        base.detach()
+        api.rest_client.pool_manager = aiohttp.ClientSession(
+            connector=connector, trust_env=False, read_bufsize=2**21
+        )
     return api
 
 
@@ -105,6 +114,7 @@ class Kube:
 
     def __init__(self, api_client: Any) -> None:
         self.api_client = api_client
+        self._ws_session: aiohttp.ClientSession | None = None
 
     async def call(
         self,
@@ -204,12 +214,27 @@ class Kube:
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        """The library's aiohttp session (its TLS context and connection pool)."""
-        session: aiohttp.ClientSession = self.api_client.rest_client.pool_manager
-        return session
+        """The session exec WebSockets open on: the library's connector (its TLS context and
+        connection pool) without ``trust_env`` when no proxy is configured in the environment.
+
+        The library's session trusts the environment, which costs every request two trips to
+        a worker thread (a ``.netrc`` lookup and a proxy lookup): on a busy machine that shows
+        in a one-shot exec's latency. With a proxy in the environment the library's session is
+        used as it is, so the proxy still applies.
+        """
+        base: aiohttp.ClientSession = self.api_client.rest_client.pool_manager
+        if not base.trust_env or urllib.request.getproxies():
+            return base
+        if self._ws_session is None or self._ws_session.closed:
+            self._ws_session = aiohttp.ClientSession(
+                connector=base.connector, connector_owner=False, trust_env=False
+            )
+        return self._ws_session
 
     async def close(self) -> None:
         """Closes the ApiClient's connections."""
+        if self._ws_session is not None:
+            await self._ws_session.close()
         await self.api_client.close()
 
 

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -89,7 +90,14 @@ class Env:
     def start_operator(self) -> Operator:
         """Starts an operator for the namespace (file:// store under /var/lib/agentbox)."""
         log = Path(tempfile.gettempdir()) / f"agentbox-py-{self.ns}-{len(self.operators)}.log"
-        proc = subprocess.Popen(
+        with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+            proc = self._spawn(out)
+        op = Operator(proc, log)
+        self.operators.append(op)
+        return op
+
+    def _spawn(self, out: IO[bytes]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [
                 str(binary("agentbox-operator", "AGENTBOX_OPERATOR_BIN")),
                 "--namespace",
@@ -106,13 +114,10 @@ class Env:
                 "snaps",
             ],
             stdin=subprocess.DEVNULL,
-            stdout=log.open("wb"),
+            stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info,agentbox=debug")},
         )
-        op = Operator(proc, log)
-        self.operators.append(op)
-        return op
 
     def logs(self) -> str:
         """Every operator's log tail."""
@@ -188,6 +193,7 @@ async def teardown(e: Env) -> None:
     finally:
         for o in e.operators:
             o.stop()
+            o.log.unlink(missing_ok=True)
         try:
             await e.kube.call("DELETE", f"/api/v1/namespaces/{e.ns}")
         finally:
