@@ -536,7 +536,7 @@ fn main() -> Res<()> {
     let mut doc = String::from("# Benchmarks\n\n");
     let _ = writeln!(
         doc,
-        "Written by `hack/bench` (each run replaces this file); targets are issue 7's.\n"
+        "Written by `hack/bench` (each run replaces this file); targets are issue 7's, and issue 14's for the Python SDK.\n"
     );
     let _ = writeln!(doc, "Command: `{command}`  ");
     let _ = writeln!(doc, "Run: {date}, {wall} s in all.\n");

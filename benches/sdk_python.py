@@ -33,7 +33,10 @@ async def timed(n: int, once: Callable[[], Awaitable[Any]], warmup: int = 5) -> 
     return samples
 
 
-async def oneshot(sandboxes: agentbox.Sandboxes, pod: str, container: str, n: int) -> dict[str, Any]:
+async def oneshot(
+    sandboxes: agentbox.Sandboxes, pod: str, container: str, n: int
+) -> dict[str, Any]:
+    """One-shot exec `true` through `agentbox.exec.run`, as the Rust bench does."""
     kube = await sandboxes.kube()
 
     async def once() -> None:
@@ -44,7 +47,10 @@ async def oneshot(sandboxes: agentbox.Sandboxes, pod: str, container: str, n: in
     return {"oneshot_ms": await timed(n, once)}
 
 
-async def session(sandboxes: agentbox.Sandboxes, pod: str, container: str, n: int) -> dict[str, Any]:
+async def session(
+    sandboxes: agentbox.Sandboxes, pod: str, container: str, n: int
+) -> dict[str, Any]:
+    """`true` per command in one persistent session."""
     async with agentbox.Session(sandboxes.kube, sandboxes.namespace, pod, container=container) as s:
 
         async def once() -> None:
@@ -56,6 +62,7 @@ async def session(sandboxes: agentbox.Sandboxes, pod: str, container: str, n: in
 
 
 async def guard(sandboxes: agentbox.Sandboxes, n: int) -> dict[str, Any]:
+    """Acquire / release of one scope's guard, uncontended."""
     scope = agentbox.Scope.for_agent("bench-python-guard")
     acquire, release = [], []
     for _ in range(n + 5):
@@ -70,9 +77,12 @@ async def guard(sandboxes: agentbox.Sandboxes, n: int) -> dict[str, Any]:
 
 
 async def ready(sandboxes: agentbox.Sandboxes, n: int, image: str) -> dict[str, Any]:
+    """Create → Ready as a harness sees it: get_or_create, then wait_ready."""
     spec = agentbox.SandboxSpec(
         image=image,
-        workspace=agentbox.WorkspaceSpec(files=[agentbox.WorkspaceFile("README.md", content="hello\n")]),
+        workspace=agentbox.WorkspaceSpec(
+            files=[agentbox.WorkspaceFile("README.md", content="hello\n")]
+        ),
     )
     samples = []
     for i in range(n):
@@ -85,6 +95,7 @@ async def ready(sandboxes: agentbox.Sandboxes, n: int, image: str) -> dict[str, 
 
 
 async def main(argv: list[str]) -> None:
+    """Runs one subcommand and prints its JSON line."""
     cmd, ns = argv[0], argv[1]
     async with agentbox.Sandboxes(ns) as sandboxes:
         if cmd == "oneshot":
