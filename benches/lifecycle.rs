@@ -201,11 +201,10 @@ async fn main() -> Res<()> {
         Err(e) => println!("Sandbox create → Ready from the Python SDK: skipped: {e}"),
     }
 
-    for i in 0..n {
-        let _ = sbxs
-            .delete(&format!("sbx-{i}"), &DeleteParams::default())
-            .await;
-    }
+    // Every sandbox, also those the Python SDK made, while the operator still runs.
+    let _ = sbxs
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
     for _ in 0..600 {
         if sbxs.list(&ListParams::default()).await?.items.is_empty() {
             break;

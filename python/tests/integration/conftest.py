@@ -22,11 +22,13 @@ from typing import IO
 import pytest
 
 import agentbox
-from agentbox._kube import Kube, load_api_client, sandboxes_path
+from agentbox._kube import Kube, load_api_client, sandboxes_path, snapshots_path
 
 REPO = Path(__file__).resolve().parents[3]
 BASE_IMAGE = "agentbox/base:v1"
 STORE_ROOT = Path("/var/lib/agentbox/test-snapshots")
+#: The operator's default node root: this machine is the cluster's node.
+NODE_ROOT = Path("/var/lib/agentbox/workspaces")
 
 
 def target_dir() -> Path:
@@ -173,31 +175,37 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
 
 
 async def teardown(e: Env) -> None:
-    """Deletes every Sandbox while the operator runs (its finalizers remove pods and workspace
-    directories), stops the operators, deletes the namespace and the store directory."""
+    """Deletes every SandboxSnapshot and Sandbox while the operator runs (its finalizers
+    remove stored objects, pods and workspace directories), stops the operators, and deletes the
+    namespace, the store directory and the namespace's (then empty) workspace directory. What
+    the operator did not finish in time loses its finalizers, so the namespace never stays
+    Terminating."""
+    collections = (snapshots_path(e.ns), sandboxes_path(e.ns))
     try:
-        await e.kube.call("DELETE", sandboxes_path(e.ns))
-        for _ in range(300):
-            left = (await e.kube.call("GET", sandboxes_path(e.ns))).get("items") or []
-            if not left:
+        for path in collections:
+            await e.kube.call("DELETE", path)
+        for _ in range(900):  # 3 minutes: a loaded machine schedules cleanup pods slowly
+            left = [(await e.kube.call("GET", p)).get("items") or [] for p in collections]
+            if not any(left):
                 break
-            if all(o.proc.poll() is not None for o in e.operators):
-                for s in left:  # nobody runs the finalizers any more
-                    await e.kube.call(
-                        "PATCH",
-                        sandboxes_path(e.ns, s["metadata"]["name"]),
-                        body={"metadata": {"finalizers": None}},
-                        content_type="application/merge-patch+json",
-                    )
             await asyncio.sleep(0.2)
     finally:
         for o in e.operators:
             o.stop()
             o.log.unlink(missing_ok=True)
         try:
+            for path in collections:  # nobody runs the finalizers any more
+                for obj in (await e.kube.call("GET", path)).get("items") or []:
+                    await e.kube.call(
+                        "PATCH",
+                        f"{path}/{obj['metadata']['name']}",
+                        body={"metadata": {"finalizers": None}},
+                        content_type="application/merge-patch+json",
+                    )
             await e.kube.call("DELETE", f"/api/v1/namespaces/{e.ns}")
         finally:
             shutil.rmtree(e.store, ignore_errors=True)
+            shutil.rmtree(NODE_ROOT / e.ns, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
