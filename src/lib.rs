@@ -16,5 +16,6 @@ pub mod names;
 pub mod operator;
 pub mod server;
 pub mod snapshot;
+pub mod vectors;
 
 pub use kubeclient::kube_client;

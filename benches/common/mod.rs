@@ -224,3 +224,38 @@ pub fn proc_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// Runs a Python bench script (`$PYTHON`, else `python3`) from `benches/` with `args`, and
+/// returns the samples (ms) under each of `fields` of the JSON line it prints.
+pub fn python_samples(
+    script: &str,
+    args: &[&str],
+    fields: &[&str],
+) -> Result<Vec<Vec<Duration>>, String> {
+    let out = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+        .arg(repo_root().join("benches").join(script))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("").to_string();
+        return Err(format!("python: {last}"));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(fields
+        .iter()
+        .map(|f| {
+            v[*f]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(serde_json::Value::as_f64)
+                        .map(|ms| Duration::from_secs_f64(ms / 1e3))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect())
+}
