@@ -181,7 +181,10 @@ class Sandboxes:
     ) -> Sandbox:
         """Creates a Sandbox (the scope's name unless ``name``) whose fresh workspace is
         restored from the Ready snapshot ``snapshot`` (``snapshot.restore: Named``). A 409
-        (:class:`~agentbox.errors.ConflictError`) if the name is taken.
+        (:class:`~agentbox.errors.ConflictError`) if the name is taken. A snapshot of another
+        scope is restored only where the namespace allows it (annotation
+        ``agentbox.dev/allow-cross-scope-restore``); otherwise the Sandbox's ``wait_ready``
+        fails with reason ``CrossScopeRestore``.
         """
         snap = await self.get_snapshot(snapshot)
         if snap.phase != "Ready":

@@ -118,7 +118,14 @@ class Env:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info,agentbox=debug")},
+            env={
+                **os.environ,
+                "RUST_LOG": os.environ.get("RUST_LOG", "info,agentbox=debug"),
+                # The trusted image of its node-side pods (hack/cluster up imports it): without
+                # one, deleted sandboxes keep their workspaces and wait (docs/security.md).
+                "AGENTBOX_HELPER_IMAGE": os.environ.get("AGENTBOX_HELPER_IMAGE")
+                or "docker.io/agentbox/helper:dev",
+            },
         )
 
     def logs(self) -> str:

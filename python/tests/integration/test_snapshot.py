@@ -40,8 +40,24 @@ async def test_snapshot_then_restore_into_a_new_sandbox_of_the_scope(env: Env) -
     assert await again.read("work/state.txt") == b"one\n"
     assert again.status["restoredFrom"] == first.name
 
-    # Into another scope, under that scope's name.
+    # Into another scope: refused (it would hand bob's workspace to carol) until a platform
+    # administrator allows cross-scope restores in the namespace (docs/security.md).
     other = agentbox.Scope.for_user("snapper", "carol")
+    refused = await env.sandboxes.create_restored(other, SPEC, second.name)
+    try:
+        await refused.wait_ready(120)
+    except agentbox.SandboxNotReadyError as e:
+        assert e.reason == "CrossScopeRestore", e
+    else:
+        raise AssertionError("a snapshot was restored into another scope")
+    await refused.delete(wait=True)
+    await env.kube.call(
+        "PATCH",
+        f"/api/v1/namespaces/{env.ns}",
+        body={"metadata": {"annotations": {"agentbox.dev/allow-cross-scope-restore": "true"}}},
+        content_type="application/merge-patch+json",
+    )
+    # Then under that scope's name.
     copy = await env.sandboxes.create_restored(other, SPEC, second.name)
     await copy.wait_ready(120)
     assert copy.name == agentbox.labels.sandbox_name_for_scope(other)
