@@ -89,7 +89,7 @@ impl Drop for Release {
                 ])
                 .status();
         }
-        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let kubectl = common::kubectl_bin();
         // After a panic nobody runs the finalizers any more: drop them so that the watched
         // namespace can go (a workspace directory may stay behind then).
         for kind in ["sandboxsnapshots.agentbox.dev", "sandboxes.agentbox.dev"] {

@@ -46,6 +46,21 @@ use object_store::MultipartId;
 pub const FINALIZER: &str = "agentbox.dev/snapshot-object";
 /// Condition type on a SandboxSnapshot: its object is committed and verified.
 pub const COMMITTED: &str = "Committed";
+
+/// Sets the Committed condition and `Ready`, its twin (the condition every agentbox kind has,
+/// so `kubectl wait --for=condition=Ready` works on snapshots too).
+fn set_committed(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    for type_ in [COMMITTED, conditions::READY] {
+        conditions::set(conds, type_, status, reason, message, generation, now);
+    }
+}
 /// Attempts before an interrupted or failing snapshot is marked Failed.
 pub const MAX_ATTEMPTS: i32 = 3;
 /// How long to wait for the scope's guard before trying again later.
@@ -310,15 +325,7 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
         }
         Plan::Wait(reason, message) => {
             st.phase = Some(SnapshotPhase::Pending);
-            conditions::set(
-                &mut st.conditions,
-                COMMITTED,
-                false,
-                reason,
-                &message,
-                None,
-                now,
-            );
+            set_committed(&mut st.conditions, false, reason, &message, None, now);
             if st != old {
                 super::apply_status(&api, &name, &st).await?;
             }
@@ -351,15 +358,7 @@ async fn write_failure(
     } else {
         st.phase = Some(SnapshotPhase::Pending);
     }
-    conditions::set(
-        &mut st.conditions,
-        COMMITTED,
-        false,
-        reason,
-        message,
-        None,
-        now,
-    );
+    set_committed(&mut st.conditions, false, reason, message, None, now);
     super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message).await;
     super::apply_status(api, &snap.name_any(), &st).await
 }
@@ -443,15 +442,7 @@ async fn take(
             let now = Timestamp::now();
             st.phase = Some(SnapshotPhase::Pending);
             let msg = format!("waiting for the scope's guard (held by {holder})");
-            conditions::set(
-                &mut st.conditions,
-                COMMITTED,
-                false,
-                "GuardBusy",
-                &msg,
-                None,
-                now,
-            );
+            set_committed(&mut st.conditions, false, "GuardBusy", &msg, None, now);
             super::apply_status(&api, &name, &st).await?;
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
@@ -470,9 +461,8 @@ async fn take(
     st.sha256 = None;
     st.size_bytes = None;
     st.members = None;
-    conditions::set(
+    set_committed(
         &mut st.conditions,
-        COMMITTED,
         false,
         "Uploading",
         "streaming the workspace to the object store",
@@ -565,15 +555,7 @@ async fn take(
                 "{} bytes, {} members, sha256 {}",
                 summary.size, summary.members, summary.sha256
             );
-            conditions::set(
-                &mut st.conditions,
-                COMMITTED,
-                true,
-                "Committed",
-                &msg,
-                None,
-                now,
-            );
+            set_committed(&mut st.conditions, true, "Committed", &msg, None, now);
             super::apply_status(&api, &name, &st).await?;
             info!(snapshot = %name, namespace = %ns, "{msg}");
             let last = LastSnapshot {

@@ -37,6 +37,35 @@ pub fn helm_bin() -> String {
     }
 }
 
+/// The kubectl binary: `$KUBECTL` (set by `hack/cluster env`), else `kubectl` on the PATH.
+pub fn kubectl_bin() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+/// Runs kubectl with `args`, `stdin` on its standard input; returns (success, stdout, stderr).
+pub fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(kubectl_bin())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .expect("kubectl stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write kubectl stdin");
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// The sandbox base image the test cluster imports.
 pub const BASE_IMAGE: &str = "agentbox/base:v1";
 /// Workspaces root the operator uses by default (the test operator runs on the node's host).
