@@ -82,20 +82,14 @@ fn check_values(s: &Snippet) {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let file = dir.join("values.yaml");
     std::fs::write(&file, &s.text).expect("write values");
-    let out = std::process::Command::new(common::helm_bin())
-        .args(["template", "rel", "charts/agentbox", "-f"])
-        .arg(&file)
-        .current_dir(repo_root())
-        .output()
-        .expect("run helm");
+    let out = common::helm_template(&["-f", file.to_str().expect("a UTF-8 path")]);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        out.status.success(),
-        "README.md:{}: neither an object nor values the chart accepts: {}\n{}",
-        s.line,
-        String::from_utf8_lossy(&out.stderr),
-        s.text
-    );
+    if let Err(e) = out {
+        panic!(
+            "README.md:{}: neither an object nor values the chart accepts: {e}\n{}",
+            s.line, s.text
+        );
+    }
 }
 
 #[test]

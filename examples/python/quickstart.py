@@ -21,7 +21,7 @@ import agentbox
 async def main() -> int:
     """The walk-through; prints what each step did."""
     namespace = os.environ.get("AGENTBOX_NAMESPACE", "default")
-    image = os.environ.get("AGENTBOX_IMAGE", "agentbox/base:v1")
+    image = os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37")
     async with agentbox.Sandboxes(namespace) as sandboxes:
         # 1. The sandbox of this user of this agent: created once, found again by every
         #    harness process that asks for the same scope (racing callers get one Sandbox).

@@ -17,7 +17,7 @@
 //!     session: None,
 //! };
 //! let template: SandboxSpec = serde_json::from_value(serde_json::json!({
-//!     "image": "agentbox/base:v1",
+//!     "image": "docker.io/library/busybox:1.37",
 //!     "scope": {"kind": "User", "agent": "coder", "user": "alice@example.com"},
 //! }))?;
 //! // Two harnesses racing here get the same Sandbox (its name derives from the scope).

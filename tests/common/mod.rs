@@ -37,6 +37,31 @@ pub fn helm_bin() -> String {
     }
 }
 
+/// The oldest Kubernetes the chart supports (Chart.yaml `kubeVersion`): what `helm template`
+/// renders for without a cluster (helm's own default is older, and the chart refuses that).
+pub const CHART_KUBE_VERSION: &str = "1.33.0";
+
+/// `helm template rel charts/agentbox --kube-version <CHART_KUBE_VERSION> <args>` in the
+/// repository: the rendered manifests, or helm's output when it fails.
+pub fn helm_template(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(helm_bin())
+        .args(["template", "rel", "charts/agentbox"])
+        .args(["--kube-version", CHART_KUBE_VERSION])
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("running helm: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
 /// The kubectl binary: `$KUBECTL` (set by `hack/cluster env`), else `kubectl` on the PATH.
 pub fn kubectl_bin() -> String {
     std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
@@ -67,7 +92,7 @@ pub fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
 }
 
 /// The sandbox base image the test cluster imports.
-pub const BASE_IMAGE: &str = "agentbox/base:v1";
+pub const BASE_IMAGE: &str = "docker.io/library/busybox:1.37";
 /// Workspaces root the operator uses by default (the test operator runs on the node's host).
 pub const NODE_ROOT: &str = agentbox::config::DEFAULT_NODE_ROOT;
 
