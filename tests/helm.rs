@@ -691,7 +691,15 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         "[helm test] `helm test` passed in {:.1?}:\n{out}",
         t.elapsed()
     );
-    assert!(out.contains("Phase:          Succeeded"), "{out}");
+    let phases: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Phase:"))
+        .map(str::trim)
+        .collect();
+    assert!(
+        !phases.is_empty() && phases.iter().all(|p| *p == "Succeeded"),
+        "{out}"
+    );
     assert!(
         out.contains("was created, Ready, ran commands and was deleted"),
         "{out}"
