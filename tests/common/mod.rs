@@ -388,18 +388,43 @@ impl TestEnv {
     }
 
     async fn teardown(&mut self) {
-        let sbxs = self.api::<Sandbox>();
-        let _ = sbxs
+        // Snapshots first, while the operators run (their finalizers remove stored objects),
+        // then Sandboxes (pods and workspace directories).
+        self.drain::<SandboxSnapshot>().await;
+        self.drain::<Sandbox>().await;
+        for o in &mut self.operators {
+            o.terminate();
+        }
+        // What the operators did not finish loses its finalizers: the namespace must go.
+        self.drain::<SandboxSnapshot>().await;
+        self.drain::<Sandbox>().await;
+        let nss: Api<Namespace> = Api::all(self.client.clone());
+        let _ = nss.delete(&self.ns, &DeleteParams::default()).await;
+        self.ns.clear();
+    }
+
+    /// Deletes every object of kind `K` in the namespace and waits (up to a minute) until they
+    /// are gone; once no operator runs any more, their finalizers are dropped.
+    async fn drain<K>(&mut self)
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let api = self.api::<K>();
+        let _ = api
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await;
         for _ in 0..300 {
-            match sbxs.list(&ListParams::default()).await {
+            match api.list(&ListParams::default()).await {
                 Ok(l) if l.items.is_empty() => break,
                 Ok(l) if self.operators.iter_mut().all(|o| !o.is_running()) => {
                     // Nobody is left to run the finalizers: drop them so the namespace can go.
                     for s in l.items {
                         let patch = serde_json::json!({"metadata": {"finalizers": null}});
-                        let _ = sbxs
+                        let _ = api
                             .patch(
                                 &s.name_any(),
                                 &Default::default(),
@@ -408,16 +433,11 @@ impl TestEnv {
                             .await;
                     }
                 }
+                Err(_) => break,
                 _ => {}
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        for o in &mut self.operators {
-            o.terminate();
-        }
-        let nss: Api<Namespace> = Api::all(self.client.clone());
-        let _ = nss.delete(&self.ns, &DeleteParams::default()).await;
-        self.ns.clear();
     }
 }
 
