@@ -251,7 +251,7 @@ async fn extract(
     limits: archive::Limits,
     expected: (&str, Option<u64>),
 ) -> Result<archive::Summary, Error> {
-    let (reader, task) = snapshot::validated_reader(store, key, limits)
+    let (reader, task) = snapshot::canonical_reader(store, key, limits)
         .await
         .map_err(from_snapshot)?;
     let req = ExecRequest::argv(["sh", "-c", EXTRACT_SCRIPT, "sh", root, id])
