@@ -60,7 +60,49 @@ impl From<object_store::Error> for SnapshotError {
     }
 }
 
+/// The object version of an object that does not exist.
+pub const ABSENT: &str = "absent";
+
+/// The version of a stored object (its ETag, else size and modification time), or [`ABSENT`]:
+/// what a permanently refused restore was judged against, so that a new object is tried.
+pub async fn object_version(
+    store: &Store,
+    key: &Path,
+) -> Result<(String, Option<u64>), SnapshotError> {
+    match store.inner().head(key).await {
+        Ok(m) => {
+            let mut v = m
+                .e_tag
+                .clone()
+                .unwrap_or_else(|| format!("{}@{}", m.size, m.last_modified.to_rfc3339()));
+            if let Some(version) = &m.version {
+                v = format!("{v}/{version}");
+            }
+            Ok((v, Some(m.size)))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok((ABSENT.to_string(), None)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The static reason of a permanent refusal read back from a status by name.
+pub fn permanent_reason(name: &str) -> &'static str {
+    Refusal::REASONS
+        .iter()
+        .chain(&["ObjectMissing"])
+        .find(|r| **r == name)
+        .copied()
+        .unwrap_or("RestoreRefused")
+}
+
 impl SnapshotError {
+    /// Whether the error stands until the object, the record or the rules change: a refused
+    /// archive (digest and size mismatches included) or a missing object. Store and stream
+    /// errors may pass.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, SnapshotError::Refused(_) | SnapshotError::Missing(_))
+    }
+
     /// A CamelCase reason for conditions.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -54,6 +54,8 @@ mod validate;
 
 #[cfg(test)]
 mod differential;
+#[cfg(test)]
+mod memory;
 
 use std::fmt;
 
@@ -246,6 +248,40 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every reason [`Refusal::reason`] gives (to map one read back from a status to its
+    /// static string).
+    pub const REASONS: [&'static str; 29] = [
+        "AbsolutePath",
+        "ParentComponent",
+        "InvalidPath",
+        "ReservedPath",
+        "Hardlink",
+        "Device",
+        "Fifo",
+        "UnsupportedType",
+        "SymlinkEscapes",
+        "SymlinkNotCanonical",
+        "BeneathSymlink",
+        "BeneathFile",
+        "Duplicate",
+        "TooManyMembers",
+        "InputTooLarge",
+        "ExtractedTooLarge",
+        "ExpansionRatio",
+        "BadChecksum",
+        "BadHeader",
+        "HeaderTooLarge",
+        "Truncated",
+        "DigestMismatch",
+        "SizeMismatch",
+        "PathTooLong",
+        "PathTooDeep",
+        "NameTooLong",
+        "FileTooLarge",
+        "OwnerOutOfRange",
+        "AmbiguousHeader",
+    ];
+
     /// The reason, CamelCase, for conditions and Events.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -1056,5 +1092,7 @@ pub(crate) mod tests {
         ];
         let reasons: std::collections::HashSet<_> = all.iter().map(Refusal::reason).collect();
         assert_eq!(reasons.len(), all.len());
+        let listed: std::collections::HashSet<_> = Refusal::REASONS.into_iter().collect();
+        assert_eq!(listed, reasons, "Refusal::REASONS lists every reason");
     }
 }
