@@ -426,6 +426,25 @@ fn attempts(env: &TestEnv, lease: &str) -> (usize, usize) {
     (extracting, writes)
 }
 
+/// The CRDs are cluster-wide: a test run of a branch without `status.restoreRefusal` applying
+/// its own CRDs meanwhile makes the API server drop the field, and the refusal is never seen.
+async fn crd_note(env: &TestEnv) -> String {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(env.client.clone());
+    let served = crds
+        .get("sandboxes.agentbox.dev")
+        .await
+        .map(|c| serde_json::to_string(&c.spec).unwrap_or_default())
+        .unwrap_or_default();
+    if served.contains("restoreRefusal") {
+        String::new()
+    } else {
+        " (the cluster's Sandbox CRD has lost status.restoreRefusal: another branch's tests \
+         applied their CRDs during this one)"
+            .into()
+    }
+}
+
 /// Takes the "storm" scope's guard as a harness would, holds it `hold`, releases it.
 async fn take_the_guard(env: &TestEnv, hold: Duration) {
     let cfg = GuardConfig {
@@ -500,7 +519,12 @@ async fn a_refused_restore_is_recorded_and_not_retried_until_something_changes()
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
     let quiet = attempts(&env, &lease);
-    assert_eq!(quiet, first, "attempts while nothing changed");
+    assert_eq!(
+        quiet,
+        first,
+        "attempts while nothing changed{}",
+        crd_note(&env).await
+    );
 
     // The snapshot changes (any write moves its resourceVersion): one more attempt each.
     env.api::<SandboxSnapshot>()

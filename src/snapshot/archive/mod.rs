@@ -958,9 +958,13 @@ pub(crate) mod tests {
             verify(&s, &s.sha256, Some(1)).unwrap_err().reason(),
             "SizeMismatch"
         );
-        // Missing end-of-archive marker at a member boundary is accepted (and written).
-        let no_end = &bytes[..bytes.len() - 1024];
-        let (_, _, out) = canon(no_end).unwrap();
+        // An archive cut short between two members is not whole: the end marker is required.
+        for cut in [1024, 512] {
+            let no_end = &bytes[..bytes.len() - cut];
+            assert_eq!(canon(no_end).unwrap_err(), Refusal::Truncated, "{cut}");
+        }
+        assert_eq!(canon(&[]).unwrap_err(), Refusal::Truncated);
+        let (_, _, out) = canon(&bytes).unwrap();
         assert_eq!(&out[out.len() - 1024..], &[0u8; 1024][..]);
         // Trailing bytes after the end marker are not carried over.
         let mut trailing = bytes.clone();

@@ -278,6 +278,15 @@ impl Parser {
                 State::Header => {
                     if self.filled == 0 {
                         self.header_at = self.offset;
+                        // A whole header in the input: read it in place.
+                        if let Some((h, rest)) = input.split_first_chunk::<BLOCK>() {
+                            *input = rest;
+                            self.offset += BLOCK as u64;
+                            if let Some(m) = self.header(h)? {
+                                return Ok(Some(Event::Member(m)));
+                            }
+                            continue;
+                        }
                     }
                     let take = input.len().min(BLOCK - self.filled);
                     self.block[self.filled..self.filled + take].copy_from_slice(&input[..take]);
@@ -286,7 +295,8 @@ impl Parser {
                     self.offset += take as u64;
                     if self.filled == BLOCK {
                         self.filled = 0;
-                        if let Some(m) = self.header()? {
+                        let block = self.block;
+                        if let Some(m) = self.header(&block)? {
                             return Ok(Some(Event::Member(m)));
                         }
                     }
@@ -295,17 +305,14 @@ impl Parser {
         }
     }
 
-    /// Declares the end of input: an error if it stopped inside a member or after an
-    /// extension header with no member.
+    /// Declares the end of input: an error unless the end-of-archive marker (two zero
+    /// blocks) was read. Without it an archive cut short between two members would look
+    /// whole; `tar -c` always writes it.
     pub fn finish(&self) -> Result<(), Refusal> {
         match self.state {
             State::End => Ok(()),
-            State::Header if self.filled == 0 => {
-                if self.pending.is_empty() {
-                    Ok(())
-                } else {
-                    Err(self.ambiguous(Ambiguity::DanglingExtension))
-                }
+            State::Header if self.filled == 0 && !self.pending.is_empty() => {
+                Err(self.ambiguous(Ambiguity::DanglingExtension))
             }
             _ => Err(Refusal::Truncated),
         }
@@ -334,10 +341,11 @@ impl Parser {
     }
 
     /// Handles a full header block; returns the member it describes, if any.
-    fn header(&mut self) -> Result<Option<Member>, Refusal> {
-        let h = self.block;
+    fn header(&mut self, h: &[u8; BLOCK]) -> Result<Option<Member>, Refusal> {
         let at = self.header_at;
-        if h.iter().all(|b| *b == 0) {
+        // One pass over the block: all zero exactly when its byte sum is.
+        let bytes: u32 = h.iter().map(|b| u32::from(*b)).sum();
+        if bytes == 0 {
             if !self.pending.is_empty() {
                 return Err(self.ambiguous(Ambiguity::DanglingExtension));
             }
