@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1.7
-# The agentbox image: static (musl) release binaries of the operator and, when present, the CLI,
-# on a distroless base that has CA certificates, no shell, and runs as a non-root user.
+# The agentbox image: static (musl) release binaries of the operator, the node-side helper
+# (agentbox-helper, which the operator runs in its node-side pods: the chart's default
+# --helper-image is this image) and, when present, the CLI, on a distroless base that has CA
+# certificates, no shell, and runs as a non-root user.
 #
 #   docker build -t agentbox/operator:0.1.0 .
 #
@@ -21,10 +23,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \
  && mkdir -p /out \
- && for b in agentbox-operator agentbox; do \
+ && for b in agentbox-operator agentbox-helper agentbox; do \
       if [ -f "target/release/$b" ]; then cp "target/release/$b" /out/; fi; \
     done \
- && test -x /out/agentbox-operator
+ && test -x /out/agentbox-operator && test -x /out/agentbox-helper
 
 # distroless static: CA certificates, /etc/passwd with "nonroot" (65532), tzdata, nothing else.
 FROM gcr.io/distroless/static-debian12:nonroot

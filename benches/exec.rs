@@ -7,6 +7,9 @@
 //! - through `kubectl exec` (`$KUBECTL`, a process per command);
 //! - through the Python `kubernetes` client in-process (`benches/exec_python.py`; needs
 //!   the `kubernetes` package, skipped with a note if missing);
+//! - through the agentbox Python SDK in-process (`benches/sdk_python.py`; needs `./python`
+//!   installed, skipped with a note if missing), which also gives its session and guard
+//!   figures;
 //!
 //! and the persistent session's per-command latency, guard acquire/release latency, and the
 //! guard's throughput with 8 contending clients. `BENCH_N` samples each (default 200),
@@ -32,7 +35,7 @@ use serde_json::json;
 
 mod common;
 
-use common::{Cleanup, emit, env_num, p50_p95, repo_root};
+use common::{Cleanup, emit, env_num, p50_p95, python_samples};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -103,30 +106,27 @@ fn kubectl_exec(kubectl: &str, ns: &str) -> Res<Duration> {
     Ok(d)
 }
 
-/// `n` one-shot execs from one Python process (after its own warm-up); the samples.
+/// `n` one-shot execs from one Python process of the official client (after its own
+/// warm-up); the samples.
 fn python_exec(ns: &str, n: u64) -> Result<Vec<Duration>, String> {
-    let script = repo_root().join("benches/exec_python.py");
-    let out = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
-        .arg(script)
-        .args([ns, POD, SANDBOX_CONTAINER, &n.to_string()])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("python3: {e}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err.lines().last().unwrap_or("").to_string();
-        return Err(format!("python: {last}"));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-    Ok(v["samples_ms"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(serde_json::Value::as_f64)
-                .map(|ms| Duration::from_secs_f64(ms / 1e3))
-                .collect()
-        })
-        .unwrap_or_default())
+    let n = n.to_string();
+    python_samples(
+        "exec_python.py",
+        &[ns, POD, SANDBOX_CONTAINER, &n],
+        &["samples_ms"],
+    )
+    .map(|mut v| v.remove(0))
+}
+
+/// The same through the agentbox Python SDK (`benches/sdk_python.py`).
+fn python_sdk_exec(ns: &str, n: u64) -> Result<Vec<Duration>, String> {
+    let n = n.to_string();
+    python_samples(
+        "sdk_python.py",
+        &["oneshot", ns, POD, SANDBOX_CONTAINER, &n],
+        &["oneshot_ms"],
+    )
+    .map(|mut v| v.remove(0))
 }
 
 /// 8 clients, each with its own connection, taking and releasing one lease for `secs`.
@@ -186,16 +186,25 @@ async fn main() -> Res<()> {
     // both clients (interleaved sample by sample), then a Python process.
     let (mut a0, mut a1) = (Vec::new(), Vec::new());
     let mut py: Result<Vec<Duration>, String> = Ok(Vec::new());
+    let mut sdk: Result<Vec<Duration>, String> = Ok(Vec::new());
     let rounds = 4;
     for _ in 0..rounds {
         for _ in 0..n.div_ceil(rounds) {
             a0.push(exec_true(&pods_default).await?);
             a1.push(exec_true(&pods_nodelay).await?);
         }
-        if let Ok(v) = &mut py {
-            match python_exec(&ns, n.div_ceil(rounds)) {
-                Ok(s) => v.extend(s),
-                Err(e) => py = Err(e),
+        for (acc, run) in [
+            (
+                &mut py,
+                python_exec as fn(&str, u64) -> Result<Vec<Duration>, String>,
+            ),
+            (&mut sdk, python_sdk_exec),
+        ] {
+            if let Ok(v) = acc {
+                match run(&ns, n.div_ceil(rounds)) {
+                    Ok(s) => v.extend(s),
+                    Err(e) => *acc = Err(e),
+                }
             }
         }
     }
@@ -221,6 +230,17 @@ async fn main() -> Res<()> {
         }
     }
     session.close().await;
+    let sdk_session = python_samples(
+        "sdk_python.py",
+        &[
+            "session",
+            &ns,
+            POD,
+            SANDBOX_CONTAINER,
+            &n.max(500).to_string(),
+        ],
+        &["session_ms"],
+    );
 
     let leases: Api<Lease> = Api::namespaced(nodelay_client.clone(), &ns);
     let cfg = GuardConfig::default();
@@ -233,6 +253,11 @@ async fn main() -> Res<()> {
         g.release().await?;
         rel.push(t.elapsed());
     }
+    let sdk_guard = python_samples(
+        "sdk_python.py",
+        &["guard", &ns, &n.to_string()],
+        &["acquire_ms", "release_ms"],
+    );
     let (entries, per_sec) = guard_contention(&ns, guard_secs).await?;
 
     // Each row also goes to $BENCH_RESULTS as `<key>_p50_ms` and `<key>_p95_ms`.
@@ -265,9 +290,37 @@ async fn main() -> Res<()> {
             "python kubernetes client, in-process"
         ),
     }
+    let sdk_row = |what: &str, key: &str, r: &Result<Vec<Duration>, String>| match r {
+        Ok(v) => row(what, key, v),
+        Err(e) => println!("{what:<58} skipped: {e}"),
+    };
+    sdk_row(
+        "agentbox Python SDK, in-process",
+        "oneshot_python_sdk",
+        &sdk,
+    );
     row("persistent session, per command", "session", &s);
+    sdk_row(
+        "persistent session, Python SDK",
+        "session_python_sdk",
+        &sdk_session.map(|mut v| v.remove(0)),
+    );
     row("guard acquire (uncontended)", "guard_acquire", &acq);
     row("guard release", "guard_release", &rel);
+    let (sdk_acq, sdk_rel) = match sdk_guard {
+        Ok(mut v) => (Ok(v.remove(0)), Ok(v.remove(0))),
+        Err(e) => (Err(e.clone()), Err(e)),
+    };
+    sdk_row(
+        "guard acquire, Python SDK",
+        "guard_acquire_python_sdk",
+        &sdk_acq,
+    );
+    sdk_row(
+        "guard release, Python SDK",
+        "guard_release_python_sdk",
+        &sdk_rel,
+    );
     println!(
         "guard, 8 contending clients for {guard_secs}s (retry {:?} ±50%): {entries} entries, {per_sec:.1}/s",
         cfg.retry_interval

@@ -3,7 +3,8 @@
 //!
 //! `eval "$(hack/cluster env)"; cargo bench --bench lifecycle` (release build). It starts the
 //! operator (the release binary) for a temporary namespace and measures `BENCH_N` (default 10)
-//! of each, one after another, then watches 60 s of steady state (`BENCH_IDLE_SECS`).
+//! of each, one after another, then watches 60 s of steady state (`BENCH_IDLE_SECS`), then
+//! times the same create → Ready from the Python SDK (`benches/sdk_python.py` with `$PYTHON`).
 //! The audit log is `$AGENTBOX_AUDIT_LOG` (set by `hack/cluster env`).
 
 use std::time::{Duration, Instant};
@@ -19,7 +20,8 @@ use serde_json::json;
 mod common;
 
 use common::{
-    LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95, read_audit,
+    LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95,
+    python_samples, read_audit,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -183,11 +185,26 @@ async fn main() -> Res<()> {
         idle,
     );
 
-    for i in 0..n {
-        let _ = sbxs
-            .delete(&format!("sbx-{i}"), &DeleteParams::default())
-            .await;
+    // The same seen from Python: get_or_create + wait_ready (a watch) through the SDK.
+    match python_samples(
+        "sdk_python.py",
+        &["ready", &ns, &n.to_string(), "agentbox/base:v1"],
+        &["ready_ms"],
+    ) {
+        Ok(mut v) => {
+            let ms: Vec<f64> = v.remove(0).iter().map(|d| d.as_secs_f64() * 1e3).collect();
+            let (p50, p95) = p50_p95(ms);
+            println!("| Sandbox create → Ready from the Python SDK (ms) | {p50:.0} | {p95:.0} |");
+            emit("lifecycle", "python_sdk_ready_p50_ms", p50, "ms", n64);
+            emit("lifecycle", "python_sdk_ready_p95_ms", p95, "ms", n64);
+        }
+        Err(e) => println!("Sandbox create → Ready from the Python SDK: skipped: {e}"),
     }
+
+    // Every sandbox, also those the Python SDK made, while the operator still runs.
+    let _ = sbxs
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
     for _ in 0..600 {
         if sbxs.list(&ListParams::default()).await?.items.is_empty() {
             break;

@@ -141,6 +141,7 @@ fn rows(f: &Figures) -> Vec<Row> {
             "—".into(),
         ));
     }
+    out.extend(python_sdk_rows(f));
     if let Some(t) = e("guard_contended_per_s") {
         let n = f.n("exec", "guard_contended_per_s");
         out.push(row(
@@ -307,6 +308,85 @@ fn rows(f: &Figures) -> Vec<Row> {
     out
 }
 
+/// The Python SDK's figures (issue 14's targets), each next to the Rust client's from the same
+/// run, and its one-shot exec also next to the official Python client used naively.
+fn python_sdk_rows(f: &Figures) -> Vec<Row> {
+    let mut out = Vec::new();
+    let e = |k: &str| f.get("exec", k);
+    let both = |k: &str| e(&format!("{k}_p50_ms")).zip(e(&format!("{k}_p95_ms")));
+    if let Some((p50, p95)) = both("oneshot_python_sdk") {
+        let n = f.n("exec", "oneshot_python_sdk_p50_ms");
+        let ours = format!("{p50:.1} / {p95:.1} ms");
+        if let Some((r50, r95)) = both("oneshot_agentbox") {
+            out.push(Row {
+                target: "within 1.1× of the Rust client",
+                met: Some(p50 <= 1.1 * r50 && p95 <= 1.1 * r95),
+                ..row(
+                    format!(
+                        "Python SDK: one-shot exec `true`, p50 / p95, vs the Rust client (n={n})"
+                    ),
+                    ours.clone(),
+                    format!("Rust client {r50:.1} / {r95:.1} ms"),
+                )
+            });
+        }
+        if let Some((b50, b95)) = both("oneshot_python") {
+            out.push(Row {
+                target: "below the baseline",
+                met: Some(p50 < b50 && p95 < b95),
+                ..row(
+                    format!("Python SDK: one-shot exec `true`, p50 / p95, vs the official Python client (n={n})"),
+                    ours,
+                    format!("`kubernetes` client, `stream()` per exec {b50:.1} / {b95:.1} ms"),
+                )
+            });
+        }
+    }
+    if let Some((s50, s95)) = both("session_python_sdk") {
+        let n = f.n("exec", "session_python_sdk_p50_ms");
+        out.push(Row {
+            target: "p50 < 5 ms",
+            met: Some(s50 < 5.0),
+            ..row(
+                format!("Python SDK: persistent session, per command, p50 / p95 (n={n})"),
+                format!("{s50:.2} / {s95:.2} ms"),
+                both("session").map_or("—".into(), |(r50, r95)| {
+                    format!("Rust session {r50:.2} / {r95:.2} ms")
+                }),
+            )
+        });
+    }
+    if let (Some(a), Some(r)) = (
+        e("guard_acquire_python_sdk_p50_ms"),
+        e("guard_release_python_sdk_p50_ms"),
+    ) {
+        let n = f.n("exec", "guard_acquire_python_sdk_p50_ms");
+        out.push(row(
+            format!("Python SDK: guard acquire / release, p50, uncontended (n={n})"),
+            format!("{a:.1} / {r:.1} ms"),
+            e("guard_acquire_p50_ms")
+                .zip(e("guard_release_p50_ms"))
+                .map_or("—".into(), |(a, r)| {
+                    format!("Rust client {a:.1} / {r:.1} ms")
+                }),
+        ));
+    }
+    let l = |k: &str| f.get("lifecycle", k);
+    if let (Some(p50), Some(p95)) = (l("python_sdk_ready_p50_ms"), l("python_sdk_ready_p95_ms")) {
+        let n = f.n("lifecycle", "python_sdk_ready_p50_ms");
+        out.push(row(
+            format!("Python SDK: create → Ready (get_or_create + wait_ready), p50 / p95 (n={n})"),
+            format!("{p50:.0} / {p95:.0} ms"),
+            l("sandbox_ready_p50_ms")
+                .zip(l("sandbox_ready_p95_ms"))
+                .map_or("—".into(), |(a, b)| {
+                    format!("Rust create + watch {a:.0} / {b:.0} ms")
+                }),
+        ));
+    }
+    out
+}
+
 fn table(rows: &[Row]) -> String {
     let mut t = String::from("| figure | agentbox | baseline (same run) | target | met? |\n");
     t.push_str("|---|---|---|---|---|\n");
@@ -408,7 +488,7 @@ fn machine_and_versions() -> String {
             &py,
             &[
                 "-c",
-                "import sys, kubernetes; print(kubernetes.__version__, 'on Python', sys.version.split()[0])",
+                "import sys, importlib.metadata as m\ndef v(p):\n    try:\n        return m.version(p)\n    except m.PackageNotFoundError:\n        return 'not installed'\nprint(v('kubernetes') + '; agentbox SDK ' + v('agentbox') + ' on kubernetes_asyncio ' + v('kubernetes_asyncio') + ', aiohttp ' + v('aiohttp') + '; Python ' + sys.version.split()[0])",
             ],
         )
     });
@@ -444,8 +524,16 @@ fn machine_and_versions() -> String {
     );
     let _ = writeln!(t, "- rustc: {}", first_line("rustc", &["-V"]));
     let _ = writeln!(t, "- agentbox: commit {commit}");
-    let _ = writeln!(t, "- Python `kubernetes` client: {python}");
+    let _ = writeln!(t, "- Python: `kubernetes` client {python}");
+    let _ = writeln!(t, "- load when the report was written: {}", load_average());
     t
+}
+
+/// `/proc/loadavg`'s 1-, 5- and 15-minute load averages (the machine may be shared).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 const METHOD: &str = "\
@@ -464,6 +552,11 @@ const METHOD: &str = "\
   `kubernetes` client in one process (`benches/exec_python.py`, after a warm-up); the persistent
   session runs `true` per command over one exec. Guard: Lease acquire/release, and 8 clients each
   with its own connection contending for one Lease (`benches/exec.rs`).
+- **Python SDK**: the same one-shot exec (`agentbox.exec.run`, argv `true`, one process after a
+  warm-up, in the same four rounds as the Rust and official clients), its persistent session
+  and guard (`benches/sdk_python.py`, from `benches/exec.rs`), and create → Ready as a harness
+  sees it: `Sandboxes.get_or_create` then `Sandbox.wait_ready` (a watch), one at a time, after
+  the Rust figures (`benches/lifecycle.rs`).
 - **Snapshot / restore**: a sandbox filled with random data; the raw figure is the same
   `tar -c` streamed through exec to nowhere; snapshot is SandboxSnapshot create → Ready (tar,
   SHA-256, upload, commit); restore is a new sandbox of the scope from its pod running to Ready
@@ -512,7 +605,7 @@ fn main() -> Res<()> {
     let mut doc = String::from("# Benchmarks\n\n");
     let _ = writeln!(
         doc,
-        "Written by `hack/bench` (each run replaces this file); targets are issues 7's and 12's (small files).\n"
+        "Written by `hack/bench` (each run replaces this file); targets are issue 7's, issue 12's (small files) and issue 14's (the Python SDK).\n"
     );
     let _ = writeln!(doc, "Command: `{command}`  ");
     let _ = writeln!(doc, "Run: {date}, {wall} s in all.\n");

@@ -28,10 +28,30 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_NAMESPACE", default_value = "")]
     pub namespace: String,
 
-    /// Image for the short-lived pod that removes a deleted sandbox's workspace from its node.
-    /// Empty: the sandbox's own image, which is already on that node.
+    /// Trusted image with `/usr/local/bin/agentbox-helper` (the operator's own image carries
+    /// it) for the short-lived pods that do the operator's work on nodes: removing a deleted
+    /// sandbox's workspace, closing and checking a namespace's workspace directory, handing a
+    /// workspace to a non-root sandbox. Never a sandbox's image. Empty: none, and the operator
+    /// says so (conditions and Events) instead of doing that work.
     #[arg(long, env = "AGENTBOX_HELPER_IMAGE", default_value = "")]
     pub helper_image: String,
+
+    /// Pull policy of the helper image (Always, IfNotPresent, Never).
+    #[arg(long, env = "AGENTBOX_HELPER_IMAGE_PULL_POLICY", default_value = "IfNotPresent", value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub helper_image_pull_policy: String,
+
+    /// Run sandboxes that do not set `securityContext.runAsNonRoot` as non-root.
+    #[arg(long, env = "AGENTBOX_RUN_AS_NON_ROOT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub run_as_non_root: bool,
+
+    /// The uid (and gid) of a non-root sandbox that sets no `runAsUser`.
+    #[arg(long, env = "AGENTBOX_DEFAULT_RUN_AS_USER", default_value_t = 65532, value_parser = clap::value_parser!(i64).range(1..=2147483647))]
+    pub default_run_as_user: i64,
+
+    /// Capabilities a Sandbox may add to the default set (`securityContext.capabilities.add`),
+    /// comma separated, without `CAP_`. Empty: none.
+    #[arg(long, env = "AGENTBOX_ALLOWED_CAPABILITIES", value_delimiter = ',')]
+    pub allowed_capabilities: Vec<String>,
 
     /// Address of the metrics and health endpoints.
     #[arg(long, env = "AGENTBOX_METRICS_ADDR", default_value = "0.0.0.0:8080")]
@@ -126,6 +146,9 @@ pub enum ConfigError {
         /// The rejected value.
         value: String,
     },
+    /// An allowed capability is not a capability name.
+    #[error("allowed capability {0:?} is not a capability name (like NET_RAW, without CAP_)")]
+    NotACapability(String),
 }
 
 impl Config {
@@ -137,6 +160,18 @@ impl Config {
             .iter()
             .filter(|p| !p.trim().is_empty())
             .map(|p| clean_absolute("allowed host prefix", p.trim()))
+            .collect::<Result<_, _>>()?;
+        self.allowed_capabilities = self
+            .allowed_capabilities
+            .iter()
+            .map(|c| c.trim())
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                let name = c.strip_prefix("CAP_").unwrap_or(c).to_ascii_uppercase();
+                crate::names::is_capability_name(&name)
+                    .then_some(name)
+                    .ok_or_else(|| ConfigError::NotACapability(c.to_string()))
+            })
             .collect::<Result<_, _>>()?;
         if self.identity.is_empty() {
             let host = std::env::var("HOSTNAME")
@@ -236,6 +271,8 @@ mod tests {
         .validated()
         .unwrap();
         assert_eq!(c.allowed_host_prefixes, vec!["/srv/shared", "/data"]);
+        assert!(c.helper_image.is_empty() && !c.run_as_non_root);
+        assert_eq!(c.default_run_as_user, 65532);
         assert_eq!(c.lease_namespace(), "team-a");
         assert_eq!(
             c.store().map(|s| s.url),
@@ -264,5 +301,18 @@ mod tests {
         assert_eq!(c.restore_limits().max_members, 10);
         let off = Config::parse_from(["agentbox-operator", "--store-url", ""]);
         assert!(off.store().is_none());
+        let caps = Config::parse_from([
+            "agentbox-operator",
+            "--allowed-capabilities",
+            "net_raw, CAP_SYS_PTRACE,",
+        ])
+        .validated()
+        .unwrap();
+        assert_eq!(caps.allowed_capabilities, vec!["NET_RAW", "SYS_PTRACE"]);
+        let bad = Config::parse_from(["agentbox-operator", "--allowed-capabilities", "NET RAW"]);
+        assert!(bad.validated().is_err());
+        assert!(
+            Config::try_parse_from(["agentbox-operator", "--default-run-as-user", "0"]).is_err()
+        );
     }
 }

@@ -47,19 +47,19 @@ pub(crate) const PIPE_BUF: usize = 256 << 10;
 /// Largest stdin frame. kube's own exec loop sends stdin in 4 KiB WebSocket messages (its
 /// `ReaderStream`'s default), each flushed on its own, which held a streamed restore to a third
 /// of the speed of the stdout direction; this transport sends up to this much per message.
-const STDIN_FRAME: usize = 256 << 10;
+pub(crate) const STDIN_FRAME: usize = 256 << 10;
 
 /// Interval of WebSocket pings on an exec connection, as kube sends them (keeps proxies from
 /// dropping an exec that is silent for long).
 const PING_EVERY: Duration = Duration::from_secs(60);
 
 /// Channel numbers of the Kubernetes remote-command protocol (`v5.channel.k8s.io`).
-const STDIN_CHANNEL: u8 = 0;
-const STDOUT_CHANNEL: u8 = 1;
-const STDERR_CHANNEL: u8 = 2;
-const STATUS_CHANNEL: u8 = 3;
+pub(crate) const STDIN_CHANNEL: u8 = 0;
+pub(crate) const STDOUT_CHANNEL: u8 = 1;
+pub(crate) const STDERR_CHANNEL: u8 = 2;
+pub(crate) const STATUS_CHANNEL: u8 = 3;
 /// v5: `[CLOSE_CHANNEL, n]` half-closes channel n (stdin EOF for the process).
-const CLOSE_CHANNEL: u8 = 255;
+pub(crate) const CLOSE_CHANNEL: u8 = 255;
 
 /// The `sh` prologue that wraps a command when it needs a workdir, env or timeout.
 ///
@@ -214,7 +214,7 @@ impl ExecRequest {
 
 /// `sleep` argument for a duration: seconds with millisecond precision (busybox `sleep` takes
 /// fractions), at least 1 ms.
-fn sleep_arg(d: Duration) -> String {
+pub(crate) fn sleep_arg(d: Duration) -> String {
     let ms = d.as_millis().max(1);
     format!("{}.{:03}", ms / 1000, ms % 1000)
 }

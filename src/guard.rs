@@ -73,11 +73,11 @@ impl GuardConfig {
         }
     }
 
-    fn duration_secs(&self) -> i32 {
+    pub(crate) fn duration_secs(&self) -> i32 {
         i32::try_from(self.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
     }
 
-    fn renew_every(&self) -> Duration {
+    pub(crate) fn renew_every(&self) -> Duration {
         self.renew_interval
             .unwrap_or(Duration::from_secs(u64::from(self.duration_secs().unsigned_abs())) / 3)
     }
@@ -85,7 +85,7 @@ impl GuardConfig {
     /// How long after the start of the last successful renewal we still trust that we hold
     /// the lease: the duration less a margin, since others may take over right at the
     /// duration.
-    fn trust_window(&self) -> Duration {
+    pub(crate) fn trust_window(&self) -> Duration {
         let d = Duration::from_secs(u64::from(self.duration_secs().unsigned_abs()));
         let margin = (d / 5).max(Duration::from_millis(500)).min(d / 2);
         d - margin
@@ -183,7 +183,7 @@ pub fn judge(
 }
 
 /// The spec written when taking a lease: this holder, times now, transitions bumped.
-fn taken_spec(old: Option<&LeaseSpec>, cfg: &GuardConfig, now: Timestamp) -> LeaseSpec {
+pub(crate) fn taken_spec(old: Option<&LeaseSpec>, cfg: &GuardConfig, now: Timestamp) -> LeaseSpec {
     let transitions = old.and_then(|s| s.lease_transitions).unwrap_or(0);
     LeaseSpec {
         holder_identity: Some(cfg.holder.clone()),

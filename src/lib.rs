@@ -12,8 +12,10 @@ pub mod guard;
 pub mod kubeclient;
 pub mod labels;
 pub mod metrics;
+pub mod names;
 pub mod operator;
 pub mod server;
 pub mod snapshot;
+pub mod vectors;
 
 pub use kubeclient::kube_client;

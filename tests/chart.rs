@@ -100,6 +100,9 @@ fn helm_lint_and_template_are_clean() {
         "nodeRoot=relative/path",
         "nodeRoot=/var/../etc",
         "image.pullPolicy=Sometimes",
+        "helperImagePullPolicy=Sometimes",
+        "sandboxDefaults.runAsUser=0",
+        "sandboxDefaults.allowedCapabilities={cap_net_raw}",
         "replicas=2,leaderElection.enabled=false",
         "unknownKey=1",
     ] {
@@ -192,6 +195,41 @@ fn values_reach_the_operator_environment() {
         env_value(&d, "AGENTBOX_STORE_URL").as_deref(),
         Some("s3://bucket/agentbox")
     );
+    // The helper image defaults to the operator's own (which carries agentbox-helper): never a
+    // sandbox's image.
+    let image = d
+        .iter()
+        .find(|x| x["kind"].as_str() == Some("Deployment"))
+        .map(|dep| dep["spec"]["template"]["spec"]["containers"][0]["image"].clone())
+        .and_then(|i| i.as_str().map(str::to_string));
+    assert_eq!(env_value(&d, "AGENTBOX_HELPER_IMAGE"), image);
+    assert_eq!(
+        env_value(&d, "AGENTBOX_HELPER_IMAGE_PULL_POLICY").as_deref(),
+        Some("IfNotPresent")
+    );
+    assert_eq!(
+        env_value(&d, "AGENTBOX_RUN_AS_NON_ROOT").as_deref(),
+        Some("false")
+    );
+    let secure = docs(&template(&[
+        "helperImage=registry.example.com/agentbox/helper:1",
+        "helperImagePullPolicy=Always",
+        "sandboxDefaults.runAsNonRoot=true",
+        "sandboxDefaults.runAsUser=1000",
+        "sandboxDefaults.allowedCapabilities={NET_RAW,SYS_PTRACE}",
+    ]));
+    for (k, v) in [
+        (
+            "AGENTBOX_HELPER_IMAGE",
+            "registry.example.com/agentbox/helper:1",
+        ),
+        ("AGENTBOX_HELPER_IMAGE_PULL_POLICY", "Always"),
+        ("AGENTBOX_RUN_AS_NON_ROOT", "true"),
+        ("AGENTBOX_DEFAULT_RUN_AS_USER", "1000"),
+        ("AGENTBOX_ALLOWED_CAPABILITIES", "NET_RAW,SYS_PTRACE"),
+    ] {
+        assert_eq!(env_value(&secure, k).as_deref(), Some(v), "{k}");
+    }
     let dep = d
         .iter()
         .find(|x| x["kind"].as_str() == Some("Deployment"))

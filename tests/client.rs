@@ -324,20 +324,7 @@ async fn cli_snapshot_and_restore_into_a_new_sandbox() {
     assert!(err.contains("nope") && err.lines().count() == 1, "{err:?}");
 
     // Snapshots have finalizers the operator runs: delete them while it is still up.
-    let snaps: kube::Api<agentbox::crd::SandboxSnapshot> = env.api();
-    let _ = snaps
-        .delete_collection(&Default::default(), &Default::default())
-        .await;
-    for _ in 0..300 {
-        if snaps
-            .list(&Default::default())
-            .await
-            .is_ok_and(|l| l.items.is_empty())
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::delete_snapshots(&env).await;
     env.finish().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -421,16 +421,19 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     std::os::unix::fs::chown(STORE_DIR, Some(65532), Some(65532)).expect("chown store dir");
     let port = free_port();
 
-    // Sources for the sandbox's files: read by the in-cluster operator through its Role.
-    let cm: ConfigMap =
-        serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"settings": "a=1\n"}}))
-            .unwrap();
+    // Sources for the sandbox's files: read by the in-cluster operator through its Role, and
+    // labelled readable by sandboxes (docs/security.md).
+    let readable = json!({"agentbox.dev/sandbox-readable": "true"});
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "cfg", "labels": readable}, "data": {"settings": "a=1\n"}}),
+    )
+    .unwrap();
     env.api::<ConfigMap>()
         .create(&PostParams::default(), &cm)
         .await
         .unwrap();
     let tools: ConfigMap = serde_json::from_value(
-        json!({"metadata": {"name": "tools"}, "data": {"lint.sh": "echo lint\n"}}),
+        json!({"metadata": {"name": "tools", "labels": readable}, "data": {"lint.sh": "echo lint\n"}}),
     )
     .unwrap();
     env.api::<ConfigMap>()
@@ -438,7 +441,7 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         .await
         .unwrap();
     let secret: Secret = serde_json::from_value(
-        json!({"metadata": {"name": "token"}, "stringData": {"value": "s3cr3t"}}),
+        json!({"metadata": {"name": "token", "labels": readable}, "stringData": {"value": "s3cr3t"}}),
     )
     .unwrap();
     env.api::<Secret>()

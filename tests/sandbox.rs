@@ -66,18 +66,21 @@ async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
     let mut env = TestEnv::new("sbx-files").await;
     env.start_operator(&[]);
     let cms = env.api::<ConfigMap>();
+    // Sources opt in to being read for sandboxes (docs/security.md).
+    let readable = json!({"agentbox.dev/sandbox-readable": "true"});
     let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "tools"},
+        "metadata": {"name": "tools", "labels": readable},
         "data": {"lint.sh": "echo lint\n", "fmt.sh": "echo fmt\n"}
     }))
     .unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
-    let cm_file: ConfigMap =
-        serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"settings": "a=1\n"}}))
-            .unwrap();
+    let cm_file: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "cfg", "labels": readable}, "data": {"settings": "a=1\n"}}),
+    )
+    .unwrap();
     cms.create(&PostParams::default(), &cm_file).await.unwrap();
     let secret: Secret = serde_json::from_value(
-        json!({"metadata": {"name": "token"}, "stringData": {"value": "s3cr3t"}}),
+        json!({"metadata": {"name": "token", "labels": readable}, "stringData": {"value": "s3cr3t"}}),
     )
     .unwrap();
     env.api::<Secret>()

@@ -14,6 +14,7 @@ use agentbox::labels;
 use agentbox::snapshot::store::Store;
 use common::{
     NODE_ROOT, TestEnv, create_sandbox, listing, phase_is, raw, raw_header, repo_root, sh,
+    snapshot_finished as finished, take_snapshot,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -148,35 +149,6 @@ fn branch(s: &Sandbox) -> Option<StartBranch> {
 
 async fn ready(env: &TestEnv, name: &str) -> Sandbox {
     env.wait_for::<Sandbox>(name, 300, phase_is("Ready")).await
-}
-
-fn finished(s: Option<&SandboxSnapshot>) -> bool {
-    matches!(
-        s.and_then(|s| s.status.as_ref()).and_then(|st| st.phase),
-        Some(SnapshotPhase::Ready | SnapshotPhase::Failed)
-    )
-}
-
-async fn take_snapshot(env: &TestEnv, name: &str, sandbox: &str, policy: &str) -> SandboxSnapshot {
-    let obj: SandboxSnapshot = serde_json::from_value(json!({
-        "apiVersion": "agentbox.dev/v1alpha1",
-        "kind": "SandboxSnapshot",
-        "metadata": {"name": name},
-        "spec": {"sandboxRef": {"name": sandbox}, "deletionPolicy": policy},
-    }))
-    .expect("snapshot json");
-    env.api::<SandboxSnapshot>()
-        .create(&PostParams::default(), &obj)
-        .await
-        .expect("create snapshot");
-    let s = env.wait_for::<SandboxSnapshot>(name, 900, finished).await;
-    assert_eq!(
-        s.status.as_ref().and_then(|st| st.phase),
-        Some(SnapshotPhase::Ready),
-        "{s:#?}\n{}",
-        env.operator_logs()
-    );
-    s
 }
 
 /// SHA-256 and size of an object, streamed.

@@ -62,9 +62,17 @@ pub fn p50_p95(mut v: Vec<f64>) -> (f64, f64) {
 pub struct Operator(pub Child);
 
 impl Operator {
-    /// A command for this build's operator binary.
+    /// A command for this build's operator binary, with the helper image `hack/helper-image`
+    /// imports (`$AGENTBOX_HELPER_IMAGE` overrides it): without one, deleted sandboxes would
+    /// keep their workspaces and never go.
     pub fn command() -> Command {
-        Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
+        let helper = std::env::var("AGENTBOX_HELPER_IMAGE")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "docker.io/agentbox/helper:dev".into());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"));
+        cmd.args(["--helper-image", &helper]);
+        cmd
     }
 
     /// Spawns `cmd` with its output into the file `log`.
@@ -215,4 +223,39 @@ pub fn proc_kib(pid: u32, field: &str) -> u64 {
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// Runs a Python bench script (`$PYTHON`, else `python3`) from `benches/` with `args`, and
+/// returns the samples (ms) under each of `fields` of the JSON line it prints.
+pub fn python_samples(
+    script: &str,
+    args: &[&str],
+    fields: &[&str],
+) -> Result<Vec<Vec<Duration>>, String> {
+    let out = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+        .arg(repo_root().join("benches").join(script))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("").to_string();
+        return Err(format!("python: {last}"));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(fields
+        .iter()
+        .map(|f| {
+            v[*f]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(serde_json::Value::as_f64)
+                        .map(|ms| Duration::from_secs_f64(ms / 1e3))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect())
 }

@@ -76,13 +76,13 @@ pub fn confine(root: &str, path: &str) -> Result<String, PathError> {
 }
 
 /// Exit code of the in-pod scripts for "resolves outside the workspace".
-const ESCAPES: i32 = 97;
+pub(crate) const ESCAPES: i32 = 97;
 /// Exit code of the in-pod scripts for "missing or of the wrong type".
-const MISSING: i32 = 96;
+pub(crate) const MISSING: i32 = 96;
 
 /// Shared prologue: `$1` root, `$2` path (absolute, from [`confine`]). `confine P` exits
 /// [`ESCAPES`] unless the nearest existing ancestor of P resolves under the resolved root.
-const PROLOGUE: &str = r#"R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
+pub(crate) const PROLOGUE: &str = r#"R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
 p=$2
 confine() {
   q=$1
@@ -94,11 +94,11 @@ confine() {
 confine "$p"
 "#;
 
-const READ: &str = r#"[ -f "$p" ] || { echo "agentbox: $p: not a regular file" >&2; exit 96; }
+pub(crate) const READ: &str = r#"[ -f "$p" ] || { echo "agentbox: $p: not a regular file" >&2; exit 96; }
 exec cat "$p"
 "#;
 
-const WRITE: &str = r#"[ -d "$p" ] && { echo "agentbox: $p is a directory" >&2; exit 96; }
+pub(crate) const WRITE: &str = r#"[ -d "$p" ] && { echo "agentbox: $p is a directory" >&2; exit 96; }
 d=$(dirname "$p")
 mkdir -p "$d" || exit 1
 confine "$p"
@@ -106,7 +106,7 @@ t="$d/.agentbox-write.$$"
 if cat > "$t"; then mv -f "$t" "$p"; else rm -f "$t"; exit 1; fi
 "#;
 
-const LIST: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
+pub(crate) const LIST: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
 cd "$p" || exit 96
 for f in * .*; do
   case $f in .|..) continue;; esac
@@ -118,7 +118,7 @@ done
 
 /// Upload: refuse when a symlink already in the destination tree leads out of the workspace
 /// (tar would write through it), then extract without restoring owners.
-const UPLOAD: &str = r#"mkdir -p "$p" || exit 1
+pub(crate) const UPLOAD: &str = r#"mkdir -p "$p" || exit 1
 confine "$p"
 find "$p" -type l | while IFS= read -r l; do
   r=$(readlink -f "$l") || continue
@@ -128,9 +128,28 @@ done || exit 97
 exec tar -x -o -f - -C "$p"
 "#;
 
-const DOWNLOAD: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
+pub(crate) const DOWNLOAD: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
 exec tar -c -f - -C "$p" .
 "#;
+
+/// The argv that runs a file `script` on `path` (confined to `root`) in the pod, and the
+/// confined path: `sh -c PROLOGUE+script agentbox-files ROOT PATH`.
+pub(crate) fn file_argv(
+    script: &str,
+    root: &str,
+    path: &str,
+) -> Result<(Vec<String>, String), PathError> {
+    let p = confine(root, path)?;
+    let argv = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("{PROLOGUE}{script}"),
+        "agentbox-files".to_string(),
+        root.to_string(),
+        p.clone(),
+    ];
+    Ok((argv, p))
+}
 
 /// Kind of a directory entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,17 +269,8 @@ impl Workspace {
     }
 
     fn file_req(&self, script: &str, path: &str) -> Result<(ExecRequest, String), ClientError> {
-        let root = self.root.clone();
-        let p = confine(&root, path).map_err(ClientError::Path)?;
-        let req = ExecRequest::argv([
-            "sh".to_string(),
-            "-c".to_string(),
-            format!("{PROLOGUE}{script}"),
-            "agentbox-files".to_string(),
-            root,
-            p.clone(),
-        ]);
-        Ok((req, p))
+        let (argv, p) = file_argv(script, &self.root, path)?;
+        Ok((ExecRequest::argv(argv), p))
     }
 
     /// Reads a file of the workspace (at most `max` bytes; larger files are an error).

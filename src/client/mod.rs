@@ -44,7 +44,7 @@
 //! # }
 //! ```
 
-mod files;
+pub(crate) mod files;
 mod snapshots;
 
 pub use files::{DirEntry, EntryKind, PathError, Workspace, confine};

@@ -11,6 +11,8 @@ pub const WORKSPACE_READY: &str = "WorkspaceReady";
 pub const READY: &str = "Ready";
 /// Condition type: who holds the scope's execution guard.
 pub const GUARDED: &str = "Guarded";
+/// Condition type (while deleting): the workspace directory was removed from its node.
+pub const WORKSPACE_REMOVED: &str = "WorkspaceRemoved";
 
 /// Sets condition `type_` to `status` with `reason` and `message`. The transition time moves only
 /// when the status changes, as the Kubernetes API conventions ask.

@@ -1,10 +1,14 @@
 //! Controllers: observe → decide (pure) → apply → status.
 
 pub mod conditions;
+pub mod noderoot;
 pub mod pod;
 pub mod restore;
 pub mod sandbox;
+pub mod security;
+pub mod selection;
 pub mod snapshot;
+pub mod sources;
 pub mod validate;
 pub mod workspace;
 
@@ -44,6 +48,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// The snapshot store; `None` when snapshots are off or the store could not be built.
     pub store: Option<Store>,
+    /// What the helper found on each node's workspace directory of each namespace.
+    pub node_roots: noderoot::Checks,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -61,15 +67,22 @@ pub enum Error {
     /// Workspace initialisation ran but failed.
     #[error("workspace initialisation: {0}")]
     Init(String),
-    /// A ConfigMap or Secret a file or projection needs is missing.
+    /// A ConfigMap or Secret a file, projection or environment variable needs is missing.
     #[error("{0}")]
     SourceMissing(String),
+    /// A ConfigMap or Secret a file, projection or environment variable names has not been
+    /// made readable by sandboxes (label `agentbox.dev/sandbox-readable: "true"`).
+    #[error("{0}")]
+    SourceNotReadable(String),
     /// Building the file archive failed.
     #[error("building the file archive: {0}")]
     Archive(#[from] std::io::Error),
     /// The workspace cleanup pod failed.
     #[error("{0}")]
     Cleanup(String),
+    /// Work on a node needs the helper image, and the operator has none.
+    #[error("{0}")]
+    NoHelper(String),
     /// The workspace cleanup pod has not finished yet (not a failure; polls).
     #[error("waiting for the workspace cleanup pod")]
     CleanupPending,
@@ -116,9 +129,11 @@ impl Error {
             Error::Finalizer(_) => "finalizer",
             Error::Init(_) => "init",
             Error::SourceMissing(_) => "source_missing",
+            Error::SourceNotReadable(_) => "source_not_readable",
             Error::Archive(_) => "archive",
             Error::Cleanup(_) => "cleanup",
             Error::CleanupPending => "cleanup_pending",
+            Error::NoHelper(_) => "no_helper",
             Error::NotNamespaced => "not_namespaced",
             Error::Snapshot(_) => "snapshot",
             Error::Guard(_) => "guard",
@@ -140,6 +155,7 @@ impl Error {
     pub fn reason_and_message(&self) -> (&'static str, String) {
         let reason = match self {
             Error::SourceMissing(_) => "SourceMissing",
+            Error::SourceNotReadable(_) => "SourceNotReadable",
             Error::Exec(_) => "ExecFailed",
             Error::Restore { reason, .. } => *reason,
             _ => "InitFailed",
@@ -152,12 +168,17 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         match self.root() {
             Error::Exec(e) => !e.is_transient(),
-            Error::NotNamespaced => true,
+            Error::NotNamespaced | Error::NoHelper(_) => true,
             // A refused archive or a missing snapshot waits for a change; a busy guard or a
             // store hiccup is retried soon.
             Error::Restore { reason, .. } => !matches!(
                 *reason,
-                "GuardBusy" | "StoreError" | "RestoreFailed" | "ExtractFailed" | "SwapFailed"
+                "GuardBusy"
+                    | "StoreError"
+                    | "RestoreFailed"
+                    | "ExtractFailed"
+                    | "SwapFailed"
+                    | "SnapshotNotReady"
             ),
             _ => false,
         }
@@ -169,7 +190,12 @@ impl Error {
 pub fn retry_after(err: &Error, jitter: f64) -> Duration {
     let base = match err.root() {
         Error::CleanupPending => return Duration::from_secs(1),
-        Error::SourceMissing(_) => 30.0,
+        // Waits for someone to create or label an object (no watch on those): a slow poll.
+        Error::SourceMissing(_) | Error::SourceNotReadable(_) => 30.0,
+        Error::Restore {
+            reason: "SnapshotNotFound",
+            ..
+        } => 30.0,
         e if e.is_permanent() => 300.0,
         _ => 5.0,
     };
@@ -232,6 +258,11 @@ pub async fn run(
     } else {
         Api::namespaced(client.clone(), &config.namespace)
     };
+    if config.helper_image.trim().is_empty() {
+        warn!(
+            "no helper image (--helper-image): workspaces of deleted sandboxes cannot be removed, namespace directories are not closed or checked, and non-root sandboxes are refused"
+        );
+    }
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(
@@ -244,6 +275,7 @@ pub async fn run(
         config,
         metrics: metrics.clone(),
         store,
+        node_roots: noderoot::Checks::default(),
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     let snapshot_ctx = ctx.clone();
@@ -401,6 +433,24 @@ mod tests {
         assert_eq!(
             retry_after(&Error::SourceMissing("cm".into()), 0.0),
             Duration::from_secs(30)
+        );
+        assert_eq!(
+            retry_after(&Error::SourceNotReadable("secret".into()), 0.0),
+            Duration::from_secs(30)
+        );
+        let refused = |reason| Error::Restore {
+            reason,
+            message: String::new(),
+            refusal: None,
+        };
+        assert_eq!(
+            retry_after(&refused("CrossScopeRestore"), 0.0),
+            Duration::from_secs(300),
+            "waits for a change"
+        );
+        assert_eq!(
+            retry_after(&refused("SnapshotNotReady"), 0.0),
+            Duration::from_secs(5)
         );
     }
 }

@@ -1,18 +1,27 @@
 //! Builds the objects a Sandbox owns: its pod, its egress NetworkPolicy, and the short-lived
-//! pod that removes its workspace from the node. Pure functions of the Sandbox and the config.
+//! helper pods that do the operator's work on its node (removing its workspace; preparing its
+//! namespace's directory). Pure functions of the Sandbox and the config.
+//!
+//! Helper pods run the trusted helper image the operator is configured with (`agentbox-helper`,
+//! see the `helper/` crate), never a sandbox's image, as root with only the capabilities their
+//! job needs, and mount one directory: the namespace's workspace directory, the immediate
+//! parent of the workspace they act on.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, Pod, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext, Volume,
-    VolumeMount,
+    Affinity, Capabilities, Container, HostPathVolumeSource, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
+use super::security;
+use crate::config::Config;
 use crate::crd::Sandbox;
 use crate::labels;
 
@@ -47,10 +56,56 @@ fn owner_ref(sbx: &Sandbox) -> Option<OwnerReference> {
     sbx.controller_owner_ref(&())
 }
 
+/// The helper image, when the operator has one.
+#[derive(Debug, Clone, Copy)]
+pub struct HelperImage<'a> {
+    /// Image reference.
+    pub image: &'a str,
+    /// Its pull policy.
+    pub pull_policy: &'a str,
+}
+
+/// What the operator's configuration contributes to the pods it builds.
+#[derive(Debug, Clone, Copy)]
+pub struct PodConfig<'a> {
+    /// Host directory of the workspaces.
+    pub node_root: &'a str,
+    /// The trusted helper image; `None` when not configured.
+    pub helper: Option<HelperImage<'a>>,
+    /// Defaults of the sandboxes' security settings.
+    pub security: security::Defaults<'a>,
+}
+
+impl<'a> PodConfig<'a> {
+    /// The pod settings of an operator configuration.
+    pub fn from_config(c: &'a Config) -> Self {
+        PodConfig {
+            node_root: &c.node_root,
+            helper: (!c.helper_image.trim().is_empty()).then(|| HelperImage {
+                image: c.helper_image.trim(),
+                pull_policy: &c.helper_image_pull_policy,
+            }),
+            security: security::Defaults {
+                allowed_capabilities: &c.allowed_capabilities,
+                run_as_non_root: c.run_as_non_root,
+                default_run_as_user: c.default_run_as_user,
+            },
+        }
+    }
+}
+
 /// The sandbox pod. `pin_node` is the node that holds the workspace, once known: the pod must
 /// land there again or the workspace is out of reach. The pin is left out of the spec hash so
 /// that learning the node never counts as a spec change.
-pub fn build_pod(sbx: &Sandbox, node_root: &str, pin_node: Option<&str>) -> Pod {
+///
+/// The container drops every capability and gets back the effective set of
+/// [`security::effective`]; a non-root sandbox gets an init container (the trusted helper)
+/// that hands it the workspace directory first. That init container is left out of the spec
+/// hash too: it follows from the uid, which the hash covers, and a new helper image (an
+/// operator upgrade) must not restart every non-root sandbox.
+pub fn build_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, pin_node: Option<&str>) -> Pod {
+    let node_root = cfg.node_root;
+    let sec = security::effective(&sbx.spec, cfg.security);
     let spec = &sbx.spec;
     let ns = sbx.namespace().unwrap_or_default();
     let uid = sbx.uid().unwrap_or_default();
@@ -109,6 +164,10 @@ pub fn build_pod(sbx: &Sandbox, node_root: &str, pin_node: Option<&str>) -> Pod 
             allow_privilege_escalation: Some(false),
             privileged: Some(false),
             read_only_root_filesystem: sc.read_only_root_filesystem,
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: (!sec.capabilities.is_empty()).then(|| sec.capabilities.clone()),
+            }),
             ..Default::default()
         }),
         ..Default::default()
@@ -125,13 +184,10 @@ pub fn build_pod(sbx: &Sandbox, node_root: &str, pin_node: Option<&str>) -> Pod 
         node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
         tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
         security_context: Some(PodSecurityContext {
-            run_as_user: sc.run_as_user,
-            run_as_group: sc.run_as_group,
-            run_as_non_root: sc.run_as_non_root,
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..Default::default()
-            }),
+            run_as_user: sec.run_as_user,
+            run_as_group: sec.run_as_group,
+            run_as_non_root: sec.run_as_non_root,
+            seccomp_profile: Some(runtime_default()),
             ..Default::default()
         }),
         ..Default::default()
@@ -139,6 +195,25 @@ pub fn build_pod(sbx: &Sandbox, node_root: &str, pin_node: Option<&str>) -> Pod 
     let hash = json_hash(&pod_spec);
     if let Some(node) = pin_node {
         pod_spec.affinity = Some(pin_to_node(node));
+    }
+    if let (Some((uid, gid)), Some(helper)) = (sec.workspace_owner, cfg.helper.as_ref()) {
+        let job = agentbox_helper::Job::Own {
+            dir: OWN_MOUNT.into(),
+            uid,
+            gid,
+        };
+        let mount = VolumeMount {
+            name: WORKSPACE_VOLUME.into(),
+            mount_path: OWN_MOUNT.into(),
+            ..Default::default()
+        };
+        pod_spec.init_containers = Some(vec![helper_container(
+            OWN_CONTAINER,
+            helper,
+            &job,
+            OWN_CAPS,
+            mount,
+        )]);
     }
 
     let mut annotations = labels::scope_annotations(&spec.scope);
@@ -215,6 +290,23 @@ pub fn build_deny_egress(sbx: &Sandbox) -> NetworkPolicy {
     }
 }
 
+/// Where helper pods mount the namespace's workspace directory.
+pub const NAMESPACE_MOUNT: &str = "/ns";
+/// Where the workspace-owning init container mounts the workspace.
+const OWN_MOUNT: &str = "/ws";
+/// Name of the init container that hands a non-root sandbox its workspace.
+pub const OWN_CONTAINER: &str = "own-workspace";
+/// Label on helper pods: which job (`remove`, `prepare`).
+pub const HELPER_LABEL: &str = "agentbox.dev/helper";
+
+/// Capabilities of each helper job, all others dropped. Removing a tree whose directories
+/// belong to another uid (a non-root sandbox's, or mode 000) needs `DAC_OVERRIDE`; unlinking
+/// in a sticky directory of another uid needs `FOWNER`. Preparing a root-owned directory
+/// needs none. Owning a workspace needs `CHOWN`, plus the two above to walk and chmod it.
+const REMOVE_CAPS: &[&str] = &["DAC_OVERRIDE", "FOWNER"];
+const PREPARE_CAPS: &[&str] = &[];
+const OWN_CAPS: &[&str] = &["CHOWN", "DAC_OVERRIDE", "FOWNER"];
+
 /// Name of the pod that removes a sandbox's workspace directory from its node.
 pub fn cleanup_pod_name(sbx: &Sandbox) -> String {
     // Named for this sandbox's uid, not its name: a leftover from an earlier sandbox of the
@@ -222,21 +314,97 @@ pub fn cleanup_pod_name(sbx: &Sandbox) -> String {
     format!("sbx-cleanup-{}", sbx.uid().unwrap_or_default())
 }
 
-/// A pod bound directly to `node` (no scheduling: it must run exactly there, even on a cordoned
-/// node) that mounts the namespace's workspace directory and removes this sandbox's workspace.
-/// It mounts the parent, not the workspace itself, so it can remove the directory entry too.
-pub fn build_cleanup_pod(sbx: &Sandbox, node_root: &str, node: &str, image: &str) -> Pod {
+/// Name of the pod that prepares and checks a namespace's workspace directory on `node`.
+pub fn prepare_pod_name(node: &str) -> String {
+    format!(
+        "agentbox-prepare-{}",
+        hex::encode(&Sha256::digest(node.as_bytes())[..8])
+    )
+}
+
+/// Host directory of a namespace's workspaces: the parent of each of its workspaces.
+pub fn namespace_host_path(node_root: &str, namespace: &str) -> String {
+    format!("{node_root}/{namespace}")
+}
+
+/// The container of a helper pod or init container: the trusted helper image running one job
+/// as root with only `caps` (everything else dropped), a read-only root filesystem, no
+/// privilege escalation and the runtime's default seccomp profile.
+fn helper_container(
+    name: &str,
+    helper: &HelperImage<'_>,
+    job: &agentbox_helper::Job,
+    caps: &[&str],
+    mount: VolumeMount,
+) -> Container {
+    let mut command = vec![agentbox_helper::BIN.to_string()];
+    command.extend(job.to_args());
+    Container {
+        name: name.into(),
+        image: Some(helper.image.to_string()),
+        image_pull_policy: Some(helper.pull_policy.to_string()),
+        command: Some(command),
+        volume_mounts: Some(vec![mount]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("10m".into())),
+                ("memory".to_string(), Quantity("16Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("64Mi".into()),
+            )])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            // Root, to act on files of any owner; the capabilities bound what root may do.
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            run_as_non_root: Some(false),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: (!caps.is_empty()).then(|| caps.iter().map(|c| c.to_string()).collect()),
+            }),
+            seccomp_profile: Some(runtime_default()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn runtime_default() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        ..Default::default()
+    }
+}
+
+/// A pod bound directly to `node` (no scheduling: it must run exactly there, even on a
+/// cordoned node) that runs one helper job on the namespace's workspace directory, mounted at
+/// [`NAMESPACE_MOUNT`]. It tolerates what the sandbox's pod tolerated, nothing more.
+fn helper_pod(
+    sbx: &Sandbox,
+    cfg: &PodConfig<'_>,
+    helper: &HelperImage<'_>,
+    (name, node, kind): (String, &str, &str),
+    job: agentbox_helper::Job,
+    caps: &[&str],
+    labels: BTreeMap<String, String>,
+) -> Pod {
     let ns = sbx.namespace().unwrap_or_default();
-    let uid = sbx.uid().unwrap_or_default();
-    let parent = format!("{node_root}/{ns}");
+    let mount = VolumeMount {
+        name: "namespace".into(),
+        mount_path: NAMESPACE_MOUNT.into(),
+        ..Default::default()
+    };
     Pod {
         metadata: ObjectMeta {
-            name: Some(cleanup_pod_name(sbx)),
-            namespace: Some(ns),
-            labels: Some(owned_labels(sbx)),
-            annotations: Some(labels::scope_annotations(&sbx.spec.scope)),
-            // Not owned: a foreground deletion of the sandbox would have the garbage collector
-            // remove it before it ran. The reconciler deletes it once it has succeeded.
+            name: Some(name),
+            namespace: Some(ns.clone()),
+            labels: Some(labels),
             ..Default::default()
         },
         spec: Some(PodSpec {
@@ -245,52 +413,81 @@ pub fn build_cleanup_pod(sbx: &Sandbox, node_root: &str, node: &str, image: &str
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             termination_grace_period_seconds: Some(1),
-            // Tolerate everything: the workspace must go even from a tainted node.
-            tolerations: Some(vec![k8s_openapi::api::core::v1::Toleration {
-                operator: Some("Exists".into()),
-                ..Default::default()
-            }]),
-            containers: vec![Container {
-                name: "cleanup".into(),
-                image: Some(image.to_string()),
-                image_pull_policy: Some("IfNotPresent".into()),
-                command: Some(vec![
-                    "rm".into(),
-                    "-rf".into(),
-                    "--".into(),
-                    format!("/workspaces/{uid}"),
-                ]),
-                volume_mounts: Some(vec![VolumeMount {
-                    name: "workspaces".into(),
-                    mount_path: "/workspaces".into(),
-                    ..Default::default()
-                }]),
-                security_context: Some(SecurityContext {
-                    allow_privilege_escalation: Some(false),
-                    run_as_user: Some(0),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
+            tolerations: (!sbx.spec.tolerations.is_empty()).then(|| sbx.spec.tolerations.clone()),
+            containers: vec![helper_container(kind, helper, &job, caps, mount)],
             volumes: Some(vec![Volume {
-                name: "workspaces".into(),
+                name: "namespace".into(),
                 host_path: Some(HostPathVolumeSource {
-                    path: parent,
-                    type_: Some("Directory".into()),
+                    path: namespace_host_path(cfg.node_root, &ns),
+                    // A namespace directory removed by hand must not leave the pod stuck on
+                    // its mount; an empty one created here holds nothing.
+                    type_: Some("DirectoryOrCreate".into()),
                 }),
                 ..Default::default()
             }]),
             security_context: Some(PodSecurityContext {
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    ..Default::default()
-                }),
+                seccomp_profile: Some(runtime_default()),
                 ..Default::default()
             }),
             ..Default::default()
         }),
         status: None,
     }
+}
+
+/// The pod that removes this sandbox's workspace directory (and only it) from `node`: the
+/// helper's `remove` job on the namespace's directory, which it needs mounted to unlink the
+/// workspace's entry. `None` without a helper image: the sandbox's own image is never used,
+/// since whatever it calls `rm` is the sandbox author's code.
+pub fn build_cleanup_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::Remove {
+        root: NAMESPACE_MOUNT.into(),
+        names: vec![sbx.uid().unwrap_or_default()],
+    };
+    let mut labels = owned_labels(sbx);
+    labels.insert(HELPER_LABEL.into(), "remove".into());
+    // Not owned: a foreground deletion of the sandbox would have the garbage collector remove
+    // it before it ran. The reconciler deletes it once it has succeeded.
+    Some(helper_pod(
+        sbx,
+        cfg,
+        helper,
+        (cleanup_pod_name(sbx), node, "remove"),
+        job,
+        REMOVE_CAPS,
+        labels,
+    ))
+}
+
+/// The pod that makes the namespace's workspace directory on `node` root-only and reports
+/// whether its mount is `nosuid,nodev`. Owned (not as controller) by the sandbox whose start
+/// asked for it, so its completion wakes that sandbox, and it goes with it. `None` without a
+/// helper image.
+pub fn build_prepare_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::Prepare {
+        dir: NAMESPACE_MOUNT.into(),
+    };
+    let labels = BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (HELPER_LABEL.to_string(), "prepare".to_string()),
+    ]);
+    let mut pod = helper_pod(
+        sbx,
+        cfg,
+        helper,
+        (prepare_pod_name(node), node, "prepare"),
+        job,
+        PREPARE_CAPS,
+        labels,
+    );
+    pod.metadata.owner_references = owner_ref(sbx).map(|mut o| {
+        o.controller = None;
+        o.block_owner_deletion = None;
+        vec![o]
+    });
+    Some(pod)
 }
 
 #[cfg(test)]
@@ -313,10 +510,43 @@ mod tests {
         sbx
     }
 
+    const HELPER: HelperImage<'static> = HelperImage {
+        image: "agentbox/helper:v1",
+        pull_policy: "IfNotPresent",
+    };
+
+    fn cfg(node_root: &str) -> PodConfig<'_> {
+        PodConfig {
+            node_root,
+            helper: Some(HELPER),
+            security: security::Defaults {
+                allowed_capabilities: &[],
+                run_as_non_root: false,
+                default_run_as_user: 65532,
+            },
+        }
+    }
+
+    /// Every helper container: root, only the job's capabilities, nothing else.
+    fn assert_least_privilege(c: &Container, caps: &[&str]) {
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.privileged, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        let k = sc.capabilities.as_ref().unwrap();
+        assert_eq!(k.drop, Some(vec!["ALL".to_string()]));
+        let added: Vec<&str> = k.add.iter().flatten().map(String::as_str).collect();
+        assert_eq!(added, caps);
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        assert_eq!(c.image.as_deref(), Some(HELPER.image));
+        assert_eq!(c.command.as_ref().unwrap()[0], agentbox_helper::BIN);
+        assert_eq!(c.volume_mounts.as_ref().unwrap().len(), 1);
+    }
+
     #[test]
     fn pod_is_locked_down_owned_and_labelled() {
         let sbx = sandbox(serde_json::json!({"runtimeClassName": "gvisor"}));
-        let pod = build_pod(&sbx, "/var/lib/agentbox/workspaces", None);
+        let pod = build_pod(&sbx, &cfg("/var/lib/agentbox/workspaces"), None);
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(spec.runtime_class_name.as_deref(), Some("gvisor"));
@@ -365,8 +595,8 @@ mod tests {
     #[test]
     fn pinning_does_not_change_the_spec_hash_but_spec_changes_do() {
         let sbx = sandbox(serde_json::json!({}));
-        let free = build_pod(&sbx, "/w", None);
-        let pinned = build_pod(&sbx, "/w", Some("node-a"));
+        let free = build_pod(&sbx, &cfg("/w"), None);
+        let pinned = build_pod(&sbx, &cfg("/w"), Some("node-a"));
         let hash = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH].clone();
         assert_eq!(hash(&free), hash(&pinned));
         let terms = &pinned
@@ -388,7 +618,7 @@ mod tests {
             Some(vec!["node-a".to_string()])
         );
         let other = sandbox(serde_json::json!({"image": "agentbox/base:v2"}));
-        assert_ne!(hash(&free), hash(&build_pod(&other, "/w", None)));
+        assert_ne!(hash(&free), hash(&build_pod(&other, &cfg("/w"), None)));
     }
 
     #[test]
@@ -398,7 +628,7 @@ mod tests {
                 {"path": "./data/", "hostPath": "/srv/shared/data", "readOnly": false}
             ]}}),
         );
-        let pod = build_pod(&sbx, "/w", None);
+        let pod = build_pod(&sbx, &cfg("/w"), None);
         let spec = pod.spec.unwrap();
         let mounts = spec.containers[0].volume_mounts.clone().unwrap();
         assert_eq!(mounts[0].mount_path, "/work");
@@ -424,18 +654,120 @@ mod tests {
     }
 
     #[test]
-    fn cleanup_pod_removes_only_this_workspace() {
+    fn the_sandbox_container_drops_all_but_the_default_set() {
         let sbx = sandbox(serde_json::json!({}));
-        let pod = build_cleanup_pod(&sbx, "/w", "node-a", "agentbox/base:v1");
+        let pod = build_pod(&sbx, &cfg("/w"), None);
+        let spec = pod.spec.unwrap();
+        let caps = spec.containers[0]
+            .security_context
+            .as_ref()
+            .unwrap()
+            .capabilities
+            .clone()
+            .unwrap();
+        assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+        let added = caps.add.unwrap();
+        assert_eq!(added.len(), security::DEFAULT_CAPABILITIES.len());
+        assert!(!added.iter().any(|c| c == "MKNOD"), "no device nodes");
+        assert!(
+            spec.init_containers.is_none(),
+            "root sandboxes need no helper"
+        );
+    }
+
+    #[test]
+    fn a_non_root_sandbox_gets_its_workspace_from_the_helper_first() {
+        let sbx = sandbox(serde_json::json!({"securityContext": {"runAsNonRoot": true}}));
+        let pod = build_pod(&sbx, &cfg("/w"), None);
+        let spec = pod.spec.as_ref().unwrap();
+        let psc = spec.security_context.as_ref().unwrap();
+        assert_eq!(
+            (psc.run_as_user, psc.run_as_group, psc.run_as_non_root),
+            (Some(65532), Some(65532), Some(true))
+        );
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.name, OWN_CONTAINER);
+        assert_least_privilege(init, OWN_CAPS);
+        let args = init.command.as_ref().unwrap()[1..].to_vec();
+        assert_eq!(
+            agentbox_helper::Job::parse(&args).unwrap(),
+            agentbox_helper::Job::Own {
+                dir: OWN_MOUNT.into(),
+                uid: 65532,
+                gid: 65532
+            }
+        );
+        assert_eq!(
+            init.volume_mounts.as_ref().unwrap()[0].name,
+            WORKSPACE_VOLUME,
+            "the workspace only"
+        );
+        // Another helper image (an operator upgrade) is not a spec change.
+        let other = PodConfig {
+            helper: Some(HelperImage {
+                image: "agentbox/helper:v2",
+                pull_policy: "IfNotPresent",
+            }),
+            ..cfg("/w")
+        };
+        let hash = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH].clone();
+        assert_eq!(hash(&pod), hash(&build_pod(&sbx, &other, None)));
+    }
+
+    #[test]
+    fn cleanup_pod_runs_the_helper_on_this_workspace_only() {
+        let sbx = sandbox(serde_json::json!({"tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}
+        ]}));
+        let pod = build_cleanup_pod(&sbx, &cfg("/w"), "node-a").unwrap();
         let spec = pod.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let vols = spec.volumes.unwrap();
+        assert_eq!(vols.len(), 1);
+        assert_eq!(vols[0].host_path.as_ref().unwrap().path, "/w/team");
+        let c = &spec.containers[0];
+        assert_least_privilege(c, REMOVE_CAPS);
+        assert_eq!(
+            agentbox_helper::Job::parse(&c.command.as_ref().unwrap()[1..]).unwrap(),
+            agentbox_helper::Job::Remove {
+                root: NAMESPACE_MOUNT.into(),
+                names: vec!["1234-uid".into()]
+            }
+        );
+        // Exactly the sandbox's tolerations: no blanket "tolerate everything".
+        let tol = spec.tolerations.unwrap();
+        assert_eq!(tol, sbx.spec.tolerations);
+        assert!(
+            build_cleanup_pod(&sandbox(serde_json::json!({})), &cfg("/w"), "n")
+                .unwrap()
+                .spec
+                .unwrap()
+                .tolerations
+                .is_none()
+        );
+        // Without a helper image there is no cleanup pod: never the sandbox's own image.
+        let none = PodConfig {
+            helper: None,
+            ..cfg("/w")
+        };
+        assert!(build_cleanup_pod(&sbx, &none, "node-a").is_none());
+        assert!(build_prepare_pod(&sbx, &none, "node-a").is_none());
+    }
+
+    #[test]
+    fn prepare_pod_needs_no_capability_and_is_owned_by_the_asking_sandbox() {
+        let sbx = sandbox(serde_json::json!({}));
+        let pod = build_prepare_pod(&sbx, &cfg("/w"), "node-a").unwrap();
+        assert_eq!(pod.metadata.name, Some(prepare_pod_name("node-a")));
+        assert_ne!(prepare_pod_name("node-a"), prepare_pod_name("node-b"));
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.controller), ("Sandbox", None));
+        let spec = pod.spec.unwrap();
+        assert_least_privilege(&spec.containers[0], PREPARE_CAPS);
         assert_eq!(
             spec.volumes.unwrap()[0].host_path.as_ref().unwrap().path,
             "/w/team"
-        );
-        assert_eq!(
-            spec.containers[0].command.as_ref().unwrap().last().unwrap(),
-            "/workspaces/1234-uid"
         );
     }
 }

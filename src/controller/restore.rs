@@ -23,7 +23,7 @@ use tracing::info;
 
 use super::pod::CONTAINER;
 use super::{Context, Error};
-use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot, SnapshotPhase};
+use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
 use crate::exec::{self, ExecRequest};
 use crate::guard::{self, GuardConfig, GuardError};
 use crate::snapshot::{self, SnapshotError, archive};
@@ -175,13 +175,10 @@ pub async fn restore(
             format!("SandboxSnapshot {snapshot_name} not found"),
         )
     })?;
+    // Ready, and of this sandbox's scope by the operator's own record (or the namespace allows
+    // otherwise): checked again here, on the object this restore reads.
+    super::selection::verify(ctx, sbx, &snap, true).await?;
     let st = snap.status.clone().unwrap_or_default();
-    if st.phase != Some(SnapshotPhase::Ready) {
-        return Err(fail(
-            "SnapshotNotReady",
-            format!("SandboxSnapshot {snapshot_name} is not Ready"),
-        ));
-    }
     let (Some(sha), Some(scope_key), Some(uid)) =
         (st.sha256.clone(), st.scope_key.clone(), snap.uid())
     else {

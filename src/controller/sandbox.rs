@@ -5,28 +5,27 @@
 //! patches status only when it changed. The writes one sandbox costs are kept few: the
 //! finalizer, the pod, status at scheduling and at readiness, and an Event at each.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
-use super::pod::{self, CONTAINER, SPEC_HASH};
-use super::workspace::{self, FileEntry, Observed, ResolvedProjection};
-use super::{Context, Error, FIELD_MANAGER};
+use super::pod::{self, CONTAINER, PodConfig, SPEC_HASH};
+use super::workspace::{self, Observed};
+use super::{Context, Error, FIELD_MANAGER, noderoot, selection, sources};
 use crate::crd::{
-    Egress, GuardStatus, LifecycleMode, RestorePolicy, Sandbox, SandboxPhase, SandboxSnapshot,
-    SandboxStatus, SnapshotPhase, WorkspaceStatus,
+    Egress, GuardStatus, LifecycleMode, Sandbox, SandboxPhase, SandboxStatus, WorkspaceStatus,
 };
 use crate::exec::{self, ExecRequest};
 use crate::labels;
@@ -246,7 +245,8 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     );
 
     // Validate: a spec the operator cannot honour gets no pod.
-    let problems = super::validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes);
+    let podcfg = PodConfig::from_config(&ctx.config);
+    let problems = super::validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes, &podcfg);
     if !problems.is_empty() {
         let message = problems.join("; ");
         delete_if_present(&apis.pods, &pod_name).await?;
@@ -354,19 +354,41 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     }
 
     let Some(pod) = apis.pods.get_opt(&pod_name).await? else {
+        // The kubelet reads what the environment names on the operator's word: only objects
+        // that opted in, checked before each pod is made. (A running pod keeps what it got.)
+        match sources::check_env(sbx, ctx).await {
+            Ok(()) => {}
+            Err(e @ (Error::SourceMissing(_) | Error::SourceNotReadable(_))) => {
+                let (reason, message) = e.reason_and_message();
+                hold_pod(ctx, sbx, &apis, (&old, st), (reason, &message), now).await?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        }
         let pin = pinned_node(ctx, &st).await?;
         if st.node_name.is_some() && pin.is_none() {
             // The workspace's node is gone: the workspace with it. The next start is B or D.
             st.node_name = None;
         }
-        let desired = pod::build_pod(sbx, &ctx.config.node_root, pin.as_deref());
-        apis.pods
+        let desired = pod::build_pod(sbx, &podcfg, pin.as_deref());
+        let created = apis
+            .pods
             .patch(
                 &pod_name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&desired),
             )
-            .await?;
+            .await;
+        if let Err(kube::Error::Api(s)) = &created
+            && matches!(s.code, 400 | 403 | 422)
+        {
+            // Refused by the API server: an unknown RuntimeClass, a policy (Pod Security
+            // admission, a quota), a field it rejects. Say so instead of retrying blindly.
+            let msg = format!("the API server refused the sandbox pod: {}", s.message);
+            hold_pod(ctx, sbx, &apis, (&old, st), ("PodRejected", &msg), now).await?;
+            return Ok(Action::requeue(Duration::from_secs(60)));
+        }
+        created?;
         let msg = match &pin {
             Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
             None => format!("created pod {pod_name}"),
@@ -414,7 +436,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         .await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
-    let desired_hash = pod::build_pod(sbx, &ctx.config.node_root, None)
+    let desired_hash = pod::build_pod(sbx, &podcfg, None)
         .metadata
         .annotations
         .and_then(|a| a.get(SPEC_HASH).cloned());
@@ -441,6 +463,10 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
 
     st.pod_name = Some(pod_name.clone());
     if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+        let seen = (&old, &mut st, now);
+        if let Some(wait) = node_root(sbx, ctx, &podcfg, &apis.pods, &node, seen).await? {
+            requeue = Some(requeue.map_or(wait, |r| r.min(wait)));
+        }
         st.node_name = Some(node);
     }
     // The kubelet reports a started container on its next relist, up to a second later; exec
@@ -581,6 +607,93 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
+/// Sets the [`noderoot::CONDITION`] of a sandbox on `node`: from this process's record of the
+/// namespace's directory there, else by starting (or reading, then deleting) the helper pod
+/// that prepares it. Returns when to look again while that pod runs. A Warning Event goes out
+/// when the condition turns False.
+async fn node_root(
+    sbx: &Sandbox,
+    ctx: &Context,
+    podcfg: &PodConfig<'_>,
+    pods: &Api<Pod>,
+    node: &str,
+    (old, st, now): (&SandboxStatus, &mut SandboxStatus, Timestamp),
+) -> Result<Option<Duration>, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let dir = pod::namespace_host_path(podcfg.node_root, &ns);
+    let found = match ctx.node_roots.get(node, &ns, Instant::now()) {
+        Some(found) => Some(found),
+        None if podcfg.helper.is_none() => None,
+        None => {
+            let name = pod::prepare_pod_name(node);
+            let Some(p) = pods.get_opt(&name).await? else {
+                if let Some(desired) = pod::build_prepare_pod(sbx, podcfg, node) {
+                    match pods.create(&PostParams::default(), &desired).await {
+                        // 409: another sandbox's start made it first.
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        other => {
+                            other?;
+                        }
+                    }
+                }
+                return Ok(Some(Duration::from_secs(2)));
+            };
+            let Some(found) = noderoot::read_pod(&p) else {
+                return Ok(Some(Duration::from_secs(2)));
+            };
+            info!(namespace = %ns, node, "workspace directory checked: {found:?}");
+            ctx.node_roots
+                .record(node, &ns, found.clone(), Instant::now());
+            delete_if_present(pods, &name).await?;
+            Some(found)
+        }
+    };
+    let (ok, reason, message) = match &found {
+        Some(f) => noderoot::condition(f, node, &dir),
+        None => noderoot::no_helper(node, &dir),
+    };
+    let was = conditions::get(&old.conditions, noderoot::CONDITION)
+        .map(|c| (c.status == "True", c.reason.clone()));
+    conditions::set(
+        &mut st.conditions,
+        noderoot::CONDITION,
+        ok,
+        reason,
+        &message,
+        sbx.metadata.generation,
+        now,
+    );
+    if !ok && was != Some((false, reason.to_string())) {
+        super::publish(
+            ctx,
+            sbx,
+            EventType::Warning,
+            reason,
+            "PrepareNode",
+            &message,
+        )
+        .await;
+    }
+    Ok(None)
+}
+
+/// No pod for now: Pending, PodReady and Ready False with `reason`, and a Warning Event, both
+/// only when that changes the status.
+async fn hold_pod(
+    ctx: &Context,
+    sbx: &Sandbox,
+    apis: &Apis,
+    (old, mut st): (&SandboxStatus, SandboxStatus),
+    (reason, message): (&str, &str),
+    now: Timestamp,
+) -> Result<(), Error> {
+    st.phase = Some(SandboxPhase::Pending);
+    st.pod_name = None;
+    not_ready(&mut st, reason, message, sbx.metadata.generation, now);
+    let event = (EventType::Warning, reason, "CreatePod", message);
+    write_transition(ctx, sbx, &apis.sandboxes, old, &st, event).await
+}
+
 /// Pending: the pod is on its way.
 fn pod_starting(st: &mut SandboxStatus, generation: Option<i64>, now: Timestamp) {
     st.phase = Some(SandboxPhase::Pending);
@@ -658,7 +771,7 @@ async fn init_workspace(
     let snapshot = if marker_present {
         None
     } else {
-        restore_candidate(sbx, ctx).await?
+        selection::candidate(ctx, sbx).await?
     };
     let decision = workspace::decide(Observed {
         marker_present,
@@ -672,8 +785,8 @@ async fn init_workspace(
         super::restore::restore(ctx, sbx, pods, pod_name, snap).await?;
     }
 
-    let files = resolve_files(sbx, ctx).await?;
-    let projections = resolve_projections(sbx, ctx).await?;
+    let files = sources::resolve_files(sbx, ctx).await?;
+    let projections = sources::resolve_projections(sbx, ctx).await?;
     let hash = workspace::projection_hash(&projections);
     let writes =
         workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
@@ -731,167 +844,6 @@ async fn run_script(
         )));
     }
     Ok(())
-}
-
-/// The snapshot the restore policy points at: the named one, or the newest Ready snapshot
-/// carrying this sandbox's scope key.
-async fn restore_candidate(sbx: &Sandbox, ctx: &Context) -> Result<Option<String>, Error> {
-    let ns = sbx.namespace().unwrap_or_default();
-    let snaps: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
-    match sbx.spec.snapshot.restore {
-        RestorePolicy::Never => Ok(None),
-        RestorePolicy::Named => {
-            let Some(name) = sbx.spec.snapshot.name.as_deref() else {
-                return Ok(None);
-            };
-            let snap = snaps.get_opt(name).await?;
-            Ok(snap.filter(is_ready_snapshot).map(|s| s.name_any()))
-        }
-        RestorePolicy::Latest => {
-            let lp = ListParams::default().labels(&labels::scope_selector(&sbx.spec.scope));
-            let list = snaps.list(&lp).await?;
-            Ok(list
-                .items
-                .into_iter()
-                .filter(is_ready_snapshot)
-                // Completion time, then fencing token (orders snapshots within one second).
-                .max_by_key(super::snapshot::age)
-                .map(|s| s.name_any()))
-        }
-    }
-}
-
-fn is_ready_snapshot(s: &SandboxSnapshot) -> bool {
-    s.status.as_ref().and_then(|st| st.phase) == Some(SnapshotPhase::Ready)
-}
-
-/// Reads every file's content: inline, or a ConfigMap/Secret key (each object read once).
-async fn resolve_files(sbx: &Sandbox, ctx: &Context) -> Result<Vec<FileEntry>, Error> {
-    let ns = sbx.namespace().unwrap_or_default();
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut cm_cache: BTreeMap<String, Option<ConfigMap>> = BTreeMap::new();
-    let mut secret_cache: BTreeMap<String, Option<Secret>> = BTreeMap::new();
-    let mut out = Vec::new();
-    for f in &sbx.spec.workspace.files {
-        let data = match (&f.content, &f.content_from) {
-            (Some(c), _) => c.clone().into_bytes(),
-            (None, Some(src)) => {
-                // Outer None: the object is missing; inner None: it lacks the key.
-                let (kind, r, value) = if let Some(r) = &src.config_map_key_ref {
-                    let cm = cached(&cms, &mut cm_cache, &r.name).await?;
-                    ("ConfigMap", r, cm.map(|cm| config_map_value(cm, &r.key)))
-                } else if let Some(r) = &src.secret_key_ref {
-                    let secret = cached(&secrets, &mut secret_cache, &r.name).await?;
-                    let value = secret.map(|s| {
-                        s.data
-                            .as_ref()
-                            .and_then(|d| d.get(&r.key))
-                            .map(|b| b.0.clone())
-                    });
-                    ("Secret", r, value)
-                } else {
-                    return Err(Error::SourceMissing(format!(
-                        "file {:?} has no source",
-                        f.path
-                    )));
-                };
-                match value {
-                    None => {
-                        return Err(Error::SourceMissing(format!(
-                            "file {:?}: {kind} {} not found",
-                            f.path, r.name
-                        )));
-                    }
-                    Some(None) => {
-                        return Err(Error::SourceMissing(format!(
-                            "file {:?}: {kind} {} has no key {}",
-                            f.path, r.name, r.key
-                        )));
-                    }
-                    Some(Some(v)) => v,
-                }
-            }
-            (None, None) => {
-                return Err(Error::SourceMissing(format!(
-                    "file {:?} has no content",
-                    f.path
-                )));
-            }
-        };
-        out.push(FileEntry {
-            path: workspace::normalize(&f.path),
-            data,
-            mode: f.mode.map_or(0o644, |m| (m & 0o777) as u32),
-            ephemeral: f.ephemeral,
-        });
-    }
-    Ok(out)
-}
-
-/// Reads an object once per reconcile: later files naming it use the first read.
-async fn cached<'a, K>(
-    api: &Api<K>,
-    cache: &'a mut BTreeMap<String, Option<K>>,
-    name: &str,
-) -> Result<Option<&'a K>, Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    if !cache.contains_key(name) {
-        cache.insert(name.to_string(), api.get_opt(name).await?);
-    }
-    Ok(cache.get(name).and_then(Option::as_ref))
-}
-
-fn config_map_value(cm: &ConfigMap, key: &str) -> Option<Vec<u8>> {
-    cm.data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|s| s.clone().into_bytes())
-        .or_else(|| {
-            cm.binary_data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .map(|b| b.0.clone())
-        })
-}
-
-/// Reads every projected ConfigMap, keys sorted.
-async fn resolve_projections(
-    sbx: &Sandbox,
-    ctx: &Context,
-) -> Result<Vec<ResolvedProjection>, Error> {
-    let ns = sbx.namespace().unwrap_or_default();
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut out = Vec::new();
-    for p in &sbx.spec.workspace.projections {
-        let cm = cms.get_opt(&p.config_map).await?.ok_or_else(|| {
-            Error::SourceMissing(format!(
-                "projection {:?}: ConfigMap {} not found",
-                p.path, p.config_map
-            ))
-        })?;
-        let mut entries: Vec<(String, Vec<u8>)> = cm
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.into_bytes()))
-            .chain(
-                cm.binary_data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.0)),
-            )
-            .collect();
-        entries.sort();
-        out.push(ResolvedProjection {
-            config_map: p.config_map.clone(),
-            dir: workspace::normalize(&p.path),
-            entries,
-        });
-    }
-    Ok(out)
 }
 
 /// Creates the deny-egress policy when asked for, removes it when not; writes nothing when it
@@ -1019,15 +971,23 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Action
         .await;
         return Ok(Action::await_change());
     }
+    // The helper pod that prepares the namespace's directory, if this sandbox started it and it
+    // still runs: it goes now rather than after the garbage collector notices.
+    let prepare = pod::prepare_pod_name(&node);
+    if let Some(p) = apis.pods.get_opt(&prepare).await?
+        && p.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == sbx.uid().as_ref())
+    {
+        delete_if_present(&apis.pods, &prepare).await?;
+    }
+    let podcfg = PodConfig::from_config(&ctx.config);
     let cleanup_name = pod::cleanup_pod_name(sbx);
     match apis.pods.get_opt(&cleanup_name).await? {
         None => {
-            let image = if ctx.config.helper_image.is_empty() {
-                sbx.spec.image.clone()
-            } else {
-                ctx.config.helper_image.clone()
+            let Some(desired) = pod::build_cleanup_pod(sbx, &podcfg, &node) else {
+                return Err(no_helper_for_cleanup(sbx, ctx, &apis, &node).await);
             };
-            let desired = pod::build_cleanup_pod(sbx, &ctx.config.node_root, &node, &image);
             apis.pods
                 .patch(
                     &cleanup_name,
@@ -1060,6 +1020,40 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Action
             _ => Err(Error::CleanupPending),
         },
     }
+}
+
+/// Without a helper image the workspace cannot be removed: the sandbox's own image is never run
+/// for it (its `rm` is whatever the image author made it). The Sandbox stays, Terminating, with
+/// the [`conditions::WORKSPACE_REMOVED`] condition and a Warning Event naming the directory, so
+/// nothing is left behind unseen.
+async fn no_helper_for_cleanup(sbx: &Sandbox, ctx: &Context, apis: &Apis, node: &str) -> Error {
+    let ns = sbx.namespace().unwrap_or_default();
+    let dir = pod::workspace_host_path(&ctx.config.node_root, &ns, &sbx.uid().unwrap_or_default());
+    let msg = format!(
+        "workspace directory {dir} on node {node} cannot be removed: this operator has no helper image (--helper-image). The Sandbox stays until an operator with one removes it; to let it go anyway, remove the finalizer {FINALIZER} and the directory by hand"
+    );
+    let old = sbx.status.clone().unwrap_or_default();
+    let mut st = old.clone();
+    st.phase = Some(SandboxPhase::Terminating);
+    conditions::set(
+        &mut st.conditions,
+        conditions::WORKSPACE_REMOVED,
+        false,
+        "NoHelperImage",
+        &msg,
+        sbx.metadata.generation,
+        Timestamp::now(),
+    );
+    let event = (
+        EventType::Warning,
+        "NoHelperImage",
+        "DeleteWorkspace",
+        msg.as_str(),
+    );
+    if let Err(e) = write_transition(ctx, sbx, &apis.sandboxes, &old, &st, event).await {
+        warn!(sandbox = %sbx.name_any(), "could not record the stuck cleanup: {e}");
+    }
+    Error::NoHelper(msg)
 }
 
 /// Deletes an object if it exists. Returns true when it is gone (absent already).
@@ -1153,7 +1147,9 @@ pub enum PodState {
 }
 
 /// Whether a starting pod's container may already answer exec: the pod is bound to a node,
-/// not terminating, and its container is not reported in any state but "being created".
+/// not terminating, and its container is not reported in any state but "being created" (or
+/// "waiting for the init container", for a non-root sandbox's: the init container may have
+/// finished before the kubelet says so).
 pub fn may_answer_exec(pod: &Pod) -> bool {
     let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
     let creating = pod
@@ -1166,7 +1162,10 @@ pub fn may_answer_exec(pod: &Pod) -> bool {
                 .as_ref()
                 .and_then(|s| s.waiting.as_ref())
                 .is_some_and(|w| {
-                    matches!(w.reason.as_deref(), None | Some("" | "ContainerCreating"))
+                    matches!(
+                        w.reason.as_deref(),
+                        None | Some("" | "ContainerCreating" | "PodInitializing")
+                    )
                 })
         });
     bound && creating && pod.metadata.deletion_timestamp.is_none()
@@ -1336,6 +1335,7 @@ mod tests {
             serde_json::json!({"phase": "Pending"})
         )));
         assert!(may_answer_exec(&bound(waiting("ContainerCreating"))));
+        assert!(may_answer_exec(&bound(waiting("PodInitializing"))));
         assert!(!may_answer_exec(&bound(waiting("ImagePullBackOff"))));
         let mut gone = bound(serde_json::json!({"phase": "Pending"}));
         gone.metadata.deletion_timestamp =

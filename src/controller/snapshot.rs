@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -89,6 +89,8 @@ impl Drop for InFlight {
 /// What the referenced sandbox looks like to the snapshot controller.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SandboxState {
+    /// `sandboxRef.name` is not an object name (the message says so); it is never looked up.
+    InvalidReference(String),
     /// No such Sandbox.
     Missing,
     /// The sandbox exists but its workspace cannot be read now (why).
@@ -158,6 +160,7 @@ pub fn decide(o: &Observed) -> Plan {
         );
     }
     match &o.sandbox {
+        SandboxState::InvalidReference(m) => Plan::Fail("InvalidReference", m.clone()),
         SandboxState::Missing => Plan::Fail(
             "SandboxNotFound",
             "the referenced Sandbox does not exist".into(),
@@ -219,6 +222,11 @@ async fn observe_sandbox(
     ns: &str,
     name: &str,
 ) -> Result<(SandboxState, Option<Sandbox>), Error> {
+    // A name that is not one would change the request's path (kube does not escape it).
+    if !crate::names::is_object_name(name) {
+        let m = crate::names::refusal("sandboxRef.name", name);
+        return Ok((SandboxState::InvalidReference(m), None));
+    }
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
     let Some(sbx) = sandboxes.get_opt(name).await? else {
         return Ok((SandboxState::Missing, None));
@@ -804,14 +812,13 @@ async fn apply_retention(
         return Ok(());
     };
     let api: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("{}={scope_key}", labels::SCOPE_KEY));
-    let ready: Vec<Age> = api
-        .list(&lp)
+    // By the recorded scope key, not labels: a snapshot of another scope relabelled into this
+    // one is never deleted by this scope's retention.
+    let ready: Vec<Age> = super::selection::recorded_for(&api, scope_key)
         .await?
-        .items
         .iter()
         .filter(|s| s.metadata.deletion_timestamp.is_none())
-        .filter(|s| s.status.as_ref().and_then(|st| st.phase) == Some(SnapshotPhase::Ready))
+        .filter(|s| super::selection::is_ready_of_scope(s, scope_key))
         .map(age)
         .collect();
     for victim in retention_victims(&ready, keep) {
@@ -1007,6 +1014,10 @@ mod tests {
         assert!(matches!(
             obs(None, 0, SandboxState::Missing, false),
             Plan::Fail("SandboxNotFound", _)
+        ));
+        assert!(matches!(
+            obs(None, 0, SandboxState::InvalidReference("bad".into()), false),
+            Plan::Fail("InvalidReference", m) if m == "bad"
         ));
         assert!(matches!(
             obs(None, 0, SandboxState::NotReady("x".into()), false),

@@ -1,10 +1,17 @@
 //! Spec checks the operator repeats in code: the CRD's CEL rules (in case the CRD is stale or
-//! was edited) and what CEL cannot know, such as the operator's allowed host-mount prefixes.
+//! was edited) and what CEL cannot know, such as the operator's allowed host-mount prefixes,
+//! capability allowlist and helper image.
 
+use super::pod::PodConfig;
 use crate::crd::{RestorePolicy, SandboxSpec, ScopeKind};
+use crate::names;
 
 /// Every problem with a sandbox spec, as messages a user understands. Empty when valid.
-pub fn problems(spec: &SandboxSpec, allowed_host_prefixes: &[String]) -> Vec<String> {
+pub fn problems(
+    spec: &SandboxSpec,
+    allowed_host_prefixes: &[String],
+    pod: &PodConfig<'_>,
+) -> Vec<String> {
     let mut out = Vec::new();
     let s = &spec.scope;
     let need = |present: bool, id: &str, out: &mut Vec<String>| {
@@ -109,6 +116,56 @@ pub fn problems(spec: &SandboxSpec, allowed_host_prefixes: &[String]) -> Vec<Str
         }
         _ => {}
     }
+    // References to other objects: names only, so that none can change a request's path.
+    let mut refs: Vec<(String, &str)> = Vec::new();
+    if let Some(n) = &spec.snapshot.name {
+        refs.push(("snapshot.name".into(), n));
+    }
+    if let Some(n) = &spec.runtime_class_name {
+        refs.push(("runtimeClassName".into(), n));
+    }
+    for p in &spec.workspace.projections {
+        refs.push(("workspace.projections[].configMap".into(), &p.config_map));
+    }
+    for e in &spec.env {
+        let from = e.value_from.as_ref();
+        if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref()) {
+            refs.push((format!("env {} configMapKeyRef.name", e.name), &r.name));
+        }
+        if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
+            refs.push((format!("env {} secretKeyRef.name", e.name), &r.name));
+        }
+    }
+    let mut keys = Vec::new();
+    for f in &spec.workspace.files {
+        let sources = f
+            .content_from
+            .iter()
+            .flat_map(|s| [&s.config_map_key_ref, &s.secret_key_ref])
+            .flatten();
+        for r in sources {
+            refs.push((format!("file {:?} source name", f.path), &r.name));
+            if !names::is_data_key(&r.key) {
+                keys.push(format!(
+                    "file {:?}: key {:?} {}",
+                    f.path,
+                    r.key,
+                    names::DATA_KEY_MESSAGE
+                ));
+            }
+        }
+    }
+    out.extend(
+        refs.iter()
+            .filter(|(_, v)| !names::is_object_name(v))
+            .map(|(what, v)| names::refusal(what, v)),
+    );
+    out.extend(keys);
+    out.extend(super::security::problems(
+        spec,
+        pod.security,
+        pod.helper.is_some(),
+    ));
     out
 }
 
@@ -143,7 +200,26 @@ pub fn is_under(path: &str, prefix: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::pod::HelperImage;
+    use crate::controller::security::Defaults;
     use crate::crd::{HostMount, HostMountType, Scope, WorkspaceFile};
+
+    const POD: PodConfig<'static> = PodConfig {
+        node_root: "/w",
+        helper: Some(HelperImage {
+            image: "agentbox/helper:v1",
+            pull_policy: "IfNotPresent",
+        }),
+        security: Defaults {
+            allowed_capabilities: &[],
+            run_as_non_root: false,
+            default_run_as_user: 65532,
+        },
+    };
+
+    fn problems(spec: &SandboxSpec, allowed: &[String]) -> Vec<String> {
+        super::problems(spec, allowed, &POD)
+    }
 
     fn spec() -> SandboxSpec {
         serde_json::from_value(serde_json::json!({
@@ -256,6 +332,57 @@ mod tests {
         assert!(problems(&s, &["/srv/sh".into()])[0].contains("not under an allowed prefix"));
         s.workspace.mounts = vec![mount("/srv/shared/../../etc")];
         assert!(problems(&s, &["/srv/shared".into()])[0].contains("clean absolute"));
+    }
+
+    #[test]
+    fn references_must_be_object_names() {
+        let s: SandboxSpec = serde_json::from_value(serde_json::json!({
+            "image": "i", "scope": {"kind": "Global"},
+            "runtimeClassName": "gVisor",
+            "snapshot": {"restore": "Named", "name": "../../secrets/x"},
+            "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "a/b", "key": "k"}}}],
+            "workspace": {
+                "files": [{"path": "f", "contentFrom": {"configMapKeyRef": {"name": "cm?watch=1", "key": "a/b"}}}],
+                "projections": [{"configMap": "Tools", "path": "t"}]
+            }
+        }))
+        .unwrap();
+        let p = problems(&s, &[]);
+        assert_eq!(p.len(), 6, "{p:#?}");
+        for (i, what) in [
+            "snapshot.name \"../../secrets/x\"",
+            "runtimeClassName \"gVisor\"",
+            "configMap \"Tools\"",
+            "env T secretKeyRef.name \"a/b\"",
+            "source name \"cm?watch=1\"",
+            "key \"a/b\"",
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert!(p[i].contains(what), "{i}: {} lacks {what}", p[i]);
+        }
+    }
+
+    #[test]
+    fn security_settings_are_checked_against_the_operator() {
+        let s: SandboxSpec = serde_json::from_value(serde_json::json!({
+            "image": "i", "scope": {"kind": "Global"},
+            "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}
+        }))
+        .unwrap();
+        assert!(problems(&s, &[])[0].contains("SYS_ADMIN"));
+        let s: SandboxSpec = serde_json::from_value(serde_json::json!({
+            "image": "i", "scope": {"kind": "Global"},
+            "securityContext": {"runAsUser": 1000}
+        }))
+        .unwrap();
+        assert!(problems(&s, &[]).is_empty());
+        let no_helper = PodConfig {
+            helper: None,
+            ..POD
+        };
+        assert!(super::problems(&s, &[], &no_helper)[0].contains("helper image"));
     }
 
     #[test]

@@ -45,6 +45,68 @@ mod tests {
         );
     }
 
+    /// Every reference to another object is refused at admission unless it is an object name
+    /// (the CRD's own CEL rules, evaluated as the API server would).
+    #[test]
+    fn references_are_names_at_admission() {
+        use kube::CustomResourceExt;
+        use serde_json::json;
+        let schema = |crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition| {
+            serde_json::to_value(
+                crd.spec.versions[0]
+                    .schema
+                    .as_ref()
+                    .and_then(|s| s.open_api_v3_schema.as_ref())
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let v = kube::core::cel::Validator::new();
+        let sbx = schema(crate::crd::Sandbox::crd());
+        let with = |extra: serde_json::Value| {
+            let mut spec = json!({"image": "i", "scope": {"kind": "Global"}});
+            for (k, val) in extra.as_object().unwrap() {
+                spec[k] = val.clone();
+            }
+            json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+                   "metadata": {"name": "s"}, "spec": spec})
+        };
+        let ok = with(json!({
+            "runtimeClassName": "gvisor",
+            "snapshot": {"restore": "Named", "name": "snap-1"},
+            "workspace": {
+                "files": [{"path": "f", "contentFrom": {"secretKeyRef": {"name": "tok", "key": "v.json"}}}],
+                "projections": [{"configMap": "tools", "path": "t"}]}
+        }));
+        assert!(
+            v.validate(&sbx, &ok, None).is_ok(),
+            "{:?}",
+            v.validate(&sbx, &ok, None)
+        );
+        for bad in [
+            json!({"runtimeClassName": "../x"}),
+            json!({"snapshot": {"restore": "Named", "name": "../../secrets/x"}}),
+            json!({"workspace": {"files": [{"path": "f", "contentFrom": {"configMapKeyRef": {"name": "a/b", "key": "k"}}}]}}),
+            json!({"workspace": {"files": [{"path": "f", "contentFrom": {"secretKeyRef": {"name": "a", "key": "../k"}}}]}}),
+            json!({"workspace": {"projections": [{"configMap": "Tools?x=1", "path": "t"}]}}),
+            json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 0}}),
+        ] {
+            let obj = with(bad.clone());
+            assert!(v.validate(&sbx, &obj, None).is_err(), "accepted: {bad}");
+        }
+        let snap = schema(crate::crd::SandboxSnapshot::crd());
+        let s = |name: &str| {
+            json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+                   "metadata": {"name": "x"}, "spec": {"sandboxRef": {"name": name}}})
+        };
+        assert!(v.validate(&snap, &s("demo"), None).is_ok());
+        let err = v.validate(&snap, &s("../demo"), None).unwrap_err();
+        assert!(
+            format!("{err:?}").contains("must be a Kubernetes object name"),
+            "{err:?}"
+        );
+    }
+
     #[test]
     fn scope_rules_evaluate_as_intended() {
         use crate::crd::Scope;

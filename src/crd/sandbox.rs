@@ -49,7 +49,9 @@ pub struct SandboxSpec {
     #[schemars(length(max = 256))]
     pub args: Option<Vec<String>>,
 
-    /// Environment variables of the sandbox container.
+    /// Environment variables of the sandbox container. A value taken from a ConfigMap or
+    /// Secret key (`valueFrom`) needs the label `agentbox.dev/sandbox-readable: "true"` on
+    /// that object, as `workspace.files` sources do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub env: Vec<EnvVar>,
@@ -58,9 +60,12 @@ pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 
-    /// RuntimeClass of the sandbox pod, for stronger isolation (for example gVisor or Kata).
+    /// RuntimeClass of the sandbox pod, for stronger isolation (for example gVisor or Kata): a
+    /// second kernel boundary between the sandbox's code and the node. Must name a RuntimeClass
+    /// of the cluster; a pod the API server refuses shows as Ready=False, reason PodRejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
     pub runtime_class_name: Option<String>,
 
     /// Node labels the sandbox pod must match when it is first scheduled. Once the workspace
@@ -73,8 +78,9 @@ pub struct SandboxSpec {
     #[schemars(length(max = 64))]
     pub tolerations: Vec<Toleration>,
 
-    /// The few security settings a sandbox may override. Privilege escalation, privileged mode
-    /// and added capabilities are never allowed.
+    /// The few security settings a sandbox may override. Privilege escalation and privileged
+    /// mode are never allowed; capabilities beyond the default set only where the operator's
+    /// allowlist has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SandboxSecurityContext>,
 
@@ -123,23 +129,56 @@ impl ImagePullPolicy {
 }
 
 /// Security settings a sandbox may choose.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(
+    validation = kube::core::Rule::new("!(has(self.runAsNonRoot) && self.runAsNonRoot && has(self.runAsUser) && self.runAsUser == 0)").message("runAsNonRoot cannot be combined with runAsUser 0"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxSecurityContext {
-    /// UID the sandbox processes run as.
+    /// UID the sandbox processes run as. A non-zero uid makes the sandbox non-root: the
+    /// operator's helper hands the workspace directory to this uid before the sandbox starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = 2147483647))]
     pub run_as_user: Option<i64>,
-    /// GID the sandbox processes run as.
+    /// GID the sandbox processes run as. Default for a non-root sandbox: its uid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = 2147483647))]
     pub run_as_group: Option<i64>,
-    /// Refuse to start when the image would run as root.
+    /// Run as a non-root user. Default: the operator's setting (`--run-as-non-root`, Helm
+    /// `sandboxDefaults.runAsNonRoot`). Without `runAsUser` the sandbox then runs as the
+    /// operator's default uid (`--default-run-as-user`, 65532).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as_non_root: Option<bool>,
     /// Mount the container's root filesystem read-only (the workspace stays writable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only_root_filesystem: Option<bool>,
+    /// Changes to the sandbox container's capabilities. The container drops every capability
+    /// and gets back a short default set (CHOWN, DAC_OVERRIDE, FOWNER, KILL, NET_BIND_SERVICE,
+    /// SETGID, SETUID); `drop` removes some of those, `add` adds others, each of which must be
+    /// in the operator's allowlist (`--allowed-capabilities`, empty by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<SandboxCapabilities>,
+}
+
+/// Capabilities to add to or drop from the sandbox container's default set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxCapabilities {
+    /// Capabilities to add (names as in Kubernetes, without `CAP_`, e.g. `NET_RAW`). Each must
+    /// be in the operator's allowlist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 16),
+        inner(length(min = 1, max = 32), regex(pattern = r"^[A-Z][A-Z0-9_]*$"))
+    )]
+    pub add: Vec<String>,
+    /// Capabilities of the default set to drop (`ALL` drops them all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 16),
+        inner(length(min = 1, max = 32), regex(pattern = r"^[A-Z][A-Z0-9_]*$"))
+    )]
+    pub drop: Vec<String>,
 }
 
 /// Kind of isolation scope.
@@ -274,7 +313,8 @@ pub struct WorkspaceFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 262144))]
     pub content: Option<String>,
-    /// Content taken from a ConfigMap or Secret key in the sandbox's namespace.
+    /// Content taken from a ConfigMap or Secret key in the sandbox's namespace (the object must
+    /// carry the label `agentbox.dev/sandbox-readable: "true"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_from: Option<FileSource>,
     /// Permission bits (decimal in JSON, e.g. 420 for 0644; YAML accepts 0644). Default 0644.
@@ -301,15 +341,20 @@ pub struct FileSource {
     pub secret_key_ref: Option<KeyRef>,
 }
 
-/// A key of a ConfigMap or Secret in the sandbox's namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+/// A key of a ConfigMap or Secret in the sandbox's namespace. The operator reads the object
+/// only when it carries the label `agentbox.dev/sandbox-readable: "true"`, which whoever may
+/// edit it sets to let sandboxes read it (creating a Sandbox must not be a way to read
+/// Secrets one may not read oneself).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyRef {
-    /// Name of the object.
+    /// Name of the object (a Kubernetes object name).
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
     pub name: String,
     /// Key within the object's data.
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::DATA_KEY_RULE).message(crate::names::DATA_KEY_MESSAGE))]
     pub key: String,
 }
 
@@ -317,8 +362,10 @@ pub struct KeyRef {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Projection {
-    /// Name of the ConfigMap in the sandbox's namespace.
+    /// Name of the ConfigMap in the sandbox's namespace. It must carry the label
+    /// `agentbox.dev/sandbox-readable: "true"`.
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
     pub config_map: String,
     /// Directory relative to the workspace root that receives the keys.
     #[schemars(length(min = 1, max = 1024))]
@@ -395,12 +442,15 @@ impl HostMountType {
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotPolicy {
     /// Which snapshot a fresh or lost workspace is restored from: `Latest` (the newest Ready
-    /// snapshot of this scope), `None`, or `Named` (the SandboxSnapshot in `name`).
+    /// snapshot the operator recorded for this scope), `None`, or `Named` (the SandboxSnapshot
+    /// in `name`, which must have been taken from a sandbox of the same scope unless the
+    /// namespace allows cross-scope restores).
     #[serde(default)]
     pub restore: RestorePolicy,
-    /// SandboxSnapshot to restore when `restore` is `Named`.
+    /// SandboxSnapshot to restore when `restore` is `Named` (same namespace, same scope).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
     pub name: Option<String>,
     /// Take a snapshot before the sandbox is suspended or deleted.
     #[serde(default)]

@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Sandbox","type":"string","jsonPath":".spec.sandboxRef.name"}"#,
     printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.sizeBytes"}"#,
     printcolumn = r#"{"name":"Members","type":"integer","priority":1,"jsonPath":".status.members"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    selectable = ".status.scopeKey"
 )]
 #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("a SandboxSnapshot's spec is immutable"))]
 #[serde(rename_all = "camelCase")]
@@ -30,11 +31,12 @@ pub struct SandboxSnapshotSpec {
 }
 
 /// Reference to a Sandbox in the same namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxRef {
-    /// Name of the Sandbox.
+    /// Name of the Sandbox (a Kubernetes object name).
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
     pub name: String,
 }
 
@@ -72,7 +74,10 @@ pub struct SandboxSnapshotStatus {
     /// Fencing token (lease transitions) of the guard the snapshot was taken under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<i64>,
-    /// Scope key of the sandbox the snapshot was taken from.
+    /// Scope key of the sandbox the snapshot was taken from: the operator's own record of the
+    /// snapshot's scope (labels can be edited by anyone who may patch the object; status only
+    /// by the operator). Restores and retention go by it. A field selector:
+    /// `kubectl get sbxsnap --field-selector status.scopeKey=<key>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope_key: Option<String>,
     /// How many times taking the snapshot was started (an interrupted attempt, for example by

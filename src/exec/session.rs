@@ -229,7 +229,7 @@ impl Session {
 }
 
 /// The line written to the shell for one command.
-fn command_line(req: &ExecRequest, mark: &str) -> Result<String, ExecError> {
+pub(crate) fn command_line(req: &ExecRequest, mark: &str) -> Result<String, ExecError> {
     let argv = req.remote_argv()?;
     let cmd: Vec<String> = argv.iter().map(|a| sh_quote(a)).collect();
     // `exec` inside the subshell: one fork per command. The start sentinel goes out before

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use agentbox::crd::Sandbox;
+use agentbox::crd::{Sandbox, SandboxSnapshot, SnapshotPhase};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition};
@@ -41,6 +41,15 @@ pub fn helm_bin() -> String {
 pub const BASE_IMAGE: &str = "agentbox/base:v1";
 /// Workspaces root the operator uses by default (the test operator runs on the node's host).
 pub const NODE_ROOT: &str = agentbox::config::DEFAULT_NODE_ROOT;
+
+/// The trusted helper image the test operators run their node-side pods from:
+/// `$AGENTBOX_HELPER_IMAGE`, else the one `hack/cluster up` (hack/helper-image) imports.
+pub fn helper_image() -> String {
+    std::env::var("AGENTBOX_HELPER_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "docker.io/agentbox/helper:dev".into())
+}
 
 /// A running operator process.
 pub struct Operator {
@@ -172,7 +181,8 @@ impl TestEnv {
     }
 
     /// Starts an operator process with extra flags and environment variables (object-store
-    /// credentials, for example); returns its index.
+    /// credentials, for example); returns its index. It gets the test helper image unless
+    /// `extra` names one (an empty `--helper-image` runs it without).
     pub fn start_operator_env(&mut self, extra: &[&str], envs: &[(String, String)]) -> usize {
         let n = self.operators.len();
         let identity = format!("op-{}-{n}", self.ns);
@@ -185,6 +195,12 @@ impl TestEnv {
             .args(["--namespace", &self.ns, "--identity", &identity])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .args(["--lease-seconds", "4"])
+            .args(
+                (!extra.iter().any(|a| a.starts_with("--helper-image")))
+                    .then(|| ["--helper-image".to_string(), helper_image()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env(
@@ -394,6 +410,65 @@ pub fn phase_is(phase: &'static str) -> impl Condition<Sandbox> {
     }
 }
 
+/// Condition: the SandboxSnapshot is Ready or Failed.
+pub fn snapshot_finished(s: Option<&SandboxSnapshot>) -> bool {
+    matches!(
+        s.and_then(|s| s.status.as_ref()).and_then(|st| st.phase),
+        Some(SnapshotPhase::Ready | SnapshotPhase::Failed)
+    )
+}
+
+/// Creates SandboxSnapshot `name` of `sandbox` with `policy` (Delete or Retain) and waits
+/// until it is Ready (panics with the operator's log when it fails).
+pub async fn take_snapshot(
+    env: &TestEnv,
+    name: &str,
+    sandbox: &str,
+    policy: &str,
+) -> SandboxSnapshot {
+    let obj: SandboxSnapshot = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": name},
+        "spec": {"sandboxRef": {"name": sandbox}, "deletionPolicy": policy},
+    }))
+    .expect("snapshot json");
+    env.api::<SandboxSnapshot>()
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create snapshot");
+    let s = env
+        .wait_for::<SandboxSnapshot>(name, 900, snapshot_finished)
+        .await;
+    assert_eq!(
+        s.status.as_ref().and_then(|st| st.phase),
+        Some(SnapshotPhase::Ready),
+        "{s:#?}\n{}",
+        env.operator_logs()
+    );
+    s
+}
+
+/// Deletes every SandboxSnapshot of the namespace and waits until they are gone: call it
+/// while the operator still runs, since their finalizers need it.
+pub async fn delete_snapshots(env: &TestEnv) {
+    let api = env.api::<SandboxSnapshot>();
+    let _ = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    for _ in 0..300 {
+        if api
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.is_empty())
+            .unwrap_or(true)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Creates a Sandbox from JSON (name, spec) in the namespace.
 pub async fn create_sandbox(
     env: &TestEnv,
@@ -554,21 +629,7 @@ pub async fn forge_snapshot(
 /// Deletes every SandboxSnapshot while the operator still runs (their finalizers need it),
 /// then the namespace, then the test's `file://` store directory, if any.
 pub async fn finish_with_snapshots(env: TestEnv, store_dir: Option<&std::path::Path>) {
-    let api = env.api::<agentbox::crd::SandboxSnapshot>();
-    let _ = api
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await;
-    for _ in 0..300 {
-        if api
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items.is_empty())
-            .unwrap_or(true)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    delete_snapshots(&env).await;
     env.finish().await;
     if let Some(dir) = store_dir {
         let _ = std::fs::remove_dir_all(dir);

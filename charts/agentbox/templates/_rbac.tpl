@@ -21,7 +21,7 @@
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxsnapshots/status"]
   verbs: ["patch"]
-# Pods: the sandbox pod and the node-bound workspace cleanup pod; watched, server-side applied (create is checked when an apply creates), deleted.
+# Pods: the sandbox pod and the node-bound helper pods (workspace removal, namespace directory preparation); watched, created or server-side applied, deleted.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -33,11 +33,11 @@
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# ConfigMaps: read by name (no list/watch) as sources of workspace files and projections named in a Sandbox spec.
+# ConfigMaps: read by name (no list/watch) as sources of workspace files, projections and env values named in a Sandbox spec; used only when labelled agentbox.dev/sandbox-readable=true.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get"]
-# Secrets: read by name (no list/watch) as sources of workspace files (contentFrom.secretKeyRef) named in a Sandbox spec.
+# Secrets: read by name (no list/watch) as sources of workspace files and env values named in a Sandbox spec; used only when labelled agentbox.dev/sandbox-readable=true.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
@@ -45,6 +45,10 @@
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "update", "delete"]
+# Namespaces: get only (in a Role: its own namespace only), read when a Sandbox names a snapshot of another scope, for the annotation agentbox.dev/allow-cross-scope-restore.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
 # Events: what the operator did and why, on each Sandbox (created, then patched when an event repeats as a series).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]

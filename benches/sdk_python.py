@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The agentbox Python SDK's figures for ``hack/bench`` (run by ``cargo bench --bench exec``
+and ``--bench lifecycle``, with ``$PYTHON`` from the bench venv, where ``hack/bench`` installs
+``./python``). Each subcommand prints one JSON line of samples in milliseconds.
+
+    sdk_python.py oneshot NAMESPACE POD CONTAINER N   one-shot exec `true` (after a warm-up)
+    sdk_python.py session NAMESPACE POD CONTAINER N   persistent-session command `true`
+    sdk_python.py guard NAMESPACE N                   guard acquire / release, uncontended
+    sdk_python.py ready NAMESPACE N IMAGE             get_or_create + wait_ready, one at a time
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import agentbox
+
+
+async def timed(n: int, once: Callable[[], Awaitable[Any]], warmup: int = 5) -> list[float]:
+    """``n`` samples of ``once`` in ms, after ``warmup`` unmeasured calls."""
+    for _ in range(warmup):
+        await once()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await once()
+        samples.append((time.perf_counter() - t) * 1000.0)
+    return samples
+
+
+async def oneshot(
+    sandboxes: agentbox.Sandboxes, pod: str, container: str, n: int
+) -> dict[str, Any]:
+    """One-shot exec `true` through `agentbox.exec.run`, as the Rust bench does."""
+    kube = await sandboxes.kube()
+
+    async def once() -> None:
+        r = await agentbox.exec.run(kube, sandboxes.namespace, pod, ["true"], container=container)
+        if not r.ok:
+            raise RuntimeError(f"true failed: {r}")
+
+    return {"oneshot_ms": await timed(n, once)}
+
+
+async def session(
+    sandboxes: agentbox.Sandboxes, pod: str, container: str, n: int
+) -> dict[str, Any]:
+    """`true` per command in one persistent session."""
+    async with agentbox.Session(sandboxes.kube, sandboxes.namespace, pod, container=container) as s:
+
+        async def once() -> None:
+            r = await s.run(["true"])
+            if not r.ok:
+                raise RuntimeError(f"true failed: {r}")
+
+        return {"session_ms": await timed(n, once, warmup=20)}
+
+
+async def guard(sandboxes: agentbox.Sandboxes, n: int) -> dict[str, Any]:
+    """Acquire / release of one scope's guard, uncontended."""
+    scope = agentbox.Scope.for_agent("bench-python-guard")
+    acquire, release = [], []
+    for _ in range(n + 5):
+        g = sandboxes.guard(scope, wait=30)
+        t = time.perf_counter()
+        await g.acquire()
+        t1 = time.perf_counter()
+        await g.release()
+        acquire.append((t1 - t) * 1000.0)
+        release.append((time.perf_counter() - t1) * 1000.0)
+    return {"acquire_ms": acquire[5:], "release_ms": release[5:]}
+
+
+async def ready(sandboxes: agentbox.Sandboxes, n: int, image: str) -> dict[str, Any]:
+    """Create → Ready as a harness sees it: get_or_create, then wait_ready."""
+    spec = agentbox.SandboxSpec(
+        image=image,
+        workspace=agentbox.WorkspaceSpec(
+            files=[agentbox.WorkspaceFile("README.md", content="hello\n")]
+        ),
+    )
+    samples = []
+    for i in range(n):
+        scope = agentbox.Scope.for_session("bench-python", f"ready-{i}")
+        t = time.perf_counter()
+        sbx = await sandboxes.get_or_create(scope, spec)
+        await sbx.wait_ready(120)
+        samples.append((time.perf_counter() - t) * 1000.0)
+    return {"ready_ms": samples}
+
+
+async def main(argv: list[str]) -> None:
+    """Runs one subcommand and prints its JSON line."""
+    cmd, ns = argv[0], argv[1]
+    async with agentbox.Sandboxes(ns) as sandboxes:
+        if cmd == "oneshot":
+            out = await oneshot(sandboxes, argv[2], argv[3], int(argv[4]))
+        elif cmd == "session":
+            out = await session(sandboxes, argv[2], argv[3], int(argv[4]))
+        elif cmd == "guard":
+            out = await guard(sandboxes, int(argv[2]))
+        elif cmd == "ready":
+            out = await ready(sandboxes, int(argv[2]), argv[3])
+        else:
+            raise SystemExit(f"unknown subcommand {cmd!r}\n{__doc__}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))

@@ -1,0 +1,612 @@
+//! agentbox's node-side helper: the few jobs that need a node's filesystem, run by the operator
+//! in short-lived pods of a trusted image (never a sandbox's own image).
+//!
+//! - [`Job::Remove`]: remove workspace directories from a namespace's directory, without following
+//!   symbolic links (a sandbox's code may have planted them anywhere in its workspace);
+//! - [`Job::Prepare`]: make a namespace's workspace directory `0700` root-owned, so no other host
+//!   user can reach the workspaces under it, and report whether the mount it lives on is
+//!   `nosuid,nodev`;
+//! - [`Job::Own`]: hand a workspace directory to the uid/gid a non-root sandbox runs as.
+//!
+//! Each job prints one report line ([`Report`]), also written to the container's termination
+//! message, which is how the operator reads the outcome. The operator builds the command line
+//! with [`Job::to_args`] and reads the report with [`Report::parse`], so both sides share this
+//! one definition of the protocol.
+//!
+//! Only the standard library: the program stays small enough to audit and builds statically in
+//! seconds. `std::fs::remove_dir_all` is symlink-safe on Linux (it walks with `openat` and
+//! `O_NOFOLLOW`, the fix for CVE-2022-21658), which is why removal is not hand-written.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Where the helper binary lives in the operator image and in the helper image.
+pub const BIN: &str = "/usr/local/bin/agentbox-helper";
+/// First word of every report line: the protocol and its version.
+pub const REPORT_TAG: &str = "agentbox-helper/v1";
+/// Mode of a prepared namespace directory: root only (nobody else may traverse it; the
+/// container runtime, running as root, still bind-mounts workspaces from below it).
+pub const PREPARED_MODE: u32 = 0o700;
+/// Mode of a workspace handed to a non-root sandbox: its owner only.
+pub const OWNED_MODE: u32 = 0o700;
+
+/// One job of the helper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Job {
+    /// Remove the entries `names` (plain names, one path component each) of directory `root`.
+    Remove {
+        /// The directory holding the workspaces (the helper's mount of it).
+        root: PathBuf,
+        /// Workspace directory names (sandbox uids).
+        names: Vec<String>,
+    },
+    /// Make `dir` mode [`PREPARED_MODE`] (it must be owned by root) and report its mount flags.
+    Prepare {
+        /// The namespace's workspace directory (the helper's mount of it).
+        dir: PathBuf,
+    },
+    /// Give `dir` (and, when its owner changes, everything under it) to `uid`:`gid`, mode
+    /// [`OWNED_MODE`].
+    Own {
+        /// The workspace directory (the helper's mount of it).
+        dir: PathBuf,
+        /// The sandbox's uid.
+        uid: u32,
+        /// The sandbox's gid.
+        gid: u32,
+    },
+}
+
+/// What went wrong.
+#[derive(Debug)]
+pub enum Error {
+    /// The command line does not name a job.
+    Usage(String),
+    /// A filesystem operation failed.
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A directory that must be root's is not.
+    NotRootOwned {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Usage(m) => write!(f, "usage: {m}"),
+            Error::Io { what, path, source } => {
+                write!(f, "{what} {}: {source}", path.display())
+            }
+            Error::NotRootOwned { path, uid } => write!(
+                f,
+                "{} is owned by uid {uid}, not root: refusing to use it as a workspace parent",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
+    let path = path.to_path_buf();
+    move |source| Error::Io { what, path, source }
+}
+
+impl Job {
+    /// The helper's arguments (after the program name) for this job.
+    pub fn to_args(&self) -> Vec<String> {
+        match self {
+            Job::Remove { root, names } => {
+                let mut v = vec!["remove".into(), root.display().to_string()];
+                v.extend(names.iter().cloned());
+                v
+            }
+            Job::Prepare { dir } => vec!["prepare".into(), dir.display().to_string()],
+            Job::Own { dir, uid, gid } => vec![
+                "own".into(),
+                dir.display().to_string(),
+                uid.to_string(),
+                gid.to_string(),
+            ],
+        }
+    }
+
+    /// Parses the helper's arguments (after the program name). Every path must be absolute and
+    /// clean, every removed name one plain path component.
+    pub fn parse(args: &[String]) -> Result<Job, Error> {
+        let usage = || {
+            Error::Usage(
+                "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID".into(),
+            )
+        };
+        let path = |s: &String| -> Result<PathBuf, Error> {
+            // Checked on the text: `Path::components` would silently drop a `.` segment.
+            let clean = s.starts_with('/') && s.split('/').skip(1).all(is_plain_name);
+            if clean {
+                Ok(PathBuf::from(s))
+            } else {
+                Err(Error::Usage(format!("{s:?} is not a clean absolute path")))
+            }
+        };
+        let id = |s: &String| -> Result<u32, Error> {
+            s.parse()
+                .map_err(|_| Error::Usage(format!("{s:?} is not a numeric id")))
+        };
+        match args {
+            [job, root, names @ ..] if job == "remove" && !names.is_empty() => {
+                if let Some(bad) = names.iter().find(|n| !is_plain_name(n)) {
+                    return Err(Error::Usage(format!(
+                        "{bad:?} is not a plain directory name"
+                    )));
+                }
+                Ok(Job::Remove {
+                    root: path(root)?,
+                    names: names.to_vec(),
+                })
+            }
+            [job, dir] if job == "prepare" => Ok(Job::Prepare { dir: path(dir)? }),
+            [job, dir, uid, gid] if job == "own" => Ok(Job::Own {
+                dir: path(dir)?,
+                uid: id(uid)?,
+                gid: id(gid)?,
+            }),
+            _ => Err(usage()),
+        }
+    }
+
+    /// Runs the job.
+    pub fn run(&self) -> Result<Report, Error> {
+        match self {
+            Job::Remove { root, names } => remove(root, names),
+            Job::Prepare { dir } => {
+                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+                    .map_err(io("reading", Path::new("/proc/self/mountinfo")))?;
+                prepare(dir, &mountinfo)
+            }
+            Job::Own { dir, uid, gid } => own(dir, *uid, *gid),
+        }
+    }
+}
+
+/// Whether `name` is one plain path component: not empty, no `/`, not `.` or `..`, no NUL.
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+}
+
+/// The outcome of a job: `key=value` pairs on one line after [`REPORT_TAG`]. Values hold no
+/// white space.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pairs: Vec<(String, String)>,
+}
+
+impl Report {
+    /// Adds a pair (white space in the value becomes `_`).
+    pub fn with(mut self, key: &str, value: impl fmt::Display) -> Self {
+        let v = value
+            .to_string()
+            .chars()
+            .map(|c| if c.is_whitespace() { '_' } else { c })
+            .collect();
+        self.pairs.push((key.to_string(), v));
+        self
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The value of `key` as a boolean (`true`/`false`).
+    pub fn flag(&self, key: &str) -> Option<bool> {
+        match self.get(key)? {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => None,
+        }
+    }
+
+    /// The report's line.
+    pub fn line(&self) -> String {
+        let mut s = REPORT_TAG.to_string();
+        for (k, v) in &self.pairs {
+            s.push(' ');
+            s.push_str(k);
+            s.push('=');
+            s.push_str(v);
+        }
+        s
+    }
+
+    /// The last report line in `text` (a termination message or log), if any.
+    pub fn parse(text: &str) -> Option<Report> {
+        let line = text
+            .lines()
+            .rev()
+            .find_map(|l| l.trim().strip_prefix(REPORT_TAG))?;
+        let pairs = line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Some(Report { pairs })
+    }
+}
+
+/// Removes `root/<name>` for each name, never following a symbolic link: a link is removed,
+/// not what it points at. A name that does not exist counts as removed.
+pub fn remove(root: &Path, names: &[String]) -> Result<Report, Error> {
+    let mut removed = 0;
+    let mut absent = 0;
+    for name in names {
+        if !is_plain_name(name) {
+            return Err(Error::Usage(format!(
+                "{name:?} is not a plain directory name"
+            )));
+        }
+        let p = root.join(name);
+        match std::fs::symlink_metadata(&p) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => absent += 1,
+            Err(e) => return Err(io("inspecting", &p)(e)),
+            Ok(m) if m.is_dir() => {
+                std::fs::remove_dir_all(&p).map_err(io("removing", &p))?;
+                removed += 1;
+            }
+            Ok(_) => {
+                std::fs::remove_file(&p).map_err(io("removing", &p))?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(Report::default()
+        .with("job", "remove")
+        .with("removed", removed)
+        .with("absent", absent))
+}
+
+/// Makes `dir` mode [`PREPARED_MODE`] and reports the mode it had and whether the mount it is
+/// on (per `mountinfo`, the text of `/proc/self/mountinfo`) is `nosuid` and `nodev`.
+pub fn prepare(dir: &Path, mountinfo: &str) -> Result<Report, Error> {
+    let meta = std::fs::symlink_metadata(dir).map_err(io("inspecting", dir))?;
+    if !meta.is_dir() {
+        return Err(Error::Io {
+            what: "preparing",
+            path: dir.to_path_buf(),
+            source: std::io::Error::other("not a directory"),
+        });
+    }
+    if meta.uid() != 0 {
+        return Err(Error::NotRootOwned {
+            path: dir.to_path_buf(),
+            uid: meta.uid(),
+        });
+    }
+    let was = meta.mode() & 0o7777;
+    if was != PREPARED_MODE {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(PREPARED_MODE))
+            .map_err(io("setting the mode of", dir))?;
+    }
+    let flags = mount_of(mountinfo, dir);
+    Ok(Report::default()
+        .with("job", "prepare")
+        .with("was", format!("{was:04o}"))
+        .with("mode", format!("{PREPARED_MODE:04o}"))
+        .with("nosuid", flags.as_ref().is_some_and(|f| f.nosuid))
+        .with("nodev", flags.as_ref().is_some_and(|f| f.nodev))
+        .with(
+            "mount",
+            flags.map_or_else(|| "unknown".into(), |f| f.mount_point),
+        ))
+}
+
+/// Hands `dir` to `uid`:`gid` with mode [`OWNED_MODE`]. When `dir` already belongs to them
+/// nothing below it is touched (the common case, and cheap); otherwise every entry below it is
+/// given to them too (`lchown`: a symbolic link itself, never its target).
+pub fn own(dir: &Path, uid: u32, gid: u32) -> Result<Report, Error> {
+    let meta = std::fs::symlink_metadata(dir).map_err(io("inspecting", dir))?;
+    if !meta.is_dir() {
+        return Err(Error::Io {
+            what: "owning",
+            path: dir.to_path_buf(),
+            source: std::io::Error::other("not a directory"),
+        });
+    }
+    let mut changed = 0u64;
+    if meta.uid() != uid || meta.gid() != gid {
+        // Depth-first with an explicit stack: no recursion limit on deep trees.
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).map_err(io("reading", &d))? {
+                let entry = entry.map_err(io("reading", &d))?;
+                let p = entry.path();
+                let m = std::fs::symlink_metadata(&p).map_err(io("inspecting", &p))?;
+                if m.uid() != uid || m.gid() != gid {
+                    std::os::unix::fs::lchown(&p, Some(uid), Some(gid))
+                        .map_err(io("changing the owner of", &p))?;
+                    changed += 1;
+                }
+                if m.is_dir() {
+                    stack.push(p);
+                }
+            }
+        }
+        std::os::unix::fs::lchown(dir, Some(uid), Some(gid))
+            .map_err(io("changing the owner of", dir))?;
+        changed += 1;
+    }
+    if meta.mode() & 0o7777 != OWNED_MODE {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(OWNED_MODE))
+            .map_err(io("setting the mode of", dir))?;
+    }
+    Ok(Report::default()
+        .with("job", "own")
+        .with("owner", format!("{uid}:{gid}"))
+        .with("changed", changed))
+}
+
+/// The flags of the mount a path is on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountFlags {
+    /// Where that mount is mounted.
+    pub mount_point: String,
+    /// `nosuid`: set-user-id and set-group-id bits are ignored.
+    pub nosuid: bool,
+    /// `nodev`: device files cannot be opened.
+    pub nodev: bool,
+}
+
+/// The mount `path` lies on according to `mountinfo` (the format of `/proc/self/mountinfo`):
+/// the one with the longest mount point that contains it, the last such line when mounts are
+/// stacked. Per-mount options (the sixth field) carry `nosuid` and `nodev`. `path` should be
+/// absolute and free of symbolic links.
+pub fn mount_of(mountinfo: &str, path: &Path) -> Option<MountFlags> {
+    let mut best: Option<MountFlags> = None;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(point), Some(opts)) = (fields.get(4), fields.get(5)) else {
+            continue;
+        };
+        let point = unescape(point);
+        if !path.starts_with(&point) {
+            continue;
+        }
+        let longer = best
+            .as_ref()
+            .is_none_or(|b| point.len() >= b.mount_point.len());
+        if longer {
+            let opts: Vec<&str> = opts.split(',').collect();
+            best = Some(MountFlags {
+                nosuid: opts.contains(&"nosuid"),
+                nodev: opts.contains(&"nodev"),
+                mount_point: point,
+            });
+        }
+    }
+    best
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, `\134` for a backslash, ...).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("agentbox-helper-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn jobs_round_trip_through_their_arguments() {
+        for job in [
+            Job::Remove {
+                root: "/ns".into(),
+                names: vec!["a-1".into(), "b".into()],
+            },
+            Job::Prepare { dir: "/ns".into() },
+            Job::Own {
+                dir: "/workspace".into(),
+                uid: 1000,
+                gid: 100,
+            },
+        ] {
+            assert_eq!(Job::parse(&job.to_args()).unwrap(), job);
+        }
+    }
+
+    #[test]
+    fn arguments_that_could_reach_elsewhere_are_refused() {
+        for bad in [
+            &["remove", "/ns"][..],
+            &["remove", "/ns", ".."],
+            &["remove", "/ns", "a/b"],
+            &["remove", "/ns", ""],
+            &["remove", "ns", "a"],
+            &["remove", "/ns/../etc", "a"],
+            &["prepare", "/a/./b"],
+            &["own", "/w", "-1", "0"],
+            &["own", "/w", "1"],
+            &["rm", "/w"],
+        ] {
+            assert!(Job::parse(&args(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reports_round_trip_and_the_last_line_wins() {
+        let r = Report::default()
+            .with("job", "prepare")
+            .with("nosuid", true)
+            .with("mount", "/a b");
+        let text = format!("noise\n{}\n", r.line());
+        let p = Report::parse(&text).unwrap();
+        assert_eq!(p.get("job"), Some("prepare"));
+        assert_eq!(p.flag("nosuid"), Some(true));
+        assert_eq!(p.flag("nodev"), None);
+        assert_eq!(p.get("mount"), Some("/a_b"));
+        let later = format!("{text}{} job=remove\n", REPORT_TAG);
+        assert_eq!(Report::parse(&later).unwrap().get("job"), Some("remove"));
+        assert_eq!(Report::parse("no report here"), None);
+    }
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 8:1 /var/lib/agentbox/workspaces /var/lib/agentbox/workspaces rw,nosuid,nodev,relatime shared:1 - ext4 /dev/vda rw
+31 22 0:5 / /var/lib/agentbox/work\\040space rw,nosuid - tmpfs tmpfs rw
+40 22 8:1 /srv /ns rw,nodev - ext4 /dev/vda rw
+41 40 8:1 /srv /ns rw,nosuid,nodev - ext4 /dev/vda rw
+";
+
+    #[test]
+    fn the_deepest_and_topmost_mount_decides() {
+        let at = |p: &str| mount_of(MOUNTINFO, Path::new(p)).unwrap();
+        let ws = at("/var/lib/agentbox/workspaces/team/uid");
+        assert_eq!(ws.mount_point, "/var/lib/agentbox/workspaces");
+        assert!(ws.nosuid && ws.nodev);
+        let other = at("/var/lib/agentbox/workspacesX");
+        assert_eq!(
+            other.mount_point, "/",
+            "component-wise, not by string prefix"
+        );
+        assert!(!other.nosuid && !other.nodev);
+        let escaped = at("/var/lib/agentbox/work space/x");
+        assert!(escaped.nosuid && !escaped.nodev);
+        let stacked = at("/ns");
+        assert!(
+            stacked.nosuid && stacked.nodev,
+            "the later of stacked mounts"
+        );
+        assert_eq!(mount_of("", Path::new("/x")), None);
+    }
+
+    #[test]
+    fn remove_takes_links_not_their_targets() {
+        let d = scratch("remove");
+        let outside = d.join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "x").unwrap();
+        let ws = d.join("ns/uid-1");
+        std::fs::create_dir_all(ws.join("deep/er")).unwrap();
+        std::fs::write(ws.join("deep/er/f"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("deep/link")).unwrap();
+        // A workspace that is itself a link: the link goes, its target stays.
+        std::os::unix::fs::symlink(&outside, d.join("ns/uid-2")).unwrap();
+        let r = remove(
+            &d.join("ns"),
+            &["uid-1".into(), "uid-2".into(), "uid-3".into()],
+        )
+        .unwrap();
+        assert_eq!((r.get("removed"), r.get("absent")), (Some("2"), Some("1")));
+        assert!(!ws.exists() && !d.join("ns/uid-2").exists());
+        assert!(outside.join("keep").exists(), "nothing outside removed");
+        assert!(remove(&d.join("ns"), &["..".into()]).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn prepare_closes_the_directory_and_reports_its_mount() {
+        let d = scratch("prepare");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let info = format!(
+            "1 0 8:1 / / rw - ext4 /dev/vda rw\n2 1 8:1 / {} rw,nosuid - ext4 /dev/vda rw\n",
+            d.display()
+        );
+        let r = prepare(&d, &info);
+        // The unit tests may run as a non-root user, for whom the directory is not root's.
+        if std::fs::metadata(&d).unwrap().uid() != 0 {
+            assert!(matches!(r, Err(Error::NotRootOwned { .. })));
+            std::fs::remove_dir_all(&d).unwrap();
+            return;
+        }
+        let r = r.unwrap();
+        assert_eq!(r.get("was"), Some("0755"));
+        assert_eq!(r.get("mode"), Some("0700"));
+        assert_eq!(
+            (r.flag("nosuid"), r.flag("nodev")),
+            (Some(true), Some(false))
+        );
+        let mode = std::fs::metadata(&d).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn own_hands_over_the_tree_without_following_links() {
+        let d = scratch("own");
+        let ws = d.join("ws");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::write(ws.join("sub/f"), "x").unwrap();
+        let outside = d.join("outside");
+        std::fs::write(&outside, "x").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("sub/link")).unwrap();
+        let me = std::fs::metadata(&d).unwrap();
+        let (uid, gid) = (me.uid(), me.gid());
+        // Changing owners needs CAP_CHOWN: as root, hand the tree to another id; otherwise to
+        // ourselves (only the mode changes).
+        let (to_uid, to_gid) = if uid == 0 { (4242, 4343) } else { (uid, gid) };
+        let r = own(&ws, to_uid, to_gid).unwrap();
+        assert_eq!(r.get("owner"), Some(format!("{to_uid}:{to_gid}").as_str()));
+        for p in ["", "sub", "sub/f", "sub/link"] {
+            let m = std::fs::symlink_metadata(ws.join(p)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (to_uid, to_gid), "{p}");
+        }
+        let target = std::fs::metadata(&outside).unwrap();
+        assert_eq!(target.uid(), uid, "the link's target keeps its owner");
+        assert_eq!(std::fs::metadata(&ws).unwrap().mode() & 0o7777, OWNED_MODE);
+        // Already owned: nothing below is touched.
+        let again = own(&ws, to_uid, to_gid).unwrap();
+        assert_eq!(again.get("changed"), Some("0"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn unescape_octal() {
+        assert_eq!(unescape("a\\040b\\134c\\011"), "a b\\c\t");
+        assert_eq!(unescape("a\\04"), "a\\04");
+        assert_eq!(unescape("plain"), "plain");
+    }
+}

@@ -1,0 +1,26 @@
+//! `agentbox-helper`: see the library for the jobs. Prints one report line; the same line goes
+//! to the container's termination message, where the operator reads it.
+#![forbid(unsafe_code)]
+
+use agentbox_helper::{Error, Job};
+
+/// The kubelet's default `terminationMessagePath`.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let outcome = Job::parse(&args).and_then(|job| job.run());
+    let (line, code) = match &outcome {
+        Ok(report) => (report.line(), 0),
+        Err(e @ Error::Usage(_)) => (format!("agentbox-helper: {e}"), 2),
+        Err(e) => (format!("agentbox-helper: {e}"), 1),
+    };
+    if code == 0 {
+        println!("{line}");
+    } else {
+        eprintln!("{line}");
+    }
+    // Best effort: outside a pod there is no termination log.
+    let _ = std::fs::write(TERMINATION_LOG, format!("{line}\n"));
+    std::process::exit(code);
+}

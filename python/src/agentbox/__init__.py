@@ -1,0 +1,124 @@
+"""agentbox for Python: isolated, recoverable sandboxes for agent harnesses on Kubernetes.
+
+The async API is the core::
+
+    import agentbox
+
+    async with agentbox.Sandboxes("agents") as sandboxes:
+        scope = agentbox.Scope.for_user("coder", "alice@example.com")
+        sbx = await sandboxes.get_or_create(scope, agentbox.SandboxSpec(image="agentbox/base:v1"))
+        await sbx.wait_ready()
+        result = await sbx.exec("ls; exit 3", timeout=30)
+        assert result.exit_code == 3
+
+:mod:`agentbox.sync` has the same API for synchronous code.
+"""
+
+from . import labels
+from ._version import __version__
+from .client import Sandbox, Sandboxes
+from .errors import (
+    AgentboxError,
+    ApiError,
+    CommandError,
+    CommandNotStartedError,
+    ConflictError,
+    ExecError,
+    ExecTimeoutError,
+    FileTooLargeError,
+    GuardError,
+    GuardLostError,
+    GuardTimeoutError,
+    InvalidRequestError,
+    InvalidSpecError,
+    NotFoundError,
+    PathError,
+    ProtocolError,
+    RemoteError,
+    RemoteFileNotFoundError,
+    SandboxFailedError,
+    SandboxNotReadyError,
+    SandboxSuspendedError,
+    ScopeMismatchError,
+    SessionError,
+    SnapshotFailedError,
+    TransportError,
+)
+from .exec import ExecEvent, ExecResult, ExecStream, Exit, Output
+from .files import DirEntry
+from .guard import Guard, GuardConfig
+from .scope import Scope, ScopeKind
+from .session import Session
+from .snapshots import Snapshot
+from .spec import (
+    Capabilities,
+    FileSource,
+    HostMount,
+    KeyRef,
+    Lifecycle,
+    Network,
+    Projection,
+    Retention,
+    SandboxSecurityContext,
+    SandboxSpec,
+    SnapshotPolicy,
+    WorkspaceFile,
+    WorkspaceSpec,
+)
+
+__all__ = [
+    "AgentboxError",
+    "ApiError",
+    "Capabilities",
+    "CommandError",
+    "CommandNotStartedError",
+    "ConflictError",
+    "DirEntry",
+    "ExecError",
+    "ExecEvent",
+    "ExecResult",
+    "ExecStream",
+    "ExecTimeoutError",
+    "Exit",
+    "FileSource",
+    "FileTooLargeError",
+    "Guard",
+    "GuardConfig",
+    "GuardError",
+    "GuardLostError",
+    "GuardTimeoutError",
+    "HostMount",
+    "InvalidRequestError",
+    "InvalidSpecError",
+    "KeyRef",
+    "Lifecycle",
+    "Network",
+    "NotFoundError",
+    "Output",
+    "PathError",
+    "Projection",
+    "ProtocolError",
+    "RemoteError",
+    "RemoteFileNotFoundError",
+    "Retention",
+    "Sandbox",
+    "SandboxFailedError",
+    "SandboxNotReadyError",
+    "SandboxSecurityContext",
+    "SandboxSpec",
+    "SandboxSuspendedError",
+    "Sandboxes",
+    "Scope",
+    "ScopeKind",
+    "ScopeMismatchError",
+    "Session",
+    "SessionError",
+    "Snapshot",
+    "SnapshotFailedError",
+    "SnapshotPolicy",
+    "TransportError",
+    "WorkspaceFile",
+    "WorkspaceSpec",
+    "__version__",
+    "labels",
+]

@@ -1,0 +1,60 @@
+"""Waiting for an object to reach a state: a GET, then a watch from its resourceVersion,
+opened again when the server ends it or it breaks, until a decision or the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._kube import Kube
+from .errors import TransportError
+
+#: Decides on the object as seen (``None``: deleted): ``True`` done, ``False`` keep waiting;
+#: raises to stop with an error.
+Decide = Callable[[Mapping[str, Any] | None], bool]
+
+
+async def watch_until(
+    kube: Kube, collection: str, name: str, decide: Decide, timeout: float
+) -> dict[str, Any] | None:
+    """The object once ``decide`` says done, or ``None`` when ``timeout`` passed first."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return None
+        obj = await kube.get_opt(f"{collection}/{name}")
+        if decide(obj):
+            return obj
+        assert obj is not None  # decide(None) raises or returns True
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        query = {"fieldSelector": f"metadata.name={name}", "resourceVersion": rv}
+        try:
+            async for ev in kube.watch(collection, query=query, timeout=remaining):
+                kind, o = ev.get("type"), ev.get("object")
+                if kind == "ERROR":
+                    break  # e.g. 410 Gone: read the object again
+                if kind == "DELETED":
+                    if decide(None):
+                        return None
+                elif kind in ("ADDED", "MODIFIED") and isinstance(o, dict) and decide(o):
+                    return o
+        except TransportError:
+            # A loaded API server drops watches: read again and watch anew.
+            await asyncio.sleep(0.2)
+
+
+async def wait_gone(kube: Kube, path: str, timeout: float) -> bool:
+    """Polls until the object at ``path`` is gone (its finalizers done); ``False`` when it
+    still exists after ``timeout``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while await kube.get_opt(path) is not None:
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.2)
+    return True

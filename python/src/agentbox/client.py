@@ -1,0 +1,541 @@
+"""The async core: :class:`Sandboxes` (get or create the Sandbox of a scope, open, list) and
+:class:`Sandbox` (wait until Ready, exec, sessions, files, lifecycle, snapshots, the scope's
+guard) — the Python counterpart of the Rust crate's ``agentbox::client``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from . import _wire
+from . import exec as _exec
+from . import labels as _labels
+from . import snapshots as _snapshots
+from ._kube import GROUP, VERSION, Kube, default_namespace, load_api_client, sandboxes_path
+from ._watch import wait_gone, watch_until
+from .errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    SandboxFailedError,
+    SandboxNotReadyError,
+    SandboxSuspendedError,
+    ScopeMismatchError,
+    SnapshotFailedError,
+)
+from .exec import ExecResult, ExecStream, StdinSource
+from .files import READ_CAP, DirEntry, Workspace
+from .guard import Guard, GuardConfig
+from .scope import Scope
+from .session import Session
+from .snapshots import Snapshot, failing_condition
+from .spec import SandboxSpec
+
+__all__ = ["Sandbox", "Sandboxes"]
+
+Readiness = Literal["ready", "failed", "suspended", "waiting"]
+
+
+def readiness(obj: Mapping[str, Any]) -> Readiness:
+    """What a Sandbox's state means for a caller waiting for it (pure): ``ready``; ``failed``
+    (it will not become Ready until its spec changes); ``suspended`` by its spec (waiting would
+    not help); else ``waiting``.
+    """
+    # Suspended by the spec wins: a phase still Ready is about to change.
+    if ((obj.get("spec") or {}).get("lifecycle") or {}).get("mode") == "Suspended":
+        return "suspended"
+    status = obj.get("status") or {}
+    phase = status.get("phase")
+    observed = status.get("observedGeneration")
+    generation = (obj.get("metadata") or {}).get("generation")
+    if isinstance(observed, int) and isinstance(generation, int) and observed < generation:
+        return "waiting"  # a status from before the latest spec change
+    if phase == "Ready":
+        return "ready"
+    if phase == "Failed":
+        return "failed"
+    return "waiting"
+
+
+def _spec_dict(spec: SandboxSpec | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(spec, SandboxSpec):
+        return spec.to_dict()
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    raise InvalidRequestError(f"spec must be a SandboxSpec or a mapping, not {type(spec).__name__}")
+
+
+class Sandboxes:
+    """The Sandboxes of one namespace.
+
+    ``namespace`` defaults to the kubeconfig context's (or the service account's) namespace.
+    Without ``api_client`` (a ``kubernetes_asyncio`` ``ApiClient``) one is made from the
+    in-cluster service account or the kubeconfig on first use, and closed by :meth:`close` or
+    at the end of ``async with``.
+    """
+
+    def __init__(self, namespace: str | None = None, api_client: Any = None) -> None:
+        self.namespace = namespace or default_namespace()
+        self._api_client = api_client
+        self._owned = api_client is None
+        self._kube: Kube | None = Kube(api_client) if api_client is not None else None
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> Sandboxes:
+        await self.kube()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def kube(self) -> Kube:
+        """The API connection (made on first use)."""
+        if self._kube is None:
+            async with self._lock:
+                if self._kube is None:
+                    self._kube = Kube(await load_api_client())
+        return self._kube
+
+    async def close(self) -> None:
+        """Closes the API client if this object made it."""
+        if self._kube is not None and self._owned:
+            await self._kube.close()
+            self._kube = None
+
+    def _handle(self, obj: dict[str, Any]) -> Sandbox:
+        return Sandbox(self, obj)
+
+    async def get_or_create(self, scope: Scope, spec: SandboxSpec | Mapping[str, Any]) -> Sandbox:
+        """The Sandbox of ``scope``: created from ``spec`` (its scope set to ``scope``) under
+        the scope's deterministic name, or the existing one if someone created it first — two
+        racing callers get the same Sandbox.
+        """
+        if not isinstance(scope, Scope):
+            raise InvalidRequestError(f"scope must be a Scope, not {type(scope).__name__}")
+        body_spec = _spec_dict(spec)
+        body_spec["scope"] = scope.to_dict()
+        name = _labels.sandbox_name_for_scope(scope)
+        kube = await self.kube()
+        try:
+            obj = await kube.call(
+                "POST", sandboxes_path(self.namespace), body=self._object(name, scope, body_spec)
+            )
+        except ConflictError:
+            obj = await kube.call("GET", sandboxes_path(self.namespace, name))
+        # The name is a hash of the scope; another scope under it was made by hand.
+        if Scope.from_dict((obj.get("spec") or {}).get("scope") or {}) != scope:
+            raise ScopeMismatchError(f"sandbox {name} exists with a different scope")
+        return self._handle(obj)
+
+    @staticmethod
+    def _object(name: str, scope: Scope, spec: dict[str, Any]) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "labels": _labels.scope_labels(scope)}
+        ann = _labels.scope_annotations(scope)
+        if ann:
+            meta["annotations"] = ann
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Sandbox",
+            "metadata": meta,
+            "spec": spec,
+        }
+
+    async def open(self, name: str) -> Sandbox:
+        """An existing Sandbox by name (:class:`~agentbox.errors.NotFoundError` if none)."""
+        kube = await self.kube()
+        obj = await kube.get_opt(sandboxes_path(self.namespace, name))
+        if obj is None:
+            raise NotFoundError(f"sandbox {self.namespace}/{name} not found")
+        return self._handle(obj)
+
+    async def open_scope(self, scope: Scope) -> Sandbox:
+        """The Sandbox of a scope, without creating it."""
+        return await self.open(_labels.sandbox_name_for_scope(scope))
+
+    async def list(
+        self, selector: str | None = None, *, scope: Scope | None = None
+    ) -> builtins.list[Sandbox]:
+        """Sandboxes, optionally by label selector or of one scope."""
+        if scope is not None:
+            selector = (
+                _labels.scope_selector(scope)
+                if selector is None
+                else f"{selector},{_labels.scope_selector(scope)}"
+            )
+        kube = await self.kube()
+        query = {"labelSelector": selector} if selector else None
+        data = await kube.call("GET", sandboxes_path(self.namespace), query=query)
+        return [self._handle(o) for o in data.get("items") or []]
+
+    async def create_restored(
+        self,
+        scope: Scope,
+        spec: SandboxSpec | Mapping[str, Any],
+        snapshot: str,
+        *,
+        name: str | None = None,
+    ) -> Sandbox:
+        """Creates a Sandbox (the scope's name unless ``name``) whose fresh workspace is
+        restored from the Ready snapshot ``snapshot`` (``snapshot.restore: Named``). A 409
+        (:class:`~agentbox.errors.ConflictError`) if the name is taken. A snapshot of another
+        scope is restored only where the namespace allows it (annotation
+        ``agentbox.dev/allow-cross-scope-restore``); otherwise the Sandbox's ``wait_ready``
+        fails with reason ``CrossScopeRestore``.
+        """
+        snap = await self.get_snapshot(snapshot)
+        if snap.phase != "Ready":
+            raise SnapshotFailedError(
+                snapshot, snap.phase, "NotReady", "only a Ready snapshot can be restored"
+            )
+        body_spec = _spec_dict(spec)
+        body_spec["scope"] = scope.to_dict()
+        body_spec["snapshot"] = {
+            **(body_spec.get("snapshot") or {}),
+            "restore": "Named",
+            "name": snapshot,
+        }
+        kube = await self.kube()
+        obj = await kube.call(
+            "POST",
+            sandboxes_path(self.namespace),
+            body=self._object(name or _labels.sandbox_name_for_scope(scope), scope, body_spec),
+        )
+        return self._handle(obj)
+
+    async def get_snapshot(self, name: str) -> Snapshot:
+        """A SandboxSnapshot by name."""
+        return await _snapshots.get(await self.kube(), self.namespace, name)
+
+    async def wait_snapshot(self, name: str, timeout: float = 600.0) -> Snapshot:
+        """Waits until a snapshot is Ready (:class:`~agentbox.errors.SnapshotFailedError` if it
+        fails or the timeout passes).
+        """
+        return await _snapshots.wait(await self.kube(), self.namespace, name, timeout)
+
+    async def snapshots(self, scope: Scope) -> builtins.list[Snapshot]:
+        """A scope's lineage: its snapshots, oldest first."""
+        return await _snapshots.lineage(
+            await self.kube(), self.namespace, _labels.scope_selector(scope)
+        )
+
+    def guard(
+        self, scope: Scope, *, wait: float | None = None, config: GuardConfig | None = None
+    ) -> Guard:
+        """The execution guard of a scope, acquired by ``async with`` (or
+        :meth:`Guard.acquire`); see :class:`~agentbox.Guard`.
+        """
+        key = _labels.scope_key(scope)
+        return Guard(
+            self.kube,
+            self.namespace,
+            _labels.lease_name(key),
+            _labels.scope_labels(scope),
+            config,
+            wait,
+        )
+
+
+class Sandbox:
+    """One Sandbox: exec, sessions, files, lifecycle, snapshots and its scope's guard. Get one
+    from :class:`Sandboxes`. Paths are relative to the workspace root (or absolute under it);
+    commands run in the workspace root unless ``cwd`` says otherwise.
+    """
+
+    def __init__(self, sandboxes: Sandboxes, obj: dict[str, Any]) -> None:
+        self._sandboxes = sandboxes
+        #: The Sandbox object as last read.
+        self.obj = obj
+
+    @property
+    def name(self) -> str:
+        """The Sandbox's name."""
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        """Its namespace."""
+        return self._sandboxes.namespace
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec as last read."""
+        return SandboxSpec.from_dict(self.obj.get("spec") or {})
+
+    @property
+    def scope(self) -> Scope:
+        """The isolation scope."""
+        return Scope.from_dict((self.obj.get("spec") or {}).get("scope") or {})
+
+    @property
+    def status(self) -> Mapping[str, Any]:
+        """The status as last read (``phase``, ``conditions``, ``podName``, ...)."""
+        return self.obj.get("status") or {}
+
+    @property
+    def phase(self) -> str | None:
+        """The phase as last read."""
+        return self.status.get("phase")
+
+    @property
+    def pod_name(self) -> str:
+        """The sandbox's pod (from status, else the deterministic name)."""
+        return str(self.status.get("podName") or _labels.pod_name(self.name))
+
+    @property
+    def workspace_root(self) -> str:
+        """The workspace root in the container."""
+        return str(
+            ((self.obj.get("spec") or {}).get("workspace") or {}).get("root") or "/workspace"
+        )
+
+    async def _kube(self) -> Kube:
+        return await self._sandboxes.kube()
+
+    def _path(self) -> str:
+        return sandboxes_path(self.namespace, self.name)
+
+    async def refresh(self) -> Sandbox:
+        """Reads the Sandbox again."""
+        kube = await self._kube()
+        obj = await kube.get_opt(self._path())
+        if obj is None:
+            raise NotFoundError(f"sandbox {self.namespace}/{self.name} not found")
+        self.obj = obj
+        return self
+
+    async def wait_ready(self, timeout: float = 120.0, *, resume: bool = False) -> Sandbox:
+        """Waits (with a watch) until the Sandbox is Ready. Raises at once
+        :class:`~agentbox.errors.SandboxFailedError` (with the failing condition's reason) when
+        it fails, :class:`~agentbox.errors.SandboxSuspendedError` when its spec suspends it
+        (with ``resume=True`` it is resumed and waited for instead), and
+        :class:`~agentbox.errors.SandboxNotReadyError` at the timeout.
+        """
+        kube = await self._kube()
+
+        def decide(obj: Mapping[str, Any] | None) -> bool:
+            if obj is None:
+                raise NotFoundError(f"sandbox {self.namespace}/{self.name} was deleted")
+            state = readiness(obj)
+            if state == "ready":
+                return True
+            reason, message = failing_condition(obj)
+            phase = str((obj.get("status") or {}).get("phase") or "")
+            if state == "failed":
+                raise SandboxFailedError(self.name, phase, reason or "Failed", message)
+            if state == "suspended" and not resume:
+                raise SandboxSuspendedError(
+                    self.name, phase, "Suspended", "spec.lifecycle.mode is Suspended; resume it"
+                )
+            return False
+
+        if resume:
+            await self.refresh()
+            if ((self.obj.get("spec") or {}).get("lifecycle") or {}).get("mode") == "Suspended":
+                await self.resume()
+        obj = await watch_until(kube, sandboxes_path(self.namespace), self.name, decide, timeout)
+        if obj is None:
+            await self.refresh()
+            reason, message = failing_condition(self.obj)
+            raise SandboxNotReadyError(
+                self.name, self.phase or "", reason, message or f"not Ready after {timeout}s"
+            )
+        self.obj = obj
+        return self
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: StdinSource | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        max_output: int = _wire.DEFAULT_MAX_OUTPUT,
+        check: bool = False,
+    ) -> ExecResult:
+        """Runs a command (a shell string for ``sh -c``, or an argv) to completion: its real
+        exit code, stdout and stderr (each capped at ``max_output``, with truncation flags).
+        ``timeout`` kills its whole process group in the pod and raises
+        :class:`~agentbox.errors.ExecTimeoutError`; ``check`` raises
+        :class:`~agentbox.errors.CommandError` on a non-zero exit.
+        """
+        return await _exec.run(
+            await self._kube(),
+            self.namespace,
+            self.pod_name,
+            command,
+            stdin=stdin,
+            timeout=timeout,
+            cwd=cwd or self.workspace_root,
+            env=env,
+            max_output=max_output,
+            check=check,
+        )
+
+    async def exec_stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: StdinSource | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecStream:
+        """Starts a command and streams its output (:class:`~agentbox.ExecStream`)."""
+        return await _exec.stream(
+            await self._kube(),
+            self.namespace,
+            self.pod_name,
+            command,
+            stdin=stdin,
+            timeout=timeout,
+            cwd=cwd or self.workspace_root,
+            env=env,
+        )
+
+    def session(self, *, cwd: str | None = None) -> Session:
+        """A persistent shell (commands run in ``cwd``, default the workspace root); it starts
+        with its first command. Close it with ``async with`` or :meth:`Session.close`.
+        """
+        return Session(
+            self._sandboxes.kube, self.namespace, self.pod_name, cwd=cwd or self.workspace_root
+        )
+
+    async def _files(self) -> Workspace:
+        return Workspace(await self._kube(), self.namespace, self.pod_name, self.workspace_root)
+
+    async def read(self, path: str, *, max_bytes: int = READ_CAP) -> bytes:
+        """A workspace file's content (:class:`~agentbox.errors.FileTooLargeError` past
+        ``max_bytes``, :class:`~agentbox.errors.RemoteFileNotFoundError` if missing).
+        """
+        return await (await self._files()).read(path, max_bytes)
+
+    async def write(self, path: str, data: StdinSource, *, mode: int | None = None) -> None:
+        """Writes a workspace file atomically, creating parent directories; ``data`` is bytes,
+        text, a binary file or an (async) iterable of chunks, streamed; ``mode`` like
+        ``0o755``.
+        """
+        await (await self._files()).write(path, data, mode)
+
+    async def ls(self, path: str = "") -> builtins.list[DirEntry]:
+        """A workspace directory's entries, sorted by name."""
+        return await (await self._files()).ls(path)
+
+    async def stat(self, path: str) -> DirEntry:
+        """One workspace entry (symlinks not followed)."""
+        return await (await self._files()).stat(path)
+
+    async def exists(self, path: str) -> bool:
+        """Whether a workspace path exists."""
+        return await (await self._files()).exists(path)
+
+    async def rm(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, symlink or empty directory (a tree with ``recursive``)."""
+        await (await self._files()).rm(path, recursive)
+
+    async def mkdir(self, path: str, *, parents: bool = True) -> None:
+        """Creates a workspace directory."""
+        await (await self._files()).mkdir(path, parents)
+
+    async def upload_dir(self, local: str | os.PathLike[str], remote: str = "") -> None:
+        """Copies a local directory into a workspace directory (tar, streamed)."""
+        await (await self._files()).upload_dir(local, remote)
+
+    async def download_dir(self, remote: str, local: str | os.PathLike[str]) -> None:
+        """Copies a workspace directory into a local directory (tar, streamed, members that
+        would leave ``local`` refused).
+        """
+        await (await self._files()).download_dir(remote, local)
+
+    async def _set_mode(self, mode: str) -> None:
+        kube = await self._kube()
+        self.obj = await kube.call(
+            "PATCH",
+            self._path(),
+            body={"spec": {"lifecycle": {"mode": mode}}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def suspend(self) -> None:
+        """Suspends the sandbox: its pod is deleted, its workspace kept on the node."""
+        await self._set_mode("Suspended")
+
+    async def resume(self) -> None:
+        """Resumes a suspended sandbox (a new pod reuses the workspace); see
+        :meth:`wait_ready`.
+        """
+        await self._set_mode("Running")
+
+    async def delete(self, *, wait: bool = False, timeout: float = 120.0) -> None:
+        """Deletes the Sandbox (its pod and workspace go too; snapshots stay). With ``wait``,
+        returns once it is gone.
+        """
+        kube = await self._kube()
+        try:
+            await kube.call("DELETE", self._path())
+        except NotFoundError:
+            return
+        if wait and not await wait_gone(kube, self._path(), timeout):
+            raise SandboxNotReadyError(
+                self.name, "Terminating", "Timeout", f"still exists after {timeout}s"
+            )
+
+    async def snapshot(
+        self,
+        name: str | None = None,
+        *,
+        wait: bool = True,
+        timeout: float = 600.0,
+        deletion_policy: Literal["Delete", "Retain"] = "Delete",
+    ) -> Snapshot:
+        """Asks the operator for a snapshot of the workspace (a new SandboxSnapshot, taken under
+        the scope's guard) and, with ``wait``, waits until it is Ready.
+        """
+        kube = await self._kube()
+        snap = await _snapshots.create(
+            kube, self.namespace, self.name, self.scope, name, deletion_policy
+        )
+        if not wait:
+            return snap
+        return await _snapshots.wait(kube, self.namespace, snap.name, timeout)
+
+    async def snapshots(self) -> builtins.list[Snapshot]:
+        """The scope's lineage (snapshots of every sandbox of this scope), oldest first."""
+        return await self._sandboxes.snapshots(self.scope)
+
+    async def restore(self, snapshot: str, *, timeout: float = 120.0) -> Sandbox:
+        """Replaces the workspace with a Ready snapshot's, the way the CRD restores (only a
+        fresh workspace is restored): the Sandbox is deleted (its pod and workspace go) and
+        created again under the same name, labels and spec with ``snapshot.restore: Named``.
+        Returns once it is created; then :meth:`wait_ready`.
+        """
+        snap = await self._sandboxes.get_snapshot(snapshot)
+        if snap.phase != "Ready":
+            raise SnapshotFailedError(
+                snapshot, snap.phase, "NotReady", "only a Ready snapshot can be restored"
+            )
+        await self.refresh()
+        meta = self.obj.get("metadata") or {}
+        spec = dict(self.obj.get("spec") or {})
+        spec["snapshot"] = {**(spec.get("snapshot") or {}), "restore": "Named", "name": snapshot}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Sandbox",
+            "metadata": {k: v for k, v in meta.items() if k in ("name", "labels", "annotations")},
+            "spec": spec,
+        }
+        await self.delete(wait=True, timeout=timeout)
+        kube = await self._kube()
+        self.obj = await kube.call("POST", sandboxes_path(self.namespace), body=body)
+        return self
+
+    def guard(self, *, wait: float | None = None, config: GuardConfig | None = None) -> Guard:
+        """The scope's execution guard: ``async with sbx.guard(wait=60) as g:`` acquires it
+        (waiting up to ``wait`` seconds; ``None``: indefinitely) and releases it at the end;
+        losing it cancels the block. See :class:`~agentbox.Guard`.
+        """
+        return self._sandboxes.guard(self.scope, wait=wait, config=config)

@@ -1,0 +1,231 @@
+"""The exceptions of the SDK: one hierarchy under :class:`AgentboxError`.
+
+Catch :class:`AgentboxError` for everything the SDK raises on purpose. Bad input is refused
+before any request (:class:`InvalidRequestError`, a :class:`ValueError` too); what the API
+server refuses comes back as :class:`ApiError` with the server's own message; timeouts are
+also :class:`TimeoutError`, and a missing workspace file also :class:`FileNotFoundError`, so
+code written against the standard exceptions keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .exec import ExecResult
+
+__all__ = [
+    "AgentboxError",
+    "ApiError",
+    "CommandError",
+    "CommandNotStartedError",
+    "ConflictError",
+    "ExecError",
+    "ExecTimeoutError",
+    "FileTooLargeError",
+    "GuardError",
+    "GuardLostError",
+    "GuardTimeoutError",
+    "InvalidRequestError",
+    "InvalidSpecError",
+    "NotFoundError",
+    "PathError",
+    "ProtocolError",
+    "RemoteError",
+    "RemoteFileNotFoundError",
+    "SandboxFailedError",
+    "SandboxNotReadyError",
+    "SandboxSuspendedError",
+    "ScopeMismatchError",
+    "SessionError",
+    "SnapshotFailedError",
+    "TransportError",
+]
+
+
+class AgentboxError(Exception):
+    """Base class of every error the SDK raises."""
+
+
+class InvalidRequestError(AgentboxError, ValueError):
+    """Bad input, refused before any request is sent (an empty command, a bad scope...)."""
+
+
+class PathError(InvalidRequestError):
+    """A workspace path that may not be used.
+
+    ``reason`` is ``"DotDot"`` (a ``..`` component), ``"OutsideRoot"`` (an absolute path
+    outside the workspace root), ``"Invalid"`` (NUL, or a relative root) — all refused before
+    any request — or ``"Escapes"`` (it resolves through a symlink outside the workspace, found
+    in the pod).
+    """
+
+    def __init__(self, path: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        #: The path as given.
+        self.path = path
+        #: ``DotDot``, ``OutsideRoot``, ``Invalid`` or ``Escapes``.
+        self.reason = reason
+
+
+class ApiError(AgentboxError):
+    """The Kubernetes API server refused a request; ``message`` is its own explanation."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if reason else f"{status}: {message}")
+        #: HTTP status code.
+        self.status = status
+        #: The Status object's ``reason`` (``Invalid``, ``Forbidden``, ...).
+        self.reason = reason
+        #: The Status object's ``message``.
+        self.message = message
+
+
+class InvalidSpecError(ApiError):
+    """The API server refused an object as invalid (HTTP 422): schema or CEL rules."""
+
+
+class ConflictError(ApiError):
+    """The object exists already, or changed since it was read (HTTP 409)."""
+
+
+class NotFoundError(AgentboxError, LookupError):
+    """A Sandbox, snapshot or workspace file does not exist."""
+
+
+class RemoteFileNotFoundError(NotFoundError, FileNotFoundError):
+    """A workspace path is missing or of the wrong type (not a file, not a directory)."""
+
+
+class TransportError(AgentboxError):
+    """The API server or the exec connection could not be reached, or broke mid-way.
+
+    A command whose connection broke may or may not have run (in part).
+    """
+
+
+class ProtocolError(AgentboxError):
+    """Unexpected data from the API server or the pod."""
+
+
+class _StateError(AgentboxError):
+    """An object that did not reach the state asked for: its name, the phase last seen and
+    the reason and message of the condition that explains it.
+    """
+
+    _what = "object"
+
+    def __init__(self, name: str, phase: str, reason: str = "", message: str = "") -> None:
+        text = f"{self._what} {name}: phase {phase or 'unknown'}"
+        if reason:
+            text += f": {reason}"
+        if message:
+            text += f": {message}"
+        super().__init__(text)
+        #: Object name.
+        self.name = name
+        #: Phase last seen.
+        self.phase = phase
+        #: Reason of the failing (or pending) condition.
+        self.reason = reason
+        #: Its message.
+        self.message = message
+
+
+class SandboxNotReadyError(_StateError):
+    """A Sandbox did not become Ready in time (or cannot: see the subclasses)."""
+
+    _what = "sandbox"
+
+
+class SandboxFailedError(SandboxNotReadyError):
+    """The Sandbox is in phase Failed: it will not become Ready until its spec changes."""
+
+
+class SandboxSuspendedError(SandboxNotReadyError):
+    """The Sandbox is suspended by its spec; resume it (``resume()``) to use it."""
+
+
+class SnapshotFailedError(_StateError):
+    """A SandboxSnapshot failed, or did not become Ready in time."""
+
+    _what = "snapshot"
+
+
+class ScopeMismatchError(AgentboxError):
+    """A Sandbox has the name of a scope but another scope (it was made by hand)."""
+
+
+class ExecError(AgentboxError):
+    """Base class of command execution failures."""
+
+
+class CommandNotStartedError(ExecError):
+    """The runtime refused to start the command (no such program, container not running)."""
+
+
+class ExecTimeoutError(ExecError, TimeoutError):
+    """The command's timeout passed; it was killed (its whole process group).
+
+    ``result`` holds what it printed until then and the exit status reported after the kill
+    (``None`` when no status arrived at all).
+    """
+
+    def __init__(self, message: str, result: ExecResult | None) -> None:
+        super().__init__(message)
+        #: Output up to the kill, or ``None``.
+        self.result = result
+
+
+class CommandError(ExecError):
+    """A command run with ``check=True`` exited non-zero; ``result`` has its output."""
+
+    def __init__(self, result: ExecResult) -> None:
+        super().__init__(
+            f"command exited with code {result.exit_code}: {result.stderr_text()[-500:]}"
+        )
+        #: The command's result.
+        self.result = result
+
+
+class SessionError(ExecError):
+    """A persistent session's shell died while a command ran (the command may have run)."""
+
+
+class RemoteError(AgentboxError):
+    """A file operation failed in the pod; ``stderr`` says why."""
+
+    def __init__(self, exit_code: int | None, stderr: str) -> None:
+        super().__init__(f"remote command failed (exit code {exit_code}): {stderr}")
+        #: Exit code of the in-pod script.
+        self.exit_code = exit_code
+        #: What it printed on stderr.
+        self.stderr = stderr
+
+
+class FileTooLargeError(AgentboxError):
+    """A workspace file is larger than the read cap."""
+
+
+class GuardError(AgentboxError):
+    """Base class of execution-guard failures."""
+
+
+class GuardTimeoutError(GuardError, TimeoutError):
+    """Waited for the scope's guard until the deadline; ``holder`` held it last."""
+
+    def __init__(self, lease: str, holder: str) -> None:
+        super().__init__(f"timed out waiting for lease {lease} (held by {holder or 'nobody'})")
+        #: Lease name.
+        self.lease = lease
+        #: Holder seen last.
+        self.holder = holder
+
+
+class GuardLostError(GuardError):
+    """The guard was lost (taken over, deleted, or not renewed in time); the work must stop."""
+
+    def __init__(self, lease: str) -> None:
+        super().__init__(f"lost lease {lease}")
+        #: Lease name.
+        self.lease = lease

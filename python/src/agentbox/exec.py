@@ -1,0 +1,366 @@
+"""One-shot exec in a sandbox pod over ``pods/exec`` (WebSocket, ``v5.channel.k8s.io`` with
+stdin half-close, falling back to ``v4``): the real exit code from the status channel, a
+timeout that kills the command's whole process group in the pod, per-stream output caps, stdin
+from bytes, a file or an (async) iterable in 256 KiB frames, and a streaming form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Literal, Union
+from urllib.parse import urlencode
+
+import aiohttp
+
+from . import _wire
+from ._kube import Kube, pod_exec_path
+from .errors import (
+    ApiError,
+    CommandError,
+    ExecTimeoutError,
+    NotFoundError,
+    ProtocolError,
+    TransportError,
+)
+
+__all__ = ["ExecEvent", "ExecResult", "ExecStream", "Exit", "Output", "StdinSource"]
+
+#: What ``stdin=`` accepts: bytes or text (UTF-8), a binary file object (read in a worker
+#: thread), or an iterable / async iterable of byte chunks. It is sent, then closed.
+StdinSource = Union[
+    bytes, bytearray, memoryview, str, IO[bytes], Iterable[bytes], AsyncIterable[bytes]
+]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The collected result of a command."""
+
+    #: Exit code from the status channel; ``None`` when the runtime reported none.
+    exit_code: int | None
+    #: stdout, at most ``max_output`` bytes.
+    stdout: bytes
+    #: stderr, at most ``max_output`` bytes.
+    stderr: bytes
+    #: stdout was longer than the cap; the rest was dropped.
+    stdout_truncated: bool = False
+    #: stderr was longer than the cap; the rest was dropped.
+    stderr_truncated: bool = False
+    #: The timeout passed before the command ended (it was killed).
+    timed_out: bool = False
+    #: The runtime's message when there is no exit code.
+    status_message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0 and no timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def truncated(self) -> bool:
+        """Either stream was cut at the cap."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    @property
+    def signal(self) -> int | None:
+        """N when the exit code is 128+N (the shell's convention for a killed process; the
+        container runtime reports signals this way).
+        """
+        c = self.exit_code
+        return c - 128 if c is not None and 129 <= c <= 192 else None
+
+    def stdout_text(self) -> str:
+        """Stdout decoded as UTF-8 (invalid bytes replaced)."""
+        return self.stdout.decode("utf-8", errors="replace")
+
+    def stderr_text(self) -> str:
+        """Stderr decoded as UTF-8 (invalid bytes replaced)."""
+        return self.stderr.decode("utf-8", errors="replace")
+
+    def check(self) -> ExecResult:
+        """Returns itself if the exit code is 0, else raises :class:`CommandError`."""
+        if self.exit_code != 0:
+            raise CommandError(self)
+        return self
+
+
+@dataclass(frozen=True)
+class Output:
+    """A chunk of a command's output."""
+
+    #: ``"stdout"`` or ``"stderr"``.
+    stream: Literal["stdout", "stderr"]
+    #: The bytes.
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exit:
+    """The end of a streamed command; always the last event."""
+
+    #: Exit code, or ``None`` when the runtime reported none.
+    exit_code: int | None
+    #: The timeout passed before it ended.
+    timed_out: bool
+    #: The runtime's message when there is no exit code.
+    status_message: str = ""
+
+
+#: WebSocket message types that end a connection.
+CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
+
+#: One event of :class:`ExecStream`.
+ExecEvent = Union[Output, Exit]
+
+
+async def _connect(
+    kube: Kube, namespace: str, pod: str, container: str, argv: Sequence[str], stdin: bool
+) -> aiohttp.ClientWebSocketResponse[bool]:
+    query = [
+        ("container", container),
+        ("stdin", "true" if stdin else "false"),
+        ("stdout", "true"),
+        ("stderr", "true"),
+    ]
+    query.extend(("command", a) for a in argv)
+    url = kube.url(pod_exec_path(namespace, pod)) + "?" + urlencode(query)
+    if url.startswith("https://"):
+        url = "wss://" + url[len("https://") :]
+    elif url.startswith("http://"):
+        url = "ws://" + url[len("http://") :]
+    headers = await kube.auth_headers()
+    try:
+        return await kube.session.ws_connect(
+            url,
+            protocols=_wire.PROTOCOLS,
+            headers=headers,
+            max_msg_size=0,
+            autoclose=True,
+            autoping=True,
+            timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+        )
+    except aiohttp.WSServerHandshakeError as e:
+        if e.status == 404:
+            raise NotFoundError(f"pod {namespace}/{pod} not found (exec)") from e
+        raise ApiError(e.status, "", f"exec in pod {namespace}/{pod}: {e.message}") from e
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        raise TransportError(f"cannot open exec to pod {namespace}/{pod}: {e!r}") from e
+
+
+def _next_chunk(it: Iterator[bytes]) -> bytes | None:
+    return next(it, None)
+
+
+async def _frames(src: StdinSource) -> AsyncIterator[bytes]:
+    """Stdin as chunks of at most one frame."""
+    if isinstance(src, str):
+        src = src.encode()
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        view = memoryview(src)
+        for i in range(0, len(view), _wire.STDIN_FRAME):
+            yield bytes(view[i : i + _wire.STDIN_FRAME])
+        return
+    if hasattr(src, "read"):
+        f: IO[bytes] = src  # type: ignore[assignment]
+        while True:
+            chunk = await asyncio.to_thread(f.read, _wire.STDIN_FRAME)
+            if not chunk:
+                return
+            yield bytes(chunk)
+    if isinstance(src, AsyncIterable):
+        async for chunk in src:
+            for i in range(0, len(chunk), _wire.STDIN_FRAME):
+                yield bytes(chunk[i : i + _wire.STDIN_FRAME])
+        return
+    it = iter(src)
+    while True:
+        # A sync iterable may block (a generator reading a file): advance it off the loop.
+        nxt = await asyncio.to_thread(_next_chunk, it)
+        if nxt is None:
+            return
+        for i in range(0, len(nxt), _wire.STDIN_FRAME):
+            yield bytes(nxt[i : i + _wire.STDIN_FRAME])
+
+
+async def _send_stdin(ws: aiohttp.ClientWebSocketResponse[bool], src: StdinSource) -> None:
+    """Sends stdin, then its end: a v5 CLOSE frame (output keeps flowing), or under v4 the
+    close of the whole connection (the only EOF that protocol has). A failing source ends
+    stdin like EOF; the command's exit status still comes back.
+    """
+    try:
+        async for chunk in _frames(src):
+            await ws.send_bytes(bytes((_wire.STDIN_CHANNEL,)) + chunk)
+    except (aiohttp.ClientError, ConnectionError):
+        return
+    except Exception:  # a failing stdin source: end stdin, let the command finish
+        pass
+    with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+        if ws.protocol == _wire.PROTOCOLS[0]:
+            await ws.send_bytes(bytes((_wire.CLOSE_CHANNEL, _wire.STDIN_CHANNEL)))
+        else:
+            await ws.close()
+
+
+async def _events(
+    ws: aiohttp.ClientWebSocketResponse[bool], stdin: StdinSource | None, timeout: float | None
+) -> AsyncIterator[ExecEvent]:
+    """Pumps one exec connection: stdin out, output chunks in, then the exit status."""
+    loop = asyncio.get_running_loop()
+    sender = asyncio.ensure_future(_send_stdin(ws, stdin)) if stdin is not None else None
+    start = loop.time()
+    deadline = None if timeout is None else start + timeout
+    give_up: float | None = None
+    try:
+        while True:
+            now = loop.time()
+            wait = _wire.PING_EVERY
+            if deadline is not None and give_up is None:
+                wait = min(wait, deadline - now)
+            if give_up is not None:
+                wait = min(wait, give_up - now)
+            try:
+                if wait <= 0:
+                    raise asyncio.TimeoutError
+                msg = await ws.receive(timeout=wait)
+            except asyncio.TimeoutError:
+                now = loop.time()
+                if deadline is not None and give_up is None and now >= deadline:
+                    give_up = now + _wire.TIMEOUT_GRACE
+                elif give_up is not None and now >= give_up:
+                    raise ExecTimeoutError(
+                        f"command timed out after {timeout}s and no exit status arrived", None
+                    ) from None
+                else:
+                    with contextlib.suppress(Exception):
+                        await ws.ping()
+                continue
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                data: bytes = msg.data
+                if len(data) < 2:
+                    continue
+                ch = data[0]
+                if ch == _wire.STDOUT_CHANNEL:
+                    yield Output("stdout", data[1:])
+                elif ch == _wire.STDERR_CHANNEL:
+                    yield Output("stderr", data[1:])
+                elif ch == _wire.STATUS_CHANNEL:
+                    st = _wire.parse_status(data[1:])
+                    # The client's deadline starts before the in-pod watchdog's, so a command
+                    # the watchdog killed is always seen as timed out here.
+                    timed_out = give_up is not None or (
+                        timeout is not None and loop.time() - start >= timeout
+                    )
+                    yield Exit(st.code, timed_out, st.message)
+                    return
+            elif msg.type == aiohttp.WSMsgType.ERROR:
+                raise TransportError(f"exec stream failed: {ws.exception()!r}")
+            elif msg.type in CLOSED:
+                raise TransportError("exec stream failed: connection closed without an exit status")
+    finally:
+        if sender is not None:
+            sender.cancel()
+        await ws.close()
+
+
+class ExecStream:
+    """A running command's events: :class:`Output` chunks as they arrive, then one
+    :class:`Exit`. Use it as an async context manager (leaving it closes the connection; the
+    command keeps running in the pod unless it had a timeout) and iterate it.
+    """
+
+    def __init__(self, events: AsyncIterator[ExecEvent]) -> None:
+        self._events = events
+
+    def __aiter__(self) -> AsyncIterator[ExecEvent]:
+        return self._events
+
+    async def __aenter__(self) -> ExecStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Closes the connection."""
+        aclose = getattr(self._events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    async def collect(self, max_output: int = _wire.DEFAULT_MAX_OUTPUT) -> ExecResult:
+        """Reads the stream to its end, keeping at most ``max_output`` bytes per stream."""
+        out, err = _wire.Capped(max_output), _wire.Capped(max_output)
+        try:
+            async for ev in self._events:
+                if isinstance(ev, Output):
+                    (out if ev.stream == "stdout" else err).push(ev.data)
+                else:
+                    return ExecResult(
+                        ev.exit_code,
+                        bytes(out.buf),
+                        bytes(err.buf),
+                        out.truncated,
+                        err.truncated,
+                        ev.timed_out,
+                        ev.status_message,
+                    )
+        finally:
+            await self.aclose()
+        raise ProtocolError("exec stream ended without an exit status")
+
+
+async def stream(
+    kube: Kube,
+    namespace: str,
+    pod: str,
+    command: str | Sequence[str],
+    *,
+    stdin: StdinSource | None = None,
+    timeout: float | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    container: str = _wire.SANDBOX_CONTAINER,
+) -> ExecStream:
+    """Starts a command; the connection is open when this returns (connection errors are
+    raised here, not from the stream).
+    """
+    argv = _wire.remote_argv(_wire.command_argv(command), timeout, cwd, env)
+    ws = await _connect(kube, namespace, pod, container, argv, stdin is not None)
+    return ExecStream(_events(ws, stdin, timeout))
+
+
+async def run(
+    kube: Kube,
+    namespace: str,
+    pod: str,
+    command: str | Sequence[str],
+    *,
+    stdin: StdinSource | None = None,
+    timeout: float | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    max_output: int = _wire.DEFAULT_MAX_OUTPUT,
+    check: bool = False,
+    container: str = _wire.SANDBOX_CONTAINER,
+) -> ExecResult:
+    """Runs a command to completion. Raises :class:`ExecTimeoutError` (with the output so far)
+    when ``timeout`` passed, and :class:`CommandError` for a non-zero exit with ``check``.
+    """
+    _wire.validate(_wire.command_argv(command), timeout, env, max_output)
+    s = await stream(
+        kube,
+        namespace,
+        pod,
+        command,
+        stdin=stdin,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+        container=container,
+    )
+    result = await s.collect(max_output)
+    if result.timed_out:
+        raise ExecTimeoutError(f"command timed out after {timeout}s", result)
+    return result.check() if check else result

@@ -1,0 +1,258 @@
+"""The Sandbox spec as dataclasses: every field of the CRD's ``spec`` (snake_case here,
+camelCase on the wire). Core Kubernetes types (``env`` entries, ``resources``,
+``tolerations``) are plain dicts in their JSON form.
+
+The API server validates the spec (schema and CEL rules); what it refuses comes back as
+:class:`~agentbox.errors.InvalidSpecError` with its message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, Union
+
+from .scope import Scope
+
+__all__ = [
+    "Capabilities",
+    "FileSource",
+    "HostMount",
+    "KeyRef",
+    "Lifecycle",
+    "Network",
+    "Projection",
+    "Retention",
+    "SandboxSecurityContext",
+    "SandboxSpec",
+    "SnapshotPolicy",
+    "WorkspaceFile",
+    "WorkspaceSpec",
+]
+
+
+@dataclass
+class KeyRef:
+    """A key of a ConfigMap or Secret in the sandbox's namespace."""
+
+    name: str
+    key: str
+
+
+@dataclass
+class FileSource:
+    """Where a file's content comes from: exactly one of the two."""
+
+    config_map_key_ref: KeyRef | None = None
+    secret_key_ref: KeyRef | None = None
+
+
+@dataclass
+class WorkspaceFile:
+    """A file written into the workspace when it is initialised.
+
+    ``path`` is relative to the workspace root; exactly one of ``content`` (UTF-8) and
+    ``content_from``; ``mode`` as an int (``0o755``); ``ephemeral`` files are rewritten on every
+    start.
+    """
+
+    path: str
+    content: str | None = None
+    content_from: FileSource | None = None
+    mode: int | None = None
+    ephemeral: bool = False
+
+
+@dataclass
+class Projection:
+    """A ConfigMap projected into a workspace directory (one file per key)."""
+
+    config_map: str
+    path: str
+
+
+@dataclass
+class HostMount:
+    """A host directory bind-mounted into the workspace (only under the operator's allowed
+    prefixes).
+    """
+
+    path: str
+    host_path: str
+    read_only: bool = True
+    type: Literal["Directory", "DirectoryOrCreate", "File"] = "Directory"
+
+
+@dataclass
+class WorkspaceSpec:
+    """The workspace: its root in the container and what is written into it."""
+
+    root: str = "/workspace"
+    files: list[WorkspaceFile] = field(default_factory=list)
+    projections: list[Projection] = field(default_factory=list)
+    mounts: list[HostMount] = field(default_factory=list)
+
+
+@dataclass
+class Retention:
+    """How many Ready snapshots of the scope to keep."""
+
+    keep_last: int
+
+
+@dataclass
+class SnapshotPolicy:
+    """Which snapshot a fresh workspace is restored from, and when snapshots are taken.
+
+    ``restore`` is ``"Latest"`` (the newest Ready snapshot of the scope), ``"None"``, or
+    ``"Named"`` with ``name``.
+    """
+
+    restore: Literal["Latest", "None", "Named"] = "Latest"
+    name: str | None = None
+    on_stop: bool = False
+    retention: Retention | None = None
+
+
+@dataclass
+class Lifecycle:
+    """Whether the sandbox has a pod (``Running``) or not (``Suspended``), and when it ends."""
+
+    mode: Literal["Running", "Suspended"] = "Running"
+    shutdown_time: _dt.datetime | str | None = None
+
+
+@dataclass
+class Network:
+    """``egress``: ``"All"`` or ``"None"`` (a deny-all NetworkPolicy)."""
+
+    egress: Literal["All", "None"] = "All"
+
+
+@dataclass
+class Capabilities:
+    """Changes to the sandbox container's default capability set.
+
+    ``drop`` removes capabilities of the default set (``"ALL"`` drops them all); ``add`` adds
+    others, each of which the operator must allow (``--allowed-capabilities``). Names as in
+    Kubernetes, without ``CAP_`` (e.g. ``"NET_RAW"``).
+    """
+
+    add: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SandboxSecurityContext:
+    """The few security settings a sandbox may choose."""
+
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    run_as_non_root: bool | None = None
+    read_only_root_filesystem: bool | None = None
+    capabilities: Capabilities | None = None
+
+
+@dataclass
+class SandboxSpec:
+    """Desired state of a Sandbox (every field of the CRD's ``spec``).
+
+    ``scope`` may be left out when the spec goes to
+    :meth:`agentbox.Sandboxes.get_or_create`, which sets it. ``env`` takes a ``{name: value}``
+    mapping or a list of Kubernetes ``EnvVar`` dicts.
+    """
+
+    image: str
+    scope: Scope | None = None
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: Mapping[str, str] | list[dict[str, Any]] = field(default_factory=list)
+    resources: dict[str, Any] | None = None
+    runtime_class_name: str | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    security_context: SandboxSecurityContext | None = None
+    workspace: WorkspaceSpec = field(default_factory=WorkspaceSpec)
+    snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    network: Network = field(default_factory=Network)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec's JSON form (camelCase; unset fields left out so the server defaults
+        them).
+        """
+        out = _to_json(self)
+        assert isinstance(out, dict)
+        if isinstance(self.env, Mapping):
+            out["env"] = [{"name": k, "value": v} for k, v in self.env.items()]
+            if not out["env"]:
+                del out["env"]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SandboxSpec:
+        """Reads a spec's JSON form (fields this version does not know are ignored)."""
+        spec = _from_json(cls, data)
+        if isinstance(data.get("scope"), Mapping):
+            spec.scope = Scope.from_dict(data["scope"])
+        return spec
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, Scope):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            v = _to_json(getattr(value, f.name))
+            if v is None or (isinstance(v, (list, dict)) and not v):
+                continue
+            out[_camel(f.name)] = v
+        return out
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return value.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, Mapping):
+        return {k: _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    return value
+
+
+_T = TypeVar("_T")
+
+
+def _from_json(cls: type[_T], data: Mapping[str, Any]) -> _T:
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        key = _camel(f.name)
+        if key in data and data[key] is not None:
+            kwargs[f.name] = _decode(hints[f.name], data[key])
+    return cls(**kwargs)
+
+
+def _decode(tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if dataclasses.is_dataclass(arg) and isinstance(value, Mapping):
+                return _decode(arg, value)
+        return value
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_decode(item, v) for v in value]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp is not Scope:
+        return _from_json(tp, value)
+    return value

@@ -1,0 +1,120 @@
+"""The scope's guard from Python against a Rust holder (the CLI's ``agentbox lock``) and the
+operator: the same Lease, mutual exclusion both ways, monotonic fencing tokens, and a lost
+lease cancelling the guarded block."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import agentbox
+from agentbox import labels
+
+from .conftest import Env, binary
+
+
+def lock_cmd(env: Env, sbx: agentbox.Sandbox, *args: str) -> list[str]:
+    return [str(binary("agentbox", "AGENTBOX_CLI_BIN")), "-n", env.ns, "lock", sbx.name, *args]
+
+
+async def run_cli(*argv: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def test_a_python_holder_keeps_the_rust_cli_out(env: Env, ready: agentbox.Sandbox) -> None:
+    async with ready.guard(wait=30) as g:
+        assert g.lease_name == labels.lease_name(labels.scope_key(ready.scope))
+        code, out = await run_cli(*lock_cmd(env, ready, "--wait", "1", "--", "true"))
+        assert code == 1, out
+        assert "timed out waiting for lease" in out and g.holder in out
+        lease = await env.kube.call(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{env.ns}/leases/{g.lease_name}"
+        )
+        assert lease["spec"]["holderIdentity"] == g.holder
+        assert lease["metadata"]["labels"] == labels.scope_labels(ready.scope)
+    # Released: the CLI gets it now, with a larger fencing token.
+    code, out = await run_cli(
+        *lock_cmd(env, ready, "--wait", "30", "--", "sh", "-c", 'echo "$AGENTBOX_FENCING_TOKEN"')
+    )
+    assert code == 0, out
+    assert int(out.strip()) > g.fencing_token
+
+
+async def test_a_rust_holder_keeps_python_out(
+    env: Env, ready: agentbox.Sandbox, tmp_dir: Path
+) -> None:
+    token_file = tmp_dir / "token"
+    proc = subprocess.Popen(  # noqa: ASYNC220 (started, not waited on, here)
+        lock_cmd(
+            env, ready, "--", "sh", "-c", f'echo "$AGENTBOX_FENCING_TOKEN" > {token_file}; sleep 5'
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(300):
+            if token_file.exists() and token_file.read_text().strip():
+                break
+            await asyncio.sleep(0.1)
+        rust_token = int(token_file.read_text())
+        with pytest.raises(agentbox.GuardTimeoutError) as e:
+            async with ready.guard(wait=0.5):
+                pytest.fail("acquired a guard the CLI holds")
+        assert e.value.holder and isinstance(e.value, TimeoutError)
+        # Waiting long enough, Python gets it once the CLI's command ends and it releases.
+        async with ready.guard(wait=60) as g:
+            assert proc.poll() == 0
+            assert g.fencing_token > rust_token
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+
+
+async def test_losing_the_lease_cancels_the_guarded_block(
+    env: Env, ready: agentbox.Sandbox
+) -> None:
+    cfg = agentbox.GuardConfig(lease_duration=3)
+    reached_the_end = False
+    with pytest.raises(agentbox.GuardLostError) as e:
+        async with ready.guard(wait=30, config=cfg) as g:
+            # Someone takes the lease over behind our back (a conditioned write, as a
+            # contender's takeover would be).
+            path = f"/apis/coordination.k8s.io/v1/namespaces/{env.ns}/leases/{g.lease_name}"
+            lease = await env.kube.call("GET", path)
+            lease["spec"]["holderIdentity"] = "thief"
+            await env.kube.call("PUT", path, body=lease)
+            await asyncio.sleep(60)  # cancelled at the next renewal (every second)
+            reached_the_end = True
+    assert not reached_the_end
+    assert isinstance(e.value.__cause__, asyncio.CancelledError)
+    assert g.is_lost
+    # The thief's lease stays; our task was not left cancelled (later awaits work).
+    await asyncio.sleep(0)
+    lease = await env.kube.call("GET", path)
+    assert lease["spec"]["holderIdentity"] == "thief"
+    # Free it again for the other tests (a release by its owner).
+    del lease["spec"]["holderIdentity"]
+    await env.kube.call("PUT", path, body=lease)
+
+
+async def test_the_operator_snapshots_only_when_the_guard_is_free(
+    env: Env, ready: agentbox.Sandbox
+) -> None:
+    await ready.write("guarded.txt", "v1\n")
+    async with ready.guard(wait=30) as g:
+        snap = await ready.snapshot(wait=False)
+        # Give the operator time to try: it must wait for the guard, not snapshot under us.
+        await asyncio.sleep(3)
+        seen = await env.sandboxes.get_snapshot(snap.name)
+        assert seen.phase in ("", "Pending"), seen
+    done = await env.sandboxes.wait_snapshot(snap.name, 120)
+    assert done.phase == "Ready"
+    assert done.fencing_token is not None and done.fencing_token > g.fencing_token

@@ -1,0 +1,269 @@
+//! The node side of a namespace's workspaces: the first time this operator sees a sandbox of a
+//! namespace running on a node, a helper pod makes `<nodeRoot>/<namespace>` root-only (`0700`,
+//! so no other host user can reach a workspace below it) and reports whether the mount holding
+//! it is `nosuid,nodev` (so a setuid file or device node left in a workspace has no power on
+//! the node). The result is kept per node and namespace for the life of the process and shown
+//! on every sandbox there as the [`CONDITION`] condition, with a Warning Event when it is not
+//! hardened. The check runs beside the sandbox's start, not in its way.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use agentbox_helper::Report;
+use k8s_openapi::api::core::v1::Pod;
+
+/// Condition type on a Sandbox: its workspace's directory on the node is hardened.
+pub const CONDITION: &str = "NodeRootHardened";
+
+/// What the helper found on one node for one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// The directory is now 0700 root's; the mount flags as reported.
+    Checked {
+        /// The mount is `nosuid`.
+        nosuid: bool,
+        /// The mount is `nodev`.
+        nodev: bool,
+        /// Its mount point as the helper saw it.
+        mount: String,
+    },
+    /// The helper failed; its message.
+    Failed(String),
+}
+
+/// How long a failed check stands before the next sandbox there tries again (a helper image
+/// that was missing may have arrived).
+pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(300);
+
+/// Results per (node, namespace), with when they were recorded.
+#[derive(Debug, Default)]
+pub struct Checks(Mutex<HashMap<(String, String), (Found, Instant)>>);
+
+impl Checks {
+    /// The result for a node and namespace, if the helper has reported (a failure only for
+    /// [`RETRY_FAILED_AFTER`]).
+    pub fn get(&self, node: &str, ns: &str, now: Instant) -> Option<Found> {
+        let m = self.0.lock().ok()?;
+        let (found, at) = m.get(&(node.to_string(), ns.to_string()))?;
+        let stale = matches!(found, Found::Failed(_))
+            && now.saturating_duration_since(*at) >= RETRY_FAILED_AFTER;
+        (!stale).then(|| found.clone())
+    }
+
+    /// Records a result.
+    pub fn record(&self, node: &str, ns: &str, found: Found, now: Instant) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert((node.to_string(), ns.to_string()), (found, now));
+        }
+    }
+}
+
+/// Container waiting reasons that will not go away by themselves.
+const STUCK: [&str; 6] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+/// The outcome of a prepare pod: its report once it has finished, the failure it wrote, or the
+/// reason it cannot start (a helper image missing on the node, say). `None` while it runs.
+pub fn read_pod(pod: &Pod) -> Option<Found> {
+    let status = pod.status.as_ref()?;
+    let stuck = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .filter(|w| STUCK.contains(&w.reason.as_deref().unwrap_or_default()));
+    if let Some(w) = stuck {
+        return Some(Found::Failed(format!(
+            "the helper pod cannot start ({}): {}",
+            w.reason.as_deref().unwrap_or_default(),
+            w.message.as_deref().unwrap_or_default()
+        )));
+    }
+    let phase = status.phase.as_deref()?;
+    if !matches!(phase, "Succeeded" | "Failed") {
+        return None;
+    }
+    let message = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+        .unwrap_or_default();
+    let report = Report::parse(&message).filter(|r| r.get("job") == Some("prepare"));
+    Some(match (phase, report) {
+        ("Succeeded", Some(r)) => Found::Checked {
+            nosuid: r.flag("nosuid").unwrap_or(false),
+            nodev: r.flag("nodev").unwrap_or(false),
+            mount: r.get("mount").unwrap_or("unknown").to_string(),
+        },
+        _ => Found::Failed(if message.trim().is_empty() {
+            format!("the helper pod ended {phase} without a report")
+        } else {
+            message.trim().to_string()
+        }),
+    })
+}
+
+/// The condition (status, reason, message) for a result.
+pub fn condition(found: &Found, node: &str, dir: &str) -> (bool, &'static str, String) {
+    match found {
+        Found::Checked {
+            nosuid: true,
+            nodev: true,
+            mount,
+        } => (
+            true,
+            "Hardened",
+            format!(
+                "{dir} on node {node} is root-only (0700) and its mount ({mount}) is nosuid,nodev"
+            ),
+        ),
+        Found::Checked {
+            nosuid,
+            nodev,
+            mount,
+        } => {
+            let missing: Vec<&str> = [(!nosuid, "nosuid"), (!nodev, "nodev")]
+                .into_iter()
+                .filter_map(|(m, f)| m.then_some(f))
+                .collect();
+            (
+                false,
+                "MountNotNosuidNodev",
+                format!(
+                    "{dir} on node {node} is root-only (0700), but its mount ({mount}) lacks {}: a setuid file or device node left in a workspace would work on the node for anyone who reaches it; mount the node root with nosuid,nodev (docs/security.md)",
+                    missing.join(",")
+                ),
+            )
+        }
+        Found::Failed(m) => (
+            false,
+            "CheckFailed",
+            format!("preparing {dir} on node {node} failed: {m}"),
+        ),
+    }
+}
+
+/// The condition when the operator has no helper image to check with.
+pub fn no_helper(node: &str, dir: &str) -> (bool, &'static str, String) {
+    (
+        false,
+        "NoHelperImage",
+        format!(
+            "{dir} on node {node} was not checked or closed: this operator has no helper image (--helper-image)"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished(phase: &str, message: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": phase, "containerStatuses": [{
+                "name": "prepare", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"terminated": {"exitCode": 0, "message": message}}}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_that_cannot_start_counts_as_failed() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Pending", "containerStatuses": [{
+                "name": "prepare", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "not present"}}}]},
+        }))
+        .unwrap();
+        assert!(matches!(read_pod(&p), Some(Found::Failed(m)) if m.contains("ErrImageNeverPull")));
+    }
+
+    #[test]
+    fn a_finished_pod_is_read_from_its_termination_message() {
+        let ok = Report::default()
+            .with("job", "prepare")
+            .with("nosuid", true)
+            .with("nodev", false)
+            .with("mount", "/ns");
+        assert_eq!(
+            read_pod(&finished("Succeeded", &ok.line())),
+            Some(Found::Checked {
+                nosuid: true,
+                nodev: false,
+                mount: "/ns".into()
+            })
+        );
+        assert_eq!(
+            read_pod(&finished(
+                "Failed",
+                "agentbox-helper: /ns is owned by uid 5"
+            )),
+            Some(Found::Failed(
+                "agentbox-helper: /ns is owned by uid 5".into()
+            ))
+        );
+        assert!(matches!(
+            read_pod(&finished("Succeeded", "")),
+            Some(Found::Failed(_))
+        ));
+        let running: Pod = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "p"}, "status": {"phase": "Running"}}),
+        )
+        .unwrap();
+        assert_eq!(read_pod(&running), None);
+    }
+
+    #[test]
+    fn conditions_say_what_is_missing() {
+        let (ok, reason, _) = condition(
+            &Found::Checked {
+                nosuid: true,
+                nodev: true,
+                mount: "/w".into(),
+            },
+            "n",
+            "/w/ns",
+        );
+        assert!(ok && reason == "Hardened");
+        let (ok, reason, msg) = condition(
+            &Found::Checked {
+                nosuid: false,
+                nodev: true,
+                mount: "/".into(),
+            },
+            "n",
+            "/w/ns",
+        );
+        assert!(!ok && reason == "MountNotNosuidNodev");
+        assert!(msg.contains("lacks nosuid:"), "{msg}");
+    }
+
+    #[test]
+    fn results_stand_and_failures_are_retried_later() {
+        let t = Instant::now();
+        let checks = Checks::default();
+        assert_eq!(checks.get("n", "ns", t), None);
+        let ok = Found::Checked {
+            nosuid: true,
+            nodev: true,
+            mount: "/".into(),
+        };
+        checks.record("n", "ns", ok.clone(), t);
+        checks.record("n", "bad", Found::Failed("x".into()), t);
+        let later = t + RETRY_FAILED_AFTER;
+        assert_eq!(checks.get("n", "ns", later), Some(ok));
+        assert_eq!(checks.get("n", "bad", t), Some(Found::Failed("x".into())));
+        assert_eq!(checks.get("n", "bad", later), None);
+        assert_eq!(checks.get("n", "other", t), None);
+    }
+}
