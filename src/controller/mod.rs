@@ -3,6 +3,7 @@
 pub mod conditions;
 pub mod noderoot;
 pub mod pod;
+pub mod podstate;
 pub mod restore;
 pub mod sandbox;
 pub mod security;

@@ -16,6 +16,7 @@
 //! The same check runs again at the top of the restore itself ([`verify`]).
 
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
@@ -27,6 +28,21 @@ use crate::{labels, names};
 /// Namespace annotation (value `"true"`) that lets Sandboxes of the namespace restore Named
 /// snapshots of other scopes.
 pub const ALLOW_CROSS_SCOPE: &str = "agentbox.dev/allow-cross-scope-restore";
+
+/// Order of a scope's snapshots: completion time (whole seconds in the API), then the fencing
+/// token (each snapshot of a scope is taken under a new acquisition of the scope's guard, so
+/// the token orders snapshots completed within the same second), then the name.
+pub type Age = (Option<Timestamp>, i64, String);
+
+/// The [`Age`] of a snapshot.
+pub fn age(s: &SandboxSnapshot) -> Age {
+    let st = s.status.as_ref();
+    (
+        st.and_then(|st| st.completed_at.as_ref()).map(|t| t.0),
+        st.and_then(|st| st.fencing_token).unwrap_or(0),
+        s.name_any(),
+    )
+}
 
 /// How a Ready snapshot relates to a sandbox's scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +95,7 @@ pub fn latest<'a>(snaps: &'a [SandboxSnapshot], scope_key: &str) -> Option<&'a S
     snaps
         .iter()
         .filter(|s| is_ready_of_scope(s, scope_key))
-        .max_by_key(|s| super::snapshot::age(s))
+        .max_by_key(|s| age(s))
 }
 
 /// The snapshots the operator recorded for scope `scope_key` in the namespace of `api`: a list

@@ -28,7 +28,8 @@ use tracing::{info, warn};
 
 use super::conditions;
 use super::pod::CONTAINER;
-use super::sandbox::{PodState, observe_pod};
+use super::podstate::{self, PodState, observe_pod};
+use super::selection::{Age, age};
 use super::{Context, Error};
 use crate::crd::{
     DeletionPolicy, LastSnapshot, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
@@ -172,21 +173,6 @@ pub fn decide(o: &Observed) -> Plan {
     }
 }
 
-/// Order of a scope's snapshots: completion time (whole seconds in the API), then the fencing
-/// token (each snapshot of a scope is taken under a new acquisition of the scope's guard, so
-/// the token orders snapshots completed within the same second), then the name.
-pub type Age = (Option<Timestamp>, i64, String);
-
-/// The [`Age`] of a snapshot.
-pub fn age(s: &SandboxSnapshot) -> Age {
-    let st = s.status.as_ref();
-    (
-        st.and_then(|st| st.completed_at.as_ref()).map(|t| t.0),
-        st.and_then(|st| st.fencing_token).unwrap_or(0),
-        s.name_any(),
-    )
-}
-
 /// Keeps the newest `keep` Ready snapshots (by [`Age`]) and returns the names of the others,
 /// oldest first (pure).
 pub fn retention_victims(ready: &[Age], keep: usize) -> Vec<String> {
@@ -254,12 +240,7 @@ async fn observe_sandbox(
             Some(sbx),
         ));
     }
-    let initialised = st
-        .workspace
-        .as_ref()
-        .and_then(|w| w.initialized_pod_uid.as_deref())
-        .is_some_and(|u| Some(u) == pod.metadata.uid.as_deref());
-    if !initialised {
+    if !podstate::initialised_in(&st, &pod) {
         return Ok((
             SandboxState::NotReady("the workspace is not initialised in the current pod".into()),
             Some(sbx),
@@ -878,12 +859,7 @@ pub async fn on_stop(ctx: &Context, sbx: &Sandbox) -> Result<OnStop, Error> {
         return Ok(OnStop::Proceed);
     };
     let pod_uid = pod.uid().unwrap_or_default();
-    let initialised = st
-        .workspace
-        .as_ref()
-        .and_then(|w| w.initialized_pod_uid.as_deref())
-        == Some(pod_uid.as_str());
-    if !initialised
+    if !podstate::initialised_in(&st, &pod)
         || observe_pod(&pod) != PodState::Ready
         || pod.metadata.deletion_timestamp.is_some()
     {
