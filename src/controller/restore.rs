@@ -22,6 +22,7 @@ use kube::api::Api;
 use tracing::info;
 
 use super::pod::CONTAINER;
+use super::reasons::RestoreReason;
 use super::{Context, Error};
 use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
 use crate::exec::{self, ExecRequest};
@@ -91,7 +92,7 @@ done
 rm -rf -- "$st" "$old"
 "#;
 
-fn fail(reason: &'static str, message: impl Into<String>) -> Error {
+fn fail(reason: RestoreReason, message: impl Into<String>) -> Error {
     Error::Restore {
         reason,
         message: message.into(),
@@ -118,13 +119,13 @@ impl Judged {
         if !e.is_permanent() {
             return from_snapshot(e);
         }
-        let (reason, message) = (e.reason(), e.to_string());
+        let (reason, message) = (RestoreReason::of(&e), e.to_string());
         Error::Restore {
             reason,
             message: message.clone(),
             refusal: Some(Box::new(RestoreRefusal {
                 basis: self.0.clone(),
-                reason: reason.to_string(),
+                reason: reason.as_str().to_string(),
                 message,
                 refused_at: Time(Timestamp::now()),
             })),
@@ -136,7 +137,7 @@ impl Judged {
 /// status does not change and costs no write.
 fn standing_error(r: &RestoreRefusal) -> Error {
     Error::Restore {
-        reason: snapshot::permanent_reason(&r.reason),
+        reason: RestoreReason::Refused(snapshot::permanent_reason(&r.reason)),
         message: r.message.clone(),
         refusal: Some(Box::new(r.clone())),
     }
@@ -151,8 +152,16 @@ fn limits_label(l: &archive::Limits) -> String {
 }
 
 fn from_snapshot(e: SnapshotError) -> Error {
-    let reason = e.reason();
-    fail(reason, e.to_string())
+    fail(RestoreReason::of(&e), e.to_string())
+}
+
+/// What a restore reads, checked before the guard is taken.
+struct Source {
+    keys: snapshot::store::SnapshotKeys,
+    sha: String,
+    size: Option<u64>,
+    limits: archive::Limits,
+    judged: Judged,
 }
 
 /// Restores `snapshot` into the sandbox's workspace in pod `pod_name`.
@@ -166,24 +175,69 @@ pub async fn restore(
     let store = ctx
         .store
         .as_ref()
-        .ok_or_else(|| fail("NoStore", "this operator has no object store"))?;
+        .ok_or_else(|| fail(RestoreReason::NoStore, "this operator has no object store"))?;
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let src = source(ctx, sbx, store, snapshot_name).await?;
+    let gcfg = GuardConfig {
+        holder: format!("{}/restore", ctx.config.identity),
+        ..GuardConfig::default()
+    };
+    let g = guard::acquire_scope(
+        ctx.client.clone(),
+        &ns,
+        &sbx.spec.scope,
+        &gcfg,
+        Some(GUARD_WAIT),
+    )
+    .await
+    .map_err(|e| match e {
+        GuardError::Timeout { holder, .. } => fail(
+            RestoreReason::GuardBusy,
+            format!("the scope's guard is held by {holder}"),
+        ),
+        e => Error::Guard(e),
+    })?;
+    let result = g
+        .run(stage_and_swap(
+            sbx,
+            (pods, pod_name),
+            store,
+            snapshot_name,
+            &src,
+        ))
+        .await;
+    let _ = g.release().await;
+    match result {
+        Ok(r) => r,
+        Err(e) => Err(Error::Guard(e)),
+    }
+}
+
+/// Reads and checks the snapshot: Ready, of this sandbox's scope by the operator's own record
+/// (or the namespace allows otherwise), complete, not refused before against the same basis,
+/// its object present with the recorded size.
+async fn source(
+    ctx: &Context,
+    sbx: &Sandbox,
+    store: &snapshot::store::Store,
+    snapshot_name: &str,
+) -> Result<Source, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let snaps: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
     let snap = snaps.get_opt(snapshot_name).await?.ok_or_else(|| {
         fail(
-            "SnapshotNotFound",
+            RestoreReason::SnapshotNotFound,
             format!("SandboxSnapshot {snapshot_name} not found"),
         )
     })?;
-    // Ready, and of this sandbox's scope by the operator's own record (or the namespace allows
-    // otherwise): checked again here, on the object this restore reads.
+    // Checked again here, on the object this restore reads.
     super::selection::verify(ctx, sbx, &snap, true).await?;
     let st = snap.status.clone().unwrap_or_default();
     let (Some(sha), Some(scope_key), Some(uid)) =
         (st.sha256.clone(), st.scope_key.clone(), snap.uid())
     else {
         return Err(fail(
-            "SnapshotIncomplete",
+            RestoreReason::SnapshotIncomplete,
             format!("SandboxSnapshot {snapshot_name} has no digest or scope key"),
         ));
     };
@@ -207,113 +261,101 @@ pub async fn restore(
     }
     // What can be refused without reading the object is refused before taking the guard.
     match (object_size, size) {
-        (None, _) => {
-            return Err(judged.error(SnapshotError::Missing(keys.object.to_string())));
-        }
+        (None, _) => Err(judged.error(SnapshotError::Missing(keys.object.to_string()))),
         (Some(actual), Some(expected)) if actual != expected => {
             let r = archive::Refusal::SizeMismatch { expected, actual };
-            return Err(judged.error(r.into()));
+            Err(judged.error(r.into()))
         }
-        _ => {}
+        _ => Ok(Source {
+            keys,
+            sha,
+            size,
+            limits,
+            judged,
+        }),
     }
+}
 
-    let gcfg = GuardConfig {
-        holder: format!("{}/restore", ctx.config.identity),
-        ..GuardConfig::default()
-    };
-    let g = guard::acquire_scope(
-        ctx.client.clone(),
-        &ns,
-        &sbx.spec.scope,
-        &gcfg,
-        Some(GUARD_WAIT),
-    )
-    .await
-    .map_err(|e| match e {
-        GuardError::Timeout { holder, .. } => fail(
-            "GuardBusy",
-            format!("the scope's guard is held by {holder}"),
-        ),
-        e => Error::Guard(e),
-    })?;
+/// Under the guard: extracts into a staging directory, then swaps it in. Either failing
+/// removes the staging directory and leaves the workspace as it was.
+async fn stage_and_swap(
+    sbx: &Sandbox,
+    (pods, pod_name): (&Api<Pod>, &str),
+    store: &snapshot::store::Store,
+    snapshot_name: &str,
+    src: &Source,
+) -> Result<(), Error> {
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let id = format!("{:016x}", rand::random::<u64>());
-    let work = async {
-        info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, "extracting into staging");
-        let started = std::time::Instant::now();
-        let extracted = extract(
-            pods,
-            pod_name,
-            &root,
-            &id,
-            store,
-            &keys.object,
-            limits,
-            (&sha, size),
-            &judged,
-        )
-        .await;
-        let staged = match extracted {
-            Ok(s) => s,
-            Err(e) => {
-                discard(pods, pod_name, &root, &id).await;
-                return Err(e);
-            }
-        };
-        info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, bytes = staged.size, members = staged.members, secs = started.elapsed().as_secs_f64(), "staged and verified; swapping in");
-        let mut argv = vec![
-            "sh".to_string(),
-            "-c".into(),
-            SWAP_SCRIPT.into(),
-            "sh".into(),
-            root.clone(),
-            id.clone(),
-        ];
-        let mut tops: Vec<String> = sbx
-            .spec
-            .workspace
-            .mounts
-            .iter()
-            .filter_map(|m| {
-                super::workspace::normalize(&m.path)
-                    .split('/')
-                    .next()
-                    .map(str::to_string)
-            })
-            .filter(|t| !t.is_empty())
-            .collect();
-        tops.sort();
-        tops.dedup();
-        argv.extend(tops);
-        let out = exec::run(
-            pods,
-            pod_name,
-            CONTAINER,
-            ExecRequest::argv(argv)
-                .timeout(SWAP_TIMEOUT)
-                .max_output(16 << 10),
-        )
-        .await?;
-        if !out.success() {
+    info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, "extracting into staging");
+    let started = std::time::Instant::now();
+    let expected = (src.sha.as_str(), src.size);
+    let extracted = extract(
+        pods,
+        pod_name,
+        &root,
+        &id,
+        store,
+        &src.keys.object,
+        src.limits,
+        expected,
+        &src.judged,
+    )
+    .await;
+    let staged = match extracted {
+        Ok(s) => s,
+        Err(e) => {
             discard(pods, pod_name, &root, &id).await;
-            return Err(fail(
-                "SwapFailed",
-                format!(
-                    "swapping the restored workspace in failed ({}): {}",
-                    out.status,
-                    out.stderr_str().trim()
-                ),
-            ));
+            return Err(e);
         }
-        info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, secs = started.elapsed().as_secs_f64(), "restored");
-        Ok(())
     };
-    let result = g.run(work).await;
-    let _ = g.release().await;
-    match result {
-        Ok(r) => r,
-        Err(e) => Err(Error::Guard(e)),
+    info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, bytes = staged.size, members = staged.members, secs = started.elapsed().as_secs_f64(), "staged and verified; swapping in");
+    let mut argv = vec![
+        "sh".to_string(),
+        "-c".into(),
+        SWAP_SCRIPT.into(),
+        "sh".into(),
+        root.clone(),
+        id.clone(),
+    ];
+    argv.extend(mount_tops(sbx));
+    let req = ExecRequest::argv(argv)
+        .timeout(SWAP_TIMEOUT)
+        .max_output(16 << 10);
+    let out = exec::run(pods, pod_name, CONTAINER, req).await?;
+    if !out.success() {
+        discard(pods, pod_name, &root, &id).await;
+        return Err(fail(
+            RestoreReason::SwapFailed,
+            format!(
+                "swapping the restored workspace in failed ({}): {}",
+                out.status,
+                out.stderr_str().trim()
+            ),
+        ));
     }
+    info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, secs = started.elapsed().as_secs_f64(), "restored");
+    Ok(())
+}
+
+/// The top-level names of the workspace that hold host mounts: the swap leaves them alone.
+fn mount_tops(sbx: &Sandbox) -> Vec<String> {
+    let mut tops: Vec<String> = sbx
+        .spec
+        .workspace
+        .mounts
+        .iter()
+        .filter_map(|m| {
+            super::workspace::normalize(&m.path)
+                .split('/')
+                .next()
+                .map(str::to_string)
+        })
+        .filter(|t| !t.is_empty())
+        .collect();
+    tops.sort();
+    tops.dedup();
+    tops
 }
 
 /// Streams the canonical re-encoding of the object into `tar -x` in a fresh staging
@@ -341,13 +383,18 @@ async fn extract(
     let out = exec::run(pods, pod_name, CONTAINER, req).await;
     let forwarded = task
         .await
-        .map_err(|e| fail("RestoreFailed", format!("forwarding task: {e}")))?
+        .map_err(|e| {
+            fail(
+                RestoreReason::RestoreFailed,
+                format!("forwarding task: {e}"),
+            )
+        })?
         .map_err(|e| judged.error(e))?;
     let out = out?;
     archive::verify(&forwarded, expected.0, expected.1).map_err(|r| judged.error(r.into()))?;
     if !out.success() {
         return Err(fail(
-            "ExtractFailed",
+            RestoreReason::ExtractFailed,
             format!(
                 "tar -x in the pod failed ({}): {}",
                 out.status,

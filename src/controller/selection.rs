@@ -21,6 +21,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
 
+use super::reasons::RestoreReason;
 use super::{Context, Error};
 use crate::crd::{RestorePolicy, Sandbox, SandboxSnapshot, SnapshotPhase};
 use crate::{labels, names};
@@ -53,7 +54,7 @@ pub enum Relation {
     OtherScope(String),
 }
 
-fn refused(reason: &'static str, message: String) -> Error {
+fn refused(reason: RestoreReason, message: String) -> Error {
     // Selection needs no guard or exec, so it is not recorded as a standing refusal: its
     // inputs (the namespace's annotation among them) are cheap to read again.
     Error::Restore {
@@ -70,13 +71,13 @@ pub fn relation(snap: &SandboxSnapshot, scope_key: &str) -> Result<Relation, Err
     let st = snap.status.clone().unwrap_or_default();
     if st.phase != Some(SnapshotPhase::Ready) {
         return Err(refused(
-            "SnapshotNotReady",
+            RestoreReason::SnapshotNotReady,
             format!("SandboxSnapshot {name} is not Ready"),
         ));
     }
     match st.scope_key {
         None => Err(refused(
-            "SnapshotIncomplete",
+            RestoreReason::SnapshotIncomplete,
             format!("SandboxSnapshot {name} has no recorded scope key"),
         )),
         Some(k) if k == scope_key => Ok(Relation::SameScope),
@@ -144,7 +145,7 @@ pub async fn verify(
     let name = snap.name_any();
     if !cross_scope_allowed(ctx, &ns).await? {
         return Err(refused(
-            "CrossScopeRestore",
+            RestoreReason::CrossScopeRestore,
             format!(
                 "SandboxSnapshot {name} was taken in another scope (scope key {theirs}, this sandbox's is {key}); restoring it here would hand that scope's workspace to this one. A platform administrator can allow cross-scope restores in this namespace with the Namespace annotation {ALLOW_CROSS_SCOPE}=true"
             ),
@@ -181,13 +182,13 @@ pub async fn candidate(ctx: &Context, sbx: &Sandbox) -> Result<Option<String>, E
             };
             if !names::is_object_name(name) {
                 return Err(refused(
-                    "InvalidReference",
+                    RestoreReason::InvalidReference,
                     names::refusal("snapshot.name", name),
                 ));
             }
             let snap = snaps.get_opt(name).await?.ok_or_else(|| {
                 refused(
-                    "SnapshotNotFound",
+                    RestoreReason::SnapshotNotFound,
                     format!("SandboxSnapshot {name} (snapshot.name) not found"),
                 )
             })?;
@@ -262,7 +263,7 @@ mod tests {
             Relation::OtherScope(theirs.clone())
         );
         let reason = |r: Result<Relation, Error>| match r {
-            Err(Error::Restore { reason, .. }) => reason,
+            Err(Error::Restore { reason, .. }) => reason.as_str(),
             other => panic!("{other:?}"),
         };
         assert_eq!(
