@@ -3,6 +3,7 @@
 //! The library holds everything; the binaries in `src/bin` are thin wrappers.
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod controller;
