@@ -1,4 +1,5 @@
-//! Controllers: observe → decide (pure) → apply → status.
+//! Controllers: observe → decide (pure) → act, with status written once, only when it
+//! changed. A folder per controller ([`sandbox`], [`snapshot`]); what both need is beside them.
 
 pub mod conditions;
 pub mod noderoot;
@@ -7,6 +8,8 @@ pub mod podstate;
 pub mod reasons;
 pub mod restore;
 pub mod sandbox;
+#[cfg(test)]
+mod scenarios;
 pub mod security;
 pub mod selection;
 pub mod snapshot;
