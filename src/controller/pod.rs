@@ -33,8 +33,7 @@ pub const CONTAINER: &str = "sandbox";
 pub const SPEC_HASH: &str = "agentbox.dev/pod-spec-hash";
 /// The volume holding the workspace.
 const WORKSPACE_VOLUME: &str = "workspace";
-/// Default entrypoint: stay alive and exit promptly on TERM, since commands arrive by exec.
-pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
+pub use crate::remote::KEEP_ALIVE;
 
 /// Host directory of a sandbox's workspace: `<nodeRoot>/<namespace>/<uid>`. Always operator
 /// chosen; never derived from user input other than the namespace and the server-set uid.

@@ -27,6 +27,7 @@ use super::{Context, Error};
 use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
 use crate::exec::{self, ExecRequest};
 use crate::guard::{self, GuardConfig, GuardError};
+use crate::remote::{self, DISCARD_SCRIPT, EXTRACT_SCRIPT, SWAP_SCRIPT};
 use crate::snapshot::{self, SnapshotError, archive};
 
 /// How long to wait for the scope's guard.
@@ -35,62 +36,6 @@ const GUARD_WAIT: Duration = Duration::from_secs(60);
 const EXTRACT_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 /// Upper bound on the swap and cleanup execs.
 const SWAP_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// Extraction into a new staging directory: `$1` root, `$2` id; the archive on stdin.
-pub const EXTRACT_SCRIPT: &str = r#"set -eu
-cd "$1"
-mkdir -p .agentbox
-st=".agentbox/staging-$2"
-rm -rf -- "$st"
-mkdir -- "$st"
-tar -x -f - -C "$st"
-"#;
-
-/// Removes a staging directory: `$1` root, `$2` id.
-pub const DISCARD_SCRIPT: &str =
-    r#"cd "$1" && rm -rf -- ".agentbox/staging-$2" ".agentbox/old-$2""#;
-
-/// The swap: `$1` root, `$2` id, then top-level names to leave alone (they hold host mounts).
-/// Undoes its own moves when one fails.
-pub const SWAP_SCRIPT: &str = r#"set -u
-root=$1; id=$2; shift 2
-nl='
-'
-keep=".agentbox$nl"
-for k in "$@"; do keep="$keep$k$nl"; done
-kept() { case "$nl$keep" in *"$nl$1$nl"*) return 0;; esac; return 1; }
-cd "$root" || exit 1
-st=".agentbox/staging-$id"; old=".agentbox/old-$id"
-[ -d "$st" ] || { echo "no staging directory" >&2; exit 1; }
-rm -rf -- "$old"; mkdir -- "$old" || exit 1
-back() {
-  for f in "$old"/* "$old"/.[!.]* "$old"/..?*; do
-    { [ -e "$f" ] || [ -L "$f" ]; } || continue
-    mv -- "$f" ./ || echo "could not move back $f" >&2
-  done
-  rmdir -- "$old" 2>/dev/null
-}
-for f in * .[!.]* ..?*; do
-  { [ -e "$f" ] || [ -L "$f" ]; } || continue
-  kept "$f" && continue
-  mv -- "$f" "$old/" || { echo "moving $f aside failed" >&2; back; exit 1; }
-done
-for f in "$st"/* "$st"/.[!.]* "$st"/..?*; do
-  { [ -e "$f" ] || [ -L "$f" ]; } || continue
-  b=${f##*/}
-  kept "$b" && continue
-  if ! mv -- "$f" "./$b"; then
-    echo "moving $b in failed" >&2
-    for g in * .[!.]* ..?*; do
-      { [ -e "$g" ] || [ -L "$g" ]; } || continue
-      kept "$g" && continue
-      rm -rf -- "$g"
-    done
-    back; exit 1
-  fi
-done
-rm -rf -- "$st" "$old"
-"#;
 
 fn fail(reason: RestoreReason, message: impl Into<String>) -> Error {
     Error::Restore {
@@ -310,15 +255,7 @@ async fn stage_and_swap(
         }
     };
     info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, bytes = staged.size, members = staged.members, secs = started.elapsed().as_secs_f64(), "staged and verified; swapping in");
-    let mut argv = vec![
-        "sh".to_string(),
-        "-c".into(),
-        SWAP_SCRIPT.into(),
-        "sh".into(),
-        root.clone(),
-        id.clone(),
-    ];
-    argv.extend(mount_tops(sbx));
+    let argv = remote::sh(SWAP_SCRIPT, remote::swap_args(&root, &id, &mount_tops(sbx)));
     let req = ExecRequest::argv(argv)
         .timeout(SWAP_TIMEOUT)
         .max_output(16 << 10);
@@ -346,7 +283,7 @@ fn mount_tops(sbx: &Sandbox) -> Vec<String> {
         .mounts
         .iter()
         .filter_map(|m| {
-            super::workspace::normalize(&m.path)
+            remote::normalize(&m.path)
                 .split('/')
                 .next()
                 .map(str::to_string)
@@ -376,7 +313,7 @@ async fn extract(
     let (reader, task) = snapshot::canonical_reader(store, key, limits)
         .await
         .map_err(|e| judged.error(e))?;
-    let req = ExecRequest::argv(["sh", "-c", EXTRACT_SCRIPT, "sh", root, id])
+    let req = ExecRequest::argv(remote::sh(EXTRACT_SCRIPT, [root, id]))
         .stdin_reader(reader)
         .timeout(EXTRACT_TIMEOUT)
         .max_output(16 << 10);
@@ -406,7 +343,7 @@ async fn extract(
 }
 
 async fn discard(pods: &Api<Pod>, pod_name: &str, root: &str, id: &str) {
-    let req = ExecRequest::argv(["sh", "-c", DISCARD_SCRIPT, "sh", root, id])
+    let req = ExecRequest::argv(remote::sh(DISCARD_SCRIPT, [root, id]))
         .timeout(SWAP_TIMEOUT)
         .max_output(4096);
     if let Err(e) = exec::run(pods, pod_name, CONTAINER, req).await {

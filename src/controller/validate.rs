@@ -200,7 +200,8 @@ fn check_relative(what: &str, path: &str, out: &mut Vec<String>) {
         ));
     } else if path.split('/').any(|s| s == "..") {
         out.push(format!("{what} {path:?} must not contain '..'"));
-    } else if path.split('/').find(|s| !s.is_empty() && *s != ".") == Some(".agentbox") {
+    } else if path.split('/').find(|s| !s.is_empty() && *s != ".") == Some(crate::remote::STATE_DIR)
+    {
         out.push(format!(
             "{what} {path:?}: .agentbox is reserved for the operator"
         ));

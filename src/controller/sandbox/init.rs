@@ -14,6 +14,7 @@ use crate::controller::workspace::{self, Observed};
 use crate::controller::{Context, Error, restore, selection, sources};
 use crate::crd::{Sandbox, WorkspaceStatus};
 use crate::exec::{self, ExecRequest};
+use crate::remote;
 
 /// How long one workspace exec may take before it counts as failed.
 const INIT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -36,7 +37,7 @@ pub async fn init_workspace(
         pods,
         pod_name,
         CONTAINER,
-        ExecRequest::argv(["sh", "-c", workspace::PROBE_SCRIPT, "sh", root.as_str()])
+        ExecRequest::argv(remote::sh(remote::PROBE_SCRIPT, [root.as_str()]))
             .timeout(INIT_TIMEOUT)
             .max_output(4096),
     )
@@ -103,13 +104,7 @@ async fn run_script(
     args: Vec<String>,
     writes: &workspace::Writes,
 ) -> Result<(), Error> {
-    let mut argv = vec![
-        "sh".to_string(),
-        "-c".into(),
-        workspace::SCRIPT.into(),
-        "sh".into(),
-    ];
-    argv.extend(args);
+    let argv = remote::sh(remote::INIT_SCRIPT, args);
     let mut req = ExecRequest::argv(argv)
         .timeout(INIT_TIMEOUT)
         .max_output(16 * 1024);

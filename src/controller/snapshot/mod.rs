@@ -33,11 +33,11 @@ use super::podstate::{self, PodState, observe_pod};
 use super::{Context, Error};
 use crate::crd::{DeletionPolicy, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
 use crate::labels;
+pub use crate::remote::{TAR_SCRIPT, tar_args};
 use crate::snapshot::SnapshotError;
 use crate::snapshot::store::{SnapshotKeys, Store, StoreError};
 pub use decide::{NotCommitted, Observed, Plan, SandboxState, decide, retention_victims};
 pub use on_stop::{OnStop, on_stop};
-pub use take::{TAR_SCRIPT, tar_args};
 
 /// Finalizer that removes a snapshot's object (policy `Delete`) before the resource goes.
 pub const FINALIZER: &str = "agentbox.dev/snapshot-object";

@@ -29,6 +29,7 @@ use crate::crd::{LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, 
 use crate::exec::{self, ExecEvent, ExecRequest};
 use crate::guard::{self, Guard, GuardConfig, GuardError};
 use crate::labels;
+use crate::remote;
 use crate::snapshot::archive::{Refusal, Summary};
 use crate::snapshot::store::{Manifest, SnapshotKeys, Store};
 use crate::snapshot::{self, SnapshotError};
@@ -323,72 +324,6 @@ async fn set_last_snapshot(
     }
 }
 
-/// The `tar -c` script. `$1` root, `$2` number of expanded directories, then those
-/// directories (ancestors of host mounts, listed entry by entry instead of archived whole),
-/// then the excluded paths (host mounts). `.agentbox` is always excluded. busybox tar has no
-/// `--exclude`, so the members are named one by one at the top and in expanded directories.
-pub const TAR_SCRIPT: &str = r#"set -u
-root=$1; n=$2; shift 2
-nl='
-'
-anc=; i=0
-while [ "$i" -lt "$n" ]; do anc="$anc$1$nl"; shift; i=$((i+1)); done
-ex=".agentbox$nl"
-for m in "$@"; do ex="$ex$m$nl"; done
-cd "$root" || exit 1
-# A workspace without its marker was lost or never initialised: archiving it would pass off
-# an empty or partial tree as the sandbox's state.
-[ -f .agentbox/marker ] || { echo "the workspace has no agentbox marker (lost or not initialised)" >&2; exit 1; }
-listed() { case "$nl$2" in *"$nl$1$nl"*) return 0;; esac; return 1; }
-set --
-dirs=$anc
-IFS=$nl
-for d in "" $dirs; do
-  IFS=' 	'
-  p=${d:+$d/}
-  for f in "$p"* "$p".[!.]* "$p"..?*; do
-    { [ -e "$f" ] || [ -L "$f" ]; } || continue
-    listed "$f" "$anc" && continue
-    listed "$f" "$ex" && continue
-    set -- "$@" "./$f"
-  done
-  IFS=$nl
-done
-IFS=' 	'
-if [ "$#" -eq 0 ]; then exec head -c 1024 /dev/zero; fi
-# busybox tar writes a header, a file's bytes and its padding one write each; read straight
-# from its pipe, a workspace of small files reaches the operator as a message per write. dd
-# gathers the output into 64 KiB writes. sh has no pipefail: tar's exit status comes back
-# through fd 3 (dd's failures show as a cut archive, which the operator refuses).
-command -v dd >/dev/null 2>&1 || exec tar -c -f - "$@"
-exec 4>&1
-st=$( { { tar -c -f - "$@" 3>&- 4>&-; echo $? >&3; } | dd ibs=131072 obs=65536 2>/dev/null >&4 3>&-; } 3>&1 )
-exit "${st:-1}"
-"#;
-
-/// Arguments of [`TAR_SCRIPT`] for a sandbox: its root, then the ancestors of its host mounts,
-/// then the mounts.
-pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
-    let mounts: Vec<String> = mounts
-        .iter()
-        .map(|m| crate::controller::workspace::normalize(m))
-        .filter(|m| !m.is_empty())
-        .collect();
-    let mut ancestors: Vec<String> = mounts
-        .iter()
-        .flat_map(|m| {
-            let parts: Vec<&str> = m.split('/').collect();
-            (1..parts.len()).map(move |i| parts[..i].join("/"))
-        })
-        .collect();
-    ancestors.sort();
-    ancestors.dedup();
-    let mut args = vec![root.to_string(), ancestors.len().to_string()];
-    args.extend(ancestors);
-    args.extend(mounts);
-    args
-}
-
 /// Runs `tar -c` in the pod and streams its stdout into the store's temporary key, through
 /// the multipart upload `upload_id` when the store has them.
 async fn stream_to_store(
@@ -409,13 +344,7 @@ async fn stream_to_store(
         .iter()
         .map(|m| m.path.clone())
         .collect();
-    let mut argv = vec![
-        "sh".to_string(),
-        "-c".into(),
-        TAR_SCRIPT.into(),
-        "sh".into(),
-    ];
-    argv.extend(tar_args(&root, &mounts));
+    let argv = remote::sh(remote::TAR_SCRIPT, remote::tar_args(&root, &mounts));
     let stream = exec::stream(
         &pods,
         pod,
@@ -527,106 +456,4 @@ async fn apply_retention(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tar_args_expand_mount_ancestors() {
-        assert_eq!(tar_args("/workspace", &[]), vec!["/workspace", "0"]);
-        assert_eq!(
-            tar_args("/w", &["data".into(), "./a/b/c/".into()]),
-            vec!["/w", "2", "a", "a/b", "data", "a/b/c"]
-        );
-    }
-
-    /// Runs [`TAR_SCRIPT`] with the host's `sh` and `tar` on a scratch workspace; returns the
-    /// exit status, the member names, and stderr.
-    fn run_tar_script(root: &std::path::Path, mounts: &[String]) -> (bool, Vec<String>, String) {
-        let out = std::process::Command::new("sh")
-            .args(["-c", TAR_SCRIPT, "sh"])
-            .args(tar_args(&root.to_string_lossy(), mounts))
-            .output()
-            .expect("run sh");
-        let mut names = Vec::new();
-        if out.status.success() {
-            let mut ar = tar::Archive::new(&out.stdout[..]);
-            for e in ar.entries().expect("entries") {
-                let e = e.expect("entry");
-                names.push(e.path().expect("path").to_string_lossy().into_owned());
-            }
-            names.sort();
-        }
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        (out.status.success(), names, err)
-    }
-
-    fn scratch(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("agentbox-tar-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        dir
-    }
-
-    #[test]
-    fn tar_script_keeps_tar_s_exit_status_through_its_dd_stage() {
-        let dir = scratch("status");
-        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
-        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
-        std::fs::write(dir.join("f"), "x").expect("write");
-        // A tar that prints a little and fails, first in PATH.
-        let bin = scratch("status-bin");
-        std::fs::write(bin.join("tar"), "#!/bin/sh\nprintf partial\nexit 3\n").expect("fake tar");
-        std::process::Command::new("chmod")
-            .args(["0755", &bin.join("tar").to_string_lossy()])
-            .status()
-            .expect("chmod");
-        let path = format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let out = std::process::Command::new("sh")
-            .args(["-c", TAR_SCRIPT, "sh"])
-            .args(tar_args(&dir.to_string_lossy(), &[]))
-            .env("PATH", path)
-            .output()
-            .expect("run sh");
-        assert_eq!(
-            out.status.code(),
-            Some(3),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(out.stdout, b"partial");
-        let _ = std::fs::remove_dir_all(&dir);
-        let _ = std::fs::remove_dir_all(&bin);
-    }
-
-    #[test]
-    fn tar_script_refuses_a_workspace_without_its_marker() {
-        let dir = scratch("nomarker");
-        std::fs::write(dir.join("f"), "x").expect("write");
-        let (ok, _, err) = run_tar_script(&dir, &[]);
-        assert!(!ok, "a workspace without a marker must not be archived");
-        assert!(err.contains("no agentbox marker"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn tar_script_archives_all_but_its_own_dir_and_mounts() {
-        let dir = scratch("ok");
-        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
-        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
-        std::fs::create_dir_all(dir.join("a/mnt")).expect("mkdir");
-        std::fs::write(dir.join("a/mnt/secret"), "s").expect("write");
-        std::fs::write(dir.join("a/keep"), "k").expect("write");
-        std::fs::write(dir.join(".hidden"), "h").expect("write");
-        let (ok, names, err) = run_tar_script(&dir, &["a/mnt".into()]);
-        assert!(ok, "{err}");
-        assert_eq!(names, vec!["./.hidden", "./a/keep"]);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }
