@@ -55,6 +55,8 @@ pub struct Context {
     pub store: Option<Store>,
     /// What the helper found on each node's workspace directory of each namespace.
     pub node_roots: noderoot::Checks,
+    /// Permanent restore refusals this process made, by sandbox (beside `status.restoreRefusal`).
+    pub refusals: restore::Refusals,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -260,6 +262,7 @@ pub async fn run(
         metrics,
         store,
         node_roots: noderoot::Checks::default(),
+        refusals: restore::Refusals::default(),
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     futures::join!(

@@ -243,6 +243,7 @@ fn context_with(fake: Arc<FakeApi>, store: Option<crate::snapshot::store::Store>
         metrics: Arc::new(Metrics::default()),
         store,
         node_roots: noderoot::Checks::default(),
+        refusals: super::restore::Refusals::default(),
     })
 }
 

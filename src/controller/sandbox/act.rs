@@ -223,6 +223,16 @@ async fn serve(
     } else {
         (Init::Skipped, None)
     };
+    // The operator's own record of a permanent refusal follows the status's (it outlives a
+    // status that could not keep it).
+    let uid = sbx.uid().unwrap_or_default();
+    match &init {
+        Init::Ran { .. } => ctx.refusals.set(&uid, None),
+        Init::Failed {
+            refusal: Some(r), ..
+        } => ctx.refusals.set(&uid, Some(r)),
+        Init::Failed { .. } | Init::Skipped | Init::NotAnswering => {}
+    }
     let out = decide::served(old, &mut st, &serving, init, (generation, now));
     if let (Some(note), Some(e)) = (out.failed, error) {
         write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;

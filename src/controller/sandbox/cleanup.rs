@@ -31,6 +31,7 @@ pub enum Cleanup {
 
 /// Deleting a Sandbox: pod and workspace first, then the scope's idle guard Lease.
 pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
+    ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
     if remove_pod_and_workspace(sbx, ctx).await? == Cleanup::Pending {
         return Ok(Cleanup::Pending);
     }
