@@ -79,7 +79,7 @@ impl ScopeFlags {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Show one sandbox.
+    /// Show one sandbox, and where its exposed ports are reached
     Get(Target),
     /// List sandboxes (optionally of one agent/user/session).
     List(ScopeFlags),
@@ -198,6 +198,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::Get(t) => {
             let h = open(&sbx, &t).await?;
             print_sandboxes(&[h.sandbox().clone()]);
+            print_endpoints(h.endpoints());
             Ok(ExitCode::SUCCESS)
         }
         Cmd::List(scope) => {
@@ -423,6 +424,29 @@ fn print_sandboxes(items: &[agentbox::crd::Sandbox]) {
             s.spec.scope.kind.label_value(),
             st.pod_name.as_deref().unwrap_or("-"),
             st.scope_key.as_deref().unwrap_or("-"),
+        );
+    }
+}
+
+/// The exposed ports of one sandbox (`spec.ports` → `status.endpoints`), after a blank line;
+/// nothing for a sandbox without ports.
+fn print_endpoints(endpoints: &[agentbox::crd::PortEndpoint]) {
+    if endpoints.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "{:<16} {:>6} {:<8} {:<50} POD-IP",
+        "PORT", "NUMBER", "PROTOCOL", "HOST"
+    );
+    for e in endpoints {
+        println!(
+            "{:<16} {:>6} {:<8} {:<50} {}",
+            e.name,
+            e.port,
+            e.protocol.as_str(),
+            e.host,
+            e.pod_ip.as_deref().unwrap_or("-"),
         );
     }
 }

@@ -7,6 +7,7 @@ pub mod restore;
 pub mod sandbox;
 pub mod security;
 pub mod selection;
+pub mod service;
 pub mod snapshot;
 pub mod sources;
 pub mod validate;

@@ -305,6 +305,12 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     }
 
     ensure_network_policy(sbx, &apis.policies).await?;
+    // Exposed ports: the Service, and where each port is reached (the pod's IP added below).
+    let services = Api::namespaced(ctx.client.clone(), &ns);
+    if super::service::ensure(&services, sbx, &old).await? > 0 {
+        debug!(sandbox = %name, "applied the Service of spec.ports");
+    }
+    st.endpoints = super::service::endpoints(sbx, None);
 
     if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
         // spec.snapshot.onStop: persist the workspace before its pod goes.
@@ -462,6 +468,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     }
 
     st.pod_name = Some(pod_name.clone());
+    st.endpoints = super::service::endpoints(sbx, Some(&pod));
     if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
         let seen = (&old, &mut st, now);
         if let Some(wait) = node_root(sbx, ctx, &podcfg, &apis.pods, &node, seen).await? {
