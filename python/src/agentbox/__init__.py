@@ -47,15 +47,18 @@ from .errors import (
 from .exec import ExecEvent, ExecResult, ExecStream, Exit, Output
 from .files import DirEntry
 from .guard import Guard, GuardConfig
+from .ports import Endpoint, PortForward
 from .scope import Scope, ScopeKind
 from .session import Session
 from .snapshots import Snapshot
 from .spec import (
+    Capabilities,
     FileSource,
     HostMount,
     KeyRef,
     Lifecycle,
     Network,
+    Port,
     Projection,
     Retention,
     SandboxSecurityContext,
@@ -68,10 +71,12 @@ from .spec import (
 __all__ = [
     "AgentboxError",
     "ApiError",
+    "Capabilities",
     "CommandError",
     "CommandNotStartedError",
     "ConflictError",
     "DirEntry",
+    "Endpoint",
     "ExecError",
     "ExecEvent",
     "ExecResult",
@@ -94,6 +99,8 @@ __all__ = [
     "NotFoundError",
     "Output",
     "PathError",
+    "Port",
+    "PortForward",
     "Projection",
     "ProtocolError",
     "RemoteError",

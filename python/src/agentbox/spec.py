@@ -19,11 +19,13 @@ from typing import Any, Literal, TypeVar, Union
 from .scope import Scope
 
 __all__ = [
+    "Capabilities",
     "FileSource",
     "HostMount",
     "KeyRef",
     "Lifecycle",
     "Network",
+    "Port",
     "Projection",
     "Retention",
     "SandboxSecurityContext",
@@ -133,6 +135,29 @@ class Network:
 
 
 @dataclass
+class Port:
+    """A port of the sandbox to expose (``spec.ports``): the operator keeps a Service that
+    selects only this sandbox's pod and records where the port is reached in
+    :attr:`agentbox.Sandbox.endpoints`. ``name``: lower-case letters, digits and ``-``, starting
+    with a letter, at most 15 characters, unique in the sandbox.
+    """
+
+    name: str
+    port: int
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+
+
+@dataclass
+class Capabilities:
+    """Capabilities to add to (each in the operator's allowlist) or drop from the sandbox
+    container's default set, named as in Kubernetes (``NET_RAW``; ``ALL`` drops them all).
+    """
+
+    add: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+
+
+@dataclass
 class SandboxSecurityContext:
     """The few security settings a sandbox may choose."""
 
@@ -140,6 +165,7 @@ class SandboxSecurityContext:
     run_as_group: int | None = None
     run_as_non_root: bool | None = None
     read_only_root_filesystem: bool | None = None
+    capabilities: Capabilities | None = None
 
 
 @dataclass
@@ -166,6 +192,7 @@ class SandboxSpec:
     snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     network: Network = field(default_factory=Network)
+    ports: list[Port] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec's JSON form (camelCase; unset fields left out so the server defaults
