@@ -149,8 +149,11 @@ class Port:
 
 @dataclass
 class Capabilities:
-    """Capabilities to add to (each in the operator's allowlist) or drop from the sandbox
-    container's default set, named as in Kubernetes (``NET_RAW``; ``ALL`` drops them all).
+    """Changes to the sandbox container's default capability set.
+
+    ``drop`` removes capabilities of the default set (``"ALL"`` drops them all); ``add`` adds
+    others, each of which the operator must allow (``--allowed-capabilities``). Names as in
+    Kubernetes, without ``CAP_`` (e.g. ``"NET_RAW"``).
     """
 
     add: list[str] = field(default_factory=list)
