@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,11 @@ from agents.result import RunResult
 from agents.run import RunConfig
 from agents.run_state import RunState
 from agents.sandbox import SandboxAgent, SandboxRunConfig
-from agents.sandbox.errors import ExecTimeoutError, WorkspaceReadNotFoundError
+from agents.sandbox.errors import (
+    ExecTimeoutError,
+    ExposedPortUnavailableError,
+    WorkspaceReadNotFoundError,
+)
 from agents.sandbox.manifest import Manifest
 from agents.sandbox.snapshot import LocalSnapshotSpec
 from agents.testing import ScriptedModel, assistant_message, function_call
@@ -30,6 +35,10 @@ from agentbox.integrations.openai_agents import (
 )
 
 from .conftest import BASE_IMAGE, Env
+
+#: How much later than its timeout a timed-out exec may raise (the kill and the status frame
+#: travel through the API server; the command itself would take 30 s).
+TIMEOUT_MARGIN = 15.0
 
 
 def options(env: Env, **kw: Any) -> AgentboxSandboxClientOptions:
@@ -150,10 +159,13 @@ async def test_exec_timeouts_missing_files_and_tar_persistence(env: Env, tmp_dir
     assert isinstance(inner, AgentboxSandboxSession)
     try:
         await session.start()
-        # Past its timeout: the framework's ExecTimeoutError, and the command was killed
-        # (its marker never appears, no sleep is left running).
+        # Past its timeout: the framework's ExecTimeoutError, within the timeout plus a margin
+        # (generous: a loaded machine), not after the command's 30 s; and the command was
+        # killed (its marker never appears, no sleep is left running).
+        began = time.monotonic()
         with pytest.raises(ExecTimeoutError):
             await session.exec("sleep 30; touch late", timeout=2)
+        assert time.monotonic() - began < 2 + TIMEOUT_MARGIN
         left = await session.exec("test -e late; echo $?; ps | grep -c '[s]leep 30'")
         assert left.stdout.decode().split() == ["1", "0"]
         r = await session.exec("exit 7")
@@ -211,8 +223,9 @@ async def test_a_server_in_the_sandbox_is_reached_through_resolve_exposed_port(e
         )
         assert direct.host == pod["status"]["podIP"]
         # A port the options did not name is refused by the framework's own check.
-        with pytest.raises(Exception, match="not configured"):
+        with pytest.raises(ExposedPortUnavailableError) as refused:
             await session.resolve_exposed_port(9090)
+        assert refused.value.context["reason"] == "not_configured"
     finally:
         await session.aclose()
         await client.delete(session)
