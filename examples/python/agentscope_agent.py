@@ -99,13 +99,13 @@ async def turn(workspace: AgentboxWorkspace, script: list[list[Block] | None], a
 async def main() -> int:
     """Two agents, one workspace: the second finds what the first wrote."""
     namespace = os.environ.get("AGENTBOX_NAMESPACE", "default")
-    scope = agentbox.Scope.for_user("notes-agent", "alice@example.com")
+    scope = agentbox.Scope.for_user("agentscope-notes", "alice@example.com")
     spec = agentbox.SandboxSpec(image=os.environ.get("AGENTBOX_IMAGE", "agentbox/base:v1"))
 
     # 1. The Write tool writes into the sandbox's workspace; closing suspends the Sandbox.
     async with AgentboxWorkspace(scope=scope, spec=spec, namespace=namespace) as ws:
         write = call(1, "Write", file_path="/workspace/notes.md", content="# Notes\nship it\n")
-        answer = await turn(ws, [[write], [TextBlock(text="Saved.")]], "Save my notes.")
+        answer = await turn(ws, [[write], None], "Save my notes.")
         print(f"agent 1: {answer} (sandbox {ws.sandbox.name})")
 
     # 2. Another workspace of the same scope (another process would do the same) resumes the

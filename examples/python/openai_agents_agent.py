@@ -55,7 +55,7 @@ def exec_then_answer(model: ScriptedModel, cmd: str, answer: str, n: int) -> Non
 async def main() -> int:
     """Two runs of one agent; the second resumes the first's sandbox from stored state."""
     namespace = os.environ.get("AGENTBOX_NAMESPACE", "default")
-    scope = agentbox.Scope.for_user("notes-agent", "alice@example.com")
+    scope = agentbox.Scope.for_user("openai-notes", "alice@example.com")
     model = ScriptedModel()
     agent = SandboxAgent(name="notes", instructions="Keep notes in the workspace.", model=model)
     options = AgentboxSandboxClientOptions(

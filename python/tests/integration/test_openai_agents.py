@@ -18,12 +18,13 @@ from agents.result import RunResult
 from agents.run import RunConfig
 from agents.run_state import RunState
 from agents.sandbox import SandboxAgent, SandboxRunConfig
+from agents.sandbox.entries import Dir, File
 from agents.sandbox.errors import (
     ExecTimeoutError,
     ExposedPortUnavailableError,
     WorkspaceReadNotFoundError,
 )
-from agents.sandbox.manifest import Manifest
+from agents.sandbox.manifest import Environment, Manifest
 from agents.sandbox.snapshot import LocalSnapshotSpec
 from agents.testing import ScriptedModel, assistant_message, function_call
 
@@ -152,13 +153,20 @@ async def test_a_run_resumes_from_its_state_stored_as_json(env: Env) -> None:
 async def test_exec_timeouts_missing_files_and_tar_persistence(env: Env, tmp_dir: Path) -> None:
     client = AgentboxSandboxClient()
     opts = options(env, workspace_persistence="tar", on_delete="delete")
+    manifest = Manifest(
+        entries={"brief/task.md": File(content=b"fix the tests\n"), "out": Dir()},
+        environment=Environment(value={"TASK_ID": "t-42"}),
+    )
     session = await client.create(
-        manifest=Manifest(), options=opts, snapshot=LocalSnapshotSpec(base_path=tmp_dir)
+        manifest=manifest, options=opts, snapshot=LocalSnapshotSpec(base_path=tmp_dir)
     )
     inner = session._inner
     assert isinstance(inner, AgentboxSandboxSession)
     try:
         await session.start()
+        # The manifest is materialised in the workspace, and its environment reaches commands.
+        r = await session.exec("cat brief/task.md; test -d out && echo dir; echo $TASK_ID")
+        assert r.stdout.decode().split("\n")[:3] == ["fix the tests", "dir", "t-42"]
         # Past its timeout: the framework's ExecTimeoutError, within the timeout plus a margin
         # (generous: a loaded machine), not after the command's 30 s; and the command was
         # killed (its marker never appears, no sleep is left running).
