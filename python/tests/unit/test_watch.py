@@ -13,6 +13,20 @@ from agentbox._kube import Kube
 from agentbox.errors import ApiError, InvalidSpecError, TransportError
 
 
+class Forever:
+    """A script item that is never used up."""
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+def take(script: list[Any]) -> Any:
+    """The next item of a script (a :class:`Forever` one stays)."""
+    if isinstance(script[0], Forever):
+        return script[0].item
+    return script.pop(0)
+
+
 class ScriptedKube:
     """Answers GETs and watches from scripts: an item is an object (or ``None``) to return, a
     list of watch events to yield, or an exception to raise."""
@@ -22,7 +36,7 @@ class ScriptedKube:
         self.watches = watches
 
     async def get_opt(self, path: str) -> dict[str, Any] | None:
-        item = self.gets.pop(0)
+        item = take(self.gets)
         if isinstance(item, BaseException):
             raise item
         return cast("dict[str, Any] | None", item)
@@ -30,7 +44,7 @@ class ScriptedKube:
     async def watch(
         self, path: str, *, query: Mapping[str, str], timeout: float | None
     ) -> AsyncIterator[dict[str, Any]]:
-        item = self.watches.pop(0)
+        item = take(self.watches)
         if isinstance(item, BaseException):
             raise item
         for ev in item:
@@ -92,7 +106,7 @@ async def test_an_unreachable_server_on_the_first_read_is_raised() -> None:
 
 async def test_refusals_until_the_deadline_end_in_none() -> None:
     storage = ApiError(429, "TooManyRequests", "storage is (re)initializing")
-    kube = ScriptedKube(gets=[storage] * 1000, watches=[])
+    kube = ScriptedKube(gets=[Forever(storage)], watches=[])
     assert await until(kube, timeout=0.05) is None
 
 
