@@ -102,9 +102,10 @@ async def test_a_resumed_run_sees_the_file_reattached_after_pod_loss_and_after_s
     sbx = await sandbox_of(env, r1)
     # delete() after the run suspended it: the pod goes, the workspace stays on its node.
     assert sbx.obj["spec"]["lifecycle"]["mode"] == "Suspended"
-    assert (sbx.status.get("lastSnapshot") or {}).get("name") == session_state_of(r1)[
-        "last_snapshot"
-    ]
+    # The run's workspace was persisted as a SandboxSnapshot of this Sandbox, Ready. (Its
+    # sandbox's status.lastSnapshot is written after the snapshot's own status: not read here.)
+    snap = await env.sandboxes.wait_snapshot(session_state_of(r1)["last_snapshot"], 60)
+    assert (snap.sandbox, snap.phase) == (sbx.name, "Ready")
     first_uid = sbx.obj["metadata"]["uid"]
 
     # Resumed: the same Sandbox, reattached (start branch A, nothing copied).
