@@ -213,6 +213,12 @@ async def test_a_server_in_the_sandbox_is_reached_through_resolve_exposed_port(e
         www = "mkdir -p /tmp/www && echo hello-port > /tmp/www/index.html"
         r = await session.exec(f"{www} && httpd -p 8080 -h /tmp/www")
         assert r.exit_code == 0, r.stderr
+        # The Sandbox asks for the port (an installed CRD without spec.ports would prune it,
+        # and nothing would be exposed: say so rather than fail on the endpoint).
+        await inner.sandbox.refresh()
+        assert inner.sandbox.obj["spec"].get("ports") == [
+            {"name": "p8080", "port": 8080, "protocol": "TCP"}
+        ], f"spec.ports pruned: is crds/agentbox.yaml the installed CRD? {inner.sandbox.obj}"
         ep = await session.resolve_exposed_port(8080)
         reader, writer = await asyncio.open_connection(ep.host, ep.port)
         writer.write(b"GET / HTTP/1.0\r\n\r\n")
