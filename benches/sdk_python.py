@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -144,23 +143,23 @@ async def resume(namespace: str, n: int, image: str, mib: int) -> dict[str, Any]
         for _ in range(n):
             # As the Runner does: the framework's local snapshot store, which holds only the
             # small reference persist_workspace returns.
-            store = LocalSnapshotSpec(base_path=Path(tempfile.mkdtemp(prefix="agentbox-bench-")))
-            first = await client.create(manifest=Manifest(), options=options, snapshot=store)
-            await first.start()
-            await first.exec(f"head -c {size} /dev/urandom > data.bin")
-            stored = await end_run(first)
+            with tempfile.TemporaryDirectory(prefix="agentbox-bench-") as base:
+                store = LocalSnapshotSpec(base_path=Path(base))
+                first = await client.create(manifest=Manifest(), options=options, snapshot=store)
+                await first.start()
+                await first.exec(f"head -c {size} /dev/urandom > data.bin")
+                stored = await end_run(first)
 
-            took, session = await resumed(stored)
-            reattach.append(took)
-            stored = await end_run(session)
+                took, session = await resumed(stored)
+                reattach.append(took)
+                stored = await end_run(session)
 
-            name = str(stored["sandbox_name"])
-            await (await sandboxes.open(name)).delete(wait=True, timeout=300)
-            took, session = await resumed(stored)
-            restore.append(took)
-            await end_run(session)
-            await (await sandboxes.open(name)).delete(wait=True, timeout=300)
-            shutil.rmtree(store.base_path, ignore_errors=True)
+                name = str(stored["sandbox_name"])
+                await (await sandboxes.open(name)).delete(wait=True, timeout=300)
+                took, session = await resumed(stored)
+                restore.append(took)
+                await end_run(session)
+                await (await sandboxes.open(name)).delete(wait=True, timeout=300)
     return {"resume_mib": mib, "resume_reattach_ms": reattach, "resume_restore_ms": restore}
 
 
