@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
 use agentbox::labels;
-use agentbox::snapshot::store::{Store, StoreConfig};
+use agentbox::snapshot::store::Store;
 use common::{
-    NODE_ROOT, TestEnv, create_sandbox, phase_is, repo_root, sh, snapshot_finished as finished,
-    take_snapshot,
+    NODE_ROOT, TestEnv, create_sandbox, listing, phase_is, raw, raw_header, repo_root, sh,
+    snapshot_finished as finished, take_snapshot,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -61,24 +61,9 @@ fn backend(kind: Kind, ns: &str) -> Backend {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match kind {
         Kind::File => {
-            let dir = PathBuf::from(format!("/var/lib/agentbox/test-snapshots/{ns}"));
-            let url = format!("file://{}", dir.display());
-            let store = Store::new(&StoreConfig {
-                url: url.clone(),
-                prefix: "snaps".into(),
-                s3_endpoint: String::new(),
-                s3_region: String::new(),
-                s3_path_style: false,
-                s3_allow_http: false,
-            })
-            .expect("file store");
+            let (flags, store, dir) = common::file_store(ns);
             Backend {
-                flags: vec![
-                    "--store-url".into(),
-                    url,
-                    "--store-prefix".into(),
-                    "snaps".into(),
-                ],
+                flags,
                 envs: Vec::new(),
                 store,
                 dir: Some(dir),
@@ -219,28 +204,6 @@ async fn check_committed(b: &Backend, env: &TestEnv, s: &SandboxSnapshot) {
     assert_eq!(b.store.size(&keys.temp).await.expect("head temp"), None);
 }
 
-/// Every path in the workspace (except .agentbox) with its type, mode and content digest or
-/// link target.
-const LISTING: &str = r#"cd /workspace && find . -path ./.agentbox -prune -o -print | sort | while IFS= read -r f; do
-  [ "$f" = . ] && continue
-  if [ -L "$f" ]; then echo "L $f $(readlink "$f")"
-  elif [ -d "$f" ]; then echo "D $f $(stat -c %a "$f")"
-  else echo "F $f $(stat -c %a "$f") $(sha256sum < "$f" | cut -d' ' -f1)"; fi
-done"#;
-
-async fn listing(env: &TestEnv, pod: &str) -> String {
-    let out = agentbox::exec::run(
-        &env.api::<Pod>(),
-        pod,
-        "sandbox",
-        agentbox::exec::ExecRequest::shell(LISTING).timeout(Duration::from_secs(300)),
-    )
-    .await
-    .expect("exec listing");
-    assert!(out.success(), "listing failed: {}", out.stderr_str());
-    out.stdout_str()
-}
-
 async fn fill(env: &TestEnv, pod: &str, script: &str) {
     let out = agentbox::exec::run(
         &env.api::<Pod>(),
@@ -255,11 +218,7 @@ async fn fill(env: &TestEnv, pod: &str, script: &str) {
 
 /// Deletes every snapshot while the operator still runs (their finalizers need it).
 async fn finish(env: TestEnv, b: &Backend) {
-    common::delete_snapshots(&env).await;
-    env.finish().await;
-    if let Some(dir) = &b.dir {
-        let _ = std::fs::remove_dir_all(dir);
-    }
+    common::finish_with_snapshots(env, b.dir.as_deref()).await;
 }
 
 const CONTENT: &str = r#"set -e
@@ -457,36 +416,6 @@ async fn a_lost_workspace_comes_back_through_branch_b_s3() {
     lost_workspace(Kind::S3).await;
 }
 
-/// A raw ustar header (the tar crate refuses to write some of the hostile ones).
-fn raw_header(path: &str, flag: u8, size: u64, link: &str) -> [u8; 512] {
-    let mut h = [0u8; 512];
-    h[..path.len()].copy_from_slice(path.as_bytes());
-    h[100..107].copy_from_slice(b"0000644");
-    h[108..115].copy_from_slice(b"0000000");
-    h[116..123].copy_from_slice(b"0000000");
-    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
-    h[136..147].copy_from_slice(b"00000000000");
-    h[156] = flag;
-    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
-    h[257..263].copy_from_slice(b"ustar\0");
-    h[263..265].copy_from_slice(b"00");
-    h[148..156].copy_from_slice(b"        ");
-    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
-    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
-    h
-}
-
-fn raw(members: &[(&str, u8, &[u8], &str)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (path, flag, data, link) in members {
-        out.extend_from_slice(&raw_header(path, *flag, data.len() as u64, link));
-        out.extend_from_slice(data);
-        out.resize(out.len().div_ceil(512) * 512, 0);
-    }
-    out.extend_from_slice(&[0u8; 1024]);
-    out
-}
-
 async fn hostile(kind: Kind) {
     let mut env = TestEnv::new(&format!("snap-evil-{}", format!("{kind:?}").to_lowercase())).await;
     let b = backend(kind, &env.ns);
@@ -548,43 +477,13 @@ async fn hostile(kind: Kind) {
         &serde_json::from_value(json!({"kind": "User", "agent": "snap-tests", "user": "mallory"}))
             .unwrap(),
     );
-    let api = env.api::<SandboxSnapshot>();
     for (name, bytes, _) in &cases {
-        let obj: SandboxSnapshot = serde_json::from_value(json!({
-            "apiVersion": "agentbox.dev/v1alpha1",
-            "kind": "SandboxSnapshot",
-            "metadata": {"name": name},
-            "spec": {"sandboxRef": {"name": "gone"}},
-        }))
-        .unwrap();
-        let created = api
-            .create(&PostParams::default(), &obj)
-            .await
-            .expect("create");
-        let keys = b.store.keys(&env.ns, &scope_key, &created.uid().unwrap());
-        b.store
-            .inner()
-            .put(&keys.object, bytes.clone().into())
-            .await
-            .expect("put hostile object");
         let sha = if *name == "wrong-digest" {
             "0".repeat(64)
         } else {
             hex::encode(Sha256::digest(bytes))
         };
-        let status = json!({
-            "apiVersion": "agentbox.dev/v1alpha1",
-            "kind": "SandboxSnapshot",
-            "status": {"phase": "Ready", "objectKey": keys.object.to_string(), "sha256": sha,
-                        "sizeBytes": bytes.len(), "members": 1, "scopeKey": scope_key},
-        });
-        api.patch_status(
-            name,
-            &PatchParams::apply("agentbox-tests").force(),
-            &Patch::Apply(&status),
-        )
-        .await
-        .expect("set status");
+        common::forge_snapshot(&env, &b.store, &scope_key, name, bytes, &sha).await;
     }
     start(&mut env, &b);
     for (name, _, _) in &cases {
@@ -619,20 +518,13 @@ async fn hostile(kind: Kind) {
         // no staging left behind.
         let host =
             agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap());
-        let entries: Vec<String> = std::fs::read_dir(&host)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let entries = common::workspace_entries(&env, &s);
         assert!(
             entries.iter().all(|e| e == ".agentbox"),
             "{name}: {entries:?}"
         );
-        // The refused archive's staging directory is gone. The sandbox may be retrying the
-        // restore meanwhile (events of its scope's other sandboxes wake it), which stages and
-        // discards again: a staging directory left behind is one that never goes away.
+        // The refused archive's staging directory is gone, and stays gone: the refusal is
+        // recorded on the sandbox and not retried.
         let mut inner: Vec<String> = Vec::new();
         for _ in 0..150 {
             inner = std::fs::read_dir(format!("{host}/.agentbox"))

@@ -102,6 +102,9 @@ pub enum Error {
         reason: &'static str,
         /// What happened.
         message: String,
+        /// Set when the refusal is permanent: recorded on the Sandbox so the restore is not
+        /// attempted again until what it was judged against changes.
+        refusal: Option<Box<crate::crd::RestoreRefusal>>,
     },
 }
 
@@ -135,6 +138,16 @@ impl Error {
             Error::Snapshot(_) => "snapshot",
             Error::Guard(_) => "guard",
             Error::Restore { .. } => "restore",
+        }
+    }
+
+    /// The permanent restore refusal this error records, if it is one.
+    pub fn restore_refusal(&self) -> Option<&crate::crd::RestoreRefusal> {
+        match self.root() {
+            Error::Restore {
+                refusal: Some(r), ..
+            } => Some(r),
+            _ => None,
         }
     }
 
@@ -428,6 +441,7 @@ mod tests {
         let refused = |reason| Error::Restore {
             reason,
             message: String::new(),
+            refusal: None,
         };
         assert_eq!(
             retry_after(&refused("CrossScopeRestore"), 0.0),

@@ -516,6 +516,7 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                         if decision.restore.is_some() {
                             st.restored_from = decision.restore.clone();
                         }
+                        st.restore_refusal = None;
                         conditions::set(
                             &mut st.conditions,
                             WORKSPACE_READY,
@@ -532,6 +533,9 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                     }
                     Err(e) => {
                         let (reason, msg) = e.reason_and_message();
+                        if let Some(r) = e.restore_refusal() {
+                            st.restore_refusal = Some(r.clone());
+                        }
                         st.phase = Some(SandboxPhase::Initializing);
                         conditions::set(
                             &mut st.conditions,

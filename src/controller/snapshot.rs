@@ -659,7 +659,14 @@ for d in "" $dirs; do
 done
 IFS=' 	'
 if [ "$#" -eq 0 ]; then exec head -c 1024 /dev/zero; fi
-exec tar -c -f - "$@"
+# busybox tar writes a header, a file's bytes and its padding one write each; read straight
+# from its pipe, a workspace of small files reaches the operator as a message per write. dd
+# gathers the output into 64 KiB writes. sh has no pipefail: tar's exit status comes back
+# through fd 3 (dd's failures show as a cut archive, which the operator refuses).
+command -v dd >/dev/null 2>&1 || exec tar -c -f - "$@"
+exec 4>&1
+st=$( { { tar -c -f - "$@" 3>&- 4>&-; echo $? >&3; } | dd ibs=131072 obs=65536 2>/dev/null >&4 3>&-; } 3>&1 )
+exit "${st:-1}"
 "#;
 
 /// Arguments of [`TAR_SCRIPT`] for a sandbox: its root, then the ancestors of its host mounts,
@@ -1081,6 +1088,41 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
         dir
+    }
+
+    #[test]
+    fn tar_script_keeps_tar_s_exit_status_through_its_dd_stage() {
+        let dir = scratch("status");
+        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
+        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
+        std::fs::write(dir.join("f"), "x").expect("write");
+        // A tar that prints a little and fails, first in PATH.
+        let bin = scratch("status-bin");
+        std::fs::write(bin.join("tar"), "#!/bin/sh\nprintf partial\nexit 3\n").expect("fake tar");
+        std::process::Command::new("chmod")
+            .args(["0755", &bin.join("tar").to_string_lossy()])
+            .status()
+            .expect("chmod");
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-c", TAR_SCRIPT, "sh"])
+            .args(tar_args(&dir.to_string_lossy(), &[]))
+            .env("PATH", path)
+            .output()
+            .expect("run sh");
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"partial");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&bin);
     }
 
     #[test]

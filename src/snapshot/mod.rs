@@ -1,18 +1,19 @@
 //! Workspace snapshots: tar archives in object storage.
 //!
-//! - [`archive`]: a streaming tar parser and validator (pure).
+//! - [`archive`]: the operator's tar parser, rules and canonical re-encoding (pure).
 //! - [`store`]: the object store and its key layout.
 //! - here: the streaming pipelines between the two and an exec stream. Memory stays flat
-//!   whatever the archive's size: chunks flow through SHA-256 and the tar parser into a
-//!   multipart upload with at most [`MAX_PARTS_IN_FLIGHT`] parts of [`PART_SIZE`] buffered,
-//!   and a restore's download flows chunk by chunk through the validator into the pod.
+//!   whatever the archive's size: the sandbox's `tar -c` output flows through the
+//!   canonicaliser, whose output is hashed and sent into a multipart upload with at most
+//!   [`MAX_PARTS_IN_FLIGHT`] parts of [`PART_SIZE`] buffered; a restore's download flows chunk
+//!   by chunk through the canonicaliser, and only its output goes on to the pod.
 
 pub mod archive;
 pub mod store;
 
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::{SinkExt, Stream, StreamExt};
 use object_store::multipart::{MultipartStore, PartId};
@@ -24,7 +25,7 @@ use object_store::{
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::io::ReaderStream;
 
-use archive::{Limits, Refusal, Summary, TarStream};
+use archive::{Canonicalizer, Limits, Refusal, Summary};
 use store::{SnapshotKeys, Store, StoreError};
 
 /// Size of each multipart part (the S3 minimum is 5 MiB).
@@ -32,6 +33,9 @@ pub const PART_SIZE: usize = 5 << 20;
 /// Parts uploading at once; with the part being filled this bounds buffered data at
 /// `(MAX_PARTS_IN_FLIGHT + 1) * PART_SIZE`.
 pub const MAX_PARTS_IN_FLIGHT: usize = 2;
+/// Canonical output is handed on in pieces of at least this size (a stream of small files
+/// arrives in small chunks; one upload put or one stdin frame per chunk would cost more).
+const OUTPUT_CHUNK: usize = 256 << 10;
 
 /// Snapshot and restore failures.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +60,49 @@ impl From<object_store::Error> for SnapshotError {
     }
 }
 
+/// The object version of an object that does not exist.
+pub const ABSENT: &str = "absent";
+
+/// The version of a stored object (its ETag, else size and modification time), or [`ABSENT`]:
+/// what a permanently refused restore was judged against, so that a new object is tried.
+pub async fn object_version(
+    store: &Store,
+    key: &Path,
+) -> Result<(String, Option<u64>), SnapshotError> {
+    match store.inner().head(key).await {
+        Ok(m) => {
+            let mut v = m
+                .e_tag
+                .clone()
+                .unwrap_or_else(|| format!("{}@{}", m.size, m.last_modified.to_rfc3339()));
+            if let Some(version) = &m.version {
+                v = format!("{v}/{version}");
+            }
+            Ok((v, Some(m.size)))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok((ABSENT.to_string(), None)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The static reason of a permanent refusal read back from a status by name.
+pub fn permanent_reason(name: &str) -> &'static str {
+    Refusal::REASONS
+        .iter()
+        .chain(&["ObjectMissing"])
+        .find(|r| **r == name)
+        .copied()
+        .unwrap_or("RestoreRefused")
+}
+
 impl SnapshotError {
+    /// Whether the error stands until the object, the record or the rules change: a refused
+    /// archive (digest and size mismatches included) or a missing object. Store and stream
+    /// errors may pass.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, SnapshotError::Refused(_) | SnapshotError::Missing(_))
+    }
+
     /// A CamelCase reason for conditions.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -68,13 +114,14 @@ impl SnapshotError {
     }
 }
 
-/// Streams `chunks` (a tar archive) into a multipart upload at `keys.temp`: the upload `id`
-/// made by [`Store::create_upload`] when the store has a multipart API, else a new one. On the
-/// way every byte is hashed and every member checked by the restore's validator with `limits`,
-/// so an archive that could not be restored (an absolute symlink, too many members...) is
-/// refused now rather than stored as a snapshot that can never come back. On any error the
-/// upload is aborted and the error returned; the caller commits ([`Store::commit`]) only after
-/// success.
+/// Streams `chunks` (the sandbox's tar archive) through the canonicaliser into a multipart
+/// upload at `keys.temp`: the upload `id` made by [`Store::create_upload`] when the store has a
+/// multipart API, else a new one. Every member is checked by the restore's rules with
+/// `limits`, so an archive that could not be restored (an absolute symlink, too many
+/// members...) is refused now rather than stored as a snapshot that can never come back; what
+/// is stored is the operator's own canonical re-encoding, and the summary (digest, size,
+/// members) is that of the stored bytes. On any error the upload is aborted and the error
+/// returned; the caller commits ([`Store::commit`]) only after success.
 pub async fn upload<S>(
     store: &Store,
     keys: &SnapshotKeys,
@@ -96,7 +143,8 @@ where
         _ => store.inner().put_multipart(&keys.temp).await?,
     };
     let mut w = WriteMultipart::new_with_chunk_size(up, PART_SIZE);
-    let mut tar = TarStream::validating(limits, None);
+    let mut canon = Canonicalizer::snapshot(limits);
+    let mut out = BytesMut::new();
     let failed = loop {
         let Some(next) = chunks.next().await else {
             break None;
@@ -105,25 +153,28 @@ where
             Ok(c) => c,
             Err(e) => break Some(e),
         };
-        if let Err(r) = tar.feed(&chunk) {
+        if let Err(r) = canon.feed(&chunk, &mut out) {
             break Some(r.into());
         }
-        if let Err(e) = w.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
-            break Some(e.into());
+        if out.len() >= OUTPUT_CHUNK {
+            if let Err(e) = w.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
+                break Some(e.into());
+            }
+            w.put(out.split().freeze());
         }
-        w.put(chunk);
     };
     if let Some(e) = failed {
         let _ = w.abort().await;
         return Err(e);
     }
-    let summary = match tar.finish() {
+    let summary = match canon.finish(&mut out) {
         Ok(s) => s,
         Err(r) => {
             let _ = w.abort().await;
             return Err(r.into());
         }
     };
+    w.put(out.freeze());
     w.finish().await?;
     Ok(summary)
 }
@@ -234,24 +285,26 @@ pub async fn object_stream(
     Ok((size, stream))
 }
 
-/// The handle of a restore's download: the task that reads, validates and forwards.
+/// The handle of a restore's download: the task that reads, re-encodes and forwards.
 pub type ForwardTask = tokio::task::JoinHandle<Result<Summary, SnapshotError>>;
 
-/// The one pass of a restore: a reader of the object whose bytes are forwarded only after the
-/// validator has accepted every member header completed in them, so a refused member never
-/// reaches the extracting `tar` (the bytes before it do, into a staging directory the caller
-/// discards). The task's result is the summary of everything read: the caller checks its
-/// digest and size ([`archive::verify`]) before using anything that was extracted.
-pub async fn validated_reader(
+/// The one pass of a restore: a reader of the *canonical re-encoding* of the object, not of
+/// the object itself, so whatever the store holds, only bytes the operator wrote reach the
+/// extracting `tar`, and each member only after the rules accepted it (the members before a
+/// refused one do reach it, into a staging directory the caller discards). The task's result
+/// is the summary of the object read: the caller checks its digest and size
+/// ([`archive::verify`]) before using anything that was extracted.
+pub async fn canonical_reader(
     store: &Store,
     key: &Path,
     limits: Limits,
 ) -> Result<(impl AsyncRead + Send + 'static, ForwardTask), SnapshotError> {
     let (total, mut body) = object_stream(store, key).await?;
-    let mut tar = TarStream::validating(limits, Some(total));
-    tar.check_size(total)?;
+    let mut canon = Canonicalizer::restore(limits, total);
+    canon.check_size(total)?;
     let (mut tx, rx) = futures::channel::mpsc::channel::<std::io::Result<Bytes>>(4);
     let task = tokio::spawn(async move {
+        let mut out = BytesMut::new();
         while let Some(chunk) = body.next().await {
             let chunk = match chunk {
                 Ok(c) => c,
@@ -260,15 +313,25 @@ pub async fn validated_reader(
                     return Err(e);
                 }
             };
-            if let Err(r) = tar.feed(&chunk) {
+            if let Err(r) = canon.feed(&chunk, &mut out) {
                 let _ = tx.send(Err(std::io::Error::other("archive refused"))).await;
                 return Err(r.into());
             }
-            if tx.send(Ok(chunk)).await.is_err() {
+            if out.len() >= OUTPUT_CHUNK && tx.send(Ok(out.split().freeze())).await.is_err() {
                 return Err(SnapshotError::Source("the extracting side stopped".into()));
             }
         }
-        Ok(tar.finish()?)
+        let summary = match canon.finish(&mut out) {
+            Ok(s) => s,
+            Err(r) => {
+                let _ = tx.send(Err(std::io::Error::other("archive refused"))).await;
+                return Err(r.into());
+            }
+        };
+        if tx.send(Ok(out.freeze())).await.is_err() {
+            return Err(SnapshotError::Source("the extracting side stopped".into()));
+        }
+        Ok(summary)
     });
     Ok((tokio_util::io::StreamReader::new(rx), task))
 }
@@ -276,6 +339,7 @@ pub async fn validated_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Digest;
     use tokio::io::AsyncReadExt;
 
     fn sample(n_bytes: usize) -> Vec<u8> {
@@ -290,6 +354,15 @@ mod tests {
         d.set_size(0);
         b.append_data(&mut d, "empty", std::io::empty()).unwrap();
         b.into_inner().unwrap()
+    }
+
+    /// The canonical re-encoding of an archive.
+    fn canonical(bytes: &[u8]) -> Vec<u8> {
+        let mut c = Canonicalizer::snapshot(Limits::default());
+        let mut out = BytesMut::new();
+        c.feed(bytes, &mut out).unwrap();
+        c.finish(&mut out).unwrap();
+        out.to_vec()
     }
 
     fn chunks(bytes: &[u8]) -> impl Stream<Item = Result<Bytes, SnapshotError>> + Unpin {
@@ -308,15 +381,19 @@ mod tests {
         let s = upload(&store, &keys, None, Limits::default(), chunks(&bytes))
             .await
             .unwrap();
-        assert_eq!(s.size, bytes.len() as u64);
+        // What is stored is the canonical re-encoding, and the summary is its.
+        let stored = canonical(&bytes);
+        assert_ne!(stored, bytes, "the tar crate's GNU headers are re-encoded");
+        assert_eq!(s.size, stored.len() as u64);
+        assert_eq!(s.sha256, hex::encode(sha2::Sha256::digest(&stored)));
         assert_eq!(s.members, 2);
         store.commit(&keys).await.unwrap();
-        let (mut r, task) = validated_reader(&store, &keys.object, Limits::default())
+        let (mut r, task) = canonical_reader(&store, &keys.object, Limits::default())
             .await
             .unwrap();
         let mut back = Vec::new();
         r.read_to_end(&mut back).await.unwrap();
-        assert_eq!(back, bytes);
+        assert!(back == stored, "the canonical form re-encodes to itself");
         let read = task.await.unwrap().unwrap();
         assert_eq!(read, s);
         assert!(archive::verify(&read, &s.sha256, Some(s.size)).is_ok());
@@ -328,7 +405,7 @@ mod tests {
         );
         let missing = store.keys("ns", "key", "nope").object;
         assert_eq!(
-            validated_reader(&store, &missing, Limits::default())
+            canonical_reader(&store, &missing, Limits::default())
                 .await
                 .err()
                 .map(|e| e.reason()),
@@ -403,8 +480,8 @@ mod tests {
             .await
             .unwrap();
         let back = store.inner().get(&keys.temp).await.unwrap().bytes().await;
-        assert_eq!(back.unwrap(), bytes);
-        assert_eq!(s.size, bytes.len() as u64);
+        assert!(back.unwrap() == canonical(&bytes));
+        assert_eq!(s.size, canonical(&bytes).len() as u64);
         // An upload left behind (its operator killed) is aborted by its recorded id: its
         // parts are gone and it can no longer be completed.
         let m = store.multipart().unwrap().clone();
@@ -472,7 +549,7 @@ mod tests {
             .put(&keys.object, bytes.clone().into())
             .await
             .unwrap();
-        let (mut r, task) = validated_reader(&store, &keys.object, Limits::default())
+        let (mut r, task) = canonical_reader(&store, &keys.object, Limits::default())
             .await
             .unwrap();
         let mut back = Vec::new();

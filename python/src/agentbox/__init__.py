@@ -51,6 +51,7 @@ from .scope import Scope, ScopeKind
 from .session import Session
 from .snapshots import Snapshot
 from .spec import (
+    Capabilities,
     FileSource,
     HostMount,
     KeyRef,
@@ -68,6 +69,7 @@ from .spec import (
 __all__ = [
     "AgentboxError",
     "ApiError",
+    "Capabilities",
     "CommandError",
     "CommandNotStartedError",
     "ConflictError",

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar, Union
 from .scope import Scope
 
 __all__ = [
+    "Capabilities",
     "FileSource",
     "HostMount",
     "KeyRef",
@@ -133,6 +134,19 @@ class Network:
 
 
 @dataclass
+class Capabilities:
+    """Changes to the sandbox container's default capability set.
+
+    ``drop`` removes capabilities of the default set (``"ALL"`` drops them all); ``add`` adds
+    others, each of which the operator must allow (``--allowed-capabilities``). Names as in
+    Kubernetes, without ``CAP_`` (e.g. ``"NET_RAW"``).
+    """
+
+    add: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+
+
+@dataclass
 class SandboxSecurityContext:
     """The few security settings a sandbox may choose."""
 
@@ -140,6 +154,7 @@ class SandboxSecurityContext:
     run_as_group: int | None = None
     run_as_non_root: bool | None = None
     read_only_root_filesystem: bool | None = None
+    capabilities: Capabilities | None = None
 
 
 @dataclass

@@ -77,7 +77,9 @@ def test_a_full_spec_round_trips_through_json() -> None:
         node_selector={"disk": "ssd"},
         tolerations=[{"key": "k", "operator": "Exists"}],
         security_context=agentbox.SandboxSecurityContext(
-            run_as_user=1000, read_only_root_filesystem=True
+            run_as_user=1000,
+            read_only_root_filesystem=True,
+            capabilities=agentbox.Capabilities(add=["NET_RAW"], drop=["KILL"]),
         ),
         workspace=agentbox.WorkspaceSpec(
             root="/work",
@@ -123,8 +125,11 @@ def test_a_full_spec_round_trips_through_json() -> None:
         "onStop": True,
         "retention": {"keepLast": 3},
     }
+    assert d["securityContext"]["capabilities"] == {"add": ["NET_RAW"], "drop": ["KILL"]}
     back = SandboxSpec.from_dict(d)
     assert back.to_dict() == d
+    assert back.security_context is not None
+    assert back.security_context.capabilities == agentbox.Capabilities(["NET_RAW"], ["KILL"])
     assert back.workspace.files[1].content_from == agentbox.FileSource(
         secret_key_ref=agentbox.KeyRef("s", "k")
     )
