@@ -50,6 +50,8 @@ pub struct Context {
     pub store: Option<Store>,
     /// What the helper found on each node's workspace directory of each namespace.
     pub node_roots: noderoot::Checks,
+    /// Permanent restore refusals this process made, by sandbox (beside `status.restoreRefusal`).
+    pub refusals: restore::Refusals,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -276,6 +278,7 @@ pub async fn run(
         metrics: metrics.clone(),
         store,
         node_roots: noderoot::Checks::default(),
+        refusals: restore::Refusals::default(),
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     let snapshot_ctx = ctx.clone();

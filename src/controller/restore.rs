@@ -12,6 +12,8 @@
 //!
 //! Any failure leaves the existing workspace as it was and removes the staging directory.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -132,6 +134,36 @@ impl Judged {
     }
 }
 
+/// The permanent refusals this process made, by sandbox UID. `status.restoreRefusal` is the
+/// record that outlives the process; this one outlives a status that could not keep it — a
+/// status write that failed, or a cluster whose Sandbox CRD predates the field and prunes it.
+/// Without it such a sandbox would run its refused restore again, guard and exec, on every
+/// event of its scope. An entry goes when a start succeeds or the sandbox is deleted.
+#[derive(Debug, Default)]
+pub struct Refusals(Mutex<HashMap<String, RestoreRefusal>>);
+
+impl Refusals {
+    /// The refusal recorded for sandbox `uid`.
+    pub fn get(&self, uid: &str) -> Option<RestoreRefusal> {
+        // A panic while holding the lock cannot leave a map half-written: use it as it is.
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(uid).cloned()
+    }
+
+    /// Records (`Some`) or forgets (`None`) the refusal of sandbox `uid`.
+    pub fn set(&self, uid: &str, refusal: Option<&RestoreRefusal>) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match refusal {
+            Some(r) => {
+                map.insert(uid.to_string(), r.clone());
+            }
+            None => {
+                map.remove(uid);
+            }
+        }
+    }
+}
+
 /// The error a standing refusal gives again: the same reason and message, so the sandbox's
 /// status does not change and costs no write.
 fn standing_error(r: &RestoreRefusal) -> Error {
@@ -202,7 +234,11 @@ pub async fn restore(
         limits: limits_label(&limits),
     });
     let last = sbx.status.as_ref().and_then(|s| s.restore_refusal.as_ref());
-    if let Some(r) = judged.standing(last) {
+    let remembered = ctx.refusals.get(&sbx.uid().unwrap_or_default());
+    if let Some(r) = judged
+        .standing(last)
+        .or_else(|| judged.standing(remembered.as_ref()))
+    {
         return Err(standing_error(r));
     }
     // What can be refused without reading the object is refused before taking the guard.
@@ -405,6 +441,28 @@ mod tests {
         assert_eq!(first.reason_and_message(), again.reason_and_message());
         assert_eq!(again.restore_refusal(), Some(&r));
         assert!(again.is_permanent());
+    }
+
+    #[test]
+    fn a_refusal_kept_in_the_process_stands_when_the_status_lost_it() {
+        let j = judged();
+        let r = refused(&j, archive::Refusal::Fifo("p".into()).into());
+        let kept = Refusals::default();
+        kept.set("sbx-1", Some(&r));
+        assert_eq!(kept.get("sbx-1").as_ref(), Some(&r));
+        assert_eq!(kept.get("sbx-2"), None, "kept per sandbox");
+        // The status has no record (pruned, or its write failed): the kept one stands.
+        let remembered = kept.get("sbx-1");
+        assert_eq!(
+            j.standing(None).or_else(|| j.standing(remembered.as_ref())),
+            Some(&r)
+        );
+        // Judged against something else, it does not.
+        let mut other = judged();
+        other.0.object_version = "etag-b".into();
+        assert_eq!(other.standing(remembered.as_ref()), None);
+        kept.set("sbx-1", None);
+        assert_eq!(kept.get("sbx-1"), None);
     }
 
     #[test]
