@@ -51,6 +51,8 @@ pub struct Context {
     pub store: Option<Store>,
     /// What the helper found on each node's workspace directory of each namespace.
     pub node_roots: noderoot::Checks,
+    /// Permanent restore refusals this process made, by sandbox (beside `status.restoreRefusal`).
+    pub refusals: restore::Refusals,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -103,6 +105,9 @@ pub enum Error {
         reason: &'static str,
         /// What happened.
         message: String,
+        /// Set when the refusal is permanent: recorded on the Sandbox so the restore is not
+        /// attempted again until what it was judged against changes.
+        refusal: Option<Box<crate::crd::RestoreRefusal>>,
     },
 }
 
@@ -136,6 +141,16 @@ impl Error {
             Error::Snapshot(_) => "snapshot",
             Error::Guard(_) => "guard",
             Error::Restore { .. } => "restore",
+        }
+    }
+
+    /// The permanent restore refusal this error records, if it is one.
+    pub fn restore_refusal(&self) -> Option<&crate::crd::RestoreRefusal> {
+        match self.root() {
+            Error::Restore {
+                refusal: Some(r), ..
+            } => Some(r),
+            _ => None,
         }
     }
 
@@ -264,6 +279,7 @@ pub async fn run(
         metrics: metrics.clone(),
         store,
         node_roots: noderoot::Checks::default(),
+        refusals: restore::Refusals::default(),
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     let snapshot_ctx = ctx.clone();
@@ -429,6 +445,7 @@ mod tests {
         let refused = |reason| Error::Restore {
             reason,
             message: String::new(),
+            refusal: None,
         };
         assert_eq!(
             retry_after(&refused("CrossScopeRestore"), 0.0),

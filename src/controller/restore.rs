@@ -12,16 +12,20 @@
 //!
 //! Any failure leaves the existing workspace as it was and removes the staging directory.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use tracing::info;
 
 use super::pod::CONTAINER;
 use super::{Context, Error};
-use crate::crd::{Sandbox, SandboxSnapshot};
+use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
 use crate::exec::{self, ExecRequest};
 use crate::guard::{self, GuardConfig, GuardError};
 use crate::snapshot::{self, SnapshotError, archive};
@@ -93,7 +97,89 @@ fn fail(reason: &'static str, message: impl Into<String>) -> Error {
     Error::Restore {
         reason,
         message: message.into(),
+        refusal: None,
     }
+}
+
+/// What a restore is judged against ([`RestoreBasis`]). A permanent refusal
+/// ([`SnapshotError::is_permanent`]) is recorded with it on the Sandbox, and stands — no guard
+/// taken, no exec run — while all of it is unchanged: otherwise every event of the scope (its
+/// Lease changing as the restore takes the guard, among them) would run the same refused
+/// restore again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Judged(pub RestoreBasis);
+
+impl Judged {
+    /// The refusal on record, if it was made against exactly this (pure).
+    pub fn standing<'a>(&self, last: Option<&'a RestoreRefusal>) -> Option<&'a RestoreRefusal> {
+        last.filter(|r| r.basis == self.0)
+    }
+
+    /// The error for a failed restore: a permanent one carries its record.
+    fn error(&self, e: SnapshotError) -> Error {
+        if !e.is_permanent() {
+            return from_snapshot(e);
+        }
+        let (reason, message) = (e.reason(), e.to_string());
+        Error::Restore {
+            reason,
+            message: message.clone(),
+            refusal: Some(Box::new(RestoreRefusal {
+                basis: self.0.clone(),
+                reason: reason.to_string(),
+                message,
+                refused_at: Time(Timestamp::now()),
+            })),
+        }
+    }
+}
+
+/// The permanent refusals this process made, by sandbox UID. `status.restoreRefusal` is the
+/// record that outlives the process; this one outlives a status that could not keep it — a
+/// status write that failed, or a cluster whose Sandbox CRD predates the field and prunes it.
+/// Without it such a sandbox would run its refused restore again, guard and exec, on every
+/// event of its scope. An entry goes when a start succeeds or the sandbox is deleted.
+#[derive(Debug, Default)]
+pub struct Refusals(Mutex<HashMap<String, RestoreRefusal>>);
+
+impl Refusals {
+    /// The refusal recorded for sandbox `uid`.
+    pub fn get(&self, uid: &str) -> Option<RestoreRefusal> {
+        // A panic while holding the lock cannot leave a map half-written: use it as it is.
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(uid).cloned()
+    }
+
+    /// Records (`Some`) or forgets (`None`) the refusal of sandbox `uid`.
+    pub fn set(&self, uid: &str, refusal: Option<&RestoreRefusal>) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match refusal {
+            Some(r) => {
+                map.insert(uid.to_string(), r.clone());
+            }
+            None => {
+                map.remove(uid);
+            }
+        }
+    }
+}
+
+/// The error a standing refusal gives again: the same reason and message, so the sandbox's
+/// status does not change and costs no write.
+fn standing_error(r: &RestoreRefusal) -> Error {
+    Error::Restore {
+        reason: snapshot::permanent_reason(&r.reason),
+        message: r.message.clone(),
+        refusal: Some(Box::new(r.clone())),
+    }
+}
+
+/// The restore limits as recorded with a refusal.
+fn limits_label(l: &archive::Limits) -> String {
+    format!(
+        "input={} extracted={} members={} ratio={}",
+        l.max_input_bytes, l.max_extracted_bytes, l.max_members, l.max_expansion_ratio
+    )
 }
 
 fn from_snapshot(e: SnapshotError) -> Error {
@@ -136,6 +222,36 @@ pub async fn restore(
     let keys = store.keys(&ns, &scope_key, &uid);
     let size = st.size_bytes.and_then(|s| u64::try_from(s).ok());
     let limits = ctx.config.restore_limits();
+    let (object_version, object_size) = snapshot::object_version(store, &keys.object)
+        .await
+        .map_err(from_snapshot)?;
+    let judged = Judged(RestoreBasis {
+        snapshot: snapshot_name.to_string(),
+        snapshot_uid: uid.clone(),
+        snapshot_resource_version: snap.resource_version().unwrap_or_default(),
+        generation: sbx.metadata.generation.unwrap_or(0),
+        object_version,
+        limits: limits_label(&limits),
+    });
+    let last = sbx.status.as_ref().and_then(|s| s.restore_refusal.as_ref());
+    let remembered = ctx.refusals.get(&sbx.uid().unwrap_or_default());
+    if let Some(r) = judged
+        .standing(last)
+        .or_else(|| judged.standing(remembered.as_ref()))
+    {
+        return Err(standing_error(r));
+    }
+    // What can be refused without reading the object is refused before taking the guard.
+    match (object_size, size) {
+        (None, _) => {
+            return Err(judged.error(SnapshotError::Missing(keys.object.to_string())));
+        }
+        (Some(actual), Some(expected)) if actual != expected => {
+            let r = archive::Refusal::SizeMismatch { expected, actual };
+            return Err(judged.error(r.into()));
+        }
+        _ => {}
+    }
 
     let gcfg = GuardConfig {
         holder: format!("{}/restore", ctx.config.identity),
@@ -170,6 +286,7 @@ pub async fn restore(
             &keys.object,
             limits,
             (&sha, size),
+            &judged,
         )
         .await;
         let staged = match extracted {
@@ -235,8 +352,9 @@ pub async fn restore(
     }
 }
 
-/// Streams the object through the validator into `tar -x` in a fresh staging directory and
-/// checks that what was read is the snapshot (`expected`: digest and, when recorded, size).
+/// Streams the canonical re-encoding of the object into `tar -x` in a fresh staging
+/// directory and checks that what was read is the snapshot (`expected`: digest and, when
+/// recorded, size). Permanent refusals carry their record (`judged`).
 #[allow(clippy::too_many_arguments)]
 async fn extract(
     pods: &Api<Pod>,
@@ -247,10 +365,11 @@ async fn extract(
     key: &object_store::path::Path,
     limits: archive::Limits,
     expected: (&str, Option<u64>),
+    judged: &Judged,
 ) -> Result<archive::Summary, Error> {
-    let (reader, task) = snapshot::validated_reader(store, key, limits)
+    let (reader, task) = snapshot::canonical_reader(store, key, limits)
         .await
-        .map_err(from_snapshot)?;
+        .map_err(|e| judged.error(e))?;
     let req = ExecRequest::argv(["sh", "-c", EXTRACT_SCRIPT, "sh", root, id])
         .stdin_reader(reader)
         .timeout(EXTRACT_TIMEOUT)
@@ -259,10 +378,9 @@ async fn extract(
     let forwarded = task
         .await
         .map_err(|e| fail("RestoreFailed", format!("forwarding task: {e}")))?
-        .map_err(from_snapshot)?;
+        .map_err(|e| judged.error(e))?;
     let out = out?;
-    archive::verify(&forwarded, expected.0, expected.1)
-        .map_err(|r| from_snapshot(SnapshotError::Refused(r)))?;
+    archive::verify(&forwarded, expected.0, expected.1).map_err(|r| judged.error(r.into()))?;
     if !out.success() {
         return Err(fail(
             "ExtractFailed",
@@ -282,5 +400,113 @@ async fn discard(pods: &Api<Pod>, pod_name: &str, root: &str, id: &str) {
         .max_output(4096);
     if let Err(e) = exec::run(pods, pod_name, CONTAINER, req).await {
         tracing::warn!(pod = pod_name, "removing the staging directory failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn judged() -> Judged {
+        Judged(RestoreBasis {
+            snapshot: "s1".into(),
+            snapshot_uid: "uid-1".into(),
+            snapshot_resource_version: "41".into(),
+            generation: 2,
+            object_version: "etag-a".into(),
+            limits: limits_label(&archive::Limits::default()),
+        })
+    }
+
+    fn refused(j: &Judged, e: SnapshotError) -> RestoreRefusal {
+        match j.error(e) {
+            Error::Restore {
+                refusal: Some(r), ..
+            } => *r,
+            other => panic!("not recorded: {other}"),
+        }
+    }
+
+    #[test]
+    fn a_permanent_refusal_stands_while_nothing_it_was_judged_against_changes() {
+        let j = judged();
+        let r = refused(&j, archive::Refusal::Fifo("p".into()).into());
+        assert_eq!(r.reason, "Fifo");
+        assert_eq!(j.standing(Some(&r)), Some(&r));
+        // The error given again is the same as the first: same reason, same message.
+        let (first, again) = (
+            j.error(archive::Refusal::Fifo("p".into()).into()),
+            standing_error(&r),
+        );
+        assert_eq!(first.reason_and_message(), again.reason_and_message());
+        assert_eq!(again.restore_refusal(), Some(&r));
+        assert!(again.is_permanent());
+    }
+
+    #[test]
+    fn a_refusal_kept_in_the_process_stands_when_the_status_lost_it() {
+        let j = judged();
+        let r = refused(&j, archive::Refusal::Fifo("p".into()).into());
+        let kept = Refusals::default();
+        kept.set("sbx-1", Some(&r));
+        assert_eq!(kept.get("sbx-1").as_ref(), Some(&r));
+        assert_eq!(kept.get("sbx-2"), None, "kept per sandbox");
+        // The status has no record (pruned, or its write failed): the kept one stands.
+        let remembered = kept.get("sbx-1");
+        assert_eq!(
+            j.standing(None).or_else(|| j.standing(remembered.as_ref())),
+            Some(&r)
+        );
+        // Judged against something else, it does not.
+        let mut other = judged();
+        other.0.object_version = "etag-b".into();
+        assert_eq!(other.standing(remembered.as_ref()), None);
+        kept.set("sbx-1", None);
+        assert_eq!(kept.get("sbx-1"), None);
+    }
+
+    #[test]
+    fn any_change_allows_another_attempt() {
+        let r = refused(&judged(), SnapshotError::Missing("k".into()));
+        assert_eq!(r.reason, "ObjectMissing");
+        let changes: [fn(&mut RestoreBasis); 6] = [
+            |b| b.snapshot = "s2".into(),
+            |b| b.snapshot_uid = "uid-2".into(),
+            |b| b.snapshot_resource_version = "42".into(),
+            |b| b.generation = 3,
+            |b| b.object_version = "etag-b".into(),
+            |b| b.limits = "input=1".into(),
+        ];
+        for change in changes {
+            let mut j = judged();
+            change(&mut j.0);
+            assert_eq!(j.standing(Some(&r)), None, "{j:?}");
+        }
+        assert_eq!(judged().standing(None), None);
+    }
+
+    #[test]
+    fn only_permanent_failures_are_recorded() {
+        let j = judged();
+        for e in [
+            SnapshotError::Source("the extracting side stopped".into()),
+            SnapshotError::Store(crate::snapshot::store::StoreError::Io {
+                path: "p".into(),
+                source: std::io::Error::other("disk"),
+            }),
+        ] {
+            assert!(j.error(e).restore_refusal().is_none());
+        }
+        let digest = archive::Refusal::DigestMismatch {
+            expected: "a".into(),
+            actual: "b".into(),
+        };
+        assert_eq!(refused(&j, digest.into()).reason, "DigestMismatch");
+        for reason in archive::Refusal::REASONS
+            .into_iter()
+            .chain(["ObjectMissing"])
+        {
+            assert_eq!(snapshot::permanent_reason(reason), reason);
+        }
     }
 }

@@ -523,6 +523,8 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                         if decision.restore.is_some() {
                             st.restored_from = decision.restore.clone();
                         }
+                        st.restore_refusal = None;
+                        ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
                         conditions::set(
                             &mut st.conditions,
                             WORKSPACE_READY,
@@ -539,6 +541,10 @@ async fn apply(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                     }
                     Err(e) => {
                         let (reason, msg) = e.reason_and_message();
+                        if let Some(r) = e.restore_refusal() {
+                            st.restore_refusal = Some(r.clone());
+                            ctx.refusals.set(&sbx.uid().unwrap_or_default(), Some(r));
+                        }
                         st.phase = Some(SandboxPhase::Initializing);
                         conditions::set(
                             &mut st.conditions,
@@ -882,6 +888,7 @@ async fn ensure_network_policy(sbx: &Sandbox, api: &Api<NetworkPolicy>) -> Resul
 
 /// Deleting a Sandbox: pod and workspace first, then the scope's idle guard Lease.
 async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+    ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
     let action = remove_pod_and_workspace(sbx, ctx).await?;
     forget_scope_lease(sbx, ctx).await?;
     Ok(action)

@@ -38,7 +38,13 @@ pub enum Relation {
 }
 
 fn refused(reason: &'static str, message: String) -> Error {
-    Error::Restore { reason, message }
+    // Selection needs no guard or exec, so it is not recorded as a standing refusal: its
+    // inputs (the namespace's annotation among them) are cheap to read again.
+    Error::Restore {
+        reason,
+        message,
+        refusal: None,
+    }
 }
 
 /// How `snap` relates to scope `scope_key`, by the operator's own record; refused when it is

@@ -38,7 +38,7 @@ use crate::exec::{self, ExecEvent, ExecRequest};
 use crate::guard::{self, GuardConfig, GuardError};
 use crate::labels;
 use crate::snapshot::archive::Refusal;
-use crate::snapshot::store::{Manifest, SnapshotKeys, Store, StoreError};
+use crate::snapshot::store::{Commit, Manifest, SnapshotKeys, Store, StoreError};
 use crate::snapshot::{self, SnapshotError};
 use object_store::MultipartId;
 
@@ -517,7 +517,7 @@ async fn take(
         .unwrap_or_else(|e| Err(SnapshotError::Source(format!("guard: {e}"))));
     let now = Timestamp::now();
     let outcome = match result {
-        Ok(summary) => {
+        Ok((summary, commit)) => {
             info!(snapshot = %name, namespace = %ns, bytes = summary.size, secs = started.elapsed().as_secs_f64(), "uploaded; committing");
             let manifest = Manifest {
                 version: 1,
@@ -539,7 +539,7 @@ async fn take(
             if g.is_lost() {
                 Err(SnapshotError::Source("the scope's guard was lost".into()))
             } else {
-                match store.commit(&keys).await {
+                match store.commit(&keys, commit).await {
                     Ok(()) => store
                         .put_manifest(&keys.manifest, &manifest)
                         .await
@@ -658,8 +658,27 @@ for d in "" $dirs; do
   IFS=$nl
 done
 IFS=' 	'
-if [ "$#" -eq 0 ]; then exec head -c 1024 /dev/zero; fi
-exec tar -c -f - "$@"
+# Output still on its way when the exec's process exits can be dropped on the way out
+# (kubernetes/kubernetes#124571: the streaming connection is closed right after the exit
+# status, and a reader slower than tar loses the tail). So the script exits only when the
+# operator ends its stdin, which it does once the archive's end marker has arrived; `read -t`
+# caps the wait should that never come, and shells without `-t` skip it. (A v4 exec cannot end
+# stdin without closing the connection, as for every exec with stdin: snapshots need v5.)
+linger() { while read -r -t 600 _ 2>/dev/null; do :; done; }
+if [ "$#" -eq 0 ]; then head -c 1024 /dev/zero; linger; exit 0; fi
+# busybox tar writes a header, a file's bytes and its padding one write each; read straight
+# from its pipe, a workspace of small files reaches the operator as a message per write. dd
+# gathers the output into 64 KiB writes. sh has no pipefail: tar's exit status comes back
+# through fd 3 (dd's failures show as a cut archive, which the operator refuses).
+if command -v dd >/dev/null 2>&1; then
+  exec 4>&1
+  st=$( { { tar -c -f - "$@" 3>&- 4>&- </dev/null; echo $? >&3; } | dd ibs=131072 obs=65536 2>/dev/null >&4 3>&-; } 3>&1 )
+else
+  tar -c -f - "$@" </dev/null; st=$?
+fi
+# Only a whole archive has an end marker to wait for.
+[ "${st:-1}" = 0 ] && linger
+exit "${st:-1}"
 "#;
 
 /// Arguments of [`TAR_SCRIPT`] for a sandbox: its root, then the ancestors of its host mounts,
@@ -694,7 +713,7 @@ async fn stream_to_store(
     store: &Store,
     keys: &SnapshotKeys,
     upload_id: Option<&MultipartId>,
-) -> Result<crate::snapshot::archive::Summary, SnapshotError> {
+) -> Result<(crate::snapshot::archive::Summary, Commit), SnapshotError> {
     store.delete_temp(keys).await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
@@ -712,11 +731,17 @@ async fn stream_to_store(
         "sh".into(),
     ];
     argv.extend(tar_args(&root, &mounts));
+    // The script waits for its stdin to end before it exits (see TAR_SCRIPT); it ends when
+    // the archive's end marker has arrived here, by dropping `release`.
+    let (release, held) = tokio::io::duplex(64);
+    let mut release = Some(release);
     let stream = exec::stream(
         &pods,
         pod,
         CONTAINER,
-        ExecRequest::argv(argv).timeout(TAR_TIMEOUT),
+        ExecRequest::argv(argv)
+            .timeout(TAR_TIMEOUT)
+            .stdin_reader(held),
     )
     .await
     .map_err(|e| SnapshotError::Source(format!("exec: {e}")))?;
@@ -751,7 +776,10 @@ async fn stream_to_store(
     });
     let chunks = Box::pin(chunks);
     let limits = ctx.config.restore_limits();
-    let result = snapshot::upload(store, keys, upload_id, limits, chunks).await;
+    let result = snapshot::upload(store, keys, upload_id, limits, chunks, || {
+        release.take();
+    })
+    .await;
     if result.is_err() {
         let _ = store.delete_temp(keys).await;
     }
@@ -1081,6 +1109,41 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
         dir
+    }
+
+    #[test]
+    fn tar_script_keeps_tar_s_exit_status_through_its_dd_stage() {
+        let dir = scratch("status");
+        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
+        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
+        std::fs::write(dir.join("f"), "x").expect("write");
+        // A tar that prints a little and fails, first in PATH.
+        let bin = scratch("status-bin");
+        std::fs::write(bin.join("tar"), "#!/bin/sh\nprintf partial\nexit 3\n").expect("fake tar");
+        std::process::Command::new("chmod")
+            .args(["0755", &bin.join("tar").to_string_lossy()])
+            .status()
+            .expect("chmod");
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-c", TAR_SCRIPT, "sh"])
+            .args(tar_args(&dir.to_string_lossy(), &[]))
+            .env("PATH", path)
+            .output()
+            .expect("run sh");
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"partial");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&bin);
     }
 
     #[test]

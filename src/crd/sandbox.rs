@@ -636,6 +636,11 @@ pub struct SandboxStatus {
     /// SandboxSnapshot the workspace was last restored from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<String>,
+    /// The last restore refused for a permanent reason (a refused archive, a digest or size
+    /// mismatch, a missing object). It is not attempted again until the sandbox's spec, the
+    /// snapshot or its stored object changes; cleared when a start succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_refusal: Option<RestoreRefusal>,
     /// Newest SandboxSnapshot of this sandbox that became Ready. Written by the snapshot
     /// controller (field manager `agentbox-operator-snapshots`) when a snapshot commits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -679,6 +684,42 @@ pub struct LastSnapshot {
     pub sha256: String,
     /// Size of its tarball in bytes.
     pub size_bytes: i64,
+}
+
+/// What a restore is judged against: while all of it is unchanged, a permanent refusal
+/// stands.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreBasis {
+    /// Name of the SandboxSnapshot.
+    pub snapshot: String,
+    /// Its UID.
+    pub snapshot_uid: String,
+    /// Its resourceVersion when it was judged (any change to it allows another attempt).
+    pub snapshot_resource_version: String,
+    /// The Sandbox's `metadata.generation` (its spec) when it was judged.
+    pub generation: i64,
+    /// The stored object's version when it was judged: its ETag (or size and modification
+    /// time), or `absent` when it was missing.
+    pub object_version: String,
+    /// The operator's restore limits when it was judged (refusals for a limit do not stand
+    /// under other limits).
+    pub limits: String,
+}
+
+/// A restore refused for a permanent reason, and what it was judged against.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreRefusal {
+    /// What it was judged against.
+    #[serde(flatten)]
+    pub basis: RestoreBasis,
+    /// Why: the WorkspaceReady reason (`DigestMismatch`, `Hardlink`, `ObjectMissing`...).
+    pub reason: String,
+    /// What was refused.
+    pub message: String,
+    /// When it was refused.
+    pub refused_at: Time,
 }
 
 /// Coarse phase of a sandbox.
