@@ -151,7 +151,11 @@ fn rows(f: &Figures) -> Vec<Row> {
         ));
     }
 
-    for store in ["file", "s3"] {
+    for (store, name) in [
+        ("file", "file"),
+        ("s3", "s3 (s3s-fs)"),
+        ("s3moto", "s3 (moto)"),
+    ] {
         let s = |k: &str| f.get("snapshot", &format!("{store}_{k}"));
         let Some(raw) = s("raw_mib_s") else { continue };
         let mib = f.n("snapshot", &format!("{store}_raw_mib_s"));
@@ -166,7 +170,7 @@ fn rows(f: &Figures) -> Vec<Row> {
         };
         if let Some(v) = s("snapshot_mib_s") {
             out.push(of_raw(
-                format!("Snapshot of {mib} MiB, {store} store"),
+                format!("Snapshot of {mib} MiB, {name} store"),
                 v,
                 baseline.clone(),
             ));
@@ -174,7 +178,7 @@ fn rows(f: &Figures) -> Vec<Row> {
         if let Some(v) = s("restore_mib_s") {
             out.push(of_raw(
                 format!(
-                    "Restore of {mib} MiB (validated as it streams into staging), {store} store"
+                    "Restore of {mib} MiB (validated as it streams into staging), {name} store"
                 ),
                 v,
                 baseline,
@@ -185,7 +189,7 @@ fn rows(f: &Figures) -> Vec<Row> {
                 target: "growth < 64 MiB",
                 met: Some(g < 64.0),
                 ..row(
-                    format!("Operator peak RSS over snapshot + restore, {store} store"),
+                    format!("Operator peak RSS over snapshot + restore, {name} store"),
                     format!("+{g:.1} MiB (peak {p:.1} MiB)"),
                     s("idle_rss_mib").map_or("—".into(), |i| format!("idle {i:.1} MiB")),
                 )

@@ -10,7 +10,8 @@
 //!   (one validating, extracting pass, then the swap);
 //! - the operator's peak RSS growth over its idle RSS (`VmHWM` − `VmRSS` before the run).
 //!
-//! `BENCH_STORE=s3` uses the S3-compatible server of `hack/s3` instead of a `file://` store.
+//! `BENCH_STORE=s3` uses the fast S3-compatible server of `hack/s3` (s3s-fs) instead of a
+//! `file://` store, `BENCH_STORE=s3-moto` its moto server.
 //! With `BENCH_RESULTS` set, each figure is also appended to that file as a JSON line.
 //!
 //! `BENCH_SMALL_FILES=N` measures a workspace of N files of a few bytes instead (what
@@ -138,7 +139,8 @@ async fn run(client: &Client, ns: &str, mib: u64, small: u64) -> Res<()> {
             "--restore-max-members",
             &(small + 1000).max(100_000).to_string(),
         ]);
-    let label = if std::env::var("BENCH_STORE").as_deref() == Ok("s3") {
+    let store_kind = std::env::var("BENCH_STORE").unwrap_or_default();
+    let label = if store_kind == "s3" || store_kind == "s3-moto" {
         let out = Command::new(repo_root().join("hack/s3"))
             .arg("up")
             .status()?;
@@ -168,13 +170,21 @@ async fn run(client: &Client, ns: &str, mib: u64, small: u64) -> Res<()> {
             "--store-prefix",
             ns,
             "--s3-endpoint",
-            &get("AGENTBOX_TEST_S3_ENDPOINT"),
+            &get(if store_kind == "s3" {
+                "AGENTBOX_TEST_S3_ENDPOINT"
+            } else {
+                "AGENTBOX_TEST_S3_MOTO_ENDPOINT"
+            }),
         ])
         .args(["--s3-path-style", "true", "--s3-allow-http", "true"]);
         for (k, v) in vars.iter().filter(|(k, _)| k.starts_with("AWS_")) {
             cmd.env(k, v);
         }
-        "s3 (hack/s3)"
+        if store_kind == "s3" {
+            "s3 (hack/s3: s3s-fs)"
+        } else {
+            "s3 (hack/s3: moto)"
+        }
     } else {
         cmd.args(["--store-url", &format!("file://{store_dir}")]);
         "file://"
@@ -198,7 +208,11 @@ async fn run(client: &Client, ns: &str, mib: u64, small: u64) -> Res<()> {
             .status
             .and_then(|s| s.pod_name)
             .ok_or("no pod")?;
-        let store = if label == "file://" { "file" } else { "s3" };
+        let store = match store_kind.as_str() {
+            "s3" => "s3",
+            "s3-moto" => "s3moto",
+            _ => "file",
+        };
         let ctx = Ctx {
             sandboxes: &sandboxes,
             snaps: &snaps,

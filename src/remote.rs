@@ -92,14 +92,26 @@ for d in "" $dirs; do
   IFS=$nl
 done
 IFS=' 	'
-if [ "$#" -eq 0 ]; then exec head -c 1024 /dev/zero; fi
+# Output still on its way when the exec's process exits can be dropped on the way out
+# (kubernetes/kubernetes#124571: the streaming connection is closed right after the exit
+# status, and a reader slower than tar loses the tail). So the script exits only when the
+# operator ends its stdin, which it does once the archive's end marker has arrived; `read -t`
+# caps the wait should that never come, and shells without `-t` skip it. (A v4 exec cannot end
+# stdin without closing the connection, as for every exec with stdin: snapshots need v5.)
+linger() { while read -r -t 600 _ 2>/dev/null; do :; done; }
+if [ "$#" -eq 0 ]; then head -c 1024 /dev/zero; linger; exit 0; fi
 # busybox tar writes a header, a file's bytes and its padding one write each; read straight
 # from its pipe, a workspace of small files reaches the operator as a message per write. dd
 # gathers the output into 64 KiB writes. sh has no pipefail: tar's exit status comes back
 # through fd 3 (dd's failures show as a cut archive, which the operator refuses).
-command -v dd >/dev/null 2>&1 || exec tar -c -f - "$@"
-exec 4>&1
-st=$( { { tar -c -f - "$@" 3>&- 4>&-; echo $? >&3; } | dd ibs=131072 obs=65536 2>/dev/null >&4 3>&-; } 3>&1 )
+if command -v dd >/dev/null 2>&1; then
+  exec 4>&1
+  st=$( { { tar -c -f - "$@" 3>&- 4>&- </dev/null; echo $? >&3; } | dd ibs=131072 obs=65536 2>/dev/null >&4 3>&-; } 3>&1 )
+else
+  tar -c -f - "$@" </dev/null; st=$?
+fi
+# Only a whole archive has an end marker to wait for.
+[ "${st:-1}" = 0 ] && linger
 exit "${st:-1}"
 "#;
 

@@ -9,7 +9,31 @@ use crate::client::Sandboxes;
 pub(super) async fn get(sbx: &Sandboxes, t: &Target) -> Result<ExitCode, Fail> {
     let h = open(sbx, t).await?;
     print_sandboxes(&[h.sandbox().clone()]);
+    print_endpoints(h.endpoints());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The exposed ports of one sandbox (`spec.ports` → `status.endpoints`), after a blank line;
+/// nothing for a sandbox without ports.
+fn print_endpoints(endpoints: &[crate::crd::PortEndpoint]) {
+    if endpoints.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "{:<16} {:>6} {:<8} {:<50} POD-IP",
+        "PORT", "NUMBER", "PROTOCOL", "HOST"
+    );
+    for e in endpoints {
+        println!(
+            "{:<16} {:>6} {:<8} {:<50} {}",
+            e.name,
+            e.port,
+            e.protocol.as_str(),
+            e.host,
+            e.pod_ip.as_deref().unwrap_or("-"),
+        );
+    }
 }
 
 /// `agentbox list`.

@@ -83,7 +83,7 @@ impl ScopeFlags {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Show one sandbox.
+    /// Show one sandbox, and where its exposed ports are reached
     Get(Target),
     /// List sandboxes (optionally of one agent/user/session).
     List(ScopeFlags),

@@ -12,6 +12,7 @@ pub mod sandbox;
 mod scenarios;
 pub mod security;
 pub mod selection;
+pub mod service;
 pub mod snapshot;
 pub mod sources;
 pub mod validate;

@@ -26,7 +26,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::io::ReaderStream;
 
 use archive::{Canonicalizer, Limits, Refusal, Summary};
-use store::{SnapshotKeys, Store, StoreError};
+use store::{Commit, SnapshotKeys, Store, StoreError};
 
 /// Size of each multipart part (the S3 minimum is 5 MiB).
 pub const PART_SIZE: usize = 5 << 20;
@@ -115,30 +115,38 @@ impl SnapshotError {
 }
 
 /// Streams `chunks` (the sandbox's tar archive) through the canonicaliser into a multipart
-/// upload at `keys.temp`: the upload `id` made by [`Store::create_upload`] when the store has a
-/// multipart API, else a new one. Every member is checked by the restore's rules with
+/// upload: the upload `id` made by [`Store::create_upload`] when the store has a multipart API
+/// (at the final key, left uncompleted: the returned [`Commit`] completes it), else a new one
+/// at `keys.temp` (renamed by the commit). Every member is checked by the restore's rules with
 /// `limits`, so an archive that could not be restored (an absolute symlink, too many
 /// members...) is refused now rather than stored as a snapshot that can never come back; what
 /// is stored is the operator's own canonical re-encoding, and the summary (digest, size,
 /// members) is that of the stored bytes. On any error the upload is aborted and the error
 /// returned; the caller commits ([`Store::commit`]) only after success.
+///
+/// `on_end` runs once, as soon as the archive's end-of-archive marker has been read: the
+/// source may stop then (see the snapshot controller's `TAR_SCRIPT`, which waits for it).
 pub async fn upload<S>(
     store: &Store,
     keys: &SnapshotKeys,
     id: Option<&MultipartId>,
     limits: Limits,
     mut chunks: S,
-) -> Result<Summary, SnapshotError>
+    on_end: impl FnOnce(),
+) -> Result<(Summary, Commit), SnapshotError>
 where
     S: Stream<Item = Result<Bytes, SnapshotError>> + Unpin,
 {
+    let mut on_end = Some(on_end);
+    let finished = Arc::new(Mutex::new(None));
     let up: Box<dyn MultipartUpload> = match (id, store.multipart()) {
         (Some(id), Some(m)) => Box::new(KnownUpload {
             store: m.clone(),
-            path: keys.temp.clone(),
+            path: store.upload_key(keys).clone(),
             id: id.clone(),
             parts: Arc::default(),
             next: 0,
+            finished: finished.clone(),
         }),
         _ => store.inner().put_multipart(&keys.temp).await?,
     };
@@ -155,6 +163,11 @@ where
         };
         if let Err(r) = canon.feed(&chunk, &mut out) {
             break Some(r.into());
+        }
+        if canon.ended()
+            && let Some(f) = on_end.take()
+        {
+            f();
         }
         if out.len() >= OUTPUT_CHUNK {
             if let Err(e) = w.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
@@ -176,11 +189,20 @@ where
     };
     w.put(out.freeze());
     w.finish().await?;
-    Ok(summary)
+    let commit = match (id, finished.lock().map_err(|_| poisoned())?.take()) {
+        (Some(id), Some(parts)) => Commit::Complete {
+            id: id.clone(),
+            parts,
+        },
+        _ => Commit::Rename,
+    };
+    Ok((summary, commit))
 }
 
 /// A multipart upload continued by its id (object_store's own `put_multipart` hides the id,
-/// so an upload cut short by a kill could not be aborted later).
+/// so an upload cut short by a kill could not be aborted later). "Completing" it only hands
+/// its parts to `finished`: the upload is at the final key, and completing it there is the
+/// snapshot's commit, made once the caller knows the snapshot is good.
 struct KnownUpload {
     store: Arc<dyn MultipartStore>,
     path: Path,
@@ -188,6 +210,8 @@ struct KnownUpload {
     /// Finished parts by index (they may finish out of order).
     parts: Arc<Mutex<Vec<(usize, PartId)>>>,
     next: usize,
+    /// The parts in order, once every one is uploaded.
+    finished: Arc<Mutex<Option<Vec<PartId>>>>,
 }
 
 impl std::fmt::Debug for KnownUpload {
@@ -236,9 +260,12 @@ impl MultipartUpload for KnownUpload {
             });
         }
         let parts = done.into_iter().map(|(_, p)| p).collect();
-        self.store
-            .complete_multipart(&self.path, &self.id, parts)
-            .await
+        *self.finished.lock().map_err(|_| poisoned())? = Some(parts);
+        Ok(PutResult {
+            e_tag: None,
+            version: None,
+            extensions: Default::default(),
+        })
     }
 
     async fn abort(&mut self) -> object_store::Result<()> {
@@ -378,16 +405,28 @@ mod tests {
         let store = Store::memory("p");
         let keys = store.keys("ns", "key", "uid");
         let bytes = sample(12 << 20);
-        let s = upload(&store, &keys, None, Limits::default(), chunks(&bytes))
-            .await
-            .unwrap();
+        let (s, commit) = upload(
+            &store,
+            &keys,
+            None,
+            Limits::default(),
+            chunks(&bytes),
+            || (),
+        )
+        .await
+        .unwrap();
+        assert!(
+            matches!(commit, Commit::Rename),
+            "no upload id: a temporary object"
+        );
         // What is stored is the canonical re-encoding, and the summary is its.
         let stored = canonical(&bytes);
         assert_ne!(stored, bytes, "the tar crate's GNU headers are re-encoded");
         assert_eq!(s.size, stored.len() as u64);
         assert_eq!(s.sha256, hex::encode(sha2::Sha256::digest(&stored)));
         assert_eq!(s.members, 2);
-        store.commit(&keys).await.unwrap();
+        store.commit(&keys, commit).await.unwrap();
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None);
         let (mut r, task) = canonical_reader(&store, &keys.object, Limits::default())
             .await
             .unwrap();
@@ -442,6 +481,48 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The source hears of the archive's end as soon as its marker is read, before what
+    /// follows it (tar's record padding) arrives.
+    #[tokio::test]
+    async fn the_end_of_the_archive_is_announced_when_its_marker_is_read() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let store = Store::memory("");
+        let keys = store.keys("ns", "key", "uid");
+        let bytes = sample(1 << 20);
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let at_end = Arc::new(AtomicUsize::new(0));
+        // The archive's chunks, then one of padding.
+        let n = bytes.len().div_ceil(64 << 10) + 1;
+        let p = pulled.clone();
+        let source = chunks(&bytes)
+            .chain(futures::stream::iter(vec![Ok(Bytes::from(vec![
+                0u8;
+                8192
+            ]))]))
+            .inspect(move |_| {
+                p.fetch_add(1, Ordering::SeqCst);
+            });
+        let (a, p) = (at_end.clone(), pulled.clone());
+        upload(
+            &store,
+            &keys,
+            None,
+            Limits::default(),
+            Box::pin(source),
+            move || {
+                a.fetch_add(p.load(Ordering::SeqCst), Ordering::SeqCst);
+            },
+        )
+        .await
+        .unwrap();
+        let announced_after = at_end.load(Ordering::SeqCst);
+        assert!(announced_after > 0, "never announced");
+        assert!(
+            announced_after < n,
+            "announced only after the padding ({announced_after} of {n} chunks)"
+        );
+    }
+
     #[tokio::test]
     async fn a_failing_source_aborts_the_upload() {
         let store = Store::memory("");
@@ -451,7 +532,7 @@ mod tests {
         let s = chunks(&bytes[..half]).chain(futures::stream::iter(vec![Err(
             SnapshotError::Source("tar exited 1".into()),
         )]));
-        let e = upload(&store, &keys, None, Limits::default(), s)
+        let e = upload(&store, &keys, None, Limits::default(), s, || ())
             .await
             .unwrap_err();
         assert_eq!(e.reason(), "ArchiveFailed");
@@ -463,6 +544,7 @@ mod tests {
             None,
             Limits::default(),
             chunks(&bytes[..half]),
+            || (),
         )
         .await
         .unwrap_err();
@@ -471,27 +553,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_upload_by_id_completes_or_is_aborted_by_that_id() {
+    async fn an_upload_by_id_goes_to_the_final_key_unseen_until_committed_or_aborted() {
         let store = Store::memory("");
         let keys = store.keys("ns", "key", "uid");
         let bytes = sample(11 << 20);
         let id = store.create_upload(&keys).await.unwrap().expect("an id");
-        let s = upload(&store, &keys, Some(&id), Limits::default(), chunks(&bytes))
-            .await
-            .unwrap();
-        let back = store.inner().get(&keys.temp).await.unwrap().bytes().await;
+        let (s, commit) = upload(
+            &store,
+            &keys,
+            Some(&id),
+            Limits::default(),
+            chunks(&bytes),
+            || (),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(&commit, Commit::Complete { parts, .. } if parts.len() == 3));
+        // Uploaded, but nothing visible until the commit completes the upload in place.
+        assert_eq!(store.size(&keys.object).await.unwrap(), None);
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+        store.commit(&keys, commit).await.unwrap();
+        let back = store.inner().get(&keys.object).await.unwrap().bytes().await;
         assert!(back.unwrap() == canonical(&bytes));
         assert_eq!(s.size, canonical(&bytes).len() as u64);
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None, "no copy made");
         // An upload left behind (its operator killed) is aborted by its recorded id: its
         // parts are gone and it can no longer be completed.
         let m = store.multipart().unwrap().clone();
         let left = store.create_upload(&keys).await.unwrap().expect("an id");
-        m.put_part(&keys.temp, &left, 0, bytes.clone().into())
+        m.put_part(store.upload_key(&keys), &left, 0, bytes.clone().into())
             .await
             .unwrap();
         store.abort_upload(&keys, &left).await.unwrap();
         assert!(
-            m.complete_multipart(&keys.temp, &left, vec![])
+            m.complete_multipart(store.upload_key(&keys), &left, vec![])
                 .await
                 .is_err()
         );
@@ -514,18 +609,20 @@ mod tests {
             id.as_ref(),
             Limits::default(),
             chunks(&bytes),
+            || (),
         )
         .await
         .unwrap_err();
         assert_eq!(e.reason(), "SymlinkEscapes");
         assert!(e.to_string().contains("python"), "{e}");
         assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+        assert_eq!(store.size(&keys.object).await.unwrap(), None);
         // So are archives over the restore's limits.
         let small = Limits {
             max_input_bytes: 1000,
             ..Limits::default()
         };
-        let e = upload(&store, &keys, None, small, chunks(&sample(4096)))
+        let e = upload(&store, &keys, None, small, chunks(&sample(4096)), || ())
             .await
             .unwrap_err();
         assert_eq!(e.reason(), "InputTooLarge");

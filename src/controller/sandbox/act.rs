@@ -17,7 +17,9 @@ use super::observe::World;
 use super::{Apis, delete_if_present, init, write_status, write_transition};
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
-use crate::controller::{Context, Error, FIELD_MANAGER, conditions, noderoot, snapshot, sources};
+use crate::controller::{
+    Context, Error, FIELD_MANAGER, conditions, noderoot, service, snapshot, sources,
+};
 use crate::crd::{Egress, Sandbox, SandboxStatus};
 use crate::labels;
 
@@ -54,6 +56,10 @@ pub async fn act(
         _ => {}
     }
     ensure_network_policy(sbx, &apis.policies).await?;
+    // Exposed ports: the Service (where each port is reached is in the planned status).
+    if service::ensure(&apis.services, sbx, old).await? > 0 {
+        debug!(sandbox = %sbx.name_any(), "applied the Service of spec.ports");
+    }
     let then = |a: Option<Duration>| a.map_or_else(Action::await_change, Action::requeue);
     match step {
         Step::Suspend => {

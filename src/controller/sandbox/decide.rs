@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 use super::observe::World;
 use crate::controller::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
 use crate::controller::podstate::PodState;
-use crate::controller::workspace;
+use crate::controller::{service, workspace};
 use crate::crd::{
     GuardStatus, LifecycleMode, RestoreRefusal, Sandbox, SandboxPhase, SandboxStatus,
     WorkspaceStatus,
@@ -124,6 +124,8 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
         let secs = at.0.as_second().saturating_sub(now.as_second()).max(1);
         requeue = Some(Duration::from_secs(secs as u64));
     }
+    // Exposed ports: where each is reached (with the pod's IP once there is a pod to serve).
+    st.endpoints = service::endpoints(sbx, None);
     let (step, note) = pod_step(sbx, w, &mut st);
     Plan {
         step,
@@ -207,6 +209,7 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
         return (Step::ReplacePod, Some(note));
     }
     st.pod_name = Some(pod.name_any());
+    st.endpoints = service::endpoints(sbx, Some(pod));
     (Step::Serve, None)
 }
 

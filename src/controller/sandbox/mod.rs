@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -214,6 +214,8 @@ pub struct Apis {
     pub pods: Api<Pod>,
     /// NetworkPolicies: the sandbox's deny-egress policy.
     pub policies: Api<NetworkPolicy>,
+    /// Services: the one that exposes `spec.ports`.
+    pub services: Api<Service>,
 }
 
 impl Apis {
@@ -223,6 +225,7 @@ impl Apis {
             sandboxes: Api::namespaced(ctx.client.clone(), ns),
             pods: Api::namespaced(ctx.client.clone(), ns),
             policies: Api::namespaced(ctx.client.clone(), ns),
+            services: Api::namespaced(ctx.client.clone(), ns),
         }
     }
 }

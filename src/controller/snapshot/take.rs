@@ -31,7 +31,7 @@ use crate::guard::{self, Guard, GuardConfig, GuardError};
 use crate::labels;
 use crate::remote;
 use crate::snapshot::archive::{Refusal, Summary};
-use crate::snapshot::store::{Manifest, SnapshotKeys, Store};
+use crate::snapshot::store::{Commit, Manifest, SnapshotKeys, Store};
 use crate::snapshot::{self, SnapshotError};
 
 /// How long to wait for the scope's guard before trying again later.
@@ -210,7 +210,7 @@ impl Taking<'_> {
             &self.keys,
             upload_id,
         );
-        let summary = g
+        let (summary, commit) = g
             .run(upload)
             .await
             .unwrap_or_else(|e| Err(SnapshotError::Source(format!("guard: {e}"))))?;
@@ -232,7 +232,7 @@ impl Taking<'_> {
         if g.is_lost() {
             return Err(SnapshotError::Source("the scope's guard was lost".into()));
         }
-        self.store.commit(&self.keys).await?;
+        self.store.commit(&self.keys, commit).await?;
         self.store
             .put_manifest(&self.keys.manifest, &manifest)
             .await?;
@@ -333,7 +333,7 @@ async fn stream_to_store(
     store: &Store,
     keys: &SnapshotKeys,
     upload_id: Option<&MultipartId>,
-) -> Result<Summary, SnapshotError> {
+) -> Result<(Summary, Commit), SnapshotError> {
     store.delete_temp(keys).await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
@@ -345,11 +345,17 @@ async fn stream_to_store(
         .map(|m| m.path.clone())
         .collect();
     let argv = remote::sh(remote::TAR_SCRIPT, remote::tar_args(&root, &mounts));
+    // The script waits for its stdin to end before it exits (see TAR_SCRIPT); it ends when
+    // the archive's end marker has arrived here, by dropping `release`.
+    let (release, held) = tokio::io::duplex(64);
+    let mut release = Some(release);
     let stream = exec::stream(
         &pods,
         pod,
         CONTAINER,
-        ExecRequest::argv(argv).timeout(TAR_TIMEOUT),
+        ExecRequest::argv(argv)
+            .timeout(TAR_TIMEOUT)
+            .stdin_reader(held),
     )
     .await
     .map_err(|e| SnapshotError::Source(format!("exec: {e}")))?;
@@ -384,7 +390,10 @@ async fn stream_to_store(
     });
     let chunks = Box::pin(chunks);
     let limits = ctx.config.restore_limits();
-    let result = snapshot::upload(store, keys, upload_id, limits, chunks).await;
+    let result = snapshot::upload(store, keys, upload_id, limits, chunks, || {
+        release.take();
+    })
+    .await;
     if result.is_err() {
         let _ = store.delete_temp(keys).await;
     }

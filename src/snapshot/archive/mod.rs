@@ -573,6 +573,11 @@ impl Canonicalizer {
         }
     }
 
+    /// Whether the input's end-of-archive marker has been read: nothing after it matters.
+    pub fn ended(&self) -> bool {
+        self.parser.ended()
+    }
+
     /// Input bytes fed so far.
     pub fn input_size(&self) -> u64 {
         self.input

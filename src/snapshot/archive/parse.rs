@@ -305,6 +305,11 @@ impl Parser {
         }
     }
 
+    /// Whether the end-of-archive marker has been read: whatever follows is ignored.
+    pub fn ended(&self) -> bool {
+        matches!(self.state, State::End)
+    }
+
     /// Declares the end of input: an error unless the end-of-archive marker (two zero
     /// blocks) was read. Without it an archive cut short between two members would look
     /// whole; `tar -c` always writes it.
