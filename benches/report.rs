@@ -2,7 +2,8 @@
 //! `$BENCH_RESULTS`, prints the table (figure | agentbox | baseline measured in the same run |
 //! target | met?) and writes it to `$BENCH_REPORT` (docs/benchmarks.md) with the machine, the
 //! versions and the command (`$BENCH_COMMAND`, `$BENCH_WALL_SECS`). Does nothing without
-//! `BENCH_RESULTS`, so a plain `cargo bench` passes over it. Targets are issue 7's.
+//! `BENCH_RESULTS`, so a plain `cargo bench` passes over it. Targets are issue 7's (and issue
+//! 12's for small files).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -150,7 +151,11 @@ fn rows(f: &Figures) -> Vec<Row> {
         ));
     }
 
-    for store in ["file", "s3"] {
+    for (store, name) in [
+        ("file", "file"),
+        ("s3", "s3 (s3s-fs)"),
+        ("s3moto", "s3 (moto)"),
+    ] {
         let s = |k: &str| f.get("snapshot", &format!("{store}_{k}"));
         let Some(raw) = s("raw_mib_s") else { continue };
         let mib = f.n("snapshot", &format!("{store}_raw_mib_s"));
@@ -165,7 +170,7 @@ fn rows(f: &Figures) -> Vec<Row> {
         };
         if let Some(v) = s("snapshot_mib_s") {
             out.push(of_raw(
-                format!("Snapshot of {mib} MiB, {store} store"),
+                format!("Snapshot of {mib} MiB, {name} store"),
                 v,
                 baseline.clone(),
             ));
@@ -173,7 +178,7 @@ fn rows(f: &Figures) -> Vec<Row> {
         if let Some(v) = s("restore_mib_s") {
             out.push(of_raw(
                 format!(
-                    "Restore of {mib} MiB (validated as it streams into staging), {store} store"
+                    "Restore of {mib} MiB (validated as it streams into staging), {name} store"
                 ),
                 v,
                 baseline,
@@ -184,12 +189,74 @@ fn rows(f: &Figures) -> Vec<Row> {
                 target: "growth < 64 MiB",
                 met: Some(g < 64.0),
                 ..row(
-                    format!("Operator peak RSS over snapshot + restore, {store} store"),
+                    format!("Operator peak RSS over snapshot + restore, {name} store"),
                     format!("+{g:.1} MiB (peak {p:.1} MiB)"),
                     s("idle_rss_mib").map_or("—".into(), |i| format!("idle {i:.1} MiB")),
                 )
             });
         }
+    }
+
+    // Issue 12's targets: many small files.
+    let sm = |k: &str| f.get("snapshot", &format!("file_small_{k}"));
+    let files = f.n("snapshot", "file_small_raw_secs");
+    if let (Some(raw), Some(snap)) = (sm("raw_secs"), sm("snapshot_secs")) {
+        let pct = 100.0 * raw / snap;
+        out.push(Row {
+            target: "≥ 50% of raw's speed",
+            met: Some(pct >= 50.0),
+            ..row(
+                format!("Snapshot of {files} small files (file store), create → Ready"),
+                format!("{snap:.2} s ({pct:.0}% of raw's speed)"),
+                format!("raw `tar -c` through exec {raw:.2} s"),
+            )
+        });
+    }
+    if let (Some(x), Some(restore)) = (sm("extract_secs"), sm("restore_secs")) {
+        let pct = 100.0 * x / restore;
+        out.push(Row {
+            target: "≥ 80% of in-pod `tar -x`'s speed",
+            met: Some(pct >= 80.0),
+            ..row(
+                format!("Restore of {files} small files, pod running → Ready"),
+                format!("{restore:.2} s ({pct:.0}% of in-pod `tar -x`'s speed)"),
+                format!(
+                    "in-pod `tar -x` of the archive from a file {x:.2} s (mean of before and after)"
+                ),
+            )
+        });
+    }
+    if let (Some(s), Some(r)) = (
+        sm("snapshot_cpu_us_per_member"),
+        sm("restore_cpu_us_per_member"),
+    ) {
+        out.push(Row {
+            target: "≤ 10 µs per member",
+            met: Some(s <= 10.0 && r <= 10.0),
+            ..row(
+                format!("Operator CPU per member, snapshot / restore of {files} small files"),
+                format!("{s:.1} / {r:.1} µs"),
+                sm("canonicalise_us_per_member")
+                    .map_or("—".into(), |c| format!("canonicaliser alone {c:.1} µs")),
+            )
+        });
+    }
+    let a = |k: &str| f.get("archive", k);
+    if let (Some(s), Some(r)) = (a("snapshot_us_per_member"), a("restore_us_per_member")) {
+        let n = f.n("archive", "snapshot_us_per_member");
+        out.push(row(
+            format!("Canonicaliser in process, {n} small files, snapshot / restore"),
+            format!("{s:.2} / {r:.2} µs per member"),
+            "—".into(),
+        ));
+    }
+    if let (Some(s), Some(r)) = (a("snapshot_mib_s"), a("restore_mib_s")) {
+        let mib = f.n("archive", "snapshot_mib_s");
+        out.push(row(
+            format!("Canonicaliser in process, one {mib} MiB file, snapshot / restore"),
+            format!("{s:.0} / {r:.0} MiB/s"),
+            "—".into(),
+        ));
     }
 
     let c = |k: &str| f.get("scale", k);
@@ -500,6 +567,12 @@ const METHOD: &str = "\
   (one pass: each member validated before its bytes reach `tar -x` in a staging directory,
   the digest checked before the swap). RSS is the operator's `VmHWM`
   against its `VmRSS` before (`benches/snapshot.rs`).
+- **Small files**: the same with a workspace of many files of a few bytes (`BENCH_SMALL_FILES`);
+  the restore's baseline is the image's own `tar -x` of the same archive in the pod, from a
+  file on the workspace's filesystem, once before the restore and once after (that filesystem
+  slows down as tens of thousands of files come and go; the mean is the baseline); operator
+  CPU is its `utime + stime` over the snapshot and over the restore, divided by the members. The canonicaliser figures are `benches/archive.rs`: parsing,
+  the rules, the re-encoding and SHA-256 in one process, no I/O.
 - **Scale**: Suspended sandboxes (no pods) created 16 requests in flight against a freshly
   started operator; reconciled = phase Suspended with `observedGeneration` current, seen on a
   watch; then a window at rest (RSS and CPU from `/proc/<pid>`, writes from the audit log), then
@@ -536,7 +609,7 @@ fn main() -> Res<()> {
     let mut doc = String::from("# Benchmarks\n\n");
     let _ = writeln!(
         doc,
-        "Written by `hack/bench` (each run replaces this file); targets are issue 7's, and issue 14's for the Python SDK.\n"
+        "Written by `hack/bench` (each run replaces this file); targets are issue 7's, issue 12's (small files) and issue 14's (the Python SDK).\n"
     );
     let _ = writeln!(doc, "Command: `{command}`  ");
     let _ = writeln!(doc, "Run: {date}, {wall} s in all.\n");

@@ -7,6 +7,9 @@ and ``--bench lifecycle``, with ``$PYTHON`` from the bench venv, where ``hack/be
     sdk_python.py session NAMESPACE POD CONTAINER N   persistent-session command `true`
     sdk_python.py guard NAMESPACE N                   guard acquire / release, uncontended
     sdk_python.py ready NAMESPACE N IMAGE             get_or_create + wait_ready, one at a time
+    sdk_python.py resume NAMESPACE N IMAGE MIB        a resumed openai-agents run's sandbox
+                                                      start, reattached vs restored (needs
+                                                      agentbox[openai-agents]; not in hack/bench)
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import agentbox
@@ -94,9 +99,76 @@ async def ready(sandboxes: agentbox.Sandboxes, n: int, image: str) -> dict[str, 
     return {"ready_ms": samples}
 
 
+async def resume(namespace: str, n: int, image: str, mib: int) -> dict[str, Any]:
+    """The sandbox start of a resumed openai-agents run: ``AgentboxSandboxClient.resume`` from
+    the serialised session state, then the session's ``start`` (what ``Runner.run`` does before
+    the first tool call), with ``mib`` MiB of random bytes in the workspace. Reattached: the
+    Sandbox was suspended by the previous run's ``delete`` (a new pod on the workspace kept on
+    its node). Restored: the Sandbox was deleted, so it is created again from the SandboxSnapshot
+    the previous run persisted. Each start is checked: the workspace file is there, whole.
+    """
+    from agents.sandbox.manifest import Manifest
+    from agents.sandbox.session.sandbox_session import SandboxSession
+    from agents.sandbox.snapshot import LocalSnapshotSpec
+
+    from agentbox.integrations.openai_agents import (
+        AgentboxSandboxClient,
+        AgentboxSandboxClientOptions,
+    )
+
+    client = AgentboxSandboxClient()
+    options = AgentboxSandboxClientOptions(image=image, namespace=namespace)
+    size = mib << 20
+
+    async def end_run(session: SandboxSession) -> dict[str, object]:
+        """What the Runner does after a run; the state a harness would store."""
+        await session.aclose()  # persists the workspace: a SandboxSnapshot
+        await client.delete(session)  # suspends the Sandbox
+        return client.serialize_session_state(session.state)
+
+    async def resumed(stored: dict[str, object]) -> tuple[float, SandboxSession]:
+        t = time.perf_counter()
+        session = await client.resume(client.deserialize_session_state(dict(stored)))
+        await session.start()
+        took = (time.perf_counter() - t) * 1000.0
+        got = await session.exec("wc -c < data.bin")
+        if got.exit_code != 0 or int(got.stdout) != size:
+            raise RuntimeError(
+                f"the resumed workspace lost data.bin: {got.stdout!r} {got.stderr!r}"
+            )
+        return took, session
+
+    reattach, restore = [], []
+    async with agentbox.Sandboxes(namespace) as sandboxes:
+        for _ in range(n):
+            # As the Runner does: the framework's local snapshot store, which holds only the
+            # small reference persist_workspace returns.
+            with tempfile.TemporaryDirectory(prefix="agentbox-bench-") as base:
+                store = LocalSnapshotSpec(base_path=Path(base))
+                first = await client.create(manifest=Manifest(), options=options, snapshot=store)
+                await first.start()
+                await first.exec(f"head -c {size} /dev/urandom > data.bin")
+                stored = await end_run(first)
+
+                took, session = await resumed(stored)
+                reattach.append(took)
+                stored = await end_run(session)
+
+                name = str(stored["sandbox_name"])
+                await (await sandboxes.open(name)).delete(wait=True, timeout=300)
+                took, session = await resumed(stored)
+                restore.append(took)
+                await end_run(session)
+                await (await sandboxes.open(name)).delete(wait=True, timeout=300)
+    return {"resume_mib": mib, "resume_reattach_ms": reattach, "resume_restore_ms": restore}
+
+
 async def main(argv: list[str]) -> None:
     """Runs one subcommand and prints its JSON line."""
     cmd, ns = argv[0], argv[1]
+    if cmd == "resume":
+        print(json.dumps(await resume(ns, int(argv[2]), argv[3], int(argv[4]))))
+        return
     async with agentbox.Sandboxes(ns) as sandboxes:
         if cmd == "oneshot":
             out = await oneshot(sandboxes, argv[2], argv[3], int(argv[4]))

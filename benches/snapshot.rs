@@ -10,14 +10,24 @@
 //!   (one validating, extracting pass, then the swap);
 //! - the operator's peak RSS growth over its idle RSS (`VmHWM` − `VmRSS` before the run).
 //!
-//! `BENCH_STORE=s3` uses the S3-compatible server of `hack/s3` instead of a `file://` store.
+//! `BENCH_STORE=s3` uses the fast S3-compatible server of `hack/s3` (s3s-fs) instead of a
+//! `file://` store, `BENCH_STORE=s3-moto` its moto server.
 //! With `BENCH_RESULTS` set, each figure is also appended to that file as a JSON line.
+//!
+//! `BENCH_SMALL_FILES=N` measures a workspace of N files of a few bytes instead (what
+//! virtualenvs and `node_modules` look like), next to two baselines of its own: the raw
+//! `tar -c` stream, and the image's own `tar -x` of the same archive from a file inside the pod
+//! (onto the workspace's filesystem, before and after the restore). It also reports the operator's CPU time per member while taking
+//! and restoring the snapshot (`utime + stime` of its process), and the canonicaliser's cost
+//! per member in this process (parse, rules, re-encoding, SHA-256; no I/O).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase};
+use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
 use agentbox::exec::{self, ExecEvent, ExecRequest};
+use agentbox::snapshot::archive::{Canonicalizer, Limits};
+use bytes::BytesMut;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -98,12 +108,16 @@ async fn main() -> Res<()> {
     nsobj.metadata.name = Some(ns.clone());
     nss.create(&PostParams::default(), &nsobj).await?;
     tokio::time::sleep(Duration::from_secs(2)).await; // default ServiceAccount
-    let result = run(&client, &ns, mib).await;
+    let small = std::env::var("BENCH_SMALL_FILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let result = run(&client, &ns, mib, small).await;
     let _ = nss.delete(&ns, &DeleteParams::default()).await;
     result
 }
 
-async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
+async fn run(client: &Client, ns: &str, mib: u64, small: u64) -> Res<()> {
     let store_dir = format!("/var/lib/agentbox/bench-snapshots/{ns}");
     let mut cmd = Operator::command();
     cmd.args(["--namespace", ns, "--identity", &format!("bench-{ns}")])
@@ -113,12 +127,20 @@ async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
             "--leader-election",
             "false",
         ])
-        .args(["--restore-max-input-bytes", &((mib + 64) << 20).to_string()])
+        .args([
+            "--restore-max-input-bytes",
+            &((mib.max(small >> 10) + 64) << 20).to_string(),
+        ])
         .args([
             "--restore-max-extracted-bytes",
-            &((mib + 64) << 20).to_string(),
+            &((mib.max(small >> 10) + 64) << 20).to_string(),
+        ])
+        .args([
+            "--restore-max-members",
+            &(small + 1000).max(100_000).to_string(),
         ]);
-    let label = if std::env::var("BENCH_STORE").as_deref() == Ok("s3") {
+    let store_kind = std::env::var("BENCH_STORE").unwrap_or_default();
+    let label = if store_kind == "s3" || store_kind == "s3-moto" {
         let out = Command::new(repo_root().join("hack/s3"))
             .arg("up")
             .status()?;
@@ -148,13 +170,21 @@ async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
             "--store-prefix",
             ns,
             "--s3-endpoint",
-            &get("AGENTBOX_TEST_S3_ENDPOINT"),
+            &get(if store_kind == "s3" {
+                "AGENTBOX_TEST_S3_ENDPOINT"
+            } else {
+                "AGENTBOX_TEST_S3_MOTO_ENDPOINT"
+            }),
         ])
         .args(["--s3-path-style", "true", "--s3-allow-http", "true"]);
         for (k, v) in vars.iter().filter(|(k, _)| k.starts_with("AWS_")) {
             cmd.env(k, v);
         }
-        "s3 (hack/s3)"
+        if store_kind == "s3" {
+            "s3 (hack/s3: s3s-fs)"
+        } else {
+            "s3 (hack/s3: moto)"
+        }
     } else {
         cmd.args(["--store-url", &format!("file://{store_dir}")]);
         "file://"
@@ -178,125 +208,23 @@ async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
             .status
             .and_then(|s| s.pod_name)
             .ok_or("no pod")?;
-        eprintln!("filling the workspace with {mib} MiB of random data");
-        let fill = format!(
-            "cd /workspace && i=0; while [ $i -lt {} ]; do head -c 268435456 /dev/urandom > f$i; i=$((i+1)); done; r={}; [ $r -gt 0 ] && head -c $((r*1048576)) /dev/urandom > rest; sync",
-            mib / 256,
-            mib % 256
-        );
-        let out = exec::run(&pods, &pod, "sandbox", ExecRequest::shell(fill)).await?;
-        if !out.success() {
-            return Err(format!("fill failed: {}", out.stderr_str()).into());
-        }
-
-        // Raw: the same tar command the snapshot runs, streamed to nowhere.
-        let mut argv = vec![
-            "sh".to_string(),
-            "-c".into(),
-            agentbox::controller::snapshot::TAR_SCRIPT.into(),
-            "sh".into(),
-        ];
-        argv.extend(agentbox::controller::snapshot::tar_args("/workspace", &[]));
-        let t = Instant::now();
-        let mut s = exec::stream(&pods, &pod, "sandbox", ExecRequest::argv(argv)).await?;
-        let mut raw_bytes = 0u64;
-        while let Some(ev) = s.next().await {
-            match ev? {
-                ExecEvent::Stdout(b) => raw_bytes += b.len() as u64,
-                ExecEvent::Stderr(_) => {}
-                ExecEvent::Exit { status, .. } => {
-                    if !status.success() {
-                        return Err(format!("raw tar: {status}").into());
-                    }
-                }
-            }
-        }
-        let raw = t.elapsed();
-        let idle_rss = proc_kib(pid, "VmRSS:");
-
-        // Snapshot.
-        let snap: SandboxSnapshot = serde_json::from_value(json!({
-            "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
-            "metadata": {"name": "bench"}, "spec": {"sandboxRef": {"name": "src"}},
-        }))?;
-        let t = Instant::now();
-        snaps.create(&PostParams::default(), &snap).await?;
-        let mut running = None;
-        let size = loop {
-            let s = snaps.get("bench").await?;
-            let st = s.status.unwrap_or_default();
-            match st.phase {
-                Some(SnapshotPhase::Running) if running.is_none() => running = Some(Instant::now()),
-                Some(SnapshotPhase::Ready) => break st.size_bytes.unwrap_or(0) as u64,
-                Some(SnapshotPhase::Failed) => {
-                    return Err(format!("snapshot failed: {:?}", st.conditions).into());
-                }
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
+        let store = match store_kind.as_str() {
+            "s3" => "s3",
+            "s3-moto" => "s3moto",
+            _ => "file",
         };
-        let snap_time = t.elapsed();
-        let upload_time = running.map_or(snap_time, |r| r.elapsed());
-
-        // Restore into a new sandbox of the same scope.
-        sandboxes
-            .create(&PostParams::default(), &sandbox("dst")?)
-            .await?;
-        let (pod_ready, ready) = wait_sandbox(&sandboxes, &pods, "dst").await?;
-        let restore_time = ready - pod_ready;
-        let branch = sandboxes
-            .get("dst")
-            .await?
-            .status
-            .and_then(|s| s.workspace)
-            .and_then(|w| w.last_start_branch);
-        let peak = proc_kib(pid, "VmHWM:");
-
-        let raw_rate = mib_s(raw_bytes, raw);
-        let snap_rate = mib_s(size, snap_time);
-        let restore_rate = mib_s(size, restore_time);
-        println!(
-            "store: {label}; workspace {mib} MiB, archive {:.1} MiB",
-            size as f64 / (1 << 20) as f64
-        );
-        println!(
-            "raw tar -c through exec : {raw_rate:8.1} MiB/s ({:.1}s)",
-            raw.as_secs_f64()
-        );
-        println!(
-            "snapshot (create->Ready): {snap_rate:8.1} MiB/s ({:.1}s) = {:.0}% of raw",
-            snap_time.as_secs_f64(),
-            100.0 * snap_rate / raw_rate
-        );
-        println!(
-            "snapshot (Running->Ready): {:8.1} MiB/s ({:.1}s) = {:.0}% of raw",
-            mib_s(size, upload_time),
-            upload_time.as_secs_f64(),
-            100.0 * mib_s(size, upload_time) / raw_rate
-        );
-        println!(
-            "restore (pod running->Ready, 1 pass): {restore_rate:8.1} MiB/s ({:.1}s), branch {branch:?}",
-            restore_time.as_secs_f64()
-        );
-        println!(
-            "operator RSS: idle {:.1} MiB, peak {:.1} MiB, growth {:.1} MiB",
-            idle_rss as f64 / 1024.0,
-            peak as f64 / 1024.0,
-            peak.saturating_sub(idle_rss) as f64 / 1024.0
-        );
-
-        let store = if label == "file://" { "file" } else { "s3" };
-        let fig = |key: &str, value: f64, unit: &str| {
-            emit("snapshot", &format!("{store}_{key}"), value, unit, mib);
+        let ctx = Ctx {
+            sandboxes: &sandboxes,
+            snaps: &snaps,
+            pods: &pods,
+            pod: &pod,
+            pid,
         };
-        fig("raw_mib_s", raw_rate, "MiB/s");
-        fig("snapshot_mib_s", snap_rate, "MiB/s");
-        fig("restore_mib_s", restore_rate, "MiB/s");
-        fig("idle_rss_mib", idle_rss as f64 / 1024.0, "MiB");
-        fig("peak_rss_mib", peak as f64 / 1024.0, "MiB");
-        let growth = peak.saturating_sub(idle_rss) as f64 / 1024.0;
-        fig("rss_growth_mib", growth, "MiB");
-
-        Ok(())
+        if small > 0 {
+            small_files(&ctx, store, small).await
+        } else {
+            big(&ctx, store, label, mib).await
+        }
     }
     .await;
 
@@ -326,4 +254,321 @@ async fn run(client: &Client, ns: &str, mib: u64) -> Res<()> {
     drop(op);
     let _ = std::fs::remove_dir_all(&store_dir);
     measured
+}
+
+/// What the measurements need.
+struct Ctx<'a> {
+    sandboxes: &'a Api<Sandbox>,
+    snaps: &'a Api<SandboxSnapshot>,
+    pods: &'a Api<Pod>,
+    /// The source sandbox's pod.
+    pod: &'a str,
+    /// The operator's PID.
+    pid: u32,
+}
+
+/// The operator's CPU time so far (user + system), from `/proc/<pid>/stat`.
+fn cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime are the 12th
+    // and 13th of them, in clock ticks.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    let hz: u64 = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100);
+    Duration::from_secs_f64(ticks as f64 / hz as f64)
+}
+
+/// Raw: the same tar command the snapshot runs, streamed through exec; its size, its bytes
+/// (kept when `keep`), how long it took, and in how many stdout frames it came.
+async fn raw_stream(c: &Ctx<'_>, keep: bool) -> Res<(u64, Vec<u8>, Duration, u64)> {
+    let mut argv = vec![
+        "sh".to_string(),
+        "-c".into(),
+        agentbox::controller::snapshot::TAR_SCRIPT.into(),
+        "sh".into(),
+    ];
+    argv.extend(agentbox::controller::snapshot::tar_args("/workspace", &[]));
+    let t = Instant::now();
+    let mut s = exec::stream(c.pods, c.pod, "sandbox", ExecRequest::argv(argv)).await?;
+    let mut n = 0u64;
+    let mut frames = 0u64;
+    let mut bytes = Vec::new();
+    while let Some(ev) = s.next().await {
+        match ev? {
+            ExecEvent::Stdout(b) => {
+                n += b.len() as u64;
+                frames += 1;
+                if keep {
+                    bytes.extend_from_slice(&b);
+                }
+            }
+            ExecEvent::Stderr(_) => {}
+            ExecEvent::Exit { status, .. } => {
+                if !status.success() {
+                    return Err(format!("raw tar: {status}").into());
+                }
+            }
+        }
+    }
+    Ok((n, bytes, t.elapsed(), frames))
+}
+
+/// A snapshot of the source sandbox, created → Ready.
+struct Taken {
+    size: u64,
+    members: u64,
+    /// Create → Ready.
+    total: Duration,
+    /// Running → Ready.
+    upload: Duration,
+    /// The operator's CPU time meanwhile.
+    cpu: Duration,
+}
+
+async fn take_snapshot(c: &Ctx<'_>) -> Res<Taken> {
+    let snap: SandboxSnapshot = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+        "metadata": {"name": "bench"}, "spec": {"sandboxRef": {"name": "src"}},
+    }))?;
+    let cpu0 = cpu(c.pid);
+    let t = Instant::now();
+    c.snaps.create(&PostParams::default(), &snap).await?;
+    let mut running = None;
+    loop {
+        let s = c.snaps.get("bench").await?;
+        let st = s.status.unwrap_or_default();
+        match st.phase {
+            Some(SnapshotPhase::Running) if running.is_none() => running = Some(Instant::now()),
+            Some(SnapshotPhase::Ready) => {
+                let total = t.elapsed();
+                return Ok(Taken {
+                    size: st.size_bytes.unwrap_or(0) as u64,
+                    members: st.members.unwrap_or(0) as u64,
+                    total,
+                    upload: running.map_or(total, |r| r.elapsed()),
+                    cpu: cpu(c.pid).saturating_sub(cpu0),
+                });
+            }
+            Some(SnapshotPhase::Failed) => {
+                return Err(format!("snapshot failed: {:?}", st.conditions).into());
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Restores into a new sandbox of the same scope: its pod running → Ready, the start branch,
+/// and the operator's CPU time meanwhile.
+async fn restore(c: &Ctx<'_>) -> Res<(Duration, Option<StartBranch>, Duration)> {
+    let cpu0 = cpu(c.pid);
+    c.sandboxes
+        .create(&PostParams::default(), &sandbox("dst")?)
+        .await?;
+    let (pod_ready, ready) = wait_sandbox(c.sandboxes, c.pods, "dst").await?;
+    let spent = cpu(c.pid).saturating_sub(cpu0);
+    let branch = c
+        .sandboxes
+        .get("dst")
+        .await?
+        .status
+        .and_then(|s| s.workspace)
+        .and_then(|w| w.last_start_branch);
+    Ok((ready - pod_ready, branch, spent))
+}
+
+/// Runs a shell script in the source pod; an error if it fails.
+async fn in_pod(c: &Ctx<'_>, script: String, stdin: Option<Vec<u8>>) -> Res<Duration> {
+    let mut req = ExecRequest::shell(script).timeout(Duration::from_secs(3600));
+    if let Some(b) = stdin {
+        req = req.stdin(b);
+    }
+    let t = Instant::now();
+    let out = exec::run(c.pods, c.pod, "sandbox", req).await?;
+    if !out.success() {
+        return Err(format!("in the pod: {}", out.stderr_str()).into());
+    }
+    Ok(t.elapsed())
+}
+
+/// 1 GiB (`BENCH_MIB`) of random data: throughput next to the raw stream, and RSS.
+async fn big(c: &Ctx<'_>, store: &str, label: &str, mib: u64) -> Res<()> {
+    eprintln!("filling the workspace with {mib} MiB of random data");
+    in_pod(
+        c,
+        format!(
+            "cd /workspace && i=0; while [ $i -lt {} ]; do head -c 268435456 /dev/urandom > f$i; i=$((i+1)); done; r={}; [ $r -gt 0 ] && head -c $((r*1048576)) /dev/urandom > rest; sync",
+            mib / 256,
+            mib % 256
+        ),
+        None,
+    )
+    .await?;
+    let (raw_bytes, _, raw, _) = raw_stream(c, false).await?;
+    let idle_rss = proc_kib(c.pid, "VmRSS:");
+    let taken = take_snapshot(c).await?;
+    let (restore_time, branch, _) = restore(c).await?;
+    let peak = proc_kib(c.pid, "VmHWM:");
+
+    let size = taken.size;
+    let raw_rate = mib_s(raw_bytes, raw);
+    let snap_rate = mib_s(size, taken.total);
+    let restore_rate = mib_s(size, restore_time);
+    println!(
+        "store: {label}; workspace {mib} MiB, archive {:.1} MiB",
+        size as f64 / (1 << 20) as f64
+    );
+    println!(
+        "raw tar -c through exec : {raw_rate:8.1} MiB/s ({:.1}s)",
+        raw.as_secs_f64()
+    );
+    println!(
+        "snapshot (create->Ready): {snap_rate:8.1} MiB/s ({:.1}s) = {:.0}% of raw",
+        taken.total.as_secs_f64(),
+        100.0 * snap_rate / raw_rate
+    );
+    println!(
+        "snapshot (Running->Ready): {:8.1} MiB/s ({:.1}s) = {:.0}% of raw",
+        mib_s(size, taken.upload),
+        taken.upload.as_secs_f64(),
+        100.0 * mib_s(size, taken.upload) / raw_rate
+    );
+    println!(
+        "restore (pod running->Ready, 1 pass): {restore_rate:8.1} MiB/s ({:.1}s), branch {branch:?}",
+        restore_time.as_secs_f64()
+    );
+    println!(
+        "operator RSS: idle {:.1} MiB, peak {:.1} MiB, growth {:.1} MiB",
+        idle_rss as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        peak.saturating_sub(idle_rss) as f64 / 1024.0
+    );
+    let fig = |key: &str, value: f64, unit: &str| {
+        emit("snapshot", &format!("{store}_{key}"), value, unit, mib);
+    };
+    fig("raw_mib_s", raw_rate, "MiB/s");
+    fig("snapshot_mib_s", snap_rate, "MiB/s");
+    fig("restore_mib_s", restore_rate, "MiB/s");
+    fig("idle_rss_mib", idle_rss as f64 / 1024.0, "MiB");
+    fig("peak_rss_mib", peak as f64 / 1024.0, "MiB");
+    let growth = peak.saturating_sub(idle_rss) as f64 / 1024.0;
+    fig("rss_growth_mib", growth, "MiB");
+    Ok(())
+}
+
+/// `n` files of a few bytes: snapshot against the raw stream, restore against the image's own
+/// `tar -x` of the same archive in the pod, and the operator's time per member.
+async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
+    eprintln!("filling the workspace with {n} small files");
+    in_pod(
+        c,
+        format!(
+            "mkdir -p /workspace/many && cd /workspace/many && i=0; while [ $i -lt {n} ]; do echo \"file $i\" > f$i; i=$((i+1)); done; sync"
+        ),
+        None,
+    )
+    .await?;
+    // The first read of fresh files is slower; the snapshot reads them warm.
+    raw_stream(c, false).await?;
+    let (raw_bytes, archive, raw, frames) = raw_stream(c, true).await?;
+
+    // The canonicaliser alone, in this process, over the same bytes.
+    let t = Instant::now();
+    let mut canon = Canonicalizer::snapshot(Limits {
+        max_members: 0,
+        ..Limits::default()
+    });
+    let mut out = BytesMut::new();
+    for chunk in archive.chunks(64 << 10) {
+        canon.feed(chunk, &mut out)?;
+        out.clear();
+    }
+    let members = canon.finish(&mut out)?.members;
+    let in_process = t.elapsed();
+
+    // The image's own tar -x of that archive from a file in the pod, onto the workspace's
+    // filesystem; once before the restore and once after, since that filesystem slows down as
+    // tens of thousands of files come and go (the restore is compared with the mean).
+    in_pod(
+        c,
+        "cat > /workspace/.agentbox/bench.tar".into(),
+        Some(archive),
+    )
+    .await?;
+    let baseline = || async {
+        let x = "/workspace/.agentbox/bench-x";
+        let t = in_pod(
+            c,
+            format!("mkdir {x} && tar -x -f /workspace/.agentbox/bench.tar -C {x}"),
+            None,
+        )
+        .await?;
+        in_pod(c, format!("rm -rf {x}; sync"), None).await?;
+        Ok::<_, Box<dyn std::error::Error>>(t)
+    };
+    let before = baseline().await?;
+    let taken = take_snapshot(c).await?;
+    let (restore_time, branch, restore_cpu) = restore(c).await?;
+    let after = baseline().await?;
+    in_pod(c, "rm -f /workspace/.agentbox/bench.tar".into(), None).await?;
+    let extract = (before + after) / 2;
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / taken.members.max(1) as f64;
+    println!(
+        "store: {store}; {n} small files, archive {:.1} MiB, {} members",
+        taken.size as f64 / (1 << 20) as f64,
+        taken.members
+    );
+    println!(
+        "raw tar -c through exec : {:.2}s, in {frames} stdout frames ({:.0} bytes each)",
+        raw.as_secs_f64(),
+        raw_bytes as f64 / frames.max(1) as f64
+    );
+    println!(
+        "snapshot (create->Ready): {:.2}s = {:.0}% of raw's speed (Running->Ready {:.2}s); operator CPU {:.2}s = {:.1} us/member",
+        taken.total.as_secs_f64(),
+        100.0 * raw.as_secs_f64() / taken.total.as_secs_f64(),
+        taken.upload.as_secs_f64(),
+        taken.cpu.as_secs_f64(),
+        per(taken.cpu)
+    );
+    println!(
+        "in-pod tar -x of the same archive from a file: {:.2}s before the restore, {:.2}s after",
+        before.as_secs_f64(),
+        after.as_secs_f64()
+    );
+    println!(
+        "restore (pod running->Ready): {:.2}s = {:.0}% of in-pod tar -x's speed, branch {branch:?}; operator CPU {:.2}s = {:.1} us/member",
+        restore_time.as_secs_f64(),
+        100.0 * extract.as_secs_f64() / restore_time.as_secs_f64(),
+        restore_cpu.as_secs_f64(),
+        per(restore_cpu)
+    );
+    println!(
+        "canonicaliser in this process: {:.3}s for {members} members = {:.2} us/member ({raw_bytes} bytes)",
+        in_process.as_secs_f64(),
+        in_process.as_secs_f64() * 1e6 / members.max(1) as f64
+    );
+    let fig = |key: &str, value: f64, unit: &str| {
+        emit("snapshot", &format!("{store}_small_{key}"), value, unit, n);
+    };
+    fig("raw_secs", raw.as_secs_f64(), "s");
+    fig("snapshot_secs", taken.total.as_secs_f64(), "s");
+    fig("snapshot_cpu_us_per_member", per(taken.cpu), "us");
+    fig("extract_secs", extract.as_secs_f64(), "s");
+    fig("restore_secs", restore_time.as_secs_f64(), "s");
+    fig("restore_cpu_us_per_member", per(restore_cpu), "us");
+    fig(
+        "canonicalise_us_per_member",
+        in_process.as_secs_f64() * 1e6 / members.max(1) as f64,
+        "us",
+    );
+    Ok(())
 }

@@ -536,7 +536,12 @@ async fn pump(
     let far = start + Duration::from_secs(100 * 365 * 24 * 3600);
     let deadline = timeout.map(|t| start + t).unwrap_or(far);
     let mut timed_out = false;
-    let mut give_up = far;
+    // Two timers, made once: a timer made afresh in each turn of the loop is registered in
+    // the timer wheel and dropped again for every message, and a command can send tens of
+    // thousands of them.
+    let fire = tokio::time::sleep_until(deadline);
+    let give_up = tokio::time::sleep_until(far);
+    tokio::pin!(fire, give_up);
     let result = loop {
         tokio::select! {
             msg = incoming.next() => match msg {
@@ -562,11 +567,11 @@ async fn pump(
                 Some(Ok(_)) => {}
                 Some(Err(e)) => break Err(ExecError::Stream(format!("reading: {e}"))),
             },
-            _ = tokio::time::sleep_until(deadline), if !timed_out && timeout.is_some() => {
+            _ = &mut fire, if !timed_out && timeout.is_some() => {
                 timed_out = true;
-                give_up = tokio::time::Instant::now() + TIMEOUT_GRACE;
+                give_up.as_mut().reset(tokio::time::Instant::now() + TIMEOUT_GRACE);
             },
-            _ = tokio::time::sleep_until(give_up), if timed_out => {
+            _ = &mut give_up, if timed_out => {
                 break Err(ExecError::Timeout(timeout.unwrap_or_default()));
             },
         }

@@ -145,11 +145,80 @@ pub enum Verdict {
     Wait,
 }
 
+/// A lease as read at one moment, by the one clock rule everything in agentbox judges leases
+/// by: the guard deciding whether it may take a lease over ([`judge`]) and the sandbox
+/// controller reporting who holds a scope's guard (the `Guarded` condition).
+///
+/// A lease is expired when its `renewTime` plus its duration (`leaseDurationSeconds`, else the
+/// default) plus a clock-skew allowance is not in the future. Without a `renewTime` the clock
+/// cannot tell, and the lease counts as held (a contender then goes by how long it has seen
+/// the lease unchanged).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseView {
+    /// Who holds it; `None` when nobody does (no lease, or released).
+    pub holder: Option<String>,
+    /// When the holder took it.
+    pub acquired: Option<Timestamp>,
+    /// Its duration, as written or the default.
+    pub duration: Duration,
+    /// The holder's time is up by the clocks.
+    pub expired: bool,
+}
+
+impl LeaseView {
+    /// Reads a lease spec at `now` (this reader's wall clock).
+    pub fn read(
+        spec: Option<&LeaseSpec>,
+        now: Timestamp,
+        clock_skew: Duration,
+        default_duration: Duration,
+    ) -> Self {
+        let holder = spec
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty());
+        let duration = spec
+            .and_then(|s| s.lease_duration_seconds)
+            .filter(|d| *d > 0)
+            .map(|d| Duration::from_secs(u64::from(d.unsigned_abs())))
+            .unwrap_or(default_duration);
+        let expired = spec
+            .and_then(|s| s.renew_time.as_ref())
+            .is_some_and(|renew| {
+                SignedDuration::try_from(duration + clock_skew)
+                    .ok()
+                    .and_then(|d| renew.0.checked_add(d).ok())
+                    .is_some_and(|e| e <= now)
+            });
+        LeaseView {
+            acquired: spec.and_then(|s| s.acquire_time.as_ref()).map(|t| t.0),
+            holder,
+            duration,
+            expired,
+        }
+    }
+
+    /// Reads a scope's guard Lease with the guard's default duration and skew allowance.
+    pub fn of(lease: Option<&Lease>, now: Timestamp) -> Self {
+        let cfg = GuardConfig::default();
+        Self::read(
+            lease.and_then(|l| l.spec.as_ref()),
+            now,
+            cfg.clock_skew,
+            cfg.lease_duration,
+        )
+    }
+
+    /// Someone holds it and their time is not up.
+    pub fn is_held(&self) -> bool {
+        self.holder.is_some() && !self.expired
+    }
+}
+
 /// Decides whether a lease may be taken over (pure, for tests).
 ///
 /// `now` is this contender's wall clock; `unchanged_for` is how long it has seen the current
 /// `resourceVersion` on its monotonic clock; `default_duration` applies when the lease has
-/// none.
+/// none. Taken when free or expired by [`LeaseView`]'s rule, or unchanged for a full duration.
 pub fn judge(
     spec: Option<&LeaseSpec>,
     now: Timestamp,
@@ -157,29 +226,12 @@ pub fn judge(
     clock_skew: Duration,
     default_duration: Duration,
 ) -> Verdict {
-    let Some(spec) = spec else {
-        return Verdict::Take;
-    };
-    if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
-        return Verdict::Take;
+    let view = LeaseView::read(spec, now, clock_skew, default_duration);
+    if view.is_held() && unchanged_for < view.duration {
+        Verdict::Wait
+    } else {
+        Verdict::Take
     }
-    let duration = spec
-        .lease_duration_seconds
-        .filter(|d| *d > 0)
-        .map(|d| Duration::from_secs(u64::from(d.unsigned_abs())))
-        .unwrap_or(default_duration);
-    if unchanged_for >= duration {
-        return Verdict::Take;
-    }
-    if let Some(renew) = &spec.renew_time {
-        let expiry = SignedDuration::try_from(duration + clock_skew)
-            .ok()
-            .and_then(|d| renew.0.checked_add(d).ok());
-        if expiry.is_some_and(|e| e <= now) {
-            return Verdict::Take;
-        }
-    }
-    Verdict::Wait
 }
 
 /// The spec written when taking a lease: this holder, times now, transitions bumped.

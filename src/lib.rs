@@ -3,6 +3,7 @@
 //! The library holds everything; the binaries in `src/bin` are thin wrappers.
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod controller;
@@ -14,6 +15,7 @@ pub mod labels;
 pub mod metrics;
 pub mod names;
 pub mod operator;
+pub mod remote;
 pub mod server;
 pub mod snapshot;
 pub mod vectors;

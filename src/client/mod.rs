@@ -55,7 +55,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::wait::await_condition;
 
-use crate::crd::{Sandbox, SandboxPhase, SandboxSpec, Scope};
+use crate::crd::{PortEndpoint, Sandbox, SandboxPhase, SandboxSpec, Scope};
 use crate::exec::{
     self, ExecError, ExecOutput, ExecRequest, ExecStream, ExitStatus, session::Session,
 };
@@ -264,6 +264,21 @@ impl SandboxHandle {
     /// The phase as last fetched.
     pub fn phase(&self) -> Option<SandboxPhase> {
         self.sandbox.status.as_ref().and_then(|s| s.phase)
+    }
+
+    /// Where the ports of `spec.ports` are reached, as last fetched (`status.endpoints`): the
+    /// Service's cluster DNS name and, while the pod runs, its IP. Empty until the operator
+    /// has recorded them; [`refresh`](Self::refresh) to see a new pod's IP.
+    pub fn endpoints(&self) -> &[PortEndpoint] {
+        self.sandbox
+            .status
+            .as_ref()
+            .map_or(&[], |s| s.endpoints.as_slice())
+    }
+
+    /// The endpoint of one named port, as last fetched.
+    pub fn endpoint(&self, port_name: &str) -> Option<&PortEndpoint> {
+        self.endpoints().iter().find(|e| e.name == port_name)
     }
 
     /// The Pod API of the sandbox's namespace (for raw exec, e.g. an interactive TTY).

@@ -1,12 +1,18 @@
-//! Controllers: observe → decide (pure) → apply → status.
+//! Controllers: observe → decide (pure) → act, with status written once, only when it
+//! changed. A folder per controller ([`sandbox`], [`snapshot`]); what both need is beside them.
 
 pub mod conditions;
 pub mod noderoot;
 pub mod pod;
+pub mod podstate;
+pub mod reasons;
 pub mod restore;
 pub mod sandbox;
+#[cfg(test)]
+mod scenarios;
 pub mod security;
 pub mod selection;
+pub mod service;
 pub mod snapshot;
 pub mod sources;
 pub mod validate;
@@ -50,6 +56,8 @@ pub struct Context {
     pub store: Option<Store>,
     /// What the helper found on each node's workspace directory of each namespace.
     pub node_roots: noderoot::Checks,
+    /// Permanent restore refusals this process made, by sandbox (beside `status.restoreRefusal`).
+    pub refusals: restore::Refusals,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -83,9 +91,6 @@ pub enum Error {
     /// Work on a node needs the helper image, and the operator has none.
     #[error("{0}")]
     NoHelper(String),
-    /// The workspace cleanup pod has not finished yet (not a failure; polls).
-    #[error("waiting for the workspace cleanup pod")]
-    CleanupPending,
     /// A namespaced object without a namespace.
     #[error("object has no namespace")]
     NotNamespaced,
@@ -98,10 +103,13 @@ pub enum Error {
     /// Restoring a workspace from a snapshot failed; the workspace is as it was.
     #[error("restore refused or failed ({reason}): {message}")]
     Restore {
-        /// CamelCase reason for the WorkspaceReady condition.
-        reason: &'static str,
+        /// The WorkspaceReady condition's reason; says whether the failure is permanent.
+        reason: reasons::RestoreReason,
         /// What happened.
         message: String,
+        /// Set when the refusal is permanent: recorded on the Sandbox so the restore is not
+        /// attempted again until what it was judged against changes.
+        refusal: Option<Box<crate::crd::RestoreRefusal>>,
     },
 }
 
@@ -129,7 +137,6 @@ impl Error {
             Error::SourceNotReadable(_) => "source_not_readable",
             Error::Archive(_) => "archive",
             Error::Cleanup(_) => "cleanup",
-            Error::CleanupPending => "cleanup_pending",
             Error::NoHelper(_) => "no_helper",
             Error::NotNamespaced => "not_namespaced",
             Error::Snapshot(_) => "snapshot",
@@ -138,16 +145,31 @@ impl Error {
         }
     }
 
+    /// The permanent restore refusal this error records, if it is one.
+    pub fn restore_refusal(&self) -> Option<&crate::crd::RestoreRefusal> {
+        match self.root() {
+            Error::Restore {
+                refusal: Some(r), ..
+            } => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The reason a workspace initialisation that failed with this error gives.
+    pub fn workspace_reason(&self) -> reasons::WorkspaceReason {
+        use reasons::WorkspaceReason as W;
+        match self {
+            Error::SourceMissing(_) => W::SourceMissing,
+            Error::SourceNotReadable(_) => W::SourceNotReadable,
+            Error::Exec(_) => W::ExecFailed,
+            Error::Restore { reason, .. } => W::Restore(*reason),
+            _ => W::InitFailed,
+        }
+    }
+
     /// Condition reason and message for a failed workspace initialisation.
     pub fn reason_and_message(&self) -> (&'static str, String) {
-        let reason = match self {
-            Error::SourceMissing(_) => "SourceMissing",
-            Error::SourceNotReadable(_) => "SourceNotReadable",
-            Error::Exec(_) => "ExecFailed",
-            Error::Restore { reason, .. } => *reason,
-            _ => "InitFailed",
-        };
-        (reason, self.to_string())
+        (self.workspace_reason().as_str(), self.to_string())
     }
 
     /// Errors that will not go away by retrying soon (they wait for a spec or source change,
@@ -156,31 +178,20 @@ impl Error {
         match self.root() {
             Error::Exec(e) => !e.is_transient(),
             Error::NotNamespaced | Error::NoHelper(_) => true,
-            // A refused archive or a missing snapshot waits for a change; a busy guard or a
-            // store hiccup is retried soon.
-            Error::Restore { reason, .. } => !matches!(
-                *reason,
-                "GuardBusy"
-                    | "StoreError"
-                    | "RestoreFailed"
-                    | "ExtractFailed"
-                    | "SwapFailed"
-                    | "SnapshotNotReady"
-            ),
+            Error::Restore { reason, .. } => reason.is_permanent(),
             _ => false,
         }
     }
 }
 
-/// Retry pace after a failed reconcile: quick polls while cleanup runs, backoff with jitter for
-/// transient errors, a slow poll for permanent ones.
+/// Retry pace after a failed reconcile: backoff with jitter for transient errors, a slow poll
+/// for permanent ones.
 pub fn retry_after(err: &Error, jitter: f64) -> Duration {
     let base = match err.root() {
-        Error::CleanupPending => return Duration::from_secs(1),
         // Waits for someone to create or label an object (no watch on those): a slow poll.
         Error::SourceMissing(_) | Error::SourceNotReadable(_) => 30.0,
         Error::Restore {
-            reason: "SnapshotNotFound",
+            reason: reasons::RestoreReason::SnapshotNotFound,
             ..
         } => 30.0,
         e if e.is_permanent() => 300.0,
@@ -190,38 +201,27 @@ pub fn retry_after(err: &Error, jitter: f64) -> Duration {
 }
 
 fn error_policy(_sbx: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
-    if !matches!(err.root(), Error::CleanupPending) {
-        warn!("reconcile failed: {err}");
-        ctx.metrics.failed("sandbox", err.kind());
-    }
+    warn!("reconcile failed: {err}");
+    ctx.metrics.failed("sandbox", err.kind());
     Action::requeue(retry_after(err, rand::rng().random()))
 }
 
-/// Runs the sandbox controller until `shutdown` resolves.
-pub async fn run(
-    client: Client,
-    config: Config,
-    metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    let (sandboxes, pods, policies): (Api<Sandbox>, Api<Pod>, Api<NetworkPolicy>) =
-        if config.namespace.is_empty() {
-            (
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-            )
-        } else {
-            let ns = config.namespace.as_str();
-            (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-            )
-        };
-    let owned =
-        watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
-    let store = match config.store().map(|c| Store::new(&c)) {
+/// An `Api` over the operator's namespace, or every namespace when it watches all.
+fn scoped<K>(client: &Client, namespace: &str) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    if namespace.is_empty() {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), namespace)
+    }
+}
+
+/// The snapshot store the configuration names; `None` when there is none or it is unusable
+/// (snapshots are then off, and say so).
+fn build_store(config: &Config) -> Option<Store> {
+    match config.store().map(|c| Store::new(&c)) {
         None => {
             info!("no snapshot store configured: snapshots are off");
             None
@@ -234,17 +234,17 @@ pub async fn run(
             error!("snapshot store unusable, snapshots are off: {e}");
             None
         }
-    };
-    let leases: Api<Lease> = if config.namespace.is_empty() {
-        Api::all(client.clone())
-    } else {
-        Api::namespaced(client.clone(), &config.namespace)
-    };
-    let snapshots: Api<SandboxSnapshot> = if config.namespace.is_empty() {
-        Api::all(client.clone())
-    } else {
-        Api::namespaced(client.clone(), &config.namespace)
-    };
+    }
+}
+
+/// Runs the sandbox and snapshot controllers until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let store = build_store(&config);
     if config.helper_image.trim().is_empty() {
         warn!(
             "no helper image (--helper-image): workspaces of deleted sandboxes cannot be removed, namespace directories are not closed or checked, and non-root sandboxes are refused"
@@ -260,38 +260,72 @@ pub async fn run(
             },
         ),
         config,
-        metrics: metrics.clone(),
+        metrics,
         store,
         node_roots: noderoot::Checks::default(),
+        refusals: restore::Refusals::default(),
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
-    let snapshot_ctx = ctx.clone();
-    let snapshot_shutdown = shutdown.clone();
-    let snapshot_controller = async move {
-        info!("snapshot controller starting");
-        Controller::new(snapshots, watcher::Config::default())
-            // Uploads hold a few multipart parts in memory each: bound how many run at once.
-            .with_config(ControllerConfig::default().concurrency(4))
-            .graceful_shutdown_on(snapshot_shutdown)
-            .run(
-                |snap, ctx: Arc<Context>| {
-                    let metrics = ctx.metrics.clone();
-                    async move {
-                        let start = Instant::now();
-                        let out = snapshot::reconcile(snap, ctx).await;
-                        metrics.reconciled("snapshot", start.elapsed());
-                        out
-                    }
-                },
-                snapshot_error_policy,
-                snapshot_ctx,
-            )
-            .for_each(|_| futures::future::ready(()))
-            .await;
-        info!("snapshot controller stopped");
-    };
+    futures::join!(
+        run_sandboxes(ctx.clone(), shutdown.clone()),
+        run_snapshots(ctx, shutdown)
+    );
+    info!("sandbox controller stopped");
+}
+
+/// Runs one reconcile and records how long it took.
+async fn timed<T>(
+    metrics: Arc<Metrics>,
+    controller: &'static str,
+    reconcile: impl std::future::Future<Output = T>,
+) -> T {
+    let start = Instant::now();
+    let out = reconcile.await;
+    metrics.reconciled(controller, start.elapsed());
+    out
+}
+
+/// The snapshot controller.
+async fn run_snapshots(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    info!("snapshot controller starting");
+    let snapshots: Api<SandboxSnapshot> = scoped(&ctx.client, &ctx.config.namespace);
+    Controller::new(snapshots, watcher::Config::default())
+        // Uploads hold a few multipart parts in memory each: bound how many run at once.
+        .with_config(ControllerConfig::default().concurrency(4))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            |snap, ctx: Arc<Context>| {
+                timed(
+                    ctx.metrics.clone(),
+                    "snapshot",
+                    snapshot::reconcile(snap, ctx),
+                )
+            },
+            snapshot_error_policy,
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    info!("snapshot controller stopped");
+}
+
+/// The sandbox controller: Sandboxes, the pods and policies they own, and the scope Leases
+/// whose holder their Guarded condition shows.
+async fn run_sandboxes(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
     info!("sandbox controller starting");
-    let controller = Controller::new(sandboxes, watcher::Config::default());
+    let ns = ctx.config.namespace.clone();
+    let owned =
+        watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
+    let controller = Controller::new(
+        scoped::<Sandbox>(&ctx.client, &ns),
+        watcher::Config::default(),
+    );
     // A scope's guard Lease changing holder updates the Guarded condition of the sandboxes of
     // that scope (renewals keep the holder, so they cost no status write).
     let sandbox_store = controller.store();
@@ -309,27 +343,20 @@ pub async fn run(
             .map(|s| ObjectRef::from_obj(s.as_ref()))
             .collect::<Vec<_>>()
     };
-    let sandbox_controller = controller
-        .owns(pods, owned.clone())
-        .owns(policies, owned.clone())
-        .watches(leases, owned, guard_to_sandboxes)
+    controller
+        .owns(scoped::<Pod>(&ctx.client, &ns), owned.clone())
+        .owns(scoped::<NetworkPolicy>(&ctx.client, &ns), owned.clone())
+        .watches(scoped::<Lease>(&ctx.client, &ns), owned, guard_to_sandboxes)
         .graceful_shutdown_on(shutdown)
         .run(
-            move |sbx, ctx: Arc<Context>| {
-                let metrics = ctx.metrics.clone();
-                async move {
-                    let start = Instant::now();
-                    let out = sandbox::reconcile(sbx, ctx).await;
-                    metrics.reconciled("sandbox", start.elapsed());
-                    out
-                }
+            |sbx, ctx: Arc<Context>| {
+                timed(ctx.metrics.clone(), "sandbox", sandbox::reconcile(sbx, ctx))
             },
             error_policy,
             ctx,
         )
-        .for_each(|_| futures::future::ready(()));
-    futures::join!(sandbox_controller, snapshot_controller);
-    info!("sandbox controller stopped");
+        .for_each(|_| futures::future::ready(()))
+        .await;
 }
 
 fn snapshot_error_policy(_snap: Arc<SandboxSnapshot>, err: &Error, ctx: Arc<Context>) -> Action {
@@ -405,10 +432,6 @@ mod tests {
     #[test]
     fn retry_pace() {
         assert_eq!(
-            retry_after(&Error::CleanupPending, 0.9),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
             retry_after(&Error::Init("x".into()), 0.0),
             Duration::from_secs(5)
         );
@@ -425,17 +448,19 @@ mod tests {
             retry_after(&Error::SourceNotReadable("secret".into()), 0.0),
             Duration::from_secs(30)
         );
+        use reasons::RestoreReason::*;
         let refused = |reason| Error::Restore {
             reason,
             message: String::new(),
+            refusal: None,
         };
         assert_eq!(
-            retry_after(&refused("CrossScopeRestore"), 0.0),
+            retry_after(&refused(CrossScopeRestore), 0.0),
             Duration::from_secs(300),
             "waits for a change"
         );
         assert_eq!(
-            retry_after(&refused("SnapshotNotReady"), 0.0),
+            retry_after(&refused(SnapshotNotReady), 0.0),
             Duration::from_secs(5)
         );
     }

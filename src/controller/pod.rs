@@ -33,8 +33,7 @@ pub const CONTAINER: &str = "sandbox";
 pub const SPEC_HASH: &str = "agentbox.dev/pod-spec-hash";
 /// The volume holding the workspace.
 const WORKSPACE_VOLUME: &str = "workspace";
-/// Default entrypoint: stay alive and exit promptly on TERM, since commands arrive by exec.
-pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
+pub use crate::remote::KEEP_ALIVE;
 
 /// Host directory of a sandbox's workspace: `<nodeRoot>/<namespace>/<uid>`. Always operator
 /// chosen; never derived from user input other than the namespace and the server-set uid.
@@ -111,67 +110,9 @@ pub fn build_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, pin_node: Option<&str>) -> 
     let uid = sbx.uid().unwrap_or_default();
     let root = spec.workspace.root.trim_end_matches('/').to_string();
 
-    let mut volumes = vec![Volume {
-        name: WORKSPACE_VOLUME.into(),
-        host_path: Some(HostPathVolumeSource {
-            path: workspace_host_path(node_root, &ns, &uid),
-            type_: Some("DirectoryOrCreate".into()),
-        }),
-        ..Default::default()
-    }];
-    let mut mounts = vec![VolumeMount {
-        name: WORKSPACE_VOLUME.into(),
-        mount_path: root.clone(),
-        ..Default::default()
-    }];
-    for (i, m) in spec.workspace.mounts.iter().enumerate() {
-        let name = format!("host-{i}");
-        volumes.push(Volume {
-            name: name.clone(),
-            host_path: Some(HostPathVolumeSource {
-                path: m.host_path.clone(),
-                type_: Some(m.type_.as_str().into()),
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name,
-            mount_path: format!(
-                "{root}/{}",
-                m.path.trim_start_matches("./").trim_end_matches('/')
-            ),
-            read_only: Some(m.read_only),
-            ..Default::default()
-        });
-    }
-
-    let sc = spec.security_context.clone().unwrap_or_default();
-    let container = Container {
-        name: CONTAINER.into(),
-        image: Some(spec.image.clone()),
-        image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
-        command: Some(
-            spec.command
-                .clone()
-                .unwrap_or_else(|| vec!["sh".into(), "-c".into(), KEEP_ALIVE.into()]),
-        ),
-        args: spec.args.clone(),
-        env: (!spec.env.is_empty()).then(|| spec.env.clone()),
-        resources: spec.resources.clone(),
-        working_dir: Some(root),
-        volume_mounts: Some(mounts),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: sc.read_only_root_filesystem,
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                add: (!sec.capabilities.is_empty()).then(|| sec.capabilities.clone()),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let (volumes, mounts) =
+        workspace_volumes(spec, &workspace_host_path(node_root, &ns, &uid), &root);
+    let container = sandbox_container(spec, &sec, root, mounts);
 
     let mut pod_spec = PodSpec {
         containers: vec![container],
@@ -229,6 +170,87 @@ pub fn build_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, pin_node: Option<&str>) -> 
         },
         spec: Some(pod_spec),
         status: None,
+    }
+}
+
+/// The workspace volume (a host directory of the operator's choosing) and the user's host
+/// mounts, with their mounts in the sandbox container.
+fn workspace_volumes(
+    spec: &crate::crd::SandboxSpec,
+    host_dir: &str,
+    root: &str,
+) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut volumes = vec![Volume {
+        name: WORKSPACE_VOLUME.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: host_dir.to_string(),
+            type_: Some("DirectoryOrCreate".into()),
+        }),
+        ..Default::default()
+    }];
+    let mut mounts = vec![VolumeMount {
+        name: WORKSPACE_VOLUME.into(),
+        mount_path: root.to_string(),
+        ..Default::default()
+    }];
+    for (i, m) in spec.workspace.mounts.iter().enumerate() {
+        let name = format!("host-{i}");
+        volumes.push(Volume {
+            name: name.clone(),
+            host_path: Some(HostPathVolumeSource {
+                path: m.host_path.clone(),
+                type_: Some(m.type_.as_str().into()),
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name,
+            mount_path: format!(
+                "{root}/{}",
+                m.path.trim_start_matches("./").trim_end_matches('/')
+            ),
+            read_only: Some(m.read_only),
+            ..Default::default()
+        });
+    }
+
+    (volumes, mounts)
+}
+
+/// The sandbox's container: its image and command, the workspace as working directory, every
+/// capability dropped but the effective ones, no privilege escalation.
+fn sandbox_container(
+    spec: &crate::crd::SandboxSpec,
+    sec: &security::Effective,
+    root: String,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    let sc = spec.security_context.clone().unwrap_or_default();
+    Container {
+        name: CONTAINER.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
+        command: Some(
+            spec.command
+                .clone()
+                .unwrap_or_else(|| vec!["sh".into(), "-c".into(), KEEP_ALIVE.into()]),
+        ),
+        args: spec.args.clone(),
+        env: (!spec.env.is_empty()).then(|| spec.env.clone()),
+        resources: spec.resources.clone(),
+        working_dir: Some(root),
+        volume_mounts: Some(mounts),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: sc.read_only_root_filesystem,
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: (!sec.capabilities.is_empty()).then(|| sec.capabilities.clone()),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 

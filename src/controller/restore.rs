@@ -12,18 +12,24 @@
 //!
 //! Any failure leaves the existing workspace as it was and removes the staging directory.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use tracing::info;
 
 use super::pod::CONTAINER;
+use super::reasons::RestoreReason;
 use super::{Context, Error};
-use crate::crd::{Sandbox, SandboxSnapshot};
+use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
 use crate::exec::{self, ExecRequest};
 use crate::guard::{self, GuardConfig, GuardError};
+use crate::remote::{self, DISCARD_SCRIPT, EXTRACT_SCRIPT, SWAP_SCRIPT};
 use crate::snapshot::{self, SnapshotError, archive};
 
 /// How long to wait for the scope's guard.
@@ -33,72 +39,106 @@ const EXTRACT_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 /// Upper bound on the swap and cleanup execs.
 const SWAP_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Extraction into a new staging directory: `$1` root, `$2` id; the archive on stdin.
-pub const EXTRACT_SCRIPT: &str = r#"set -eu
-cd "$1"
-mkdir -p .agentbox
-st=".agentbox/staging-$2"
-rm -rf -- "$st"
-mkdir -- "$st"
-tar -x -f - -C "$st"
-"#;
-
-/// Removes a staging directory: `$1` root, `$2` id.
-pub const DISCARD_SCRIPT: &str =
-    r#"cd "$1" && rm -rf -- ".agentbox/staging-$2" ".agentbox/old-$2""#;
-
-/// The swap: `$1` root, `$2` id, then top-level names to leave alone (they hold host mounts).
-/// Undoes its own moves when one fails.
-pub const SWAP_SCRIPT: &str = r#"set -u
-root=$1; id=$2; shift 2
-nl='
-'
-keep=".agentbox$nl"
-for k in "$@"; do keep="$keep$k$nl"; done
-kept() { case "$nl$keep" in *"$nl$1$nl"*) return 0;; esac; return 1; }
-cd "$root" || exit 1
-st=".agentbox/staging-$id"; old=".agentbox/old-$id"
-[ -d "$st" ] || { echo "no staging directory" >&2; exit 1; }
-rm -rf -- "$old"; mkdir -- "$old" || exit 1
-back() {
-  for f in "$old"/* "$old"/.[!.]* "$old"/..?*; do
-    { [ -e "$f" ] || [ -L "$f" ]; } || continue
-    mv -- "$f" ./ || echo "could not move back $f" >&2
-  done
-  rmdir -- "$old" 2>/dev/null
-}
-for f in * .[!.]* ..?*; do
-  { [ -e "$f" ] || [ -L "$f" ]; } || continue
-  kept "$f" && continue
-  mv -- "$f" "$old/" || { echo "moving $f aside failed" >&2; back; exit 1; }
-done
-for f in "$st"/* "$st"/.[!.]* "$st"/..?*; do
-  { [ -e "$f" ] || [ -L "$f" ]; } || continue
-  b=${f##*/}
-  kept "$b" && continue
-  if ! mv -- "$f" "./$b"; then
-    echo "moving $b in failed" >&2
-    for g in * .[!.]* ..?*; do
-      { [ -e "$g" ] || [ -L "$g" ]; } || continue
-      kept "$g" && continue
-      rm -rf -- "$g"
-    done
-    back; exit 1
-  fi
-done
-rm -rf -- "$st" "$old"
-"#;
-
-fn fail(reason: &'static str, message: impl Into<String>) -> Error {
+fn fail(reason: RestoreReason, message: impl Into<String>) -> Error {
     Error::Restore {
         reason,
         message: message.into(),
+        refusal: None,
     }
 }
 
+/// What a restore is judged against ([`RestoreBasis`]). A permanent refusal
+/// ([`SnapshotError::is_permanent`]) is recorded with it on the Sandbox, and stands — no guard
+/// taken, no exec run — while all of it is unchanged: otherwise every event of the scope (its
+/// Lease changing as the restore takes the guard, among them) would run the same refused
+/// restore again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Judged(pub RestoreBasis);
+
+impl Judged {
+    /// The refusal on record, if it was made against exactly this (pure).
+    pub fn standing<'a>(&self, last: Option<&'a RestoreRefusal>) -> Option<&'a RestoreRefusal> {
+        last.filter(|r| r.basis == self.0)
+    }
+
+    /// The error for a failed restore: a permanent one carries its record.
+    fn error(&self, e: SnapshotError) -> Error {
+        if !e.is_permanent() {
+            return from_snapshot(e);
+        }
+        let (reason, message) = (RestoreReason::of(&e), e.to_string());
+        Error::Restore {
+            reason,
+            message: message.clone(),
+            refusal: Some(Box::new(RestoreRefusal {
+                basis: self.0.clone(),
+                reason: reason.as_str().to_string(),
+                message,
+                refused_at: Time(Timestamp::now()),
+            })),
+        }
+    }
+}
+
+/// The permanent refusals this process made, by sandbox UID. `status.restoreRefusal` is the
+/// record that outlives the process; this one outlives a status that could not keep it — a
+/// status write that failed, or a cluster whose Sandbox CRD predates the field and prunes it.
+/// Without it such a sandbox would run its refused restore again, guard and exec, on every
+/// event of its scope. An entry goes when a start succeeds or the sandbox is deleted.
+#[derive(Debug, Default)]
+pub struct Refusals(Mutex<HashMap<String, RestoreRefusal>>);
+
+impl Refusals {
+    /// The refusal recorded for sandbox `uid`.
+    pub fn get(&self, uid: &str) -> Option<RestoreRefusal> {
+        // A panic while holding the lock cannot leave a map half-written: use it as it is.
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(uid).cloned()
+    }
+
+    /// Records (`Some`) or forgets (`None`) the refusal of sandbox `uid`.
+    pub fn set(&self, uid: &str, refusal: Option<&RestoreRefusal>) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match refusal {
+            Some(r) => {
+                map.insert(uid.to_string(), r.clone());
+            }
+            None => {
+                map.remove(uid);
+            }
+        }
+    }
+}
+
+/// The error a standing refusal gives again: the same reason and message, so the sandbox's
+/// status does not change and costs no write.
+fn standing_error(r: &RestoreRefusal) -> Error {
+    Error::Restore {
+        reason: RestoreReason::Refused(snapshot::permanent_reason(&r.reason)),
+        message: r.message.clone(),
+        refusal: Some(Box::new(r.clone())),
+    }
+}
+
+/// The restore limits as recorded with a refusal.
+fn limits_label(l: &archive::Limits) -> String {
+    format!(
+        "input={} extracted={} members={} ratio={}",
+        l.max_input_bytes, l.max_extracted_bytes, l.max_members, l.max_expansion_ratio
+    )
+}
+
 fn from_snapshot(e: SnapshotError) -> Error {
-    let reason = e.reason();
-    fail(reason, e.to_string())
+    fail(RestoreReason::of(&e), e.to_string())
+}
+
+/// What a restore reads, checked before the guard is taken.
+struct Source {
+    keys: snapshot::store::SnapshotKeys,
+    sha: String,
+    size: Option<u64>,
+    limits: archive::Limits,
+    judged: Judged,
 }
 
 /// Restores `snapshot` into the sandbox's workspace in pod `pod_name`.
@@ -112,31 +152,9 @@ pub async fn restore(
     let store = ctx
         .store
         .as_ref()
-        .ok_or_else(|| fail("NoStore", "this operator has no object store"))?;
+        .ok_or_else(|| fail(RestoreReason::NoStore, "this operator has no object store"))?;
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let snaps: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
-    let snap = snaps.get_opt(snapshot_name).await?.ok_or_else(|| {
-        fail(
-            "SnapshotNotFound",
-            format!("SandboxSnapshot {snapshot_name} not found"),
-        )
-    })?;
-    // Ready, and of this sandbox's scope by the operator's own record (or the namespace allows
-    // otherwise): checked again here, on the object this restore reads.
-    super::selection::verify(ctx, sbx, &snap, true).await?;
-    let st = snap.status.clone().unwrap_or_default();
-    let (Some(sha), Some(scope_key), Some(uid)) =
-        (st.sha256.clone(), st.scope_key.clone(), snap.uid())
-    else {
-        return Err(fail(
-            "SnapshotIncomplete",
-            format!("SandboxSnapshot {snapshot_name} has no digest or scope key"),
-        ));
-    };
-    let keys = store.keys(&ns, &scope_key, &uid);
-    let size = st.size_bytes.and_then(|s| u64::try_from(s).ok());
-    let limits = ctx.config.restore_limits();
-
+    let src = source(ctx, sbx, store, snapshot_name).await?;
     let gcfg = GuardConfig {
         holder: format!("{}/restore", ctx.config.identity),
         ..GuardConfig::default()
@@ -151,83 +169,20 @@ pub async fn restore(
     .await
     .map_err(|e| match e {
         GuardError::Timeout { holder, .. } => fail(
-            "GuardBusy",
+            RestoreReason::GuardBusy,
             format!("the scope's guard is held by {holder}"),
         ),
         e => Error::Guard(e),
     })?;
-    let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
-    let id = format!("{:016x}", rand::random::<u64>());
-    let work = async {
-        info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, "extracting into staging");
-        let started = std::time::Instant::now();
-        let extracted = extract(
-            pods,
-            pod_name,
-            &root,
-            &id,
+    let result = g
+        .run(stage_and_swap(
+            sbx,
+            (pods, pod_name),
             store,
-            &keys.object,
-            limits,
-            (&sha, size),
-        )
+            snapshot_name,
+            &src,
+        ))
         .await;
-        let staged = match extracted {
-            Ok(s) => s,
-            Err(e) => {
-                discard(pods, pod_name, &root, &id).await;
-                return Err(e);
-            }
-        };
-        info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, bytes = staged.size, members = staged.members, secs = started.elapsed().as_secs_f64(), "staged and verified; swapping in");
-        let mut argv = vec![
-            "sh".to_string(),
-            "-c".into(),
-            SWAP_SCRIPT.into(),
-            "sh".into(),
-            root.clone(),
-            id.clone(),
-        ];
-        let mut tops: Vec<String> = sbx
-            .spec
-            .workspace
-            .mounts
-            .iter()
-            .filter_map(|m| {
-                super::workspace::normalize(&m.path)
-                    .split('/')
-                    .next()
-                    .map(str::to_string)
-            })
-            .filter(|t| !t.is_empty())
-            .collect();
-        tops.sort();
-        tops.dedup();
-        argv.extend(tops);
-        let out = exec::run(
-            pods,
-            pod_name,
-            CONTAINER,
-            ExecRequest::argv(argv)
-                .timeout(SWAP_TIMEOUT)
-                .max_output(16 << 10),
-        )
-        .await?;
-        if !out.success() {
-            discard(pods, pod_name, &root, &id).await;
-            return Err(fail(
-                "SwapFailed",
-                format!(
-                    "swapping the restored workspace in failed ({}): {}",
-                    out.status,
-                    out.stderr_str().trim()
-                ),
-            ));
-        }
-        info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, secs = started.elapsed().as_secs_f64(), "restored");
-        Ok(())
-    };
-    let result = g.run(work).await;
     let _ = g.release().await;
     match result {
         Ok(r) => r,
@@ -235,8 +190,150 @@ pub async fn restore(
     }
 }
 
-/// Streams the object through the validator into `tar -x` in a fresh staging directory and
-/// checks that what was read is the snapshot (`expected`: digest and, when recorded, size).
+/// Reads and checks the snapshot: Ready, of this sandbox's scope by the operator's own record
+/// (or the namespace allows otherwise), complete, not refused before against the same basis,
+/// its object present with the recorded size.
+async fn source(
+    ctx: &Context,
+    sbx: &Sandbox,
+    store: &snapshot::store::Store,
+    snapshot_name: &str,
+) -> Result<Source, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let snaps: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+    let snap = snaps.get_opt(snapshot_name).await?.ok_or_else(|| {
+        fail(
+            RestoreReason::SnapshotNotFound,
+            format!("SandboxSnapshot {snapshot_name} not found"),
+        )
+    })?;
+    // Checked again here, on the object this restore reads.
+    super::selection::verify(ctx, sbx, &snap, true).await?;
+    let st = snap.status.clone().unwrap_or_default();
+    let (Some(sha), Some(scope_key), Some(uid)) =
+        (st.sha256.clone(), st.scope_key.clone(), snap.uid())
+    else {
+        return Err(fail(
+            RestoreReason::SnapshotIncomplete,
+            format!("SandboxSnapshot {snapshot_name} has no digest or scope key"),
+        ));
+    };
+    let keys = store.keys(&ns, &scope_key, &uid);
+    let size = st.size_bytes.and_then(|s| u64::try_from(s).ok());
+    let limits = ctx.config.restore_limits();
+    let (object_version, object_size) = snapshot::object_version(store, &keys.object)
+        .await
+        .map_err(from_snapshot)?;
+    let judged = Judged(RestoreBasis {
+        snapshot: snapshot_name.to_string(),
+        snapshot_uid: uid.clone(),
+        snapshot_resource_version: snap.resource_version().unwrap_or_default(),
+        generation: sbx.metadata.generation.unwrap_or(0),
+        object_version,
+        limits: limits_label(&limits),
+    });
+    let last = sbx.status.as_ref().and_then(|s| s.restore_refusal.as_ref());
+    let remembered = ctx.refusals.get(&sbx.uid().unwrap_or_default());
+    if let Some(r) = judged
+        .standing(last)
+        .or_else(|| judged.standing(remembered.as_ref()))
+    {
+        return Err(standing_error(r));
+    }
+    // What can be refused without reading the object is refused before taking the guard.
+    match (object_size, size) {
+        (None, _) => Err(judged.error(SnapshotError::Missing(keys.object.to_string()))),
+        (Some(actual), Some(expected)) if actual != expected => {
+            let r = archive::Refusal::SizeMismatch { expected, actual };
+            Err(judged.error(r.into()))
+        }
+        _ => Ok(Source {
+            keys,
+            sha,
+            size,
+            limits,
+            judged,
+        }),
+    }
+}
+
+/// Under the guard: extracts into a staging directory, then swaps it in. Either failing
+/// removes the staging directory and leaves the workspace as it was.
+async fn stage_and_swap(
+    sbx: &Sandbox,
+    (pods, pod_name): (&Api<Pod>, &str),
+    store: &snapshot::store::Store,
+    snapshot_name: &str,
+    src: &Source,
+) -> Result<(), Error> {
+    let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
+    let id = format!("{:016x}", rand::random::<u64>());
+    info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, "extracting into staging");
+    let started = std::time::Instant::now();
+    let expected = (src.sha.as_str(), src.size);
+    let extracted = extract(
+        pods,
+        pod_name,
+        &root,
+        &id,
+        store,
+        &src.keys.object,
+        src.limits,
+        expected,
+        &src.judged,
+    )
+    .await;
+    let staged = match extracted {
+        Ok(s) => s,
+        Err(e) => {
+            discard(pods, pod_name, &root, &id).await;
+            return Err(e);
+        }
+    };
+    info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, bytes = staged.size, members = staged.members, secs = started.elapsed().as_secs_f64(), "staged and verified; swapping in");
+    let argv = remote::sh(SWAP_SCRIPT, remote::swap_args(&root, &id, &mount_tops(sbx)));
+    let req = ExecRequest::argv(argv)
+        .timeout(SWAP_TIMEOUT)
+        .max_output(16 << 10);
+    let out = exec::run(pods, pod_name, CONTAINER, req).await?;
+    if !out.success() {
+        discard(pods, pod_name, &root, &id).await;
+        return Err(fail(
+            RestoreReason::SwapFailed,
+            format!(
+                "swapping the restored workspace in failed ({}): {}",
+                out.status,
+                out.stderr_str().trim()
+            ),
+        ));
+    }
+    info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, secs = started.elapsed().as_secs_f64(), "restored");
+    Ok(())
+}
+
+/// The top-level names of the workspace that hold host mounts: the swap leaves them alone.
+fn mount_tops(sbx: &Sandbox) -> Vec<String> {
+    let mut tops: Vec<String> = sbx
+        .spec
+        .workspace
+        .mounts
+        .iter()
+        .filter_map(|m| {
+            remote::normalize(&m.path)
+                .split('/')
+                .next()
+                .map(str::to_string)
+        })
+        .filter(|t| !t.is_empty())
+        .collect();
+    tops.sort();
+    tops.dedup();
+    tops
+}
+
+/// Streams the canonical re-encoding of the object into `tar -x` in a fresh staging
+/// directory and checks that what was read is the snapshot (`expected`: digest and, when
+/// recorded, size). Permanent refusals carry their record (`judged`).
 #[allow(clippy::too_many_arguments)]
 async fn extract(
     pods: &Api<Pod>,
@@ -247,25 +344,30 @@ async fn extract(
     key: &object_store::path::Path,
     limits: archive::Limits,
     expected: (&str, Option<u64>),
+    judged: &Judged,
 ) -> Result<archive::Summary, Error> {
-    let (reader, task) = snapshot::validated_reader(store, key, limits)
+    let (reader, task) = snapshot::canonical_reader(store, key, limits)
         .await
-        .map_err(from_snapshot)?;
-    let req = ExecRequest::argv(["sh", "-c", EXTRACT_SCRIPT, "sh", root, id])
+        .map_err(|e| judged.error(e))?;
+    let req = ExecRequest::argv(remote::sh(EXTRACT_SCRIPT, [root, id]))
         .stdin_reader(reader)
         .timeout(EXTRACT_TIMEOUT)
         .max_output(16 << 10);
     let out = exec::run(pods, pod_name, CONTAINER, req).await;
     let forwarded = task
         .await
-        .map_err(|e| fail("RestoreFailed", format!("forwarding task: {e}")))?
-        .map_err(from_snapshot)?;
+        .map_err(|e| {
+            fail(
+                RestoreReason::RestoreFailed,
+                format!("forwarding task: {e}"),
+            )
+        })?
+        .map_err(|e| judged.error(e))?;
     let out = out?;
-    archive::verify(&forwarded, expected.0, expected.1)
-        .map_err(|r| from_snapshot(SnapshotError::Refused(r)))?;
+    archive::verify(&forwarded, expected.0, expected.1).map_err(|r| judged.error(r.into()))?;
     if !out.success() {
         return Err(fail(
-            "ExtractFailed",
+            RestoreReason::ExtractFailed,
             format!(
                 "tar -x in the pod failed ({}): {}",
                 out.status,
@@ -277,10 +379,118 @@ async fn extract(
 }
 
 async fn discard(pods: &Api<Pod>, pod_name: &str, root: &str, id: &str) {
-    let req = ExecRequest::argv(["sh", "-c", DISCARD_SCRIPT, "sh", root, id])
+    let req = ExecRequest::argv(remote::sh(DISCARD_SCRIPT, [root, id]))
         .timeout(SWAP_TIMEOUT)
         .max_output(4096);
     if let Err(e) = exec::run(pods, pod_name, CONTAINER, req).await {
         tracing::warn!(pod = pod_name, "removing the staging directory failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn judged() -> Judged {
+        Judged(RestoreBasis {
+            snapshot: "s1".into(),
+            snapshot_uid: "uid-1".into(),
+            snapshot_resource_version: "41".into(),
+            generation: 2,
+            object_version: "etag-a".into(),
+            limits: limits_label(&archive::Limits::default()),
+        })
+    }
+
+    fn refused(j: &Judged, e: SnapshotError) -> RestoreRefusal {
+        match j.error(e) {
+            Error::Restore {
+                refusal: Some(r), ..
+            } => *r,
+            other => panic!("not recorded: {other}"),
+        }
+    }
+
+    #[test]
+    fn a_permanent_refusal_stands_while_nothing_it_was_judged_against_changes() {
+        let j = judged();
+        let r = refused(&j, archive::Refusal::Fifo("p".into()).into());
+        assert_eq!(r.reason, "Fifo");
+        assert_eq!(j.standing(Some(&r)), Some(&r));
+        // The error given again is the same as the first: same reason, same message.
+        let (first, again) = (
+            j.error(archive::Refusal::Fifo("p".into()).into()),
+            standing_error(&r),
+        );
+        assert_eq!(first.reason_and_message(), again.reason_and_message());
+        assert_eq!(again.restore_refusal(), Some(&r));
+        assert!(again.is_permanent());
+    }
+
+    #[test]
+    fn a_refusal_kept_in_the_process_stands_when_the_status_lost_it() {
+        let j = judged();
+        let r = refused(&j, archive::Refusal::Fifo("p".into()).into());
+        let kept = Refusals::default();
+        kept.set("sbx-1", Some(&r));
+        assert_eq!(kept.get("sbx-1").as_ref(), Some(&r));
+        assert_eq!(kept.get("sbx-2"), None, "kept per sandbox");
+        // The status has no record (pruned, or its write failed): the kept one stands.
+        let remembered = kept.get("sbx-1");
+        assert_eq!(
+            j.standing(None).or_else(|| j.standing(remembered.as_ref())),
+            Some(&r)
+        );
+        // Judged against something else, it does not.
+        let mut other = judged();
+        other.0.object_version = "etag-b".into();
+        assert_eq!(other.standing(remembered.as_ref()), None);
+        kept.set("sbx-1", None);
+        assert_eq!(kept.get("sbx-1"), None);
+    }
+
+    #[test]
+    fn any_change_allows_another_attempt() {
+        let r = refused(&judged(), SnapshotError::Missing("k".into()));
+        assert_eq!(r.reason, "ObjectMissing");
+        let changes: [fn(&mut RestoreBasis); 6] = [
+            |b| b.snapshot = "s2".into(),
+            |b| b.snapshot_uid = "uid-2".into(),
+            |b| b.snapshot_resource_version = "42".into(),
+            |b| b.generation = 3,
+            |b| b.object_version = "etag-b".into(),
+            |b| b.limits = "input=1".into(),
+        ];
+        for change in changes {
+            let mut j = judged();
+            change(&mut j.0);
+            assert_eq!(j.standing(Some(&r)), None, "{j:?}");
+        }
+        assert_eq!(judged().standing(None), None);
+    }
+
+    #[test]
+    fn only_permanent_failures_are_recorded() {
+        let j = judged();
+        for e in [
+            SnapshotError::Source("the extracting side stopped".into()),
+            SnapshotError::Store(crate::snapshot::store::StoreError::Io {
+                path: "p".into(),
+                source: std::io::Error::other("disk"),
+            }),
+        ] {
+            assert!(j.error(e).restore_refusal().is_none());
+        }
+        let digest = archive::Refusal::DigestMismatch {
+            expected: "a".into(),
+            actual: "b".into(),
+        };
+        assert_eq!(refused(&j, digest.into()).reason, "DigestMismatch");
+        for reason in archive::Refusal::REASONS
+            .into_iter()
+            .chain(["ObjectMissing"])
+        {
+            assert_eq!(snapshot::permanent_reason(reason), reason);
+        }
     }
 }

@@ -16,10 +16,12 @@
 //! The same check runs again at the top of the restore itself ([`verify`]).
 
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
 
+use super::reasons::RestoreReason;
 use super::{Context, Error};
 use crate::crd::{RestorePolicy, Sandbox, SandboxSnapshot, SnapshotPhase};
 use crate::{labels, names};
@@ -27,6 +29,21 @@ use crate::{labels, names};
 /// Namespace annotation (value `"true"`) that lets Sandboxes of the namespace restore Named
 /// snapshots of other scopes.
 pub const ALLOW_CROSS_SCOPE: &str = "agentbox.dev/allow-cross-scope-restore";
+
+/// Order of a scope's snapshots: completion time (whole seconds in the API), then the fencing
+/// token (each snapshot of a scope is taken under a new acquisition of the scope's guard, so
+/// the token orders snapshots completed within the same second), then the name.
+pub type Age = (Option<Timestamp>, i64, String);
+
+/// The [`Age`] of a snapshot.
+pub fn age(s: &SandboxSnapshot) -> Age {
+    let st = s.status.as_ref();
+    (
+        st.and_then(|st| st.completed_at.as_ref()).map(|t| t.0),
+        st.and_then(|st| st.fencing_token).unwrap_or(0),
+        s.name_any(),
+    )
+}
 
 /// How a Ready snapshot relates to a sandbox's scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +54,14 @@ pub enum Relation {
     OtherScope(String),
 }
 
-fn refused(reason: &'static str, message: String) -> Error {
-    Error::Restore { reason, message }
+fn refused(reason: RestoreReason, message: String) -> Error {
+    // Selection needs no guard or exec, so it is not recorded as a standing refusal: its
+    // inputs (the namespace's annotation among them) are cheap to read again.
+    Error::Restore {
+        reason,
+        message,
+        refusal: None,
+    }
 }
 
 /// How `snap` relates to scope `scope_key`, by the operator's own record; refused when it is
@@ -48,13 +71,13 @@ pub fn relation(snap: &SandboxSnapshot, scope_key: &str) -> Result<Relation, Err
     let st = snap.status.clone().unwrap_or_default();
     if st.phase != Some(SnapshotPhase::Ready) {
         return Err(refused(
-            "SnapshotNotReady",
+            RestoreReason::SnapshotNotReady,
             format!("SandboxSnapshot {name} is not Ready"),
         ));
     }
     match st.scope_key {
         None => Err(refused(
-            "SnapshotIncomplete",
+            RestoreReason::SnapshotIncomplete,
             format!("SandboxSnapshot {name} has no recorded scope key"),
         )),
         Some(k) if k == scope_key => Ok(Relation::SameScope),
@@ -73,7 +96,7 @@ pub fn latest<'a>(snaps: &'a [SandboxSnapshot], scope_key: &str) -> Option<&'a S
     snaps
         .iter()
         .filter(|s| is_ready_of_scope(s, scope_key))
-        .max_by_key(|s| super::snapshot::age(s))
+        .max_by_key(|s| age(s))
 }
 
 /// The snapshots the operator recorded for scope `scope_key` in the namespace of `api`: a list
@@ -122,7 +145,7 @@ pub async fn verify(
     let name = snap.name_any();
     if !cross_scope_allowed(ctx, &ns).await? {
         return Err(refused(
-            "CrossScopeRestore",
+            RestoreReason::CrossScopeRestore,
             format!(
                 "SandboxSnapshot {name} was taken in another scope (scope key {theirs}, this sandbox's is {key}); restoring it here would hand that scope's workspace to this one. A platform administrator can allow cross-scope restores in this namespace with the Namespace annotation {ALLOW_CROSS_SCOPE}=true"
             ),
@@ -159,13 +182,13 @@ pub async fn candidate(ctx: &Context, sbx: &Sandbox) -> Result<Option<String>, E
             };
             if !names::is_object_name(name) {
                 return Err(refused(
-                    "InvalidReference",
+                    RestoreReason::InvalidReference,
                     names::refusal("snapshot.name", name),
                 ));
             }
             let snap = snaps.get_opt(name).await?.ok_or_else(|| {
                 refused(
-                    "SnapshotNotFound",
+                    RestoreReason::SnapshotNotFound,
                     format!("SandboxSnapshot {name} (snapshot.name) not found"),
                 )
             })?;
@@ -240,7 +263,7 @@ mod tests {
             Relation::OtherScope(theirs.clone())
         );
         let reason = |r: Result<Relation, Error>| match r {
-            Err(Error::Restore { reason, .. }) => reason,
+            Err(Error::Restore { reason, .. }) => reason.as_str(),
             other => panic!("{other:?}"),
         };
         assert_eq!(

@@ -13,6 +13,21 @@ pub fn problems(
     pod: &PodConfig<'_>,
 ) -> Vec<String> {
     let mut out = Vec::new();
+    scope_problems(spec, &mut out);
+    workspace_problems(spec, &mut out);
+    mount_problems(spec, allowed_host_prefixes, &mut out);
+    restore_problems(spec, &mut out);
+    reference_problems(spec, &mut out);
+    out.extend(super::security::problems(
+        spec,
+        pod.security,
+        pod.helper.is_some(),
+    ));
+    out
+}
+
+/// The ids a scope's kind needs, and those it does not use.
+fn scope_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
     let s = &spec.scope;
     let need = |present: bool, id: &str, out: &mut Vec<String>| {
         if !present {
@@ -27,27 +42,30 @@ pub fn problems(
     let has = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.is_empty());
     match s.kind {
         ScopeKind::Session => {
-            need(has(&s.agent), "agent", &mut out);
-            need(has(&s.session), "session", &mut out);
-            forbid(s.user.is_some(), "user", &mut out);
+            need(has(&s.agent), "agent", out);
+            need(has(&s.session), "session", out);
+            forbid(s.user.is_some(), "user", out);
         }
         ScopeKind::User => {
-            need(has(&s.agent), "agent", &mut out);
-            need(has(&s.user), "user", &mut out);
-            forbid(s.session.is_some(), "session", &mut out);
+            need(has(&s.agent), "agent", out);
+            need(has(&s.user), "user", out);
+            forbid(s.session.is_some(), "session", out);
         }
         ScopeKind::Agent => {
-            need(has(&s.agent), "agent", &mut out);
-            forbid(s.user.is_some(), "user", &mut out);
-            forbid(s.session.is_some(), "session", &mut out);
+            need(has(&s.agent), "agent", out);
+            forbid(s.user.is_some(), "user", out);
+            forbid(s.session.is_some(), "session", out);
         }
         ScopeKind::Global => {
-            forbid(s.agent.is_some(), "agent", &mut out);
-            forbid(s.user.is_some(), "user", &mut out);
-            forbid(s.session.is_some(), "session", &mut out);
+            forbid(s.agent.is_some(), "agent", out);
+            forbid(s.user.is_some(), "user", out);
+            forbid(s.session.is_some(), "session", out);
         }
     }
+}
 
+/// The workspace root, the files and the projections.
+fn workspace_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
     let root = &spec.workspace.root;
     if !root.starts_with('/') || root == "/" || has_dot_segment(root) {
         out.push(format!(
@@ -55,7 +73,7 @@ pub fn problems(
         ));
     }
     for f in &spec.workspace.files {
-        check_relative("workspace.files[].path", &f.path, &mut out);
+        check_relative("workspace.files[].path", &f.path, out);
         if f.content.is_some() == f.content_from.is_some() {
             out.push(format!(
                 "file {:?} needs exactly one of content and contentFrom",
@@ -80,10 +98,14 @@ pub fn problems(
         }
     }
     for p in &spec.workspace.projections {
-        check_relative("workspace.projections[].path", &p.path, &mut out);
+        check_relative("workspace.projections[].path", &p.path, out);
     }
+}
+
+/// Host mounts: clean relative paths, onto host paths under an allowed prefix.
+fn mount_problems(spec: &SandboxSpec, allowed_host_prefixes: &[String], out: &mut Vec<String>) {
     for m in &spec.workspace.mounts {
-        check_relative("workspace.mounts[].path", &m.path, &mut out);
+        check_relative("workspace.mounts[].path", &m.path, out);
         if !m.host_path.starts_with('/') || has_dot_segment(&m.host_path) {
             out.push(format!(
                 "mount hostPath {:?} must be a clean absolute path",
@@ -107,6 +129,10 @@ pub fn problems(
             });
         }
     }
+}
+
+/// `snapshot.name` goes with `restore: Named` and nothing else.
+fn restore_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
     match (spec.snapshot.restore, &spec.snapshot.name) {
         (RestorePolicy::Named, None) => {
             out.push("snapshot.name is required when snapshot.restore is Named".into())
@@ -116,7 +142,11 @@ pub fn problems(
         }
         _ => {}
     }
-    // References to other objects: names only, so that none can change a request's path.
+}
+
+/// References to other objects: names only, so that none can change a request's path; data
+/// keys of file sources likewise.
+fn reference_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
     let mut refs: Vec<(String, &str)> = Vec::new();
     if let Some(n) = &spec.snapshot.name {
         refs.push(("snapshot.name".into(), n));
@@ -161,12 +191,6 @@ pub fn problems(
             .map(|(what, v)| names::refusal(what, v)),
     );
     out.extend(keys);
-    out.extend(super::security::problems(
-        spec,
-        pod.security,
-        pod.helper.is_some(),
-    ));
-    out
 }
 
 fn check_relative(what: &str, path: &str, out: &mut Vec<String>) {
@@ -176,7 +200,8 @@ fn check_relative(what: &str, path: &str, out: &mut Vec<String>) {
         ));
     } else if path.split('/').any(|s| s == "..") {
         out.push(format!("{what} {path:?} must not contain '..'"));
-    } else if path.split('/').find(|s| !s.is_empty() && *s != ".") == Some(".agentbox") {
+    } else if path.split('/').find(|s| !s.is_empty() && *s != ".") == Some(crate::remote::STATE_DIR)
+    {
         out.push(format!(
             "{what} {path:?}: .agentbox is reserved for the operator"
         ));

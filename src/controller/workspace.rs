@@ -8,10 +8,7 @@ use sha2::{Digest, Sha256};
 
 use crate::crd::StartBranch;
 
-/// Directory inside the workspace that belongs to the operator (marker, staging, temp files).
-pub const STATE_DIR: &str = ".agentbox";
-/// Marker file, relative to the workspace root. Written last, so it means "initialised".
-pub const MARKER: &str = ".agentbox/marker";
+pub use crate::remote::{MARKER, STATE_DIR, normalize};
 
 /// A file to write into the workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,15 +141,8 @@ pub fn projection_hash(projections: &[ResolvedProjection]) -> Option<String> {
     Some(hex::encode(h.finalize()))
 }
 
-/// Normalises a validated relative path: drops `./` and empty segments.
-pub fn normalize(path: &str) -> String {
-    path.split('/')
-        .filter(|s| !s.is_empty() && *s != ".")
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
-/// The writes of one initialisation: a tar archive for stdin and the arguments of [`SCRIPT`].
+/// The writes of one initialisation: a tar archive for stdin and the arguments of
+/// [`crate::remote::INIT_SCRIPT`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Writes {
     /// Projection directories to empty before extraction (they are replaced whole).
@@ -229,37 +219,15 @@ pub fn archive(files: &[FileEntry], mtime: u64) -> std::io::Result<Vec<u8>> {
     b.into_inner()
 }
 
-/// Probe: prints the marker's content when the workspace is initialised. `$1` is the root.
-pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || true"#;
-
-/// Initialisation: `$1` root, `$2` marker content, `$3` 1 when an archive of files arrives on
-/// stdin (0: no files, no stdin), `$4` number of directories to replace, then those
-/// directories, then the parent directories to create. The marker is written last and
-/// atomically, so a failed run leaves the workspace uninitialised.
-pub const SCRIPT: &str = r#"set -eu
-root="$1"; marker="$2"; archive="$3"; n="$4"; shift 4
-cd "$root"
-mkdir -p .agentbox/tmp
-i=0
-while [ "$i" -lt "$n" ]; do rm -rf -- "./$1"; shift; i=$((i+1)); done
-for d in "$@"; do mkdir -p -- "./$d"; done
-if [ "$archive" = 1 ]; then tar -x -f -; fi
-printf '%s' "$marker" > .agentbox/marker.tmp
-mv -f .agentbox/marker.tmp .agentbox/marker
-"#;
-
-/// Arguments for [`SCRIPT`] after `sh -c SCRIPT sh`.
+/// Arguments of [`crate::remote::INIT_SCRIPT`] for `w`.
 pub fn script_args(root: &str, marker: &str, w: &Writes) -> Vec<String> {
-    let archive = if w.files.is_empty() { "0" } else { "1" };
-    let mut args = vec![
-        root.to_string(),
-        marker.to_string(),
-        archive.to_string(),
-        w.replace_dirs.len().to_string(),
-    ];
-    args.extend(w.replace_dirs.iter().cloned());
-    args.extend(w.parents.iter().cloned());
-    args
+    crate::remote::init_args(
+        root,
+        marker,
+        !w.files.is_empty(),
+        &w.replace_dirs,
+        &w.parents,
+    )
 }
 
 #[cfg(test)]
@@ -421,12 +389,12 @@ mod tests {
         );
     }
 
-    /// Runs [`SCRIPT`] with the host's `sh` and `tar` on a scratch directory, the archive on
+    /// Runs [`crate::remote::INIT_SCRIPT`] with the host's `sh` and `tar` on a scratch directory, the archive on
     /// stdin when there are files (none otherwise, as in the pod).
     fn run_init(root: &std::path::Path, w: &Writes) -> bool {
         use std::io::Write as _;
         let mut child = std::process::Command::new("sh")
-            .args(["-c", SCRIPT, "sh"])
+            .args(["-c", crate::remote::INIT_SCRIPT, "sh"])
             .args(script_args(&root.to_string_lossy(), "uid-1", w))
             .stdin(std::process::Stdio::piped())
             .spawn()

@@ -240,4 +240,47 @@ mod tests {
         assert!(ok(json!({"kind": "Global", "agent": "a"})).is_err());
         assert!(ok(json!({"kind": "Agent"})).is_err());
     }
+
+    /// `spec.ports` carries the rules on the list itself; a holder type with the same rules
+    /// lets them be evaluated here as the API server will.
+    #[derive(kube::KubeSchema, serde::Serialize, serde::Deserialize)]
+    #[x_kube(cel)]
+    struct PortsHolder {
+        #[x_kube(validation = crate::crd::unique_port_names(), validation = crate::crd::unique_port_numbers())]
+        ports: Vec<crate::crd::SandboxPort>,
+    }
+
+    #[test]
+    fn duplicate_ports_are_refused_with_a_message_naming_the_duplicate() {
+        use serde_json::json;
+        let check = |ports: serde_json::Value| {
+            PortsHolder::validate_cel(&json!({ "ports": ports }), None).map_err(|e| e.to_string())
+        };
+        assert!(
+            check(json!([
+                {"name": "http", "port": 80, "protocol": "TCP"},
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+            ]))
+            .is_ok()
+        );
+        let err = check(json!([
+            {"name": "web", "port": 80, "protocol": "TCP"},
+            {"name": "web", "port": 81, "protocol": "TCP"},
+        ]))
+        .expect_err("duplicate name");
+        assert!(
+            err.contains("port names must be unique: web appears more than once"),
+            "{err}"
+        );
+        let err = check(json!([
+            {"name": "a", "port": 8080, "protocol": "TCP"},
+            {"name": "b", "port": 8080, "protocol": "TCP"},
+        ]))
+        .expect_err("duplicate number");
+        assert!(
+            err.contains("port numbers must be unique per protocol"),
+            "{err}"
+        );
+    }
 }

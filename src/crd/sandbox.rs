@@ -110,6 +110,83 @@ pub struct SandboxSpec {
     /// Network policy of the sandbox pod.
     #[serde(default)]
     pub network: Network,
+
+    /// Ports of the sandbox to expose. With any, the operator keeps a Service that selects only
+    /// this sandbox's pod and lists exactly these ports, and records in `status.endpoints`
+    /// where each is reached; without, there is no Service. Names are unique, and so are
+    /// port numbers per protocol.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = unique_port_names(), validation = unique_port_numbers())]
+    pub ports: Vec<SandboxPort>,
+}
+
+/// A port of the sandbox, exposed through the sandbox's Service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxPort {
+    /// Name of the port: lower-case letters, digits and '-', starting with a letter, at most
+    /// 15 characters. Unique within the sandbox.
+    #[schemars(
+        length(min = 1, max = 15),
+        regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Port number a server listens on inside the sandbox; the Service exposes the same number.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Transport protocol: TCP (default), UDP or SCTP.
+    #[serde(default)]
+    pub protocol: PortProtocol,
+}
+
+/// Transport protocol of an exposed port.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum PortProtocol {
+    /// TCP.
+    #[default]
+    #[serde(rename = "TCP")]
+    Tcp,
+    /// UDP.
+    #[serde(rename = "UDP")]
+    Udp,
+    /// SCTP.
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl PortProtocol {
+    /// The value Kubernetes expects in a Service port.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PortProtocol::Tcp => "TCP",
+            PortProtocol::Udp => "UDP",
+            PortProtocol::Sctp => "SCTP",
+        }
+    }
+}
+
+/// Admission rule on `spec.ports`: names are unique; the message names the first duplicate.
+/// (Written with `exists_one` over the names: the API server refuses costlier message
+/// expressions, such as a `filter` inside a `filter`.)
+pub fn unique_port_names() -> kube::core::Rule {
+    kube::core::Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message(
+        kube::core::Message::Expression(
+            "'port names must be unique: ' + self.map(p, p.name).filter(n, !self.exists_one(q, q.name == n))[0] + ' appears more than once'".into(),
+        ),
+    )
+}
+
+/// Admission rule on `spec.ports`: one port number per protocol (a Service refuses two). The
+/// message is fixed: a message expression printing the number costs more than the API server
+/// allows.
+pub fn unique_port_numbers() -> kube::core::Rule {
+    kube::core::Rule::new(
+        "self.all(p, self.exists_one(q, q.port == p.port && q.protocol == p.protocol))",
+    )
+    .message("port numbers must be unique per protocol: two ports use the same number and protocol")
 }
 
 /// Bounds the names in `spec.env` (Kubernetes' EnvVar schema has no maxLength) so that the API
@@ -583,6 +660,11 @@ pub struct SandboxStatus {
     /// SandboxSnapshot the workspace was last restored from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<String>,
+    /// The last restore refused for a permanent reason (a refused archive, a digest or size
+    /// mismatch, a missing object). It is not attempted again until the sandbox's spec, the
+    /// snapshot or its stored object changes; cleared when a start succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_refusal: Option<RestoreRefusal>,
     /// Newest SandboxSnapshot of this sandbox that became Ready. Written by the snapshot
     /// controller (field manager `agentbox-operator-snapshots`) when a snapshot commits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -590,6 +672,28 @@ pub struct SandboxStatus {
     /// Who holds the scope's execution guard, as last seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard: Option<GuardStatus>,
+    /// Where each port of `spec.ports` is reached.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<PortEndpoint>,
+}
+
+/// Where one exposed port of a sandbox is reached.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortEndpoint {
+    /// Name of the port in `spec.ports`.
+    pub name: String,
+    /// Port number (the same on the Service and in the pod).
+    pub port: i32,
+    /// TCP, UDP or SCTP.
+    pub protocol: PortProtocol,
+    /// Cluster DNS name of the sandbox's Service (`<service>.<namespace>.svc`): reaches the port
+    /// from pods of the cluster, through cluster DNS and the Service proxy.
+    pub host: String,
+    /// IP of the sandbox's pod while it has one: reaches the port directly on the pod network,
+    /// also on clusters without DNS or a Service proxy. Changes when the pod is replaced.
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
 }
 
 /// The newest Ready snapshot of a sandbox.
@@ -604,6 +708,42 @@ pub struct LastSnapshot {
     pub sha256: String,
     /// Size of its tarball in bytes.
     pub size_bytes: i64,
+}
+
+/// What a restore is judged against: while all of it is unchanged, a permanent refusal
+/// stands.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreBasis {
+    /// Name of the SandboxSnapshot.
+    pub snapshot: String,
+    /// Its UID.
+    pub snapshot_uid: String,
+    /// Its resourceVersion when it was judged (any change to it allows another attempt).
+    pub snapshot_resource_version: String,
+    /// The Sandbox's `metadata.generation` (its spec) when it was judged.
+    pub generation: i64,
+    /// The stored object's version when it was judged: its ETag (or size and modification
+    /// time), or `absent` when it was missing.
+    pub object_version: String,
+    /// The operator's restore limits when it was judged (refusals for a limit do not stand
+    /// under other limits).
+    pub limits: String,
+}
+
+/// A restore refused for a permanent reason, and what it was judged against.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreRefusal {
+    /// What it was judged against.
+    #[serde(flatten)]
+    pub basis: RestoreBasis,
+    /// Why: the WorkspaceReady reason (`DigestMismatch`, `Hardlink`, `ObjectMissing`...).
+    pub reason: String,
+    /// What was refused.
+    pub message: String,
+    /// When it was refused.
+    pub refused_at: Time,
 }
 
 /// Coarse phase of a sandbox.

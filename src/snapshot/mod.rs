@@ -1,18 +1,19 @@
 //! Workspace snapshots: tar archives in object storage.
 //!
-//! - [`archive`]: a streaming tar parser and validator (pure).
+//! - [`archive`]: the operator's tar parser, rules and canonical re-encoding (pure).
 //! - [`store`]: the object store and its key layout.
 //! - here: the streaming pipelines between the two and an exec stream. Memory stays flat
-//!   whatever the archive's size: chunks flow through SHA-256 and the tar parser into a
-//!   multipart upload with at most [`MAX_PARTS_IN_FLIGHT`] parts of [`PART_SIZE`] buffered,
-//!   and a restore's download flows chunk by chunk through the validator into the pod.
+//!   whatever the archive's size: the sandbox's `tar -c` output flows through the
+//!   canonicaliser, whose output is hashed and sent into a multipart upload with at most
+//!   [`MAX_PARTS_IN_FLIGHT`] parts of [`PART_SIZE`] buffered; a restore's download flows chunk
+//!   by chunk through the canonicaliser, and only its output goes on to the pod.
 
 pub mod archive;
 pub mod store;
 
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::{SinkExt, Stream, StreamExt};
 use object_store::multipart::{MultipartStore, PartId};
@@ -24,14 +25,17 @@ use object_store::{
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::io::ReaderStream;
 
-use archive::{Limits, Refusal, Summary, TarStream};
-use store::{SnapshotKeys, Store, StoreError};
+use archive::{Canonicalizer, Limits, Refusal, Summary};
+use store::{Commit, SnapshotKeys, Store, StoreError};
 
 /// Size of each multipart part (the S3 minimum is 5 MiB).
 pub const PART_SIZE: usize = 5 << 20;
 /// Parts uploading at once; with the part being filled this bounds buffered data at
 /// `(MAX_PARTS_IN_FLIGHT + 1) * PART_SIZE`.
 pub const MAX_PARTS_IN_FLIGHT: usize = 2;
+/// Canonical output is handed on in pieces of at least this size (a stream of small files
+/// arrives in small chunks; one upload put or one stdin frame per chunk would cost more).
+const OUTPUT_CHUNK: usize = 256 << 10;
 
 /// Snapshot and restore failures.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +60,49 @@ impl From<object_store::Error> for SnapshotError {
     }
 }
 
+/// The object version of an object that does not exist.
+pub const ABSENT: &str = "absent";
+
+/// The version of a stored object (its ETag, else size and modification time), or [`ABSENT`]:
+/// what a permanently refused restore was judged against, so that a new object is tried.
+pub async fn object_version(
+    store: &Store,
+    key: &Path,
+) -> Result<(String, Option<u64>), SnapshotError> {
+    match store.inner().head(key).await {
+        Ok(m) => {
+            let mut v = m
+                .e_tag
+                .clone()
+                .unwrap_or_else(|| format!("{}@{}", m.size, m.last_modified.to_rfc3339()));
+            if let Some(version) = &m.version {
+                v = format!("{v}/{version}");
+            }
+            Ok((v, Some(m.size)))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok((ABSENT.to_string(), None)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The static reason of a permanent refusal read back from a status by name.
+pub fn permanent_reason(name: &str) -> &'static str {
+    Refusal::REASONS
+        .iter()
+        .chain(&["ObjectMissing"])
+        .find(|r| **r == name)
+        .copied()
+        .unwrap_or("RestoreRefused")
+}
+
 impl SnapshotError {
+    /// Whether the error stands until the object, the record or the rules change: a refused
+    /// archive (digest and size mismatches included) or a missing object. Store and stream
+    /// errors may pass.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, SnapshotError::Refused(_) | SnapshotError::Missing(_))
+    }
+
     /// A CamelCase reason for conditions.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -68,35 +114,45 @@ impl SnapshotError {
     }
 }
 
-/// Streams `chunks` (a tar archive) into a multipart upload at `keys.temp`: the upload `id`
-/// made by [`Store::create_upload`] when the store has a multipart API, else a new one. On the
-/// way every byte is hashed and every member checked by the restore's validator with `limits`,
-/// so an archive that could not be restored (an absolute symlink, too many members...) is
-/// refused now rather than stored as a snapshot that can never come back. On any error the
-/// upload is aborted and the error returned; the caller commits ([`Store::commit`]) only after
-/// success.
+/// Streams `chunks` (the sandbox's tar archive) through the canonicaliser into a multipart
+/// upload: the upload `id` made by [`Store::create_upload`] when the store has a multipart API
+/// (at the final key, left uncompleted: the returned [`Commit`] completes it), else a new one
+/// at `keys.temp` (renamed by the commit). Every member is checked by the restore's rules with
+/// `limits`, so an archive that could not be restored (an absolute symlink, too many
+/// members...) is refused now rather than stored as a snapshot that can never come back; what
+/// is stored is the operator's own canonical re-encoding, and the summary (digest, size,
+/// members) is that of the stored bytes. On any error the upload is aborted and the error
+/// returned; the caller commits ([`Store::commit`]) only after success.
+///
+/// `on_end` runs once, as soon as the archive's end-of-archive marker has been read: the
+/// source may stop then (see the snapshot controller's `TAR_SCRIPT`, which waits for it).
 pub async fn upload<S>(
     store: &Store,
     keys: &SnapshotKeys,
     id: Option<&MultipartId>,
     limits: Limits,
     mut chunks: S,
-) -> Result<Summary, SnapshotError>
+    on_end: impl FnOnce(),
+) -> Result<(Summary, Commit), SnapshotError>
 where
     S: Stream<Item = Result<Bytes, SnapshotError>> + Unpin,
 {
+    let mut on_end = Some(on_end);
+    let finished = Arc::new(Mutex::new(None));
     let up: Box<dyn MultipartUpload> = match (id, store.multipart()) {
         (Some(id), Some(m)) => Box::new(KnownUpload {
             store: m.clone(),
-            path: keys.temp.clone(),
+            path: store.upload_key(keys).clone(),
             id: id.clone(),
             parts: Arc::default(),
             next: 0,
+            finished: finished.clone(),
         }),
         _ => store.inner().put_multipart(&keys.temp).await?,
     };
     let mut w = WriteMultipart::new_with_chunk_size(up, PART_SIZE);
-    let mut tar = TarStream::validating(limits, None);
+    let mut canon = Canonicalizer::snapshot(limits);
+    let mut out = BytesMut::new();
     let failed = loop {
         let Some(next) = chunks.next().await else {
             break None;
@@ -105,31 +161,48 @@ where
             Ok(c) => c,
             Err(e) => break Some(e),
         };
-        if let Err(r) = tar.feed(&chunk) {
+        if let Err(r) = canon.feed(&chunk, &mut out) {
             break Some(r.into());
         }
-        if let Err(e) = w.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
-            break Some(e.into());
+        if canon.ended()
+            && let Some(f) = on_end.take()
+        {
+            f();
         }
-        w.put(chunk);
+        if out.len() >= OUTPUT_CHUNK {
+            if let Err(e) = w.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
+                break Some(e.into());
+            }
+            w.put(out.split().freeze());
+        }
     };
     if let Some(e) = failed {
         let _ = w.abort().await;
         return Err(e);
     }
-    let summary = match tar.finish() {
+    let summary = match canon.finish(&mut out) {
         Ok(s) => s,
         Err(r) => {
             let _ = w.abort().await;
             return Err(r.into());
         }
     };
+    w.put(out.freeze());
     w.finish().await?;
-    Ok(summary)
+    let commit = match (id, finished.lock().map_err(|_| poisoned())?.take()) {
+        (Some(id), Some(parts)) => Commit::Complete {
+            id: id.clone(),
+            parts,
+        },
+        _ => Commit::Rename,
+    };
+    Ok((summary, commit))
 }
 
 /// A multipart upload continued by its id (object_store's own `put_multipart` hides the id,
-/// so an upload cut short by a kill could not be aborted later).
+/// so an upload cut short by a kill could not be aborted later). "Completing" it only hands
+/// its parts to `finished`: the upload is at the final key, and completing it there is the
+/// snapshot's commit, made once the caller knows the snapshot is good.
 struct KnownUpload {
     store: Arc<dyn MultipartStore>,
     path: Path,
@@ -137,6 +210,8 @@ struct KnownUpload {
     /// Finished parts by index (they may finish out of order).
     parts: Arc<Mutex<Vec<(usize, PartId)>>>,
     next: usize,
+    /// The parts in order, once every one is uploaded.
+    finished: Arc<Mutex<Option<Vec<PartId>>>>,
 }
 
 impl std::fmt::Debug for KnownUpload {
@@ -185,9 +260,12 @@ impl MultipartUpload for KnownUpload {
             });
         }
         let parts = done.into_iter().map(|(_, p)| p).collect();
-        self.store
-            .complete_multipart(&self.path, &self.id, parts)
-            .await
+        *self.finished.lock().map_err(|_| poisoned())? = Some(parts);
+        Ok(PutResult {
+            e_tag: None,
+            version: None,
+            extensions: Default::default(),
+        })
     }
 
     async fn abort(&mut self) -> object_store::Result<()> {
@@ -234,24 +312,26 @@ pub async fn object_stream(
     Ok((size, stream))
 }
 
-/// The handle of a restore's download: the task that reads, validates and forwards.
+/// The handle of a restore's download: the task that reads, re-encodes and forwards.
 pub type ForwardTask = tokio::task::JoinHandle<Result<Summary, SnapshotError>>;
 
-/// The one pass of a restore: a reader of the object whose bytes are forwarded only after the
-/// validator has accepted every member header completed in them, so a refused member never
-/// reaches the extracting `tar` (the bytes before it do, into a staging directory the caller
-/// discards). The task's result is the summary of everything read: the caller checks its
-/// digest and size ([`archive::verify`]) before using anything that was extracted.
-pub async fn validated_reader(
+/// The one pass of a restore: a reader of the *canonical re-encoding* of the object, not of
+/// the object itself, so whatever the store holds, only bytes the operator wrote reach the
+/// extracting `tar`, and each member only after the rules accepted it (the members before a
+/// refused one do reach it, into a staging directory the caller discards). The task's result
+/// is the summary of the object read: the caller checks its digest and size
+/// ([`archive::verify`]) before using anything that was extracted.
+pub async fn canonical_reader(
     store: &Store,
     key: &Path,
     limits: Limits,
 ) -> Result<(impl AsyncRead + Send + 'static, ForwardTask), SnapshotError> {
     let (total, mut body) = object_stream(store, key).await?;
-    let mut tar = TarStream::validating(limits, Some(total));
-    tar.check_size(total)?;
+    let mut canon = Canonicalizer::restore(limits, total);
+    canon.check_size(total)?;
     let (mut tx, rx) = futures::channel::mpsc::channel::<std::io::Result<Bytes>>(4);
     let task = tokio::spawn(async move {
+        let mut out = BytesMut::new();
         while let Some(chunk) = body.next().await {
             let chunk = match chunk {
                 Ok(c) => c,
@@ -260,15 +340,25 @@ pub async fn validated_reader(
                     return Err(e);
                 }
             };
-            if let Err(r) = tar.feed(&chunk) {
+            if let Err(r) = canon.feed(&chunk, &mut out) {
                 let _ = tx.send(Err(std::io::Error::other("archive refused"))).await;
                 return Err(r.into());
             }
-            if tx.send(Ok(chunk)).await.is_err() {
+            if out.len() >= OUTPUT_CHUNK && tx.send(Ok(out.split().freeze())).await.is_err() {
                 return Err(SnapshotError::Source("the extracting side stopped".into()));
             }
         }
-        Ok(tar.finish()?)
+        let summary = match canon.finish(&mut out) {
+            Ok(s) => s,
+            Err(r) => {
+                let _ = tx.send(Err(std::io::Error::other("archive refused"))).await;
+                return Err(r.into());
+            }
+        };
+        if tx.send(Ok(out.freeze())).await.is_err() {
+            return Err(SnapshotError::Source("the extracting side stopped".into()));
+        }
+        Ok(summary)
     });
     Ok((tokio_util::io::StreamReader::new(rx), task))
 }
@@ -276,6 +366,7 @@ pub async fn validated_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Digest;
     use tokio::io::AsyncReadExt;
 
     fn sample(n_bytes: usize) -> Vec<u8> {
@@ -292,6 +383,15 @@ mod tests {
         b.into_inner().unwrap()
     }
 
+    /// The canonical re-encoding of an archive.
+    fn canonical(bytes: &[u8]) -> Vec<u8> {
+        let mut c = Canonicalizer::snapshot(Limits::default());
+        let mut out = BytesMut::new();
+        c.feed(bytes, &mut out).unwrap();
+        c.finish(&mut out).unwrap();
+        out.to_vec()
+    }
+
     fn chunks(bytes: &[u8]) -> impl Stream<Item = Result<Bytes, SnapshotError>> + Unpin {
         let v: Vec<Result<Bytes, SnapshotError>> = bytes
             .chunks(64 << 10)
@@ -305,18 +405,34 @@ mod tests {
         let store = Store::memory("p");
         let keys = store.keys("ns", "key", "uid");
         let bytes = sample(12 << 20);
-        let s = upload(&store, &keys, None, Limits::default(), chunks(&bytes))
-            .await
-            .unwrap();
-        assert_eq!(s.size, bytes.len() as u64);
+        let (s, commit) = upload(
+            &store,
+            &keys,
+            None,
+            Limits::default(),
+            chunks(&bytes),
+            || (),
+        )
+        .await
+        .unwrap();
+        assert!(
+            matches!(commit, Commit::Rename),
+            "no upload id: a temporary object"
+        );
+        // What is stored is the canonical re-encoding, and the summary is its.
+        let stored = canonical(&bytes);
+        assert_ne!(stored, bytes, "the tar crate's GNU headers are re-encoded");
+        assert_eq!(s.size, stored.len() as u64);
+        assert_eq!(s.sha256, hex::encode(sha2::Sha256::digest(&stored)));
         assert_eq!(s.members, 2);
-        store.commit(&keys).await.unwrap();
-        let (mut r, task) = validated_reader(&store, &keys.object, Limits::default())
+        store.commit(&keys, commit).await.unwrap();
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+        let (mut r, task) = canonical_reader(&store, &keys.object, Limits::default())
             .await
             .unwrap();
         let mut back = Vec::new();
         r.read_to_end(&mut back).await.unwrap();
-        assert_eq!(back, bytes);
+        assert!(back == stored, "the canonical form re-encodes to itself");
         let read = task.await.unwrap().unwrap();
         assert_eq!(read, s);
         assert!(archive::verify(&read, &s.sha256, Some(s.size)).is_ok());
@@ -328,7 +444,7 @@ mod tests {
         );
         let missing = store.keys("ns", "key", "nope").object;
         assert_eq!(
-            validated_reader(&store, &missing, Limits::default())
+            canonical_reader(&store, &missing, Limits::default())
                 .await
                 .err()
                 .map(|e| e.reason()),
@@ -365,6 +481,48 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The source hears of the archive's end as soon as its marker is read, before what
+    /// follows it (tar's record padding) arrives.
+    #[tokio::test]
+    async fn the_end_of_the_archive_is_announced_when_its_marker_is_read() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let store = Store::memory("");
+        let keys = store.keys("ns", "key", "uid");
+        let bytes = sample(1 << 20);
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let at_end = Arc::new(AtomicUsize::new(0));
+        // The archive's chunks, then one of padding.
+        let n = bytes.len().div_ceil(64 << 10) + 1;
+        let p = pulled.clone();
+        let source = chunks(&bytes)
+            .chain(futures::stream::iter(vec![Ok(Bytes::from(vec![
+                0u8;
+                8192
+            ]))]))
+            .inspect(move |_| {
+                p.fetch_add(1, Ordering::SeqCst);
+            });
+        let (a, p) = (at_end.clone(), pulled.clone());
+        upload(
+            &store,
+            &keys,
+            None,
+            Limits::default(),
+            Box::pin(source),
+            move || {
+                a.fetch_add(p.load(Ordering::SeqCst), Ordering::SeqCst);
+            },
+        )
+        .await
+        .unwrap();
+        let announced_after = at_end.load(Ordering::SeqCst);
+        assert!(announced_after > 0, "never announced");
+        assert!(
+            announced_after < n,
+            "announced only after the padding ({announced_after} of {n} chunks)"
+        );
+    }
+
     #[tokio::test]
     async fn a_failing_source_aborts_the_upload() {
         let store = Store::memory("");
@@ -374,7 +532,7 @@ mod tests {
         let s = chunks(&bytes[..half]).chain(futures::stream::iter(vec![Err(
             SnapshotError::Source("tar exited 1".into()),
         )]));
-        let e = upload(&store, &keys, None, Limits::default(), s)
+        let e = upload(&store, &keys, None, Limits::default(), s, || ())
             .await
             .unwrap_err();
         assert_eq!(e.reason(), "ArchiveFailed");
@@ -386,6 +544,7 @@ mod tests {
             None,
             Limits::default(),
             chunks(&bytes[..half]),
+            || (),
         )
         .await
         .unwrap_err();
@@ -394,27 +553,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_upload_by_id_completes_or_is_aborted_by_that_id() {
+    async fn an_upload_by_id_goes_to_the_final_key_unseen_until_committed_or_aborted() {
         let store = Store::memory("");
         let keys = store.keys("ns", "key", "uid");
         let bytes = sample(11 << 20);
         let id = store.create_upload(&keys).await.unwrap().expect("an id");
-        let s = upload(&store, &keys, Some(&id), Limits::default(), chunks(&bytes))
-            .await
-            .unwrap();
-        let back = store.inner().get(&keys.temp).await.unwrap().bytes().await;
-        assert_eq!(back.unwrap(), bytes);
-        assert_eq!(s.size, bytes.len() as u64);
+        let (s, commit) = upload(
+            &store,
+            &keys,
+            Some(&id),
+            Limits::default(),
+            chunks(&bytes),
+            || (),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(&commit, Commit::Complete { parts, .. } if parts.len() == 3));
+        // Uploaded, but nothing visible until the commit completes the upload in place.
+        assert_eq!(store.size(&keys.object).await.unwrap(), None);
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+        store.commit(&keys, commit).await.unwrap();
+        let back = store.inner().get(&keys.object).await.unwrap().bytes().await;
+        assert!(back.unwrap() == canonical(&bytes));
+        assert_eq!(s.size, canonical(&bytes).len() as u64);
+        assert_eq!(store.size(&keys.temp).await.unwrap(), None, "no copy made");
         // An upload left behind (its operator killed) is aborted by its recorded id: its
         // parts are gone and it can no longer be completed.
         let m = store.multipart().unwrap().clone();
         let left = store.create_upload(&keys).await.unwrap().expect("an id");
-        m.put_part(&keys.temp, &left, 0, bytes.clone().into())
+        m.put_part(store.upload_key(&keys), &left, 0, bytes.clone().into())
             .await
             .unwrap();
         store.abort_upload(&keys, &left).await.unwrap();
         assert!(
-            m.complete_multipart(&keys.temp, &left, vec![])
+            m.complete_multipart(store.upload_key(&keys), &left, vec![])
                 .await
                 .is_err()
         );
@@ -437,18 +609,20 @@ mod tests {
             id.as_ref(),
             Limits::default(),
             chunks(&bytes),
+            || (),
         )
         .await
         .unwrap_err();
         assert_eq!(e.reason(), "SymlinkEscapes");
         assert!(e.to_string().contains("python"), "{e}");
         assert_eq!(store.size(&keys.temp).await.unwrap(), None);
+        assert_eq!(store.size(&keys.object).await.unwrap(), None);
         // So are archives over the restore's limits.
         let small = Limits {
             max_input_bytes: 1000,
             ..Limits::default()
         };
-        let e = upload(&store, &keys, None, small, chunks(&sample(4096)))
+        let e = upload(&store, &keys, None, small, chunks(&sample(4096)), || ())
             .await
             .unwrap_err();
         assert_eq!(e.reason(), "InputTooLarge");
@@ -472,7 +646,7 @@ mod tests {
             .put(&keys.object, bytes.clone().into())
             .await
             .unwrap();
-        let (mut r, task) = validated_reader(&store, &keys.object, Limits::default())
+        let (mut r, task) = canonical_reader(&store, &keys.object, Limits::default())
             .await
             .unwrap();
         let mut back = Vec::new();

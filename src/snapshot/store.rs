@@ -10,7 +10,9 @@
 //!
 //! Key layout, below the configured prefix:
 //! `<prefix>/<namespace>/<scope-key>/<snapshot-uid>.tar` and `<...>.json` (the [`Manifest`]),
-//! with uploads going first to `<...>.tar.tmp`.
+//! A multipart upload (S3, GCS, Azure) goes straight to `<...>.tar`: it is invisible until
+//! completed, and completing it is the commit. Stores without a multipart API (`file://`)
+//! write `<...>.tar.tmp` and rename it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -114,6 +116,20 @@ pub struct SnapshotKeys {
     pub manifest: Path,
     /// The upload target before commit.
     pub temp: Path,
+}
+
+/// How an uploaded snapshot becomes visible ([`Store::commit`]).
+#[derive(Debug, Clone)]
+pub enum Commit {
+    /// Complete the multipart upload `id` at the final key with these parts, in order.
+    Complete {
+        /// The upload.
+        id: MultipartId,
+        /// Its parts, in order.
+        parts: Vec<object_store::multipart::PartId>,
+    },
+    /// Rename the temporary object to the final key.
+    Rename,
 }
 
 /// One object store per operator, with the key layout.
@@ -288,7 +304,18 @@ impl Store {
         self.multipart.as_ref()
     }
 
-    /// Starts a multipart upload to `keys.temp` and returns its id, for stores with a
+    /// Where an upload writes: the final key for stores with a multipart API (an unfinished
+    /// multipart upload is invisible, so no copy is needed to commit it — S3 has no rename,
+    /// and its single copy stops at 5 GB), else the temporary key, renamed on commit.
+    pub fn upload_key<'a>(&self, keys: &'a SnapshotKeys) -> &'a Path {
+        if self.multipart.is_some() {
+            &keys.object
+        } else {
+            &keys.temp
+        }
+    }
+
+    /// Starts a multipart upload to [`Store::upload_key`] and returns its id, for stores with a
     /// multipart API (`None` otherwise). Record the id before uploading parts, so that an
     /// upload cut short can be aborted ([`Store::abort_upload`]) by whoever finds it.
     pub async fn create_upload(
@@ -296,18 +323,18 @@ impl Store {
         keys: &SnapshotKeys,
     ) -> Result<Option<MultipartId>, StoreError> {
         match &self.multipart {
-            Some(m) => Ok(Some(m.create_multipart(&keys.temp).await?)),
+            Some(m) => Ok(Some(m.create_multipart(&keys.object).await?)),
             None => Ok(None),
         }
     }
 
-    /// Aborts the multipart upload `id` to `keys.temp`, freeing its parts. An upload that no
+    /// Aborts the multipart upload `id` to [`Store::upload_key`], freeing its parts. An upload that no
     /// longer exists (completed or aborted before) is fine.
     pub async fn abort_upload(&self, keys: &SnapshotKeys, id: &str) -> Result<(), StoreError> {
         let Some(m) = &self.multipart else {
             return Ok(());
         };
-        match m.abort_multipart(&keys.temp, &id.to_string()).await {
+        match m.abort_multipart(&keys.object, &id.to_string()).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
@@ -365,9 +392,21 @@ impl Store {
         Ok(())
     }
 
-    /// Moves the uploaded temporary object to its final key.
-    pub async fn commit(&self, keys: &SnapshotKeys) -> Result<(), StoreError> {
-        self.inner.rename(&keys.temp, &keys.object).await?;
+    /// Makes an upload visible at its final key: completes a multipart upload there, or
+    /// renames the temporary object.
+    pub async fn commit(&self, keys: &SnapshotKeys, c: Commit) -> Result<(), StoreError> {
+        match (c, &self.multipart) {
+            (Commit::Complete { id, parts }, Some(m)) => {
+                m.complete_multipart(&keys.object, &id, parts).await?;
+            }
+            (Commit::Complete { .. }, None) => {
+                return Err(object_store::Error::NotSupported {
+                    source: "multipart completion on a store without a multipart API".into(),
+                }
+                .into());
+            }
+            (Commit::Rename, _) => self.inner.rename(&keys.temp, &keys.object).await?,
+        }
         Ok(())
     }
 
@@ -449,7 +488,7 @@ mod tests {
         // A staged part file as a killed multipart upload leaves it.
         let staged = dir.join("pre/ns/key/uid.tar.tmp#1");
         std::fs::write(&staged, b"partial").unwrap();
-        s.commit(&k).await.unwrap();
+        s.commit(&k, Commit::Rename).await.unwrap();
         assert_eq!(s.size(&k.object).await.unwrap(), Some(4));
         assert_eq!(s.size(&k.temp).await.unwrap(), None);
         let m = Manifest {

@@ -599,3 +599,158 @@ pub async fn ensure_crds(client: &Client) {
             .expect("watch CRD");
     }
 }
+
+/// Every path in the workspace (except .agentbox) with its type, mode and content digest or
+/// link target.
+pub const LISTING: &str = r#"cd /workspace && find . -path ./.agentbox -prune -o -print | sort | while IFS= read -r f; do
+  [ "$f" = . ] && continue
+  if [ -L "$f" ]; then echo "L $f $(readlink "$f")"
+  elif [ -d "$f" ]; then echo "D $f $(stat -c %a "$f")"
+  else echo "F $f $(stat -c %a "$f") $(sha256sum < "$f" | cut -d' ' -f1)"; fi
+done"#;
+
+pub async fn listing(env: &TestEnv, pod: &str) -> String {
+    let out = agentbox::exec::run(
+        &env.api::<Pod>(),
+        pod,
+        "sandbox",
+        agentbox::exec::ExecRequest::shell(LISTING).timeout(Duration::from_secs(300)),
+    )
+    .await
+    .expect("exec listing");
+    assert!(out.success(), "listing failed: {}", out.stderr_str());
+    out.stdout_str()
+}
+
+/// A raw ustar header (the tar crate refuses to write some of the hostile ones).
+pub fn raw_header(path: &str, flag: u8, size: u64, link: &str) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..path.len()].copy_from_slice(path.as_bytes());
+    h[100..107].copy_from_slice(b"0000644");
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    h[136..147].copy_from_slice(b"00000000000");
+    h[156] = flag;
+    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+/// An archive of (path, type flag, data, link) members, padded and terminated.
+pub fn raw(members: &[(&str, u8, &[u8], &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (path, flag, data, link) in members {
+        out.extend_from_slice(&raw_header(path, *flag, data.len() as u64, link));
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+/// Makes a Ready SandboxSnapshot named `name` whose object in `store` is `bytes` and whose
+/// recorded digest is `sha256` (forged as the test likes), as an administrator could: the
+/// snapshot is created, the object put at its key, and the status patched.
+pub async fn forge_snapshot(
+    env: &TestEnv,
+    store: &agentbox::snapshot::store::Store,
+    scope_key: &str,
+    name: &str,
+    bytes: &[u8],
+    sha256: &str,
+) -> agentbox::crd::SandboxSnapshot {
+    use agentbox::crd::SandboxSnapshot;
+    use kube::api::{Patch, PatchParams};
+    use object_store::ObjectStoreExt;
+    let api = env.api::<SandboxSnapshot>();
+    let obj: SandboxSnapshot = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": name},
+        "spec": {"sandboxRef": {"name": "gone"}},
+    }))
+    .expect("snapshot json");
+    let created = api
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create snapshot");
+    let keys = store.keys(&env.ns, scope_key, &created.uid().expect("uid"));
+    store
+        .inner()
+        .put(&keys.object, bytes.to_vec().into())
+        .await
+        .expect("put object");
+    let status = serde_json::json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "status": {"phase": "Ready", "objectKey": keys.object.to_string(), "sha256": sha256,
+                    "sizeBytes": bytes.len(), "members": 1, "scopeKey": scope_key},
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply("agentbox-tests").force(),
+        &Patch::Apply(&status),
+    )
+    .await
+    .expect("set status")
+}
+
+/// Deletes every SandboxSnapshot while the operator still runs (their finalizers need it),
+/// then the namespace, then the test's `file://` store directory, if any.
+pub async fn finish_with_snapshots(env: TestEnv, store_dir: Option<&std::path::Path>) {
+    delete_snapshots(&env).await;
+    env.finish().await;
+    if let Some(dir) = store_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A `file://` snapshot store for a test namespace: the operator's flags, a client of the
+/// same store, and its directory (removed by [`finish_with_snapshots`]).
+pub fn file_store(
+    ns: &str,
+) -> (
+    Vec<String>,
+    agentbox::snapshot::store::Store,
+    std::path::PathBuf,
+) {
+    let dir = PathBuf::from(format!("/var/lib/agentbox/test-snapshots/{ns}"));
+    let url = format!("file://{}", dir.display());
+    let store = agentbox::snapshot::store::Store::new(&agentbox::snapshot::store::StoreConfig {
+        url: url.clone(),
+        prefix: "snaps".into(),
+        s3_endpoint: String::new(),
+        s3_region: String::new(),
+        s3_path_style: false,
+        s3_allow_http: false,
+    })
+    .expect("file store");
+    let flags = vec![
+        "--store-url".into(),
+        url,
+        "--store-prefix".into(),
+        "snaps".into(),
+    ];
+    (flags, store, dir)
+}
+
+/// Names at the top of a sandbox's workspace directory, read on the node (this host).
+pub fn workspace_entries(env: &TestEnv, sbx: &Sandbox) -> Vec<String> {
+    let host = agentbox::controller::pod::workspace_host_path(
+        NODE_ROOT,
+        &env.ns,
+        &sbx.uid().expect("uid"),
+    );
+    std::fs::read_dir(&host)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}

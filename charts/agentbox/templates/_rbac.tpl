@@ -9,7 +9,7 @@
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxes/status"]
   verbs: ["patch"]
-# Sandbox finalizers: owned pods/NetworkPolicies set blockOwnerDeletion, which OwnerReferencesPermissionEnforcement allows only with this.
+# Sandbox finalizers: owned pods/NetworkPolicies/Services set blockOwnerDeletion, which OwnerReferencesPermissionEnforcement allows only with this.
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxes/finalizers"]
   verbs: ["update"]
@@ -33,6 +33,10 @@
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Services: the Service of a sandbox with spec.ports, selecting only its pod; read by name, server-side applied, deleted when the ports go away (the Sandbox's owner reference removes it with the Sandbox).
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "patch", "delete"]
 # ConfigMaps: read by name (no list/watch) as sources of workspace files, projections and env values named in a Sandbox spec; used only when labelled agentbox.dev/sandbox-readable=true.
 - apiGroups: [""]
   resources: ["configmaps"]

@@ -48,6 +48,7 @@ from .errors import (
 from .exec import ExecEvent, ExecResult, ExecStream, Exit, Output
 from .files import DirEntry
 from .guard import Guard, GuardConfig
+from .ports import Endpoint, PortForward
 from .scope import Scope, ScopeKind
 from .session import Session
 from .snapshots import Snapshot
@@ -58,6 +59,7 @@ from .spec import (
     KeyRef,
     Lifecycle,
     Network,
+    Port,
     Projection,
     Retention,
     SandboxSecurityContext,
@@ -75,6 +77,7 @@ __all__ = [
     "CommandNotStartedError",
     "ConflictError",
     "DirEntry",
+    "Endpoint",
     "ExecError",
     "ExecEvent",
     "ExecResult",
@@ -97,6 +100,8 @@ __all__ = [
     "NotFoundError",
     "Output",
     "PathError",
+    "Port",
+    "PortForward",
     "Projection",
     "ProtocolError",
     "RemoteError",

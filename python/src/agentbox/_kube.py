@@ -13,8 +13,9 @@ import asyncio
 import json
 import os
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 from kubernetes_asyncio import client as k8s_client
@@ -212,6 +213,37 @@ class Kube:
         headers.update(self.api_client.default_headers)
         return headers
 
+    async def ws_connect(
+        self, path: str, query: Sequence[tuple[str, str]], protocols: Sequence[str], what: str
+    ) -> aiohttp.ClientWebSocketResponse[bool]:
+        """Opens a WebSocket on an API path (a pod's ``exec`` or ``portforward``), offering
+        ``protocols`` in order; ``what`` names the target in errors (404 →
+        :class:`~agentbox.errors.NotFoundError`, other refusals → ``ApiError``, an unreachable
+        server → ``TransportError``).
+        """
+        url = self.url(path) + "?" + urlencode(query)
+        if url.startswith("https://"):
+            url = "wss://" + url[len("https://") :]
+        elif url.startswith("http://"):
+            url = "ws://" + url[len("http://") :]
+        headers = await self.auth_headers()
+        try:
+            return await self.session.ws_connect(
+                url,
+                protocols=tuple(protocols),
+                headers=headers,
+                max_msg_size=0,
+                autoclose=True,
+                autoping=True,
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+            )
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status == 404:
+                raise NotFoundError(f"{what} not found") from e
+            raise ApiError(e.status, "", f"{what}: {e.message}") from e
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            raise TransportError(f"cannot open a WebSocket to {what}: {e!r}") from e
+
     @property
     def session(self) -> aiohttp.ClientSession:
         """The session exec WebSockets open on: the library's connector (its TLS context and
@@ -264,6 +296,16 @@ def leases_path(ns: str, name: str | None = None) -> str:
     return f"{p}/{name}" if name else p
 
 
+def pod_path(ns: str, pod: str) -> str:
+    """Path of a pod."""
+    return f"/api/v1/namespaces/{ns}/pods/{pod}"
+
+
 def pod_exec_path(ns: str, pod: str) -> str:
     """Path of a pod's exec subresource."""
     return f"/api/v1/namespaces/{ns}/pods/{pod}/exec"
+
+
+def pod_portforward_path(ns: str, pod: str) -> str:
+    """Path of a pod's portforward subresource."""
+    return f"/api/v1/namespaces/{ns}/pods/{pod}/portforward"

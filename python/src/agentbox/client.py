@@ -15,7 +15,15 @@ from . import _wire
 from . import exec as _exec
 from . import labels as _labels
 from . import snapshots as _snapshots
-from ._kube import GROUP, VERSION, Kube, default_namespace, load_api_client, sandboxes_path
+from ._kube import (
+    GROUP,
+    VERSION,
+    Kube,
+    default_namespace,
+    load_api_client,
+    pod_path,
+    sandboxes_path,
+)
 from ._watch import wait_gone, watch_until
 from .errors import (
     ConflictError,
@@ -30,6 +38,7 @@ from .errors import (
 from .exec import ExecResult, ExecStream, StdinSource
 from .files import READ_CAP, DirEntry, Workspace
 from .guard import Guard, GuardConfig
+from .ports import Endpoint, PortForward
 from .scope import Scope
 from .session import Session
 from .snapshots import Snapshot, failing_condition
@@ -59,6 +68,20 @@ def readiness(obj: Mapping[str, Any]) -> Readiness:
     if phase == "Failed":
         return "failed"
     return "waiting"
+
+
+def serving(obj: Mapping[str, Any], pod: Mapping[str, Any] | None) -> bool:
+    """Whether a Sandbox serves commands in its live pod (pure): Ready for its current spec,
+    and its workspace initialised in exactly that pod, which is not being deleted. A status
+    still Ready from a pod that was just deleted is not serving.
+    """
+    if readiness(obj) != "ready" or pod is None:
+        return False
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return False
+    ws = (obj.get("status") or {}).get("workspace") or {}
+    return bool(meta.get("uid")) and ws.get("initializedPodUid") == meta.get("uid")
 
 
 def _spec_dict(spec: SandboxSpec | Mapping[str, Any]) -> dict[str, Any]:
@@ -286,6 +309,23 @@ class Sandbox:
         return str(self.status.get("podName") or _labels.pod_name(self.name))
 
     @property
+    def endpoints(self) -> builtins.list[Endpoint]:
+        """Where the ports of ``spec.ports`` are reached, as last read (``status.endpoints``):
+        the Service's cluster DNS name and, while the pod runs, its IP. :meth:`refresh` to see
+        a new pod's IP.
+        """
+        return [Endpoint.from_status(e) for e in self.status.get("endpoints") or []]
+
+    def port_forward(self, port: int, *, local_port: int = 0) -> PortForward:
+        """A listener on ``127.0.0.1`` (``local_port``, or one the system picks) whose
+        connections reach ``port`` of the sandbox's pod through the API server — for a harness
+        outside the cluster. Use it with ``async with``; ``.local_port`` says where it listens.
+        """
+        return PortForward(
+            self._sandboxes.kube, self.namespace, self.pod_name, port, local_port=local_port
+        )
+
+    @property
     def workspace_root(self) -> str:
         """The workspace root in the container."""
         return str(
@@ -345,6 +385,35 @@ class Sandbox:
             )
         self.obj = obj
         return self
+
+    async def recover(self, timeout: float = 120.0) -> Sandbox:
+        """Waits until the sandbox serves commands in a live pod again — after its pod was
+        deleted or evicted, its node lost, or the sandbox suspended (it is resumed): the
+        operator starts a new pod on the workspace (or restores the workspace from a snapshot)
+        and this returns once that pod is the one the workspace was initialised in. Raises
+        like :meth:`wait_ready`; a sandbox already serving returns at once.
+        """
+        kube = await self._kube()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            await self.refresh()
+            if readiness(self.obj) == "suspended":
+                await self.resume()
+            pod = await kube.get_opt(pod_path(self.namespace, self.pod_name))
+            if serving(self.obj, pod):
+                return self
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                reason, message = failing_condition(self.obj)
+                raise SandboxNotReadyError(
+                    self.name, self.phase or "", reason, message or f"not serving after {timeout}s"
+                )
+            if readiness(self.obj) == "ready":
+                # Ready, but from a pod that is gone or going: the new one follows shortly.
+                await asyncio.sleep(min(0.2, remaining))
+            else:
+                await self.wait_ready(remaining)
 
     async def exec(
         self,

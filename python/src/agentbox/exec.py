@@ -11,17 +11,14 @@ import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Literal, Union
-from urllib.parse import urlencode
 
 import aiohttp
 
 from . import _wire
 from ._kube import Kube, pod_exec_path
 from .errors import (
-    ApiError,
     CommandError,
     ExecTimeoutError,
-    NotFoundError,
     ProtocolError,
     TransportError,
 )
@@ -126,28 +123,9 @@ async def _connect(
         ("stderr", "true"),
     ]
     query.extend(("command", a) for a in argv)
-    url = kube.url(pod_exec_path(namespace, pod)) + "?" + urlencode(query)
-    if url.startswith("https://"):
-        url = "wss://" + url[len("https://") :]
-    elif url.startswith("http://"):
-        url = "ws://" + url[len("http://") :]
-    headers = await kube.auth_headers()
-    try:
-        return await kube.session.ws_connect(
-            url,
-            protocols=_wire.PROTOCOLS,
-            headers=headers,
-            max_msg_size=0,
-            autoclose=True,
-            autoping=True,
-            timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
-        )
-    except aiohttp.WSServerHandshakeError as e:
-        if e.status == 404:
-            raise NotFoundError(f"pod {namespace}/{pod} not found (exec)") from e
-        raise ApiError(e.status, "", f"exec in pod {namespace}/{pod}: {e.message}") from e
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-        raise TransportError(f"cannot open exec to pod {namespace}/{pod}: {e!r}") from e
+    return await kube.ws_connect(
+        pod_exec_path(namespace, pod), query, _wire.PROTOCOLS, f"pod {namespace}/{pod} (exec)"
+    )
 
 
 def _next_chunk(it: Iterator[bytes]) -> bytes | None:

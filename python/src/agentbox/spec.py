@@ -25,6 +25,7 @@ __all__ = [
     "KeyRef",
     "Lifecycle",
     "Network",
+    "Port",
     "Projection",
     "Retention",
     "SandboxSecurityContext",
@@ -134,6 +135,19 @@ class Network:
 
 
 @dataclass
+class Port:
+    """A port of the sandbox to expose (``spec.ports``): the operator keeps a Service that
+    selects only this sandbox's pod and records where the port is reached in
+    :attr:`agentbox.Sandbox.endpoints`. ``name``: lower-case letters, digits and ``-``, starting
+    with a letter, at most 15 characters, unique in the sandbox.
+    """
+
+    name: str
+    port: int
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+
+
+@dataclass
 class Capabilities:
     """Changes to the sandbox container's default capability set.
 
@@ -181,6 +195,7 @@ class SandboxSpec:
     snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     network: Network = field(default_factory=Network)
+    ports: list[Port] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec's JSON form (camelCase; unset fields left out so the server defaults

@@ -35,6 +35,7 @@ from .errors import GuardLostError
 from .exec import ExecEvent, ExecResult, StdinSource
 from .files import READ_CAP, DirEntry
 from .guard import GuardConfig
+from .ports import Endpoint
 from .scope import Scope
 from .snapshots import Snapshot
 from .spec import SandboxSpec
@@ -165,6 +166,11 @@ class Sandbox:
         """The workspace root in the container."""
         return self.aio.workspace_root
 
+    @property
+    def endpoints(self) -> builtins.list[Endpoint]:
+        """Where the ports of ``spec.ports`` are reached, as last read."""
+        return self.aio.endpoints
+
     def refresh(self) -> Sandbox:
         """See :meth:`agentbox.Sandbox.refresh`."""
         _portal.call(self.aio.refresh())
@@ -173,6 +179,13 @@ class Sandbox:
     def wait_ready(self, timeout: float = 120.0, *, resume: bool = False) -> Sandbox:
         """See :meth:`agentbox.Sandbox.wait_ready`."""
         _portal.call(self.aio.wait_ready(timeout, resume=resume))
+        return self
+
+    def recover(self, timeout: float = 120.0) -> Sandbox:
+        """Waits until the sandbox serves commands in a live pod again; see
+        :meth:`agentbox.Sandbox.recover`.
+        """
+        _portal.call(self.aio.recover(timeout))
         return self
 
     def exec(

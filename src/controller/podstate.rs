@@ -1,0 +1,234 @@
+//! What a sandbox pod is doing, read from its status: shared by the sandbox controller (which
+//! starts and serves the pod) and the snapshot controller (which reads the workspace through
+//! it), so neither imports the other.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use super::pod::CONTAINER;
+use crate::crd::SandboxStatus;
+
+/// What the sandbox pod is doing, as far as the sandbox cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodState {
+    /// Running, container ready.
+    Ready,
+    /// On its way: scheduling, pulling, creating.
+    Starting,
+    /// Stuck in a way a user should see (image pull errors, crash loops, unschedulable).
+    Problem {
+        /// Kubernetes' reason.
+        reason: String,
+        /// Kubernetes' message.
+        message: String,
+    },
+    /// Terminal: Succeeded or Failed (evicted, for example); a new pod is needed.
+    Ended(String),
+}
+
+/// Whether a starting pod's container may already answer exec: the pod is bound to a node,
+/// not terminating, and its container is not reported in any state but "being created" (or
+/// "waiting for the init container", for a non-root sandbox's: the init container may have
+/// finished before the kubelet says so).
+pub fn may_answer_exec(pod: &Pod) -> bool {
+    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    let creating = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER))
+        .is_none_or(|c| {
+            c.state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .is_some_and(|w| {
+                    matches!(
+                        w.reason.as_deref(),
+                        None | Some("" | "ContainerCreating" | "PodInitializing")
+                    )
+                })
+        });
+    bound && creating && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// How long ago the pod was created.
+pub fn pod_age(pod: &Pod, now: Timestamp) -> Duration {
+    let ms = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| now.as_millisecond().saturating_sub(t.0.as_millisecond()))
+        .unwrap_or(0);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// Reads a pod's status into a [`PodState`].
+pub fn observe_pod(pod: &Pod) -> PodState {
+    let Some(status) = pod.status.as_ref() else {
+        return PodState::Starting;
+    };
+    if let Some(phase @ ("Succeeded" | "Failed")) = status.phase.as_deref() {
+        return PodState::Ended(status.reason.clone().unwrap_or_else(|| phase.to_string()));
+    }
+    let container = status
+        .container_statuses
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER));
+    if let Some(c) = container {
+        let running = c.state.as_ref().is_some_and(|s| s.running.is_some());
+        if running && c.ready {
+            return PodState::Ready;
+        }
+        if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+            let reason = w.reason.clone().unwrap_or_default();
+            if matches!(
+                reason.as_str(),
+                "" | "ContainerCreating" | "PodInitializing"
+            ) {
+                return PodState::Starting;
+            }
+            return PodState::Problem {
+                message: w.message.clone().unwrap_or_else(|| reason.clone()),
+                reason,
+            };
+        }
+        if let Some(t) = c.state.as_ref().and_then(|s| s.terminated.as_ref()) {
+            let reason = t.reason.clone().unwrap_or_else(|| "ContainerExited".into());
+            return PodState::Problem {
+                message: format!("the sandbox container exited with code {}", t.exit_code),
+                reason,
+            };
+        }
+        return PodState::Starting;
+    }
+    let unschedulable = status.conditions.as_ref().and_then(|cs| {
+        cs.iter().find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
+    });
+    match unschedulable {
+        Some(c) => PodState::Problem {
+            reason: "Unschedulable".into(),
+            message: c
+                .message
+                .clone()
+                .unwrap_or_else(|| "no node can run the pod".into()),
+        },
+        None => PodState::Starting,
+    }
+}
+
+/// Whether the sandbox's workspace was initialised in `pod`, the current pod (status records
+/// the UID of the pod it was initialised in; a new pod must be initialised again).
+pub fn initialised_in(st: &SandboxStatus, pod: &Pod) -> bool {
+    st.workspace
+        .as_ref()
+        .and_then(|w| w.initialized_pod_uid.as_deref())
+        .is_some_and(|u| Some(u) == pod.metadata.uid.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn early_exec_is_tried_on_bound_pods_whose_container_is_being_created() {
+        let bound = |status: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"nodeName": "n", "containers": [{"name": CONTAINER}]},
+                "status": status,
+            }))
+            .unwrap()
+        };
+        let waiting = |reason: &str| {
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
+                "name": CONTAINER, "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"waiting": {"reason": reason}}}]})
+        };
+        assert!(!may_answer_exec(&pod(serde_json::json!({}))), "not bound");
+        assert!(may_answer_exec(&bound(
+            serde_json::json!({"phase": "Pending"})
+        )));
+        assert!(may_answer_exec(&bound(waiting("ContainerCreating"))));
+        assert!(may_answer_exec(&bound(waiting("PodInitializing"))));
+        assert!(!may_answer_exec(&bound(waiting("ImagePullBackOff"))));
+        let mut gone = bound(serde_json::json!({"phase": "Pending"}));
+        gone.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(1).unwrap(),
+            ));
+        assert!(!may_answer_exec(&gone), "terminating");
+    }
+
+    #[test]
+    fn pod_states() {
+        assert_eq!(observe_pod(&pod(serde_json::json!({}))), PodState::Starting);
+        let ready = pod(
+            serde_json::json!({"phase": "Running", "containerStatuses": [{
+            "name": "sandbox", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}),
+        );
+        assert_eq!(observe_pod(&ready), PodState::Ready);
+        let creating = pod(
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
+            "name": "sandbox", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+        );
+        assert_eq!(observe_pod(&creating), PodState::Starting);
+        let pull = pod(
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
+            "name": "sandbox", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "image not present"}}}]}),
+        );
+        assert_eq!(
+            observe_pod(&pull),
+            PodState::Problem {
+                reason: "ErrImageNeverPull".into(),
+                message: "image not present".into()
+            }
+        );
+        let unsched = pod(serde_json::json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]}));
+        assert_eq!(
+            observe_pod(&unsched),
+            PodState::Problem {
+                reason: "Unschedulable".into(),
+                message: "0/1 nodes".into()
+            }
+        );
+        let evicted = pod(serde_json::json!({"phase": "Failed", "reason": "Evicted"}));
+        assert_eq!(observe_pod(&evicted), PodState::Ended("Evicted".into()));
+    }
+
+    #[test]
+    fn the_workspace_counts_as_initialised_only_in_the_pod_it_was_initialised_in() {
+        let mut p = pod(serde_json::json!({}));
+        p.metadata.uid = Some("pod-1".into());
+        let st = |uid: Option<&str>| SandboxStatus {
+            workspace: Some(crate::crd::WorkspaceStatus {
+                initialized_pod_uid: uid.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(initialised_in(&st(Some("pod-1")), &p));
+        assert!(!initialised_in(&st(Some("pod-0")), &p), "an earlier pod");
+        assert!(!initialised_in(&st(None), &p), "never initialised");
+        assert!(!initialised_in(&SandboxStatus::default(), &p));
+        p.metadata.uid = None;
+        assert!(!initialised_in(&st(None), &p), "no UID matches nothing");
+    }
+}

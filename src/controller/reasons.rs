@@ -1,0 +1,180 @@
+//! Condition reasons as types: one enum per condition family, rendered to the API's CamelCase
+//! strings only at the edge ([`RestoreReason::as_str`], [`WorkspaceReason::as_str`]). Whether a
+//! failure stands until something changes (permanent) or may pass by itself (transient) is a
+//! property of the reason, not a match on its string.
+
+use crate::snapshot::{self, SnapshotError};
+
+/// Why a start that restores a snapshot did not (WorkspaceReady and Ready carry it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreReason {
+    /// The operator has no object store.
+    NoStore,
+    /// The SandboxSnapshot does not exist.
+    SnapshotNotFound,
+    /// The SandboxSnapshot is not Ready (yet).
+    SnapshotNotReady,
+    /// The SandboxSnapshot has no digest or scope key on record.
+    SnapshotIncomplete,
+    /// The snapshot is of another scope and the namespace does not allow that.
+    CrossScopeRestore,
+    /// `snapshot.name` is not an object name.
+    InvalidReference,
+    /// Someone else holds the scope's guard.
+    GuardBusy,
+    /// The restore failed on the operator's side (its forwarding task).
+    RestoreFailed,
+    /// `tar -x` in the pod failed.
+    ExtractFailed,
+    /// Swapping the restored workspace in failed (and was undone).
+    SwapFailed,
+    /// The object store failed.
+    StoreError,
+    /// Reading the archive failed.
+    ArchiveFailed,
+    /// The archive or its object was refused: the snapshot module's reason
+    /// ([`snapshot::permanent_reason`]).
+    Refused(&'static str),
+}
+
+impl RestoreReason {
+    /// The CamelCase reason of the condition.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreReason::NoStore => "NoStore",
+            RestoreReason::SnapshotNotFound => "SnapshotNotFound",
+            RestoreReason::SnapshotNotReady => "SnapshotNotReady",
+            RestoreReason::SnapshotIncomplete => "SnapshotIncomplete",
+            RestoreReason::CrossScopeRestore => "CrossScopeRestore",
+            RestoreReason::InvalidReference => "InvalidReference",
+            RestoreReason::GuardBusy => "GuardBusy",
+            RestoreReason::RestoreFailed => "RestoreFailed",
+            RestoreReason::ExtractFailed => "ExtractFailed",
+            RestoreReason::SwapFailed => "SwapFailed",
+            RestoreReason::StoreError => "StoreError",
+            RestoreReason::ArchiveFailed => "ArchiveFailed",
+            RestoreReason::Refused(r) => r,
+        }
+    }
+
+    /// The reason of a snapshot module error.
+    pub fn of(e: &SnapshotError) -> Self {
+        match e {
+            SnapshotError::Store(_) => RestoreReason::StoreError,
+            SnapshotError::Source(_) => RestoreReason::ArchiveFailed,
+            SnapshotError::Refused(_) | SnapshotError::Missing(_) => {
+                RestoreReason::Refused(snapshot::permanent_reason(e.reason()))
+            }
+        }
+    }
+
+    /// Whether it waits for a change (a refused archive, a missing snapshot, a reference or
+    /// scope the operator will not follow) rather than passing by itself (a busy guard, a store
+    /// hiccup, a failed exec, a snapshot not Ready yet).
+    pub fn is_permanent(self) -> bool {
+        !matches!(
+            self,
+            RestoreReason::GuardBusy
+                | RestoreReason::StoreError
+                | RestoreReason::RestoreFailed
+                | RestoreReason::ExtractFailed
+                | RestoreReason::SwapFailed
+                | RestoreReason::SnapshotNotReady
+        )
+    }
+}
+
+impl std::fmt::Display for RestoreReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a workspace could not be initialised (WorkspaceReady and Ready carry it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkspaceReason {
+    /// A ConfigMap or Secret that a file, projection or environment variable names is missing.
+    SourceMissing,
+    /// Such an object has not been made readable by sandboxes.
+    SourceNotReadable,
+    /// An exec into the sandbox failed.
+    ExecFailed,
+    /// Restoring a snapshot did not happen.
+    Restore(RestoreReason),
+    /// Anything else.
+    InitFailed,
+}
+
+impl WorkspaceReason {
+    /// The CamelCase reason of the condition.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceReason::SourceMissing => "SourceMissing",
+            WorkspaceReason::SourceNotReadable => "SourceNotReadable",
+            WorkspaceReason::ExecFailed => "ExecFailed",
+            WorkspaceReason::Restore(r) => r.as_str(),
+            WorkspaceReason::InitFailed => "InitFailed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::archive::Refusal;
+
+    #[test]
+    fn what_may_pass_by_itself_is_transient_and_the_rest_waits_for_a_change() {
+        use RestoreReason::*;
+        for r in [
+            GuardBusy,
+            StoreError,
+            RestoreFailed,
+            ExtractFailed,
+            SwapFailed,
+        ] {
+            assert!(!r.is_permanent(), "{r:?}");
+        }
+        assert!(!SnapshotNotReady.is_permanent(), "it may become Ready");
+        for r in [
+            NoStore,
+            SnapshotNotFound,
+            SnapshotIncomplete,
+            CrossScopeRestore,
+            InvalidReference,
+            ArchiveFailed,
+            Refused("Fifo"),
+        ] {
+            assert!(r.is_permanent(), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn snapshot_errors_keep_the_snapshot_module_s_reason() {
+        let refused = SnapshotError::Refused(Refusal::Fifo("p".into()));
+        assert_eq!(RestoreReason::of(&refused), RestoreReason::Refused("Fifo"));
+        let missing = SnapshotError::Missing("k".into());
+        assert_eq!(RestoreReason::of(&missing).as_str(), "ObjectMissing");
+        let source = SnapshotError::Source("cut".into());
+        assert_eq!(RestoreReason::of(&source).as_str(), "ArchiveFailed");
+        for e in [refused, missing, source] {
+            assert_eq!(RestoreReason::of(&e).as_str(), e.reason());
+        }
+    }
+
+    #[test]
+    fn reasons_render_as_the_api_s_strings() {
+        assert_eq!(
+            RestoreReason::CrossScopeRestore.as_str(),
+            "CrossScopeRestore"
+        );
+        assert_eq!(
+            WorkspaceReason::Restore(RestoreReason::GuardBusy).as_str(),
+            "GuardBusy"
+        );
+        assert_eq!(
+            WorkspaceReason::SourceNotReadable.as_str(),
+            "SourceNotReadable"
+        );
+    }
+}

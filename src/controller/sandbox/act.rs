@@ -1,0 +1,418 @@
+//! Carries out a [`Plan`]: the writes and execs of one reconcile of a live Sandbox. Each step
+//! ends in at most one status write, made only when the status changed, with the Event that
+//! goes with it.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use tracing::{debug, info};
+
+use super::decide::{self, Init, Note, Plan, Serving, Step};
+use super::observe::World;
+use super::{Apis, delete_if_present, init, write_status, write_transition};
+use crate::controller::pod::{self, PodConfig, SPEC_HASH};
+use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
+use crate::controller::{
+    Context, Error, FIELD_MANAGER, conditions, noderoot, service, snapshot, sources,
+};
+use crate::crd::{Egress, Sandbox, SandboxStatus};
+use crate::labels;
+
+/// Carries out `plan` for `sbx`, as decided from `world`.
+pub async fn act(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    podcfg: &PodConfig<'_>,
+    world: World,
+    plan: Plan,
+) -> Result<Action, Error> {
+    let Plan {
+        step,
+        status,
+        note,
+        requeue,
+    } = plan;
+    let old = &world.old;
+    let pod_name = labels::pod_name(&sbx.name_any());
+    match step {
+        Step::Invalid => {
+            delete_if_present(&apis.pods, &pod_name).await?;
+            write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
+            return Ok(Action::await_change());
+        }
+        Step::ShutDown => {
+            publish(ctx, sbx, note).await;
+            apis.sandboxes
+                .delete(&sbx.name_any(), &DeleteParams::default())
+                .await?;
+            return Ok(Action::await_change());
+        }
+        _ => {}
+    }
+    ensure_network_policy(sbx, &apis.policies).await?;
+    // Exposed ports: the Service (where each port is reached is in the planned status).
+    if service::ensure(&apis.services, sbx, old).await? > 0 {
+        debug!(sandbox = %sbx.name_any(), "applied the Service of spec.ports");
+    }
+    let then = |a: Option<Duration>| a.map_or_else(Action::await_change, Action::requeue);
+    match step {
+        Step::Suspend => {
+            // spec.snapshot.onStop: persist the workspace before its pod goes.
+            if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
+                return Ok(Action::requeue(Duration::from_secs(2)));
+            }
+            let gone = delete_if_present(&apis.pods, &pod_name).await?;
+            write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
+            Ok(if gone {
+                then(requeue)
+            } else {
+                Action::requeue(Duration::from_secs(2))
+            })
+        }
+        Step::CreatePod => create_pod(sbx, ctx, apis, podcfg, old, status).await,
+        Step::AwaitPodGone => {
+            if old != &status {
+                write_status(&apis.sandboxes, sbx, &status).await?;
+            }
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        Step::PodNameConflict => {
+            write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
+            Ok(Action::requeue(Duration::from_secs(60)))
+        }
+        Step::ReplacePod => {
+            publish(ctx, sbx, note).await;
+            delete_if_present(&apis.pods, &pod_name).await?;
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        Step::Serve => {
+            let Some(pod) = world.pod.as_ref() else {
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            };
+            let seen = (old, status, world.now);
+            serve(
+                sbx,
+                ctx,
+                (apis, podcfg),
+                pod,
+                world.pod_state.clone(),
+                seen,
+                requeue,
+            )
+            .await
+        }
+        Step::Invalid | Step::ShutDown => Ok(Action::await_change()),
+    }
+}
+
+/// Publishes `note`, if any, about the sandbox.
+async fn publish(ctx: &Context, sbx: &Sandbox, note: Option<Note>) {
+    if let Some(n) = note {
+        crate::controller::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message).await;
+    }
+}
+
+/// No pod: checks the sources the environment names, pins the pod to the workspace's node if
+/// it still exists, and applies the pod.
+async fn create_pod(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    podcfg: &PodConfig<'_>,
+    old: &SandboxStatus,
+    mut st: SandboxStatus,
+) -> Result<Action, Error> {
+    let (generation, now) = (sbx.metadata.generation, Timestamp::now());
+    let pod_name = labels::pod_name(&sbx.name_any());
+    // The kubelet reads what the environment names on the operator's word: only objects
+    // that opted in, checked before each pod is made. (A running pod keeps what it got.)
+    if let Err(e) = sources::check_env(sbx, ctx).await {
+        if let Error::SourceMissing(_) | Error::SourceNotReadable(_) = e {
+            let (reason, message) = e.reason_and_message();
+            let note = decide::held(&mut st, (reason, &message), generation, now);
+            write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
+        }
+        return Err(e);
+    }
+    let pin = pinned_node(ctx, &st).await?;
+    if st.node_name.is_some() && pin.is_none() {
+        // The workspace's node is gone: the workspace with it. The next start is B or D.
+        st.node_name = None;
+    }
+    let desired = pod::build_pod(sbx, podcfg, pin.as_deref());
+    let created = apis
+        .pods
+        .patch(
+            &pod_name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&desired),
+        )
+        .await;
+    if let Err(kube::Error::Api(s)) = &created
+        && matches!(s.code, 400 | 403 | 422)
+    {
+        // Refused by the API server: an unknown RuntimeClass, a policy (Pod Security
+        // admission, a quota), a field it rejects. Say so instead of retrying blindly.
+        let msg = format!("the API server refused the sandbox pod: {}", s.message);
+        let note = decide::held(&mut st, ("PodRejected", &msg), generation, now);
+        write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+    created?;
+    let msg = match &pin {
+        Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
+        None => format!("created pod {pod_name}"),
+    };
+    info!(sandbox = %sbx.name_any(), namespace = ?sbx.namespace(), "{msg}");
+    let note = Note {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: "PodCreated".into(),
+        action: "CreatePod",
+        message: msg,
+    };
+    publish(ctx, sbx, Some(note)).await;
+    if decide::pod_created(old, &mut st, &pod_name, generation, now) {
+        write_status(&apis.sandboxes, sbx, &st).await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// The node the next pod must land on: the one holding the workspace, if it still exists.
+async fn pinned_node(ctx: &Context, st: &SandboxStatus) -> Result<Option<String>, Error> {
+    let Some(node) = st.node_name.clone() else {
+        return Ok(None);
+    };
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    Ok(nodes.get_opt(&node).await?.map(|_| node))
+}
+
+/// The pod is ours and current: the node's workspace directory checked, the workspace
+/// initialised when the container runs (or may already answer exec), the status written once.
+async fn serve(
+    sbx: &Sandbox,
+    ctx: &Context,
+    (apis, podcfg): (&Apis, &PodConfig<'_>),
+    pod: &Pod,
+    state: PodState,
+    (old, mut st, now): (&SandboxStatus, SandboxStatus, Timestamp),
+    mut requeue: Option<Duration>,
+) -> Result<Action, Error> {
+    let generation = sbx.metadata.generation;
+    let sooner = |r: Option<Duration>, d: Duration| Some(r.map_or(d, |r| r.min(d)));
+    if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+        if let Some(wait) =
+            node_root(sbx, ctx, podcfg, &apis.pods, &node, (old, &mut st, now)).await?
+        {
+            requeue = sooner(requeue, wait);
+        }
+        st.node_name = Some(node);
+    }
+    // The kubelet reports a started container on its next relist, up to a second later; exec
+    // reaches the container runtime directly. So a bound pod whose container answers exec is
+    // initialised and served at once instead of after that report.
+    let serving = Serving {
+        early: state == PodState::Starting && may_answer_exec(pod),
+        state,
+        age: pod_age(pod, now),
+        uid: pod.uid().unwrap_or_default(),
+    };
+    let (init, error) = if serving.initialises() && !podstate::initialised_in(&st, pod) {
+        let ws = st.workspace.clone().unwrap_or_default();
+        let result = init::init_workspace(sbx, ctx, &apis.pods, &pod.name_any(), &ws).await;
+        outcome(sbx, &serving, result)
+    } else {
+        (Init::Skipped, None)
+    };
+    // The operator's own record of a permanent refusal follows the status's (it outlives a
+    // status that could not keep it).
+    let uid = sbx.uid().unwrap_or_default();
+    match &init {
+        Init::Ran { .. } => ctx.refusals.set(&uid, None),
+        Init::Failed {
+            refusal: Some(r), ..
+        } => ctx.refusals.set(&uid, Some(r)),
+        Init::Failed { .. } | Init::Skipped | Init::NotAnswering => {}
+    }
+    let out = decide::served(old, &mut st, &serving, init, (generation, now));
+    if let (Some(note), Some(e)) = (out.failed, error) {
+        write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
+        return Err(e);
+    }
+    if let Some(retry) = out.retry {
+        requeue = sooner(requeue, retry);
+    }
+    publish(ctx, sbx, out.problem).await;
+    if let Some(wait) = decide::defer_first_status(old.phase, out.starting, serving.age) {
+        return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
+    }
+    if old != &st {
+        write_status(&apis.sandboxes, sbx, &st).await?;
+    }
+    publish(ctx, sbx, out.started).await;
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// The [`Init`] outcome of an initialisation, and the error to report when it failed. An early
+/// try whose container does not run yet is no failure: the pod is still starting.
+fn outcome(
+    sbx: &Sandbox,
+    serving: &Serving,
+    result: Result<
+        (
+            crate::crd::WorkspaceStatus,
+            crate::controller::workspace::Decision,
+        ),
+        Error,
+    >,
+) -> (Init, Option<Error>) {
+    match result {
+        Ok((workspace, decision)) => (
+            Init::Ran {
+                workspace,
+                decision,
+            },
+            None,
+        ),
+        Err(e) if serving.early && container_not_running(&e) => {
+            debug!(sandbox = %sbx.name_any(), "the container does not answer exec yet: {e}");
+            (Init::NotAnswering, None)
+        }
+        Err(e) => {
+            let (reason, message) = e.reason_and_message();
+            let init = Init::Failed {
+                reason: reason.to_string(),
+                message,
+                refusal: e.restore_refusal().cloned(),
+            };
+            (init, Some(e))
+        }
+    }
+}
+
+/// Whether an initialisation failed only because the container does not run yet (exec could
+/// not reach it), as opposed to a failure inside a running container.
+fn container_not_running(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Exec(crate::exec::ExecError::Connect { .. } | crate::exec::ExecError::NotStarted(_))
+    )
+}
+
+/// Sets the [`noderoot::CONDITION`] of a sandbox on `node`: from this process's record of the
+/// namespace's directory there, else by starting (or reading, then deleting) the helper pod
+/// that prepares it. Returns when to look again while that pod runs. A Warning Event goes out
+/// when the condition turns False.
+async fn node_root(
+    sbx: &Sandbox,
+    ctx: &Context,
+    podcfg: &PodConfig<'_>,
+    pods: &Api<Pod>,
+    node: &str,
+    (old, st, now): (&SandboxStatus, &mut SandboxStatus, Timestamp),
+) -> Result<Option<Duration>, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let dir = pod::namespace_host_path(podcfg.node_root, &ns);
+    let found = match ctx.node_roots.get(node, &ns, Instant::now()) {
+        Some(found) => Some(found),
+        None if podcfg.helper.is_none() => None,
+        None => match prepare_node(sbx, ctx, (podcfg, pods), node).await? {
+            Some(found) => Some(found),
+            None => return Ok(Some(Duration::from_secs(2))),
+        },
+    };
+    let (ok, reason, message) = match &found {
+        Some(f) => noderoot::condition(f, node, &dir),
+        None => noderoot::no_helper(node, &dir),
+    };
+    let was = conditions::get(&old.conditions, noderoot::CONDITION)
+        .map(|c| (c.status == "True", c.reason.clone()));
+    let generation = sbx.metadata.generation;
+    conditions::set(
+        &mut st.conditions,
+        noderoot::CONDITION,
+        ok,
+        reason,
+        &message,
+        generation,
+        now,
+    );
+    if !ok && was != Some((false, reason.to_string())) {
+        let note = Note {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: reason.to_string(),
+            action: "PrepareNode",
+            message,
+        };
+        publish(ctx, sbx, Some(note)).await;
+    }
+    Ok(None)
+}
+
+/// The helper pod that prepares the namespace's directory on `node`: started when absent,
+/// read, recorded and deleted once it has finished. `None` while it runs.
+async fn prepare_node(
+    sbx: &Sandbox,
+    ctx: &Context,
+    (podcfg, pods): (&PodConfig<'_>, &Api<Pod>),
+    node: &str,
+) -> Result<Option<noderoot::Found>, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let name = pod::prepare_pod_name(node);
+    let Some(p) = pods.get_opt(&name).await? else {
+        if let Some(desired) = pod::build_prepare_pod(sbx, podcfg, node) {
+            match pods.create(&PostParams::default(), &desired).await {
+                // 409: another sandbox's start made it first.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                other => {
+                    other?;
+                }
+            }
+        }
+        return Ok(None);
+    };
+    let Some(found) = noderoot::read_pod(&p) else {
+        return Ok(None);
+    };
+    info!(namespace = %ns, node, "workspace directory checked: {found:?}");
+    ctx.node_roots
+        .record(node, &ns, found.clone(), Instant::now());
+    delete_if_present(pods, &name).await?;
+    Ok(Some(found))
+}
+
+/// Creates the deny-egress policy when asked for, removes it when not; writes nothing when it
+/// is already as wanted.
+async fn ensure_network_policy(sbx: &Sandbox, api: &Api<NetworkPolicy>) -> Result<(), Error> {
+    let desired = pod::build_deny_egress(sbx);
+    let name = desired.metadata.name.clone().unwrap_or_default();
+    let current = api.get_opt(&name).await?;
+    match (sbx.spec.network.egress, current) {
+        // Compare by the hash of what we asked for: the API server drops empty lists
+        // (`egress: []`), so the stored spec never equals the desired one field by field.
+        (Egress::Denied, Some(np))
+            if np.annotations().get(SPEC_HASH) == desired.annotations().get(SPEC_HASH) =>
+        {
+            Ok(())
+        }
+        (Egress::Denied, _) => {
+            api.patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&desired),
+            )
+            .await?;
+            Ok(())
+        }
+        (Egress::All, Some(_)) => {
+            delete_if_present(api, &name).await?;
+            Ok(())
+        }
+        (Egress::All, None) => Ok(()),
+    }
+}

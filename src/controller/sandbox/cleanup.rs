@@ -1,0 +1,223 @@
+//! Deleting a Sandbox: an onStop snapshot if asked for, then its pod, its network policy and
+//! its workspace directory (removed from its node by a short-lived helper pod), then the
+//! scope's idle guard Lease. Every unfinished step returns [`Cleanup::Pending`] (not an
+//! error: cleanup polls), so the finalizer stays until all of it is done.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::decide::Note;
+use super::{Apis, FINALIZER, delete_if_present, write_status, write_transition};
+use crate::controller::pod::{self, PodConfig};
+use crate::controller::{Context, Error, FIELD_MANAGER, conditions, snapshot};
+use crate::crd::{Sandbox, SandboxPhase};
+use crate::guard::LeaseView;
+use crate::labels;
+
+/// How far the cleanup of a deleting Sandbox got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cleanup {
+    /// All of it is done: the finalizer may go.
+    Done,
+    /// A step is under way (an onStop snapshot, the pod going, the cleanup pod running):
+    /// look again shortly.
+    Pending,
+}
+
+/// Deleting a Sandbox: pod and workspace first, then the scope's idle guard Lease.
+pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
+    ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
+    if remove_pod_and_workspace(sbx, ctx).await? == Cleanup::Pending {
+        return Ok(Cleanup::Pending);
+    }
+    forget_scope_lease(sbx, ctx).await?;
+    Ok(Cleanup::Done)
+}
+
+/// Deletes the scope's guard Lease when this was the last sandbox of the scope in the namespace
+/// and nobody holds the guard, so leases do not pile up. The delete is conditioned on the
+/// resourceVersion read, so a harness taking the guard meanwhile keeps it.
+async fn forget_scope_lease(sbx: &Sandbox, ctx: &Context) -> Result<(), Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
+    let others = sandboxes
+        .list_metadata(&ListParams::default().labels(&labels::scope_selector(&sbx.spec.scope)))
+        .await?
+        .items
+        .into_iter()
+        .filter(|o| o.metadata.uid != sbx.metadata.uid)
+        .count();
+    if others > 0 {
+        return Ok(());
+    }
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
+    let Some(lease) = leases.get_opt(&name).await? else {
+        return Ok(());
+    };
+    // Held, even by a holder whose time is up: that one may still be about to renew.
+    if LeaseView::of(Some(&lease), Timestamp::now())
+        .holder
+        .is_some()
+    {
+        return Ok(());
+    }
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            resource_version: lease.metadata.resource_version.clone(),
+            uid: lease.metadata.uid.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match leases.delete(&name, &dp).await {
+        Ok(_) => Ok(()),
+        // Gone already, or changed under us (someone took the guard): leave it.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deleting a Sandbox: onward only when its pod is gone and its workspace directory removed
+/// from the node by a short-lived pod bound there.
+async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let name = sbx.name_any();
+    let apis = Apis::new(ctx, &ns);
+    let pod_name = labels::pod_name(&name);
+
+    if sbx.status.as_ref().and_then(|s| s.phase) != Some(SandboxPhase::Terminating) {
+        let mut st = sbx.status.clone().unwrap_or_default();
+        st.phase = Some(SandboxPhase::Terminating);
+        // Best effort: a failed status write must not block deletion.
+        if let Err(e) = write_status(&apis.sandboxes, sbx, &st).await {
+            warn!(sandbox = %name, "could not mark the sandbox Terminating: {e}");
+        }
+    }
+    // spec.snapshot.onStop: persist the workspace before its pod goes.
+    if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
+        return Ok(Cleanup::Pending);
+    }
+    // Done lets the finalizer go, so every unfinished step returns Pending.
+    if !delete_if_present(&apis.pods, &pod_name).await? {
+        return Ok(Cleanup::Pending);
+    }
+    delete_if_present(&apis.policies, &labels::network_policy_name(&name)).await?;
+
+    let Some(node) = sbx.status.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Ok(Cleanup::Done);
+    };
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    if nodes.get_opt(&node).await?.is_none() {
+        let msg = format!("node {node} is gone; its workspace directory cannot be removed");
+        crate::controller::publish(
+            ctx,
+            sbx,
+            EventType::Warning,
+            "WorkspaceUnreachable",
+            "DeleteWorkspace",
+            &msg,
+        )
+        .await;
+        return Ok(Cleanup::Done);
+    }
+    // The helper pod that prepares the namespace's directory, if this sandbox started it and it
+    // still runs: it goes now rather than after the garbage collector notices.
+    let prepare = pod::prepare_pod_name(&node);
+    if let Some(p) = apis.pods.get_opt(&prepare).await?
+        && p.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == sbx.uid().as_ref())
+    {
+        delete_if_present(&apis.pods, &prepare).await?;
+    }
+    remove_workspace(sbx, ctx, &apis, &node).await
+}
+
+/// Removes the workspace directory on `node` with a cleanup pod bound there: started when
+/// absent, deleted once it has succeeded (Ok), replaced when it failed.
+async fn remove_workspace(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    node: &str,
+) -> Result<Cleanup, Error> {
+    let (ns, name) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
+    let podcfg = PodConfig::from_config(&ctx.config);
+    let cleanup_name = pod::cleanup_pod_name(sbx);
+    match apis.pods.get_opt(&cleanup_name).await? {
+        None => {
+            let Some(desired) = pod::build_cleanup_pod(sbx, &podcfg, node) else {
+                return Err(no_helper_for_cleanup(sbx, ctx, apis, node).await);
+            };
+            apis.pods
+                .patch(
+                    &cleanup_name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&desired),
+                )
+                .await?;
+            Ok(Cleanup::Pending)
+        }
+        Some(p) => match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => {
+                delete_if_present(&apis.pods, &cleanup_name).await?;
+                info!(sandbox = %name, namespace = %ns, node = %node, "workspace removed");
+                Ok(Cleanup::Done)
+            }
+            Some("Failed") => {
+                let msg = format!("removing the workspace on node {node} failed; retrying");
+                crate::controller::publish(
+                    ctx,
+                    sbx,
+                    EventType::Warning,
+                    "WorkspaceCleanupFailed",
+                    "DeleteWorkspace",
+                    &msg,
+                )
+                .await;
+                delete_if_present(&apis.pods, &cleanup_name).await?;
+                Err(Error::Cleanup(msg))
+            }
+            _ => Ok(Cleanup::Pending),
+        },
+    }
+}
+
+/// Without a helper image the workspace cannot be removed: the sandbox's own image is never run
+/// for it (its `rm` is whatever the image author made it). The Sandbox stays, Terminating, with
+/// the [`conditions::WORKSPACE_REMOVED`] condition and a Warning Event naming the directory, so
+/// nothing is left behind unseen.
+async fn no_helper_for_cleanup(sbx: &Sandbox, ctx: &Context, apis: &Apis, node: &str) -> Error {
+    let ns = sbx.namespace().unwrap_or_default();
+    let dir = pod::workspace_host_path(&ctx.config.node_root, &ns, &sbx.uid().unwrap_or_default());
+    let msg = format!(
+        "workspace directory {dir} on node {node} cannot be removed: this operator has no helper image (--helper-image). The Sandbox stays until an operator with one removes it; to let it go anyway, remove the finalizer {FINALIZER} and the directory by hand"
+    );
+    let old = sbx.status.clone().unwrap_or_default();
+    let mut st = old.clone();
+    st.phase = Some(SandboxPhase::Terminating);
+    conditions::set(
+        &mut st.conditions,
+        conditions::WORKSPACE_REMOVED,
+        false,
+        "NoHelperImage",
+        &msg,
+        sbx.metadata.generation,
+        Timestamp::now(),
+    );
+    let note = Note {
+        type_: EventType::Warning,
+        reason: "NoHelperImage".into(),
+        action: "DeleteWorkspace",
+        message: msg.clone(),
+    };
+    if let Err(e) = write_transition(ctx, sbx, &apis.sandboxes, &old, &st, Some(note)).await {
+        warn!(sandbox = %sbx.name_any(), "could not record the stuck cleanup: {e}");
+    }
+    Error::NoHelper(msg)
+}

@@ -1,0 +1,918 @@
+//! The sandbox controller's decisions, pure: from what [`super::observe`] saw to a [`Plan`] (a
+//! [`Step`] and the status it leads to), and from what a step's I/O found to the status that
+//! follows. Nothing here reads or writes the API; [`super::act`] does.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+
+use super::observe::World;
+use crate::controller::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
+use crate::controller::podstate::PodState;
+use crate::controller::{service, workspace};
+use crate::crd::{
+    GuardStatus, LifecycleMode, RestoreRefusal, Sandbox, SandboxPhase, SandboxStatus,
+    WorkspaceStatus,
+};
+use crate::guard::LeaseView;
+use crate::labels;
+
+/// An Event to publish about the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What the operator did or tried.
+    pub action: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+impl Note {
+    fn new(type_: EventType, reason: &str, action: &'static str, message: &str) -> Self {
+        Note {
+            type_,
+            reason: reason.to_string(),
+            action,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// What one reconcile of a live Sandbox does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The spec cannot be honoured: no pod, phase Failed.
+    Invalid,
+    /// `shutdownTime` has passed: the sandbox deletes itself.
+    ShutDown,
+    /// Mode Suspended: snapshot on stop if asked, delete the pod, keep the workspace.
+    Suspend,
+    /// No pod: check the environment's sources, then make one.
+    CreatePod,
+    /// The pod is terminating: wait for it to go.
+    AwaitPodGone,
+    /// A pod of the sandbox's pod name belongs to something else.
+    PodNameConflict,
+    /// The pod must go (its spec changed, or it ended); a later reconcile makes a new one.
+    ReplacePod,
+    /// The pod is ours and current: check its node, initialise the workspace, report.
+    Serve,
+}
+
+/// A [`Step`] with the status it leads to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// What to do.
+    pub step: Step,
+    /// The status after the step; for [`Step::CreatePod`] and [`Step::Serve`] the base that
+    /// the step's outcome completes.
+    pub status: SandboxStatus,
+    /// The Event that goes with the step (published with its status write, or alone).
+    pub note: Option<Note>,
+    /// When to look again whatever happens (before `shutdownTime`).
+    pub requeue: Option<Duration>,
+}
+
+/// Decides what a reconcile does with a live (not deleting) Sandbox.
+pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
+    let generation = sbx.metadata.generation;
+    let now = w.now;
+    let mut st = w.old.clone();
+    st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
+    st.observed_generation = generation;
+    let (guard, held, reason, message) = guarded(&LeaseView::of(w.lease.as_ref(), now));
+    st.guard = guard;
+    conditions::set(
+        &mut st.conditions,
+        GUARDED,
+        held,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    let plan = |step, status, note| Plan {
+        step,
+        status,
+        note,
+        requeue: None,
+    };
+
+    if !w.problems.is_empty() {
+        let message = w.problems.join("; ");
+        invalid(&mut st, &message, generation, now);
+        let note = Note::new(EventType::Warning, "InvalidSpec", "Validate", &message);
+        return plan(Step::Invalid, st, Some(note));
+    }
+    let mut requeue = None;
+    if let Some(at) = sbx.spec.lifecycle.shutdown_time.as_ref() {
+        if at.0 <= now {
+            let note = Note::new(
+                EventType::Normal,
+                "ShutdownTimeReached",
+                "Delete",
+                "shutdownTime passed; deleting the sandbox",
+            );
+            return plan(Step::ShutDown, st, Some(note));
+        }
+        let secs = at.0.as_second().saturating_sub(now.as_second()).max(1);
+        requeue = Some(Duration::from_secs(secs as u64));
+    }
+    // Exposed ports: where each is reached (with the pod's IP once there is a pod to serve).
+    st.endpoints = service::endpoints(sbx, None);
+    let (step, note) = pod_step(sbx, w, &mut st);
+    Plan {
+        step,
+        status: st,
+        note,
+        requeue,
+    }
+}
+
+/// The scope's execution guard as the Sandbox reports it: holder and since when, whether it is
+/// held, and the Guarded condition's reason and message. An expired lease counts as free:
+/// anyone may take it over.
+pub fn guarded(view: &LeaseView) -> (Option<GuardStatus>, bool, &'static str, String) {
+    let Some(holder) = view.holder.clone() else {
+        return (None, false, "Free", "nobody holds the scope's guard".into());
+    };
+    if view.expired {
+        let message = format!("{holder} held the guard but stopped renewing it");
+        return (None, false, "Expired", message);
+    }
+    let status = GuardStatus {
+        holder: Some(holder.clone()),
+        since: view.acquired.map(Time),
+    };
+    (Some(status), true, "Held", format!("held by {holder}"))
+}
+
+/// The step for the sandbox's pod (or its absence), once the spec is valid and the sandbox
+/// has not reached its shutdown time.
+fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<Note>) {
+    let (generation, now) = (sbx.metadata.generation, w.now);
+    if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
+        suspended(st, generation, now);
+        let note = Note::new(
+            EventType::Normal,
+            "Suspended",
+            "DeletePod",
+            "pod deleted; workspace kept",
+        );
+        return (Step::Suspend, Some(note));
+    }
+    let Some(pod) = &w.pod else {
+        return (Step::CreatePod, None);
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        st.phase = Some(SandboxPhase::Pending);
+        not_ready(
+            st,
+            "PodTerminating",
+            "the sandbox pod is terminating; a new one follows",
+            generation,
+            now,
+        );
+        return (Step::AwaitPodGone, None);
+    }
+    if !is_owned_by(pod, sbx) {
+        let msg = format!(
+            "a pod named {} exists and does not belong to this sandbox",
+            pod.name_any()
+        );
+        st.phase = Some(SandboxPhase::Failed);
+        not_ready(st, "PodNameConflict", &msg, generation, now);
+        let note = Note::new(EventType::Warning, "PodNameConflict", "CreatePod", &msg);
+        return (Step::PodNameConflict, Some(note));
+    }
+    let replace = if w.desired_hash != w.pod_hash {
+        Some((
+            "PodReplaced",
+            "the sandbox spec changed; replacing the pod (the workspace is kept)".to_string(),
+        ))
+    } else if let PodState::Ended(reason) = &w.pod_state {
+        Some((
+            "PodRecreated",
+            format!("the pod ended ({reason}); replacing it (the workspace is kept)"),
+        ))
+    } else {
+        None
+    };
+    if let Some((reason, msg)) = replace {
+        let note = Note::new(EventType::Normal, reason, "DeletePod", &msg);
+        return (Step::ReplacePod, Some(note));
+    }
+    st.pod_name = Some(pod.name_any());
+    st.endpoints = service::endpoints(sbx, Some(pod));
+    (Step::Serve, None)
+}
+
+fn is_owned_by(pod: &k8s_openapi::api::core::v1::Pod, sbx: &Sandbox) -> bool {
+    let uid = sbx.uid();
+    pod.owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+}
+
+/// No pod, and no pod wanted: `phase`, with PodReady and Ready False for `reason` with their
+/// messages (in the order given).
+fn no_pod(
+    st: &mut SandboxStatus,
+    (phase, reason): (SandboxPhase, &str),
+    messages: [(&str, &str); 2],
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    st.phase = Some(phase);
+    st.pod_name = None;
+    set_false(st, reason, &messages, generation, now);
+}
+
+/// Sets each condition of `messages` (type, message) to False with one reason.
+fn set_false(
+    st: &mut SandboxStatus,
+    reason: &str,
+    messages: &[(&str, &str)],
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    for (type_, message) in messages {
+        conditions::set(
+            &mut st.conditions,
+            type_,
+            false,
+            reason,
+            *message,
+            generation,
+            now,
+        );
+    }
+}
+
+/// Failed for an invalid spec: no pod.
+fn invalid(st: &mut SandboxStatus, message: &str, generation: Option<i64>, now: Timestamp) {
+    let messages = [(READY, message), (POD_READY, "no pod for an invalid spec")];
+    no_pod(
+        st,
+        (SandboxPhase::Failed, "InvalidSpec"),
+        messages,
+        generation,
+        now,
+    );
+}
+
+/// Suspended: no pod, the workspace kept on its node.
+fn suspended(st: &mut SandboxStatus, generation: Option<i64>, now: Timestamp) {
+    let messages = [
+        (
+            POD_READY,
+            "the sandbox is suspended; its workspace is kept on its node",
+        ),
+        (READY, "the sandbox is suspended"),
+    ];
+    no_pod(
+        st,
+        (SandboxPhase::Suspended, "Suspended"),
+        messages,
+        generation,
+        now,
+    );
+}
+
+/// No pod for now (its sources are missing, or the API server refused it): Pending, PodReady
+/// and Ready False with `reason`, and the Warning Event that goes with it.
+pub fn held(
+    st: &mut SandboxStatus,
+    (reason, message): (&str, &str),
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Note {
+    st.phase = Some(SandboxPhase::Pending);
+    st.pod_name = None;
+    not_ready(st, reason, message, generation, now);
+    Note::new(EventType::Warning, reason, "CreatePod", message)
+}
+
+/// A pod was just made. A brand-new sandbox gets its first status from the pod's own progress
+/// (one write fewer); one that had a pod must stop saying Ready at once. Returns whether the
+/// status is to be written.
+pub fn pod_created(
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+    pod_name: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> bool {
+    if old.phase.is_none() {
+        return false;
+    }
+    st.pod_name = Some(pod_name.to_string());
+    pod_starting(st, generation, now);
+    old != st
+}
+
+/// Pending: the pod is on its way.
+fn pod_starting(st: &mut SandboxStatus, generation: Option<i64>, now: Timestamp) {
+    st.phase = Some(SandboxPhase::Pending);
+    not_ready(
+        st,
+        "PodStarting",
+        "waiting for the sandbox pod to run",
+        generation,
+        now,
+    );
+}
+
+/// Sets PodReady and Ready to False with one reason: the pod is not (yet) serving.
+fn not_ready(
+    st: &mut SandboxStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    set_false(
+        st,
+        reason,
+        &[(POD_READY, message), (READY, message)],
+        generation,
+        now,
+    );
+}
+
+/// What the pod looked like to [`Step::Serve`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Serving {
+    /// Its state.
+    pub state: PodState,
+    /// Starting, but its container may already answer exec.
+    pub early: bool,
+    /// Its age.
+    pub age: Duration,
+    /// Its UID.
+    pub uid: String,
+}
+
+impl Serving {
+    /// Whether the workspace is to be initialised (or was, in this pod) now: the pod runs, or
+    /// may answer exec before the kubelet says it runs.
+    pub fn initialises(&self) -> bool {
+        self.state == PodState::Ready || (self.state == PodState::Starting && self.early)
+    }
+}
+
+/// The outcome of initialising the workspace in the pod.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Init {
+    /// Not tried: the pod does not run yet, or the workspace was initialised in it before.
+    Skipped,
+    /// Initialised now.
+    Ran {
+        /// The workspace status to record.
+        workspace: WorkspaceStatus,
+        /// The start decided.
+        decision: workspace::Decision,
+    },
+    /// An early try: the container does not answer exec yet.
+    NotAnswering,
+    /// Failed (the error goes back to the controller for its retry pace).
+    Failed {
+        /// Condition reason.
+        reason: String,
+        /// What happened.
+        message: String,
+        /// A permanent restore refusal to record.
+        refusal: Option<RestoreRefusal>,
+    },
+}
+
+/// What [`served`] settled.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Served {
+    /// The pod is still on its way (for [`defer_first_status`]).
+    pub starting: bool,
+    /// Look again this soon (an early exec that found no container yet).
+    pub retry: Option<Duration>,
+    /// Initialisation failed: write the status with this Warning Event and report the error.
+    pub failed: Option<Note>,
+    /// A problem with the pod, published when its reason is new (before the status write).
+    pub problem: Option<Note>,
+    /// The start of the workspace, published after the status write (Ready is what a harness
+    /// waits for).
+    pub started: Option<Note>,
+}
+
+/// The status of a served pod, from its state and the outcome of initialising it.
+pub fn served(
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+    pod: &Serving,
+    init: Init,
+    (generation, now): (Option<i64>, Timestamp),
+) -> Served {
+    let mut out = Served::default();
+    match (&pod.state, init) {
+        (PodState::Starting, Init::NotAnswering) => {
+            pod_starting(st, generation, now);
+            out.starting = true;
+            out.retry = Some(early_retry(pod.age));
+        }
+        (PodState::Starting, Init::Skipped) if !pod.early => {
+            out.starting = true;
+            pod_starting(st, generation, now);
+        }
+        (PodState::Ready | PodState::Starting, init) => {
+            out = running(st, pod, init, (generation, now));
+        }
+        (PodState::Problem { reason, message }, _) => {
+            st.phase = Some(SandboxPhase::Pending);
+            not_ready(st, reason, message, generation, now);
+            let was = conditions::get(&old.conditions, POD_READY).map(|c| c.reason.as_str());
+            if was != Some(reason.as_str()) {
+                out.problem = Some(Note::new(EventType::Warning, reason, "StartPod", message));
+            }
+        }
+        // Ended pods are replaced, never served.
+        (PodState::Ended(_), _) => {}
+    }
+    out
+}
+
+/// A running container: PodReady, then the workspace's outcome; Ready when it is initialised.
+fn running(
+    st: &mut SandboxStatus,
+    pod: &Serving,
+    init: Init,
+    (generation, now): (Option<i64>, Timestamp),
+) -> Served {
+    let mut out = Served::default();
+    conditions::set(
+        &mut st.conditions,
+        POD_READY,
+        true,
+        "PodRunning",
+        "the sandbox container is running",
+        generation,
+        now,
+    );
+    match init {
+        Init::Skipped | Init::NotAnswering => {}
+        Init::Ran {
+            workspace,
+            decision,
+        } => {
+            out.started = Some(initialised(
+                st,
+                pod,
+                workspace,
+                &decision,
+                (generation, now),
+            ));
+        }
+        Init::Failed {
+            reason,
+            message,
+            refusal,
+        } => {
+            if refusal.is_some() {
+                st.restore_refusal = refusal;
+            }
+            st.phase = Some(SandboxPhase::Initializing);
+            let messages = [
+                (WORKSPACE_READY, message.as_str()),
+                (READY, message.as_str()),
+            ];
+            set_false(st, &reason, &messages, generation, now);
+            let note = Note::new(EventType::Warning, &reason, "InitWorkspace", &message);
+            out.failed = Some(note);
+            return out;
+        }
+    }
+    st.phase = Some(SandboxPhase::Ready);
+    conditions::set(
+        &mut st.conditions,
+        READY,
+        true,
+        "Ready",
+        "the sandbox accepts commands",
+        generation,
+        now,
+    );
+    out
+}
+
+/// The workspace was initialised in `pod` now: recorded, WorkspaceReady with the start's
+/// reason; returns the Event that announces the start branch.
+fn initialised(
+    st: &mut SandboxStatus,
+    pod: &Serving,
+    workspace: WorkspaceStatus,
+    decision: &workspace::Decision,
+    (generation, now): (Option<i64>, Timestamp),
+) -> Note {
+    st.workspace = Some(WorkspaceStatus {
+        initialized_pod_uid: Some(pod.uid.clone()),
+        ..workspace
+    });
+    if decision.restore.is_some() {
+        st.restored_from = decision.restore.clone();
+    }
+    st.restore_refusal = None;
+    conditions::set(
+        &mut st.conditions,
+        WORKSPACE_READY,
+        true,
+        decision.reason,
+        &decision.message,
+        generation,
+        now,
+    );
+    let note = format!("start branch {:?}: {}", decision.branch, decision.message);
+    Note::new(EventType::Normal, decision.reason, "InitWorkspace", &note)
+}
+
+/// When to try exec again on a pod whose container did not answer yet: often while the pod is
+/// young (a container whose image is present starts within a second), backing off to 1 s as
+/// it ages (an image pull), so a slow start does not become a stream of exec attempts.
+pub fn early_retry(pod_age: Duration) -> Duration {
+    (pod_age / 8).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// How long a brand-new sandbox whose pod is starting goes without a status.
+pub const FIRST_STATUS_GRACE: Duration = Duration::from_secs(2);
+
+/// Whether to hold back a brand-new sandbox's first status (and for how long): while its pod
+/// starts, for the first [`FIRST_STATUS_GRACE`]. Most sandboxes are Ready by then, and Ready
+/// becomes their first and only status write; a slow start still shows Pending after it.
+pub fn defer_first_status(
+    old_phase: Option<SandboxPhase>,
+    starting: bool,
+    pod_age: Duration,
+) -> Option<Duration> {
+    (old_phase.is_none() && starting && pod_age < FIRST_STATUS_GRACE)
+        .then(|| FIRST_STATUS_GRACE - pod_age)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn sandbox(spec: serde_json::Value) -> Sandbox {
+        let mut spec_full = json!({"image": "busybox", "scope": {"kind": "Global"}});
+        if let (Some(base), Some(extra)) = (spec_full.as_object_mut(), spec.as_object()) {
+            base.extend(extra.clone());
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "namespace": "n", "uid": "sbx-uid", "generation": 3},
+            "spec": spec_full,
+        }))
+        .unwrap()
+    }
+
+    fn pod(owner: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "s-sandbox", "uid": "pod-uid",
+                "ownerReferences": [{"apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+                    "name": "s", "uid": owner, "controller": true}]},
+        }))
+        .unwrap()
+    }
+
+    fn world(pod: Option<Pod>) -> World {
+        World {
+            now: t(0),
+            old: SandboxStatus::default(),
+            lease: None,
+            problems: Vec::new(),
+            pod,
+            pod_state: PodState::Starting,
+            desired_hash: Some("h".into()),
+            pod_hash: Some("h".into()),
+        }
+    }
+
+    fn reason(st: &SandboxStatus, type_: &str) -> String {
+        conditions::get(&st.conditions, type_)
+            .map(|c| c.reason.clone())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn an_invalid_spec_fails_the_sandbox_before_anything_else() {
+        let mut w = world(Some(pod("sbx-uid")));
+        w.problems = vec!["a".into(), "b".into()];
+        let sbx = sandbox(json!({"lifecycle": {"mode": "Suspended"}}));
+        let plan = decide(&sbx, &w);
+        assert_eq!(plan.step, Step::Invalid);
+        assert_eq!(plan.status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(plan.status.pod_name, None);
+        assert_eq!(reason(&plan.status, READY), "InvalidSpec");
+        let note = plan.note.unwrap();
+        assert_eq!(
+            (note.reason.as_str(), note.message.as_str()),
+            ("InvalidSpec", "a; b")
+        );
+    }
+
+    #[test]
+    fn every_plan_records_scope_generation_and_guard() {
+        let plan = decide(&sandbox(json!({})), &world(None));
+        assert_eq!(plan.status.observed_generation, Some(3));
+        assert!(plan.status.scope_key.is_some());
+        assert_eq!(reason(&plan.status, GUARDED), "Free");
+    }
+
+    #[test]
+    fn a_passed_shutdown_time_deletes_the_sandbox_and_a_future_one_wakes_it() {
+        let past = sandbox(json!({"lifecycle": {"shutdownTime": t(-1).to_string()}}));
+        assert_eq!(decide(&past, &world(None)).step, Step::ShutDown);
+        let future = sandbox(json!({"lifecycle": {"shutdownTime": t(90).to_string()}}));
+        let plan = decide(&future, &world(None));
+        assert_eq!(plan.step, Step::CreatePod);
+        assert_eq!(plan.requeue, Some(Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn a_suspended_sandbox_loses_its_pod_and_says_so() {
+        let sbx = sandbox(json!({"lifecycle": {"mode": "Suspended"}}));
+        let plan = decide(&sbx, &world(Some(pod("sbx-uid"))));
+        assert_eq!(plan.step, Step::Suspend);
+        assert_eq!(plan.status.phase, Some(SandboxPhase::Suspended));
+        assert_eq!(reason(&plan.status, POD_READY), "Suspended");
+        assert_eq!(plan.note.unwrap().reason, "Suspended");
+    }
+
+    #[test]
+    fn no_pod_makes_one() {
+        let plan = decide(&sandbox(json!({})), &world(None));
+        assert_eq!(plan.step, Step::CreatePod);
+        assert_eq!(
+            plan.status.phase, None,
+            "the first status comes from the pod"
+        );
+    }
+
+    #[test]
+    fn a_terminating_pod_is_waited_for() {
+        let mut p = pod("sbx-uid");
+        p.metadata.deletion_timestamp = Some(Time(t(-5)));
+        let plan = decide(&sandbox(json!({})), &world(Some(p)));
+        assert_eq!(plan.step, Step::AwaitPodGone);
+        assert_eq!(reason(&plan.status, READY), "PodTerminating");
+    }
+
+    #[test]
+    fn a_pod_of_someone_else_is_a_name_conflict() {
+        let plan = decide(&sandbox(json!({})), &world(Some(pod("other-uid"))));
+        assert_eq!(plan.step, Step::PodNameConflict);
+        assert_eq!(plan.status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(plan.note.unwrap().type_, EventType::Warning);
+    }
+
+    #[test]
+    fn a_changed_spec_or_an_ended_pod_replaces_the_pod() {
+        let mut w = world(Some(pod("sbx-uid")));
+        w.desired_hash = Some("new".into());
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::ReplacePod);
+        assert_eq!(plan.note.unwrap().reason, "PodReplaced");
+        let mut w = world(Some(pod("sbx-uid")));
+        w.pod_state = PodState::Ended("Evicted".into());
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::ReplacePod);
+        let note = plan.note.unwrap();
+        assert_eq!(note.reason, "PodRecreated");
+        assert!(note.message.contains("Evicted"), "{}", note.message);
+    }
+
+    #[test]
+    fn a_current_pod_of_ours_is_served() {
+        let plan = decide(&sandbox(json!({})), &world(Some(pod("sbx-uid"))));
+        assert_eq!(plan.step, Step::Serve);
+        assert_eq!(plan.status.pod_name.as_deref(), Some("s-sandbox"));
+        assert_eq!(plan.note, None);
+    }
+
+    fn serving(state: PodState, early: bool) -> Serving {
+        Serving {
+            state,
+            early,
+            age: Duration::from_millis(800),
+            uid: "pod-uid".into(),
+        }
+    }
+
+    fn ran() -> Init {
+        Init::Ran {
+            workspace: WorkspaceStatus {
+                root_ready: true,
+                ..Default::default()
+            },
+            decision: workspace::decide(workspace::Observed {
+                marker_present: false,
+                root_was_ready: false,
+                snapshot: None,
+                can_restore: false,
+            }),
+        }
+    }
+
+    #[test]
+    fn an_initialised_workspace_makes_the_sandbox_ready_and_announces_its_branch() {
+        let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
+        let out = served(
+            &old,
+            &mut st,
+            &serving(PodState::Ready, false),
+            ran(),
+            (Some(1), t(0)),
+        );
+        assert_eq!(st.phase, Some(SandboxPhase::Ready));
+        assert!(conditions::is_true(&st.conditions, READY));
+        assert!(conditions::is_true(&st.conditions, WORKSPACE_READY));
+        let ws = st.workspace.unwrap();
+        assert_eq!(ws.initialized_pod_uid.as_deref(), Some("pod-uid"));
+        let started = out.started.unwrap();
+        assert_eq!(started.reason, "WorkspaceInitialized");
+        assert!(
+            started.message.starts_with("start branch D"),
+            "{}",
+            started.message
+        );
+        assert!(out.failed.is_none() && !out.starting);
+    }
+
+    #[test]
+    fn a_failed_initialisation_is_reported_with_its_reason_and_recorded_refusal() {
+        let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
+        let init = Init::Failed {
+            reason: "SourceMissing".into(),
+            message: "configmap c is missing".into(),
+            refusal: None,
+        };
+        let out = served(
+            &old,
+            &mut st,
+            &serving(PodState::Ready, false),
+            init,
+            (None, t(0)),
+        );
+        assert_eq!(st.phase, Some(SandboxPhase::Initializing));
+        assert_eq!(reason(&st, WORKSPACE_READY), "SourceMissing");
+        assert_eq!(reason(&st, READY), "SourceMissing");
+        assert!(conditions::is_true(&st.conditions, POD_READY));
+        assert_eq!(out.failed.unwrap().action, "InitWorkspace");
+    }
+
+    #[test]
+    fn an_early_exec_that_finds_no_container_keeps_the_pod_starting_and_retries_soon() {
+        let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
+        let pod = serving(PodState::Starting, true);
+        let out = served(&old, &mut st, &pod, Init::NotAnswering, (None, t(0)));
+        assert!(out.starting);
+        assert_eq!(out.retry, Some(Duration::from_millis(100)));
+        assert_eq!(reason(&st, READY), "PodStarting");
+    }
+
+    #[test]
+    fn a_starting_pod_without_early_exec_is_pending() {
+        let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
+        let pod = serving(PodState::Starting, false);
+        let out = served(&old, &mut st, &pod, Init::Skipped, (None, t(0)));
+        assert!(out.starting && out.retry.is_none());
+        assert_eq!(st.phase, Some(SandboxPhase::Pending));
+    }
+
+    #[test]
+    fn a_pod_problem_is_announced_once_per_reason() {
+        let problem = PodState::Problem {
+            reason: "ErrImagePull".into(),
+            message: "no such image".into(),
+        };
+        let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
+        let out = served(
+            &old,
+            &mut st,
+            &serving(problem.clone(), false),
+            Init::Skipped,
+            (None, t(0)),
+        );
+        assert_eq!(out.problem.unwrap().reason, "ErrImagePull");
+        assert_eq!(reason(&st, POD_READY), "ErrImagePull");
+        let old = st.clone();
+        let out = served(
+            &old,
+            &mut st,
+            &serving(problem, false),
+            Init::Skipped,
+            (None, t(1)),
+        );
+        assert_eq!(out.problem, None, "same reason again: no second Event");
+        assert_eq!(old, st, "and no status change");
+    }
+
+    #[test]
+    fn a_pod_made_for_a_sandbox_that_had_one_stops_it_saying_ready() {
+        let old = SandboxStatus::default();
+        let mut st = old.clone();
+        assert!(
+            !pod_created(&old, &mut st, "p", None, t(0)),
+            "brand new: no write"
+        );
+        assert_eq!(st, old);
+        let old = SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            ..Default::default()
+        };
+        let mut st = old.clone();
+        assert!(pod_created(&old, &mut st, "p", None, t(0)));
+        assert_eq!(st.phase, Some(SandboxPhase::Pending));
+        assert_eq!(st.pod_name.as_deref(), Some("p"));
+    }
+
+    #[test]
+    fn a_held_pod_is_pending_with_a_warning() {
+        let mut st = SandboxStatus {
+            pod_name: Some("p".into()),
+            ..Default::default()
+        };
+        let note = held(&mut st, ("PodRejected", "refused"), None, t(0));
+        assert_eq!(st.pod_name, None);
+        assert_eq!(st.phase, Some(SandboxPhase::Pending));
+        assert_eq!((note.type_, note.action), (EventType::Warning, "CreatePod"));
+    }
+
+    #[test]
+    fn the_guarded_condition_follows_the_lease() {
+        let now = t(0);
+        let lease = |holder: &str, renewed: i64| -> Lease {
+            serde_json::from_value(json!({
+                "metadata": {"name": "l"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                    "acquireTime": t(-400).to_string(),
+                    "renewTime": t(renewed).to_string()}
+            }))
+            .unwrap()
+        };
+        let read = |l: Option<&Lease>| guarded(&LeaseView::of(l, now));
+        assert!(!read(None).1);
+        let (g, held, reason, msg) = read(Some(&lease("harness-1", -10)));
+        assert!(held);
+        assert_eq!((reason, msg.as_str()), ("Held", "held by harness-1"));
+        let g = g.unwrap();
+        assert_eq!(g.holder.as_deref(), Some("harness-1"));
+        assert_eq!(g.since.unwrap().0, t(-400));
+        // Expired by the guard's own rule: duration plus the clock-skew allowance.
+        let (_, held, _, _) = read(Some(&lease("harness-1", -16)));
+        assert!(held, "within the skew allowance");
+        let (g, held, reason, _) = read(Some(&lease("harness-1", -17)));
+        assert!(!held && g.is_none());
+        assert_eq!(reason, "Expired");
+        let (_, held, reason, _) = read(Some(&lease("", -1)));
+        assert!(!held);
+        assert_eq!(reason, "Free");
+    }
+
+    #[test]
+    fn early_exec_backs_off_as_the_pod_ages() {
+        let ms = |m| early_retry(Duration::from_millis(m)).as_millis();
+        assert_eq!(ms(0), 50);
+        assert_eq!(ms(800), 100);
+        assert_eq!(ms(4_000), 500);
+        assert_eq!(ms(60_000), 1000);
+    }
+
+    #[test]
+    fn a_new_sandbox_gets_no_status_while_its_pod_starts_briefly() {
+        let young = Duration::from_millis(500);
+        assert_eq!(
+            defer_first_status(None, true, young),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(defer_first_status(None, true, FIRST_STATUS_GRACE), None);
+        assert_eq!(
+            defer_first_status(None, false, young),
+            None,
+            "problems show"
+        );
+        assert_eq!(
+            defer_first_status(Some(SandboxPhase::Pending), true, young),
+            None,
+            "only the first status"
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! Workspace initialisation in the sandbox's pod: probe the marker, decide the start branch
+//! ([`workspace::decide`]), restore a snapshot (branches B and C), write the files.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::Api;
+use tracing::debug;
+
+use crate::controller::pod::CONTAINER;
+use crate::controller::workspace::{self, Observed};
+use crate::controller::{Context, Error, restore, selection, sources};
+use crate::crd::{Sandbox, WorkspaceStatus};
+use crate::exec::{self, ExecRequest};
+use crate::remote;
+
+/// How long one workspace exec may take before it counts as failed.
+const INIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Probes the marker, decides the branch, resolves file sources, and writes.
+///
+/// The probe carries no stdin: it is also what finds out whether a starting container runs
+/// yet, and an exec with stdin into one that does not can hang instead of failing.
+pub async fn init_workspace(
+    sbx: &Sandbox,
+    ctx: &Context,
+    pods: &Api<Pod>,
+    pod_name: &str,
+    ws: &WorkspaceStatus,
+) -> Result<(WorkspaceStatus, workspace::Decision), Error> {
+    let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
+    let uid = sbx.uid().unwrap_or_default();
+    let t0 = std::time::Instant::now();
+    let probe = exec::run(
+        pods,
+        pod_name,
+        CONTAINER,
+        ExecRequest::argv(remote::sh(remote::PROBE_SCRIPT, [root.as_str()]))
+            .timeout(INIT_TIMEOUT)
+            .max_output(4096),
+    )
+    .await?;
+    if !probe.status.success() {
+        return Err(Error::Init(format!(
+            "probing the workspace failed ({}): {}",
+            probe.status,
+            String::from_utf8_lossy(&probe.stderr).trim()
+        )));
+    }
+    let marker_present = !probe.stdout.is_empty();
+    let probed = t0.elapsed();
+    let snapshot = if marker_present {
+        None
+    } else {
+        selection::candidate(ctx, sbx).await?
+    };
+    let decision = workspace::decide(Observed {
+        marker_present,
+        root_was_ready: ws.root_ready,
+        snapshot: snapshot.as_deref(),
+        can_restore: ctx.store.is_some(),
+    });
+    // Branches B and C: restore before any file is written. A failure leaves the workspace
+    // as it was and surfaces as WorkspaceReady=False with the refusal's reason.
+    if let Some(snap) = decision.restore.as_deref() {
+        restore::restore(ctx, sbx, pods, pod_name, snap).await?;
+    }
+
+    let files = sources::resolve_files(sbx, ctx).await?;
+    let projections = sources::resolve_projections(sbx, ctx).await?;
+    let hash = workspace::projection_hash(&projections);
+    let writes =
+        workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
+    let prepared = t0.elapsed();
+    if !writes.is_empty() || !marker_present {
+        run_script(
+            pods,
+            pod_name,
+            workspace::script_args(&root, &uid, &writes),
+            &writes,
+        )
+        .await?;
+    }
+    debug!(
+        sandbox = %sbx.name_any(),
+        "workspace initialised: probe {probed:?}, lookups and restore until {prepared:?}, written at {:?}",
+        t0.elapsed()
+    );
+    let new_ws = WorkspaceStatus {
+        root_ready: true,
+        last_start_branch: Some(decision.branch),
+        projection_hash: hash,
+        initialized_pod_uid: None,
+    };
+    Ok((new_ws, decision))
+}
+
+/// Runs the workspace script, with the archive of `writes` on stdin when it has files.
+async fn run_script(
+    pods: &Api<Pod>,
+    pod_name: &str,
+    args: Vec<String>,
+    writes: &workspace::Writes,
+) -> Result<(), Error> {
+    let argv = remote::sh(remote::INIT_SCRIPT, args);
+    let mut req = ExecRequest::argv(argv)
+        .timeout(INIT_TIMEOUT)
+        .max_output(16 * 1024);
+    if !writes.files.is_empty() {
+        let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
+        req = req.stdin(workspace::archive(&writes.files, mtime)?);
+    }
+    let out = exec::run(pods, pod_name, CONTAINER, req).await?;
+    if !out.status.success() {
+        return Err(Error::Init(format!(
+            "writing the workspace failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}

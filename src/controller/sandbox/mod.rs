@@ -1,0 +1,287 @@
+//! The sandbox controller: Sandbox → Pod, workspace initialisation, lifecycle, cleanup.
+//!
+//! A live Sandbox's reconcile is [`observe`] (read the Sandbox's status, the scope's guard
+//! Lease, the spec's problems and the pod) → [`decide`] (pure: a [`decide::Step`] and the
+//! status it leads to) → `act` (the writes and execs, then the status, once, only when it
+//! changed). A deleting one runs `cleanup`. Here: the entry point, which puts the finalizer and
+//! scope labels on first, and the bookkeeping that keeps a lagging cache from repeating
+//! writes. The writes one sandbox costs are kept few: the finalizer, the pod, status at
+//! scheduling and at readiness, and an Event at each.
+
+mod act;
+mod cleanup;
+pub mod decide;
+mod init;
+pub mod observe;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+
+use super::pod::PodConfig;
+use super::{Context, Error, FIELD_MANAGER};
+use crate::crd::{Sandbox, SandboxStatus};
+use crate::labels;
+pub use decide::{FIRST_STATUS_GRACE, Note, defer_first_status, early_retry};
+
+/// Finalizer that keeps a Sandbox until its pod and workspace directory are gone.
+pub const FINALIZER: &str = "agentbox.dev/workspace";
+
+/// Reconciles one Sandbox.
+pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = sbx.name_any();
+    let has_finalizer = sbx.finalizers().iter().any(|f| f == FINALIZER);
+    if sbx.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer {
+            return Ok(Action::await_change());
+        }
+        // The cache may trail the API server: a reconcile queued before the finalizer went
+        // would otherwise clean up again (and leave a cleanup pod behind). Act only on what
+        // the API server says now.
+        let Some(fresh) = api.get_opt(&name).await? else {
+            return Ok(Action::await_change());
+        };
+        if fresh.uid() != sbx.uid() || !fresh.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(Action::await_change());
+        }
+        if cleanup::cleanup(&fresh, &ctx).await? == cleanup::Cleanup::Pending {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        // Applying our metadata without the finalizer removes it: we own that list entry.
+        let _ = apply_metadata(&api, &name, &fresh, false).await?;
+        return Ok(Action::await_change());
+    }
+    if SUPERSEDED.is_stale(&sbx, Instant::now()) {
+        // The cache still holds the version this process already wrote over: acting on it
+        // would write the same status (and Event) again. The newer version's watch event
+        // brings us back; the requeue is the fallback.
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+    let labels = labels::scope_labels(&sbx.spec.scope);
+    let labelled = labels.iter().all(|(k, v)| sbx.labels().get(k) == Some(v));
+    let sbx = if !has_finalizer || !labelled {
+        // One write puts both the finalizer and the scope labels on the Sandbox, so
+        // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too.
+        // The rest of this reconcile works on the version that write returned, so a status
+        // write after it marks that version written over too.
+        let patched = apply_metadata(&api, &name, &sbx, true).await?;
+        SUPERSEDED.record(&sbx, Instant::now());
+        Arc::new(patched)
+    } else {
+        sbx
+    };
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let apis = Apis::new(&ctx, &ns);
+    let podcfg = PodConfig::from_config(&ctx.config);
+    let world = observe::observe(&sbx, &ctx, &apis, &podcfg).await?;
+    let plan = decide::decide(&sbx, &world);
+    act::act(&sbx, &ctx, &apis, &podcfg, world, plan).await
+}
+
+/// How long a written-over version is remembered. Watch events arrive well within it; the
+/// bound keeps a missed event (or a write that changed nothing) from stalling a sandbox.
+const SUPERSEDED_FOR: Duration = Duration::from_secs(5);
+
+/// Versions of Sandboxes (by UID) that this process has written over, so a reconcile that a
+/// lagging cache hands an old version is skipped instead of repeating the writes. One
+/// reconcile can write over several versions (the one it read, then the one its metadata
+/// write returned).
+#[derive(Default)]
+pub struct Superseded(Mutex<HashMap<String, (Vec<String>, Instant)>>);
+
+impl Superseded {
+    /// Remembers that `sbx`, as read, has just been written over.
+    pub fn record(&self, sbx: &Sandbox, now: Instant) {
+        let (Some(uid), Some(rv)) = (sbx.uid(), sbx.resource_version()) else {
+            return;
+        };
+        if let Ok(mut m) = self.0.lock() {
+            m.retain(|_, (_, at)| now.duration_since(*at) < SUPERSEDED_FOR);
+            let e = m.entry(uid).or_insert_with(|| (Vec::new(), now));
+            if !e.0.contains(&rv) {
+                e.0.push(rv);
+            }
+            e.1 = now;
+        }
+    }
+
+    /// Whether `sbx` is a version this process wrote over less than [`SUPERSEDED_FOR`] ago.
+    /// Any other version forgets the entry: the cache has caught up.
+    pub fn is_stale(&self, sbx: &Sandbox, now: Instant) -> bool {
+        let Some(uid) = sbx.uid() else {
+            return false;
+        };
+        let Ok(mut m) = self.0.lock() else {
+            return false;
+        };
+        match m.get(&uid) {
+            Some((rvs, at))
+                if sbx
+                    .metadata
+                    .resource_version
+                    .as_ref()
+                    .is_some_and(|rv| rvs.contains(rv))
+                    && now.duration_since(*at) < SUPERSEDED_FOR =>
+            {
+                true
+            }
+            Some(_) => {
+                m.remove(&uid);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+static SUPERSEDED: LazyLock<Superseded> = LazyLock::new(Superseded::default);
+
+/// Server-side applies the sandbox controller's part of a Sandbox's status and remembers the
+/// version read as written over. Its part is all but `lastSnapshot`, which the snapshot
+/// controller owns under its own field manager (applying a copy read from a lagging cache
+/// would put back an older snapshot).
+async fn write_status(api: &Api<Sandbox>, sbx: &Sandbox, st: &SandboxStatus) -> Result<(), Error> {
+    let mut mine = st.clone();
+    mine.last_snapshot = None;
+    super::apply_status(api, &sbx.name_any(), &mine).await?;
+    SUPERSEDED.record(sbx, Instant::now());
+    Ok(())
+}
+
+/// Writes the status and publishes an Event about the transition, both only when the status
+/// changed: a sandbox stuck in one state costs no writes on each retry.
+async fn write_transition(
+    ctx: &Context,
+    sbx: &Sandbox,
+    api: &Api<Sandbox>,
+    old: &SandboxStatus,
+    st: &SandboxStatus,
+    note: Option<Note>,
+) -> Result<(), Error> {
+    if old == st {
+        return Ok(());
+    }
+    if let Some(n) = note {
+        super::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message).await;
+    }
+    write_status(api, sbx, st).await
+}
+
+/// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,
+/// while it lives, the finalizer.
+async fn apply_metadata(
+    api: &Api<Sandbox>,
+    name: &str,
+    sbx: &Sandbox,
+    finalizer: bool,
+) -> Result<Sandbox, Error> {
+    let finalizers: Vec<&str> = if finalizer {
+        vec![FINALIZER]
+    } else {
+        Vec::new()
+    };
+    let body = serde_json::json!({
+        "apiVersion": Sandbox::api_version(&()),
+        "kind": Sandbox::kind(&()),
+        "metadata": {
+            "name": name,
+            "labels": labels::scope_labels(&sbx.spec.scope),
+            "finalizers": finalizers,
+        },
+    });
+    Ok(api
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?)
+}
+
+/// The API handles one reconcile needs, in the sandbox's namespace.
+pub struct Apis {
+    /// Sandboxes.
+    pub sandboxes: Api<Sandbox>,
+    /// Pods: the sandbox's, and the helper pods that work on its node.
+    pub pods: Api<Pod>,
+    /// NetworkPolicies: the sandbox's deny-egress policy.
+    pub policies: Api<NetworkPolicy>,
+    /// Services: the one that exposes `spec.ports`.
+    pub services: Api<Service>,
+}
+
+impl Apis {
+    /// The handles for namespace `ns`.
+    pub fn new(ctx: &Context, ns: &str) -> Self {
+        Apis {
+            sandboxes: Api::namespaced(ctx.client.clone(), ns),
+            pods: Api::namespaced(ctx.client.clone(), ns),
+            policies: Api::namespaced(ctx.client.clone(), ns),
+            services: Api::namespaced(ctx.client.clone(), ns),
+        }
+    }
+}
+
+/// Deletes an object if it exists. Returns true when it is gone (absent already).
+async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    // Read first: deleting an object that is already terminating is a write that changes
+    // nothing, and cleanup polls.
+    match api.get_opt(name).await? {
+        None => return Ok(true),
+        Some(o) if o.meta().deletion_timestamp.is_some() => return Ok(false),
+        Some(_) => {}
+    }
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(either) => Ok(either.is_right()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_over_version_is_skipped_until_a_newer_one_or_the_bound() {
+        let sbx = |rv: &str| -> Sandbox {
+            let mut s: Sandbox = serde_json::from_value(serde_json::json!({
+                "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+                "metadata": {"name": "s", "uid": "u1", "resourceVersion": rv},
+                "spec": {"image": "i", "scope": {"kind": "Global"}},
+            }))
+            .unwrap();
+            s.metadata.namespace = Some("n".into());
+            s
+        };
+        let reg = Superseded::default();
+        let t = Instant::now();
+        assert!(!reg.is_stale(&sbx("1"), t), "nothing written yet");
+        reg.record(&sbx("1"), t);
+        assert!(reg.is_stale(&sbx("1"), t + Duration::from_millis(10)));
+        assert!(
+            !reg.is_stale(&sbx("2"), t + Duration::from_millis(20)),
+            "newer version"
+        );
+        assert!(
+            !reg.is_stale(&sbx("1"), t + Duration::from_millis(30)),
+            "entry forgotten"
+        );
+        reg.record(&sbx("3"), t);
+        reg.record(&sbx("4"), t);
+        assert!(reg.is_stale(&sbx("3"), t), "every version written over");
+        assert!(reg.is_stale(&sbx("4"), t));
+        assert!(!reg.is_stale(&sbx("4"), t + SUPERSEDED_FOR), "bounded");
+    }
+}

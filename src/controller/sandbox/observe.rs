@@ -1,0 +1,79 @@
+//! What one reconcile of a live Sandbox reads before it decides anything: its status as it
+//! was, the scope's guard Lease, the problems of its spec, and its pod. Reads only; the
+//! decisions are in [`super::decide`].
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::Api;
+
+use super::Apis;
+use crate::controller::pod::{self, PodConfig, SPEC_HASH};
+use crate::controller::podstate::{self, PodState};
+use crate::controller::{Context, Error, validate};
+use crate::crd::{Sandbox, SandboxStatus};
+use crate::labels;
+
+/// The world as one reconcile found it.
+#[derive(Clone, Debug)]
+pub struct World {
+    /// When it looked.
+    pub now: Timestamp,
+    /// The Sandbox's status as read.
+    pub old: SandboxStatus,
+    /// The scope's guard Lease.
+    pub lease: Option<Lease>,
+    /// Why the operator cannot honour the spec (empty: it can).
+    pub problems: Vec<String>,
+    /// The sandbox's pod.
+    pub pod: Option<Pod>,
+    /// What that pod is doing ([`PodState::Starting`] without a pod).
+    pub pod_state: PodState,
+    /// The spec hash the pod would have if built now (when there is a pod).
+    pub desired_hash: Option<String>,
+    /// The spec hash the pod has.
+    pub pod_hash: Option<String>,
+}
+
+/// Reads the world of `sbx`.
+pub async fn observe(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    podcfg: &PodConfig<'_>,
+) -> Result<World, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+    let lease = leases
+        .get_opt(&labels::lease_name(&labels::scope_key(&sbx.spec.scope)))
+        .await?;
+    let problems = validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes, podcfg);
+    let pod = if problems.is_empty() {
+        apis.pods
+            .get_opt(&labels::pod_name(&sbx.name_any()))
+            .await?
+    } else {
+        None
+    };
+    Ok(World {
+        now: Timestamp::now(),
+        old: sbx.status.clone().unwrap_or_default(),
+        lease,
+        pod_state: pod
+            .as_ref()
+            .map_or(PodState::Starting, podstate::observe_pod),
+        pod_hash: pod
+            .as_ref()
+            .and_then(|p| p.annotations().get(SPEC_HASH).cloned()),
+        // Built only to compare: a pod is made from the spec as the create step reads it.
+        desired_hash: pod.as_ref().and_then(|_| {
+            pod::build_pod(sbx, podcfg, None)
+                .metadata
+                .annotations
+                .and_then(|a| a.get(SPEC_HASH).cloned())
+        }),
+        problems,
+        pod,
+    })
+}

@@ -1,0 +1,638 @@
+//! The controllers against an in-process fake API server: a reconcile runs for real (its
+//! requests, its order of writes, its decisions) in milliseconds, with no cluster. The fake
+//! keeps objects by path and answers GET (an object, a list, or 404), PATCH (merge of the
+//! body; `/status` merges the status), POST (create), DELETE (pods and objects with
+//! finalizers get a deletionTimestamp and stay, the rest go) and the JSON patches of kube's
+//! finalizer helper; it records every request so a scenario can assert which writes a
+//! transition costs, in which order.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
+
+use super::{Context, noderoot};
+use crate::config::Config;
+use crate::crd::{Sandbox, SandboxSnapshot};
+use crate::metrics::Metrics;
+
+/// Namespace of every scenario.
+const NS: &str = "n";
+const SBX: &str = "/apis/agentbox.dev/v1alpha1/namespaces/n/sandboxes";
+const SNAPS: &str = "/apis/agentbox.dev/v1alpha1/namespaces/n/sandboxsnapshots";
+const PODS: &str = "/api/v1/namespaces/n/pods";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/n/events";
+
+/// The fake API server's state.
+#[derive(Default)]
+struct FakeApi {
+    objects: Mutex<BTreeMap<String, Value>>,
+    requests: Mutex<Vec<(String, String)>>,
+    version: Mutex<u64>,
+}
+
+fn status_body(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": if code < 300 { "Success" } else { "Failure" },
+        "message": reason, "reason": reason, "code": code})
+}
+
+/// Merges `patch` into `target` (objects key by key, everything else replaced).
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+impl FakeApi {
+    fn put(&self, path: &str, obj: Value) {
+        let mut obj = obj;
+        obj["metadata"]["resourceVersion"] = json!(self.next_version());
+        self.objects
+            .lock()
+            .expect("objects")
+            .insert(path.to_string(), obj);
+    }
+
+    fn get(&self, path: &str) -> Option<Value> {
+        self.objects.lock().expect("objects").get(path).cloned()
+    }
+
+    fn next_version(&self) -> String {
+        let mut v = self.version.lock().expect("version");
+        *v += 1;
+        v.to_string()
+    }
+
+    /// The writes so far: method and path, in order.
+    fn writes(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .expect("requests")
+            .iter()
+            .filter(|(m, _)| m != "GET")
+            .map(|(m, p)| format!("{m} {p}"))
+            .collect()
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.lock().expect("requests").len()
+    }
+
+    fn answer(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+        self.requests
+            .lock()
+            .expect("requests")
+            .push((method.to_string(), path.to_string()));
+        let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        match method {
+            "GET" => self.read(path),
+            "POST" => {
+                let name = body["metadata"]["name"]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| self.next_version());
+                self.put(&format!("{path}/{name}"), body);
+                (201, self.get(&format!("{path}/{name}")).unwrap_or_default())
+            }
+            "PATCH" => self.patch(path, &body),
+            "DELETE" => self.delete(path),
+            _ => (405, status_body(405, "MethodNotAllowed")),
+        }
+    }
+
+    fn read(&self, path: &str) -> (u16, Value) {
+        if let Some(o) = self.get(path) {
+            return (200, o);
+        }
+        // A collection: the objects right below it.
+        let prefix = format!("{path}/");
+        let objects = self.objects.lock().expect("objects");
+        let items: Vec<Value> = objects
+            .iter()
+            .filter(|(k, _)| k.strip_prefix(&prefix).is_some_and(|r| !r.contains('/')))
+            .map(|(_, v)| v.clone())
+            .collect();
+        let collections = [SBX, SNAPS, PODS];
+        if collections.contains(&path) {
+            return (
+                200,
+                json!({"apiVersion": "v1", "kind": "List",
+                "metadata": {"resourceVersion": "1"}, "items": items}),
+            );
+        }
+        (404, status_body(404, "NotFound"))
+    }
+
+    fn patch(&self, path: &str, body: &Value) -> (u16, Value) {
+        if let Some(base) = path.strip_suffix("/status") {
+            let Some(mut obj) = self.get(base) else {
+                return (404, status_body(404, "NotFound"));
+            };
+            obj["status"] = body["status"].clone();
+            self.put(base, obj);
+            return (200, self.get(base).unwrap_or_default());
+        }
+        let mut obj = self.get(path).unwrap_or_else(|| json!({"metadata": {}}));
+        match body {
+            // kube's finalizer helper: JSON patches of metadata.finalizers.
+            Value::Array(ops) => {
+                for op in ops {
+                    let p = op["path"].as_str().unwrap_or_default();
+                    match (op["op"].as_str(), p) {
+                        (Some("add"), "/metadata/finalizers") => {
+                            obj["metadata"]["finalizers"] = op["value"].clone();
+                        }
+                        (Some("add"), "/metadata/finalizers/-") => {
+                            let f = &mut obj["metadata"]["finalizers"];
+                            if let Some(a) = f.as_array_mut() {
+                                a.push(op["value"].clone());
+                            }
+                        }
+                        (Some("remove"), p) if p.starts_with("/metadata/finalizers/") => {
+                            obj["metadata"]["finalizers"] = json!([]);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            body => {
+                let mut body = body.clone();
+                // An apply owns the whole list it names.
+                if let Some(f) = body["metadata"].get("finalizers").cloned() {
+                    obj["metadata"]["finalizers"] = f;
+                    body["metadata"]
+                        .as_object_mut()
+                        .map(|m| m.remove("finalizers"));
+                }
+                merge(&mut obj, &body);
+            }
+        }
+        self.put(path, obj);
+        (200, self.get(path).unwrap_or_default())
+    }
+
+    fn delete(&self, path: &str) -> (u16, Value) {
+        let Some(mut obj) = self.get(path) else {
+            return (404, status_body(404, "NotFound"));
+        };
+        let has_finalizers = obj["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if has_finalizers || path.starts_with(PODS) {
+            obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            self.put(path, obj);
+            return (200, self.get(path).unwrap_or_default());
+        }
+        self.objects.lock().expect("objects").remove(path);
+        (200, status_body(200, "Deleted"))
+    }
+}
+
+/// A Context whose client talks to `fake`; no store, no helper image.
+fn context(fake: Arc<FakeApi>) -> Arc<Context> {
+    context_with(fake, None)
+}
+
+/// A Context whose client talks to `fake`, with `store`; no helper image.
+fn context_with(fake: Arc<FakeApi>, store: Option<crate::snapshot::store::Store>) -> Arc<Context> {
+    let svc = tower::service_fn(move |req: http::Request<Body>| {
+        let fake = fake.clone();
+        async move {
+            let method = req.method().to_string();
+            let path = req.uri().path().to_string();
+            let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
+            let (code, body) = fake.answer(&method, &path, &bytes);
+            let resp = http::Response::builder()
+                .status(code)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
+                .expect("response");
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    let client = kube::Client::new(svc, NS);
+    let config = Config::parse_from([
+        "agentbox-operator",
+        "--helper-image",
+        "",
+        "--store-url",
+        "",
+        "--namespace",
+        NS,
+    ]);
+    Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "agentbox-operator".into(),
+                instance: None,
+            },
+        ),
+        client,
+        config,
+        metrics: Arc::new(Metrics::default()),
+        store,
+        node_roots: noderoot::Checks::default(),
+        refusals: super::restore::Refusals::default(),
+    })
+}
+
+fn sandbox(name: &str, spec: Value, meta: Value, status: Value) -> Value {
+    let mut s = json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "generation": 1},
+        "spec": {"image": "busybox", "scope": {"kind": "Agent", "agent": name}},
+    });
+    merge(&mut s["spec"], &spec);
+    merge(&mut s["metadata"], &meta);
+    if !status.is_null() {
+        s["status"] = status;
+    }
+    s
+}
+
+/// A sandbox as the operator left it after its first reconcile: finalizer and scope labels.
+fn adopted(name: &str, spec: Value, status: Value) -> Value {
+    let probe: Sandbox =
+        serde_json::from_value(sandbox(name, spec.clone(), json!({}), Value::Null))
+            .expect("sandbox");
+    let labels = crate::labels::scope_labels(&probe.spec.scope);
+    let meta = json!({"finalizers": [super::sandbox::FINALIZER], "labels": labels});
+    sandbox(name, spec, meta, status)
+}
+
+/// Stores `obj` at `path` and reconciles what the fake now holds there.
+async fn reconcile_sandbox(fake: &Arc<FakeApi>, ctx: &Arc<Context>, name: &str) -> Action {
+    let obj: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("stored")).expect("sbx");
+    super::sandbox::reconcile(Arc::new(obj), ctx.clone())
+        .await
+        .expect("reconcile")
+}
+
+/// The pod name of sandbox `name`.
+fn pod(name: &str) -> String {
+    crate::labels::pod_name(name)
+}
+
+fn event_and_status(name: &str) -> Vec<String> {
+    vec![
+        format!("POST {EVENTS}"),
+        format!("PATCH {SBX}/{name}/status"),
+    ]
+}
+
+#[tokio::test]
+async fn a_new_sandbox_gets_finalizer_and_labels_in_one_write_then_its_pod() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    fake.put(
+        &format!("{SBX}/fresh"),
+        sandbox("fresh", json!({}), json!({}), Value::Null),
+    );
+    let action = reconcile_sandbox(&fake, &ctx, "fresh").await;
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("PATCH {SBX}/fresh"),
+            format!("PATCH {PODS}/{}", pod("fresh")),
+            format!("POST {EVENTS}"),
+        ],
+        "metadata, pod, PodCreated Event; no status before the pod reports"
+    );
+    let s = fake.get(&format!("{SBX}/fresh")).expect("sandbox");
+    assert_eq!(
+        s["metadata"]["finalizers"],
+        json!([super::sandbox::FINALIZER])
+    );
+    assert_eq!(
+        s["metadata"]["labels"][crate::labels::AGENT],
+        json!("fresh")
+    );
+    assert!(s.get("status").is_none_or(Value::is_null));
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(10)));
+}
+
+#[tokio::test]
+async fn an_invalid_spec_costs_one_event_and_one_status_write_and_no_pod() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let spec = json!({"workspace": {"root": "relative"}});
+    fake.put(&format!("{SBX}/bad"), adopted("bad", spec, Value::Null));
+    reconcile_sandbox(&fake, &ctx, "bad").await;
+    assert_eq!(fake.writes(), event_and_status("bad"));
+    let s = fake.get(&format!("{SBX}/bad")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Failed"));
+    // Again: the same world, the same status: no write at all.
+    let before = fake.writes().len();
+    reconcile_sandbox(&fake, &ctx, "bad").await;
+    assert_eq!(fake.writes().len(), before, "{:?}", fake.writes());
+}
+
+#[tokio::test]
+async fn a_version_this_process_wrote_over_is_skipped_without_a_request() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    fake.put(
+        &format!("{SBX}/stale"),
+        adopted("stale", json!({"workspace": {"root": "x"}}), Value::Null),
+    );
+    let read: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/stale")).expect("s")).expect("sandbox");
+    super::sandbox::reconcile(Arc::new(read.clone()), ctx.clone())
+        .await
+        .expect("reconcile");
+    let seen = fake.requests();
+    // The cache hands the same (now written-over) version again.
+    let action = super::sandbox::reconcile(Arc::new(read), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(fake.requests(), seen, "no request for a superseded version");
+    assert_eq!(
+        action,
+        Action::requeue(std::time::Duration::from_millis(500))
+    );
+}
+
+#[tokio::test]
+async fn suspending_deletes_the_pod_then_records_suspended_once() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let spec = json!({"lifecycle": {"mode": "Suspended"}});
+    fake.put(
+        &format!("{SBX}/sus"),
+        adopted(
+            "sus",
+            spec,
+            json!({"phase": "Ready", "podName": pod("sus")}),
+        ),
+    );
+    fake.put(
+        &format!("{PODS}/{}", pod("sus")),
+        json!({"metadata": {"name": pod("sus")}}),
+    );
+    reconcile_sandbox(&fake, &ctx, "sus").await;
+    let mut want = vec![format!("DELETE {PODS}/{}", pod("sus"))];
+    want.extend(event_and_status("sus"));
+    assert_eq!(fake.writes(), want);
+    let s = fake.get(&format!("{SBX}/sus")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Suspended"));
+    assert!(s["status"].get("podName").is_none_or(Value::is_null));
+}
+
+#[tokio::test]
+async fn deleting_waits_for_the_pod_and_only_then_removes_the_finalizer() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let meta = json!({"deletionTimestamp": "2026-01-01T00:00:00Z"});
+    let mut obj = adopted("gone", json!({}), json!({"phase": "Ready"}));
+    merge(&mut obj["metadata"], &meta);
+    fake.put(&format!("{SBX}/gone"), obj);
+    fake.put(
+        &format!("{PODS}/{}", pod("gone")),
+        json!({"metadata": {"name": pod("gone")}}),
+    );
+
+    // First pass: Terminating recorded, the pod asked to go; it is still terminating.
+    let action = reconcile_sandbox(&fake, &ctx, "gone").await;
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("PATCH {SBX}/gone/status"),
+            format!("DELETE {PODS}/{}", pod("gone")),
+        ]
+    );
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(1)));
+    let s = fake.get(&format!("{SBX}/gone")).expect("sandbox");
+    assert_eq!(
+        s["metadata"]["finalizers"],
+        json!([super::sandbox::FINALIZER])
+    );
+
+    // The pod is gone now (no node recorded: no workspace to remove): the finalizer goes.
+    fake.objects
+        .lock()
+        .expect("objects")
+        .remove(&format!("{PODS}/{}", pod("gone")));
+    reconcile_sandbox(&fake, &ctx, "gone").await;
+    let writes = fake.writes();
+    assert_eq!(
+        writes.last(),
+        Some(&format!("PATCH {SBX}/gone")),
+        "{writes:?}"
+    );
+    assert_eq!(
+        writes.len(),
+        3,
+        "Terminating is not written twice: {writes:?}"
+    );
+    let s = fake.get(&format!("{SBX}/gone")).expect("sandbox");
+    assert_eq!(s["metadata"]["finalizers"], json!([]));
+}
+
+#[tokio::test]
+async fn a_pod_of_another_owner_fails_the_sandbox_with_a_name_conflict() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    fake.put(
+        &format!("{SBX}/clash"),
+        adopted("clash", json!({}), Value::Null),
+    );
+    fake.put(
+        &format!("{PODS}/{}", pod("clash")),
+        json!({"metadata": {"name": pod("clash"), "ownerReferences": [{"apiVersion": "v1",
+            "kind": "ReplicaSet", "name": "other", "uid": "someone-else", "controller": true}]}}),
+    );
+    reconcile_sandbox(&fake, &ctx, "clash").await;
+    assert_eq!(fake.writes(), event_and_status("clash"));
+    let s = fake.get(&format!("{SBX}/clash")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Failed"));
+    let ready = s["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ready["reason"], json!("PodNameConflict"), "{}", s["status"]);
+}
+
+#[tokio::test]
+async fn a_snapshot_without_a_store_fails_once_with_its_reason() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let snap = json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+        "metadata": {"name": "s1", "namespace": NS, "uid": "snap-uid"},
+        "spec": {"sandboxRef": {"name": "missing"}}});
+    fake.put(&format!("{SNAPS}/s1"), snap);
+    let read = |fake: &FakeApi| -> Arc<SandboxSnapshot> {
+        Arc::new(
+            serde_json::from_value(fake.get(&format!("{SNAPS}/s1")).expect("s")).expect("snap"),
+        )
+    };
+    // First the finalizer, alone.
+    super::snapshot::reconcile(read(&fake), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(fake.writes(), vec![format!("PATCH {SNAPS}/s1")]);
+    super::snapshot::reconcile(read(&fake), ctx.clone())
+        .await
+        .expect("reconcile");
+    let writes = fake.writes();
+    assert_eq!(
+        writes[1..],
+        [format!("POST {EVENTS}"), format!("PATCH {SNAPS}/s1/status")]
+    );
+    let s = fake.get(&format!("{SNAPS}/s1")).expect("snapshot");
+    assert_eq!(s["status"]["phase"], json!("Failed"));
+    assert_eq!(s["status"]["conditions"][0]["reason"], json!("NoStore"));
+    // Failed is final: nothing more.
+    super::snapshot::reconcile(read(&fake), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(fake.writes().len(), 3);
+}
+
+/// A pod of sandbox `name` as the operator would make it now, owned by it, on node `node-1`,
+/// its container running and ready.
+fn current_pod(ctx: &Context, name: &str, fake: &FakeApi) -> Value {
+    let sbx: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("stored")).expect("sbx");
+    let podcfg = super::pod::PodConfig::from_config(&ctx.config);
+    let mut p = serde_json::to_value(super::pod::build_pod(&sbx, &podcfg, None)).expect("pod");
+    p["metadata"]["uid"] = json!("pod-uid");
+    p["spec"]["nodeName"] = json!("node-1");
+    p["status"] = json!({"phase": "Running", "containerStatuses": [{
+        "name": super::pod::CONTAINER, "ready": true, "restartCount": 0, "image": "busybox",
+        "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]});
+    p
+}
+
+#[tokio::test]
+async fn a_running_pod_with_its_workspace_initialised_makes_the_sandbox_ready_in_one_write() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let status = json!({"phase": "Pending", "workspace": {"rootReady": true,
+        "initializedPodUid": "pod-uid"}});
+    fake.put(&format!("{SBX}/run"), adopted("run", json!({}), status));
+    fake.put(
+        &format!("{PODS}/{}", pod("run")),
+        current_pod(&ctx, "run", &fake),
+    );
+    let found = noderoot::Found::Checked {
+        nosuid: true,
+        nodev: true,
+        mount: "/".into(),
+    };
+    let now = std::time::Instant::now();
+    ctx.node_roots.record("node-1", NS, found, now);
+    reconcile_sandbox(&fake, &ctx, "run").await;
+    assert_eq!(fake.writes(), vec![format!("PATCH {SBX}/run/status")]);
+    let s = fake.get(&format!("{SBX}/run")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"));
+    assert_eq!(s["status"]["nodeName"], json!("node-1"));
+    // Nothing changed: nothing written.
+    reconcile_sandbox(&fake, &ctx, "run").await;
+    assert_eq!(fake.writes().len(), 1, "{:?}", fake.writes());
+}
+
+#[tokio::test]
+async fn a_changed_spec_replaces_the_pod_without_a_status_write() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    fake.put(
+        &format!("{SBX}/chg"),
+        adopted("chg", json!({}), json!({"phase": "Ready"})),
+    );
+    let mut p = current_pod(&ctx, "chg", &fake);
+    p["metadata"]["annotations"][super::pod::SPEC_HASH] = json!("an-older-spec");
+    fake.put(&format!("{PODS}/{}", pod("chg")), p);
+    let action = reconcile_sandbox(&fake, &ctx, "chg").await;
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("POST {EVENTS}"),
+            format!("DELETE {PODS}/{}", pod("chg")),
+        ]
+    );
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(1)));
+}
+
+#[tokio::test]
+async fn a_terminating_pod_is_waited_for_with_one_status_write() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    fake.put(
+        &format!("{SBX}/term"),
+        adopted("term", json!({}), json!({"phase": "Ready"})),
+    );
+    let mut p = current_pod(&ctx, "term", &fake);
+    p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    fake.put(&format!("{PODS}/{}", pod("term")), p);
+    let action = reconcile_sandbox(&fake, &ctx, "term").await;
+    assert_eq!(fake.writes(), vec![format!("PATCH {SBX}/term/status")]);
+    let s = fake.get(&format!("{SBX}/term")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Pending"));
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(1)));
+}
+
+#[tokio::test]
+async fn a_passed_shutdown_time_deletes_the_sandbox_with_an_event() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let spec = json!({"lifecycle": {"shutdownTime": "2020-01-01T00:00:00Z"}});
+    fake.put(&format!("{SBX}/end"), adopted("end", spec, Value::Null));
+    reconcile_sandbox(&fake, &ctx, "end").await;
+    assert_eq!(
+        fake.writes(),
+        vec![format!("POST {EVENTS}"), format!("DELETE {SBX}/end")]
+    );
+    let s = fake
+        .get(&format!("{SBX}/end"))
+        .expect("kept by its finalizer");
+    assert!(!s["metadata"]["deletionTimestamp"].is_null());
+}
+
+#[tokio::test]
+async fn a_snapshot_of_a_sandbox_without_a_pod_waits_pending_and_writes_once() {
+    let fake = Arc::new(FakeApi::default());
+    let store = crate::snapshot::store::Store::memory("");
+    let ctx = context_with(fake.clone(), Some(store));
+    fake.put(
+        &format!("{SBX}/idle"),
+        adopted("idle", json!({}), Value::Null),
+    );
+    let snap = json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+        "metadata": {"name": "s2", "namespace": NS, "uid": "snap-2",
+            "finalizers": [super::snapshot::FINALIZER]},
+        "spec": {"sandboxRef": {"name": "idle"}}});
+    fake.put(&format!("{SNAPS}/s2"), snap);
+    let read = |fake: &FakeApi| -> Arc<SandboxSnapshot> {
+        Arc::new(
+            serde_json::from_value(fake.get(&format!("{SNAPS}/s2")).expect("s")).expect("snap"),
+        )
+    };
+    let action = super::snapshot::reconcile(read(&fake), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(fake.writes(), vec![format!("PATCH {SNAPS}/s2/status")]);
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(3)));
+    let s = fake.get(&format!("{SNAPS}/s2")).expect("snapshot");
+    assert_eq!(s["status"]["phase"], json!("Pending"));
+    assert_eq!(
+        s["status"]["conditions"][0]["reason"],
+        json!("SandboxNotReady")
+    );
+    super::snapshot::reconcile(read(&fake), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(fake.writes().len(), 1, "waiting again costs no write");
+}

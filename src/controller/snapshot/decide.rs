@@ -1,0 +1,282 @@
+//! The snapshot controller's decision, pure: what to do with a snapshot given its phase, its
+//! attempts, its sandbox and whether this process is uploading it; and which snapshots a
+//! scope's retention removes.
+
+use super::MAX_ATTEMPTS;
+use crate::controller::selection::Age;
+use crate::crd::SnapshotPhase;
+
+/// What the referenced sandbox looks like to the snapshot controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SandboxState {
+    /// `sandboxRef.name` is not an object name (the message says so); it is never looked up.
+    InvalidReference(String),
+    /// No such Sandbox.
+    Missing,
+    /// The sandbox exists but its workspace cannot be read now (why).
+    NotReady(String),
+    /// Its pod runs and its workspace was initialised in that pod.
+    Ready,
+}
+
+/// Everything [`decide`] needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// Current phase (`None` for a new snapshot).
+    pub phase: Option<SnapshotPhase>,
+    /// Attempts made so far.
+    pub attempts: i32,
+    /// The sandbox.
+    pub sandbox: SandboxState,
+    /// This process is uploading it now.
+    pub in_flight: bool,
+    /// The operator has a store.
+    pub store: bool,
+}
+
+/// Why a snapshot is not (yet) committed: the Committed condition's reason for what
+/// [`decide`] sees (an attempt's own failure carries the snapshot module's reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotCommitted {
+    /// The operator has no object store.
+    NoStore,
+    /// The last of [`MAX_ATTEMPTS`] attempts was interrupted.
+    Interrupted,
+    /// The last of [`MAX_ATTEMPTS`] attempts failed.
+    TooManyAttempts,
+    /// `sandboxRef.name` is not an object name.
+    InvalidReference,
+    /// The referenced Sandbox does not exist.
+    SandboxNotFound,
+    /// The referenced Sandbox's workspace cannot be read now (transient: waited for).
+    SandboxNotReady,
+}
+
+impl NotCommitted {
+    /// The CamelCase reason of the condition.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotCommitted::NoStore => "NoStore",
+            NotCommitted::Interrupted => "Interrupted",
+            NotCommitted::TooManyAttempts => "TooManyAttempts",
+            NotCommitted::InvalidReference => "InvalidReference",
+            NotCommitted::SandboxNotFound => "SandboxNotFound",
+            NotCommitted::SandboxNotReady => "SandboxNotReady",
+        }
+    }
+
+    /// Whether the snapshot fails for good (else it waits and is looked at again).
+    pub fn is_permanent(self) -> bool {
+        self != NotCommitted::SandboxNotReady
+    }
+}
+
+/// What to do with a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Ready or Failed already, or being uploaded by this process: nothing to do.
+    Done,
+    /// Mark Failed with this (permanent) reason and message.
+    Fail(NotCommitted, String),
+    /// Stay Pending with this (transient) reason and message; look again later.
+    Wait(NotCommitted, String),
+    /// Take the snapshot now; `clean_first` when an interrupted attempt left objects behind.
+    Take {
+        /// Remove the objects of an interrupted attempt first.
+        clean_first: bool,
+    },
+}
+
+/// Decides what to do with a snapshot (pure).
+pub fn decide(o: &Observed) -> Plan {
+    match o.phase {
+        Some(SnapshotPhase::Ready | SnapshotPhase::Failed) => return Plan::Done,
+        Some(SnapshotPhase::Running) if o.in_flight => return Plan::Done,
+        _ => {}
+    }
+    if !o.store {
+        return Plan::Fail(
+            NotCommitted::NoStore,
+            "this operator has no object store configured (--store-url)".into(),
+        );
+    }
+    let interrupted = o.phase == Some(SnapshotPhase::Running);
+    if o.attempts >= MAX_ATTEMPTS {
+        let why = if interrupted {
+            "the last attempt was interrupted"
+        } else {
+            "the last attempt failed"
+        };
+        return Plan::Fail(
+            if interrupted {
+                NotCommitted::Interrupted
+            } else {
+                NotCommitted::TooManyAttempts
+            },
+            format!("gave up after {} attempts; {why}", o.attempts),
+        );
+    }
+    let (reason, message) = match &o.sandbox {
+        SandboxState::InvalidReference(m) => (NotCommitted::InvalidReference, m.clone()),
+        SandboxState::Missing => (
+            NotCommitted::SandboxNotFound,
+            "the referenced Sandbox does not exist".into(),
+        ),
+        SandboxState::NotReady(why) => (NotCommitted::SandboxNotReady, why.clone()),
+        SandboxState::Ready => {
+            return Plan::Take {
+                clean_first: interrupted,
+            };
+        }
+    };
+    if reason.is_permanent() {
+        Plan::Fail(reason, message)
+    } else {
+        Plan::Wait(reason, message)
+    }
+}
+
+/// Keeps the newest `keep` Ready snapshots (by [`Age`]) and returns the names of the others,
+/// oldest first (pure).
+pub fn retention_victims(ready: &[Age], keep: usize) -> Vec<String> {
+    let mut v: Vec<&Age> = ready.iter().collect();
+    v.sort_by(|a, b| b.cmp(a));
+    let mut out: Vec<String> = v
+        .into_iter()
+        .skip(keep)
+        .map(|(_, _, n)| n.clone())
+        .collect();
+    out.reverse();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn obs(
+        phase: Option<SnapshotPhase>,
+        attempts: i32,
+        sandbox: SandboxState,
+        in_flight: bool,
+    ) -> Plan {
+        decide(&Observed {
+            phase,
+            attempts,
+            sandbox,
+            in_flight,
+            store: true,
+        })
+    }
+
+    #[test]
+    fn a_new_snapshot_of_a_ready_sandbox_is_taken() {
+        assert_eq!(
+            obs(None, 0, SandboxState::Ready, false),
+            Plan::Take { clean_first: false }
+        );
+        assert_eq!(
+            obs(Some(SnapshotPhase::Pending), 1, SandboxState::Ready, false),
+            Plan::Take { clean_first: false }
+        );
+    }
+
+    #[test]
+    fn finished_or_in_flight_snapshots_are_left_alone() {
+        for p in [SnapshotPhase::Ready, SnapshotPhase::Failed] {
+            assert_eq!(obs(Some(p), 1, SandboxState::Missing, false), Plan::Done);
+        }
+        assert_eq!(
+            obs(Some(SnapshotPhase::Running), 1, SandboxState::Ready, true),
+            Plan::Done
+        );
+    }
+
+    #[test]
+    fn an_interrupted_snapshot_is_cleaned_and_retaken_then_given_up() {
+        assert_eq!(
+            obs(Some(SnapshotPhase::Running), 1, SandboxState::Ready, false),
+            Plan::Take { clean_first: true }
+        );
+        let p = obs(
+            Some(SnapshotPhase::Running),
+            MAX_ATTEMPTS,
+            SandboxState::Ready,
+            false,
+        );
+        assert!(
+            matches!(p, Plan::Fail(NotCommitted::Interrupted, _)),
+            "{p:?}"
+        );
+        let p = obs(
+            Some(SnapshotPhase::Pending),
+            MAX_ATTEMPTS,
+            SandboxState::Ready,
+            false,
+        );
+        assert!(
+            matches!(p, Plan::Fail(NotCommitted::TooManyAttempts, _)),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn sandbox_states_and_store() {
+        assert!(matches!(
+            obs(None, 0, SandboxState::Missing, false),
+            Plan::Fail(NotCommitted::SandboxNotFound, _)
+        ));
+        assert!(matches!(
+            obs(None, 0, SandboxState::InvalidReference("bad".into()), false),
+            Plan::Fail(NotCommitted::InvalidReference, m) if m == "bad"
+        ));
+        assert!(matches!(
+            obs(None, 0, SandboxState::NotReady("x".into()), false),
+            Plan::Wait(NotCommitted::SandboxNotReady, _)
+        ));
+        let no_store = decide(&Observed {
+            phase: None,
+            attempts: 0,
+            sandbox: SandboxState::Ready,
+            in_flight: false,
+            store: false,
+        });
+        assert!(matches!(no_store, Plan::Fail(NotCommitted::NoStore, _)));
+    }
+
+    #[test]
+    fn only_a_sandbox_not_ready_yet_is_waited_for() {
+        assert!(!NotCommitted::SandboxNotReady.is_permanent());
+        for r in [
+            NotCommitted::NoStore,
+            NotCommitted::Interrupted,
+            NotCommitted::TooManyAttempts,
+            NotCommitted::InvalidReference,
+            NotCommitted::SandboxNotFound,
+        ] {
+            assert!(r.is_permanent(), "{r:?}");
+            assert!(!r.as_str().is_empty());
+        }
+    }
+
+    #[test]
+    fn retention_keeps_the_newest() {
+        let t = |s: i64| Some(Timestamp::from_second(s).unwrap());
+        let ready = vec![
+            (t(30), 3, "c".to_string()),
+            (t(10), 1, "a".to_string()),
+            (t(20), 2, "b".to_string()),
+            (t(40), 4, "d".to_string()),
+        ];
+        assert_eq!(retention_victims(&ready, 2), vec!["a", "b"]);
+        assert_eq!(retention_victims(&ready, 4), Vec::<String>::new());
+        assert_eq!(retention_victims(&ready, 1), vec!["a", "b", "c"]);
+        // Within one second the fencing token decides, not the name.
+        let same = vec![
+            (t(50), 7, "z-old".to_string()),
+            (t(50), 8, "a-new".to_string()),
+        ];
+        assert_eq!(retention_victims(&same, 1), vec!["z-old"]);
+    }
+}

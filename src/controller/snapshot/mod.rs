@@ -1,0 +1,304 @@
+//! The snapshot controller: SandboxSnapshot → `tar -c` in the sandbox pod → object store.
+//!
+//! observe (the snapshot, its sandbox and pod, whether this process is uploading it) →
+//! [`decide`] (pure) → apply (take it under the scope's guard, or wait, or fail) → status.
+//! Taking is in `take`; the sandbox controller's hook for `spec.snapshot.onStop` in `on_stop`.
+//!
+//! A snapshot is marked Ready only after its tarball is committed to its final key and the
+//! manifest written. One found `Running` that this process is not uploading was interrupted
+//! (operator restart, lost leadership): its objects are removed and it is taken again from
+//! scratch, at most [`MAX_ATTEMPTS`] times in all, then Failed with the reason. Snapshots have
+//! no owner, so they outlive their sandbox; a finalizer removes the object with the resource
+//! when `deletionPolicy` is `Delete`.
+
+mod decide;
+mod on_stop;
+mod take;
+
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+
+use super::conditions;
+use super::podstate::{self, PodState, observe_pod};
+use super::{Context, Error};
+use crate::crd::{DeletionPolicy, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
+use crate::labels;
+pub use crate::remote::{TAR_SCRIPT, tar_args};
+use crate::snapshot::SnapshotError;
+use crate::snapshot::store::{SnapshotKeys, Store, StoreError};
+pub use decide::{NotCommitted, Observed, Plan, SandboxState, decide, retention_victims};
+pub use on_stop::{OnStop, on_stop};
+
+/// Finalizer that removes a snapshot's object (policy `Delete`) before the resource goes.
+pub const FINALIZER: &str = "agentbox.dev/snapshot-object";
+/// Condition type on a SandboxSnapshot: its object is committed and verified.
+pub const COMMITTED: &str = "Committed";
+
+/// Sets the Committed condition and `Ready`, its twin (the condition every agentbox kind has,
+/// so `kubectl wait --for=condition=Ready` works on snapshots too).
+pub(crate) fn set_committed(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    for type_ in [COMMITTED, conditions::READY] {
+        conditions::set(conds, type_, status, reason, message, generation, now);
+    }
+}
+/// Attempts before an interrupted or failing snapshot is marked Failed.
+pub const MAX_ATTEMPTS: i32 = 3;
+/// Field manager of the Sandbox's `status.lastSnapshot`, the one Sandbox field this controller
+/// writes (the sandbox controller applies the rest of the status under its own manager).
+pub const LAST_SNAPSHOT_MANAGER: &str = "agentbox-operator-snapshots";
+/// Label on snapshots taken by `spec.snapshot.onStop`.
+pub const ON_STOP: &str = "agentbox.dev/on-stop";
+
+/// Snapshots this process is uploading right now (by UID). A `Running` snapshot not in this
+/// set was interrupted.
+static IN_FLIGHT: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Default::default);
+
+fn in_flight(uid: &str) -> bool {
+    IN_FLIGHT.lock().map(|s| s.contains(uid)).unwrap_or(false)
+}
+
+/// Marks a UID in flight until dropped.
+struct InFlight(String);
+
+impl InFlight {
+    fn new(uid: &str) -> Self {
+        if let Ok(mut s) = IN_FLIGHT.lock() {
+            s.insert(uid.to_string());
+        }
+        InFlight(uid.to_string())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut s) = IN_FLIGHT.lock() {
+            s.remove(&self.0);
+        }
+    }
+}
+
+/// Reconciles one SandboxSnapshot.
+pub async fn reconcile(snap: Arc<SandboxSnapshot>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = snap.namespace().ok_or(Error::NotNamespaced)?;
+    let api: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, snap, |event| async {
+        match event {
+            Finalizer::Apply(s) => apply(&s, &ctx).await,
+            Finalizer::Cleanup(s) => cleanup(&s, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Observes the sandbox of a snapshot: the Sandbox and, if its workspace is initialised, its
+/// pod.
+async fn observe_sandbox(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+) -> Result<(SandboxState, Option<Sandbox>), Error> {
+    // A name that is not one would change the request's path (kube does not escape it).
+    if !crate::names::is_object_name(name) {
+        let m = crate::names::refusal("sandboxRef.name", name);
+        return Ok((SandboxState::InvalidReference(m), None));
+    }
+    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(sbx) = sandboxes.get_opt(name).await? else {
+        return Ok((SandboxState::Missing, None));
+    };
+    let st = sbx.status.clone().unwrap_or_default();
+    let Some(pod_name) = st.pod_name.clone() else {
+        return Ok((
+            SandboxState::NotReady("the sandbox has no pod".into()),
+            Some(sbx),
+        ));
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(pod) = pods.get_opt(&pod_name).await? else {
+        return Ok((
+            SandboxState::NotReady("the sandbox pod does not exist".into()),
+            Some(sbx),
+        ));
+    };
+    // Starting counts too: a sandbox is served as soon as its container answers exec, which
+    // can be before the kubelet reports it running (initialised-here is checked below).
+    let serving = matches!(observe_pod(&pod), PodState::Ready | PodState::Starting);
+    if !serving || pod.metadata.deletion_timestamp.is_some() {
+        return Ok((
+            SandboxState::NotReady("the sandbox pod is not ready".into()),
+            Some(sbx),
+        ));
+    }
+    if !podstate::initialised_in(&st, &pod) {
+        return Ok((
+            SandboxState::NotReady("the workspace is not initialised in the current pod".into()),
+            Some(sbx),
+        ));
+    }
+    Ok((SandboxState::Ready, Some(sbx)))
+}
+
+async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
+    let ns = snap.namespace().ok_or(Error::NotNamespaced)?;
+    let name = snap.name_any();
+    let uid = snap.uid().unwrap_or_default();
+    let api: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+    let old = snap.status.clone().unwrap_or_default();
+    if matches!(
+        old.phase,
+        Some(SnapshotPhase::Ready | SnapshotPhase::Failed)
+    ) {
+        return Ok(Action::await_change());
+    }
+    let (sandbox, sbx) = observe_sandbox(ctx, &ns, &snap.spec.sandbox_ref.name).await?;
+    let observed = Observed {
+        phase: old.phase,
+        attempts: old.attempts.unwrap_or(0),
+        sandbox,
+        in_flight: in_flight(&uid),
+        store: ctx.store.is_some(),
+    };
+    let plan = decide(&observed);
+    if matches!(plan, Plan::Take { .. } | Plan::Fail(..)) && !is_current(&api, snap).await? {
+        // The cache lags our own last write (say, Ready): acting on it would take a finished
+        // snapshot again. The watch event of the newer version brings us back.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let now = Timestamp::now();
+    let mut st = old.clone();
+    match plan {
+        Plan::Done => Ok(Action::await_change()),
+        Plan::Fail(reason, message) => {
+            if let (Some(store), Some(keys)) = (ctx.store.as_ref(), keys_of(ctx, snap)) {
+                discard_attempt(store, &keys, old.upload_id.as_deref())
+                    .await
+                    .map_err(snapshot_err)?;
+            }
+            st.upload_id = None;
+            write_failure(ctx, snap, &api, st, reason.as_str(), &message, true).await?;
+            Ok(Action::await_change())
+        }
+        Plan::Wait(reason, message) => {
+            st.phase = Some(SnapshotPhase::Pending);
+            set_committed(
+                &mut st.conditions,
+                false,
+                reason.as_str(),
+                &message,
+                None,
+                now,
+            );
+            if st != old {
+                super::apply_status(&api, &name, &st).await?;
+            }
+            Ok(Action::requeue(Duration::from_secs(3)))
+        }
+        Plan::Take { clean_first } => {
+            let (Some(store), Some(sbx)) = (ctx.store.clone(), sbx) else {
+                return Ok(Action::requeue(Duration::from_secs(5)));
+            };
+            take::take(ctx, snap, &sbx, &store, clean_first, st).await
+        }
+    }
+}
+
+/// Records a failed attempt: Failed when `give_up`, else Pending for another attempt; the
+/// Committed condition and a Warning Event carry the reason.
+async fn write_failure(
+    ctx: &Context,
+    snap: &SandboxSnapshot,
+    api: &Api<SandboxSnapshot>,
+    mut st: SandboxSnapshotStatus,
+    reason: &str,
+    message: &str,
+    give_up: bool,
+) -> Result<(), Error> {
+    let now = Timestamp::now();
+    if give_up {
+        st.phase = Some(SnapshotPhase::Failed);
+        st.completed_at = Some(Time(now));
+    } else {
+        st.phase = Some(SnapshotPhase::Pending);
+    }
+    set_committed(
+        &mut st.conditions,
+        false,
+        reason,
+        message,
+        None,
+        now,
+    );
+    super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message).await;
+    super::apply_status(api, &snap.name_any(), &st).await
+}
+
+/// Whether the cached snapshot is the API server's current version (a fresh read), so a
+/// decision to take or fail it does not rest on a status this process already replaced.
+async fn is_current(api: &Api<SandboxSnapshot>, snap: &SandboxSnapshot) -> Result<bool, Error> {
+    let fresh = api.get_opt(&snap.name_any()).await?;
+    Ok(fresh.is_some_and(|f| f.metadata.resource_version == snap.metadata.resource_version))
+}
+
+/// The keys of a snapshot, from the scope key in its status or labels.
+fn keys_of(ctx: &Context, snap: &SandboxSnapshot) -> Option<SnapshotKeys> {
+    let store = ctx.store.as_ref()?;
+    let scope_key = snap
+        .status
+        .as_ref()
+        .and_then(|s| s.scope_key.clone())
+        .or_else(|| snap.labels().get(labels::SCOPE_KEY).cloned())?;
+    Some(store.keys(&snap.namespace()?, &scope_key, &snap.uid()?))
+}
+
+fn snapshot_err(e: impl Into<SnapshotError>) -> Error {
+    Error::Snapshot(e.into())
+}
+
+/// Removes what an unfinished attempt may have left: its multipart upload (by the id recorded
+/// in the status; its parts are not objects and would stay in the bucket) and the temporary
+/// object or staged files.
+async fn discard_attempt(
+    store: &Store,
+    keys: &SnapshotKeys,
+    upload_id: Option<&str>,
+) -> Result<(), StoreError> {
+    if let Some(id) = upload_id {
+        store.abort_upload(keys, id).await?;
+    }
+    store.delete_temp(keys).await
+}
+
+/// Deleting a snapshot: with `Delete`, its objects go first; with `Retain`, only what an
+/// unfinished attempt left (a multipart upload, a temporary object).
+async fn cleanup(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
+    let (Some(store), Some(keys)) = (ctx.store.as_ref(), keys_of(ctx, snap)) else {
+        return Ok(Action::await_change());
+    };
+    // An upload still recorded was cut short (a finished attempt clears it).
+    let upload_id = snap.status.as_ref().and_then(|s| s.upload_id.as_deref());
+    discard_attempt(store, &keys, upload_id)
+        .await
+        .map_err(snapshot_err)?;
+    if snap.spec.deletion_policy == DeletionPolicy::Delete {
+        store.delete_snapshot(&keys).await.map_err(snapshot_err)?;
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,465 @@
+//! Taking a snapshot: labels, the scope's guard, the Running write, `tar -c` in the pod
+//! streamed into the store, commit and manifest, Ready, the sandbox's `lastSnapshot`, and
+//! retention.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use object_store::MultipartId;
+use tracing::{info, warn};
+
+use super::decide::retention_victims;
+use super::{
+    COMMITTED, InFlight, set_committed, LAST_SNAPSHOT_MANAGER, MAX_ATTEMPTS, discard_attempt, snapshot_err,
+    write_failure,
+};
+use crate::controller::pod::CONTAINER;
+use crate::controller::selection::{self, Age, age};
+use crate::controller::{Context, Error, conditions};
+use crate::crd::{LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
+use crate::exec::{self, ExecEvent, ExecRequest};
+use crate::guard::{self, Guard, GuardConfig, GuardError};
+use crate::labels;
+use crate::remote;
+use crate::snapshot::archive::{Refusal, Summary};
+use crate::snapshot::store::{Commit, Manifest, SnapshotKeys, Store};
+use crate::snapshot::{self, SnapshotError};
+
+/// How long to wait for the scope's guard before trying again later.
+const GUARD_WAIT: Duration = Duration::from_secs(60);
+/// Upper bound on one `tar -c` run.
+const TAR_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
+
+/// One snapshot being taken: where it goes and what it is of.
+struct Taking<'a> {
+    ctx: &'a Context,
+    snap: &'a SandboxSnapshot,
+    sbx: &'a Sandbox,
+    store: &'a Store,
+    api: Api<SandboxSnapshot>,
+    ns: String,
+    name: String,
+    scope_key: String,
+    keys: SnapshotKeys,
+}
+
+/// Takes the snapshot: labels, guard, Running, stream, commit, manifest, Ready, retention.
+pub(super) async fn take(
+    ctx: &Context,
+    snap: &SandboxSnapshot,
+    sbx: &Sandbox,
+    store: &Store,
+    clean_first: bool,
+    mut st: SandboxSnapshotStatus,
+) -> Result<Action, Error> {
+    let ns = snap.namespace().ok_or(Error::NotNamespaced)?;
+    let uid = snap.uid().unwrap_or_default();
+    let scope_key = labels::scope_key(&sbx.spec.scope);
+    let t = Taking {
+        ctx,
+        snap,
+        sbx,
+        store,
+        api: Api::namespaced(ctx.client.clone(), &ns),
+        name: snap.name_any(),
+        keys: store.keys(&ns, &scope_key, &uid),
+        ns,
+        scope_key,
+    };
+    ensure_labels(&t.api, snap, sbx).await?;
+    if clean_first {
+        info!(snapshot = %t.name, namespace = %t.ns, "interrupted snapshot: removing its objects and taking it again");
+        discard_attempt(store, &t.keys, st.upload_id.as_deref())
+            .await
+            .map_err(snapshot_err)?;
+        store.delete_snapshot(&t.keys).await.map_err(snapshot_err)?;
+        st.upload_id = None;
+    }
+    let Some(g) = t.guard(&mut st).await? else {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    };
+    let _flight = InFlight::new(&uid);
+    let attempts = st.attempts.unwrap_or(0) + 1;
+    let upload_id = match t.start(&g, &mut st, attempts).await {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = g.release().await;
+            return Err(e);
+        }
+    };
+    let started = std::time::Instant::now();
+    let outcome = t.upload_and_commit(&g, upload_id.as_ref()).await;
+    if let Err(e) = g.release().await {
+        warn!(snapshot = %t.name, "releasing the scope guard: {e}");
+    }
+    match outcome {
+        Ok(summary) => {
+            info!(snapshot = %t.name, namespace = %t.ns, bytes = summary.size, secs = started.elapsed().as_secs_f64(), "committed");
+            t.committed(st, summary).await
+        }
+        Err(e) => t.failed(st, e, attempts, upload_id.as_deref()).await,
+    }
+}
+
+impl Taking<'_> {
+    /// The scope's guard, waited for up to [`GUARD_WAIT`]; `None` (and the snapshot Pending
+    /// with reason `GuardBusy`) when someone else kept it that long.
+    async fn guard(&self, st: &mut SandboxSnapshotStatus) -> Result<Option<Guard>, Error> {
+        let gcfg = GuardConfig {
+            holder: format!("{}/snapshot", self.ctx.config.identity),
+            ..GuardConfig::default()
+        };
+        let scope = &self.sbx.spec.scope;
+        let client = self.ctx.client.clone();
+        match guard::acquire_scope(client, &self.ns, scope, &gcfg, Some(GUARD_WAIT)).await {
+            Ok(g) => Ok(Some(g)),
+            Err(GuardError::Timeout { holder, .. }) => {
+                st.phase = Some(SnapshotPhase::Pending);
+                let msg = format!("waiting for the scope's guard (held by {holder})");
+                let now = Timestamp::now();
+                set_committed(
+                    &mut st.conditions,
+                    false,
+                    "GuardBusy",
+                    &msg,
+                    None,
+                    now,
+                );
+                crate::controller::apply_status(&self.api, &self.name, &*st).await?;
+                Ok(None)
+            }
+            Err(e) => Err(Error::Guard(e)),
+        }
+    }
+
+    /// Starts an attempt: the multipart upload, then the Running write that records its id.
+    /// The upload is created before the write: whoever finds this attempt interrupted can then
+    /// abort it (only a kill between the two calls loses it).
+    async fn start(
+        &self,
+        g: &Guard,
+        st: &mut SandboxSnapshotStatus,
+        attempts: i32,
+    ) -> Result<Option<MultipartId>, Error> {
+        let now = Timestamp::now();
+        st.phase = Some(SnapshotPhase::Running);
+        st.attempts = Some(attempts);
+        st.started_at = Some(Time(now));
+        st.completed_at = None;
+        st.fencing_token = Some(g.token());
+        st.scope_key = Some(self.scope_key.clone());
+        st.object_key = Some(self.keys.object.to_string());
+        st.sha256 = None;
+        st.size_bytes = None;
+        st.members = None;
+        let msg = "streaming the workspace to the object store";
+        set_committed(
+            &mut st.conditions,
+            false,
+            "Uploading",
+            msg,
+            None,
+            now,
+        );
+        let upload_id = match self.store.create_upload(&self.keys).await {
+            Ok(id) => id,
+            Err(e) => return Err(snapshot_err(e)),
+        };
+        st.upload_id = upload_id.clone();
+        if let Err(e) = crate::controller::apply_status(&self.api, &self.name, &*st).await {
+            if let Some(id) = &upload_id {
+                let _ = self.store.abort_upload(&self.keys, id).await;
+            }
+            return Err(e);
+        }
+        st.upload_id = None;
+        Ok(upload_id)
+    }
+
+    /// Streams the workspace into the store under the guard, then commits the object and
+    /// writes its manifest, unless the guard was lost meanwhile (someone else may have changed
+    /// the workspace while it was read).
+    async fn upload_and_commit(
+        &self,
+        g: &Guard,
+        upload_id: Option<&MultipartId>,
+    ) -> Result<Summary, SnapshotError> {
+        let pod_name = self
+            .sbx
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_name.clone())
+            .unwrap_or_else(|| labels::pod_name(&self.sbx.name_any()));
+        let ctx = self.ctx;
+        let upload = stream_to_store(
+            ctx,
+            self.sbx,
+            (&self.ns, &pod_name),
+            self.store,
+            &self.keys,
+            upload_id,
+        );
+        let (summary, commit) = g
+            .run(upload)
+            .await
+            .unwrap_or_else(|e| Err(SnapshotError::Source(format!("guard: {e}"))))?;
+        let manifest = Manifest {
+            version: 1,
+            object_key: self.keys.object.to_string(),
+            sha256: summary.sha256.clone(),
+            size_bytes: summary.size,
+            members: summary.members,
+            namespace: self.ns.clone(),
+            snapshot: self.name.clone(),
+            snapshot_uid: self.snap.uid().unwrap_or_default(),
+            sandbox: self.sbx.name_any(),
+            scope: self.sbx.spec.scope.kind.label_value().to_string(),
+            scope_key: self.scope_key.clone(),
+            created: Timestamp::now().to_string(),
+            operator_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        if g.is_lost() {
+            return Err(SnapshotError::Source("the scope's guard was lost".into()));
+        }
+        self.store.commit(&self.keys, commit).await?;
+        self.store
+            .put_manifest(&self.keys.manifest, &manifest)
+            .await?;
+        Ok(summary)
+    }
+
+    /// Ready: the status, the sandbox's `lastSnapshot`, an Event, and retention.
+    async fn committed(
+        &self,
+        mut st: SandboxSnapshotStatus,
+        summary: Summary,
+    ) -> Result<Action, Error> {
+        let now = Timestamp::now();
+        st.phase = Some(SnapshotPhase::Ready);
+        st.sha256 = Some(summary.sha256.clone());
+        st.size_bytes = i64::try_from(summary.size).ok();
+        st.members = i64::try_from(summary.members).ok();
+        st.completed_at = Some(Time(now));
+        let msg = format!(
+            "{} bytes, {} members, sha256 {}",
+            summary.size, summary.members, summary.sha256
+        );
+        set_committed(
+            &mut st.conditions,
+            true,
+            "Committed",
+            &msg,
+            None,
+            now,
+        );
+        crate::controller::apply_status(&self.api, &self.name, &st).await?;
+        info!(snapshot = %self.name, namespace = %self.ns, "{msg}");
+        let last = LastSnapshot {
+            name: self.name.clone(),
+            completed_at: Time(now),
+            sha256: summary.sha256.clone(),
+            size_bytes: st.size_bytes.unwrap_or(0),
+        };
+        if let Err(e) = set_last_snapshot(self.ctx, &self.ns, &self.sbx.name_any(), last).await {
+            warn!(snapshot = %self.name, "recording the snapshot on its sandbox: {e}");
+        }
+        let note = (EventType::Normal, "Committed", "Snapshot", msg.as_str());
+        crate::controller::publish(self.ctx, self.snap, note.0, note.1, note.2, note.3).await;
+        if let Err(e) = apply_retention(self.ctx, &self.ns, self.sbx, &self.scope_key).await {
+            warn!(snapshot = %self.name, "retention: {e}");
+        }
+        Ok(Action::await_change())
+    }
+
+    /// A failed attempt: its objects removed, Pending for another attempt or Failed.
+    async fn failed(
+        &self,
+        st: SandboxSnapshotStatus,
+        e: SnapshotError,
+        attempts: i32,
+        upload_id: Option<&str>,
+    ) -> Result<Action, Error> {
+        // The upload aborts itself on errors it sees, but not when a lost guard cancelled
+        // it mid-way.
+        let _ = discard_attempt(self.store, &self.keys, upload_id).await;
+        let _ = self.store.delete(&self.keys.manifest).await;
+        let _ = self.store.delete(&self.keys.object).await;
+        let reason = e.reason();
+        let msg = format!("attempt {attempts} failed: {e}");
+        warn!(snapshot = %self.name, namespace = %self.ns, "{msg}");
+        // An archive the restore would refuse stays refused: no point in trying again (a
+        // truncated one is a broken stream, which may not recur).
+        let refused = matches!(&e, SnapshotError::Refused(r) if *r != Refusal::Truncated);
+        let give_up = attempts >= MAX_ATTEMPTS || refused;
+        write_failure(self.ctx, self.snap, &self.api, st, reason, &msg, give_up).await?;
+        Ok(Action::requeue(Duration::from_secs(5)))
+    }
+}
+
+/// Records a Ready snapshot in its Sandbox's `status.lastSnapshot` (one status write; a
+/// sandbox deleted meanwhile is fine).
+async fn set_last_snapshot(
+    ctx: &Context,
+    ns: &str,
+    sandbox: &str,
+    last: LastSnapshot,
+) -> Result<(), Error> {
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
+    let status = serde_json::json!({ "lastSnapshot": last });
+    match crate::controller::apply_status_as(&api, sandbox, &status, LAST_SNAPSHOT_MANAGER).await {
+        Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(()),
+        r => r,
+    }
+}
+
+/// Runs `tar -c` in the pod and streams its stdout into the store's temporary key, through
+/// the multipart upload `upload_id` when the store has them.
+async fn stream_to_store(
+    ctx: &Context,
+    sbx: &Sandbox,
+    (ns, pod): (&str, &str),
+    store: &Store,
+    keys: &SnapshotKeys,
+    upload_id: Option<&MultipartId>,
+) -> Result<(Summary, Commit), SnapshotError> {
+    store.delete_temp(keys).await?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
+    let mounts: Vec<String> = sbx
+        .spec
+        .workspace
+        .mounts
+        .iter()
+        .map(|m| m.path.clone())
+        .collect();
+    let argv = remote::sh(remote::TAR_SCRIPT, remote::tar_args(&root, &mounts));
+    // The script waits for its stdin to end before it exits (see TAR_SCRIPT); it ends when
+    // the archive's end marker has arrived here, by dropping `release`.
+    let (release, held) = tokio::io::duplex(64);
+    let mut release = Some(release);
+    let stream = exec::stream(
+        &pods,
+        pod,
+        CONTAINER,
+        ExecRequest::argv(argv)
+            .timeout(TAR_TIMEOUT)
+            .stdin_reader(held),
+    )
+    .await
+    .map_err(|e| SnapshotError::Source(format!("exec: {e}")))?;
+    let stderr = Arc::new(Mutex::new(exec::Capped::new(16 << 10)));
+    let err_sink = stderr.clone();
+    let chunks = stream.filter_map(move |ev| {
+        let out = match ev {
+            Ok(ExecEvent::Stdout(b)) => Some(Ok::<Bytes, SnapshotError>(b)),
+            Ok(ExecEvent::Stderr(b)) => {
+                if let Ok(mut c) = err_sink.lock() {
+                    c.push(&b);
+                }
+                None
+            }
+            Ok(ExecEvent::Exit { status, timed_out }) => {
+                if status.success() && !timed_out {
+                    None
+                } else {
+                    let text = err_sink
+                        .lock()
+                        .map(|c| String::from_utf8_lossy(&c.buf).trim().to_string())
+                        .unwrap_or_default();
+                    Some(Err(SnapshotError::Source(format!(
+                        "tar -c ended with {status}{}: {text}",
+                        if timed_out { " (timed out)" } else { "" }
+                    ))))
+                }
+            }
+            Err(e) => Some(Err(SnapshotError::Source(format!("exec: {e}")))),
+        };
+        futures::future::ready(out)
+    });
+    let chunks = Box::pin(chunks);
+    let limits = ctx.config.restore_limits();
+    let result = snapshot::upload(store, keys, upload_id, limits, chunks, || {
+        release.take();
+    })
+    .await;
+    if result.is_err() {
+        let _ = store.delete_temp(keys).await;
+    }
+    result
+}
+
+/// Puts the sandbox's scope labels and annotations (and a sandbox label) on the snapshot.
+async fn ensure_labels(
+    api: &Api<SandboxSnapshot>,
+    snap: &SandboxSnapshot,
+    sbx: &Sandbox,
+) -> Result<(), Error> {
+    let mut want = labels::scope_labels(&sbx.spec.scope);
+    want.insert(
+        labels::SANDBOX.into(),
+        labels::sandbox_label_value(&sbx.name_any()),
+    );
+    let annotations = labels::scope_annotations(&sbx.spec.scope);
+    let have = snap.labels();
+    let have_ann = snap.annotations();
+    if want.iter().all(|(k, v)| have.get(k) == Some(v))
+        && annotations.iter().all(|(k, v)| have_ann.get(k) == Some(v))
+    {
+        return Ok(());
+    }
+    let patch = serde_json::json!({"metadata": {"labels": want, "annotations": annotations}});
+    api.patch(
+        &snap.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes the Ready snapshots of a scope beyond the sandbox's `retention.keepLast` (their
+/// finalizers remove the objects as their policies say).
+async fn apply_retention(
+    ctx: &Context,
+    ns: &str,
+    sbx: &Sandbox,
+    scope_key: &str,
+) -> Result<(), Error> {
+    let Some(keep) = sbx
+        .spec
+        .snapshot
+        .retention
+        .as_ref()
+        .map(|r| r.keep_last as usize)
+    else {
+        return Ok(());
+    };
+    let api: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), ns);
+    // By the recorded scope key, not labels: a snapshot of another scope relabelled into this
+    // one is never deleted by this scope's retention.
+    let ready: Vec<Age> = selection::recorded_for(&api, scope_key)
+        .await?
+        .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter(|s| selection::is_ready_of_scope(s, scope_key))
+        .map(age)
+        .collect();
+    for victim in retention_victims(&ready, keep) {
+        info!(namespace = %ns, snapshot = %victim, keep, "retention: deleting an older snapshot");
+        match api.delete(&victim, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

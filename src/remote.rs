@@ -1,0 +1,432 @@
+//! What agentbox runs inside a sandbox's pod, in one place: every shell script and the builder
+//! of its arguments. The scripts use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat` (and
+//! `dd` when present), as busybox has them; the tests below run each with the host's.
+//!
+//! Everything a script leaves in the workspace lives under [`STATE_DIR`], which the operator
+//! reserves (admission and the archive validator refuse user paths there).
+
+/// Directory inside the workspace that belongs to the operator (marker, staging, temp files).
+/// The scripts below spell it out; a test checks that they name this one.
+pub const STATE_DIR: &str = ".agentbox";
+/// Marker file, relative to the workspace root. Written last, so it means "initialised".
+pub const MARKER: &str = ".agentbox/marker";
+
+/// The argv that runs `script` with `sh -c`, `$0` = `sh`, then `args` as `$1`...
+pub fn sh<S: Into<String>>(script: &str, args: impl IntoIterator<Item = S>) -> Vec<String> {
+    let mut argv = vec!["sh".to_string(), "-c".into(), script.into(), "sh".into()];
+    argv.extend(args.into_iter().map(Into::into));
+    argv
+}
+
+/// Default entrypoint: stay alive and exit promptly on TERM, since commands arrive by exec.
+pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
+
+/// Probe: prints the marker's content when the workspace is initialised. `$1` is the root.
+pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || true"#;
+
+/// Initialisation: `$1` root, `$2` marker content, `$3` 1 when an archive of files arrives on
+/// stdin (0: no files, no stdin), `$4` number of directories to replace, then those
+/// directories, then the parent directories to create. The marker is written last and
+/// atomically, so a failed run leaves the workspace uninitialised.
+pub const INIT_SCRIPT: &str = r#"set -eu
+root="$1"; marker="$2"; archive="$3"; n="$4"; shift 4
+cd "$root"
+mkdir -p .agentbox/tmp
+i=0
+while [ "$i" -lt "$n" ]; do rm -rf -- "./$1"; shift; i=$((i+1)); done
+for d in "$@"; do mkdir -p -- "./$d"; done
+if [ "$archive" = 1 ]; then tar -x -f -; fi
+printf '%s' "$marker" > .agentbox/marker.tmp
+mv -f .agentbox/marker.tmp .agentbox/marker
+"#;
+
+/// Arguments of [`INIT_SCRIPT`]: the root, the marker's content, whether an archive follows
+/// on stdin, the directories to replace, the parent directories to create.
+pub fn init_args(
+    root: &str,
+    marker: &str,
+    archive: bool,
+    replace_dirs: &[String],
+    parents: &[String],
+) -> Vec<String> {
+    let mut args = vec![
+        root.to_string(),
+        marker.to_string(),
+        if archive { "1" } else { "0" }.to_string(),
+        replace_dirs.len().to_string(),
+    ];
+    args.extend(replace_dirs.iter().cloned());
+    args.extend(parents.iter().cloned());
+    args
+}
+
+/// The `tar -c` script. `$1` root, `$2` number of expanded directories, then those
+/// directories (ancestors of host mounts, listed entry by entry instead of archived whole),
+/// then the excluded paths (host mounts). `.agentbox` is always excluded. busybox tar has no
+/// `--exclude`, so the members are named one by one at the top and in expanded directories.
+pub const TAR_SCRIPT: &str = r#"set -u
+root=$1; n=$2; shift 2
+nl='
+'
+anc=; i=0
+while [ "$i" -lt "$n" ]; do anc="$anc$1$nl"; shift; i=$((i+1)); done
+ex=".agentbox$nl"
+for m in "$@"; do ex="$ex$m$nl"; done
+cd "$root" || exit 1
+# A workspace without its marker was lost or never initialised: archiving it would pass off
+# an empty or partial tree as the sandbox's state.
+[ -f .agentbox/marker ] || { echo "the workspace has no agentbox marker (lost or not initialised)" >&2; exit 1; }
+listed() { case "$nl$2" in *"$nl$1$nl"*) return 0;; esac; return 1; }
+set --
+dirs=$anc
+IFS=$nl
+for d in "" $dirs; do
+  IFS=' 	'
+  p=${d:+$d/}
+  for f in "$p"* "$p".[!.]* "$p"..?*; do
+    { [ -e "$f" ] || [ -L "$f" ]; } || continue
+    listed "$f" "$anc" && continue
+    listed "$f" "$ex" && continue
+    set -- "$@" "./$f"
+  done
+  IFS=$nl
+done
+IFS=' 	'
+# Output still on its way when the exec's process exits can be dropped on the way out
+# (kubernetes/kubernetes#124571: the streaming connection is closed right after the exit
+# status, and a reader slower than tar loses the tail). So the script exits only when the
+# operator ends its stdin, which it does once the archive's end marker has arrived; `read -t`
+# caps the wait should that never come, and shells without `-t` skip it. (A v4 exec cannot end
+# stdin without closing the connection, as for every exec with stdin: snapshots need v5.)
+linger() { while read -r -t 600 _ 2>/dev/null; do :; done; }
+if [ "$#" -eq 0 ]; then head -c 1024 /dev/zero; linger; exit 0; fi
+# busybox tar writes a header, a file's bytes and its padding one write each; read straight
+# from its pipe, a workspace of small files reaches the operator as a message per write. dd
+# gathers the output into 64 KiB writes. sh has no pipefail: tar's exit status comes back
+# through fd 3 (dd's failures show as a cut archive, which the operator refuses).
+if command -v dd >/dev/null 2>&1; then
+  exec 4>&1
+  st=$( { { tar -c -f - "$@" 3>&- 4>&- </dev/null; echo $? >&3; } | dd ibs=131072 obs=65536 2>/dev/null >&4 3>&-; } 3>&1 )
+else
+  tar -c -f - "$@" </dev/null; st=$?
+fi
+# Only a whole archive has an end marker to wait for.
+[ "${st:-1}" = 0 ] && linger
+exit "${st:-1}"
+"#;
+
+/// Arguments of [`TAR_SCRIPT`] for a sandbox: its root, then the ancestors of its host mounts,
+/// then the mounts.
+pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
+    let mounts: Vec<String> = mounts
+        .iter()
+        .map(|m| normalize(m))
+        .filter(|m| !m.is_empty())
+        .collect();
+    let mut ancestors: Vec<String> = mounts
+        .iter()
+        .flat_map(|m| {
+            let parts: Vec<&str> = m.split('/').collect();
+            (1..parts.len()).map(move |i| parts[..i].join("/"))
+        })
+        .collect();
+    ancestors.sort();
+    ancestors.dedup();
+    let mut args = vec![root.to_string(), ancestors.len().to_string()];
+    args.extend(ancestors);
+    args.extend(mounts);
+    args
+}
+
+/// Extraction into a new staging directory: `$1` root, `$2` id; the archive on stdin.
+pub const EXTRACT_SCRIPT: &str = r#"set -eu
+cd "$1"
+mkdir -p .agentbox
+st=".agentbox/staging-$2"
+rm -rf -- "$st"
+mkdir -- "$st"
+tar -x -f - -C "$st"
+"#;
+
+/// Removes a staging directory: `$1` root, `$2` id.
+pub const DISCARD_SCRIPT: &str =
+    r#"cd "$1" && rm -rf -- ".agentbox/staging-$2" ".agentbox/old-$2""#;
+
+/// The swap: `$1` root, `$2` id, then top-level names to leave alone (they hold host mounts).
+/// Undoes its own moves when one fails.
+pub const SWAP_SCRIPT: &str = r#"set -u
+root=$1; id=$2; shift 2
+nl='
+'
+keep=".agentbox$nl"
+for k in "$@"; do keep="$keep$k$nl"; done
+kept() { case "$nl$keep" in *"$nl$1$nl"*) return 0;; esac; return 1; }
+cd "$root" || exit 1
+st=".agentbox/staging-$id"; old=".agentbox/old-$id"
+[ -d "$st" ] || { echo "no staging directory" >&2; exit 1; }
+rm -rf -- "$old"; mkdir -- "$old" || exit 1
+back() {
+  for f in "$old"/* "$old"/.[!.]* "$old"/..?*; do
+    { [ -e "$f" ] || [ -L "$f" ]; } || continue
+    mv -- "$f" ./ || echo "could not move back $f" >&2
+  done
+  rmdir -- "$old" 2>/dev/null
+}
+for f in * .[!.]* ..?*; do
+  { [ -e "$f" ] || [ -L "$f" ]; } || continue
+  kept "$f" && continue
+  mv -- "$f" "$old/" || { echo "moving $f aside failed" >&2; back; exit 1; }
+done
+for f in "$st"/* "$st"/.[!.]* "$st"/..?*; do
+  { [ -e "$f" ] || [ -L "$f" ]; } || continue
+  b=${f##*/}
+  kept "$b" && continue
+  if ! mv -- "$f" "./$b"; then
+    echo "moving $b in failed" >&2
+    for g in * .[!.]* ..?*; do
+      { [ -e "$g" ] || [ -L "$g" ]; } || continue
+      kept "$g" && continue
+      rm -rf -- "$g"
+    done
+    back; exit 1
+  fi
+done
+rm -rf -- "$st" "$old"
+"#;
+
+/// Arguments of [`SWAP_SCRIPT`]: the root, the staging id, then the top-level names to leave
+/// alone.
+pub fn swap_args(root: &str, id: &str, keep: &[String]) -> Vec<String> {
+    let mut args = vec![root.to_string(), id.to_string()];
+    args.extend(keep.iter().cloned());
+    args
+}
+
+/// Normalises a validated relative path: drops `./` and empty segments.
+pub fn normalize(path: &str) -> String {
+    path.split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("agentbox-remote-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    /// Runs `script` with the host's `sh`, `args`, and `stdin`; returns success and stdout.
+    fn run(script: &str, args: Vec<String>, stdin: &[u8]) -> (bool, Vec<u8>, String) {
+        use std::io::Write;
+        let argv = sh(script, args);
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run sh");
+        if let Some(mut i) = child.stdin.take() {
+            let _ = i.write_all(stdin);
+        }
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), out.stdout, err)
+    }
+
+    fn path(p: &Path) -> String {
+        p.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn every_script_names_the_one_state_directory() {
+        assert_eq!(MARKER, format!("{STATE_DIR}/marker"));
+        for s in [
+            PROBE_SCRIPT,
+            INIT_SCRIPT,
+            TAR_SCRIPT,
+            EXTRACT_SCRIPT,
+            DISCARD_SCRIPT,
+            SWAP_SCRIPT,
+        ] {
+            assert!(s.contains(STATE_DIR), "{s}");
+        }
+    }
+
+    #[test]
+    fn the_probe_prints_the_marker_only_when_there_is_one() {
+        let dir = scratch("probe");
+        let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok && out.is_empty(), "no marker: nothing, and no failure");
+        std::fs::create_dir_all(dir.join(STATE_DIR)).expect("mkdir");
+        std::fs::write(dir.join(MARKER), "uid-1").expect("marker");
+        let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok);
+        assert_eq!(out, b"uid-1");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A tar archive of `files` (name, content).
+    fn archive(files: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, data.as_bytes())
+                .expect("append");
+        }
+        b.into_inner().expect("archive")
+    }
+
+    #[test]
+    fn a_restore_stages_then_swaps_in_leaving_mounts_and_state_alone() {
+        let dir = scratch("restore");
+        std::fs::create_dir_all(dir.join(STATE_DIR)).expect("mkdir");
+        std::fs::write(dir.join(MARKER), "m").expect("marker");
+        std::fs::write(dir.join("old.txt"), "old").expect("old");
+        std::fs::create_dir_all(dir.join("mnt")).expect("mount dir");
+        std::fs::write(dir.join("mnt/host"), "h").expect("host file");
+        let root = path(&dir);
+        let stdin = archive(&[("new.txt", "new"), ("mnt", "not swapped in")]);
+        let (ok, _, err) = run(EXTRACT_SCRIPT, vec![root.clone(), "id1".into()], &stdin);
+        assert!(ok, "{err}");
+        assert!(dir.join(".agentbox/staging-id1/new.txt").is_file());
+        let (ok, _, err) = run(SWAP_SCRIPT, swap_args(&root, "id1", &["mnt".into()]), b"");
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("new.txt")).expect("new"),
+            "new"
+        );
+        assert!(!dir.join("old.txt").exists(), "the old entries go");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("mnt/host")).expect("kept"),
+            "h"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join(MARKER)).expect("marker"),
+            "m"
+        );
+        assert!(!dir.join(".agentbox/staging-id1").exists());
+        assert!(!dir.join(".agentbox/old-id1").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_swap_without_staging_fails_and_discard_removes_what_extract_left() {
+        let dir = scratch("discard");
+        std::fs::write(dir.join("keep.txt"), "k").expect("file");
+        let root = path(&dir);
+        let (ok, _, err) = run(SWAP_SCRIPT, swap_args(&root, "none", &[]), b"");
+        assert!(!ok && err.contains("no staging directory"), "{err}");
+        assert!(dir.join("keep.txt").is_file(), "the workspace is untouched");
+        let stdin = archive(&[("a", "1")]);
+        let (ok, _, err) = run(EXTRACT_SCRIPT, vec![root.clone(), "id2".into()], &stdin);
+        assert!(ok, "{err}");
+        let (ok, _, _) = run(DISCARD_SCRIPT, vec![root, "id2".into()], b"");
+        assert!(ok);
+        assert!(!dir.join(".agentbox/staging-id2").exists());
+        assert!(dir.join("keep.txt").is_file());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tar_args_expand_mount_ancestors() {
+        assert_eq!(tar_args("/workspace", &[]), vec!["/workspace", "0"]);
+        assert_eq!(
+            tar_args("/w", &["data".into(), "./a/b/c/".into()]),
+            vec!["/w", "2", "a", "a/b", "data", "a/b/c"]
+        );
+    }
+
+    /// Runs [`TAR_SCRIPT`] with the host's `sh` and `tar` on a scratch workspace; returns the
+    /// exit status, the member names, and stderr.
+    fn run_tar_script(root: &std::path::Path, mounts: &[String]) -> (bool, Vec<String>, String) {
+        let out = Command::new("sh")
+            .args(["-c", TAR_SCRIPT, "sh"])
+            .args(tar_args(&root.to_string_lossy(), mounts))
+            .output()
+            .expect("run sh");
+        let mut names = Vec::new();
+        if out.status.success() {
+            let mut ar = tar::Archive::new(&out.stdout[..]);
+            for e in ar.entries().expect("entries") {
+                let e = e.expect("entry");
+                names.push(e.path().expect("path").to_string_lossy().into_owned());
+            }
+            names.sort();
+        }
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), names, err)
+    }
+
+    #[test]
+    fn tar_script_keeps_tar_s_exit_status_through_its_dd_stage() {
+        let dir = scratch("status");
+        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
+        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
+        std::fs::write(dir.join("f"), "x").expect("write");
+        // A tar that prints a little and fails, first in PATH.
+        let bin = scratch("status-bin");
+        std::fs::write(bin.join("tar"), "#!/bin/sh\nprintf partial\nexit 3\n").expect("fake tar");
+        Command::new("chmod")
+            .args(["0755", &bin.join("tar").to_string_lossy()])
+            .status()
+            .expect("chmod");
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new("sh")
+            .args(["-c", TAR_SCRIPT, "sh"])
+            .args(tar_args(&dir.to_string_lossy(), &[]))
+            .env("PATH", path)
+            .output()
+            .expect("run sh");
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"partial");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&bin);
+    }
+
+    #[test]
+    fn tar_script_refuses_a_workspace_without_its_marker() {
+        let dir = scratch("nomarker");
+        std::fs::write(dir.join("f"), "x").expect("write");
+        let (ok, _, err) = run_tar_script(&dir, &[]);
+        assert!(!ok, "a workspace without a marker must not be archived");
+        assert!(err.contains("no agentbox marker"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tar_script_archives_all_but_its_own_dir_and_mounts() {
+        let dir = scratch("ok");
+        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
+        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
+        std::fs::create_dir_all(dir.join("a/mnt")).expect("mkdir");
+        std::fs::write(dir.join("a/mnt/secret"), "s").expect("write");
+        std::fs::write(dir.join("a/keep"), "k").expect("write");
+        std::fs::write(dir.join(".hidden"), "h").expect("write");
+        let (ok, names, err) = run_tar_script(&dir, &["a/mnt".into()]);
+        assert!(ok, "{err}");
+        assert_eq!(names, vec!["./.hidden", "./a/keep"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
