@@ -81,7 +81,9 @@ def call(n: int, tool: str, **args: str) -> ToolCallBlock:
     return ToolCallBlock(id=f"call-{n}", name=tool, input=json.dumps(args))
 
 
-async def turn(workspace: AgentboxWorkspace, script: list[list[Block] | None], ask: str) -> str:
+async def turn(
+    workspace: AgentboxWorkspace, script: list[list[Block] | None], ask: str
+) -> str:
     """One agent turn in ``workspace`` on a scripted model; the agent's answer."""
     agent = Agent(
         name="notes",
@@ -90,9 +92,13 @@ async def turn(workspace: AgentboxWorkspace, script: list[list[Block] | None], a
         toolkit=Toolkit(tools=await workspace.list_tools()),
         # The tools run in the sandbox, not on this machine: agentscope's mode for sandboxed
         # environments, where no one is there to confirm each write.
-        state=AgentState(permission_context=PermissionContext(mode=PermissionMode.BYPASS)),
+        state=AgentState(
+            permission_context=PermissionContext(mode=PermissionMode.BYPASS)
+        ),
     )
-    reply = await agent.reply(Msg(name="user", role="user", content=[TextBlock(text=ask)]))
+    reply = await agent.reply(
+        Msg(name="user", role="user", content=[TextBlock(text=ask)])
+    )
     return reply.get_text_content() or ""
 
 
@@ -100,11 +106,15 @@ async def main() -> int:
     """Two agents, one workspace: the second finds what the first wrote."""
     namespace = os.environ.get("AGENTBOX_NAMESPACE", "default")
     scope = agentbox.Scope.for_user("agentscope-notes", "alice@example.com")
-    spec = agentbox.SandboxSpec(image=os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37"))
+    spec = agentbox.SandboxSpec(
+        image=os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37")
+    )
 
     # 1. The Write tool writes into the sandbox's workspace; closing suspends the Sandbox.
     async with AgentboxWorkspace(scope=scope, spec=spec, namespace=namespace) as ws:
-        write = call(1, "Write", file_path="/workspace/notes.md", content="# Notes\nship it\n")
+        write = call(
+            1, "Write", file_path="/workspace/notes.md", content="# Notes\nship it\n"
+        )
         answer = await turn(ws, [[write], None], "Save my notes.")
         print(f"agent 1: {answer} (sandbox {ws.sandbox.name})")
 
@@ -116,7 +126,10 @@ async def main() -> int:
         bash = call(2, "Bash", command="cat notes.md")
         answer = await turn(ws, [[bash], None], "What do my notes say?")
         print(f"agent 2: {answer} (sandbox {ws.sandbox.name})")
-        print("in the workspace:", (await ws.sandbox.read("notes.md")).decode().split("\n")[1])
+        print(
+            "in the workspace:",
+            (await ws.sandbox.read("notes.md")).decode().split("\n")[1],
+        )
     return 0
 
 

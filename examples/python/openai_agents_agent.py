@@ -57,7 +57,9 @@ async def main() -> int:
     namespace = os.environ.get("AGENTBOX_NAMESPACE", "default")
     scope = agentbox.Scope.for_user("openai-notes", "alice@example.com")
     model = ScriptedModel()
-    agent = SandboxAgent(name="notes", instructions="Keep notes in the workspace.", model=model)
+    agent = SandboxAgent(
+        name="notes", instructions="Keep notes in the workspace.", model=model
+    )
     options = AgentboxSandboxClientOptions(
         image=os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37"),
         namespace=namespace,
@@ -78,14 +80,18 @@ async def main() -> int:
     # 2. Another request: the run resumes from the stored state, reattaching to the Sandbox.
     exec_then_answer(model, "cat notes.md", "Your notes say: ship it.", 2)
     started = time.monotonic()
-    second = await Runner.run(agent, await RunState.from_string(agent, stored), run_config=config)
+    second = await Runner.run(
+        agent, await RunState.from_string(agent, stored), run_config=config
+    )
     took = time.monotonic() - started
     print(f"run 2: {second.final_output} | {last_tool_output(second).splitlines()[-1]}")
     print(f"run 2 (reattached, sandbox resumed) took {took:.1f}s")
 
     async with agentbox.Sandboxes(namespace) as sandboxes:
         for sbx in await sandboxes.list(scope=scope):
-            print(f"sandbox {sbx.name}: {sbx.obj['spec']['lifecycle']['mode']}; deleting it")
+            print(
+                f"sandbox {sbx.name}: {sbx.obj['spec']['lifecycle']['mode']}; deleting it"
+            )
             await sbx.delete(wait=True)
     model.assert_complete()
     return 0

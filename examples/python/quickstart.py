@@ -29,7 +29,9 @@ async def main() -> int:
         spec = agentbox.SandboxSpec(
             image=image,
             workspace=agentbox.WorkspaceSpec(
-                files=[agentbox.WorkspaceFile("README.md", content="hello from agentbox\n")]
+                files=[
+                    agentbox.WorkspaceFile("README.md", content="hello from agentbox\n")
+                ]
             ),
         )
         sbx = await sandboxes.get_or_create(scope, spec)
@@ -42,7 +44,9 @@ async def main() -> int:
         try:
             await sbx.exec(["sleep", "60"], timeout=1)
         except agentbox.ExecTimeoutError as e:
-            print(f"timed out as asked (exit code {e.result.exit_code if e.result else None})")
+            print(
+                f"timed out as asked (exit code {e.result.exit_code if e.result else None})"
+            )
 
         # 3. Files, confined to the workspace.
         await sbx.write("notes/todo.txt", "ship it\n")
@@ -55,8 +59,14 @@ async def main() -> int:
         # 4. One agent turn under the scope's guard: nobody else (another harness, the CLI,
         #    the operator's snapshots) works in this scope meanwhile.
         async with sbx.guard(wait=60) as guard, sbx.session() as shell:
-            for cmd in ("echo step 1 >> notes/log", "echo step 2 >> notes/log", "cat notes/log"):
-                out = await shell.run(cmd, env={"FENCING_TOKEN": str(guard.fencing_token)})
+            for cmd in (
+                "echo step 1 >> notes/log",
+                "echo step 2 >> notes/log",
+                "cat notes/log",
+            ):
+                out = await shell.run(
+                    cmd, env={"FENCING_TOKEN": str(guard.fencing_token)}
+                )
             print(
                 f"turn done under fencing token {guard.fencing_token}: {out.stdout_text().split()}"
             )
@@ -70,7 +80,10 @@ async def main() -> int:
         print("restored:", (await sbx.read("notes/todo.txt")).decode().strip())
 
         await sbx.delete(wait=True)
-        print("deleted; its snapshots stay:", [s.name for s in await sandboxes.snapshots(scope)])
+        print(
+            "deleted; its snapshots stay:",
+            [s.name for s in await sandboxes.snapshots(scope)],
+        )
     return 0
 
 
