@@ -214,7 +214,7 @@ async fn lying_shell(env: &TestEnv, pod: &str, bytes: &[u8]) {
         "-c",
         r#"cat > /tmp/told.tar && mkdir -p /usr/local/bin && cat > /usr/local/bin/sh <<'END'
 #!/bin/busybox sh
-case "$*" in *"exec tar -""c"*) exec /bin/busybox cat /tmp/told.tar;; esac
+case "$*" in *"tar -""c -f -"*) exec /bin/busybox cat /tmp/told.tar;; esac
 exec /bin/busybox sh "$@"
 END
 chmod 0755 /usr/local/bin/sh"#,
@@ -408,8 +408,7 @@ async fn a_sandbox_whose_shell_lies_gets_nothing_past_the_rules() {
 fn attempts(env: &TestEnv, lease: &str) -> (usize, usize) {
     let log = std::fs::read_to_string(&env.operators[0].log).unwrap_or_default();
     let extracting = log.matches("extracting into staging").count();
-    let audit = std::env::var("AGENTBOX_AUDIT_LOG").expect("AGENTBOX_AUDIT_LOG (hack/cluster env)");
-    let text = std::fs::read_to_string(audit).expect("read the audit log");
+    let text = common::audit_log_text();
     let writes = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

@@ -28,9 +28,7 @@ fn ready_with_endpoints(s: Option<&Sandbox>) -> bool {
 
 /// Requests on Services named `name` in the audit log of the local cluster (it logs writes).
 fn service_writes(ns: &str, name: &str) -> Vec<String> {
-    let path = std::env::var("AGENTBOX_AUDIT_LOG")
-        .unwrap_or_else(|_| "/var/lib/agentbox-cluster/audit.log".into());
-    let text = std::fs::read_to_string(&path).expect("the local cluster's audit log");
+    let text = common::audit_log_text();
     text.lines()
         .filter(|l| l.contains(ns))
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

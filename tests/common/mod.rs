@@ -754,3 +754,35 @@ pub fn workspace_entries(env: &TestEnv, sbx: &Sandbox) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// The local cluster's audit log, rotated files first (the API server rotates it by size, also
+/// in the middle of a test), as one text.
+pub fn audit_log_text() -> String {
+    let path = std::path::PathBuf::from(
+        std::env::var("AGENTBOX_AUDIT_LOG")
+            .unwrap_or_else(|_| "/var/lib/agentbox-cluster/audit.log".into()),
+    );
+    let dir = path
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let mut rotated: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".log"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    rotated.sort();
+    let mut text = String::new();
+    for p in rotated.iter().chain(std::iter::once(&path)) {
+        text.push_str(&std::fs::read_to_string(p).unwrap_or_default());
+    }
+    assert!(!text.is_empty(), "no audit log at {}", path.display());
+    text
+}
