@@ -30,6 +30,10 @@ use serde_json::json;
 /// The previous version of the chart as it was last committed: the newest commit that changed
 /// `charts/agentbox` while its Chart.yaml had another version than this one, extracted with
 /// `git archive` into `dir`. Returns its version and the chart's path.
+///
+/// First-parent history only: a branch that bumps the version is merged into main with a merge
+/// commit, so main's first parents are main's own states and the previous version is the chart
+/// main last shipped, not an intermediate state of the branch that bumped it.
 fn previous_chart(dir: &Path) -> (String, std::path::PathBuf) {
     let version = |text: &str| {
         text.lines()
@@ -43,7 +47,13 @@ fn previous_chart(dir: &Path) -> (String, std::path::PathBuf) {
     let log = match std::env::var("AGENTBOX_PREVIOUS_CHART_COMMIT") {
         Ok(c) if !c.is_empty() => c,
         _ => run(Command::new("git")
-            .args(["log", "--format=%H", "--", "charts/agentbox"])
+            .args([
+                "log",
+                "--first-parent",
+                "--format=%H",
+                "--",
+                "charts/agentbox",
+            ])
             .current_dir(repo_root())),
     };
     for commit in log.lines() {

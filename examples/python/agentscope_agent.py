@@ -22,6 +22,8 @@ import sys
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import agentbox
+from agentbox.integrations.agentscope import AgentboxWorkspace
 from agentscope.agent import Agent
 from agentscope.credential import CredentialBase
 from agentscope.formatter import OpenAIChatFormatter
@@ -31,9 +33,6 @@ from agentscope.permission import PermissionContext, PermissionMode
 from agentscope.state import AgentState
 from agentscope.tool import Toolkit
 from pydantic import BaseModel
-
-import agentbox
-from agentbox.integrations.agentscope import AgentboxWorkspace
 
 Block = TextBlock | ToolCallBlock | ThinkingBlock | DataBlock
 

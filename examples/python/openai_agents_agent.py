@@ -21,18 +21,17 @@ import os
 import sys
 import time
 
+import agentbox
+from agentbox.integrations.openai_agents import (
+    AgentboxSandboxClient,
+    AgentboxSandboxClientOptions,
+)
 from agents import Runner
 from agents.result import RunResult
 from agents.run import RunConfig
 from agents.run_state import RunState
 from agents.sandbox import SandboxAgent, SandboxRunConfig
 from agents.testing import ScriptedModel, assistant_message, function_call
-
-import agentbox
-from agentbox.integrations.openai_agents import (
-    AgentboxSandboxClient,
-    AgentboxSandboxClientOptions,
-)
 
 
 def last_tool_output(result: RunResult) -> str:

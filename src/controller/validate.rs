@@ -248,7 +248,7 @@ mod tests {
 
     fn spec() -> SandboxSpec {
         serde_json::from_value(serde_json::json!({
-            "image": "agentbox/base:v1",
+            "image": "docker.io/library/busybox:1.37",
             "scope": {"kind": "User", "agent": "coder", "user": "alice"}
         }))
         .unwrap()

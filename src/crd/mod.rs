@@ -246,7 +246,7 @@ mod tests {
     #[derive(kube::KubeSchema, serde::Serialize, serde::Deserialize)]
     #[x_kube(cel)]
     struct PortsHolder {
-        #[x_kube(validation = crate::crd::unique_port_names(), validation = crate::crd::unique_port_numbers())]
+        #[x_kube(validation = crate::crd::unique_by("name", "port names"), validation = crate::crd::unique_port_numbers())]
         ports: Vec<crate::crd::SandboxPort>,
     }
 

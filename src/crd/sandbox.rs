@@ -117,7 +117,7 @@ pub struct SandboxSpec {
     /// port numbers per protocol.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
-    #[x_kube(validation = unique_port_names(), validation = unique_port_numbers())]
+    #[x_kube(validation = crate::crd::unique_by("name", "port names"), validation = unique_port_numbers())]
     pub ports: Vec<SandboxPort>,
 }
 
@@ -166,17 +166,6 @@ impl PortProtocol {
             PortProtocol::Sctp => "SCTP",
         }
     }
-}
-
-/// Admission rule on `spec.ports`: names are unique; the message names the first duplicate.
-/// (Written with `exists_one` over the names: the API server refuses costlier message
-/// expressions, such as a `filter` inside a `filter`.)
-pub fn unique_port_names() -> kube::core::Rule {
-    kube::core::Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message(
-        kube::core::Message::Expression(
-            "'port names must be unique: ' + self.map(p, p.name).filter(n, !self.exists_one(q, q.name == n))[0] + ' appears more than once'".into(),
-        ),
-    )
 }
 
 /// Admission rule on `spec.ports`: one port number per protocol (a Service refuses two). The
