@@ -319,7 +319,7 @@ fn mount_tops(sbx: &Sandbox) -> Vec<String> {
         .mounts
         .iter()
         .filter_map(|m| {
-            remote::normalize(&m.path)
+            crate::paths::normalize(&m.path)
                 .split('/')
                 .next()
                 .map(str::to_string)
