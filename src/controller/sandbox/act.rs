@@ -62,19 +62,15 @@ pub async fn act(
     }
     let then = |a: Option<Duration>| a.map_or_else(Action::await_change, Action::requeue);
     match step {
-        Step::Suspend => {
-            // spec.snapshot.onStop: persist the workspace before its pod goes.
-            if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
-                return Ok(Action::requeue(Duration::from_secs(2)));
-            }
-            let gone = delete_if_present(&apis.pods, &pod_name).await?;
-            write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
-            Ok(if gone {
-                then(requeue)
-            } else {
-                Action::requeue(Duration::from_secs(2))
-            })
-        }
+        Step::Suspend => suspend(sbx, ctx, apis, old, (status, note))
+            .await
+            .map(|gone| {
+                if gone {
+                    then(requeue)
+                } else {
+                    Action::requeue(Duration::from_secs(2))
+                }
+            }),
         Step::CreatePod => create_pod(sbx, ctx, apis, podcfg, old, status).await,
         Step::AwaitPodGone => {
             if old != &status {
@@ -109,6 +105,24 @@ pub async fn act(
         }
         Step::Invalid | Step::ShutDown => Ok(Action::await_change()),
     }
+}
+
+/// Suspends: takes the on-stop snapshot the spec asks for, deletes the pod, records the
+/// transition. Whether the pod is gone (false: it still terminates, or the snapshot runs).
+async fn suspend(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    old: &SandboxStatus,
+    (status, note): (SandboxStatus, Option<Note>),
+) -> Result<bool, Error> {
+    // spec.snapshot.onStop: persist the workspace before its pod goes.
+    if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
+        return Ok(false);
+    }
+    let gone = delete_if_present(&apis.pods, &labels::pod_name(&sbx.name_any())).await?;
+    write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
+    Ok(gone)
 }
 
 /// Publishes `note`, if any, about the sandbox.
