@@ -130,14 +130,18 @@ where
     let mut stdin = child.stdin.take();
     tokio::spawn(async move {
         while let Some(Ok(Message::Binary(b))) = rx.next().await {
-            match (b.first(), &mut stdin) {
-                (Some(0), Some(i)) => {
-                    if i.write_all(&b[1..]).await.is_err() {
+            match b.first() {
+                Some(0) => {
+                    let failed = match stdin.as_mut() {
+                        Some(i) => i.write_all(&b[1..]).await.is_err(),
+                        None => false,
+                    };
+                    if failed {
                         stdin = None;
                     }
                 }
                 // v5: the client half-closes channel 0 (stdin EOF).
-                (Some(255), _) if b.get(1) == Some(&0) => stdin = None,
+                Some(255) if b.get(1) == Some(&0) => stdin = None,
                 _ => {}
             }
         }
