@@ -757,13 +757,7 @@ async fn a_snapshot_of_a_serving_sandbox_is_taken_under_the_guard_and_committed(
 
     let s = fake.get(&format!("{SNAPS}/s1")).expect("snapshot");
     assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
-    let ready = s["status"]["conditions"]
-        .as_array()
-        .expect("conditions")
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .expect("a Ready condition");
-    assert_eq!(ready["status"], json!("True"));
+    assert_eq!(condition(&s, "Ready")["status"], json!("True"));
     // src/ and src/main.py; the operator's state directory is not archived.
     assert_eq!(s["status"]["members"], json!(2), "{s:#}");
     // The object holds exactly what the status says.
@@ -853,4 +847,114 @@ async fn a_workspace_without_its_marker_is_never_committed() {
     assert!(left.is_empty(), "{left:?}");
     let sbx = fake.get(&format!("{SBX}/bare")).expect("sandbox");
     assert!(sbx["status"]["lastSnapshot"].is_null());
+}
+
+/// A served context, a sandbox `name` whose workspace root is `root` on the host, its pod
+/// running, the node root checked: what the sandbox controller needs to reach its init step.
+async fn serving_sandbox(
+    name: &str,
+    root: &std::path::Path,
+    workspace: Value,
+) -> (Arc<FakeApi>, Arc<Context>) {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = served_context(
+        fake.clone(),
+        Some(crate::snapshot::store::Store::memory("")),
+    )
+    .await;
+    let spec = json!({"workspace": {"root": root.to_string_lossy(),
+        "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]},
+        "snapshot": {"restore": "None"}});
+    let status = json!({"phase": "Pending", "podName": pod(name), "workspace": workspace});
+    fake.put(&format!("{SBX}/{name}"), adopted(name, spec, status));
+    fake.put(
+        &format!("{PODS}/{}", pod(name)),
+        current_pod(&ctx, name, &fake),
+    );
+    let found = noderoot::Found::Checked {
+        nosuid: true,
+        nodev: true,
+        mount: "/".into(),
+    };
+    ctx.node_roots
+        .record("node-1", NS, found, std::time::Instant::now());
+    (fake, ctx)
+}
+
+#[tokio::test]
+async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_it_was_lost() {
+    let root = std::env::temp_dir().join(format!("agentbox-scenario-init-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).expect("root");
+    let (fake, ctx) = serving_sandbox("init", &root, json!({"rootReady": true})).await;
+    reconcile_sandbox(&fake, &ctx, "init").await;
+    let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
+    let marker = root.join(crate::remote::MARKER).exists();
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(todo.expect("the spec's file written"), "ship it\n");
+    assert!(marker, "the marker written");
+    assert!(fake.requested(&format!("GET {PODS}/{}/exec", pod("init"))));
+    let s = fake.get(&format!("{SBX}/init")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
+    assert_eq!(
+        s["status"]["workspace"]["initializedPodUid"],
+        json!("pod-uid")
+    );
+    // No snapshot to restore (and restore: None): branch D, reported as a loss, since the
+    // root had been prepared before.
+    assert_eq!(
+        s["status"]["workspace"]["lastStartBranch"],
+        json!("D"),
+        "{s:#}"
+    );
+    assert_eq!(
+        condition(&s, "WorkspaceReady")["reason"],
+        json!("WorkspaceReinitialized")
+    );
+    let status_writes = fake
+        .writes()
+        .iter()
+        .filter(|w| w.ends_with("/status"))
+        .count();
+    assert_eq!(status_writes, 1, "{:?}", fake.writes());
+}
+
+#[tokio::test]
+async fn a_workspace_initialised_by_an_earlier_pod_is_reattached_as_it_is() {
+    let root = host_workspace("reattach");
+    std::fs::write(root.join("src/main.py"), "edited\n").expect("an edit");
+    let (fake, ctx) = serving_sandbox(
+        "again",
+        &root,
+        json!({"rootReady": true, "initializedPodUid": "an-earlier-pod"}),
+    )
+    .await;
+    reconcile_sandbox(&fake, &ctx, "again").await;
+    let kept = std::fs::read_to_string(root.join("src/main.py"));
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(kept.expect("the file"), "edited\n", "the workspace is kept");
+    let s = fake.get(&format!("{SBX}/again")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
+    assert_eq!(
+        s["status"]["workspace"]["initializedPodUid"],
+        json!("pod-uid")
+    );
+    assert_eq!(
+        s["status"]["workspace"]["lastStartBranch"],
+        json!("A"),
+        "{s:#}"
+    );
+    assert_eq!(
+        condition(&s, "WorkspaceReady")["reason"],
+        json!("WorkspaceReused")
+    );
+}
+
+/// The condition `type_` of an object's status.
+fn condition(obj: &Value, type_: &str) -> Value {
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {type_} condition in {obj:#}"))
 }
