@@ -238,14 +238,7 @@ async fn write_failure(
     } else {
         st.phase = Some(SnapshotPhase::Pending);
     }
-    set_committed(
-        &mut st.conditions,
-        false,
-        reason,
-        message,
-        None,
-        now,
-    );
+    set_committed(&mut st.conditions, false, reason, message, None, now);
     super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message).await;
     super::apply_status(api, &snap.name_any(), &st).await
 }

@@ -19,12 +19,12 @@ use tracing::{info, warn};
 
 use super::decide::retention_victims;
 use super::{
-    COMMITTED, InFlight, set_committed, LAST_SNAPSHOT_MANAGER, MAX_ATTEMPTS, discard_attempt, snapshot_err,
+    InFlight, LAST_SNAPSHOT_MANAGER, MAX_ATTEMPTS, discard_attempt, set_committed, snapshot_err,
     write_failure,
 };
 use crate::controller::pod::CONTAINER;
 use crate::controller::selection::{self, Age, age};
-use crate::controller::{Context, Error, conditions};
+use crate::controller::{Context, Error};
 use crate::crd::{LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
 use crate::exec::{self, ExecEvent, ExecRequest};
 use crate::guard::{self, Guard, GuardConfig, GuardError};
@@ -126,14 +126,7 @@ impl Taking<'_> {
                 st.phase = Some(SnapshotPhase::Pending);
                 let msg = format!("waiting for the scope's guard (held by {holder})");
                 let now = Timestamp::now();
-                set_committed(
-                    &mut st.conditions,
-                    false,
-                    "GuardBusy",
-                    &msg,
-                    None,
-                    now,
-                );
+                set_committed(&mut st.conditions, false, "GuardBusy", &msg, None, now);
                 crate::controller::apply_status(&self.api, &self.name, &*st).await?;
                 Ok(None)
             }
@@ -162,14 +155,7 @@ impl Taking<'_> {
         st.size_bytes = None;
         st.members = None;
         let msg = "streaming the workspace to the object store";
-        set_committed(
-            &mut st.conditions,
-            false,
-            "Uploading",
-            msg,
-            None,
-            now,
-        );
+        set_committed(&mut st.conditions, false, "Uploading", msg, None, now);
         let upload_id = match self.store.create_upload(&self.keys).await {
             Ok(id) => id,
             Err(e) => return Err(snapshot_err(e)),
@@ -253,14 +239,7 @@ impl Taking<'_> {
             "{} bytes, {} members, sha256 {}",
             summary.size, summary.members, summary.sha256
         );
-        set_committed(
-            &mut st.conditions,
-            true,
-            "Committed",
-            &msg,
-            None,
-            now,
-        );
+        set_committed(&mut st.conditions, true, "Committed", &msg, None, now);
         crate::controller::apply_status(&self.api, &self.name, &st).await?;
         info!(snapshot = %self.name, namespace = %self.ns, "{msg}");
         let last = LastSnapshot {
