@@ -356,6 +356,18 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    /// A short kind for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecError::Invalid(_) => "invalid",
+            ExecError::Connect { .. } => "connect",
+            ExecError::NotStarted(_) => "not_started",
+            ExecError::Stream(_) => "stream",
+            ExecError::Timeout(_) => "timeout",
+            ExecError::Session(_) => "session",
+        }
+    }
+
     /// Whether trying again later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
