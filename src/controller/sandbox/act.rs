@@ -22,6 +22,7 @@ use crate::controller::{
 };
 use crate::crd::{Egress, Sandbox, SandboxStatus};
 use crate::labels;
+use crate::metrics::{COLD, ExecOp, Metrics};
 
 /// Carries out `plan` for `sbx`, as decided from `world`.
 pub async fn act(
@@ -225,7 +226,7 @@ async fn serve(
     let (init, error) = if serving.initialises() && !podstate::initialised_in(&st, pod) {
         let ws = st.workspace.clone().unwrap_or_default();
         let result = init::init_workspace(sbx, ctx, &apis.pods, &pod.name_any(), &ws).await;
-        outcome(sbx, &serving, result)
+        outcome(sbx, &ctx.metrics, &serving, result)
     } else {
         (Init::Skipped, None)
     };
@@ -254,14 +255,50 @@ async fn serve(
     if old != &st {
         write_status(&apis.sandboxes, sbx, &st).await?;
     }
+    if out.started.is_some() {
+        record_ready(&ctx.metrics, sbx, pod, old, &st);
+    }
     publish(ctx, sbx, out.started).await;
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
+/// Observes how long the start that has just become Ready took, by its branch: from the
+/// Sandbox's creation for its first start, else from the creation of the pod made for this one
+/// (a resume or a recovery). Called after the Ready status was written, so once per start.
+fn record_ready(
+    metrics: &Metrics,
+    sbx: &Sandbox,
+    pod: &Pod,
+    old: &SandboxStatus,
+    st: &SandboxStatus,
+) {
+    let Some(branch) = st.workspace.as_ref().and_then(|w| w.last_start_branch) else {
+        return;
+    };
+    let first = old
+        .workspace
+        .as_ref()
+        .is_none_or(|w| w.initialized_pod_uid.is_none());
+    let since = if first {
+        sbx.metadata.creation_timestamp.as_ref()
+    } else {
+        pod.metadata.creation_timestamp.as_ref()
+    };
+    let Some(since) = since else {
+        return;
+    };
+    let took = Timestamp::now().duration_since(since.0);
+    // A clock behind the API server's could make it negative: count that as instant.
+    let took = Duration::try_from(took).unwrap_or_default();
+    metrics.became_ready(branch, COLD, took);
+}
+
 /// The [`Init`] outcome of an initialisation, and the error to report when it failed. An early
-/// try whose container does not run yet is no failure: the pod is still starting.
+/// try whose container does not run yet is no failure (the pod is still starting), and no
+/// exec error either: those are counted in `metrics`.
 fn outcome(
     sbx: &Sandbox,
+    metrics: &Metrics,
     serving: &Serving,
     result: Result<
         (
@@ -284,6 +321,9 @@ fn outcome(
             (Init::NotAnswering, None)
         }
         Err(e) => {
+            if let Error::Exec(x) = e.root() {
+                metrics.exec_failed(ExecOp::Workspace, x.kind());
+            }
             let (reason, message) = e.reason_and_message();
             let init = Init::Failed {
                 reason: reason.to_string(),
