@@ -311,6 +311,17 @@ impl Default for Metrics {
             "Seconds the operator waited for a scope's guard, by purpose and outcome",
             m.guard_wait.clone(),
         );
+        // Every (purpose, kind) from 0, so a rate or an alert over them has data before
+        // the first error.
+        for op in [ExecOp::Workspace, ExecOp::Snapshot] {
+            for kind in crate::exec::ExecError::KINDS {
+                let l = ExecLabels {
+                    op: op.as_str(),
+                    kind,
+                };
+                m.exec_errors.get_or_create(&l).inc_by(0);
+            }
+        }
         r.add(
             "exec_errors",
             "Errors of the operator's own execs into sandboxes, by purpose and kind",
@@ -578,6 +589,11 @@ mod tests {
         let busy = Duration::from_secs(60);
         m.guard_waited(GuardOp::Snapshot, GuardOutcome::Acquired, Duration::ZERO);
         m.guard_waited(GuardOp::Restore, GuardOutcome::Busy, busy);
+        let text = m.render();
+        has(
+            &text,
+            r#"agentbox_exec_errors_total{op="workspace",kind="connect"} 0"#,
+        );
         m.exec_failed(ExecOp::Snapshot, "stream");
         let text = m.render();
         has(

@@ -275,7 +275,7 @@ pub async fn run(
 }
 
 /// Runs one reconcile of `obj` in a span that carries a reconcile id of its own and the
-/// object's namespace, name and generation, so every log line of it (JSON logs included) says
+/// object's namespace, name (`object`) and generation, so every log line of it (JSON logs included) says
 /// which reconcile and object it belongs to; records how long it took and logs its failure
 /// inside that span.
 async fn traced<K: kube::Resource>(
@@ -290,7 +290,8 @@ async fn traced<K: kube::Resource>(
         controller,
         reconcile_id = %format!("{:016x}", rand::random::<u64>()),
         namespace = meta.namespace.as_deref().unwrap_or_default(),
-        name = meta.name.as_deref().unwrap_or_default(),
+        // Not `name`: JSON logs write the span's own name under that key.
+        object = meta.name.as_deref().unwrap_or_default(),
         generation = meta.generation.unwrap_or_default(),
     );
     async move {

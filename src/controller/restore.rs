@@ -163,7 +163,7 @@ pub async fn restore(
 }
 
 /// The reason a failed restore is counted under: the condition's, else the failure's kind.
-fn failure_reason(e: &Error) -> &'static str {
+pub(crate) fn failure_reason(e: &Error) -> &'static str {
     match e.root() {
         Error::Restore { reason, .. } => reason.as_str(),
         Error::Guard(_) => "GuardLost",
