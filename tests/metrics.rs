@@ -12,16 +12,12 @@ use common::{TestEnv, create_sandbox, phase_is, sh, snapshot_finished, take_snap
 use kube::api::PostParams;
 use serde_json::json;
 
-fn spec(user: &str, extra: serde_json::Value) -> serde_json::Value {
-    let mut s = json!({
+fn spec(user: &str) -> serde_json::Value {
+    json!({
         "image": common::BASE_IMAGE,
         "imagePullPolicy": "Never",
         "scope": {"kind": "User", "agent": "metrics-tests", "user": user},
-    });
-    if let (Some(base), Some(more)) = (s.as_object_mut(), extra.as_object()) {
-        base.extend(more.clone());
-    }
-    s
+    })
 }
 
 /// The sum of the samples named `name` whose labels include every one of `labels`; `None`
@@ -132,7 +128,7 @@ async fn the_metrics_endpoint_exposes_each_series_after_create_snapshot_and_rest
     env.start_operator(&args);
 
     // Create: a fresh start.
-    create_sandbox(&env, "a", spec("alice", json!({})))
+    create_sandbox(&env, "a", spec("alice"))
         .await
         .expect("create a");
     let a = env.wait_for::<Sandbox>("a", 300, phase_is("Ready")).await;
@@ -154,7 +150,7 @@ async fn the_metrics_endpoint_exposes_each_series_after_create_snapshot_and_rest
     let s1 = take_snapshot(&env, "s1", "a", "Delete").await;
     let size = s1.status.as_ref().and_then(|s| s.size_bytes).expect("size");
     assert!(size > 1 << 20, "{size}");
-    create_sandbox(&env, "b", spec("alice", json!({})))
+    create_sandbox(&env, "b", spec("alice"))
         .await
         .expect("create b");
     let b = env.wait_for::<Sandbox>("b", 300, phase_is("Ready")).await;
@@ -162,10 +158,9 @@ async fn the_metrics_endpoint_exposes_each_series_after_create_snapshot_and_rest
 
     // A failure of each: a snapshot of no sandbox, a restore of no snapshot.
     failed_snapshot(&env).await;
-    let named = json!({"snapshot": {"restore": "Named", "name": "missing"}});
-    create_sandbox(&env, "c", spec("carol", named))
-        .await
-        .expect("create c");
+    let mut named = spec("carol");
+    named["snapshot"] = json!({"restore": "Named", "name": "missing"});
+    create_sandbox(&env, "c", named).await.expect("create c");
     env.wait_for::<Sandbox>("c", 300, phase_is("Initializing"))
         .await;
 

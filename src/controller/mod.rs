@@ -278,12 +278,16 @@ pub async fn run(
 /// object's namespace, name (`object`) and generation, so every log line of it (JSON logs included) says
 /// which reconcile and object it belongs to; records how long it took and logs its failure
 /// inside that span.
-async fn traced<K: kube::Resource>(
-    metrics: Arc<Metrics>,
+async fn traced<K, F>(
     controller: &'static str,
-    obj: &K,
-    reconcile: impl std::future::Future<Output = Result<Action, Error>>,
-) -> Result<Action, Error> {
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    reconcile: impl FnOnce(Arc<K>, Arc<Context>) -> F,
+) -> Result<Action, Error>
+where
+    K: kube::Resource,
+    F: std::future::Future<Output = Result<Action, Error>>,
+{
     let meta = obj.meta();
     let span = tracing::info_span!(
         "reconcile",
@@ -294,9 +298,10 @@ async fn traced<K: kube::Resource>(
         object = meta.name.as_deref().unwrap_or_default(),
         generation = meta.generation.unwrap_or_default(),
     );
+    let metrics = ctx.metrics.clone();
     async move {
         let start = Instant::now();
-        let out = reconcile.await;
+        let out = reconcile(obj, ctx).await;
         metrics.reconciled(controller, start.elapsed());
         if let Err(e) = &out {
             warn!("{controller} reconcile failed: {e}");
@@ -357,16 +362,7 @@ async fn run_snapshots(
         .with_config(ControllerConfig::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(
-            |snap, ctx: Arc<Context>| async move {
-                let (metrics, obj) = (ctx.metrics.clone(), snap.clone());
-                traced(
-                    metrics,
-                    "snapshot",
-                    obj.as_ref(),
-                    snapshot::reconcile(snap, ctx),
-                )
-                .await
-            },
+            |snap, ctx| traced("snapshot", snap, ctx, snapshot::reconcile),
             snapshot_error_policy,
             ctx,
         )
@@ -416,16 +412,7 @@ async fn run_sandboxes(
         .watches(scoped::<Lease>(&ctx.client, &ns), owned, guard_to_sandboxes)
         .graceful_shutdown_on(shutdown)
         .run(
-            |sbx, ctx: Arc<Context>| async move {
-                let (metrics, obj) = (ctx.metrics.clone(), sbx.clone());
-                traced(
-                    metrics,
-                    "sandbox",
-                    obj.as_ref(),
-                    sandbox::reconcile(sbx, ctx),
-                )
-                .await
-            },
+            |sbx, ctx| traced("sandbox", sbx, ctx, sandbox::reconcile),
             error_policy,
             ctx,
         )
