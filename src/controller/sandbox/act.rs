@@ -170,7 +170,8 @@ async fn create_pod(
         Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
         None => format!("created pod {pod_name}"),
     };
-    info!(sandbox = %sbx.name_any(), namespace = ?sbx.namespace(), "{msg}");
+    // The reconcile span names the sandbox and its namespace.
+    info!("{msg}");
     let note = Note {
         type_: kube::runtime::events::EventType::Normal,
         reason: "PodCreated".into(),
@@ -293,9 +294,9 @@ fn record_ready(
     metrics.became_ready(branch, COLD, took);
 }
 
-/// The [`Init`] outcome of an initialisation, and the error to report when it failed. An early
-/// try whose container does not run yet is no failure (the pod is still starting), and no
-/// exec error either: those are counted in `metrics`.
+/// The [`Init`] outcome of an initialisation, and the error to report when it failed; its exec
+/// errors are counted in `metrics`. An early try whose container does not run yet is neither a
+/// failure nor an exec error: the pod is still starting.
 fn outcome(
     sbx: &Sandbox,
     metrics: &Metrics,
