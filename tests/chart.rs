@@ -398,6 +398,7 @@ fn helm_lint_and_template_are_clean() {
         "sandboxDefaults.runAsUser=0",
         "sandboxDefaults.allowedCapabilities={cap_net_raw}",
         "replicas=2,leaderElection.enabled=false",
+        "metrics.prometheusRule.enabled=true,metrics.service.enabled=false",
         "unknownKey=1",
     ] {
         let r = helm_template(&["--set", bad]);
