@@ -19,6 +19,9 @@ WORKDIR /src
 # The whole source tree (see .dockerignore): Cargo checks that every declared target (benches
 # too) exists, even those it does not build.
 COPY . .
+# The commit agentbox_build_info reports: docker build --build-arg GIT_COMMIT=$(git rev-parse --short=12 HEAD)
+ARG GIT_COMMIT=unknown
+ENV AGENTBOX_GIT_COMMIT=${GIT_COMMIT}
 # On Alpine the host target is x86_64/aarch64-unknown-linux-musl: binaries are static by default.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

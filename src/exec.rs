@@ -330,6 +330,28 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    /// Every [`ExecError::kind`].
+    pub const KINDS: [&'static str; 6] = [
+        "invalid",
+        "connect",
+        "not_started",
+        "stream",
+        "timeout",
+        "session",
+    ];
+
+    /// A short kind for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecError::Invalid(_) => "invalid",
+            ExecError::Connect { .. } => "connect",
+            ExecError::NotStarted(_) => "not_started",
+            ExecError::Stream(_) => "stream",
+            ExecError::Timeout(_) => "timeout",
+            ExecError::Session(_) => "session",
+        }
+    }
+
     /// Whether trying again later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -657,6 +679,23 @@ async fn next_frame(
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
+
+    #[test]
+    fn every_error_kind_is_listed_once() {
+        let all = [
+            ExecError::Invalid(String::new()),
+            ExecError::Connect {
+                pod: "p".into(),
+                source: kube::Error::LinesCodecMaxLineLengthExceeded,
+            },
+            ExecError::NotStarted(String::new()),
+            ExecError::Stream(String::new()),
+            ExecError::Timeout(Duration::ZERO),
+            ExecError::Session(String::new()),
+        ];
+        let kinds: Vec<&str> = all.iter().map(ExecError::kind).collect();
+        assert_eq!(kinds, ExecError::KINDS);
+    }
 
     fn failure(reason: &str, causes: Vec<(&str, &str)>, msg: &str) -> Status {
         Status {

@@ -2,7 +2,8 @@
 //! uninstall), `helm lint --strict` and `helm template` pass for the default and the notable value
 //! sets, every RBAC rule carries a comment saying why, every value is documented and in the
 //! schema, the values reach the operator's env, and the optional objects (aggregated roles,
-//! harness ServiceAccounts, PodDisruptionBudget, the `helm test` pod) render as they should.
+//! harness ServiceAccounts, PodDisruptionBudget, the `helm test` pod, the Grafana dashboard and
+//! the PrometheusRule) render as they should, querying only series the operator registers.
 
 use std::process::Command;
 
@@ -380,6 +381,10 @@ fn helm_lint_and_template_are_clean() {
     ]);
     template(&["metrics.serviceMonitor.enabled=true", "replicas=3"]);
     template(&[
+        "metrics.dashboard.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+    ]);
+    template(&[
         "leaderElection.enabled=false",
         "rbac.create=false",
         "serviceAccount.create=false",
@@ -393,6 +398,7 @@ fn helm_lint_and_template_are_clean() {
         "sandboxDefaults.runAsUser=0",
         "sandboxDefaults.allowedCapabilities={cap_net_raw}",
         "replicas=2,leaderElection.enabled=false",
+        "metrics.prometheusRule.enabled=true,metrics.service.enabled=false",
         "unknownKey=1",
     ] {
         let r = helm_template(&["--set", bad]);
@@ -583,5 +589,133 @@ fn every_value_is_documented() {
             "values.yaml: {key:?} has no comment above it"
         );
         prev = trimmed;
+    }
+}
+
+/// Every `agentbox_…` metric name in `text`.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("agentbox_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The dashboard (parsed) and the alert expressions of a rendering with both enabled.
+fn dashboard_and_rules() -> (serde_json::Value, Vec<(String, String)>) {
+    let rendered = template(&[
+        "metrics.dashboard.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+    ]);
+    let docs = docs(&rendered);
+    let cm = find(&docs, "ConfigMap", "rel-agentbox-dashboard").expect("dashboard ConfigMap");
+    assert_eq!(
+        cm["metadata"]["labels"]["grafana_dashboard"].as_str(),
+        Some("1")
+    );
+    let json = cm["data"]["agentbox.json"].as_str().expect("agentbox.json");
+    let dashboard: serde_json::Value = serde_json::from_str(json).expect("dashboard JSON");
+    let rule = find(&docs, "PrometheusRule", "rel-agentbox").expect("PrometheusRule");
+    assert_eq!(
+        rule["apiVersion"].as_str(),
+        Some("monitoring.coreos.com/v1")
+    );
+    let alerts = rule["spec"]["groups"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_sequence().into_iter().flatten())
+        .map(|r| {
+            let name = r["alert"].as_str().unwrap_or_default().to_string();
+            (name, r["expr"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    (dashboard, alerts)
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_render_only_when_enabled() {
+    let default = docs(&template(&[]));
+    assert!(find(&default, "ConfigMap", "rel-agentbox-dashboard").is_none());
+    assert!(
+        !default
+            .iter()
+            .any(|d| d["kind"].as_str() == Some("PrometheusRule"))
+    );
+    let (dashboard, alerts) = dashboard_and_rules();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let queries = panels
+        .iter()
+        .filter(|p| p["type"] != "row")
+        .filter(|p| p["targets"].as_array().is_some_and(|t| !t.is_empty()))
+        .count();
+    assert!(queries >= 10, "{queries} panels with queries");
+    let names: Vec<&str> = alerts.iter().map(|(n, _)| n.as_str()).collect();
+    for want in [
+        "AgentboxOperatorDown",
+        "AgentboxNoLeader",
+        "AgentboxReconcileErrors",
+        "AgentboxSnapshotFailures",
+        "AgentboxSlowStarts",
+    ] {
+        assert!(names.contains(&want), "{want} not in {names:?}");
+    }
+    // Each alert selects the series of this release's ServiceMonitor job.
+    for (name, expr) in &alerts {
+        assert!(
+            expr.contains(r#"job="rel-agentbox-metrics""#),
+            "{name}: {expr}"
+        );
+    }
+    // The dashboard ConfigMap goes where the sidecar looks when told.
+    let elsewhere = docs(&template(&[
+        "metrics.dashboard.enabled=true",
+        "metrics.dashboard.namespace=monitoring",
+    ]));
+    let cm = find(&elsewhere, "ConfigMap", "rel-agentbox-dashboard").expect("ConfigMap");
+    assert_eq!(cm["metadata"]["namespace"].as_str(), Some("monitoring"));
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_query_only_what_the_operator_registers() {
+    let registered = agentbox::metrics::Metrics::default().sample_names().clone();
+    let (dashboard, alerts) = dashboard_and_rules();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .chain(alerts.into_iter().map(|(_, e)| e))
+        .collect();
+    let queried = metric_names(&exprs.join("\n"));
+    for name in &queried {
+        assert!(
+            registered.contains(name),
+            "{name} is queried but the operator registers no such series: {registered:?}"
+        );
+    }
+    // And the dashboard shows every metric the operator has (some sample of each).
+    let shown = metric_names(&dashboard.to_string());
+    let families: std::collections::BTreeSet<&str> = registered
+        .iter()
+        .map(|n| {
+            ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n)
+        })
+        .collect();
+    for family in families {
+        assert!(
+            shown.iter().any(|n| n.starts_with(family)),
+            "the dashboard has no panel for {family}"
+        );
     }
 }

@@ -753,6 +753,16 @@ pub enum SandboxPhase {
 }
 
 impl SandboxPhase {
+    /// Every phase (what a count by phase covers).
+    pub const ALL: [SandboxPhase; 6] = [
+        SandboxPhase::Pending,
+        SandboxPhase::Initializing,
+        SandboxPhase::Ready,
+        SandboxPhase::Suspended,
+        SandboxPhase::Failed,
+        SandboxPhase::Terminating,
+    ];
+
     /// The phase's name as written in status.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -227,7 +227,7 @@ async fn write_failure(
     snap: &SandboxSnapshot,
     api: &Api<SandboxSnapshot>,
     mut st: SandboxSnapshotStatus,
-    reason: &str,
+    reason: &'static str,
     message: &str,
     give_up: bool,
 ) -> Result<(), Error> {
@@ -240,7 +240,10 @@ async fn write_failure(
     }
     set_committed(&mut st.conditions, false, reason, message, None, now);
     super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message).await;
-    super::apply_status(api, &snap.name_any(), &st).await
+    super::apply_status(api, &snap.name_any(), &st).await?;
+    // Counted once recorded: a failed write brings the same failure back.
+    ctx.metrics.snapshot_failed(reason);
+    Ok(())
 }
 
 /// Whether the cached snapshot is the API server's current version (a fresh read), so a
