@@ -328,21 +328,8 @@ mod tests {
 
     /// Runs `script` with the host's `sh`, `args`, and `stdin`; returns success and stdout.
     fn run(script: &str, args: Vec<String>, stdin: &[u8]) -> (bool, Vec<u8>, String) {
-        use std::io::Write;
-        let argv = sh(script, args);
-        let mut child = Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run sh");
-        if let Some(mut i) = child.stdin.take() {
-            let _ = i.write_all(stdin);
-        }
-        let out = child.wait_with_output().expect("wait");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        (out.status.success(), out.stdout, err)
+        let (code, out, err) = run_argv(&sh(script, args), stdin);
+        (code == 0, out, err)
     }
 
     fn path(p: &Path) -> String {

@@ -734,17 +734,8 @@ fn host_workspace(name: &str) -> std::path::PathBuf {
 #[tokio::test]
 async fn a_snapshot_of_a_serving_sandbox_is_taken_under_the_guard_and_committed() {
     let root = host_workspace("take");
-    let fake = Arc::new(FakeApi::default());
-    let store = crate::snapshot::store::Store::memory("");
-    let ctx = served_context(fake.clone(), Some(store.clone())).await;
-    let spec = json!({"workspace": {"root": root.to_string_lossy()}});
-    let status = json!({"phase": "Ready", "podName": pod("busy"),
-        "workspace": {"rootReady": true, "initializedPodUid": "pod-uid"}});
-    fake.put(&format!("{SBX}/busy"), adopted("busy", spec, status));
-    fake.put(
-        &format!("{PODS}/{}", pod("busy")),
-        current_pod(&ctx, "busy", &fake),
-    );
+    let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
+    let (fake, ctx, store) = serving_sandbox("busy", &root, initialised).await;
     fake.put(
         &format!("{SNAPS}/s1"),
         snapshot_of("s1", "busy", Value::Null),
@@ -814,17 +805,8 @@ async fn a_snapshot_of_a_serving_sandbox_is_taken_under_the_guard_and_committed(
 async fn a_workspace_without_its_marker_is_never_committed() {
     let root = host_workspace("unmarked");
     std::fs::remove_file(root.join(crate::remote::MARKER)).expect("marker");
-    let fake = Arc::new(FakeApi::default());
-    let store = crate::snapshot::store::Store::memory("");
-    let ctx = served_context(fake.clone(), Some(store.clone())).await;
-    let spec = json!({"workspace": {"root": root.to_string_lossy()}});
-    let status = json!({"phase": "Ready", "podName": pod("bare"),
-        "workspace": {"rootReady": true, "initializedPodUid": "pod-uid"}});
-    fake.put(&format!("{SBX}/bare"), adopted("bare", spec, status));
-    fake.put(
-        &format!("{PODS}/{}", pod("bare")),
-        current_pod(&ctx, "bare", &fake),
-    );
+    let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
+    let (fake, ctx, store) = serving_sandbox("bare", &root, initialised).await;
     fake.put(
         &format!("{SNAPS}/s2"),
         snapshot_of("s2", "bare", Value::Null),
@@ -855,13 +837,10 @@ async fn serving_sandbox(
     name: &str,
     root: &std::path::Path,
     workspace: Value,
-) -> (Arc<FakeApi>, Arc<Context>) {
+) -> (Arc<FakeApi>, Arc<Context>, crate::snapshot::store::Store) {
     let fake = Arc::new(FakeApi::default());
-    let ctx = served_context(
-        fake.clone(),
-        Some(crate::snapshot::store::Store::memory("")),
-    )
-    .await;
+    let store = crate::snapshot::store::Store::memory("");
+    let ctx = served_context(fake.clone(), Some(store.clone())).await;
     let spec = json!({"workspace": {"root": root.to_string_lossy(),
         "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]},
         "snapshot": {"restore": "None"}});
@@ -878,7 +857,7 @@ async fn serving_sandbox(
     };
     ctx.node_roots
         .record("node-1", NS, found, std::time::Instant::now());
-    (fake, ctx)
+    (fake, ctx, store)
 }
 
 #[tokio::test]
@@ -886,7 +865,7 @@ async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_
     let root = std::env::temp_dir().join(format!("agentbox-scenario-init-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).expect("root");
-    let (fake, ctx) = serving_sandbox("init", &root, json!({"rootReady": true})).await;
+    let (fake, ctx, _) = serving_sandbox("init", &root, json!({"rootReady": true})).await;
     reconcile_sandbox(&fake, &ctx, "init").await;
     let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
     let marker = root.join(crate::remote::MARKER).exists();
@@ -894,23 +873,9 @@ async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_
     assert_eq!(todo.expect("the spec's file written"), "ship it\n");
     assert!(marker, "the marker written");
     assert!(fake.requested(&format!("GET {PODS}/{}/exec", pod("init"))));
-    let s = fake.get(&format!("{SBX}/init")).expect("sandbox");
-    assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
-    assert_eq!(
-        s["status"]["workspace"]["initializedPodUid"],
-        json!("pod-uid")
-    );
     // No snapshot to restore (and restore: None): branch D, reported as a loss, since the
     // root had been prepared before.
-    assert_eq!(
-        s["status"]["workspace"]["lastStartBranch"],
-        json!("D"),
-        "{s:#}"
-    );
-    assert_eq!(
-        condition(&s, "WorkspaceReady")["reason"],
-        json!("WorkspaceReinitialized")
-    );
+    assert_started(&fake, "init", "D", "WorkspaceReinitialized");
     let status_writes = fake
         .writes()
         .iter()
@@ -923,7 +888,7 @@ async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_
 async fn a_workspace_initialised_by_an_earlier_pod_is_reattached_as_it_is() {
     let root = host_workspace("reattach");
     std::fs::write(root.join("src/main.py"), "edited\n").expect("an edit");
-    let (fake, ctx) = serving_sandbox(
+    let (fake, ctx, _) = serving_sandbox(
         "again",
         &root,
         json!({"rootReady": true, "initializedPodUid": "an-earlier-pod"}),
@@ -933,21 +898,17 @@ async fn a_workspace_initialised_by_an_earlier_pod_is_reattached_as_it_is() {
     let kept = std::fs::read_to_string(root.join("src/main.py"));
     let _ = std::fs::remove_dir_all(&root);
     assert_eq!(kept.expect("the file"), "edited\n", "the workspace is kept");
-    let s = fake.get(&format!("{SBX}/again")).expect("sandbox");
+    assert_started(&fake, "again", "A", "WorkspaceReused");
+}
+
+/// The sandbox `name` is Ready, initialised in the current pod, through `branch` for `reason`.
+fn assert_started(fake: &FakeApi, name: &str, branch: &str, reason: &str) {
+    let s = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
     assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
-    assert_eq!(
-        s["status"]["workspace"]["initializedPodUid"],
-        json!("pod-uid")
-    );
-    assert_eq!(
-        s["status"]["workspace"]["lastStartBranch"],
-        json!("A"),
-        "{s:#}"
-    );
-    assert_eq!(
-        condition(&s, "WorkspaceReady")["reason"],
-        json!("WorkspaceReused")
-    );
+    let w = &s["status"]["workspace"];
+    assert_eq!(w["initializedPodUid"], json!("pod-uid"), "{s:#}");
+    assert_eq!(w["lastStartBranch"], json!(branch), "{s:#}");
+    assert_eq!(condition(&s, "WorkspaceReady")["reason"], json!(reason));
 }
 
 /// The condition `type_` of an object's status.
