@@ -9,7 +9,8 @@ Needs a cluster with agentbox installed (``hack/run`` gives one) and
 
     AGENTBOX_NAMESPACE=default python examples/python/agentscope_agent.py
 
-``AGENTBOX_IMAGE`` picks the image (default ``docker.io/library/busybox:1.37``, which the local cluster imports under that name).
+``AGENTBOX_IMAGE`` picks the image (default ``docker.io/library/busybox:1.37``, which the local
+cluster imports under that name).
 ``hack/test`` runs it against a namespace of its own.
 """
 
@@ -22,8 +23,6 @@ import sys
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import agentbox
-from agentbox.integrations.agentscope import AgentboxWorkspace
 from agentscope.agent import Agent
 from agentscope.credential import CredentialBase
 from agentscope.formatter import OpenAIChatFormatter
@@ -33,6 +32,9 @@ from agentscope.permission import PermissionContext, PermissionMode
 from agentscope.state import AgentState
 from agentscope.tool import Toolkit
 from pydantic import BaseModel
+
+import agentbox
+from agentbox.integrations.agentscope import AgentboxWorkspace
 
 Block = TextBlock | ToolCallBlock | ThinkingBlock | DataBlock
 
@@ -80,9 +82,7 @@ def call(n: int, tool: str, **args: str) -> ToolCallBlock:
     return ToolCallBlock(id=f"call-{n}", name=tool, input=json.dumps(args))
 
 
-async def turn(
-    workspace: AgentboxWorkspace, script: list[list[Block] | None], ask: str
-) -> str:
+async def turn(workspace: AgentboxWorkspace, script: list[list[Block] | None], ask: str) -> str:
     """One agent turn in ``workspace`` on a scripted model; the agent's answer."""
     agent = Agent(
         name="notes",
@@ -91,13 +91,9 @@ async def turn(
         toolkit=Toolkit(tools=await workspace.list_tools()),
         # The tools run in the sandbox, not on this machine: agentscope's mode for sandboxed
         # environments, where no one is there to confirm each write.
-        state=AgentState(
-            permission_context=PermissionContext(mode=PermissionMode.BYPASS)
-        ),
+        state=AgentState(permission_context=PermissionContext(mode=PermissionMode.BYPASS)),
     )
-    reply = await agent.reply(
-        Msg(name="user", role="user", content=[TextBlock(text=ask)])
-    )
+    reply = await agent.reply(Msg(name="user", role="user", content=[TextBlock(text=ask)]))
     return reply.get_text_content() or ""
 
 
@@ -111,9 +107,7 @@ async def main() -> int:
 
     # 1. The Write tool writes into the sandbox's workspace; closing suspends the Sandbox.
     async with AgentboxWorkspace(scope=scope, spec=spec, namespace=namespace) as ws:
-        write = call(
-            1, "Write", file_path="/workspace/notes.md", content="# Notes\nship it\n"
-        )
+        write = call(1, "Write", file_path="/workspace/notes.md", content="# Notes\nship it\n")
         answer = await turn(ws, [[write], None], "Save my notes.")
         print(f"agent 1: {answer} (sandbox {ws.sandbox.name})")
 

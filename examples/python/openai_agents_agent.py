@@ -10,7 +10,8 @@ Needs a cluster with agentbox installed (``hack/run`` gives one) and
 
     AGENTBOX_NAMESPACE=default python examples/python/openai_agents_agent.py
 
-``AGENTBOX_IMAGE`` picks the image (default ``docker.io/library/busybox:1.37``, which the local cluster imports under that name).
+``AGENTBOX_IMAGE`` picks the image (default ``docker.io/library/busybox:1.37``, which the local
+cluster imports under that name).
 ``hack/test`` runs it against a namespace of its own.
 """
 
@@ -21,17 +22,18 @@ import os
 import sys
 import time
 
-import agentbox
-from agentbox.integrations.openai_agents import (
-    AgentboxSandboxClient,
-    AgentboxSandboxClientOptions,
-)
 from agents import Runner
 from agents.result import RunResult
 from agents.run import RunConfig
 from agents.run_state import RunState
 from agents.sandbox import SandboxAgent, SandboxRunConfig
 from agents.testing import ScriptedModel, assistant_message, function_call
+
+import agentbox
+from agentbox.integrations.openai_agents import (
+    AgentboxSandboxClient,
+    AgentboxSandboxClientOptions,
+)
 
 
 def last_tool_output(result: RunResult) -> str:
@@ -56,9 +58,7 @@ async def main() -> int:
     namespace = os.environ.get("AGENTBOX_NAMESPACE", "default")
     scope = agentbox.Scope.for_user("openai-notes", "alice@example.com")
     model = ScriptedModel()
-    agent = SandboxAgent(
-        name="notes", instructions="Keep notes in the workspace.", model=model
-    )
+    agent = SandboxAgent(name="notes", instructions="Keep notes in the workspace.", model=model)
     options = AgentboxSandboxClientOptions(
         image=os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37"),
         namespace=namespace,
@@ -79,18 +79,14 @@ async def main() -> int:
     # 2. Another request: the run resumes from the stored state, reattaching to the Sandbox.
     exec_then_answer(model, "cat notes.md", "Your notes say: ship it.", 2)
     started = time.monotonic()
-    second = await Runner.run(
-        agent, await RunState.from_string(agent, stored), run_config=config
-    )
+    second = await Runner.run(agent, await RunState.from_string(agent, stored), run_config=config)
     took = time.monotonic() - started
     print(f"run 2: {second.final_output} | {last_tool_output(second).splitlines()[-1]}")
     print(f"run 2 (reattached, sandbox resumed) took {took:.1f}s")
 
     async with agentbox.Sandboxes(namespace) as sandboxes:
         for sbx in await sandboxes.list(scope=scope):
-            print(
-                f"sandbox {sbx.name}: {sbx.obj['spec']['lifecycle']['mode']}; deleting it"
-            )
+            print(f"sandbox {sbx.name}: {sbx.obj['spec']['lifecycle']['mode']}; deleting it")
             await sbx.delete(wait=True)
     model.assert_complete()
     return 0

@@ -29,9 +29,7 @@ async def main() -> int:
         spec = agentbox.SandboxSpec(
             image=image,
             workspace=agentbox.WorkspaceSpec(
-                files=[
-                    agentbox.WorkspaceFile("README.md", content="hello from agentbox\n")
-                ]
+                files=[agentbox.WorkspaceFile("README.md", content="hello from agentbox\n")]
             ),
         )
         sbx = await sandboxes.get_or_create(scope, spec)
@@ -44,9 +42,7 @@ async def main() -> int:
         try:
             await sbx.exec(["sleep", "60"], timeout=1)
         except agentbox.ExecTimeoutError as e:
-            print(
-                f"timed out as asked (exit code {e.result.exit_code if e.result else None})"
-            )
+            print(f"timed out as asked (exit code {e.result.exit_code if e.result else None})")
 
         # 3. Files, confined to the workspace.
         await sbx.write("notes/todo.txt", "ship it\n")
@@ -64,9 +60,7 @@ async def main() -> int:
                 "echo step 2 >> notes/log",
                 "cat notes/log",
             ):
-                out = await shell.run(
-                    cmd, env={"FENCING_TOKEN": str(guard.fencing_token)}
-                )
+                out = await shell.run(cmd, env={"FENCING_TOKEN": str(guard.fencing_token)})
             print(
                 f"turn done under fencing token {guard.fencing_token}: {out.stdout_text().split()}"
             )
