@@ -842,8 +842,7 @@ async fn serving_sandbox(
     let store = crate::snapshot::store::Store::memory("");
     let ctx = served_context(fake.clone(), Some(store.clone())).await;
     let spec = json!({"workspace": {"root": root.to_string_lossy(),
-        "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]},
-        "snapshot": {"restore": "None"}});
+        "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]}});
     let status = json!({"phase": "Pending", "podName": pod(name), "workspace": workspace});
     fake.put(&format!("{SBX}/{name}"), adopted(name, spec, status));
     fake.put(
@@ -873,8 +872,8 @@ async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_
     assert_eq!(todo.expect("the spec's file written"), "ship it\n");
     assert!(marker, "the marker written");
     assert!(fake.requested(&format!("GET {PODS}/{}/exec", pod("init"))));
-    // No snapshot to restore (and restore: None): branch D, reported as a loss, since the
-    // root had been prepared before.
+    // No snapshot to restore: branch D, reported as a loss, since the root had been
+    // prepared before.
     assert_started(&fake, "init", "D", "WorkspaceReinitialized");
     let status_writes = fake
         .writes()
@@ -918,4 +917,51 @@ fn condition(obj: &Value, type_: &str) -> Value {
         .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
         .cloned()
         .unwrap_or_else(|| panic!("no {type_} condition in {obj:#}"))
+}
+
+#[tokio::test]
+async fn a_lost_workspace_comes_back_from_the_newest_snapshot_through_branch_b() {
+    let root = host_workspace("recover");
+    let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
+    let (fake, ctx, _) = serving_sandbox("rec", &root, initialised).await;
+    fake.put(
+        &format!("{SNAPS}/s1"),
+        snapshot_of("s1", "rec", Value::Null),
+    );
+    super::snapshot::reconcile(stored_snapshot(&fake, "s1"), ctx.clone())
+        .await
+        .expect("the snapshot");
+    assert_eq!(
+        fake.get(&format!("{SNAPS}/s1")).expect("s1")["status"]["phase"],
+        json!("Ready")
+    );
+    // The node lost the workspace; the sandbox's pod is a new one.
+    std::fs::remove_dir_all(&root).expect("lose it");
+    std::fs::create_dir_all(&root).expect("an empty root");
+    let mut sbx = fake.get(&format!("{SBX}/rec")).expect("sandbox");
+    // (The fake stores a status patch as the whole status, so the snapshot's record of
+    // itself replaced what the sandbox controller wrote; the API server would merge them.)
+    sbx["status"]["podName"] = json!(pod("rec"));
+    sbx["status"]["workspace"] = json!({"rootReady": true, "initializedPodUid": "a-lost-pod"});
+    fake.put(&format!("{SBX}/rec"), sbx);
+
+    reconcile_sandbox(&fake, &ctx, "rec").await;
+    let back = std::fs::read_to_string(root.join("src/main.py"));
+    let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
+    let staged: Vec<String> = std::fs::read_dir(root.join(crate::remote::STATE_DIR))
+        .expect("the state directory")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("staging-") || n.starts_with("old-"))
+        .collect();
+    let _ = std::fs::remove_dir_all(&root);
+    assert_started(&fake, "rec", "B", "WorkspaceRecovered");
+    assert_eq!(back.expect("restored"), "print('hi')\n");
+    assert!(todo.is_err(), "branch B writes only the ephemeral files");
+    assert!(
+        staged.is_empty(),
+        "nothing of the restore is left behind: {staged:?}"
+    );
+    let s = fake.get(&format!("{SBX}/rec")).expect("sandbox");
+    assert_eq!(s["status"]["restoredFrom"], json!("s1"), "{s:#}");
 }
