@@ -328,3 +328,59 @@ async fn cli_snapshot_and_restore_into_a_new_sandbox() {
     env.finish().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_delete_waits_until_gone() {
+    let mut env = TestEnv::new("client-suspend").await;
+    env.start_operator(&[]);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+    let sc = scope("clitest", "dora");
+    let mut h = sbxs
+        .get_or_create(&sc, template(&sc, json!({})))
+        .await
+        .expect("create");
+    h.wait_ready(Duration::from_secs(120)).await.expect("ready");
+    h.write_file("kept.txt", &b"across a suspension"[..])
+        .await
+        .expect("write");
+
+    h.suspend().await.expect("suspend");
+    // Waiting on a suspended sandbox says so at once: with this timeout a wait that did not
+    // know would end in NotReady, not Suspended.
+    match h.wait_ready(Duration::from_secs(600)).await {
+        Err(ClientError::Suspended(name)) => assert_eq!(name, h.name()),
+        other => panic!("expected Suspended, got {other:?}"),
+    }
+    env.wait_for::<agentbox::crd::Sandbox>(h.name(), 120, common::phase_is("Suspended"))
+        .await;
+
+    // The harness's usual call brings it back, with its workspace.
+    let mut again = sbxs
+        .get_or_create(&sc, template(&sc, json!({})))
+        .await
+        .expect("get_or_create");
+    assert_eq!(again.name(), h.name());
+    again
+        .wait_ready(Duration::from_secs(120))
+        .await
+        .expect("ready again");
+    assert_eq!(
+        again.read_file("kept.txt").await.expect("read"),
+        b"across a suspension"
+    );
+
+    again
+        .delete(Duration::from_secs(120))
+        .await
+        .expect("delete");
+    assert!(matches!(
+        sbxs.open(h.name()).await,
+        Err(ClientError::NotFound(_))
+    ));
+    // Deleting what is gone is not an error.
+    again
+        .delete(Duration::from_secs(5))
+        .await
+        .expect("delete again");
+    env.finish().await;
+}
