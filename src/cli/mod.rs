@@ -105,12 +105,14 @@ enum Cmd {
     Cp(cp::CpArgs),
     /// Hold a sandbox scope's execution guard while a local command runs.
     Lock(lock::LockArgs),
-    /// Snapshot a sandbox's workspace (a new SandboxSnapshot); prints its name, and with
-    /// `--wait` its object key, digest and size once Ready.
+    /// Snapshot a sandbox's workspace into a new SandboxSnapshot.
+    ///
+    /// Prints its name, and with `--wait` its object key, digest and size once Ready.
     Snapshot(snapshot::SnapshotArgs),
-    /// Create a sandbox whose workspace is restored from a snapshot. The spec is copied from
-    /// the snapshot's source sandbox (which must still exist); the scope flags give another
-    /// scope, NAME another name (default: the scope's name).
+    /// Create a sandbox whose workspace is restored from a snapshot.
+    ///
+    /// The spec is copied from the snapshot's source sandbox (which must still exist); the
+    /// scope flags give another scope, NAME another name (default: the scope's name).
     Restore(restore::RestoreArgs),
     /// Print a shell completion script: `source <(agentbox completion bash)`.
     Completion(completion::CompletionArgs),
@@ -265,8 +267,9 @@ mod tests {
         for sub in &subs {
             let name = sub.get_name();
             let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+            // One short line: the details are in the subcommand's own --help.
             assert!(
-                !about.is_empty() && !about.contains('\n'),
+                !about.is_empty() && !about.contains('\n') && about.len() <= 80,
                 "{name}: {about:?}"
             );
             let line = help
