@@ -46,6 +46,29 @@ fn terminal_size() -> Option<TerminalSize> {
     Some(TerminalSize { width, height })
 }
 
+/// Local stdin in chunks as they are read, from a plain thread. Tokio's stdin reads on its
+/// blocking pool, and the runtime waits for that read when `main` returns: after the remote
+/// shell exits, the CLI would hang until the next key press. A detached thread does not hold
+/// the process; its channel closes at stdin's EOF.
+fn stdin_chunks() -> tokio::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            match std::io::Read::read(&mut stdin, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.blocking_send(buf[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
 /// `agentbox shell`.
 pub(super) async fn shell(h: &SandboxHandle) -> Result<ExitCode, Fail> {
     let pods = h.pods();
@@ -88,9 +111,13 @@ pub(super) async fn shell(h: &SandboxHandle) -> Result<ExitCode, Fail> {
     let mut stdin_w = proc.stdin().ok_or_else(|| Fail("no stdin".into()))?;
     let mut stdout_r = proc.stdout().ok_or_else(|| Fail("no stdout".into()))?;
     let status = proc.take_status().ok_or_else(|| Fail("no status".into()))?;
+    let mut keys = stdin_chunks();
     let input = tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let _ = tokio::io::copy(&mut stdin, &mut stdin_w).await;
+        while let Some(chunk) = keys.recv().await {
+            if stdin_w.write_all(&chunk).await.is_err() || stdin_w.flush().await.is_err() {
+                break;
+            }
+        }
     });
     let mut out = tokio::io::stdout();
     let copy = async {
