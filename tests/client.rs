@@ -484,5 +484,60 @@ async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
         );
     }
 
+    // On a terminal (script(1) gives it a pty) cp shows the bytes copied on stderr; piped,
+    // stderr stays empty.
+    let src = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-up", env.ns));
+    std::fs::create_dir_all(&src).expect("upload dir");
+    std::fs::write(src.join("blob"), vec![7u8; 3 << 20]).expect("blob");
+    let src_s = src.to_string_lossy().into_owned();
+    let (code, out, err) = cli(&env, &["cp", &src_s, &format!("{name}:up")]);
+    assert_eq!((code, out.as_str(), err.as_str()), (Some(0), "", ""));
+    let on_tty = |line: &str, stdin: &str| {
+        use std::io::Write;
+        let mut child = Command::new("script")
+            .args(["-qec", line, "/dev/null"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("script(1)");
+        let mut input = child.stdin.take().expect("stdin");
+        input.write_all(stdin.as_bytes()).expect("write stdin");
+        // Left open a little: script(1) ends the session at its stdin's EOF.
+        std::thread::sleep(Duration::from_secs(3));
+        drop(input);
+        let out = child.wait_with_output().expect("script output");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let bin = env!("CARGO_BIN_EXE_agentbox");
+    let (code, shown) = on_tty(&format!("{bin} -n {} cp {src_s} {name}:up2", env.ns), "");
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(
+        shown.contains(&format!("→ {name}:up2")) && shown.contains("MiB"),
+        "progress on a terminal: {shown:?}"
+    );
+    let _ = std::fs::remove_dir_all(&src);
+
+    // shell: the remote shell gets a TTY; the local terminal is raw meanwhile and restored
+    // after (stty shows canonical mode and echo again).
+    let (code, shown) = on_tty(
+        &format!(
+            "{bin} -n {} shell {name}; echo shell-exit=$?; stty -a",
+            env.ns
+        ),
+        "echo in-the-$((1+1))-sandbox; exit 3\n",
+    );
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains("in-the-2-sandbox"), "{shown:?}");
+    assert!(shown.contains("shell-exit=3"), "{shown:?}");
+    let modes: Vec<&str> = shown.split_whitespace().collect();
+    assert!(
+        modes.contains(&"icanon") && modes.contains(&"echo"),
+        "terminal restored: {shown:?}"
+    );
+
     env.finish().await;
 }
