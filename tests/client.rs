@@ -51,6 +51,29 @@ fn cells(out: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Runs the shell command `line` on a pseudo-terminal (script(1)), `stdin` typed into it:
+/// (exit code, everything the terminal showed).
+fn on_tty(line: &str, stdin: &str) -> (Option<i32>, String) {
+    use std::io::Write;
+    let mut child = Command::new("script")
+        .args(["-qec", line, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1)");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.as_bytes()).expect("write stdin");
+    // Left open a little: script(1) ends the session at its stdin's EOF.
+    std::thread::sleep(Duration::from_secs(3));
+    drop(input);
+    let out = child.wait_with_output().expect("script output");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// Runs `cmd` to the end: (exit code, stdout, stderr).
 fn output(mut cmd: Command) -> (Option<i32>, String, String) {
     let out = cmd.output().expect("run the command");
@@ -302,6 +325,21 @@ async fn cli_snapshot_and_restore_into_a_new_sandbox() {
         st.size_bytes,
         "{out}"
     );
+    // On a terminal, the phase is shown while it waits; the table follows.
+    let (code, shown) = on_tty(
+        &format!(
+            "{} -n {} snapshot {name} --as s2 --wait",
+            env!("CARGO_BIN_EXE_agentbox"),
+            env.ns
+        ),
+        "",
+    );
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains("snapshot s2: "), "phase shown: {shown:?}");
+    assert!(
+        shown.lines().any(|l| l.starts_with("s2 ")),
+        "table: {shown:?}"
+    );
     // Without --wait it prints the generated name at once.
     let (code, out, err) = cli(&env, &["snapshot", &name]);
     assert_eq!(code, Some(0), "{err}");
@@ -492,26 +530,6 @@ async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
     let src_s = src.to_string_lossy().into_owned();
     let (code, out, err) = cli(&env, &["cp", &src_s, &format!("{name}:up")]);
     assert_eq!((code, out.as_str(), err.as_str()), (Some(0), "", ""));
-    let on_tty = |line: &str, stdin: &str| {
-        use std::io::Write;
-        let mut child = Command::new("script")
-            .args(["-qec", line, "/dev/null"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("script(1)");
-        let mut input = child.stdin.take().expect("stdin");
-        input.write_all(stdin.as_bytes()).expect("write stdin");
-        // Left open a little: script(1) ends the session at its stdin's EOF.
-        std::thread::sleep(Duration::from_secs(3));
-        drop(input);
-        let out = child.wait_with_output().expect("script output");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
     let bin = env!("CARGO_BIN_EXE_agentbox");
     let (code, shown) = on_tty(&format!("{bin} -n {} cp {src_s} {name}:up2", env.ns), "");
     assert_eq!(code, Some(0), "{shown}");
