@@ -205,6 +205,17 @@ impl Workspace {
     /// missing; existing files are overwritten). The tar stream is built on the fly, so memory
     /// stays flat whatever the size. Symlinks are sent as symlinks, never followed.
     pub async fn upload_dir(&self, local: &Path, remote: &str) -> Result<(), ClientError> {
+        self.upload_dir_counted(local, remote, |_| {}).await
+    }
+
+    /// [`Self::upload_dir`], calling `on_bytes` with each chunk's size as the tar stream is
+    /// sent (for a progress display).
+    pub async fn upload_dir_counted(
+        &self,
+        local: &Path,
+        remote: &str,
+        on_bytes: impl Fn(u64) + Send + 'static,
+    ) -> Result<(), ClientError> {
         if !local.is_dir() {
             return Err(ClientError::Local(format!(
                 "{} is not a directory",
@@ -225,7 +236,12 @@ impl Workspace {
             w.shutdown()
         });
         let out = self
-            .exec_raw(req.stdin_reader(reader).max_output(64 << 10))
+            .exec_raw(
+                req.stdin_reader(tokio_util::io::InspectReader::new(reader, move |b| {
+                    on_bytes(b.len() as u64)
+                }))
+                .max_output(64 << 10),
+            )
             .await;
         let built = builder
             .await
@@ -239,6 +255,17 @@ impl Workspace {
     /// if missing), streaming the tar archive. Entries that would land outside `local` are
     /// refused by the tar reader.
     pub async fn download_dir(&self, remote: &str, local: &Path) -> Result<(), ClientError> {
+        self.download_dir_counted(remote, local, |_| {}).await
+    }
+
+    /// [`Self::download_dir`], calling `on_bytes` with each chunk's size as the tar stream
+    /// arrives (for a progress display).
+    pub async fn download_dir_counted(
+        &self,
+        remote: &str,
+        local: &Path,
+        on_bytes: impl Fn(u64),
+    ) -> Result<(), ClientError> {
         let (req, p) = self.file_req(DOWNLOAD, remote)?;
         std::fs::create_dir_all(local)
             .map_err(|e| ClientError::Local(format!("{}: {e}", local.display())))?;
@@ -261,6 +288,7 @@ impl Workspace {
         while let Some(ev) = s.next().await {
             match ev.map_err(ClientError::Exec)? {
                 ExecEvent::Stdout(b) => {
+                    on_bytes(b.len() as u64);
                     // A failed unpack still drains, so this only fails if the task died.
                     if writer.write_all(&b).await.is_err() {
                         break;

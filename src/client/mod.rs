@@ -486,6 +486,31 @@ impl SandboxHandle {
         self.workspace().download_dir(remote, local).await
     }
 
+    /// [`Self::upload_dir`] that reports the bytes sent. See [`Workspace::upload_dir_counted`].
+    pub async fn upload_dir_counted(
+        &self,
+        local: &std::path::Path,
+        remote: &str,
+        on_bytes: impl Fn(u64) + Send + 'static,
+    ) -> Result<(), ClientError> {
+        self.workspace()
+            .upload_dir_counted(local, remote, on_bytes)
+            .await
+    }
+
+    /// [`Self::download_dir`] that reports the bytes received. See
+    /// [`Workspace::download_dir_counted`].
+    pub async fn download_dir_counted(
+        &self,
+        remote: &str,
+        local: &std::path::Path,
+        on_bytes: impl Fn(u64),
+    ) -> Result<(), ClientError> {
+        self.workspace()
+            .download_dir_counted(remote, local, on_bytes)
+            .await
+    }
+
     /// A persistent shell in the sandbox (commands run in the workspace root by default).
     pub fn session(&self) -> Session {
         Session::new(self.pods.clone(), self.pod_name(), exec::SANDBOX_CONTAINER)
