@@ -561,7 +561,7 @@ async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
 }
 
 #[tokio::test]
-async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_delete_waits_until_gone() {
+async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_the_cli_suspends_and_deletes() {
     let mut env = TestEnv::new("client-suspend").await;
     env.start_operator(&[]);
     let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
@@ -575,7 +575,10 @@ async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_delete_waits_until_
         .await
         .expect("write");
 
-    h.suspend().await.expect("suspend");
+    // Through the CLI (the client's suspend underneath).
+    let (code, out, err) = cli(&env, &["suspend", h.name()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), format!("sandbox/{} suspended", h.name()));
     // Waiting on a suspended sandbox says so at once: with this timeout a wait that did not
     // know would end in NotReady, not Suspended.
     match h.wait_ready(Duration::from_secs(600)).await {
@@ -600,10 +603,9 @@ async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_delete_waits_until_
         b"across a suspension"
     );
 
-    again
-        .delete(Duration::from_secs(120))
-        .await
-        .expect("delete");
+    let (code, out, err) = cli(&env, &["delete", h.name(), "--wait", "120"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), format!("sandbox/{} deleted", h.name()));
     assert!(matches!(
         sbxs.open(h.name()).await,
         Err(ClientError::NotFound(_))

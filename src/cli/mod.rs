@@ -9,6 +9,7 @@ mod completion;
 mod cp;
 mod exec;
 mod get;
+mod lifecycle;
 mod lock;
 mod progress;
 mod restore;
@@ -114,6 +115,14 @@ enum Cmd {
     /// The spec is copied from the snapshot's source sandbox (which must still exist); the
     /// scope flags give another scope, NAME another name (default: the scope's name).
     Restore(restore::RestoreArgs),
+    /// Suspend a sandbox: its pod is deleted, its workspace kept on its node.
+    Suspend(lifecycle::LifecycleArgs),
+    /// Resume a suspended sandbox (`--wait` until it is Ready).
+    Resume(lifecycle::LifecycleArgs),
+    /// Delete a sandbox and its workspace (its snapshots stay).
+    ///
+    /// With `--wait`, returns once the object is gone.
+    Delete(lifecycle::LifecycleArgs),
     /// Print a shell completion script: `source <(agentbox completion bash)`.
     Completion(completion::CompletionArgs),
 }
@@ -206,6 +215,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::Snapshot(a) => snapshot::snapshot(&sbx, a).await,
         Cmd::Restore(a) => restore::restore(&sbx, a).await,
         Cmd::Lock(a) => lock::lock(&sbx, a).await,
+        Cmd::Suspend(a) => lifecycle::change(&sbx, lifecycle::Change::Suspend, a).await,
+        Cmd::Resume(a) => lifecycle::change(&sbx, lifecycle::Change::Resume, a).await,
+        Cmd::Delete(a) => lifecycle::change(&sbx, lifecycle::Change::Delete, a).await,
         // Answered above, before any cluster is contacted.
         Cmd::Completion(_) => Ok(ExitCode::SUCCESS),
     }
@@ -259,10 +271,23 @@ mod tests {
     fn help_lists_every_subcommand_with_one_line() {
         let help = command(None).render_help().to_string();
         let subs: Vec<_> = command(None).get_subcommands().cloned().collect();
+        let names: Vec<&str> = subs.iter().map(|s| s.get_name()).collect();
         assert_eq!(
-            subs.len(),
-            9,
-            "get list exec shell cp lock snapshot restore completion"
+            names,
+            [
+                "get",
+                "list",
+                "exec",
+                "shell",
+                "cp",
+                "lock",
+                "snapshot",
+                "restore",
+                "suspend",
+                "resume",
+                "delete",
+                "completion"
+            ]
         );
         for sub in &subs {
             let name = sub.get_name();

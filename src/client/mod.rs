@@ -331,13 +331,21 @@ impl SandboxHandle {
         Ok(())
     }
 
+    /// Asks for the sandbox's deletion and returns (the operator removes its pod, Service and
+    /// workspace, then the object). False when it was gone already.
+    pub async fn request_delete(&self) -> Result<bool, ClientError> {
+        match self.api.delete(&self.name, &DeleteParams::default()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Deletes the sandbox (its pod, Service and workspace go with it; its snapshots stay)
     /// and waits up to `timeout` until the object is gone.
     pub async fn delete(&self, timeout: Duration) -> Result<(), ClientError> {
-        match self.api.delete(&self.name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-            Err(e) => return Err(e.into()),
+        if !self.request_delete().await? {
+            return Ok(());
         }
         let gone = await_condition(self.api.clone(), &self.name, |s: Option<&Sandbox>| {
             s.is_none()
