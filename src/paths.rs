@@ -2,7 +2,10 @@
 //! the clients (file operations) share. Pure string rules; symlinks are checked in the pod by
 //! the scripts of [`crate::remote`].
 
-use crate::remote::STATE_DIR;
+/// Directory inside the workspace that belongs to the operator (marker, staging, temp files):
+/// spec paths may not name it, and the scripts of [`crate::remote`] keep everything they
+/// leave under it.
+pub const STATE_DIR: &str = ".agentbox";
 
 /// A path that may not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -8,9 +8,9 @@
 //! Everything a script leaves in the workspace lives under [`STATE_DIR`], which the operator
 //! reserves (admission and the archive validator refuse user paths there).
 
-/// Directory inside the workspace that belongs to the operator (marker, staging, temp files).
-/// The scripts below spell it out; a test checks that they name this one.
-pub const STATE_DIR: &str = ".agentbox";
+/// The scripts below spell out the operator's state directory; a test checks that they name
+/// this one.
+pub use crate::paths::STATE_DIR;
 /// Marker file, relative to the workspace root. Written last, so it means "initialised".
 pub const MARKER: &str = ".agentbox/marker";
 
