@@ -59,7 +59,7 @@ async fn start_pod(client: &Client, ns: &str) -> Res<Api<Pod>> {
             "terminationGracePeriodSeconds": 1,
             "containers": [{
                 "name": SANDBOX_CONTAINER,
-                "image": "agentbox/base:v1",
+                "image": "docker.io/library/busybox:1.37",
                 "imagePullPolicy": "Never",
                 "command": ["sh", "-c", "trap 'exit 0' TERM; mkdir -p /workspace; while :; do sleep 3600 & wait; done"],
             }],

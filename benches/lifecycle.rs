@@ -77,7 +77,7 @@ async fn main() -> Res<()> {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "sandbox", "image": "agentbox/base:v1", "imagePullPolicy": "IfNotPresent",
+                "containers": [{"name": "sandbox", "image": "docker.io/library/busybox:1.37", "imagePullPolicy": "IfNotPresent",
                     "command": ["sh", "-c", agentbox::controller::pod::KEEP_ALIVE]}]}
         }))?;
         let t = Instant::now();
@@ -99,7 +99,7 @@ async fn main() -> Res<()> {
         let name = format!("sbx-{i}");
         let sbx: Sandbox = serde_json::from_value(json!({
             "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": name},
-            "spec": {"image": "agentbox/base:v1", "scope": {"kind": "Session", "agent": "bench", "session": name},
+            "spec": {"image": "docker.io/library/busybox:1.37", "scope": {"kind": "Session", "agent": "bench", "session": name},
                 "workspace": {"files": [{"path": "README.md", "content": "hello\n"}]}}
         }))?;
         let start = Timestamp::now();
@@ -188,7 +188,12 @@ async fn main() -> Res<()> {
     // The same seen from Python: get_or_create + wait_ready (a watch) through the SDK.
     match python_samples(
         "sdk_python.py",
-        &["ready", &ns, &n.to_string(), "agentbox/base:v1"],
+        &[
+            "ready",
+            &ns,
+            &n.to_string(),
+            "docker.io/library/busybox:1.37",
+        ],
         &["ready_ms"],
     ) {
         Ok(mut v) => {

@@ -68,7 +68,7 @@ fn sandbox(i: usize) -> Res<Sandbox> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": format!("s-{i:04}")},
-        "spec": {"image": "agentbox/base:v1",
+        "spec": {"image": "docker.io/library/busybox:1.37",
             "scope": {"kind": "Session", "agent": "bench", "session": format!("s-{i}")},
             "lifecycle": {"mode": "Suspended"}},
     }))?)

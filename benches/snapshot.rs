@@ -77,7 +77,7 @@ fn sandbox(name: &str) -> Res<Sandbox> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": name},
-        "spec": {"image": "agentbox/base:v1", "imagePullPolicy": "Never",
+        "spec": {"image": "docker.io/library/busybox:1.37", "imagePullPolicy": "Never",
                  "scope": {"kind": "User", "agent": "bench", "user": "bench"}},
     }))?)
 }

@@ -61,33 +61,7 @@ pub(crate) const STATUS_CHANNEL: u8 = 3;
 /// v5: `[CLOSE_CHANNEL, n]` half-closes channel n (stdin EOF for the process).
 pub(crate) const CLOSE_CHANNEL: u8 = 255;
 
-/// The `sh` prologue that wraps a command when it needs a workdir, env or timeout.
-///
-/// Positional parameters: `$1` timeout in seconds (empty = none), `$2` workdir (empty = keep),
-/// `$3` number of `NAME=value` env entries that follow, then the entries, then the argv.
-///
-/// With a timeout the command runs under `setsid` (its own process group; it is not a group
-/// leader as a child of `&`, so busybox `setsid` does not fork and the exit code is kept).
-/// stdin is passed through fd 3 because a non-interactive shell points the stdin of `&`
-/// commands at /dev/null. The watchdog holds no stdio (or the exec would stay open until it
-/// exits), kills the whole group when the time is up, and is itself stopped when the command
-/// ends, unless members of the group are still alive: those are killed at the deadline too.
-/// `wait`'s stderr is dropped: ash reports a killed job ("Killed") there, which is not the
-/// command's output.
-pub(crate) const WRAPPER: &str = r#"t=$1; d=$2; n=$3; shift 3
-while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
-if [ -n "$d" ]; then cd -- "$d" || exit 126; fi
-if [ -z "$t" ]; then exec "$@"; fi
-exec 3<&0
-setsid "$@" <&3 3<&- &
-p=$!
-exec 3<&-
-( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
-w=$!
-wait $p 2>/dev/null; r=$?
-kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
-exit $r
-"#;
+use crate::remote::WRAPPER;
 
 /// Where a command's stdin comes from.
 pub enum Stdin {
@@ -356,6 +330,28 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    /// Every [`ExecError::kind`].
+    pub const KINDS: [&'static str; 6] = [
+        "invalid",
+        "connect",
+        "not_started",
+        "stream",
+        "timeout",
+        "session",
+    ];
+
+    /// A short kind for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecError::Invalid(_) => "invalid",
+            ExecError::Connect { .. } => "connect",
+            ExecError::NotStarted(_) => "not_started",
+            ExecError::Stream(_) => "stream",
+            ExecError::Timeout(_) => "timeout",
+            ExecError::Session(_) => "session",
+        }
+    }
+
     /// Whether trying again later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -683,6 +679,23 @@ async fn next_frame(
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
+
+    #[test]
+    fn every_error_kind_is_listed_once() {
+        let all = [
+            ExecError::Invalid(String::new()),
+            ExecError::Connect {
+                pod: "p".into(),
+                source: kube::Error::LinesCodecMaxLineLengthExceeded,
+            },
+            ExecError::NotStarted(String::new()),
+            ExecError::Stream(String::new()),
+            ExecError::Timeout(Duration::ZERO),
+            ExecError::Session(String::new()),
+        ];
+        let kinds: Vec<&str> = all.iter().map(ExecError::kind).collect();
+        assert_eq!(kinds, ExecError::KINDS);
+    }
 
     fn failure(reason: &str, causes: Vec<(&str, &str)>, msg: &str) -> Status {
         Status {

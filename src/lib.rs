@@ -15,6 +15,7 @@ pub mod labels;
 pub mod metrics;
 pub mod names;
 pub mod operator;
+pub mod paths;
 pub mod remote;
 pub mod server;
 pub mod snapshot;

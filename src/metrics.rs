@@ -1,13 +1,24 @@
-//! Prometheus metrics of the operator: reconcile counts, durations and errors by kind.
+//! Prometheus metrics of the operator, all prefixed `agentbox_`: reconciles (counts, durations,
+//! errors by kind), leadership, the operator's build, how long sandboxes take to become Ready
+//! and by which start branch, sandboxes by phase, snapshot and restore bytes, durations and
+//! failures by reason, the wait for scope guards, and the exec errors the operator saw.
+//!
+//! Label values are `&'static str` from closed sets (condition reasons, error kinds, branch
+//! names), so no label can grow without bound.
 
+use std::collections::BTreeSet;
+use std::sync::RwLock;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
+
+use crate::crd::{SandboxPhase, StartBranch};
 
 /// Labels naming a controller.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -25,6 +36,141 @@ pub struct ErrorLabels {
     pub kind: String,
 }
 
+/// Labels of a start that reached Ready.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StartLabels {
+    /// [`branch_label`] of the start branch.
+    branch: &'static str,
+    /// How the pod was come by: `cold` (made for this start). Room for `warm` (a pooled pod).
+    start: &'static str,
+}
+
+/// Labels of a sandbox count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
+}
+
+/// Labels of a failure count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    /// The condition reason the failure was reported with.
+    reason: &'static str,
+}
+
+/// Labels of a guard wait.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GuardLabels {
+    /// What the guard was for ([`GuardOp`]).
+    op: &'static str,
+    /// `acquired`, `busy` (someone else kept it past the wait) or `error`.
+    outcome: &'static str,
+}
+
+/// Labels of an exec error.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExecLabels {
+    /// What the exec was for ([`ExecOp`]).
+    op: &'static str,
+    /// The error's kind (see `exec::ExecError::kind`).
+    kind: &'static str,
+}
+
+/// Labels of the build.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    git_commit: &'static str,
+}
+
+/// What the operator took a scope's guard for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardOp {
+    /// Taking a snapshot.
+    Snapshot,
+    /// Restoring one.
+    Restore,
+}
+
+impl GuardOp {
+    /// The label value (and the suffix of the guard's holder identity).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardOp::Snapshot => "snapshot",
+            GuardOp::Restore => "restore",
+        }
+    }
+}
+
+/// How a wait for a guard ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardOutcome {
+    /// Taken.
+    Acquired,
+    /// Someone else kept it for the whole wait.
+    Busy,
+    /// The API server failed or refused.
+    Error,
+}
+
+impl GuardOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            GuardOutcome::Acquired => "acquired",
+            GuardOutcome::Busy => "busy",
+            GuardOutcome::Error => "error",
+        }
+    }
+}
+
+/// What an exec of the operator's own was for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecOp {
+    /// Initialising a workspace: the probe, a restore's extract and swap, the file writes.
+    Workspace,
+    /// The `tar -c` of a snapshot.
+    Snapshot,
+}
+
+impl ExecOp {
+    fn as_str(self) -> &'static str {
+        match self {
+            ExecOp::Workspace => "workspace",
+            ExecOp::Snapshot => "snapshot",
+        }
+    }
+}
+
+/// The `branch` label of a start branch: `reattached` (A, the workspace was still there),
+/// `recovered` (B, a lost workspace restored from a snapshot), `restored` (C, a fresh one
+/// restored from a snapshot), `fresh` (D, initialised from the spec).
+pub fn branch_label(b: StartBranch) -> &'static str {
+    match b {
+        StartBranch::A => "reattached",
+        StartBranch::B => "recovered",
+        StartBranch::C => "restored",
+        StartBranch::D => "fresh",
+    }
+}
+
+/// The `start` label of a start whose pod was made for it (the only kind until pools exist).
+pub const COLD: &str = "cold";
+
+/// The operator's git commit, set at build time (`AGENTBOX_GIT_COMMIT`), else `unknown`.
+pub const GIT_COMMIT: &str = match option_env!("AGENTBOX_GIT_COMMIT") {
+    Some(c) => c,
+    None => "unknown",
+};
+
+/// Counts sandboxes by phase at scrape time (the sandbox controller's cache), so the gauge is
+/// right however sandboxes come and go, and a reconcile never counts one twice.
+pub type PhaseSource = Box<dyn Fn() -> Vec<SandboxPhase> + Send + Sync>;
+
+/// Seconds, from 50 ms to about 14 min, doubling: starts, snapshots, restores, guard waits.
+fn slow_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.05, 2.0, 15))
+}
+
 /// The operator's metrics, registered once.
 pub struct Metrics {
     registry: Registry,
@@ -33,39 +179,158 @@ pub struct Metrics {
     durations: Family<ControllerLabels, Histogram>,
     /// 1 while this replica leads.
     pub leader: Gauge,
+    ready: Family<StartLabels, Histogram>,
+    phases: Family<PhaseLabels, Gauge>,
+    phase_source: RwLock<Option<PhaseSource>>,
+    snapshot_bytes: Counter,
+    snapshot_seconds: Histogram,
+    snapshot_failures: Family<ReasonLabels, Counter>,
+    restore_bytes: Counter,
+    restore_seconds: Histogram,
+    restore_failures: Family<ReasonLabels, Counter>,
+    guard_wait: Family<GuardLabels, Histogram>,
+    exec_errors: Family<ExecLabels, Counter>,
+    names: BTreeSet<String>,
+}
+
+/// The prefix of every metric.
+const PREFIX: &str = "agentbox";
+
+/// Registers metrics and records the sample names each one exposes.
+struct Registrar {
+    registry: Registry,
+    names: BTreeSet<String>,
+}
+
+impl Registrar {
+    fn add(&mut self, name: &str, help: &str, metric: impl Metric) {
+        let suffixes: &[&str] = match metric.metric_type() {
+            MetricType::Counter => &["_total"],
+            MetricType::Histogram => &["_bucket", "_sum", "_count"],
+            MetricType::Gauge | MetricType::Info | MetricType::Unknown => &[""],
+        };
+        self.names
+            .extend(suffixes.iter().map(|s| format!("{PREFIX}_{name}{s}")));
+        self.registry.register(name, help, metric);
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("agentbox");
-        let reconciles = Family::<ControllerLabels, Counter>::default();
-        let errors = Family::<ErrorLabels, Counter>::default();
-        let durations = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.005, 2.0, 14))
-        });
-        let leader = Gauge::default();
-        registry.register("reconciles", "Reconciles run", reconciles.clone());
-        registry.register(
+        let mut r = Registrar {
+            registry: Registry::with_prefix(PREFIX),
+            names: BTreeSet::new(),
+        };
+        let m = Metrics {
+            reconciles: Family::default(),
+            errors: Family::default(),
+            durations: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.005, 2.0, 14))
+            }),
+            leader: Gauge::default(),
+            ready: Family::new_with_constructor(slow_buckets),
+            phases: Family::default(),
+            phase_source: RwLock::new(None),
+            snapshot_bytes: Counter::default(),
+            snapshot_seconds: slow_buckets(),
+            snapshot_failures: Family::default(),
+            restore_bytes: Counter::default(),
+            restore_seconds: slow_buckets(),
+            restore_failures: Family::default(),
+            guard_wait: Family::new_with_constructor(slow_buckets),
+            exec_errors: Family::default(),
+            registry: Registry::default(),
+            names: BTreeSet::new(),
+        };
+        r.add("reconciles", "Reconciles run", m.reconciles.clone());
+        r.add(
             "reconcile_errors",
             "Reconciles that failed, by error kind",
-            errors.clone(),
+            m.errors.clone(),
         );
-        registry.register(
+        r.add(
             "reconcile_duration_seconds",
             "Time spent in one reconcile",
-            durations.clone(),
+            m.durations.clone(),
         );
-        registry.register(
+        r.add(
             "leader",
             "Whether this replica is the leader",
-            leader.clone(),
+            m.leader.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                git_commit: GIT_COMMIT,
+            })
+            .set(1);
+        r.add("build_info", "The operator's version and commit", build);
+        r.add(
+            "sandbox_ready_seconds",
+            "Seconds from a sandbox's creation (or the start of a resume or recovery) to Ready, by start branch",
+            m.ready.clone(),
+        );
+        r.add(
+            "sandboxes",
+            "Sandboxes by phase (the leader's view)",
+            m.phases.clone(),
+        );
+        r.add(
+            "snapshot_bytes",
+            "Bytes of committed snapshots",
+            m.snapshot_bytes.clone(),
+        );
+        r.add(
+            "snapshot_duration_seconds",
+            "Seconds from the start of an upload to its commit, of committed snapshots",
+            m.snapshot_seconds.clone(),
+        );
+        r.add(
+            "snapshot_failures",
+            "Failed snapshot attempts, by reason",
+            m.snapshot_failures.clone(),
+        );
+        r.add(
+            "restore_bytes",
+            "Bytes of snapshots restored into workspaces",
+            m.restore_bytes.clone(),
+        );
+        r.add(
+            "restore_duration_seconds",
+            "Seconds a restore took under the scope's guard (extract, verify, swap)",
+            m.restore_seconds.clone(),
+        );
+        r.add(
+            "restore_failures",
+            "Restores that failed, by reason",
+            m.restore_failures.clone(),
+        );
+        r.add(
+            "guard_wait_seconds",
+            "Seconds the operator waited for a scope's guard, by purpose and outcome",
+            m.guard_wait.clone(),
+        );
+        // Every (purpose, kind) from 0, so a rate or an alert over them has data before
+        // the first error.
+        for op in [ExecOp::Workspace, ExecOp::Snapshot] {
+            for kind in crate::exec::ExecError::KINDS {
+                let l = ExecLabels {
+                    op: op.as_str(),
+                    kind,
+                };
+                m.exec_errors.get_or_create(&l).inc_by(0);
+            }
+        }
+        r.add(
+            "exec_errors",
+            "Errors of the operator's own execs into sandboxes, by purpose and kind",
+            m.exec_errors.clone(),
         );
         Metrics {
-            registry,
-            reconciles,
-            errors,
-            durations,
-            leader,
+            registry: r.registry,
+            names: r.names,
+            ..m
         }
     }
 }
@@ -89,18 +354,113 @@ impl Metrics {
         self.errors.get_or_create(&l).inc();
     }
 
+    /// A sandbox became Ready `took` after its creation or the start of its resume, by
+    /// start branch; `start` is [`COLD`] for now.
+    pub fn became_ready(&self, branch: StartBranch, start: &'static str, took: Duration) {
+        let l = StartLabels {
+            branch: branch_label(branch),
+            start,
+        };
+        self.ready.get_or_create(&l).observe(took.as_secs_f64());
+    }
+
+    /// Counts sandboxes by phase from `source` at every scrape (the leader sets it).
+    pub fn count_phases_from(&self, source: PhaseSource) {
+        if let Ok(mut s) = self.phase_source.write() {
+            *s = Some(source);
+        }
+    }
+
+    /// A snapshot of `bytes` was committed `took` after its upload started.
+    pub fn snapshot_committed(&self, bytes: u64, took: Duration) {
+        self.snapshot_bytes.inc_by(bytes);
+        self.snapshot_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A snapshot attempt failed with condition reason `reason`.
+    pub fn snapshot_failed(&self, reason: &'static str) {
+        self.snapshot_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// A restore of `bytes` finished in `took`.
+    pub fn restored(&self, bytes: u64, took: Duration) {
+        self.restore_bytes.inc_by(bytes);
+        self.restore_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A restore failed with condition reason `reason`.
+    pub fn restore_failed(&self, reason: &'static str) {
+        self.restore_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// The operator waited `took` for a scope's guard.
+    pub fn guard_waited(&self, op: GuardOp, outcome: GuardOutcome, took: Duration) {
+        let l = GuardLabels {
+            op: op.as_str(),
+            outcome: outcome.as_str(),
+        };
+        self.guard_wait
+            .get_or_create(&l)
+            .observe(took.as_secs_f64());
+    }
+
+    /// An exec of the operator's own failed with an error of `kind`.
+    pub fn exec_failed(&self, op: ExecOp, kind: &'static str) {
+        let l = ExecLabels {
+            op: op.as_str(),
+            kind,
+        };
+        self.exec_errors.get_or_create(&l).inc();
+    }
+
+    /// Sets the phase gauges from the phase source: every phase, those without sandboxes at 0
+    /// (a gauge left at its last count would outlive the sandboxes it counted).
+    fn refresh_phases(&self) {
+        let Ok(source) = self.phase_source.read() else {
+            return;
+        };
+        let Some(source) = source.as_ref() else {
+            return;
+        };
+        let seen = source();
+        for phase in SandboxPhase::ALL {
+            let n = seen.iter().filter(|p| **p == phase).count();
+            self.phases
+                .get_or_create(&PhaseLabels {
+                    phase: phase.as_str(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
     /// The text exposition format.
     pub fn render(&self) -> String {
+        self.refresh_phases();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Every sample name the registry exposes (`agentbox_snapshot_bytes_total`,
+    /// `agentbox_sandbox_ready_seconds_bucket`...), recorded as each metric was registered,
+    /// whether it has samples yet or not: what a dashboard or an alert may query.
+    pub fn sample_names(&self) -> &BTreeSet<String> {
+        &self.names
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn has(text: &str, line: &str) {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
 
     #[test]
     fn renders_counts_by_label() {
@@ -109,17 +469,172 @@ mod tests {
         m.reconciled("sandbox", Duration::from_millis(30));
         m.failed("sandbox", "kube");
         let text = m.render();
-        assert!(
-            text.contains(r#"agentbox_reconciles_total{controller="sandbox"} 2"#),
-            "{text}"
+        has(
+            &text,
+            r#"agentbox_reconciles_total{controller="sandbox"} 2"#,
         );
-        assert!(
-            text.contains(r#"agentbox_reconcile_errors_total{controller="sandbox",kind="kube"} 1"#),
-            "{text}"
+        has(
+            &text,
+            r#"agentbox_reconcile_errors_total{controller="sandbox",kind="kube"} 1"#,
         );
-        assert!(
-            text.contains("agentbox_reconcile_duration_seconds_count"),
-            "{text}"
+        has(
+            &text,
+            r#"agentbox_reconcile_duration_seconds_count{controller="sandbox"} 2"#,
         );
+    }
+
+    #[test]
+    fn build_info_is_one_with_the_version_and_commit() {
+        let text = Metrics::default().render();
+        has(
+            &text,
+            &format!(
+                r#"agentbox_build_info{{version="{}",git_commit="{GIT_COMMIT}"}} 1"#,
+                env!("CARGO_PKG_VERSION")
+            ),
+        );
+    }
+
+    #[test]
+    fn starts_are_observed_by_branch_and_start() {
+        let m = Metrics::default();
+        m.became_ready(StartBranch::D, COLD, Duration::from_millis(1500));
+        m.became_ready(StartBranch::D, COLD, Duration::from_millis(500));
+        m.became_ready(StartBranch::C, COLD, Duration::from_secs(4));
+        let text = m.render();
+        has(
+            &text,
+            r#"agentbox_sandbox_ready_seconds_count{branch="fresh",start="cold"} 2"#,
+        );
+        has(
+            &text,
+            r#"agentbox_sandbox_ready_seconds_sum{branch="fresh",start="cold"} 2.0"#,
+        );
+        has(
+            &text,
+            r#"agentbox_sandbox_ready_seconds_count{branch="restored",start="cold"} 1"#,
+        );
+        // 0.5 s falls in the 0.8 bucket, 1.5 s does not.
+        has(
+            &text,
+            r#"agentbox_sandbox_ready_seconds_bucket{le="0.8",branch="fresh",start="cold"} 1"#,
+        );
+    }
+
+    #[test]
+    fn every_branch_has_its_own_label() {
+        let all = [
+            StartBranch::A,
+            StartBranch::B,
+            StartBranch::C,
+            StartBranch::D,
+        ];
+        let labels: BTreeSet<_> = all.into_iter().map(branch_label).collect();
+        assert_eq!(labels.len(), 4);
+    }
+
+    #[test]
+    fn phases_are_counted_at_each_scrape_with_absent_ones_at_zero() {
+        let m = Metrics::default();
+        assert!(!m.render().contains("agentbox_sandboxes{"), "no source yet");
+        let now = std::sync::Arc::new(RwLock::new(vec![
+            SandboxPhase::Ready,
+            SandboxPhase::Ready,
+            SandboxPhase::Pending,
+        ]));
+        let seen = now.clone();
+        m.count_phases_from(Box::new(move || {
+            seen.read().map(|v| v.clone()).unwrap_or_default()
+        }));
+        let text = m.render();
+        has(&text, r#"agentbox_sandboxes{phase="Ready"} 2"#);
+        has(&text, r#"agentbox_sandboxes{phase="Pending"} 1"#);
+        has(&text, r#"agentbox_sandboxes{phase="Failed"} 0"#);
+        // A sandbox deleted, another suspended: the next scrape says so, nothing kept over.
+        *now.write().unwrap() = vec![SandboxPhase::Suspended];
+        let text = m.render();
+        has(&text, r#"agentbox_sandboxes{phase="Ready"} 0"#);
+        has(&text, r#"agentbox_sandboxes{phase="Pending"} 0"#);
+        has(&text, r#"agentbox_sandboxes{phase="Suspended"} 1"#);
+    }
+
+    #[test]
+    fn snapshots_and_restores_count_bytes_durations_and_failures_by_reason() {
+        let m = Metrics::default();
+        m.snapshot_committed(4096, Duration::from_secs(2));
+        m.snapshot_committed(1024, Duration::from_secs(1));
+        m.snapshot_failed("StoreError");
+        m.restored(4096, Duration::from_secs(3));
+        m.restore_failed("DigestMismatch");
+        m.restore_failed("DigestMismatch");
+        let text = m.render();
+        has(&text, "agentbox_snapshot_bytes_total 5120");
+        has(&text, "agentbox_snapshot_duration_seconds_count 2");
+        has(&text, "agentbox_snapshot_duration_seconds_sum 3.0");
+        has(
+            &text,
+            r#"agentbox_snapshot_failures_total{reason="StoreError"} 1"#,
+        );
+        has(&text, "agentbox_restore_bytes_total 4096");
+        has(&text, "agentbox_restore_duration_seconds_count 1");
+        has(
+            &text,
+            r#"agentbox_restore_failures_total{reason="DigestMismatch"} 2"#,
+        );
+    }
+
+    #[test]
+    fn guard_waits_and_exec_errors_carry_purpose_and_outcome() {
+        let m = Metrics::default();
+        let busy = Duration::from_secs(60);
+        m.guard_waited(GuardOp::Snapshot, GuardOutcome::Acquired, Duration::ZERO);
+        m.guard_waited(GuardOp::Restore, GuardOutcome::Busy, busy);
+        let text = m.render();
+        has(
+            &text,
+            r#"agentbox_exec_errors_total{op="workspace",kind="connect"} 0"#,
+        );
+        m.exec_failed(ExecOp::Snapshot, "stream");
+        let text = m.render();
+        has(
+            &text,
+            r#"agentbox_guard_wait_seconds_count{op="snapshot",outcome="acquired"} 1"#,
+        );
+        has(
+            &text,
+            r#"agentbox_guard_wait_seconds_sum{op="restore",outcome="busy"} 60.0"#,
+        );
+        has(
+            &text,
+            r#"agentbox_exec_errors_total{op="snapshot",kind="stream"} 1"#,
+        );
+    }
+
+    #[test]
+    fn sample_names_are_those_rendered() {
+        let m = Metrics::default();
+        let names = m.sample_names();
+        for n in [
+            "agentbox_build_info",
+            "agentbox_leader",
+            "agentbox_reconciles_total",
+            "agentbox_sandbox_ready_seconds_bucket",
+            "agentbox_snapshot_bytes_total",
+            "agentbox_restore_duration_seconds_count",
+            "agentbox_guard_wait_seconds_sum",
+        ] {
+            assert!(names.contains(n), "{n} not in {names:?}");
+        }
+        assert!(
+            !names.contains("agentbox_snapshot_bytes"),
+            "counters end in _total"
+        );
+        // Everything a scrape shows after use is among them.
+        m.snapshot_failed("StoreError");
+        m.exec_failed(ExecOp::Workspace, "connect");
+        for line in m.render().lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            assert!(names.contains(name), "{name} not in {names:?}");
+        }
     }
 }

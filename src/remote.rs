@@ -1,13 +1,16 @@
-//! What agentbox runs inside a sandbox's pod, in one place: every shell script and the builder
-//! of its arguments. The scripts use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat` (and
-//! `dd` when present), as busybox has them; the tests below run each with the host's.
+//! What agentbox runs inside a sandbox's pod, in one place: every shell script, the operator's
+//! (workspace init, snapshot, restore) and the clients' (the exec wrapper, a persistent
+//! session's command line, file operations), and the builders of their arguments. The scripts
+//! use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat`, `readlink -f`, `stat -c`, `setsid`
+//! (and `dd` when present), as busybox has them; the tests below run each with the host's.
+//! Paths are judged before any script runs by [`crate::paths`].
 //!
 //! Everything a script leaves in the workspace lives under [`STATE_DIR`], which the operator
 //! reserves (admission and the archive validator refuse user paths there).
 
-/// Directory inside the workspace that belongs to the operator (marker, staging, temp files).
-/// The scripts below spell it out; a test checks that they name this one.
-pub const STATE_DIR: &str = ".agentbox";
+/// The scripts below spell out the operator's state directory; a test checks that they name
+/// this one.
+pub use crate::paths::STATE_DIR;
 /// Marker file, relative to the workspace root. Written last, so it means "initialised".
 pub const MARKER: &str = ".agentbox/marker";
 
@@ -120,7 +123,7 @@ exit "${st:-1}"
 pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
     let mounts: Vec<String> = mounts
         .iter()
-        .map(|m| normalize(m))
+        .map(|m| crate::paths::normalize(m))
         .filter(|m| !m.is_empty())
         .collect();
     let mut ancestors: Vec<String> = mounts
@@ -202,12 +205,111 @@ pub fn swap_args(root: &str, id: &str, keep: &[String]) -> Vec<String> {
     args
 }
 
-/// Normalises a validated relative path: drops `./` and empty segments.
-pub fn normalize(path: &str) -> String {
-    path.split('/')
-        .filter(|s| !s.is_empty() && *s != ".")
-        .collect::<Vec<_>>()
-        .join("/")
+// --- file operations of the clients (src/client/files.rs) -------------------------------------
+
+/// Exit code of the in-pod scripts for "resolves outside the workspace".
+pub const ESCAPES: i32 = 97;
+/// Exit code of the in-pod scripts for "missing or of the wrong type".
+pub const MISSING: i32 = 96;
+
+/// Shared prologue: `$1` root, `$2` path (absolute, from [`confine`]). `confine P` exits
+/// [`ESCAPES`] unless the nearest existing ancestor of P resolves under the resolved root.
+pub const PROLOGUE: &str = r#"R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
+p=$2
+confine() {
+  q=$1
+  while [ ! -e "$q" ] && [ ! -L "$q" ]; do q=$(dirname "$q"); done
+  r=$(readlink -f "$q") || { echo "agentbox: $1: cannot resolve" >&2; exit 97; }
+  [ "$R" = / ] && return 0
+  case "$r/" in "$R"/*) ;; *) echo "agentbox: $1 resolves outside the workspace" >&2; exit 97;; esac
+}
+confine "$p"
+"#;
+
+pub const READ: &str = r#"[ -f "$p" ] || { echo "agentbox: $p: not a regular file" >&2; exit 96; }
+exec cat "$p"
+"#;
+
+pub const WRITE: &str = r#"[ -d "$p" ] && { echo "agentbox: $p is a directory" >&2; exit 96; }
+d=$(dirname "$p")
+mkdir -p "$d" || exit 1
+confine "$p"
+t="$d/.agentbox-write.$$"
+if cat > "$t"; then mv -f "$t" "$p"; else rm -f "$t"; exit 1; fi
+"#;
+
+pub const LIST: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
+cd "$p" || exit 96
+for f in * .*; do
+  case $f in .|..) continue;; esac
+  [ -e "./$f" ] || [ -L "./$f" ] || continue
+  s=$(stat -c '%f %s %Y' "./$f") || continue
+  printf '%s %s\0' "$s" "$f"
+done
+"#;
+
+/// Upload: refuse when a symlink already in the destination tree leads out of the workspace
+/// (tar would write through it), then extract without restoring owners.
+pub const UPLOAD: &str = r#"mkdir -p "$p" || exit 1
+confine "$p"
+find "$p" -type l | while IFS= read -r l; do
+  r=$(readlink -f "$l") || continue
+  [ "$R" = / ] && continue
+  case "$r/" in "$R"/*) ;; *) echo "agentbox: $l resolves outside the workspace" >&2; exit 97;; esac
+done || exit 97
+exec tar -x -o -f - -C "$p"
+"#;
+
+pub const DOWNLOAD: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
+exec tar -c -f - -C "$p" .
+"#;
+
+// --- commands (src/exec.rs, src/exec/session.rs) ---------------------------------------------
+
+/// The `sh` prologue that wraps a command when it needs a workdir, env or timeout.
+///
+/// Positional parameters: `$1` timeout in seconds (empty = none), `$2` workdir (empty = keep),
+/// `$3` number of `NAME=value` env entries that follow, then the entries, then the argv.
+///
+/// With a timeout the command runs under `setsid` (its own process group; it is not a group
+/// leader as a child of `&`, so busybox `setsid` does not fork and the exit code is kept).
+/// stdin is passed through fd 3 because a non-interactive shell points the stdin of `&`
+/// commands at /dev/null. The watchdog holds no stdio (or the exec would stay open until it
+/// exits), kills the whole group when the time is up, and is itself stopped when the command
+/// ends, unless members of the group are still alive: those are killed at the deadline too.
+/// `wait`'s stderr is dropped: ash reports a killed job ("Killed") there, which is not the
+/// command's output.
+pub const WRAPPER: &str = r#"t=$1; d=$2; n=$3; shift 3
+while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
+if [ -n "$d" ]; then cd -- "$d" || exit 126; fi
+if [ -z "$t" ]; then exec "$@"; fi
+exec 3<&0
+setsid "$@" <&3 3<&- &
+p=$!
+exec 3<&-
+( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
+w=$!
+wait $p 2>/dev/null; r=$?
+kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
+exit $r
+"#;
+
+/// The line a persistent session writes to its shell for one command (`argv`, already wrapped
+/// by [`WRAPPER`] where needed). `exec` inside the subshell: one fork per command; stdin from
+/// `/dev/null` so that the command cannot eat the following lines. The start sentinel goes out
+/// before the command, the end sentinels (stdout with the exit code, stderr bare) after it,
+/// each carrying `mark` (a fresh nonce).
+pub fn session_line(argv: &[String], mark: &str) -> String {
+    let cmd: Vec<String> = argv.iter().map(|a| sh_quote(a)).collect();
+    format!(
+        "printf '%s+\\n' '{mark}'; ( exec {} ) </dev/null; printf '%s%d\\n' '{mark}' \"$?\"; printf '%s\\n' '{mark}' >&2\n",
+        cmd.join(" ")
+    )
+}
+
+/// Single-quotes `s` for `sh`.
+pub fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 #[cfg(test)]
@@ -226,21 +328,8 @@ mod tests {
 
     /// Runs `script` with the host's `sh`, `args`, and `stdin`; returns success and stdout.
     fn run(script: &str, args: Vec<String>, stdin: &[u8]) -> (bool, Vec<u8>, String) {
-        use std::io::Write;
-        let argv = sh(script, args);
-        let mut child = Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run sh");
-        if let Some(mut i) = child.stdin.take() {
-            let _ = i.write_all(stdin);
-        }
-        let out = child.wait_with_output().expect("wait");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        (out.status.success(), out.stdout, err)
+        let (code, out, err) = run_argv(&sh(script, args), stdin);
+        (code == 0, out, err)
     }
 
     fn path(p: &Path) -> String {
@@ -428,5 +517,151 @@ mod tests {
         assert!(ok, "{err}");
         assert_eq!(names, vec!["./.hidden", "./a/keep"]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Runs `argv` on the host with `stdin`; returns the exit code, stdout and stderr.
+    fn run_argv(argv: &[String], stdin: &[u8]) -> (i32, Vec<u8>, String) {
+        use std::io::Write;
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run");
+        if let Some(mut i) = child.stdin.take() {
+            let _ = i.write_all(stdin);
+        }
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), out.stdout, err)
+    }
+
+    /// The argv the clients build for a file script (`sh -c PROLOGUE+script`).
+    fn file_op(script: &str, root: &Path, p: &str) -> Vec<String> {
+        let (argv, _) =
+            crate::client::files::file_argv(script, &path(root), p).expect("a confined path");
+        argv
+    }
+
+    #[test]
+    fn file_scripts_write_read_and_list_inside_the_workspace() {
+        let root = scratch("files");
+        let (code, _, err) = run_argv(&file_op(WRITE, &root, "a/b/c.txt"), b"hello");
+        assert_eq!(code, 0, "{err}");
+        let (code, out, err) = run_argv(&file_op(READ, &root, "a/b/c.txt"), b"");
+        assert_eq!((code, out.as_slice()), (0, &b"hello"[..]), "{err}");
+        let (code, out, err) = run_argv(&file_op(LIST, &root, "a/b"), b"");
+        assert_eq!(code, 0, "{err}");
+        let entries = crate::client::files::parse_listing(&out).expect("listing");
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].name, "c.txt");
+        assert_eq!(entries[0].size, 5);
+        // No temporary file is left beside the written one.
+        let names: Vec<_> = std::fs::read_dir(root.join("a/b")).unwrap().collect();
+        assert_eq!(names.len(), 1);
+        let (code, _, _) = run_argv(&file_op(READ, &root, "a/missing"), b"");
+        assert_eq!(code, MISSING);
+        let (code, _, _) = run_argv(&file_op(READ, &root, "a"), b"");
+        assert_eq!(code, MISSING, "a directory is not a regular file");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn file_scripts_refuse_a_symlink_leading_out_of_the_workspace() {
+        let root = scratch("files-escape");
+        let outside = scratch("files-outside");
+        std::fs::write(outside.join("secret"), b"s").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+        let (code, out, _) = run_argv(&file_op(READ, &root, "out/secret"), b"");
+        assert_eq!((code, out.len()), (ESCAPES, 0));
+        let (code, _, _) = run_argv(&file_op(WRITE, &root, "out/new"), b"x");
+        assert_eq!(code, ESCAPES);
+        assert!(!outside.join("new").exists());
+        let (code, _, _) = run_argv(&file_op(UPLOAD, &root, "out"), b"");
+        assert_eq!(code, ESCAPES);
+        // A link that stays inside is followed.
+        std::fs::write(root.join("f"), b"in").unwrap();
+        std::os::unix::fs::symlink(root.join("f"), root.join("g")).unwrap();
+        let (code, out, _) = run_argv(&file_op(READ, &root, "g"), b"");
+        assert_eq!((code, out.as_slice()), (0, &b"in"[..]));
+        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(&outside);
+    }
+
+    #[test]
+    fn upload_and_download_carry_a_directory_as_tar() {
+        let src = scratch("files-src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        std::fs::write(src.join("d/x"), b"xx").unwrap();
+        let (code, tar, err) = run_argv(&file_op(DOWNLOAD, &src, "d"), b"");
+        assert_eq!(code, 0, "{err}");
+        let dst = scratch("files-dst");
+        let (code, _, err) = run_argv(&file_op(UPLOAD, &dst, "e"), &tar);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(std::fs::read(dst.join("e/x")).unwrap(), b"xx");
+        let _ = std::fs::remove_dir_all(&src);
+        let _ = std::fs::remove_dir_all(&dst);
+    }
+
+    /// `sh -c WRAPPER agentbox-exec TIMEOUT WORKDIR N ENV... ARGV...`, as ExecRequest builds it.
+    fn wrapped(timeout: &str, dir: &str, env: &[&str], argv: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = ["sh", "-c", WRAPPER, "agentbox-exec", timeout, dir]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.push(env.len().to_string());
+        v.extend(env.iter().chain(argv).map(|s| s.to_string()));
+        v
+    }
+
+    #[test]
+    fn the_wrapper_sets_workdir_and_env_and_keeps_the_exit_code() {
+        let dir = scratch("wrapper");
+        let argv = wrapped(
+            "",
+            &path(&dir),
+            &["A=1 2", "B=x"],
+            &["sh", "-c", "pwd; echo \"$A|$B\"; exit 7"],
+        );
+        let (code, out, err) = run_argv(&argv, b"");
+        assert_eq!(code, 7, "{err}");
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            format!("{}\n1 2|x\n", path(&dir))
+        );
+        let (code, _, _) = run_argv(&wrapped("", "/no/such/dir", &[], &["true"]), b"");
+        assert_eq!(code, 126);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_wrapper_passes_stdin_and_kills_a_command_past_its_timeout() {
+        let (code, out, _) = run_argv(&wrapped("5", "", &[], &["cat"]), b"in");
+        assert_eq!((code, out.as_slice()), (0, &b"in"[..]));
+        let (code, out, _) = run_argv(
+            &wrapped("0.2", "", &[], &["sh", "-c", "sleep 30; echo late"]),
+            b"",
+        );
+        assert_ne!(code, 0);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn session_lines_frame_each_command_with_its_nonce() {
+        let mark = "__AGENTBOX_test_";
+        let mut input = session_line(&["echo".into(), "it's".into()], mark);
+        input.push_str(&session_line(
+            &["sh".into(), "-c".into(), "cat; exit 3".into()],
+            mark,
+        ));
+        let (code, out, err) = run_argv(&["sh".to_string()], input.as_bytes());
+        assert_eq!(code, 0);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            format!("{mark}+\nit's\n{mark}0\n{mark}+\n{mark}3\n"),
+            "the second command's stdin is /dev/null, not the following lines"
+        );
+        assert_eq!(err, format!("{mark}\n{mark}\n"));
     }
 }

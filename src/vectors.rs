@@ -170,6 +170,9 @@ fn path_error(e: &PathError) -> &'static str {
         PathError::OutsideRoot(..) => "OutsideRoot",
         PathError::Escapes(_) => "Escapes",
         PathError::Invalid(_) => "Invalid",
+        // Refusals of spec paths (paths::relative); confine never returns them.
+        PathError::Absolute(_) => "Absolute",
+        PathError::Reserved(_) => "Reserved",
     }
 }
 
@@ -339,7 +342,7 @@ fn exec_vectors() -> Value {
         "stdin_frame": exec::STDIN_FRAME,
         "default_max_output": exec::DEFAULT_MAX_OUTPUT,
         "timeout_grace_ms": exec::TIMEOUT_GRACE.as_millis() as u64,
-        "wrapper": exec::WRAPPER,
+        "wrapper": crate::remote::WRAPPER,
         "remote_argv": remote,
         "sleep_arg": sleeps,
         "status": status_cases(),
@@ -417,11 +420,11 @@ fn session_vectors() -> Value {
 
 fn file_vectors() -> Value {
     let scripts = [
-        ("read", files::READ),
-        ("write", files::WRITE),
-        ("list", files::LIST),
-        ("upload", files::UPLOAD),
-        ("download", files::DOWNLOAD),
+        ("read", crate::remote::READ),
+        ("write", crate::remote::WRITE),
+        ("list", crate::remote::LIST),
+        ("upload", crate::remote::UPLOAD),
+        ("download", crate::remote::DOWNLOAD),
     ];
     let reqs: Vec<Value> = [
         ("read", "/workspace", "notes/todo.txt"),
@@ -471,10 +474,10 @@ fn file_vectors() -> Value {
     .collect();
     json!({
         "argv0": "agentbox-files",
-        "prologue": files::PROLOGUE,
+        "prologue": crate::remote::PROLOGUE,
         "scripts": scripts.iter().map(|(n, s)| (n.to_string(), json!(s))).collect::<serde_json::Map<_, _>>(),
-        "exit_escapes": files::ESCAPES,
-        "exit_missing": files::MISSING,
+        "exit_escapes": crate::remote::ESCAPES,
+        "exit_missing": crate::remote::MISSING,
         "read_cap": 64u64 << 20,
         "requests": reqs,
         "listings": listings,

@@ -1,11 +1,14 @@
-//! The Helm chart without a cluster: its CRDs are the generated ones, `helm lint --strict` and
-//! `helm template` pass for the default and the notable value sets, every RBAC rule carries a
-//! comment saying why, every value is documented, and the values reach the operator's env.
+//! The Helm chart without a cluster: its CRDs are the generated ones (templates, kept on
+//! uninstall), `helm lint --strict` and `helm template` pass for the default and the notable value
+//! sets, every RBAC rule carries a comment saying why, every value is documented and in the
+//! schema, the values reach the operator's env, and the optional objects (aggregated roles,
+//! harness ServiceAccounts, PodDisruptionBudget, the `helm test` pod, the Grafana dashboard and
+//! the PrometheusRule) render as they should, querying only series the operator registers.
 
 use std::process::Command;
 
 mod common;
-use common::{helm_bin, repo_root};
+use common::{CHART_KUBE_VERSION as KUBE_VERSION, helm_bin, helm_template, repo_root};
 
 fn helm(args: &[&str]) -> Result<String, String> {
     let out = Command::new(helm_bin())
@@ -22,17 +25,11 @@ fn helm(args: &[&str]) -> Result<String, String> {
 }
 
 fn template(set: &[&str]) -> String {
-    let mut args = vec![
-        "template",
-        "rel",
-        "charts/agentbox",
-        "-n",
-        "agentbox-system",
-    ];
+    let mut args = vec!["-n", "agentbox-system"];
     for s in set {
         args.extend(["--set", s]);
     }
-    helm(&args).unwrap_or_else(|e| panic!("helm template {set:?}: {e}"))
+    helm_template(&args).unwrap_or_else(|e| panic!("helm template {set:?}: {e}"))
 }
 
 fn docs(rendered: &str) -> Vec<serde_yaml::Value> {
@@ -67,18 +64,311 @@ fn env_value(docs: &[serde_yaml::Value], name: &str) -> Option<String> {
 fn chart_crds_are_the_generated_crds() {
     let generated =
         std::fs::read(repo_root().join("crds/agentbox.yaml")).expect("crds/agentbox.yaml");
-    let chart = std::fs::read(repo_root().join("charts/agentbox/crds/agentbox.yaml"))
-        .expect("charts/agentbox/crds/agentbox.yaml");
+    let chart = std::fs::read(repo_root().join("charts/agentbox/files/crds.yaml"))
+        .expect("charts/agentbox/files/crds.yaml");
     assert!(
         generated == chart,
-        "charts/agentbox/crds/agentbox.yaml differs from crds/agentbox.yaml: \
-         cp crds/agentbox.yaml charts/agentbox/crds/agentbox.yaml"
+        "charts/agentbox/files/crds.yaml differs from crds/agentbox.yaml: \
+         cp crds/agentbox.yaml charts/agentbox/files/crds.yaml"
+    );
+    // Helm would install a crds/ directory on its own, once, and never upgrade it.
+    assert!(
+        !repo_root().join("charts/agentbox/crds").exists(),
+        "the CRDs are templates (templates/crds.yaml), not a crds/ directory"
+    );
+}
+
+/// Numbers as f64, so that a CRD read back from Helm's rendering (integers) compares equal to
+/// the generated one (floats where schemars wrote them).
+fn normalized(v: serde_yaml::Value) -> serde_json::Value {
+    fn walk(v: serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Number(n) => serde_json::json!(n.as_f64()),
+            serde_json::Value::Array(a) => a.into_iter().map(walk).collect(),
+            serde_json::Value::Object(o) => o.into_iter().map(|(k, v)| (k, walk(v))).collect(),
+            v => v,
+        }
+    }
+    walk(serde_json::to_value(v).expect("YAML as JSON"))
+}
+
+#[test]
+fn crds_are_templates_that_upgrade_and_stay_on_uninstall() {
+    let generated: Vec<serde_json::Value> =
+        docs(&std::fs::read_to_string(repo_root().join("crds/agentbox.yaml")).unwrap())
+            .into_iter()
+            .map(normalized)
+            .collect();
+    assert_eq!(generated.len(), 2);
+    let crds = |set: &[&str]| -> Vec<serde_yaml::Value> {
+        docs(&template(set))
+            .into_iter()
+            .filter(|d| d["kind"].as_str() == Some("CustomResourceDefinition"))
+            .collect()
+    };
+    let rendered = crds(&[]);
+    assert_eq!(rendered.len(), generated.len());
+    for (r, g) in rendered.iter().zip(&generated) {
+        let name = r["metadata"]["name"].as_str().unwrap_or_default();
+        assert_eq!(normalized(r["spec"].clone()), g["spec"], "{name}: spec");
+        assert_eq!(
+            r["metadata"]["annotations"]["helm.sh/resource-policy"].as_str(),
+            Some("keep"),
+            "{name}"
+        );
+        assert_eq!(
+            r["metadata"]["labels"]["app.kubernetes.io/managed-by"].as_str(),
+            Some("Helm")
+        );
+    }
+    for r in crds(&["crds.keep=false"]) {
+        assert!(
+            r["metadata"]["annotations"]["helm.sh/resource-policy"].is_null(),
+            "crds.keep=false: {:?}",
+            r["metadata"]
+        );
+    }
+    assert!(crds(&["crds.install=false"]).is_empty());
+}
+
+#[test]
+fn kubernetes_older_than_1_33_is_refused() {
+    let old = helm(&[
+        "template",
+        "rel",
+        "charts/agentbox",
+        "--kube-version",
+        "1.32.9",
+    ]);
+    let err = old.expect_err("the chart should refuse Kubernetes 1.32");
+    assert!(err.contains("kubeVersion"), "{err}");
+}
+
+#[test]
+fn aggregated_roles_extend_edit_and_view() {
+    let all = docs(&template(&[]));
+    let edit = find(&all, "ClusterRole", "rel-agentbox-edit").expect("edit role");
+    let view = find(&all, "ClusterRole", "rel-agentbox-view").expect("view role");
+    let labels =
+        |r: &serde_yaml::Value, k: &str| r["metadata"]["labels"][k].as_str().map(String::from);
+    assert_eq!(
+        labels(edit, "rbac.authorization.k8s.io/aggregate-to-edit").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        labels(view, "rbac.authorization.k8s.io/aggregate-to-view").as_deref(),
+        Some("true")
+    );
+    let verbs = |r: &serde_yaml::Value| -> Vec<String> {
+        r["rules"][0]["verbs"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(verbs(view), ["get", "list", "watch"]);
+    assert!(verbs(edit).contains(&"create".to_string()));
+    for r in [edit, view] {
+        let res: Vec<&str> = r["rules"][0]["resources"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(
+            res,
+            ["sandboxes", "sandboxsnapshots"],
+            "no status subresources"
+        );
+    }
+    let off = docs(&template(&["rbac.aggregate=false"]));
+    assert!(find(&off, "ClusterRole", "rel-agentbox-edit").is_none());
+}
+
+/// The rules of a Role or ClusterRole as (apiGroup, resource, verbs) triples, sorted.
+fn rules_of(role: &serde_yaml::Value) -> Vec<(String, String, String)> {
+    let strs = |v: &serde_yaml::Value| -> Vec<String> {
+        v.as_sequence()
+            .map(|s| {
+                s.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for rule in role["rules"].as_sequence().unwrap() {
+        for g in strs(&rule["apiGroups"]) {
+            for r in strs(&rule["resources"]) {
+                out.push((g.clone(), r, strs(&rule["verbs"]).join(",")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What the Rust client, the Python SDK and the CLI call (tests/rbac.rs runs both with these
+/// rules and nothing else).
+fn harness_rules() -> Vec<(String, String, String)> {
+    let mut want: Vec<(String, String, String)> = [
+        (
+            "agentbox.dev",
+            "sandboxes",
+            "get,list,watch,create,patch,delete",
+        ),
+        ("agentbox.dev", "sandboxsnapshots", "get,list,watch,create"),
+        ("", "pods/exec", "get,create"),
+        ("coordination.k8s.io", "leases", "get,create,update"),
+    ]
+    .iter()
+    .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))
+    .collect();
+    want.sort();
+    want
+}
+
+#[test]
+fn harness_service_accounts_get_exactly_what_a_harness_calls() {
+    assert!(
+        !docs(&template(&[]))
+            .iter()
+            .any(|d| d["metadata"]["name"].as_str() == Some("agentbox-harness")),
+        "none by default"
+    );
+    let all = docs(&template(&["harness.namespaces={team-a,team-b}"]));
+    for ns in ["team-a", "team-b"] {
+        let in_ns = |kind: &str| {
+            all.iter()
+                .find(|d| {
+                    d["kind"].as_str() == Some(kind)
+                        && d["metadata"]["name"].as_str() == Some("agentbox-harness")
+                        && d["metadata"]["namespace"].as_str() == Some(ns)
+                })
+                .unwrap_or_else(|| panic!("{kind} agentbox-harness in {ns}"))
+        };
+        in_ns("ServiceAccount");
+        assert_eq!(rules_of(in_ns("Role")), harness_rules(), "{ns}");
+        let rb = in_ns("RoleBinding");
+        assert_eq!(rb["roleRef"]["name"].as_str(), Some("agentbox-harness"));
+        assert_eq!(rb["subjects"][0]["namespace"].as_str(), Some(ns));
+    }
+    let r = helm_template(&["--set", "harness.namespaces={Team_A}"]);
+    assert!(r.is_err(), "a namespace that is not a name is refused");
+}
+
+#[test]
+fn a_disruption_budget_only_with_more_than_one_replica() {
+    assert!(
+        !docs(&template(&[]))
+            .iter()
+            .any(|d| d["kind"].as_str() == Some("PodDisruptionBudget"))
+    );
+    let two = docs(&template(&["replicas=2"]));
+    let pdb = find(&two, "PodDisruptionBudget", "rel-agentbox").expect("a PDB with 2 replicas");
+    assert_eq!(pdb["spec"]["maxUnavailable"].as_i64(), Some(1));
+    let dep = find(&two, "Deployment", "rel-agentbox").unwrap();
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        dep["spec"]["selector"]["matchLabels"]
     );
 }
 
 #[test]
+fn helm_test_runs_the_selftest_as_a_harness_in_the_managed_namespace() {
+    for (set, ns, host_network) in [
+        (&[][..], "agentbox-system", None),
+        (
+            &["watchNamespace=team-a", "hostNetwork=true"][..],
+            "team-a",
+            Some(true),
+        ),
+    ] {
+        let all = docs(&template(set));
+        let pod = find(&all, "Pod", "rel-agentbox-test").expect("test pod");
+        assert_eq!(
+            pod["metadata"]["annotations"]["helm.sh/hook"].as_str(),
+            Some("test")
+        );
+        assert_eq!(pod["metadata"]["namespace"].as_str(), Some(ns));
+        assert_eq!(pod["spec"]["hostNetwork"].as_bool(), host_network);
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(
+            c["command"][0].as_str(),
+            Some("/usr/local/bin/agentbox-selftest")
+        );
+        let dep = find(&all, "Deployment", "rel-agentbox").unwrap();
+        assert_eq!(
+            c["image"], dep["spec"]["template"]["spec"]["containers"][0]["image"],
+            "the operator image"
+        );
+        let args: Vec<&str> = c["args"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        assert!(
+            args.contains(&format!("--namespace={ns}").as_str()),
+            "{args:?}"
+        );
+        assert!(
+            args.contains(&"--image=docker.io/library/busybox:1.37"),
+            "{args:?}"
+        );
+        let role = find(&all, "Role", "rel-agentbox-test").expect("test Role");
+        assert_eq!(rules_of(role), harness_rules());
+        assert_eq!(role["metadata"]["namespace"].as_str(), Some(ns));
+    }
+}
+
+/// Every key of values.yaml is described by values.schema.json: the schema has a property for
+/// it, down to the keys whose schema is free-form (e.g. `resources`).
+#[test]
+fn every_value_is_in_the_schema() {
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("charts/agentbox/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("charts/agentbox/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    fn walk(v: &serde_yaml::Value, s: &serde_json::Value, path: &str, n: &mut usize) {
+        let Some(map) = v.as_mapping() else { return };
+        let Some(props) = s.get("properties").and_then(|p| p.as_object()) else {
+            return;
+        };
+        for (k, child) in map {
+            let k = k.as_str().unwrap_or_default();
+            let p = format!("{path}.{k}");
+            let sub = props
+                .get(k)
+                .unwrap_or_else(|| panic!("values.schema.json has no property for {p}"));
+            assert!(
+                sub.get("type").is_some() || sub.get("$ref").is_some(),
+                "{p}: the schema gives no type"
+            );
+            *n += 1;
+            walk(child, sub, &p, n);
+        }
+    }
+    let mut n = 0;
+    walk(&values, &schema, "", &mut n);
+    assert!(n > 60, "{n} values checked");
+}
+
+#[test]
 fn helm_lint_and_template_are_clean() {
-    let lint = helm(&["lint", "--strict", "charts/agentbox"]).expect("helm lint --strict");
+    let lint = helm(&[
+        "lint",
+        "--strict",
+        "--kube-version",
+        KUBE_VERSION,
+        "charts/agentbox",
+    ])
+    .expect("helm lint --strict");
     assert!(lint.contains("0 chart(s) failed"), "{lint}");
     template(&[]);
     template(&[
@@ -90,6 +380,10 @@ fn helm_lint_and_template_are_clean() {
         "store.credentialsSecret=agentbox-store",
     ]);
     template(&["metrics.serviceMonitor.enabled=true", "replicas=3"]);
+    template(&[
+        "metrics.dashboard.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+    ]);
     template(&[
         "leaderElection.enabled=false",
         "rbac.create=false",
@@ -104,9 +398,10 @@ fn helm_lint_and_template_are_clean() {
         "sandboxDefaults.runAsUser=0",
         "sandboxDefaults.allowedCapabilities={cap_net_raw}",
         "replicas=2,leaderElection.enabled=false",
+        "metrics.prometheusRule.enabled=true,metrics.service.enabled=false",
         "unknownKey=1",
     ] {
-        let r = helm(&["template", "rel", "charts/agentbox", "--set", bad]);
+        let r = helm_template(&["--set", bad]);
         assert!(r.is_err(), "{bad} should be refused");
     }
 }
@@ -294,5 +589,133 @@ fn every_value_is_documented() {
             "values.yaml: {key:?} has no comment above it"
         );
         prev = trimmed;
+    }
+}
+
+/// Every `agentbox_…` metric name in `text`.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("agentbox_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The dashboard (parsed) and the alert expressions of a rendering with both enabled.
+fn dashboard_and_rules() -> (serde_json::Value, Vec<(String, String)>) {
+    let rendered = template(&[
+        "metrics.dashboard.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+    ]);
+    let docs = docs(&rendered);
+    let cm = find(&docs, "ConfigMap", "rel-agentbox-dashboard").expect("dashboard ConfigMap");
+    assert_eq!(
+        cm["metadata"]["labels"]["grafana_dashboard"].as_str(),
+        Some("1")
+    );
+    let json = cm["data"]["agentbox.json"].as_str().expect("agentbox.json");
+    let dashboard: serde_json::Value = serde_json::from_str(json).expect("dashboard JSON");
+    let rule = find(&docs, "PrometheusRule", "rel-agentbox").expect("PrometheusRule");
+    assert_eq!(
+        rule["apiVersion"].as_str(),
+        Some("monitoring.coreos.com/v1")
+    );
+    let alerts = rule["spec"]["groups"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_sequence().into_iter().flatten())
+        .map(|r| {
+            let name = r["alert"].as_str().unwrap_or_default().to_string();
+            (name, r["expr"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    (dashboard, alerts)
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_render_only_when_enabled() {
+    let default = docs(&template(&[]));
+    assert!(find(&default, "ConfigMap", "rel-agentbox-dashboard").is_none());
+    assert!(
+        !default
+            .iter()
+            .any(|d| d["kind"].as_str() == Some("PrometheusRule"))
+    );
+    let (dashboard, alerts) = dashboard_and_rules();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let queries = panels
+        .iter()
+        .filter(|p| p["type"] != "row")
+        .filter(|p| p["targets"].as_array().is_some_and(|t| !t.is_empty()))
+        .count();
+    assert!(queries >= 10, "{queries} panels with queries");
+    let names: Vec<&str> = alerts.iter().map(|(n, _)| n.as_str()).collect();
+    for want in [
+        "AgentboxOperatorDown",
+        "AgentboxNoLeader",
+        "AgentboxReconcileErrors",
+        "AgentboxSnapshotFailures",
+        "AgentboxSlowStarts",
+    ] {
+        assert!(names.contains(&want), "{want} not in {names:?}");
+    }
+    // Each alert selects the series of this release's ServiceMonitor job.
+    for (name, expr) in &alerts {
+        assert!(
+            expr.contains(r#"job="rel-agentbox-metrics""#),
+            "{name}: {expr}"
+        );
+    }
+    // The dashboard ConfigMap goes where the sidecar looks when told.
+    let elsewhere = docs(&template(&[
+        "metrics.dashboard.enabled=true",
+        "metrics.dashboard.namespace=monitoring",
+    ]));
+    let cm = find(&elsewhere, "ConfigMap", "rel-agentbox-dashboard").expect("ConfigMap");
+    assert_eq!(cm["metadata"]["namespace"].as_str(), Some("monitoring"));
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_query_only_what_the_operator_registers() {
+    let registered = agentbox::metrics::Metrics::default().sample_names().clone();
+    let (dashboard, alerts) = dashboard_and_rules();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .chain(alerts.into_iter().map(|(_, e)| e))
+        .collect();
+    let queried = metric_names(&exprs.join("\n"));
+    for name in &queried {
+        assert!(
+            registered.contains(name),
+            "{name} is queried but the operator registers no such series: {registered:?}"
+        );
+    }
+    // And the dashboard shows every metric the operator has (some sample of each).
+    let shown = metric_names(&dashboard.to_string());
+    let families: std::collections::BTreeSet<&str> = registered
+        .iter()
+        .map(|n| {
+            ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n)
+        })
+        .collect();
+    for family in families {
+        assert!(
+            shown.iter().any(|n| n.starts_with(family)),
+            "the dashboard has no panel for {family}"
+        );
     }
 }

@@ -39,11 +39,44 @@ fn template(scope: &Scope, extra: serde_json::Value) -> SandboxSpec {
 
 /// Runs the CLI against the test namespace: (exit code, stdout, stderr).
 fn cli(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_agentbox"))
-        .args(["-n", &env.ns])
-        .args(args)
-        .output()
-        .expect("run agentbox");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
+    cmd.args(["-n", &env.ns]).args(args);
+    output(cmd)
+}
+
+/// A table's (or any text's) lines split into their whitespace-separated cells.
+fn cells(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+/// Runs the shell command `line` on a pseudo-terminal (script(1)), `stdin` typed into it:
+/// (exit code, everything the terminal showed).
+fn on_tty(line: &str, stdin: &str) -> (Option<i32>, String) {
+    use std::io::Write;
+    let mut child = Command::new("script")
+        .args(["-qec", line, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1)");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.as_bytes()).expect("write stdin");
+    // Left open a little: script(1) ends the session at its stdin's EOF.
+    std::thread::sleep(Duration::from_secs(3));
+    drop(input);
+    let out = child.wait_with_output().expect("script output");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Runs `cmd` to the end: (exit code, stdout, stderr).
+fn output(mut cmd: Command) -> (Option<i32>, String, String) {
+    let out = cmd.output().expect("run the command");
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -292,6 +325,21 @@ async fn cli_snapshot_and_restore_into_a_new_sandbox() {
         st.size_bytes,
         "{out}"
     );
+    // On a terminal, the phase is shown while it waits; the table follows.
+    let (code, shown) = on_tty(
+        &format!(
+            "{} -n {} snapshot {name} --as s2 --wait",
+            env!("CARGO_BIN_EXE_agentbox"),
+            env.ns
+        ),
+        "",
+    );
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains("snapshot s2: "), "phase shown: {shown:?}");
+    assert!(
+        shown.lines().any(|l| l.starts_with("s2 ")),
+        "table: {shown:?}"
+    );
     // Without --wait it prints the generated name at once.
     let (code, out, err) = cli(&env, &["snapshot", &name]);
     assert_eq!(code, Some(0), "{err}");
@@ -327,4 +375,245 @@ async fn cli_snapshot_and_restore_into_a_new_sandbox() {
     common::delete_snapshots(&env).await;
     env.finish().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
+    let mut env = TestEnv::new("client-cli").await;
+    env.start_operator(&[]);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+    let sc = scope("clitest", "erin");
+    let mut h = sbxs
+        .get_or_create(&sc, template(&sc, json!({})))
+        .await
+        .expect("create");
+    h.wait_ready(Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("wait_ready: {e}\n{}", env.operator_logs()));
+    let name = h.name().to_string();
+    let status = h.sandbox().status.clone().expect("status");
+    let (pod, node) = (
+        status.pod_name.expect("pod name"),
+        status.node_name.expect("node name"),
+    );
+
+    // list -A -o json: a List holding this namespace's sandbox among all namespaces'.
+    let (code, out, err) = cli(&env, &["list", "-A", "-o", "json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).expect("list -A -o json is JSON");
+    assert_eq!(list["kind"], "List", "{out}");
+    let ours: Vec<&serde_json::Value> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|i| i["metadata"]["namespace"] == env.ns.as_str())
+        .collect();
+    assert_eq!(ours.len(), 1, "{out}");
+    assert_eq!(ours[0]["metadata"]["name"], name.as_str());
+    assert_eq!(ours[0]["kind"], "Sandbox");
+    assert_eq!(ours[0]["status"]["phase"], "Ready");
+
+    // get NAME -o yaml: the object itself.
+    let (code, out, err) = cli(&env, &["get", &name, "-o", "yaml"]);
+    assert_eq!(code, Some(0), "{err}");
+    let obj: serde_json::Value = serde_yaml::from_str(&out).expect("get -o yaml is YAML");
+    assert_eq!(obj["kind"], "Sandbox", "{out}");
+    assert_eq!(obj["metadata"]["name"], name.as_str());
+    assert_eq!(obj["metadata"]["namespace"], env.ns.as_str());
+    assert_eq!(obj["spec"]["scope"]["user"], "erin");
+
+    // -o wide: where it runs; -A: which namespace.
+    let (code, out, err) = cli(&env, &["list", "-o", "wide"]);
+    assert_eq!(code, Some(0), "{err}");
+    let table = cells(&out);
+    assert_eq!(
+        table[0],
+        ["NAME", "PHASE", "SCOPE", "AGE", "POD", "NODE", "SCOPE-KEY"],
+        "{out}"
+    );
+    assert_eq!(table.len(), 2, "one sandbox: {out}");
+    let row: Vec<&str> = table[1].iter().map(String::as_str).collect();
+    assert_eq!(
+        [row[0], row[1], row[4], row[5]],
+        [name.as_str(), "Ready", pod.as_str(), node.as_str()],
+        "{out}"
+    );
+    let (code, out, err) = cli(&env, &["list", "-A"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("NAMESPACE "), "{out}");
+    assert!(
+        cells(&out)
+            .iter()
+            .any(|r| r.len() > 1 && r[0] == env.ns && r[1] == name),
+        "{out}"
+    );
+
+    // --kubeconfig and --context: a copy of the kubeconfig, $KUBECONFIG pointing nowhere.
+    let original = std::env::var("KUBECONFIG").expect("KUBECONFIG (hack/cluster env)");
+    let kubeconfig = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{}.kubeconfig", env.ns));
+    std::fs::copy(&original, &kubeconfig).expect("copy the kubeconfig");
+    let context = kube::config::Kubeconfig::read_from(&kubeconfig)
+        .expect("kubeconfig")
+        .current_context
+        .expect("a current context");
+    let with_copy = |ctx: &str, args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
+        cmd.env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .args(["-n", &env.ns])
+            .args([
+                "--kubeconfig",
+                &kubeconfig.to_string_lossy(),
+                "--context",
+                ctx,
+            ])
+            .args(args);
+        output(cmd)
+    };
+    let (code, out, err) = with_copy(&context, &["get", &name]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&name) && out.contains("Ready"), "{out}");
+    let (code, out, err) = with_copy("no-such-context", &["get", &name]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(
+        err.starts_with("agentbox: ")
+            && err.contains("\"no-such-context\"")
+            && err.contains(&context),
+        "names the wrong context and the known one: {err}"
+    );
+    let _ = std::fs::remove_file(&kubeconfig);
+
+    // Completion needs no cluster.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
+    cmd.env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .args(["completion", "bash"]);
+    let (code, out, err) = output(cmd);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("complete -F") && out.contains("snapshot"),
+        "{out}"
+    );
+
+    // As a kubectl plugin: kubectl finds kubectl-agentbox on the PATH.
+    let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-agentbox"));
+    let dir = plugin.parent().expect("the plugin's directory");
+    let path = std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .expect("PATH");
+    let kubectl_plugin = |args: &[&str]| {
+        let mut cmd = Command::new(common::kubectl_bin());
+        cmd.env("PATH", &path).arg("agentbox").args(args);
+        output(cmd)
+    };
+    let (code, out, err) = kubectl_plugin(&["-n", &env.ns, "get", &name]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&name) && out.contains("Ready"), "{out}");
+    let (code, out, err) = kubectl_plugin(&["--help"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("Usage: kubectl agentbox "), "{out}");
+    for sub in ["get", "list", "snapshot", "completion"] {
+        assert!(
+            cells(&out)
+                .iter()
+                .any(|r| r.first().is_some_and(|c| c == sub)),
+            "--help lists {sub}: {out}"
+        );
+    }
+
+    // On a terminal (script(1) gives it a pty) cp shows the bytes copied on stderr; piped,
+    // stderr stays empty.
+    let src = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-up", env.ns));
+    std::fs::create_dir_all(&src).expect("upload dir");
+    std::fs::write(src.join("blob"), vec![7u8; 3 << 20]).expect("blob");
+    let src_s = src.to_string_lossy().into_owned();
+    let (code, out, err) = cli(&env, &["cp", &src_s, &format!("{name}:up")]);
+    assert_eq!((code, out.as_str(), err.as_str()), (Some(0), "", ""));
+    let bin = env!("CARGO_BIN_EXE_agentbox");
+    let (code, shown) = on_tty(&format!("{bin} -n {} cp {src_s} {name}:up2", env.ns), "");
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(
+        shown.contains(&format!("→ {name}:up2")) && shown.contains("MiB"),
+        "progress on a terminal: {shown:?}"
+    );
+    let _ = std::fs::remove_dir_all(&src);
+
+    // shell: the remote shell gets a TTY; the local terminal is raw meanwhile and restored
+    // after (stty shows canonical mode and echo again).
+    let (code, shown) = on_tty(
+        &format!(
+            "{bin} -n {} shell {name}; echo shell-exit=$?; stty -a",
+            env.ns
+        ),
+        "echo in-the-$((1+1))-sandbox; exit 3\n",
+    );
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains("in-the-2-sandbox"), "{shown:?}");
+    assert!(shown.contains("shell-exit=3"), "{shown:?}");
+    let modes: Vec<&str> = shown.split_whitespace().collect();
+    assert!(
+        modes.contains(&"icanon") && modes.contains(&"echo"),
+        "terminal restored: {shown:?}"
+    );
+
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_the_cli_suspends_and_deletes() {
+    let mut env = TestEnv::new("client-suspend").await;
+    env.start_operator(&[]);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+    let sc = scope("clitest", "dora");
+    let mut h = sbxs
+        .get_or_create(&sc, template(&sc, json!({})))
+        .await
+        .expect("create");
+    h.wait_ready(Duration::from_secs(120)).await.expect("ready");
+    h.write_file("kept.txt", &b"across a suspension"[..])
+        .await
+        .expect("write");
+
+    // Through the CLI (the client's suspend underneath).
+    let (code, out, err) = cli(&env, &["suspend", h.name()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), format!("sandbox/{} suspended", h.name()));
+    // Waiting on a suspended sandbox says so at once: with this timeout a wait that did not
+    // know would end in NotReady, not Suspended.
+    match h.wait_ready(Duration::from_secs(600)).await {
+        Err(ClientError::Suspended(name)) => assert_eq!(name, h.name()),
+        other => panic!("expected Suspended, got {other:?}"),
+    }
+    env.wait_for::<agentbox::crd::Sandbox>(h.name(), 120, common::phase_is("Suspended"))
+        .await;
+
+    // The harness's usual call brings it back, with its workspace.
+    let mut again = sbxs
+        .get_or_create(&sc, template(&sc, json!({})))
+        .await
+        .expect("get_or_create");
+    assert_eq!(again.name(), h.name());
+    again
+        .wait_ready(Duration::from_secs(120))
+        .await
+        .expect("ready again");
+    assert_eq!(
+        again.read_file("kept.txt").await.expect("read"),
+        b"across a suspension"
+    );
+
+    let (code, out, err) = cli(&env, &["delete", h.name(), "--wait", "120"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), format!("sandbox/{} deleted", h.name()));
+    assert!(matches!(
+        sbxs.open(h.name()).await,
+        Err(ClientError::NotFound(_))
+    ));
+    // Deleting what is gone is not an error.
+    again
+        .delete(Duration::from_secs(5))
+        .await
+        .expect("delete again");
+    env.finish().await;
 }

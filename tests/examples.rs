@@ -15,12 +15,8 @@ fn examples_dir() -> PathBuf {
     repo_root().join("examples")
 }
 
-fn kubectl() -> String {
-    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
-}
-
 fn apply(ns: &str, file: &Path) {
-    let out = Command::new(kubectl())
+    let out = Command::new(common::kubectl_bin())
         .args(["apply", "-n", ns, "-f"])
         .arg(file)
         .output()

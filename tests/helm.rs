@@ -1,10 +1,12 @@
 //! The Helm chart against the real local cluster: build and import the operator image
-//! (hack/image), `helm install` it watching a test namespace, run the Sandbox lifecycle against
-//! the in-cluster operator, `helm upgrade` with a changed value, and `helm uninstall`, after
-//! which no object of the release is left. What stays by design: the CRDs (Helm never deletes a
-//! chart's crds/), the leader-election Lease the operator created at run time (it goes with
-//! its namespace), the Events the operator recorded (they expire), and
-//! the snapshot store's directory on the node.
+//! (hack/image), `helm install` the **previous chart version** (taken from git history with
+//! `git archive`, its CRDs applied as it left them) watching a test namespace, run the Sandbox
+//! lifecycle against the in-cluster operator, `helm upgrade` to this chart (with a changed
+//! value): the CRDs are upgraded with it, then the lifecycle again, `helm test`, the aggregated
+//! ClusterRoles through the built-in edit and view roles, and `helm uninstall`, after which no
+//! object of the release is left. What stays by design: the CRDs (`crds.keep`), the
+//! leader-election Lease the operator created at run time (it goes with its namespace), the
+//! Events the operator recorded (they expire), and the snapshot store's directory on the node.
 
 mod common;
 
@@ -24,6 +26,77 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+
+/// The previous version of the chart as it was last committed: the newest commit that changed
+/// `charts/agentbox` while its Chart.yaml had another version than this one, extracted with
+/// `git archive` into `dir`. Returns its version and the chart's path.
+///
+/// First-parent history only: a branch that bumps the version is merged into main with a merge
+/// commit, so main's first parents are main's own states and the previous version is the chart
+/// main last shipped, not an intermediate state of the branch that bumped it.
+fn previous_chart(dir: &Path) -> (String, std::path::PathBuf) {
+    let version = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("version:"))
+            .map(|v| v.trim().to_string())
+            .expect("a version in Chart.yaml")
+    };
+    let current =
+        version(&std::fs::read_to_string(repo_root().join("charts/agentbox/Chart.yaml")).unwrap());
+    // AGENTBOX_PREVIOUS_CHART_COMMIT: take the previous chart from this commit instead.
+    let log = match std::env::var("AGENTBOX_PREVIOUS_CHART_COMMIT") {
+        Ok(c) if !c.is_empty() => c,
+        _ => run(Command::new("git")
+            .args([
+                "log",
+                "--first-parent",
+                "--format=%H",
+                "--",
+                "charts/agentbox",
+            ])
+            .current_dir(repo_root())),
+    };
+    for commit in log.lines() {
+        let chart = run(Command::new("git")
+            .args(["show", &format!("{commit}:charts/agentbox/Chart.yaml")])
+            .current_dir(repo_root()));
+        let v = version(&chart);
+        if v != current {
+            let archive = run(Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "git archive {commit} charts/agentbox | tar -x -C '{}'",
+                    dir.display()
+                ))
+                .current_dir(repo_root()));
+            assert!(archive.is_empty(), "{archive}");
+            return (v, dir.join("charts/agentbox"));
+        }
+    }
+    panic!("no earlier chart version than {current} in git history");
+}
+
+/// The property paths of a CRD's schema (`spec.workspace.files[].path`, ...).
+fn schema_paths(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> std::collections::BTreeSet<String> {
+    fn walk(v: &serde_json::Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+        if let Some(props) = v.get("properties").and_then(|p| p.as_object()) {
+            for (k, child) in props {
+                let p = format!("{at}.{k}");
+                out.insert(p.clone());
+                walk(child, &p, out);
+            }
+        }
+        if let Some(items) = v.get("items") {
+            walk(items, &format!("{at}[]"), out);
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    walk(&schema["openAPIV3Schema"], "", &mut out);
+    out
+}
 
 /// The snapshot store directory of hack/values-local.yaml (a hostPath of the operator pod).
 const STORE_DIR: &str = "/var/lib/agentbox/helm-snapshots";
@@ -89,7 +162,7 @@ impl Drop for Release {
                 ])
                 .status();
         }
-        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let kubectl = common::kubectl_bin();
         // After a panic nobody runs the finalizers any more: drop them so that the watched
         // namespace can go (a workspace directory may stay behind then).
         for kind in ["sandboxsnapshots.agentbox.dev", "sandboxes.agentbox.dev"] {
@@ -449,12 +522,38 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         .await
         .unwrap();
 
-    // --- install ------------------------------------------------------------------------
+    // --- install the previous chart version, its CRDs as it left them ------------------------
+    let prev_dir = std::env::temp_dir().join(format!("agentbox-prev-chart-{}", rel.name));
+    std::fs::create_dir_all(&prev_dir).expect("temp dir");
+    let (prev_version, prev_chart) = previous_chart(&prev_dir);
+    let prev_crds: Vec<_> = std::fs::read_dir(prev_chart.join("crds"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        !prev_crds.is_empty(),
+        "chart {prev_version} kept its CRDs in crds/ (written for that layout)"
+    );
+    // What a cluster that ran the previous version has: its CRDs, which `helm install` would
+    // have created (it skips them here, where they exist).
+    for f in &prev_crds {
+        run(Command::new(common::kubectl_bin())
+            .args(["apply", "--server-side", "--force-conflicts", "-f"])
+            .arg(f));
+    }
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let served_before = crds.get("sandboxes.agentbox.dev").await.unwrap();
+    let ours: Vec<CustomResourceDefinition> = agentbox::crd::all();
+    assert_ne!(
+        served_before.spec.versions[0].schema, ours[0].spec.versions[0].schema,
+        "this chart changes the Sandbox CRD, so the upgrade has something to bring"
+    );
     let t = Instant::now();
+    eprintln!("[helm test] installing the previous chart {prev_version}");
     rel.helm(&[
         "install",
         &rel.name,
-        "charts/agentbox",
+        prev_chart.to_str().unwrap(),
         "--create-namespace",
         "-f",
         "hack/values-local.yaml",
@@ -504,19 +603,70 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
 
     lifecycle(&env, "life", &pod_name).await;
 
-    // --- upgrade with a changed value: JSON logs ---------------------------------------
+    // --- upgrade to this chart, with a changed value (JSON logs): the CRDs come along -----
+    // --take-ownership: the previous chart's CRDs were not the release's (Helm installs a
+    // crds/ directory outside the release); --reset-then-reuse-values: this chart's defaults
+    // for its new values, the install's settings for the others.
     let t = Instant::now();
     rel.helm(&[
         "upgrade",
         &rel.name,
         "charts/agentbox",
-        "--reuse-values",
+        "--take-ownership",
+        "--reset-then-reuse-values",
         "--set",
         "logging.json=true",
         "--wait",
         "--timeout",
         "180s",
     ]);
+    let _ = std::fs::remove_dir_all(&prev_dir);
+    for (i, name) in ["sandboxes.agentbox.dev", "sandboxsnapshots.agentbox.dev"]
+        .iter()
+        .enumerate()
+    {
+        let served = crds.get(name).await.unwrap();
+        assert_eq!(
+            served.spec.versions[0].schema, ours[i].spec.versions[0].schema,
+            "{name}: the upgrade brought this chart's schema"
+        );
+        assert_eq!(served.spec.names.categories, ours[i].spec.names.categories);
+        let ann = served.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            ann.get("helm.sh/resource-policy").map(String::as_str),
+            Some("keep"),
+            "{name}"
+        );
+        assert_eq!(
+            ann.get("meta.helm.sh/release-name"),
+            Some(&rel.name),
+            "{name}: adopted"
+        );
+    }
+    let served = crds.get("sandboxes.agentbox.dev").await.unwrap();
+    let added: Vec<String> = schema_paths(&ours[0])
+        .difference(&schema_paths(&served_before))
+        .cloned()
+        .collect();
+    let now = schema_paths(&served);
+    for p in &added {
+        assert!(now.contains(p), "{p} added by the upgrade");
+    }
+    eprintln!("[helm test] fields the upgrade added to the Sandbox CRD: {added:?}");
+    // And the new rules hold at admission (the previous CRD accepted this).
+    let dup = create_sandbox(
+        &env,
+        "dup",
+        json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"},
+               "workspace": {"files": [{"path": "a", "content": "1"}, {"path": "a", "content": "2"}]}}),
+    )
+    .await
+    .expect_err("duplicate file paths after the upgrade");
+    assert!(
+        dup.to_string()
+            .contains("file paths must be unique: a appears more than once"),
+        "{dup}"
+    );
     let new_pod = rolled_out(&client, &rel).await;
     let new_name = new_pod.name_any();
     eprintln!(
@@ -547,6 +697,74 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     .await;
     assert_eq!(holder, new_name);
     lifecycle(&env, "after-upgrade", &new_name).await;
+
+    // --- helm test: the chart's test pod creates a Sandbox, execs, deletes ---------------
+    let t = Instant::now();
+    // (No --logs: the pod is deleted as soon as it passes, hook-delete-policy hook-succeeded.)
+    let out = rel.helm(&["test", &rel.name, "--timeout", "300s"]);
+    eprintln!(
+        "[helm test] `helm test` passed in {:.1?}:\n{out}",
+        t.elapsed()
+    );
+    let phases: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Phase:"))
+        .map(str::trim)
+        .collect();
+    assert!(
+        !phases.is_empty() && phases.iter().all(|p| *p == "Succeeded"),
+        "{out}"
+    );
+    // It leaves nothing behind (its pod, ServiceAccount and Role go when it passes).
+    let left = env
+        .api::<Sandbox>()
+        .list(&ListParams::default().labels("agentbox.dev/agent=agentbox-selftest"))
+        .await
+        .unwrap();
+    assert!(left.items.is_empty(), "{:?}", left.items);
+    assert!(
+        env.api::<Pod>()
+            .get_opt(&format!("{}-agentbox-test", rel.name))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // --- people: agentbox-edit and agentbox-view through the built-in roles ---------------
+    for (user, role) in [("alice", "edit"), ("bob", "view")] {
+        let rb: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": format!("{user}-{role}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }))
+        .unwrap();
+        env.api::<RoleBinding>()
+            .create(&PostParams::default(), &rb)
+            .await
+            .unwrap();
+    }
+    let can = |user: &'static str, verb: &'static str, what: &'static str| {
+        let ns = env.ns.clone();
+        async move {
+            let (_, out, _) =
+                common::kubectl(&["auth", "can-i", verb, what, "-n", &ns, "--as", user], "");
+            out.trim() == "yes"
+        }
+    };
+    eventually(
+        "the aggregated roles to reach edit and view",
+        60,
+        || async {
+            (can("alice", "create", "sandboxes.agentbox.dev").await
+                && can("alice", "delete", "sandboxsnapshots.agentbox.dev").await
+                && can("bob", "list", "sandboxes.agentbox.dev").await
+                && can("bob", "get", "sandboxsnapshots.agentbox.dev").await)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(!can("bob", "create", "sandboxes.agentbox.dev").await);
+    assert!(!can("bob", "delete", "sandboxsnapshots.agentbox.dev").await);
 
     // --- uninstall: nothing of the release is left -------------------------------------
     let t = Instant::now();
@@ -635,15 +853,15 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
             .items
             .is_empty()
     );
-    // By design: the CRDs stay, and so does the leader Lease.
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    assert!(
-        crds.get_opt("sandboxes.agentbox.dev")
-            .await
-            .unwrap()
-            .is_some()
-    );
+    // By design: the CRDs stay (crds.keep, although the release owned them), and so does the
+    // leader Lease.
+    for name in ["sandboxes.agentbox.dev", "sandboxsnapshots.agentbox.dev"] {
+        let crd = crds.get_opt(name).await.unwrap();
+        assert!(
+            crd.is_some_and(|c| c.metadata.deletion_timestamp.is_none()),
+            "{name} stays"
+        );
+    }
     // The Lease is the operator's, not Helm's. Helm deletes the RBAC while the pod is still
     // stopping, so its release may be refused: the holder then just expires.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &rel.ns);

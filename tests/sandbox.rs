@@ -154,7 +154,7 @@ async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
     assert_eq!(spec.automount_service_account_token, Some(false));
 
     // kubectl shows the useful columns.
-    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let kubectl = common::kubectl_bin();
     let table = std::process::Command::new(kubectl)
         .args(["get", "sbx", "-n", &env.ns])
         .output()
@@ -169,7 +169,7 @@ async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
     assert_eq!(
         header,
         [
-            "NAME", "PHASE", "SCOPE", "MODE", "NODE", "START", "SNAPSHOT", "AGE"
+            "NAME", "PHASE", "SCOPE", "MODE", "NODE", "START", "SNAPSHOT", "REASON", "AGE"
         ],
         "{table}"
     );

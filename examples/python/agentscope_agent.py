@@ -9,7 +9,8 @@ Needs a cluster with agentbox installed (``hack/run`` gives one) and
 
     AGENTBOX_NAMESPACE=default python examples/python/agentscope_agent.py
 
-``AGENTBOX_IMAGE`` picks the image (default ``agentbox/base:v1``, as on the local cluster).
+``AGENTBOX_IMAGE`` picks the image (default ``docker.io/library/busybox:1.37``, which the local
+cluster imports under that name).
 ``hack/test`` runs it against a namespace of its own.
 """
 
@@ -100,7 +101,9 @@ async def main() -> int:
     """Two agents, one workspace: the second finds what the first wrote."""
     namespace = os.environ.get("AGENTBOX_NAMESPACE", "default")
     scope = agentbox.Scope.for_user("agentscope-notes", "alice@example.com")
-    spec = agentbox.SandboxSpec(image=os.environ.get("AGENTBOX_IMAGE", "agentbox/base:v1"))
+    spec = agentbox.SandboxSpec(
+        image=os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37")
+    )
 
     # 1. The Write tool writes into the sandbox's workspace; closing suspends the Sandbox.
     async with AgentboxWorkspace(scope=scope, spec=spec, namespace=namespace) as ws:
@@ -116,7 +119,10 @@ async def main() -> int:
         bash = call(2, "Bash", command="cat notes.md")
         answer = await turn(ws, [[bash], None], "What do my notes say?")
         print(f"agent 2: {answer} (sandbox {ws.sandbox.name})")
-        print("in the workspace:", (await ws.sandbox.read("notes.md")).decode().split("\n")[1])
+        print(
+            "in the workspace:",
+            (await ws.sandbox.read("notes.md")).decode().split("\n")[1],
+        )
     return 0
 
 

@@ -10,7 +10,8 @@ Needs a cluster with agentbox installed (``hack/run`` gives one) and
 
     AGENTBOX_NAMESPACE=default python examples/python/openai_agents_agent.py
 
-``AGENTBOX_IMAGE`` picks the image (default ``agentbox/base:v1``, as on the local cluster).
+``AGENTBOX_IMAGE`` picks the image (default ``docker.io/library/busybox:1.37``, which the local
+cluster imports under that name).
 ``hack/test`` runs it against a namespace of its own.
 """
 
@@ -59,7 +60,7 @@ async def main() -> int:
     model = ScriptedModel()
     agent = SandboxAgent(name="notes", instructions="Keep notes in the workspace.", model=model)
     options = AgentboxSandboxClientOptions(
-        image=os.environ.get("AGENTBOX_IMAGE", "agentbox/base:v1"),
+        image=os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37"),
         namespace=namespace,
         scope=scope.to_dict(),
     )

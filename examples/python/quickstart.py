@@ -21,7 +21,7 @@ import agentbox
 async def main() -> int:
     """The walk-through; prints what each step did."""
     namespace = os.environ.get("AGENTBOX_NAMESPACE", "default")
-    image = os.environ.get("AGENTBOX_IMAGE", "agentbox/base:v1")
+    image = os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37")
     async with agentbox.Sandboxes(namespace) as sandboxes:
         # 1. The sandbox of this user of this agent: created once, found again by every
         #    harness process that asks for the same scope (racing callers get one Sandbox).
@@ -55,7 +55,11 @@ async def main() -> int:
         # 4. One agent turn under the scope's guard: nobody else (another harness, the CLI,
         #    the operator's snapshots) works in this scope meanwhile.
         async with sbx.guard(wait=60) as guard, sbx.session() as shell:
-            for cmd in ("echo step 1 >> notes/log", "echo step 2 >> notes/log", "cat notes/log"):
+            for cmd in (
+                "echo step 1 >> notes/log",
+                "echo step 2 >> notes/log",
+                "cat notes/log",
+            ):
                 out = await shell.run(cmd, env={"FENCING_TOKEN": str(guard.fencing_token)})
             print(
                 f"turn done under fencing token {guard.fencing_token}: {out.stdout_text().split()}"
@@ -70,7 +74,10 @@ async def main() -> int:
         print("restored:", (await sbx.read("notes/todo.txt")).decode().strip())
 
         await sbx.delete(wait=True)
-        print("deleted; its snapshots stay:", [s.name for s in await sandboxes.snapshots(scope)])
+        print(
+            "deleted; its snapshots stay:",
+            [s.name for s in await sandboxes.snapshots(scope)],
+        )
     return 0
 
 

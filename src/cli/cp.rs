@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::Fail;
+use super::progress::Progress;
 use crate::client::{ClientError, Sandboxes};
 
 #[derive(Args)]
@@ -25,14 +26,16 @@ fn remote_spec(s: &str) -> Option<(&str, &str)> {
     s.split_once(':').filter(|(n, _)| !n.is_empty())
 }
 
-/// `agentbox cp`.
+/// `agentbox cp`. On a terminal, stderr shows the bytes copied so far.
 pub(super) async fn cp(sbx: &Sandboxes, src: &str, dst: &str) -> Result<ExitCode, Fail> {
     match (remote_spec(src), remote_spec(dst)) {
         (Some((name, path)), None) => {
             let h = sbx.open(name).await?;
             let local = PathBuf::from(dst);
+            let progress = Progress::on_stderr(format!("{src} → {dst}"), true);
             match h.read_file(path).await {
                 Ok(bytes) => {
+                    progress.counter()(bytes.len() as u64);
                     let target = if local.is_dir() {
                         let base = path.rsplit('/').find(|c| !c.is_empty()).unwrap_or("file");
                         local.join(base)
@@ -42,7 +45,10 @@ pub(super) async fn cp(sbx: &Sandboxes, src: &str, dst: &str) -> Result<ExitCode
                     tokio::fs::write(&target, bytes).await?;
                 }
                 // Not a regular file: copy it as a directory.
-                Err(ClientError::NotFound(_)) => h.download_dir(path, &local).await?,
+                Err(ClientError::NotFound(_)) => {
+                    h.download_dir_counted(path, &local, progress.counter())
+                        .await?
+                }
                 Err(e) => return Err(e.into()),
             }
             Ok(ExitCode::SUCCESS)
@@ -50,13 +56,17 @@ pub(super) async fn cp(sbx: &Sandboxes, src: &str, dst: &str) -> Result<ExitCode
         (None, Some((name, path))) => {
             let h = sbx.open(name).await?;
             let local = PathBuf::from(src);
+            let progress = Progress::on_stderr(format!("{src} → {dst}"), true);
             if local.is_dir() {
-                h.upload_dir(&local, path).await?;
+                h.upload_dir_counted(&local, path, progress.counter())
+                    .await?;
             } else {
                 let bytes = tokio::fs::read(&local)
                     .await
                     .map_err(|e| Fail(format!("{src}: {e}")))?;
+                let len = bytes.len() as u64;
                 h.write_file(path, bytes).await?;
+                progress.counter()(len);
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -5,20 +5,25 @@
 //! `kubectl agentbox ...`. Errors print one line to stderr and exit non-zero; `exec` and
 //! `shell` exit with the remote command's code.
 
+mod completion;
 mod cp;
 mod exec;
 mod get;
+mod lifecycle;
 mod lock;
+mod progress;
 mod restore;
 mod shell;
 mod snapshot;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::client::{SandboxHandle, Sandboxes};
 use crate::crd::{Scope, ScopeKind};
+use crate::kubeclient::KubeconfigSelection;
 
 #[derive(Parser)]
 #[command(name = "agentbox", version, about = "Work with agentbox sandboxes")]
@@ -26,6 +31,12 @@ struct Cli {
     /// Namespace (default: the kubeconfig context's).
     #[arg(short, long, global = true, env = "AGENTBOX_NAMESPACE")]
     namespace: Option<String>,
+    /// Kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).
+    #[arg(long, global = true, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context (default: its current context).
+    #[arg(long, global = true, value_name = "NAME")]
+    context: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -83,10 +94,10 @@ impl ScopeFlags {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Show one sandbox, and where its exposed ports are reached
-    Get(Target),
-    /// List sandboxes (optionally of one agent/user/session).
-    List(ScopeFlags),
+    /// Show one sandbox, and where its exposed ports are reached.
+    Get(get::GetArgs),
+    /// List sandboxes (optionally of one agent/user/session, or of all namespaces).
+    List(get::ListArgs),
     /// Run a command in a sandbox; exits with its exit code.
     Exec(exec::ExecArgs),
     /// Open an interactive shell (TTY) in a sandbox.
@@ -95,16 +106,29 @@ enum Cmd {
     Cp(cp::CpArgs),
     /// Hold a sandbox scope's execution guard while a local command runs.
     Lock(lock::LockArgs),
-    /// Snapshot a sandbox's workspace (a new SandboxSnapshot); prints its name, and with
-    /// `--wait` its object key, digest and size once Ready.
+    /// Snapshot a sandbox's workspace into a new SandboxSnapshot.
+    ///
+    /// Prints its name, and with `--wait` its object key, digest and size once Ready.
     Snapshot(snapshot::SnapshotArgs),
-    /// Create a sandbox whose workspace is restored from a snapshot. The spec is copied from
-    /// the snapshot's source sandbox (which must still exist); the scope flags give another
-    /// scope, NAME another name (default: the scope's name).
+    /// Create a sandbox whose workspace is restored from a snapshot.
+    ///
+    /// The spec is copied from the snapshot's source sandbox (which must still exist); the
+    /// scope flags give another scope, NAME another name (default: the scope's name).
     Restore(restore::RestoreArgs),
+    /// Suspend a sandbox: its pod is deleted, its workspace kept on its node.
+    Suspend(lifecycle::LifecycleArgs),
+    /// Resume a suspended sandbox (`--wait` until it is Ready).
+    Resume(lifecycle::LifecycleArgs),
+    /// Delete a sandbox and its workspace (its snapshots stay).
+    ///
+    /// With `--wait`, returns once the object is gone.
+    Delete(lifecycle::LifecycleArgs),
+    /// Print a shell completion script: `source <(agentbox completion bash)`.
+    Completion(completion::CompletionArgs),
 }
 
 /// A failure: one line for the user.
+#[derive(Debug)]
 pub struct Fail(String);
 
 impl<E: std::fmt::Display> From<E> for Fail {
@@ -113,9 +137,43 @@ impl<E: std::fmt::Display> From<E> for Fail {
     }
 }
 
+/// The command line's definition, named for how it was invoked: `kubectl agentbox` when the
+/// program's file name starts with `kubectl-` (kubectl runs plugins by their path), else
+/// `agentbox`.
+fn command(argv0: Option<&std::ffi::OsStr>) -> clap::Command {
+    let cmd = Cli::command();
+    let invoked = argv0
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|f| f.to_string_lossy().into_owned());
+    match invoked.as_deref().and_then(|f| f.strip_prefix("kubectl-")) {
+        Some(plugin) => {
+            // `kubectl-agentbox` → `kubectl agentbox`, as kubectl users type it.
+            let plugin = plugin.split('.').next().unwrap_or(plugin).replace('_', "-");
+            cmd.bin_name(format!("kubectl {plugin}"))
+        }
+        None => cmd.bin_name("agentbox"),
+    }
+}
+
+/// Parses `args` (the program name first) as the CLI does.
+fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let mut cmd = command(args.first().map(|a| a.as_os_str()));
+    let mut matches = cmd.try_get_matches_from_mut(args)?;
+    Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
+}
+
 /// Parses the command line, runs the subcommand, and prints a failure as one line.
 pub async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_from(std::env::args_os()) {
+        Ok(cli) => cli,
+        // Help, version and usage errors, printed and exited as clap does.
+        Err(e) => e.exit(),
+    };
     match run(cli).await {
         Ok(code) => code,
         Err(Fail(msg)) => {
@@ -131,21 +189,37 @@ fn code(c: i32) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Fail> {
-    let client = crate::kube_client().await?;
+    if let Cmd::Completion(a) = &cli.cmd {
+        // Needs no cluster: it only describes this command line.
+        let argv0 = std::env::args_os().next();
+        let script = completion::script(command(argv0.as_deref()), a.shell, argv0.as_deref());
+        std::io::Write::write_all(&mut std::io::stdout(), &script)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let selection = KubeconfigSelection {
+        kubeconfig: cli.kubeconfig.clone(),
+        context: cli.context.clone(),
+    };
+    let client = crate::kubeclient::kube_client_for(&selection).await?;
     let ns = cli
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
-    let sbx = Sandboxes::new(client, ns);
+    let sbx = Sandboxes::new(client.clone(), ns);
     match cli.cmd {
-        Cmd::Get(t) => get::get(&sbx, &t).await,
-        Cmd::List(scope) => get::list(&sbx, &scope).await,
+        Cmd::Get(a) => get::get(&sbx, &a).await,
+        Cmd::List(a) => get::list(&client, &sbx, &a).await,
         Cmd::Exec(a) => exec::exec(&sbx, a).await,
         Cmd::Shell(t) => shell::shell(&open(&sbx, &t).await?).await,
         Cmd::Cp(a) => cp::cp(&sbx, &a.src, &a.dst).await,
         Cmd::Snapshot(a) => snapshot::snapshot(&sbx, a).await,
         Cmd::Restore(a) => restore::restore(&sbx, a).await,
         Cmd::Lock(a) => lock::lock(&sbx, a).await,
+        Cmd::Suspend(a) => lifecycle::change(&sbx, lifecycle::Change::Suspend, a).await,
+        Cmd::Resume(a) => lifecycle::change(&sbx, lifecycle::Change::Resume, a).await,
+        Cmd::Delete(a) => lifecycle::change(&sbx, lifecycle::Change::Delete, a).await,
+        // Answered above, before any cluster is contacted.
+        Cmd::Completion(_) => Ok(ExitCode::SUCCESS),
     }
 }
 
@@ -161,6 +235,96 @@ async fn open(sbx: &Sandboxes, t: &Target) -> Result<SandboxHandle, Fail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        parse_from(std::iter::once("agentbox").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn kubeconfig_and_context_are_global_flags() {
+        let cli = parse(&["--kubeconfig", "/tmp/kc", "--context", "dev", "get", "box"]).unwrap();
+        assert_eq!(cli.kubeconfig, Some(PathBuf::from("/tmp/kc")));
+        assert_eq!(cli.context.as_deref(), Some("dev"));
+        // After the subcommand too, as kubectl users write them.
+        let cli = parse(&["list", "--context", "prod", "-n", "team"]).unwrap();
+        assert_eq!(cli.context.as_deref(), Some("prod"));
+        assert_eq!(cli.namespace.as_deref(), Some("team"));
+        assert_eq!(cli.kubeconfig, None);
+        let err = parse(&["list", "--context"]).err().unwrap();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn completion_takes_a_known_shell() {
+        let Ok(Cli {
+            cmd: Cmd::Completion(a),
+            ..
+        }) = parse(&["completion", "zsh"])
+        else {
+            panic!("completion zsh parses");
+        };
+        assert_eq!(a.shell, clap_complete::Shell::Zsh);
+        assert!(parse(&["completion", "tcsh"]).is_err());
+    }
+
+    #[test]
+    fn help_lists_every_subcommand_with_one_line() {
+        let help = command(None).render_help().to_string();
+        let subs: Vec<_> = command(None).get_subcommands().cloned().collect();
+        let names: Vec<&str> = subs.iter().map(|s| s.get_name()).collect();
+        assert_eq!(
+            names,
+            [
+                "get",
+                "list",
+                "exec",
+                "shell",
+                "cp",
+                "lock",
+                "snapshot",
+                "restore",
+                "suspend",
+                "resume",
+                "delete",
+                "completion"
+            ]
+        );
+        for sub in &subs {
+            let name = sub.get_name();
+            let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+            // One short line: the details are in the subcommand's own --help.
+            assert!(
+                !about.is_empty() && !about.contains('\n') && about.len() <= 80,
+                "{name}: {about:?}"
+            );
+            let line = help
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("{name} not in --help:\n{help}"));
+            assert!(line.ends_with(&about), "{line:?} vs {about:?}");
+        }
+    }
+
+    #[test]
+    fn named_kubectl_agentbox_it_is_kubectl_agentbox() {
+        let as_plugin = |argv0: &str| {
+            command(Some(std::ffi::OsStr::new(argv0)))
+                .render_usage()
+                .to_string()
+        };
+        assert!(
+            as_plugin("/home/me/bin/kubectl-agentbox").starts_with("Usage: kubectl agentbox "),
+            "{}",
+            as_plugin("/home/me/bin/kubectl-agentbox")
+        );
+        assert!(as_plugin("agentbox").starts_with("Usage: agentbox "));
+        assert!(as_plugin("/usr/local/bin/agentbox").starts_with("Usage: agentbox "));
+        // Parse errors name it the same way.
+        let err = parse_from(["/x/kubectl-agentbox", "nonsense"])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("kubectl agentbox"), "{err}");
+    }
 
     #[test]
     fn scope_kind_is_inferred_from_the_ids() {

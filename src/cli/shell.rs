@@ -1,60 +1,76 @@
 //! `shell`: an interactive shell with a TTY in a sandbox.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
+use crossterm::terminal;
+use futures::SinkExt;
+use kube::api::{AttachParams, TerminalSize};
 use tokio::io::AsyncWriteExt;
 
 use super::{Fail, code};
 use crate::client::SandboxHandle;
 
-/// Puts the local terminal in raw mode with `stty` and restores it on drop.
-struct RawTerminal(Option<String>);
+/// The local terminal in raw mode (keys go to the remote shell as typed, with no local echo)
+/// while this lives; dropping it restores the mode, on every path out of [`shell`].
+struct RawTerminal {
+    raw: bool,
+}
 
 impl RawTerminal {
-    fn enter() -> Self {
-        let saved = std::process::Command::new("stty")
-            .arg("-g")
-            .stdin(std::process::Stdio::inherit())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-        if saved.is_some() {
-            let _ = std::process::Command::new("stty")
-                .args(["raw", "-echo"])
-                .stdin(std::process::Stdio::inherit())
-                .status();
+    /// Raw mode if stdin is a terminal; a no-op otherwise (input piped into `shell`).
+    fn enter() -> Result<Self, Fail> {
+        if !std::io::stdin().is_terminal() {
+            return Ok(RawTerminal { raw: false });
         }
-        RawTerminal(saved)
-    }
-
-    fn size() -> Option<(u16, u16)> {
-        let o = std::process::Command::new("stty")
-            .arg("size")
-            .stdin(std::process::Stdio::inherit())
-            .output()
-            .ok()?;
-        let s = String::from_utf8_lossy(&o.stdout);
-        let mut it = s.split_whitespace();
-        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+        terminal::enable_raw_mode().map_err(|e| Fail(format!("terminal raw mode: {e}")))?;
+        Ok(RawTerminal { raw: true })
     }
 }
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
-        if let Some(saved) = &self.0 {
-            let _ = std::process::Command::new("stty")
-                .arg(saved)
-                .stdin(std::process::Stdio::inherit())
-                .status();
+        if self.raw {
+            // Nothing more to do if it fails: the process is leaving the terminal anyway.
+            let _ = terminal::disable_raw_mode();
         }
     }
 }
 
+/// The local terminal's size for the remote TTY, if stdout is a terminal.
+fn terminal_size() -> Option<TerminalSize> {
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let (width, height) = terminal::size().ok()?;
+    Some(TerminalSize { width, height })
+}
+
+/// Local stdin in chunks as they are read, from a plain thread. Tokio's stdin reads on its
+/// blocking pool, and the runtime waits for that read when `main` returns: after the remote
+/// shell exits, the CLI would hang until the next key press. A detached thread does not hold
+/// the process; its channel closes at stdin's EOF.
+fn stdin_chunks() -> tokio::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            match std::io::Read::read(&mut stdin, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.blocking_send(buf[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
 /// `agentbox shell`.
 pub(super) async fn shell(h: &SandboxHandle) -> Result<ExitCode, Fail> {
-    use futures::SinkExt;
-    use kube::api::{AttachParams, TerminalSize};
     let pods = h.pods();
     let ap = AttachParams::interactive_tty().container(crate::exec::SANDBOX_CONTAINER);
     let root = h.workspace_root();
@@ -70,22 +86,38 @@ pub(super) async fn shell(h: &SandboxHandle) -> Result<ExitCode, Fail> {
             &ap,
         )
         .await?;
-    let size = RawTerminal::size();
-    let raw = RawTerminal::enter();
-    if let (Some((rows, cols)), Some(mut tx)) = (size, proc.terminal_size()) {
-        let _ = tx
-            .send(TerminalSize {
-                width: cols,
-                height: rows,
-            })
-            .await;
-    }
+    let raw = RawTerminal::enter()?;
+    // The remote TTY follows the local window: its size now, and again on each SIGWINCH.
+    let resizer = match (terminal_size(), proc.terminal_size()) {
+        (Some(size), Some(mut tx)) => {
+            let _ = tx.send(size).await;
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+                .ok()
+                .map(|mut winch| {
+                    tokio::spawn(async move {
+                        while winch.recv().await.is_some() {
+                            let Some(size) = terminal_size() else {
+                                continue;
+                            };
+                            if tx.send(size).await.is_err() {
+                                break;
+                            }
+                        }
+                    })
+                })
+        }
+        _ => None,
+    };
     let mut stdin_w = proc.stdin().ok_or_else(|| Fail("no stdin".into()))?;
     let mut stdout_r = proc.stdout().ok_or_else(|| Fail("no stdout".into()))?;
     let status = proc.take_status().ok_or_else(|| Fail("no status".into()))?;
+    let mut keys = stdin_chunks();
     let input = tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let _ = tokio::io::copy(&mut stdin, &mut stdin_w).await;
+        while let Some(chunk) = keys.recv().await {
+            if stdin_w.write_all(&chunk).await.is_err() || stdin_w.flush().await.is_err() {
+                break;
+            }
+        }
     });
     let mut out = tokio::io::stdout();
     let copy = async {
@@ -106,6 +138,9 @@ pub(super) async fn shell(h: &SandboxHandle) -> Result<ExitCode, Fail> {
     copy.await;
     let st = status.await;
     input.abort();
+    if let Some(r) = resizer {
+        r.abort();
+    }
     drop(raw);
     let c = match st {
         Some(s) => crate::exec::parse_status(&s)

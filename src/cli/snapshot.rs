@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::progress::Progress;
 use super::{Fail, Target, open};
 use crate::client::Sandboxes;
-use crate::crd::DeletionPolicy;
+use crate::crd::{DeletionPolicy, SandboxSnapshot};
 
 #[derive(Args)]
 pub(super) struct SnapshotArgs {
@@ -46,7 +47,25 @@ pub(super) async fn snapshot(sbx: &Sandboxes, a: SnapshotArgs) -> Result<ExitCod
         println!("{snap_name}");
         return Ok(ExitCode::SUCCESS);
     };
-    let s = sbx.wait_snapshot(&snap_name, wait).await?;
+    let progress = Progress::on_stderr(format!("snapshot {snap_name}: Pending"), false);
+    // The phase as it changes, polled only while someone watches the terminal.
+    let watcher = progress.is_visible().then(|| {
+        let (sbx, name, show) = (sbx.clone(), snap_name.clone(), progress.messenger());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(s) = sbx.get_snapshot(&name).await {
+                    show(phase_line(&name, &s));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    });
+    let waited = sbx.wait_snapshot(&snap_name, wait).await;
+    if let Some(w) = watcher {
+        w.abort();
+    }
+    drop(progress);
+    let s = waited?;
     let st = s.status.unwrap_or_default();
     println!("{:<40} {:<64} {:>12} OBJECT", "NAME", "SHA256", "BYTES");
     println!(
@@ -59,4 +78,37 @@ pub(super) async fn snapshot(sbx: &Sandboxes, a: SnapshotArgs) -> Result<ExitCod
         st.object_key.as_deref().unwrap_or("-"),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The progress line of a snapshot being waited for: its phase, and its attempt after the
+/// first.
+fn phase_line(name: &str, s: &SandboxSnapshot) -> String {
+    let st = s.status.as_ref();
+    let phase = st
+        .and_then(|st| st.phase)
+        .map_or_else(|| "Pending".to_string(), |p| format!("{p:?}"));
+    match st.and_then(|st| st.attempts).filter(|a| *a > 1) {
+        Some(a) => format!("snapshot {name}: {phase} (attempt {a})"),
+        None => format!("snapshot {name}: {phase}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phase_lines() {
+        let mut s: SandboxSnapshot = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1",
+            "kind": "SandboxSnapshot",
+            "metadata": {"name": "s1"},
+            "spec": {"sandboxRef": {"name": "box"}},
+        }))
+        .unwrap();
+        assert_eq!(phase_line("s1", &s), "snapshot s1: Pending");
+        s.status =
+            serde_json::from_value(serde_json::json!({"phase": "Running", "attempts": 2})).unwrap();
+        assert_eq!(phase_line("s1", &s), "snapshot s1: Running (attempt 2)");
+    }
 }

@@ -18,119 +18,9 @@ use kube::Api;
 use super::ClientError;
 use crate::exec::{self, ExecEvent, ExecOutput, ExecRequest, ExecStream, ExitStatus};
 
-/// A path that may not be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PathError {
-    /// The path has a `..` component.
-    #[error("path {0:?} contains '..'")]
-    DotDot(String),
-    /// An absolute path outside the workspace root.
-    #[error("path {0:?} is outside the workspace root {1:?}")]
-    OutsideRoot(String, String),
-    /// The path resolves (through a symlink) outside the workspace.
-    #[error("path {0:?} resolves outside the workspace (symlink)")]
-    Escapes(String),
-    /// Empty, or contains NUL.
-    #[error("invalid path {0:?}")]
-    Invalid(String),
-}
+pub use crate::paths::{PathError, confine};
 
-/// Maps `path` (relative to `root`, or absolute under it) to an absolute, normalised path under
-/// `root`, refusing `..` anywhere and absolute paths outside the root. `""` and `"."` are the
-/// root itself. Pure: symlinks are checked in the pod.
-pub fn confine(root: &str, path: &str) -> Result<String, PathError> {
-    if path.contains('\0') || !root.starts_with('/') {
-        return Err(PathError::Invalid(path.to_string()));
-    }
-    let root_parts: Vec<&str> = root
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
-    if root_parts.contains(&"..") {
-        return Err(PathError::Invalid(root.to_string()));
-    }
-    let parts: Vec<&str> = path
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
-    if parts.contains(&"..") {
-        return Err(PathError::DotDot(path.to_string()));
-    }
-    let rel: &[&str] = if path.starts_with('/') {
-        if parts.len() < root_parts.len() || parts[..root_parts.len()] != root_parts[..] {
-            return Err(PathError::OutsideRoot(path.to_string(), root.to_string()));
-        }
-        &parts[root_parts.len()..]
-    } else {
-        &parts
-    };
-    let mut out = String::new();
-    for c in root_parts.iter().chain(rel) {
-        out.push('/');
-        out.push_str(c);
-    }
-    if out.is_empty() {
-        out.push('/');
-    }
-    Ok(out)
-}
-
-/// Exit code of the in-pod scripts for "resolves outside the workspace".
-pub(crate) const ESCAPES: i32 = 97;
-/// Exit code of the in-pod scripts for "missing or of the wrong type".
-pub(crate) const MISSING: i32 = 96;
-
-/// Shared prologue: `$1` root, `$2` path (absolute, from [`confine`]). `confine P` exits
-/// [`ESCAPES`] unless the nearest existing ancestor of P resolves under the resolved root.
-pub(crate) const PROLOGUE: &str = r#"R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
-p=$2
-confine() {
-  q=$1
-  while [ ! -e "$q" ] && [ ! -L "$q" ]; do q=$(dirname "$q"); done
-  r=$(readlink -f "$q") || { echo "agentbox: $1: cannot resolve" >&2; exit 97; }
-  [ "$R" = / ] && return 0
-  case "$r/" in "$R"/*) ;; *) echo "agentbox: $1 resolves outside the workspace" >&2; exit 97;; esac
-}
-confine "$p"
-"#;
-
-pub(crate) const READ: &str = r#"[ -f "$p" ] || { echo "agentbox: $p: not a regular file" >&2; exit 96; }
-exec cat "$p"
-"#;
-
-pub(crate) const WRITE: &str = r#"[ -d "$p" ] && { echo "agentbox: $p is a directory" >&2; exit 96; }
-d=$(dirname "$p")
-mkdir -p "$d" || exit 1
-confine "$p"
-t="$d/.agentbox-write.$$"
-if cat > "$t"; then mv -f "$t" "$p"; else rm -f "$t"; exit 1; fi
-"#;
-
-pub(crate) const LIST: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
-cd "$p" || exit 96
-for f in * .*; do
-  case $f in .|..) continue;; esac
-  [ -e "./$f" ] || [ -L "./$f" ] || continue
-  s=$(stat -c '%f %s %Y' "./$f") || continue
-  printf '%s %s\0' "$s" "$f"
-done
-"#;
-
-/// Upload: refuse when a symlink already in the destination tree leads out of the workspace
-/// (tar would write through it), then extract without restoring owners.
-pub(crate) const UPLOAD: &str = r#"mkdir -p "$p" || exit 1
-confine "$p"
-find "$p" -type l | while IFS= read -r l; do
-  r=$(readlink -f "$l") || continue
-  [ "$R" = / ] && continue
-  case "$r/" in "$R"/*) ;; *) echo "agentbox: $l resolves outside the workspace" >&2; exit 97;; esac
-done || exit 97
-exec tar -x -o -f - -C "$p"
-"#;
-
-pub(crate) const DOWNLOAD: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
-exec tar -c -f - -C "$p" .
-"#;
+use crate::remote::{DOWNLOAD, ESCAPES, LIST, MISSING, PROLOGUE, READ, UPLOAD, WRITE};
 
 /// The argv that runs a file `script` on `path` (confined to `root`) in the pod, and the
 /// confined path: `sh -c PROLOGUE+script agentbox-files ROOT PATH`.
@@ -315,6 +205,17 @@ impl Workspace {
     /// missing; existing files are overwritten). The tar stream is built on the fly, so memory
     /// stays flat whatever the size. Symlinks are sent as symlinks, never followed.
     pub async fn upload_dir(&self, local: &Path, remote: &str) -> Result<(), ClientError> {
+        self.upload_dir_counted(local, remote, |_| {}).await
+    }
+
+    /// [`Self::upload_dir`], calling `on_bytes` with each chunk's size as the tar stream is
+    /// sent (for a progress display).
+    pub async fn upload_dir_counted(
+        &self,
+        local: &Path,
+        remote: &str,
+        on_bytes: impl Fn(u64) + Send + 'static,
+    ) -> Result<(), ClientError> {
         if !local.is_dir() {
             return Err(ClientError::Local(format!(
                 "{} is not a directory",
@@ -335,7 +236,12 @@ impl Workspace {
             w.shutdown()
         });
         let out = self
-            .exec_raw(req.stdin_reader(reader).max_output(64 << 10))
+            .exec_raw(
+                req.stdin_reader(tokio_util::io::InspectReader::new(reader, move |b| {
+                    on_bytes(b.len() as u64)
+                }))
+                .max_output(64 << 10),
+            )
             .await;
         let built = builder
             .await
@@ -349,6 +255,17 @@ impl Workspace {
     /// if missing), streaming the tar archive. Entries that would land outside `local` are
     /// refused by the tar reader.
     pub async fn download_dir(&self, remote: &str, local: &Path) -> Result<(), ClientError> {
+        self.download_dir_counted(remote, local, |_| {}).await
+    }
+
+    /// [`Self::download_dir`], calling `on_bytes` with each chunk's size as the tar stream
+    /// arrives (for a progress display).
+    pub async fn download_dir_counted(
+        &self,
+        remote: &str,
+        local: &Path,
+        on_bytes: impl Fn(u64),
+    ) -> Result<(), ClientError> {
         let (req, p) = self.file_req(DOWNLOAD, remote)?;
         std::fs::create_dir_all(local)
             .map_err(|e| ClientError::Local(format!("{}: {e}", local.display())))?;
@@ -371,6 +288,7 @@ impl Workspace {
         while let Some(ev) = s.next().await {
             match ev.map_err(ClientError::Exec)? {
                 ExecEvent::Stdout(b) => {
+                    on_bytes(b.len() as u64);
                     // A failed unpack still drains, so this only fails if the task died.
                     if writer.write_all(&b).await.is_err() {
                         break;
@@ -396,75 +314,6 @@ impl Workspace {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn relative_paths_join_the_root() {
-        assert_eq!(
-            confine("/workspace", "a/b.txt").unwrap(),
-            "/workspace/a/b.txt"
-        );
-        assert_eq!(confine("/workspace", "./a//b/").unwrap(), "/workspace/a/b");
-        assert_eq!(confine("/workspace", "").unwrap(), "/workspace");
-        assert_eq!(confine("/workspace", ".").unwrap(), "/workspace");
-        assert_eq!(confine("/", "etc").unwrap(), "/etc");
-        assert_eq!(confine("/", "").unwrap(), "/");
-    }
-
-    #[test]
-    fn dotdot_is_refused_everywhere() {
-        for p in [
-            "../x",
-            "a/../../x",
-            "a/..",
-            "..",
-            "/workspace/../etc",
-            "a/../b",
-        ] {
-            assert!(
-                matches!(confine("/workspace", p), Err(PathError::DotDot(_))),
-                "{p}"
-            );
-        }
-        // A name that merely contains dots is fine.
-        assert_eq!(
-            confine("/workspace", "..a/b..").unwrap(),
-            "/workspace/..a/b.."
-        );
-    }
-
-    #[test]
-    fn absolute_paths_must_be_under_the_root() {
-        assert!(matches!(
-            confine("/workspace", "/etc/passwd"),
-            Err(PathError::OutsideRoot(..))
-        ));
-        assert!(matches!(
-            confine("/workspace", "/workspace2/x"),
-            Err(PathError::OutsideRoot(..))
-        ));
-        assert!(matches!(
-            confine("/workspace", "/"),
-            Err(PathError::OutsideRoot(..))
-        ));
-        assert_eq!(
-            confine("/workspace", "/workspace/x").unwrap(),
-            "/workspace/x"
-        );
-        assert_eq!(confine("/workspace/", "/workspace").unwrap(), "/workspace");
-        assert_eq!(confine("/w/s", "/w/s/t").unwrap(), "/w/s/t");
-    }
-
-    #[test]
-    fn nul_and_relative_roots_are_invalid() {
-        assert!(matches!(
-            confine("/workspace", "a\0b"),
-            Err(PathError::Invalid(_))
-        ));
-        assert!(matches!(
-            confine("workspace", "a"),
-            Err(PathError::Invalid(_))
-        ));
-    }
 
     #[test]
     fn listing_records_parse() {

@@ -17,7 +17,7 @@
 //!     session: None,
 //! };
 //! let template: SandboxSpec = serde_json::from_value(serde_json::json!({
-//!     "image": "agentbox/base:v1",
+//!     "image": "docker.io/library/busybox:1.37",
 //!     "scope": {"kind": "User", "agent": "coder", "user": "alice@example.com"},
 //! }))?;
 //! // Two harnesses racing here get the same Sandbox (its name derives from the scope).
@@ -52,10 +52,10 @@ pub use files::{DirEntry, EntryKind, PathError, Workspace, confine};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 
-use crate::crd::{PortEndpoint, Sandbox, SandboxPhase, SandboxSpec, Scope};
+use crate::crd::{LifecycleMode, PortEndpoint, Sandbox, SandboxPhase, SandboxSpec, Scope};
 use crate::exec::{
     self, ExecError, ExecOutput, ExecRequest, ExecStream, ExitStatus, session::Session,
 };
@@ -117,6 +117,10 @@ pub enum ClientError {
     /// A local I/O or archive error.
     #[error("local: {0}")]
     Local(String),
+    /// The Sandbox is suspended (`spec.lifecycle.mode: Suspended`): it has no pod and will
+    /// not become Ready until it is resumed.
+    #[error("sandbox {0} is suspended: resume it first")]
+    Suspended(String),
     /// An existing Sandbox has this scope's name but another scope.
     #[error("sandbox {0} exists with a different scope")]
     ScopeMismatch(String),
@@ -166,7 +170,9 @@ impl Sandboxes {
     }
 
     /// The Sandbox of `scope`: created from `template` (its scope is replaced by `scope`)
-    /// under the scope's deterministic name, or the existing one if someone created it first.
+    /// under the scope's deterministic name, or the existing one if someone created it first —
+    /// resumed when it is suspended (an idle sandbox the operator or someone suspended comes
+    /// back; [`SandboxHandle::wait_ready`] then waits for its new pod).
     pub async fn get_or_create(
         &self,
         scope: &Scope,
@@ -193,7 +199,11 @@ impl Sandboxes {
         if sandbox.spec.scope != *scope {
             return Err(ClientError::ScopeMismatch(name));
         }
-        Ok(self.handle(sandbox))
+        let mut handle = self.handle(sandbox);
+        if handle.sandbox.spec.lifecycle.mode == LifecycleMode::Suspended {
+            handle.resume().await?;
+        }
+        Ok(handle)
     }
 
     /// Opens an existing Sandbox by name.
@@ -300,15 +310,72 @@ impl SandboxHandle {
             .unwrap_or_else(|| labels::pod_name(&self.name))
     }
 
+    /// Suspends the sandbox: the operator deletes its pod (after the on-stop snapshot its
+    /// policy asks for) and keeps the workspace on its node.
+    pub async fn suspend(&mut self) -> Result<(), ClientError> {
+        self.set_mode(LifecycleMode::Suspended).await
+    }
+
+    /// Resumes a suspended sandbox: the operator starts a pod on the workspace's node again.
+    /// Follow with [`wait_ready`](Self::wait_ready).
+    pub async fn resume(&mut self) -> Result<(), ClientError> {
+        self.set_mode(LifecycleMode::Running).await
+    }
+
+    async fn set_mode(&mut self, mode: LifecycleMode) -> Result<(), ClientError> {
+        let patch = serde_json::json!({"spec": {"lifecycle": {"mode": mode}}});
+        self.sandbox = self
+            .api
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Asks for the sandbox's deletion and returns (the operator removes its pod, Service and
+    /// workspace, then the object). False when it was gone already.
+    pub async fn request_delete(&self) -> Result<bool, ClientError> {
+        match self.api.delete(&self.name, &DeleteParams::default()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes the sandbox (its pod, Service and workspace go with it; its snapshots stay)
+    /// and waits up to `timeout` until the object is gone.
+    pub async fn delete(&self, timeout: Duration) -> Result<(), ClientError> {
+        if !self.request_delete().await? {
+            return Ok(());
+        }
+        let gone = await_condition(self.api.clone(), &self.name, |s: Option<&Sandbox>| {
+            s.is_none()
+        });
+        match tokio::time::timeout(timeout, gone).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(ClientError::Protocol(format!(
+                "watching {}: {e}",
+                self.name
+            ))),
+            Err(_) => Err(ClientError::NotReady {
+                name: self.name.clone(),
+                waited: timeout,
+                phase: "Terminating".into(),
+            }),
+        }
+    }
+
     /// Waits (with a watch) until the phase is Ready; fails at once with the failing
     /// condition's reason and message when the phase becomes Failed.
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(), ClientError> {
+        // A suspended sandbox never becomes Ready by itself: say so at once instead of
+        // waiting out the timeout.
         let done = |s: Option<&Sandbox>| {
             s.is_none_or(|s| {
-                matches!(
-                    s.status.as_ref().and_then(|st| st.phase),
-                    Some(SandboxPhase::Ready | SandboxPhase::Failed)
-                )
+                s.spec.lifecycle.mode == LifecycleMode::Suspended
+                    || matches!(
+                        s.status.as_ref().and_then(|st| st.phase),
+                        Some(SandboxPhase::Ready | SandboxPhase::Failed)
+                    )
             })
         };
         let waited =
@@ -339,6 +406,9 @@ impl SandboxHandle {
                     phase,
                 });
             }
+        }
+        if self.sandbox.spec.lifecycle.mode == LifecycleMode::Suspended {
+            return Err(ClientError::Suspended(self.name.clone()));
         }
         match self.phase() {
             Some(SandboxPhase::Ready) => Ok(()),
@@ -422,6 +492,31 @@ impl SandboxHandle {
         local: &std::path::Path,
     ) -> Result<(), ClientError> {
         self.workspace().download_dir(remote, local).await
+    }
+
+    /// [`Self::upload_dir`] that reports the bytes sent. See [`Workspace::upload_dir_counted`].
+    pub async fn upload_dir_counted(
+        &self,
+        local: &std::path::Path,
+        remote: &str,
+        on_bytes: impl Fn(u64) + Send + 'static,
+    ) -> Result<(), ClientError> {
+        self.workspace()
+            .upload_dir_counted(local, remote, on_bytes)
+            .await
+    }
+
+    /// [`Self::download_dir`] that reports the bytes received. See
+    /// [`Workspace::download_dir_counted`].
+    pub async fn download_dir_counted(
+        &self,
+        remote: &str,
+        local: &std::path::Path,
+        on_bytes: impl Fn(u64),
+    ) -> Result<(), ClientError> {
+        self.workspace()
+            .download_dir_counted(remote, local, on_bytes)
+            .await
     }
 
     /// A persistent shell in the sandbox (commands run in the workspace root by default).

@@ -31,12 +31,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use rand::Rng;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use crate::config::Config;
-use crate::crd::{Sandbox, SandboxSnapshot};
+use crate::crd::{Sandbox, SandboxPhase, SandboxSnapshot};
+use crate::guard::{self, Guard, GuardConfig, GuardError};
 use crate::labels;
-use crate::metrics::Metrics;
+use crate::metrics::{GuardOp, GuardOutcome, Metrics};
 use crate::snapshot::store::Store;
 
 /// Field manager of every server-side apply the operator makes.
@@ -200,8 +201,8 @@ pub fn retry_after(err: &Error, jitter: f64) -> Duration {
     Duration::from_secs_f64(base * (1.0 + jitter.clamp(0.0, 1.0) * 0.5))
 }
 
+// The failure itself is logged inside the reconcile's span (see `traced`).
 fn error_policy(_sbx: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
-    warn!("reconcile failed: {err}");
     ctx.metrics.failed("sandbox", err.kind());
     Action::requeue(retry_after(err, rand::rng().random()))
 }
@@ -273,17 +274,81 @@ pub async fn run(
     info!("sandbox controller stopped");
 }
 
-/// Runs one reconcile and records how long it took.
-async fn timed<T>(
-    metrics: Arc<Metrics>,
+/// Runs one reconcile of `obj` in a span that carries a reconcile id of its own and the
+/// object's namespace, name (`object`) and generation, so every log line of it (JSON logs included) says
+/// which reconcile and object it belongs to; records how long it took and logs its failure
+/// inside that span.
+async fn traced<K, F>(
     controller: &'static str,
-    reconcile: impl std::future::Future<Output = T>,
-) -> T {
-    let start = Instant::now();
-    let out = reconcile.await;
-    metrics.reconciled(controller, start.elapsed());
-    out
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    reconcile: impl FnOnce(Arc<K>, Arc<Context>) -> F,
+) -> Result<Action, Error>
+where
+    K: kube::Resource,
+    F: std::future::Future<Output = Result<Action, Error>>,
+{
+    let meta = obj.meta();
+    let span = tracing::info_span!(
+        "reconcile",
+        controller,
+        reconcile_id = %format!("{:016x}", rand::random::<u64>()),
+        namespace = meta.namespace.as_deref().unwrap_or_default(),
+        // Not `name`: JSON logs write the span's own name under that key.
+        object = meta.name.as_deref().unwrap_or_default(),
+        generation = meta.generation.unwrap_or_default(),
+    );
+    let metrics = ctx.metrics.clone();
+    async move {
+        let start = Instant::now();
+        let out = reconcile(obj, ctx).await;
+        metrics.reconciled(controller, start.elapsed());
+        if let Err(e) = &out {
+            warn!("{controller} reconcile failed: {e}");
+        }
+        out
+    }
+    .instrument(span)
+    .await
 }
+
+/// The phase a sandbox counts under in `agentbox_sandboxes`: Terminating once deleted, Pending
+/// before its first status.
+fn counted_phase(sbx: &Sandbox) -> SandboxPhase {
+    if sbx.metadata.deletion_timestamp.is_some() {
+        return SandboxPhase::Terminating;
+    }
+    sbx.status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .unwrap_or(SandboxPhase::Pending)
+}
+
+/// Takes the scope's guard for `op`, waiting up to [`GUARD_WAIT`], and records the wait.
+pub(crate) async fn scope_guard(
+    ctx: &Context,
+    ns: &str,
+    scope: &crate::crd::Scope,
+    op: GuardOp,
+) -> Result<Guard, GuardError> {
+    let gcfg = GuardConfig {
+        holder: format!("{}/{}", ctx.config.identity, op.as_str()),
+        ..GuardConfig::default()
+    };
+    let started = Instant::now();
+    let got = guard::acquire_scope(ctx.client.clone(), ns, scope, &gcfg, Some(GUARD_WAIT)).await;
+    let outcome = match &got {
+        Ok(_) => GuardOutcome::Acquired,
+        Err(GuardError::Timeout { .. }) => GuardOutcome::Busy,
+        Err(_) => GuardOutcome::Error,
+    };
+    ctx.metrics.guard_waited(op, outcome, started.elapsed());
+    got
+}
+
+/// How long the operator waits for a scope's guard (a snapshot or a restore) before trying
+/// again later.
+pub const GUARD_WAIT: Duration = Duration::from_secs(60);
 
 /// The snapshot controller.
 async fn run_snapshots(
@@ -297,13 +362,7 @@ async fn run_snapshots(
         .with_config(ControllerConfig::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(
-            |snap, ctx: Arc<Context>| {
-                timed(
-                    ctx.metrics.clone(),
-                    "snapshot",
-                    snapshot::reconcile(snap, ctx),
-                )
-            },
+            |snap, ctx| traced("snapshot", snap, ctx, snapshot::reconcile),
             snapshot_error_policy,
             ctx,
         )
@@ -329,6 +388,10 @@ async fn run_sandboxes(
     // A scope's guard Lease changing holder updates the Guarded condition of the sandboxes of
     // that scope (renewals keep the holder, so they cost no status write).
     let sandbox_store = controller.store();
+    let counted = controller.store();
+    ctx.metrics.count_phases_from(Box::new(move || {
+        counted.state().iter().map(|s| counted_phase(s)).collect()
+    }));
     let guard_to_sandboxes = move |lease: Lease| {
         let key = lease.labels().get(labels::SCOPE_KEY).cloned();
         let ns = lease.namespace();
@@ -349,9 +412,7 @@ async fn run_sandboxes(
         .watches(scoped::<Lease>(&ctx.client, &ns), owned, guard_to_sandboxes)
         .graceful_shutdown_on(shutdown)
         .run(
-            |sbx, ctx: Arc<Context>| {
-                timed(ctx.metrics.clone(), "sandbox", sandbox::reconcile(sbx, ctx))
-            },
+            |sbx, ctx| traced("sandbox", sbx, ctx, sandbox::reconcile),
             error_policy,
             ctx,
         )
@@ -360,7 +421,6 @@ async fn run_sandboxes(
 }
 
 fn snapshot_error_policy(_snap: Arc<SandboxSnapshot>, err: &Error, ctx: Arc<Context>) -> Action {
-    warn!("snapshot reconcile failed: {err}");
     ctx.metrics.failed("snapshot", err.kind());
     Action::requeue(retry_after(err, rand::rng().random()))
 }

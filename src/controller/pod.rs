@@ -518,7 +518,7 @@ mod tests {
 
     fn sandbox(extra: serde_json::Value) -> Sandbox {
         let mut spec = serde_json::json!({
-            "image": "agentbox/base:v1",
+            "image": "docker.io/library/busybox:1.37",
             "scope": {"kind": "User", "agent": "coder", "user": "alice@example.com"}
         });
         if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {

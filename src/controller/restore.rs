@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -28,12 +28,11 @@ use super::reasons::RestoreReason;
 use super::{Context, Error};
 use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
 use crate::exec::{self, ExecRequest};
-use crate::guard::{self, GuardConfig, GuardError};
+use crate::guard::GuardError;
+use crate::metrics::GuardOp;
 use crate::remote::{self, DISCARD_SCRIPT, EXTRACT_SCRIPT, SWAP_SCRIPT};
 use crate::snapshot::{self, SnapshotError, archive};
 
-/// How long to wait for the scope's guard.
-const GUARD_WAIT: Duration = Duration::from_secs(60);
 /// Upper bound on the extracting exec.
 const EXTRACT_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 /// Upper bound on the swap and cleanup execs.
@@ -141,7 +140,8 @@ struct Source {
     judged: Judged,
 }
 
-/// Restores `snapshot` into the sandbox's workspace in pod `pod_name`.
+/// Restores `snapshot` into the sandbox's workspace in pod `pod_name`, and records its bytes
+/// and duration or its failure by reason (a refusal standing from before is no new failure).
 pub async fn restore(
     ctx: &Context,
     sbx: &Sandbox,
@@ -149,31 +149,65 @@ pub async fn restore(
     pod_name: &str,
     snapshot_name: &str,
 ) -> Result<(), Error> {
+    match attempt(ctx, sbx, (pods, pod_name), snapshot_name).await {
+        Ok(Checked::Go((staged, took))) => {
+            ctx.metrics.restored(staged.size, took);
+            Ok(())
+        }
+        Ok(Checked::Standing(r)) => Err(standing_error(&r)),
+        Err(e) => {
+            ctx.metrics.restore_failed(failure_reason(&e));
+            Err(e)
+        }
+    }
+}
+
+/// The reason a failed restore is counted under: the condition's, else the failure's kind.
+pub(crate) fn failure_reason(e: &Error) -> &'static str {
+    match e.root() {
+        Error::Restore { reason, .. } => reason.as_str(),
+        Error::Guard(_) => "GuardLost",
+        Error::Exec(_) => "ExecFailed",
+        Error::Kube(_) => "KubeError",
+        other => other.workspace_reason().as_str(),
+    }
+}
+
+/// What checking a restore before doing it found.
+enum Checked<T> {
+    /// Go ahead (with what to read), or what was done.
+    Go(T),
+    /// A permanent refusal made before against the same basis stands.
+    Standing(RestoreRefusal),
+}
+
+/// One restore: the checks, the scope's guard, extract and swap. What was restored and how
+/// long it took under the guard.
+async fn attempt(
+    ctx: &Context,
+    sbx: &Sandbox,
+    (pods, pod_name): (&Api<Pod>, &str),
+    snapshot_name: &str,
+) -> Result<Checked<(archive::Summary, Duration)>, Error> {
     let store = ctx
         .store
         .as_ref()
         .ok_or_else(|| fail(RestoreReason::NoStore, "this operator has no object store"))?;
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let src = source(ctx, sbx, store, snapshot_name).await?;
-    let gcfg = GuardConfig {
-        holder: format!("{}/restore", ctx.config.identity),
-        ..GuardConfig::default()
+    let src = match source(ctx, sbx, store, snapshot_name).await? {
+        Checked::Go(src) => src,
+        Checked::Standing(r) => return Ok(Checked::Standing(r)),
     };
-    let g = guard::acquire_scope(
-        ctx.client.clone(),
-        &ns,
-        &sbx.spec.scope,
-        &gcfg,
-        Some(GUARD_WAIT),
-    )
-    .await
-    .map_err(|e| match e {
-        GuardError::Timeout { holder, .. } => fail(
-            RestoreReason::GuardBusy,
-            format!("the scope's guard is held by {holder}"),
-        ),
-        e => Error::Guard(e),
-    })?;
+    let g = super::scope_guard(ctx, &ns, &sbx.spec.scope, GuardOp::Restore)
+        .await
+        .map_err(|e| match e {
+            GuardError::Timeout { holder, .. } => fail(
+                RestoreReason::GuardBusy,
+                format!("the scope's guard is held by {holder}"),
+            ),
+            e => Error::Guard(e),
+        })?;
+    let started = Instant::now();
     let result = g
         .run(stage_and_swap(
             sbx,
@@ -185,7 +219,7 @@ pub async fn restore(
         .await;
     let _ = g.release().await;
     match result {
-        Ok(r) => r,
+        Ok(staged) => Ok(Checked::Go((staged?, started.elapsed()))),
         Err(e) => Err(Error::Guard(e)),
     }
 }
@@ -198,7 +232,7 @@ async fn source(
     sbx: &Sandbox,
     store: &snapshot::store::Store,
     snapshot_name: &str,
-) -> Result<Source, Error> {
+) -> Result<Checked<Source>, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let snaps: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
     let snap = snaps.get_opt(snapshot_name).await?.ok_or_else(|| {
@@ -238,7 +272,7 @@ async fn source(
         .standing(last)
         .or_else(|| judged.standing(remembered.as_ref()))
     {
-        return Err(standing_error(r));
+        return Ok(Checked::Standing(r.clone()));
     }
     // What can be refused without reading the object is refused before taking the guard.
     match (object_size, size) {
@@ -247,13 +281,13 @@ async fn source(
             let r = archive::Refusal::SizeMismatch { expected, actual };
             Err(judged.error(r.into()))
         }
-        _ => Ok(Source {
+        _ => Ok(Checked::Go(Source {
             keys,
             sha,
             size,
             limits,
             judged,
-        }),
+        })),
     }
 }
 
@@ -265,7 +299,7 @@ async fn stage_and_swap(
     store: &snapshot::store::Store,
     snapshot_name: &str,
     src: &Source,
-) -> Result<(), Error> {
+) -> Result<archive::Summary, Error> {
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let id = format!("{:016x}", rand::random::<u64>());
     info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, "extracting into staging");
@@ -308,7 +342,7 @@ async fn stage_and_swap(
         ));
     }
     info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, secs = started.elapsed().as_secs_f64(), "restored");
-    Ok(())
+    Ok(staged)
 }
 
 /// The top-level names of the workspace that hold host mounts: the swap leaves them alone.
@@ -319,7 +353,7 @@ fn mount_tops(sbx: &Sandbox) -> Vec<String> {
         .mounts
         .iter()
         .filter_map(|m| {
-            remote::normalize(&m.path)
+            crate::paths::normalize(&m.path)
                 .split('/')
                 .next()
                 .map(str::to_string)

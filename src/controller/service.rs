@@ -178,7 +178,7 @@ mod tests {
             "kind": "Sandbox",
             "metadata": {"name": "demo", "namespace": "team", "uid": "u-1"},
             "spec": {
-                "image": "agentbox/base:v1",
+                "image": "docker.io/library/busybox:1.37",
                 "scope": {"kind": "Agent", "agent": "a"},
                 "ports": ports,
             },

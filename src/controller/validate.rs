@@ -5,6 +5,7 @@
 use super::pod::PodConfig;
 use crate::crd::{RestorePolicy, SandboxSpec, ScopeKind};
 use crate::names;
+use crate::paths::{self, PathError, is_clean_absolute, is_under};
 
 /// Every problem with a sandbox spec, as messages a user understands. Empty when valid.
 pub fn problems(
@@ -67,7 +68,7 @@ fn scope_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
 /// The workspace root, the files and the projections.
 fn workspace_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
     let root = &spec.workspace.root;
-    if !root.starts_with('/') || root == "/" || has_dot_segment(root) {
+    if !is_clean_absolute(root) || root == "/" {
         out.push(format!(
             "workspace.root must be a clean absolute path other than '/', got {root:?}"
         ));
@@ -106,7 +107,7 @@ fn workspace_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
 fn mount_problems(spec: &SandboxSpec, allowed_host_prefixes: &[String], out: &mut Vec<String>) {
     for m in &spec.workspace.mounts {
         check_relative("workspace.mounts[].path", &m.path, out);
-        if !m.host_path.starts_with('/') || has_dot_segment(&m.host_path) {
+        if !is_clean_absolute(&m.host_path) {
             out.push(format!(
                 "mount hostPath {:?} must be a clean absolute path",
                 m.host_path
@@ -193,33 +194,19 @@ fn reference_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
     out.extend(keys);
 }
 
+/// A spec path relative to the workspace root, judged by the confiner the clients use too.
 fn check_relative(what: &str, path: &str, out: &mut Vec<String>) {
-    if path.is_empty() || path.starts_with('/') {
-        out.push(format!(
+    match paths::relative(path) {
+        Ok(_) => {}
+        Err(PathError::DotDot(_)) => out.push(format!("{what} {path:?} must not contain '..'")),
+        Err(PathError::Reserved(_)) => out.push(format!(
+            "{what} {path:?}: {} is reserved for the operator",
+            crate::remote::STATE_DIR
+        )),
+        Err(_) => out.push(format!(
             "{what} {path:?} must be relative to the workspace root"
-        ));
-    } else if path.split('/').any(|s| s == "..") {
-        out.push(format!("{what} {path:?} must not contain '..'"));
-    } else if path.split('/').find(|s| !s.is_empty() && *s != ".") == Some(crate::remote::STATE_DIR)
-    {
-        out.push(format!(
-            "{what} {path:?}: .agentbox is reserved for the operator"
-        ));
+        )),
     }
-}
-
-fn has_dot_segment(path: &str) -> bool {
-    path.split('/').skip(1).any(|s| s == "." || s == "..")
-}
-
-/// Whether `path` is `prefix` or lies beneath it (segment-wise: `/srv/ab` is not under `/srv/a`).
-pub fn is_under(path: &str, prefix: &str) -> bool {
-    let path = path.trim_end_matches('/');
-    let prefix = prefix.trim_end_matches('/');
-    path == prefix
-        || path
-            .strip_prefix(prefix)
-            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 #[cfg(test)]
@@ -248,7 +235,7 @@ mod tests {
 
     fn spec() -> SandboxSpec {
         serde_json::from_value(serde_json::json!({
-            "image": "agentbox/base:v1",
+            "image": "docker.io/library/busybox:1.37",
             "scope": {"kind": "User", "agent": "coder", "user": "alice"}
         }))
         .unwrap()
@@ -408,13 +395,5 @@ mod tests {
             ..POD
         };
         assert!(super::problems(&s, &[], &no_helper)[0].contains("helper image"));
-    }
-
-    #[test]
-    fn under_is_segment_wise() {
-        assert!(is_under("/a/b", "/a"));
-        assert!(is_under("/a", "/a/"));
-        assert!(!is_under("/ab", "/a"));
-        assert!(!is_under("/", "/a"));
     }
 }

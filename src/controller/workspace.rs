@@ -8,7 +8,8 @@ use sha2::{Digest, Sha256};
 
 use crate::crd::StartBranch;
 
-pub use crate::remote::{MARKER, STATE_DIR, normalize};
+pub use crate::paths::normalize;
+pub use crate::remote::{MARKER, STATE_DIR};
 
 /// A file to write into the workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -368,12 +369,6 @@ mod tests {
         let mut ar = tar::Archive::new(bytes.as_slice());
         let first = ar.entries().unwrap().next().unwrap().unwrap();
         assert_eq!(first.header().mtime().unwrap(), 1_700_000_000);
-    }
-
-    #[test]
-    fn normalize_paths() {
-        assert_eq!(normalize("./a//b/"), "a/b");
-        assert_eq!(normalize("a/./b"), "a/b");
     }
 
     #[test]

@@ -15,6 +15,25 @@ pub const GROUP: &str = "agentbox.dev";
 /// The served and stored version.
 pub const VERSION: &str = "v1alpha1";
 
+/// Admission rule for a list whose entries are keyed by the field `key` (a path or a name):
+/// every key appears once, and the message names the first duplicate, e.g. `file paths must be
+/// unique: README.md appears more than once`. `what` names the keys in that message.
+///
+/// CEL rather than `x-kubernetes-list-type: map`: with a list-map the API server names the
+/// duplicate as a Go map (`Duplicate value: {"path":"README.md"}`) and server-side apply fails
+/// before validation with `failed to create typed patch object … duplicate entries for key`;
+/// the rule gives every client (create, update, client- and server-side apply) this one message
+/// and leaves the lists atomic for apply. `exists_one` keeps the message expression within the
+/// API server's cost limit (a `filter` inside a `filter` is refused).
+pub fn unique_by(key: &str, what: &str) -> kube::core::Rule {
+    kube::core::Rule::new(format!(
+        "self.all(x, self.exists_one(y, y.{key} == x.{key}))"
+    ))
+    .message(kube::core::Message::Expression(format!(
+        "'{what} must be unique: ' + self.map(x, x.{key}).filter(k, !self.exists_one(y, y.{key} == k))[0] + ' appears more than once'"
+    )))
+}
+
 /// All CRDs this operator serves, in the order `crdgen` writes them.
 pub fn all()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
@@ -35,6 +54,30 @@ pub fn render_yaml() -> Result<String, serde_yaml::Error> {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    /// The OpenAPI schema of a CRD's version, as the API server validates objects with it.
+    fn schema(crd: CustomResourceDefinition) -> serde_json::Value {
+        serde_json::to_value(
+            crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.as_ref())
+                .unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// A Sandbox object with a Global scope and the spec fields in `extra`.
+    fn with(extra: serde_json::Value) -> serde_json::Value {
+        let mut spec = serde_json::json!({"image": "i", "scope": {"kind": "Global"}});
+        for (k, val) in extra.as_object().unwrap() {
+            spec[k] = val.clone();
+        }
+        serde_json::json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+               "metadata": {"name": "s"}, "spec": spec})
+    }
+
     #[test]
     fn committed_crds_match_the_types() {
         let committed = include_str!("../../crds/agentbox.yaml");
@@ -45,32 +88,58 @@ mod tests {
         );
     }
 
+    /// What kubectl shows of every kind: a description of what it is, the `agentbox` category,
+    /// and the Ready condition's reason (and, with `-o wide`, message) as columns.
+    #[test]
+    fn every_kind_describes_itself_and_shows_its_ready_condition() {
+        for crd in super::all() {
+            let kind = &crd.spec.names.kind;
+            let v = &crd.spec.versions[0];
+            let description = v
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.as_ref())
+                .and_then(|s| s.description.clone())
+                .unwrap_or_default();
+            assert!(
+                description.starts_with(&format!("A {kind} is ")),
+                "{kind}: {description}"
+            );
+            assert!(
+                description.contains("kubectl wait --for=condition=Ready"),
+                "{kind}"
+            );
+            assert_eq!(
+                crd.spec.names.categories,
+                Some(vec!["agentbox".to_string()]),
+                "{kind}"
+            );
+            let columns = v.additional_printer_columns.clone().unwrap_or_default();
+            for (name, field, priority) in
+                [("Reason", "reason", None), ("Message", "message", Some(1))]
+            {
+                let c = columns
+                    .iter()
+                    .find(|c| c.name == name)
+                    .unwrap_or_else(|| panic!("{kind}: no {name} column"));
+                assert_eq!(
+                    c.json_path,
+                    format!(".status.conditions[?(@.type==\"Ready\")].{field}"),
+                    "{kind}"
+                );
+                assert_eq!(c.priority, priority, "{kind} {name}");
+            }
+        }
+    }
+
     /// Every reference to another object is refused at admission unless it is an object name
     /// (the CRD's own CEL rules, evaluated as the API server would).
     #[test]
     fn references_are_names_at_admission() {
         use kube::CustomResourceExt;
         use serde_json::json;
-        let schema = |crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition| {
-            serde_json::to_value(
-                crd.spec.versions[0]
-                    .schema
-                    .as_ref()
-                    .and_then(|s| s.open_api_v3_schema.as_ref())
-                    .unwrap(),
-            )
-            .unwrap()
-        };
         let v = kube::core::cel::Validator::new();
         let sbx = schema(crate::crd::Sandbox::crd());
-        let with = |extra: serde_json::Value| {
-            let mut spec = json!({"image": "i", "scope": {"kind": "Global"}});
-            for (k, val) in extra.as_object().unwrap() {
-                spec[k] = val.clone();
-            }
-            json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
-                   "metadata": {"name": "s"}, "spec": spec})
-        };
         let ok = with(json!({
             "runtimeClassName": "gvisor",
             "snapshot": {"restore": "Named", "name": "snap-1"},
@@ -107,6 +176,58 @@ mod tests {
         );
     }
 
+    /// Every keyed list of a Sandbox spec refuses a duplicate key, naming it, as the API server
+    /// evaluates the CRD's own rules (a schema taken from the generated CRD, so a list that
+    /// lost its rule fails here).
+    #[test]
+    fn duplicate_keys_are_refused_naming_the_duplicate() {
+        use kube::CustomResourceExt;
+        use serde_json::json;
+        let schema = schema(crate::crd::Sandbox::crd());
+        let v = kube::core::cel::Validator::new();
+        let ws = |list: &str, items: serde_json::Value| with(json!({"workspace": {list: items}}));
+        let file = |p: &str| json!({"path": p, "content": "x"});
+        let proj = |p: &str| json!({"configMap": "c", "path": p});
+        let mount = |p: &str| json!({"path": p, "hostPath": "/srv/x"});
+        let env = |n: &str| json!({"name": n, "value": "1"});
+        for (obj, dup, message) in [
+            (
+                ws(
+                    "files",
+                    json!([file("a"), file("README.md"), file("README.md")]),
+                ),
+                ws("files", json!([file("a"), file("README.md")])),
+                "file paths must be unique: README.md appears more than once",
+            ),
+            (
+                ws("projections", json!([proj("skills"), proj("skills")])),
+                ws("projections", json!([proj("skills"), proj("tools")])),
+                "projection paths must be unique: skills appears more than once",
+            ),
+            (
+                ws(
+                    "mounts",
+                    json!([mount("data"), mount("cache"), mount("data")]),
+                ),
+                ws("mounts", json!([mount("data"), mount("cache")])),
+                "mount paths must be unique: data appears more than once",
+            ),
+            (
+                with(json!({"env": [env("A"), env("B"), env("B")]})),
+                with(json!({"env": [env("A"), env("B")]})),
+                "env names must be unique: B appears more than once",
+            ),
+        ] {
+            let err = format!("{:?}", v.validate(&schema, &obj, None).unwrap_err());
+            assert!(err.contains(message), "{message}: {err}");
+            assert!(
+                v.validate(&schema, &dup, None).is_ok(),
+                "{:?}",
+                v.validate(&schema, &dup, None)
+            );
+        }
+    }
+
     #[test]
     fn scope_rules_evaluate_as_intended() {
         use crate::crd::Scope;
@@ -125,7 +246,7 @@ mod tests {
     #[derive(kube::KubeSchema, serde::Serialize, serde::Deserialize)]
     #[x_kube(cel)]
     struct PortsHolder {
-        #[x_kube(validation = crate::crd::unique_port_names(), validation = crate::crd::unique_port_numbers())]
+        #[x_kube(validation = crate::crd::unique_by("name", "port names"), validation = crate::crd::unique_port_numbers())]
         ports: Vec<crate::crd::SandboxPort>,
     }
 

@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
     kind = "Sandbox",
     namespaced,
     shortname = "sbx",
+    category = "agentbox",
+    doc = "A Sandbox is one isolated environment for an AI agent's commands: a pod running `spec.image`, whose workspace is a directory on its node that outlives the pod, initialised from `spec.workspace` and restored from snapshots. Harnesses run commands in it through pods/exec and serialise their work with a Lease per isolation scope (`spec.scope`). `kubectl wait --for=condition=Ready sandbox/<name>` waits until it accepts commands.",
     status = "SandboxStatus",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope.kind"}"#,
@@ -24,6 +26,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Snapshot","type":"date","description":"When the newest Ready snapshot of this sandbox was taken","jsonPath":".status.lastSnapshot.completedAt"}"#,
     printcolumn = r#"{"name":"Last-Snapshot","type":"string","priority":1,"description":"Name of the newest Ready snapshot of this sandbox","jsonPath":".status.lastSnapshot.name"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","priority":1,"jsonPath":".status.podName"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","description":"Reason of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Message of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -51,9 +55,11 @@ pub struct SandboxSpec {
 
     /// Environment variables of the sandbox container. A value taken from a ConfigMap or
     /// Secret key (`valueFrom`) needs the label `agentbox.dev/sandbox-readable: "true"` on
-    /// that object, as `workspace.files` sources do.
+    /// that object, as `workspace.files` sources do. Names are unique, of at most 256
+    /// characters.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 256))]
+    #[schemars(length(max = 256), transform = bound_env_names)]
+    #[x_kube(validation = crate::crd::unique_by("name", "env names"))]
     pub env: Vec<EnvVar>,
 
     /// CPU and memory requests and limits of the sandbox container.
@@ -111,7 +117,7 @@ pub struct SandboxSpec {
     /// port numbers per protocol.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
-    #[x_kube(validation = unique_port_names(), validation = unique_port_numbers())]
+    #[x_kube(validation = crate::crd::unique_by("name", "port names"), validation = unique_port_numbers())]
     pub ports: Vec<SandboxPort>,
 }
 
@@ -162,17 +168,6 @@ impl PortProtocol {
     }
 }
 
-/// Admission rule on `spec.ports`: names are unique; the message names the first duplicate.
-/// (Written with `exists_one` over the names: the API server refuses costlier message
-/// expressions, such as a `filter` inside a `filter`.)
-pub fn unique_port_names() -> kube::core::Rule {
-    kube::core::Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message(
-        kube::core::Message::Expression(
-            "'port names must be unique: ' + self.map(p, p.name).filter(n, !self.exists_one(q, q.name == n))[0] + ' appears more than once'".into(),
-        ),
-    )
-}
-
 /// Admission rule on `spec.ports`: one port number per protocol (a Service refuses two). The
 /// message is fixed: a message expression printing the number costs more than the API server
 /// allows.
@@ -181,6 +176,20 @@ pub fn unique_port_numbers() -> kube::core::Rule {
         "self.all(p, self.exists_one(q, q.port == p.port && q.protocol == p.protocol))",
     )
     .message("port numbers must be unique per protocol: two ports use the same number and protocol")
+}
+
+/// Bounds the names in `spec.env` (Kubernetes' EnvVar schema has no maxLength) so that the API
+/// server can bound the cost of the uniqueness rule on the list: without a bound it refuses the
+/// CRD.
+fn bound_env_names(schema: &mut schemars::Schema) {
+    if let Some(name) = schema
+        .get_mut("items")
+        .and_then(|items| items.get_mut("properties"))
+        .and_then(|props| props.get_mut("name"))
+        .and_then(|name| name.as_object_mut())
+    {
+        name.insert("maxLength".into(), 256.into());
+    }
 }
 
 /// Image pull policy.
@@ -338,21 +347,25 @@ pub struct WorkspaceSpec {
     pub root: String,
 
     /// Files written into the workspace when it is initialised (all of them on a fresh
-    /// workspace, only the ephemeral ones when an existing workspace is reused).
+    /// workspace, only the ephemeral ones when an existing workspace is reused). Paths are
+    /// unique.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
+    #[x_kube(validation = crate::crd::unique_by("path", "file paths"))]
     pub files: Vec<WorkspaceFile>,
 
     /// ConfigMaps projected into workspace directories. A projection is re-applied on a start
-    /// only when the SHA-256 of its content changed.
+    /// only when the SHA-256 of its content changed. Paths are unique.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
+    #[x_kube(validation = crate::crd::unique_by("path", "projection paths"))]
     pub projections: Vec<Projection>,
 
     /// Host directories bind-mounted into the workspace. Only host paths under the prefixes the
-    /// operator allows are accepted (none by default).
+    /// operator allows are accepted (none by default). Paths are unique.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
+    #[x_kube(validation = crate::crd::unique_by("path", "mount paths"))]
     pub mounts: Vec<HostMount>,
 }
 
@@ -740,6 +753,16 @@ pub enum SandboxPhase {
 }
 
 impl SandboxPhase {
+    /// Every phase (what a count by phase covers).
+    pub const ALL: [SandboxPhase; 6] = [
+        SandboxPhase::Pending,
+        SandboxPhase::Initializing,
+        SandboxPhase::Ready,
+        SandboxPhase::Suspended,
+        SandboxPhase::Failed,
+        SandboxPhase::Terminating,
+    ];
+
     /// The phase's name as written in status.
     pub fn as_str(self) -> &'static str {
         match self {

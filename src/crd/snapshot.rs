@@ -12,10 +12,14 @@ use serde::{Deserialize, Serialize};
     kind = "SandboxSnapshot",
     namespaced,
     shortname = "sbxsnap",
+    category = "agentbox",
+    doc = "A SandboxSnapshot is one immutable tarball of a Sandbox's workspace in the operator's object store, taken under the scope's guard and verified before it becomes Ready. It carries its sandbox's scope labels, so a scope's snapshots are a label query; a Sandbox restores from the newest Ready one of its scope, or from one it names. `kubectl wait --for=condition=Ready sandboxsnapshot/<name>` waits until it is committed.",
     status = "SandboxSnapshotStatus",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Sandbox","type":"string","jsonPath":".spec.sandboxRef.name"}"#,
     printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","description":"Reason of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Message of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Members","type":"integer","priority":1,"jsonPath":".status.members"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     selectable = ".status.scopeKey"
@@ -96,7 +100,9 @@ pub struct SandboxSnapshotStatus {
     /// When the snapshot became Ready or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
-    /// Conditions with reasons.
+    /// Conditions with reasons: `Ready` (the snapshot is committed and can be restored; what
+    /// `kubectl wait --for=condition=Ready` waits for) and `Committed` (the same, kept for
+    /// clients that read it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -228,21 +228,10 @@ impl Session {
     }
 }
 
-/// The line written to the shell for one command.
+/// The line written to the shell for one command ([`crate::remote::session_line`]).
 pub(crate) fn command_line(req: &ExecRequest, mark: &str) -> Result<String, ExecError> {
     let argv = req.remote_argv()?;
-    let cmd: Vec<String> = argv.iter().map(|a| sh_quote(a)).collect();
-    // `exec` inside the subshell: one fork per command. The start sentinel goes out before
-    // the command, the end sentinels after it, each with the nonce.
-    Ok(format!(
-        "printf '%s+\\n' '{mark}'; ( exec {} ) </dev/null; printf '%s%d\\n' '{mark}' \"$?\"; printf '%s\\n' '{mark}' >&2\n",
-        cmd.join(" ")
-    ))
-}
-
-/// Single-quotes `s` for `sh`.
-pub(crate) fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
+    Ok(crate::remote::session_line(&argv, mark))
 }
 
 /// Why one attempt at a command failed.

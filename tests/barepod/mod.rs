@@ -21,7 +21,7 @@ pub async fn start(client: &kube::Client, ns: &str, name: &str) -> Api<Pod> {
             "terminationGracePeriodSeconds": 1,
             "containers": [{
                 "name": "sandbox",
-                "image": "agentbox/base:v1",
+                "image": "docker.io/library/busybox:1.37",
                 "imagePullPolicy": "Never",
                 "command": ["sh", "-c", "trap 'exit 0' TERM; mkdir -p /workspace; while :; do sleep 3600 & wait; done"],
             }],

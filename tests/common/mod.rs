@@ -37,8 +37,62 @@ pub fn helm_bin() -> String {
     }
 }
 
+/// The oldest Kubernetes the chart supports (Chart.yaml `kubeVersion`): what `helm template`
+/// renders for without a cluster (helm's own default is older, and the chart refuses that).
+pub const CHART_KUBE_VERSION: &str = "1.33.0";
+
+/// `helm template rel charts/agentbox --kube-version <CHART_KUBE_VERSION> <args>` in the
+/// repository: the rendered manifests, or helm's output when it fails.
+pub fn helm_template(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(helm_bin())
+        .args(["template", "rel", "charts/agentbox"])
+        .args(["--kube-version", CHART_KUBE_VERSION])
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("running helm: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The kubectl binary: `$KUBECTL` (set by `hack/cluster env`), else `kubectl` on the PATH.
+pub fn kubectl_bin() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+/// Runs kubectl with `args`, `stdin` on its standard input; returns (success, stdout, stderr).
+pub fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(kubectl_bin())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .expect("kubectl stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write kubectl stdin");
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// The sandbox base image the test cluster imports.
-pub const BASE_IMAGE: &str = "agentbox/base:v1";
+pub const BASE_IMAGE: &str = "docker.io/library/busybox:1.37";
 /// Workspaces root the operator uses by default (the test operator runs on the node's host).
 pub const NODE_ROOT: &str = agentbox::config::DEFAULT_NODE_ROOT;
 
@@ -334,18 +388,43 @@ impl TestEnv {
     }
 
     async fn teardown(&mut self) {
-        let sbxs = self.api::<Sandbox>();
-        let _ = sbxs
+        // Snapshots first, while the operators run (their finalizers remove stored objects),
+        // then Sandboxes (pods and workspace directories).
+        self.drain::<SandboxSnapshot>().await;
+        self.drain::<Sandbox>().await;
+        for o in &mut self.operators {
+            o.terminate();
+        }
+        // What the operators did not finish loses its finalizers: the namespace must go.
+        self.drain::<SandboxSnapshot>().await;
+        self.drain::<Sandbox>().await;
+        let nss: Api<Namespace> = Api::all(self.client.clone());
+        let _ = nss.delete(&self.ns, &DeleteParams::default()).await;
+        self.ns.clear();
+    }
+
+    /// Deletes every object of kind `K` in the namespace and waits (up to a minute) until they
+    /// are gone; once no operator runs any more, their finalizers are dropped.
+    async fn drain<K>(&mut self)
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let api = self.api::<K>();
+        let _ = api
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await;
         for _ in 0..300 {
-            match sbxs.list(&ListParams::default()).await {
+            match api.list(&ListParams::default()).await {
                 Ok(l) if l.items.is_empty() => break,
                 Ok(l) if self.operators.iter_mut().all(|o| !o.is_running()) => {
                     // Nobody is left to run the finalizers: drop them so the namespace can go.
                     for s in l.items {
                         let patch = serde_json::json!({"metadata": {"finalizers": null}});
-                        let _ = sbxs
+                        let _ = api
                             .patch(
                                 &s.name_any(),
                                 &Default::default(),
@@ -354,16 +433,11 @@ impl TestEnv {
                             .await;
                     }
                 }
+                Err(_) => break,
                 _ => {}
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        for o in &mut self.operators {
-            o.terminate();
-        }
-        let nss: Api<Namespace> = Api::all(self.client.clone());
-        let _ = nss.delete(&self.ns, &DeleteParams::default()).await;
-        self.ns.clear();
     }
 }
 

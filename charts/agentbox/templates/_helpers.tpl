@@ -50,3 +50,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "agentbox.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/* Labels of the CRDs: the release's, without the component (they serve every component). */}}
+{{- define "agentbox.crdLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "agentbox.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The namespace where the operator manages Sandboxes that `helm test` uses. */}}
+{{- define "agentbox.testNamespace" -}}
+{{- default .Release.Namespace .Values.watchNamespace }}
+{{- end }}

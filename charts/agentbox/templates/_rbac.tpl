@@ -58,3 +58,25 @@
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{- /* What a harness calls in its namespace, and no more: the Rust client (agentbox::client), the
+       Python SDK and the CLI (tests/rbac.rs runs both SDKs with exactly these rules). Used by the
+       harness Role (harness.namespaces) and by the `helm test` pod's Role. */}}
+{{- define "agentbox.harnessRules" }}
+# Sandboxes: create-or-get by scope (create, then get on a conflict), list by scope labels, wait for Ready (watch), suspend/resume (patch), delete and re-create for a restore.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxes"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# SandboxSnapshots: take one (create), wait until it is Ready (watch), list a scope's lineage, read one to restore from it.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxsnapshots"]
+  verbs: ["get", "list", "watch", "create"]
+# pods/exec: every command, file transfer and persistent shell runs over exec in the sandbox pod (a WebSocket GET: authorized as get, and since 1.30 also as create).
+- apiGroups: [""]
+  resources: ["pods/exec"]
+  verbs: ["get", "create"]
+# Leases: the scope's execution guard; acquire (create, or take over an expired one with a conditional update), renew and release (update).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
+{{- end }}

@@ -6,7 +6,8 @@ The async API is the core::
 
     async with agentbox.Sandboxes("agents") as sandboxes:
         scope = agentbox.Scope.for_user("coder", "alice@example.com")
-        sbx = await sandboxes.get_or_create(scope, agentbox.SandboxSpec(image="agentbox/base:v1"))
+        spec = agentbox.SandboxSpec(image="docker.io/library/busybox:1.37")
+        sbx = await sandboxes.get_or_create(scope, spec)
         await sbx.wait_ready()
         result = await sbx.exec("ls; exit 3", timeout=30)
         assert result.exit_code == 3

@@ -135,7 +135,8 @@ class Sandboxes:
     async def get_or_create(self, scope: Scope, spec: SandboxSpec | Mapping[str, Any]) -> Sandbox:
         """The Sandbox of ``scope``: created from ``spec`` (its scope set to ``scope``) under
         the scope's deterministic name, or the existing one if someone created it first — two
-        racing callers get the same Sandbox.
+        racing callers get the same Sandbox. A suspended one is resumed (an idle sandbox comes
+        back; :meth:`Sandbox.wait_ready` waits for its new pod).
         """
         if not isinstance(scope, Scope):
             raise InvalidRequestError(f"scope must be a Scope, not {type(scope).__name__}")
@@ -152,7 +153,10 @@ class Sandboxes:
         # The name is a hash of the scope; another scope under it was made by hand.
         if Scope.from_dict((obj.get("spec") or {}).get("scope") or {}) != scope:
             raise ScopeMismatchError(f"sandbox {name} exists with a different scope")
-        return self._handle(obj)
+        handle = self._handle(obj)
+        if ((obj.get("spec") or {}).get("lifecycle") or {}).get("mode") == "Suspended":
+            await handle.resume()
+        return handle
 
     @staticmethod
     def _object(name: str, scope: Scope, spec: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ the async core on a private event-loop thread (see :mod:`agentbox._portal`).
 
     with Sandboxes("agents") as sandboxes:
         scope = Scope.for_user("coder", "alice")
-        sbx = sandboxes.get_or_create(scope, SandboxSpec(image="agentbox/base:v1"))
+        sbx = sandboxes.get_or_create(scope, SandboxSpec(image="docker.io/library/busybox:1.37"))
         sbx.wait_ready()
         with sbx.guard(wait=60) as g:
             print(sbx.exec(["echo", str(g.fencing_token)]).stdout_text())

@@ -25,7 +25,7 @@ import agentbox
 from agentbox._kube import Kube, load_api_client, sandboxes_path, snapshots_path
 
 REPO = Path(__file__).resolve().parents[3]
-BASE_IMAGE = "agentbox/base:v1"
+BASE_IMAGE = "docker.io/library/busybox:1.37"
 STORE_ROOT = Path("/var/lib/agentbox/test-snapshots")
 #: The operator's default node root: this machine is the cluster's node.
 NODE_ROOT = Path("/var/lib/agentbox/workspaces")

@@ -37,6 +37,15 @@ async def test_two_racing_get_or_create_calls_get_one_sandbox(env: Env) -> None:
     assert opened.name == a.name and opened.scope == scope
 
 
+async def wait_suspended(sbx: agentbox.Sandbox) -> None:
+    """Until the operator has deleted the pod and kept the workspace."""
+    for _ in range(600):
+        if (await sbx.refresh()).phase == "Suspended":
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{sbx.name} not Suspended: {sbx.phase}")
+
+
 async def test_suspend_is_reported_resume_waits_and_delete_removes(env: Env) -> None:
     sbx = await env.sandboxes.get_or_create(agentbox.Scope.for_agent("lifecycle"), SPEC)
     await sbx.wait_ready(120)
@@ -47,14 +56,17 @@ async def test_suspend_is_reported_resume_waits_and_delete_removes(env: Env) -> 
     with pytest.raises(agentbox.SandboxSuspendedError) as e:
         await sbx.wait_ready(300)
     assert e.value.reason == "Suspended"
-    for _ in range(600):  # the operator deletes the pod and keeps the workspace
-        if (await sbx.refresh()).phase == "Suspended":
-            break
-        await asyncio.sleep(0.1)
-    assert sbx.phase == "Suspended"
+    await wait_suspended(sbx)
     await sbx.wait_ready(120, resume=True)
     assert await sbx.read("keep.txt") == b"kept\n"
     assert (sbx.status.get("workspace") or {}).get("lastStartBranch") == "A"
+    # Suspended again, the harness's usual get_or_create brings it back.
+    await sbx.suspend()
+    await wait_suspended(sbx)
+    again = await env.sandboxes.get_or_create(agentbox.Scope.for_agent("lifecycle"), SPEC)
+    assert again.name == sbx.name
+    await again.wait_ready(120)
+    assert await again.read("keep.txt") == b"kept\n"
     await sbx.delete(wait=True)
     with pytest.raises(agentbox.NotFoundError):
         await env.sandboxes.open(sbx.name)

@@ -66,7 +66,7 @@ def test_every_crd_field_has_a_dataclass_field() -> None:
 
 def test_a_full_spec_round_trips_through_json() -> None:
     spec = SandboxSpec(
-        image="agentbox/base:v1",
+        image="docker.io/library/busybox:1.37",
         scope=Scope.for_user("coder", "alice@example.com"),
         image_pull_policy="Never",
         command=["sh"],

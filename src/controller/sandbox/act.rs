@@ -22,6 +22,7 @@ use crate::controller::{
 };
 use crate::crd::{Egress, Sandbox, SandboxStatus};
 use crate::labels;
+use crate::metrics::{COLD, ExecOp, Metrics};
 
 /// Carries out `plan` for `sbx`, as decided from `world`.
 pub async fn act(
@@ -62,19 +63,15 @@ pub async fn act(
     }
     let then = |a: Option<Duration>| a.map_or_else(Action::await_change, Action::requeue);
     match step {
-        Step::Suspend => {
-            // spec.snapshot.onStop: persist the workspace before its pod goes.
-            if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
-                return Ok(Action::requeue(Duration::from_secs(2)));
-            }
-            let gone = delete_if_present(&apis.pods, &pod_name).await?;
-            write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
-            Ok(if gone {
-                then(requeue)
-            } else {
-                Action::requeue(Duration::from_secs(2))
-            })
-        }
+        Step::Suspend => suspend(sbx, ctx, apis, old, (status, note))
+            .await
+            .map(|gone| {
+                if gone {
+                    then(requeue)
+                } else {
+                    Action::requeue(Duration::from_secs(2))
+                }
+            }),
         Step::CreatePod => create_pod(sbx, ctx, apis, podcfg, old, status).await,
         Step::AwaitPodGone => {
             if old != &status {
@@ -109,6 +106,24 @@ pub async fn act(
         }
         Step::Invalid | Step::ShutDown => Ok(Action::await_change()),
     }
+}
+
+/// Suspends: takes the on-stop snapshot the spec asks for, deletes the pod, records the
+/// transition. Whether the pod is gone (false: it still terminates, or the snapshot runs).
+async fn suspend(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    old: &SandboxStatus,
+    (status, note): (SandboxStatus, Option<Note>),
+) -> Result<bool, Error> {
+    // spec.snapshot.onStop: persist the workspace before its pod goes.
+    if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
+        return Ok(false);
+    }
+    let gone = delete_if_present(&apis.pods, &labels::pod_name(&sbx.name_any())).await?;
+    write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
+    Ok(gone)
 }
 
 /// Publishes `note`, if any, about the sandbox.
@@ -169,7 +184,8 @@ async fn create_pod(
         Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
         None => format!("created pod {pod_name}"),
     };
-    info!(sandbox = %sbx.name_any(), namespace = ?sbx.namespace(), "{msg}");
+    // The reconcile span names the sandbox and its namespace.
+    info!("{msg}");
     let note = Note {
         type_: kube::runtime::events::EventType::Normal,
         reason: "PodCreated".into(),
@@ -225,7 +241,7 @@ async fn serve(
     let (init, error) = if serving.initialises() && !podstate::initialised_in(&st, pod) {
         let ws = st.workspace.clone().unwrap_or_default();
         let result = init::init_workspace(sbx, ctx, &apis.pods, &pod.name_any(), &ws).await;
-        outcome(sbx, &serving, result)
+        outcome(sbx, &ctx.metrics, &serving, result)
     } else {
         (Init::Skipped, None)
     };
@@ -254,14 +270,50 @@ async fn serve(
     if old != &st {
         write_status(&apis.sandboxes, sbx, &st).await?;
     }
+    if out.started.is_some() {
+        record_ready(&ctx.metrics, sbx, pod, old, &st);
+    }
     publish(ctx, sbx, out.started).await;
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// The [`Init`] outcome of an initialisation, and the error to report when it failed. An early
-/// try whose container does not run yet is no failure: the pod is still starting.
+/// Observes how long the start that has just become Ready took, by its branch: from the
+/// Sandbox's creation for its first start, else from the creation of the pod made for this one
+/// (a resume or a recovery). Called after the Ready status was written, so once per start.
+fn record_ready(
+    metrics: &Metrics,
+    sbx: &Sandbox,
+    pod: &Pod,
+    old: &SandboxStatus,
+    st: &SandboxStatus,
+) {
+    let Some(branch) = st.workspace.as_ref().and_then(|w| w.last_start_branch) else {
+        return;
+    };
+    let first = old
+        .workspace
+        .as_ref()
+        .is_none_or(|w| w.initialized_pod_uid.is_none());
+    let since = if first {
+        sbx.metadata.creation_timestamp.as_ref()
+    } else {
+        pod.metadata.creation_timestamp.as_ref()
+    };
+    let Some(since) = since else {
+        return;
+    };
+    let took = Timestamp::now().duration_since(since.0);
+    // A clock behind the API server's could make it negative: count that as instant.
+    let took = Duration::try_from(took).unwrap_or_default();
+    metrics.became_ready(branch, COLD, took);
+}
+
+/// The [`Init`] outcome of an initialisation, and the error to report when it failed; its exec
+/// errors are counted in `metrics`. An early try whose container does not run yet is neither a
+/// failure nor an exec error: the pod is still starting.
 fn outcome(
     sbx: &Sandbox,
+    metrics: &Metrics,
     serving: &Serving,
     result: Result<
         (
@@ -284,6 +336,9 @@ fn outcome(
             (Init::NotAnswering, None)
         }
         Err(e) => {
+            if let Error::Exec(x) = e.root() {
+                metrics.exec_failed(ExecOp::Workspace, x.kind());
+            }
             let (reason, message) = e.reason_and_message();
             let init = Init::Failed {
                 reason: reason.to_string(),

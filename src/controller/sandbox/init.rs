@@ -54,7 +54,12 @@ pub async fn init_workspace(
     let snapshot = if marker_present {
         None
     } else {
-        selection::candidate(ctx, sbx).await?
+        // A snapshot named but not restorable (missing, of another scope) is a failed restore.
+        selection::candidate(ctx, sbx).await.inspect_err(|e| {
+            if let Error::Restore { .. } = e {
+                ctx.metrics.restore_failed(restore::failure_reason(e));
+            }
+        })?
     };
     let decision = workspace::decide(Observed {
         marker_present,

@@ -43,6 +43,21 @@ pub use on_stop::{OnStop, on_stop};
 pub const FINALIZER: &str = "agentbox.dev/snapshot-object";
 /// Condition type on a SandboxSnapshot: its object is committed and verified.
 pub const COMMITTED: &str = "Committed";
+
+/// Sets the Committed condition and `Ready`, its twin (the condition every agentbox kind has,
+/// so `kubectl wait --for=condition=Ready` works on snapshots too).
+pub(crate) fn set_committed(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    for type_ in [COMMITTED, conditions::READY] {
+        conditions::set(conds, type_, status, reason, message, generation, now);
+    }
+}
 /// Attempts before an interrupted or failing snapshot is marked Failed.
 pub const MAX_ATTEMPTS: i32 = 3;
 /// Field manager of the Sandbox's `status.lastSnapshot`, the one Sandbox field this controller
@@ -183,9 +198,8 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
         }
         Plan::Wait(reason, message) => {
             st.phase = Some(SnapshotPhase::Pending);
-            conditions::set(
+            set_committed(
                 &mut st.conditions,
-                COMMITTED,
                 false,
                 reason.as_str(),
                 &message,
@@ -213,7 +227,7 @@ async fn write_failure(
     snap: &SandboxSnapshot,
     api: &Api<SandboxSnapshot>,
     mut st: SandboxSnapshotStatus,
-    reason: &str,
+    reason: &'static str,
     message: &str,
     give_up: bool,
 ) -> Result<(), Error> {
@@ -224,17 +238,12 @@ async fn write_failure(
     } else {
         st.phase = Some(SnapshotPhase::Pending);
     }
-    conditions::set(
-        &mut st.conditions,
-        COMMITTED,
-        false,
-        reason,
-        message,
-        None,
-        now,
-    );
+    set_committed(&mut st.conditions, false, reason, message, None, now);
     super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message).await;
-    super::apply_status(api, &snap.name_any(), &st).await
+    super::apply_status(api, &snap.name_any(), &st).await?;
+    // Counted once recorded: a failed write brings the same failure back.
+    ctx.metrics.snapshot_failed(reason);
+    Ok(())
 }
 
 /// Whether the cached snapshot is the API server's current version (a fresh read), so a

@@ -19,23 +19,22 @@ use tracing::{info, warn};
 
 use super::decide::retention_victims;
 use super::{
-    COMMITTED, InFlight, LAST_SNAPSHOT_MANAGER, MAX_ATTEMPTS, discard_attempt, snapshot_err,
+    InFlight, LAST_SNAPSHOT_MANAGER, MAX_ATTEMPTS, discard_attempt, set_committed, snapshot_err,
     write_failure,
 };
 use crate::controller::pod::CONTAINER;
 use crate::controller::selection::{self, Age, age};
-use crate::controller::{Context, Error, conditions};
+use crate::controller::{Context, Error, scope_guard};
 use crate::crd::{LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
 use crate::exec::{self, ExecEvent, ExecRequest};
-use crate::guard::{self, Guard, GuardConfig, GuardError};
+use crate::guard::{Guard, GuardError};
 use crate::labels;
+use crate::metrics::{ExecOp, GuardOp, Metrics};
 use crate::remote;
 use crate::snapshot::archive::{Refusal, Summary};
 use crate::snapshot::store::{Commit, Manifest, SnapshotKeys, Store};
 use crate::snapshot::{self, SnapshotError};
 
-/// How long to wait for the scope's guard before trying again later.
-const GUARD_WAIT: Duration = Duration::from_secs(60);
 /// Upper bound on one `tar -c` run.
 const TAR_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 
@@ -104,37 +103,24 @@ pub(super) async fn take(
     match outcome {
         Ok(summary) => {
             info!(snapshot = %t.name, namespace = %t.ns, bytes = summary.size, secs = started.elapsed().as_secs_f64(), "committed");
-            t.committed(st, summary).await
+            t.committed(st, summary, started.elapsed()).await
         }
         Err(e) => t.failed(st, e, attempts, upload_id.as_deref()).await,
     }
 }
 
 impl Taking<'_> {
-    /// The scope's guard, waited for up to [`GUARD_WAIT`]; `None` (and the snapshot Pending
+    /// The scope's guard, waited for up to [`GUARD_WAIT`](crate::controller::GUARD_WAIT); `None` (and the snapshot Pending
     /// with reason `GuardBusy`) when someone else kept it that long.
     async fn guard(&self, st: &mut SandboxSnapshotStatus) -> Result<Option<Guard>, Error> {
-        let gcfg = GuardConfig {
-            holder: format!("{}/snapshot", self.ctx.config.identity),
-            ..GuardConfig::default()
-        };
         let scope = &self.sbx.spec.scope;
-        let client = self.ctx.client.clone();
-        match guard::acquire_scope(client, &self.ns, scope, &gcfg, Some(GUARD_WAIT)).await {
+        match scope_guard(self.ctx, &self.ns, scope, GuardOp::Snapshot).await {
             Ok(g) => Ok(Some(g)),
             Err(GuardError::Timeout { holder, .. }) => {
                 st.phase = Some(SnapshotPhase::Pending);
                 let msg = format!("waiting for the scope's guard (held by {holder})");
                 let now = Timestamp::now();
-                conditions::set(
-                    &mut st.conditions,
-                    COMMITTED,
-                    false,
-                    "GuardBusy",
-                    &msg,
-                    None,
-                    now,
-                );
+                set_committed(&mut st.conditions, false, "GuardBusy", &msg, None, now);
                 crate::controller::apply_status(&self.api, &self.name, &*st).await?;
                 Ok(None)
             }
@@ -163,15 +149,7 @@ impl Taking<'_> {
         st.size_bytes = None;
         st.members = None;
         let msg = "streaming the workspace to the object store";
-        conditions::set(
-            &mut st.conditions,
-            COMMITTED,
-            false,
-            "Uploading",
-            msg,
-            None,
-            now,
-        );
+        set_committed(&mut st.conditions, false, "Uploading", msg, None, now);
         let upload_id = match self.store.create_upload(&self.keys).await {
             Ok(id) => id,
             Err(e) => return Err(snapshot_err(e)),
@@ -244,6 +222,7 @@ impl Taking<'_> {
         &self,
         mut st: SandboxSnapshotStatus,
         summary: Summary,
+        took: Duration,
     ) -> Result<Action, Error> {
         let now = Timestamp::now();
         st.phase = Some(SnapshotPhase::Ready);
@@ -255,16 +234,10 @@ impl Taking<'_> {
             "{} bytes, {} members, sha256 {}",
             summary.size, summary.members, summary.sha256
         );
-        conditions::set(
-            &mut st.conditions,
-            COMMITTED,
-            true,
-            "Committed",
-            &msg,
-            None,
-            now,
-        );
+        set_committed(&mut st.conditions, true, "Committed", &msg, None, now);
         crate::controller::apply_status(&self.api, &self.name, &st).await?;
+        // Counted once the status says Ready: a failed write retakes the snapshot.
+        self.ctx.metrics.snapshot_committed(summary.size, took);
         info!(snapshot = %self.name, namespace = %self.ns, "{msg}");
         let last = LastSnapshot {
             name: self.name.clone(),
@@ -358,36 +331,11 @@ async fn stream_to_store(
             .stdin_reader(held),
     )
     .await
-    .map_err(|e| SnapshotError::Source(format!("exec: {e}")))?;
-    let stderr = Arc::new(Mutex::new(exec::Capped::new(16 << 10)));
-    let err_sink = stderr.clone();
-    let chunks = stream.filter_map(move |ev| {
-        let out = match ev {
-            Ok(ExecEvent::Stdout(b)) => Some(Ok::<Bytes, SnapshotError>(b)),
-            Ok(ExecEvent::Stderr(b)) => {
-                if let Ok(mut c) = err_sink.lock() {
-                    c.push(&b);
-                }
-                None
-            }
-            Ok(ExecEvent::Exit { status, timed_out }) => {
-                if status.success() && !timed_out {
-                    None
-                } else {
-                    let text = err_sink
-                        .lock()
-                        .map(|c| String::from_utf8_lossy(&c.buf).trim().to_string())
-                        .unwrap_or_default();
-                    Some(Err(SnapshotError::Source(format!(
-                        "tar -c ended with {status}{}: {text}",
-                        if timed_out { " (timed out)" } else { "" }
-                    ))))
-                }
-            }
-            Err(e) => Some(Err(SnapshotError::Source(format!("exec: {e}")))),
-        };
-        futures::future::ready(out)
-    });
+    .map_err(|e| {
+        ctx.metrics.exec_failed(ExecOp::Snapshot, e.kind());
+        SnapshotError::Source(format!("exec: {e}"))
+    })?;
+    let chunks = archive_chunks(stream, ctx.metrics.clone());
     let chunks = Box::pin(chunks);
     let limits = ctx.config.restore_limits();
     let result = snapshot::upload(store, keys, upload_id, limits, chunks, || {
@@ -398,6 +346,45 @@ async fn stream_to_store(
         let _ = store.delete_temp(keys).await;
     }
     result
+}
+
+/// The archive `tar -c` writes to stdout, from its exec's events: its stderr kept for the
+/// error when it fails, stream errors counted in `metrics`.
+fn archive_chunks(
+    stream: exec::ExecStream,
+    metrics: Arc<Metrics>,
+) -> impl futures::Stream<Item = Result<Bytes, SnapshotError>> {
+    let stderr = Arc::new(Mutex::new(exec::Capped::new(16 << 10)));
+    stream.filter_map(move |ev| {
+        let out = match ev {
+            Ok(ExecEvent::Stdout(b)) => Some(Ok::<Bytes, SnapshotError>(b)),
+            Ok(ExecEvent::Stderr(b)) => {
+                if let Ok(mut c) = stderr.lock() {
+                    c.push(&b);
+                }
+                None
+            }
+            Ok(ExecEvent::Exit { status, timed_out }) => {
+                if status.success() && !timed_out {
+                    None
+                } else {
+                    let text = stderr
+                        .lock()
+                        .map(|c| String::from_utf8_lossy(&c.buf).trim().to_string())
+                        .unwrap_or_default();
+                    Some(Err(SnapshotError::Source(format!(
+                        "tar -c ended with {status}{}: {text}",
+                        if timed_out { " (timed out)" } else { "" }
+                    ))))
+                }
+            }
+            Err(e) => {
+                metrics.exec_failed(ExecOp::Snapshot, e.kind());
+                Some(Err(SnapshotError::Source(format!("exec: {e}"))))
+            }
+        };
+        futures::future::ready(out)
+    })
 }
 
 /// Puts the sandbox's scope labels and annotations (and a sandbox label) on the snapshot.

@@ -7,7 +7,7 @@
 
     async with AgentboxWorkspace(
         scope=Scope.for_user("coder", "alice"),
-        spec=SandboxSpec(image="agentbox/base:v1"),
+        spec=SandboxSpec(image="docker.io/library/busybox:1.37"),
         namespace="agents",
     ) as ws:
         tools = await ws.list_tools()  # Bash, Edit, Glob, Grep, Read, Write, in the sandbox
@@ -301,7 +301,9 @@ class AgentboxWorkspace(SandboxedWorkspaceBase):
             workspace_id=workspace_id or scope_workspace_id(scope), skill_paths=skill_paths
         )
         self.scope = scope
-        self.spec = spec if spec is not None else SandboxSpec(image="agentbox/base:v1")
+        self.spec = (
+            spec if spec is not None else SandboxSpec(image="docker.io/library/busybox:1.37")
+        )
         self.workdir = self.spec.workspace.root.rstrip("/") or "/"
         self.gateway_port = 0
         self.on_close: OnClose = on_close

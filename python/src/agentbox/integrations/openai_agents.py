@@ -10,7 +10,9 @@
 
     run_config = RunConfig(sandbox=SandboxRunConfig(
         client=AgentboxSandboxClient(),
-        options=AgentboxSandboxClientOptions(image="agentbox/base:v1", namespace="agents"),
+        options=AgentboxSandboxClientOptions(
+            image="docker.io/library/busybox:1.37", namespace="agents"
+        ),
     ))
     result = await Runner.run(agent, "...", run_config=run_config)
 

@@ -16,6 +16,8 @@ use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 
 use super::{Context, noderoot};
+
+mod served;
 use crate::config::Config;
 use crate::crd::{Sandbox, SandboxSnapshot};
 use crate::metrics::Metrics;
@@ -84,15 +86,28 @@ impl FakeApi {
             .collect()
     }
 
+    /// Whether a request `"METHOD path"` was made.
+    fn requested(&self, what: &str) -> bool {
+        self.requests
+            .lock()
+            .expect("requests")
+            .iter()
+            .any(|(m, p)| format!("{m} {p}") == what)
+    }
+
     fn requests(&self) -> usize {
         self.requests.lock().expect("requests").len()
     }
 
-    fn answer(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+    fn record(&self, method: &str, path: &str) {
         self.requests
             .lock()
             .expect("requests")
             .push((method.to_string(), path.to_string()));
+    }
+
+    fn answer(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+        self.record(method, path);
         let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         match method {
             "GET" => self.read(path),
@@ -101,9 +116,15 @@ impl FakeApi {
                     .as_str()
                     .map(str::to_string)
                     .unwrap_or_else(|| self.next_version());
-                self.put(&format!("{path}/{name}"), body);
-                (201, self.get(&format!("{path}/{name}")).unwrap_or_default())
+                let at = format!("{path}/{name}");
+                // Creates are conditional (the guard relies on it); events may repeat.
+                if !path.starts_with(EVENTS) && self.get(&at).is_some() {
+                    return (409, status_body(409, "AlreadyExists"));
+                }
+                self.put(&at, body);
+                (201, self.get(&at).unwrap_or_default())
             }
+            "PUT" => self.replace(path, body),
             "PATCH" => self.patch(path, &body),
             "DELETE" => self.delete(path),
             _ => (405, status_body(405, "MethodNotAllowed")),
@@ -181,6 +202,19 @@ impl FakeApi {
         (200, self.get(path).unwrap_or_default())
     }
 
+    /// A replace: refused (409) when the body's resourceVersion is not the stored one.
+    fn replace(&self, path: &str, body: Value) -> (u16, Value) {
+        let Some(cur) = self.get(path) else {
+            return (404, status_body(404, "NotFound"));
+        };
+        let rv = &body["metadata"]["resourceVersion"];
+        if !rv.is_null() && rv != &cur["metadata"]["resourceVersion"] {
+            return (409, status_body(409, "Conflict"));
+        }
+        self.put(path, body);
+        (200, self.get(path).unwrap_or_default())
+    }
+
     fn delete(&self, path: &str) -> (u16, Value) {
         let Some(mut obj) = self.get(path) else {
             return (404, status_body(404, "NotFound"));
@@ -203,7 +237,7 @@ fn context(fake: Arc<FakeApi>) -> Arc<Context> {
     context_with(fake, None)
 }
 
-/// A Context whose client talks to `fake`, with `store`; no helper image.
+/// A Context whose client talks to `fake` in-process, with `store`; no helper image.
 fn context_with(fake: Arc<FakeApi>, store: Option<crate::snapshot::store::Store>) -> Arc<Context> {
     let svc = tower::service_fn(move |req: http::Request<Body>| {
         let fake = fake.clone();
@@ -220,7 +254,19 @@ fn context_with(fake: Arc<FakeApi>, store: Option<crate::snapshot::store::Store>
             Ok::<_, std::convert::Infallible>(resp)
         }
     });
-    let client = kube::Client::new(svc, NS);
+    context_on(kube::Client::new(svc, NS), store)
+}
+
+/// A Context whose client talks to `fake` served over loopback HTTP, so that exec works (see
+/// [`served`]), with `store`; no helper image.
+async fn served_context(
+    fake: Arc<FakeApi>,
+    store: Option<crate::snapshot::store::Store>,
+) -> Arc<Context> {
+    context_on(served::serve(fake).await, store)
+}
+
+fn context_on(client: kube::Client, store: Option<crate::snapshot::store::Store>) -> Arc<Context> {
     let config = Config::parse_from([
         "agentbox-operator",
         "--helper-image",
@@ -635,4 +681,287 @@ async fn a_snapshot_of_a_sandbox_without_a_pod_waits_pending_and_writes_once() {
         .await
         .expect("reconcile");
     assert_eq!(fake.writes().len(), 1, "waiting again costs no write");
+}
+
+fn snapshot_of(name: &str, sandbox: &str, status: Value) -> Value {
+    let mut s = json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("snap-{name}"),
+            "finalizers": [super::snapshot::FINALIZER]},
+        "spec": {"sandboxRef": {"name": sandbox}}});
+    if !status.is_null() {
+        s["status"] = status;
+    }
+    s
+}
+
+fn stored_snapshot(fake: &FakeApi, name: &str) -> Arc<SandboxSnapshot> {
+    let v = fake.get(&format!("{SNAPS}/{name}")).expect("stored");
+    Arc::new(serde_json::from_value(v).expect("a snapshot"))
+}
+
+#[tokio::test]
+async fn a_finished_snapshot_costs_no_request() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context_with(
+        fake.clone(),
+        Some(crate::snapshot::store::Store::memory("")),
+    );
+    for (name, phase) in [("done", "Ready"), ("gave-up", "Failed")] {
+        fake.put(
+            &format!("{SNAPS}/{name}"),
+            snapshot_of(name, "gone", json!({"phase": phase})),
+        );
+        let action = super::snapshot::reconcile(stored_snapshot(&fake, name), ctx.clone())
+            .await
+            .expect("reconcile");
+        assert_eq!(action, Action::await_change());
+    }
+    assert_eq!(fake.requests(), 0);
+}
+
+/// A workspace on the host, initialised as the operator leaves one: its marker and a file.
+fn host_workspace(name: &str) -> std::path::PathBuf {
+    let root =
+        std::env::temp_dir().join(format!("agentbox-scenario-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join(crate::remote::STATE_DIR)).expect("state dir");
+    std::fs::write(root.join(crate::remote::MARKER), "pod-uid\n").expect("marker");
+    std::fs::create_dir_all(root.join("src")).expect("src");
+    std::fs::write(root.join("src/main.py"), "print('hi')\n").expect("a file");
+    root
+}
+
+#[tokio::test]
+async fn a_snapshot_of_a_serving_sandbox_is_taken_under_the_guard_and_committed() {
+    let root = host_workspace("take");
+    let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
+    let (fake, ctx, store) = serving_sandbox("busy", &root, initialised).await;
+    fake.put(
+        &format!("{SNAPS}/s1"),
+        snapshot_of("s1", "busy", Value::Null),
+    );
+
+    let action = super::snapshot::reconcile(stored_snapshot(&fake, "s1"), ctx.clone())
+        .await
+        .expect("reconcile");
+    let _ = std::fs::remove_dir_all(&root);
+
+    let s = fake.get(&format!("{SNAPS}/s1")).expect("snapshot");
+    assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
+    assert_eq!(condition(&s, "Ready")["status"], json!("True"));
+    // src/ and src/main.py; the operator's state directory is not archived.
+    assert_eq!(s["status"]["members"], json!(2), "{s:#}");
+    // The object holds exactly what the status says.
+    let key = s["status"]["objectKey"].as_str().expect("an object key");
+    use object_store::ObjectStoreExt;
+    let bytes = store
+        .inner()
+        .get(&object_store::path::Path::from(key))
+        .await
+        .expect("the object")
+        .bytes()
+        .await
+        .expect("its bytes");
+    assert_eq!(s["status"]["sizeBytes"], json!(bytes.len()));
+    use sha2::Digest;
+    assert_eq!(
+        s["status"]["sha256"],
+        json!(hex::encode(sha2::Sha256::digest(&bytes)))
+    );
+    // The sandbox records its newest snapshot.
+    let sbx = fake.get(&format!("{SBX}/busy")).expect("sandbox");
+    assert_eq!(sbx["status"]["lastSnapshot"]["name"], json!("s1"));
+    // Labels, the guard, one status write before the stream and one after it (the guard
+    // released between them), the sandbox's record, one Event.
+    let lease = format!(
+        "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/agentbox-guard-{}",
+        s["status"]["scopeKey"].as_str().expect("scope key")
+    );
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("PATCH {SNAPS}/s1"),
+            "POST /apis/coordination.k8s.io/v1/namespaces/n/leases".to_string(),
+            format!("PATCH {SNAPS}/s1/status"),
+            format!("PUT {lease}"),
+            format!("PATCH {SNAPS}/s1/status"),
+            format!("PATCH {SBX}/busy/status"),
+            format!("POST {EVENTS}"),
+        ]
+    );
+    assert!(fake.requested(&format!("GET {PODS}/{}/exec", pod("busy"))));
+    let held = fake.get(&lease).expect("the lease");
+    assert!(
+        held["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty(),
+        "released: {held:#}"
+    );
+    assert_eq!(action, Action::await_change());
+}
+
+#[tokio::test]
+async fn a_workspace_without_its_marker_is_never_committed() {
+    let root = host_workspace("unmarked");
+    std::fs::remove_file(root.join(crate::remote::MARKER)).expect("marker");
+    let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
+    let (fake, ctx, store) = serving_sandbox("bare", &root, initialised).await;
+    fake.put(
+        &format!("{SNAPS}/s2"),
+        snapshot_of("s2", "bare", Value::Null),
+    );
+    let _ = super::snapshot::reconcile(stored_snapshot(&fake, "s2"), ctx.clone()).await;
+    let _ = std::fs::remove_dir_all(&root);
+    let s = fake.get(&format!("{SNAPS}/s2")).expect("snapshot");
+    assert_ne!(s["status"]["phase"], json!("Ready"), "{s:#}");
+    assert!(s["status"]["sha256"].is_null(), "{s:#}");
+    assert_eq!(s["status"]["attempts"], json!(1));
+    // Nothing is left in the store: no object, no unfinished upload.
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let left: Vec<_> = store
+        .inner()
+        .list(None)
+        .try_collect()
+        .await
+        .expect("a listing");
+    assert!(left.is_empty(), "{left:?}");
+    let sbx = fake.get(&format!("{SBX}/bare")).expect("sandbox");
+    assert!(sbx["status"]["lastSnapshot"].is_null());
+}
+
+/// A served context, a sandbox `name` whose workspace root is `root` on the host, its pod
+/// running, the node root checked: what the sandbox controller needs to reach its init step.
+async fn serving_sandbox(
+    name: &str,
+    root: &std::path::Path,
+    workspace: Value,
+) -> (Arc<FakeApi>, Arc<Context>, crate::snapshot::store::Store) {
+    let fake = Arc::new(FakeApi::default());
+    let store = crate::snapshot::store::Store::memory("");
+    let ctx = served_context(fake.clone(), Some(store.clone())).await;
+    let spec = json!({"workspace": {"root": root.to_string_lossy(),
+        "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]}});
+    let status = json!({"phase": "Pending", "podName": pod(name), "workspace": workspace});
+    fake.put(&format!("{SBX}/{name}"), adopted(name, spec, status));
+    fake.put(
+        &format!("{PODS}/{}", pod(name)),
+        current_pod(&ctx, name, &fake),
+    );
+    let found = noderoot::Found::Checked {
+        nosuid: true,
+        nodev: true,
+        mount: "/".into(),
+    };
+    ctx.node_roots
+        .record("node-1", NS, found, std::time::Instant::now());
+    (fake, ctx, store)
+}
+
+#[tokio::test]
+async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_it_was_lost() {
+    let root = std::env::temp_dir().join(format!("agentbox-scenario-init-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).expect("root");
+    let (fake, ctx, _) = serving_sandbox("init", &root, json!({"rootReady": true})).await;
+    reconcile_sandbox(&fake, &ctx, "init").await;
+    let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
+    let marker = root.join(crate::remote::MARKER).exists();
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(todo.expect("the spec's file written"), "ship it\n");
+    assert!(marker, "the marker written");
+    assert!(fake.requested(&format!("GET {PODS}/{}/exec", pod("init"))));
+    // No snapshot to restore: branch D, reported as a loss, since the root had been
+    // prepared before.
+    assert_started(&fake, "init", "D", "WorkspaceReinitialized");
+    let status_writes = fake
+        .writes()
+        .iter()
+        .filter(|w| w.ends_with("/status"))
+        .count();
+    assert_eq!(status_writes, 1, "{:?}", fake.writes());
+}
+
+#[tokio::test]
+async fn a_workspace_initialised_by_an_earlier_pod_is_reattached_as_it_is() {
+    let root = host_workspace("reattach");
+    std::fs::write(root.join("src/main.py"), "edited\n").expect("an edit");
+    let (fake, ctx, _) = serving_sandbox(
+        "again",
+        &root,
+        json!({"rootReady": true, "initializedPodUid": "an-earlier-pod"}),
+    )
+    .await;
+    reconcile_sandbox(&fake, &ctx, "again").await;
+    let kept = std::fs::read_to_string(root.join("src/main.py"));
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(kept.expect("the file"), "edited\n", "the workspace is kept");
+    assert_started(&fake, "again", "A", "WorkspaceReused");
+}
+
+/// The sandbox `name` is Ready, initialised in the current pod, through `branch` for `reason`.
+fn assert_started(fake: &FakeApi, name: &str, branch: &str, reason: &str) {
+    let s = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
+    let w = &s["status"]["workspace"];
+    assert_eq!(w["initializedPodUid"], json!("pod-uid"), "{s:#}");
+    assert_eq!(w["lastStartBranch"], json!(branch), "{s:#}");
+    assert_eq!(condition(&s, "WorkspaceReady")["reason"], json!(reason));
+}
+
+/// The condition `type_` of an object's status.
+fn condition(obj: &Value, type_: &str) -> Value {
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {type_} condition in {obj:#}"))
+}
+
+#[tokio::test]
+async fn a_lost_workspace_comes_back_from_the_newest_snapshot_through_branch_b() {
+    let root = host_workspace("recover");
+    let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
+    let (fake, ctx, _) = serving_sandbox("rec", &root, initialised).await;
+    fake.put(
+        &format!("{SNAPS}/s1"),
+        snapshot_of("s1", "rec", Value::Null),
+    );
+    super::snapshot::reconcile(stored_snapshot(&fake, "s1"), ctx.clone())
+        .await
+        .expect("the snapshot");
+    assert_eq!(
+        fake.get(&format!("{SNAPS}/s1")).expect("s1")["status"]["phase"],
+        json!("Ready")
+    );
+    // The node lost the workspace; the sandbox's pod is a new one.
+    std::fs::remove_dir_all(&root).expect("lose it");
+    std::fs::create_dir_all(&root).expect("an empty root");
+    let mut sbx = fake.get(&format!("{SBX}/rec")).expect("sandbox");
+    // (The fake stores a status patch as the whole status, so the snapshot's record of
+    // itself replaced what the sandbox controller wrote; the API server would merge them.)
+    sbx["status"]["podName"] = json!(pod("rec"));
+    sbx["status"]["workspace"] = json!({"rootReady": true, "initializedPodUid": "a-lost-pod"});
+    fake.put(&format!("{SBX}/rec"), sbx);
+
+    reconcile_sandbox(&fake, &ctx, "rec").await;
+    let back = std::fs::read_to_string(root.join("src/main.py"));
+    let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
+    let staged: Vec<String> = std::fs::read_dir(root.join(crate::remote::STATE_DIR))
+        .expect("the state directory")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("staging-") || n.starts_with("old-"))
+        .collect();
+    let _ = std::fs::remove_dir_all(&root);
+    assert_started(&fake, "rec", "B", "WorkspaceRecovered");
+    assert_eq!(back.expect("restored"), "print('hi')\n");
+    assert!(todo.is_err(), "branch B writes only the ephemeral files");
+    assert!(
+        staged.is_empty(),
+        "nothing of the restore is left behind: {staged:?}"
+    );
+    let s = fake.get(&format!("{SBX}/rec")).expect("sandbox");
+    assert_eq!(s["status"]["restoredFrom"], json!("s1"), "{s:#}");
 }
