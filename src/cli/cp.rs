@@ -51,6 +51,7 @@ pub(super) async fn cp(sbx: &Sandboxes, src: &str, dst: &str) -> Result<ExitCode
                 }
                 Err(e) => return Err(e.into()),
             }
+            progress.done();
             Ok(ExitCode::SUCCESS)
         }
         (None, Some((name, path))) => {
@@ -68,6 +69,7 @@ pub(super) async fn cp(sbx: &Sandboxes, src: &str, dst: &str) -> Result<ExitCode
                 h.write_file(path, bytes).await?;
                 progress.counter()(len);
             }
+            progress.done();
             Ok(ExitCode::SUCCESS)
         }
         _ => Err(Fail(

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// A spinner line with a message and, for transfers, the bytes so far; cleared when dropped
-/// (also on an error path, so the error line stands alone).
+/// A spinner line with a message and, for transfers, the bytes so far. [`Progress::done`]
+/// leaves its final state on the terminal (what was copied); dropped without it (an error
+/// path) the line is cleared, so the error line stands alone.
 pub(super) struct Progress(ProgressBar);
 
 impl Progress {
@@ -53,6 +54,14 @@ impl Progress {
         move |m| bar.set_message(m)
     }
 
+    /// Ends a task that succeeded: the line is drawn once more with its final count and kept
+    /// (a redraw is otherwise at most every tick, so a fast copy could end showing 0 B).
+    pub fn done(self) {
+        if !self.0.is_hidden() {
+            self.0.finish();
+        }
+    }
+
     /// The bytes counted so far.
     #[cfg(test)]
     fn position(&self) -> u64 {
@@ -62,7 +71,10 @@ impl Progress {
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        self.0.finish_and_clear();
+        // Finished by `done`: keep the final line.
+        if !self.0.is_finished() {
+            self.0.finish_and_clear();
+        }
     }
 }
 
