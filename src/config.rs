@@ -113,6 +113,13 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_S3_ALLOW_HTTP", default_value_t = false, action = clap::ArgAction::Set)]
     pub s3_allow_http: bool,
 
+    /// Sign each S3 request's body (SigV4 signed payload). Off by default: the archive's
+    /// SHA-256 is recorded in the snapshot's status and checked on every restore, so signing
+    /// adds a second hash pass over every byte, on both ends, for no integrity the restore does
+    /// not already check. Turn it on for a server that refuses `UNSIGNED-PAYLOAD`.
+    #[arg(long, env = "AGENTBOX_S3_SIGN_PAYLOAD", default_value_t = false, action = clap::ArgAction::Set)]
+    pub s3_sign_payload: bool,
+
     /// Restore: largest snapshot archive in bytes (0: no limit). The restore limits also
     /// bound snapshots: one that could not be restored fails instead of becoming Ready.
     #[arg(long, env = "AGENTBOX_RESTORE_MAX_INPUT_BYTES", default_value_t = 1u64 << 30)]
@@ -191,6 +198,7 @@ impl Config {
             s3_region: self.s3_region.clone(),
             s3_path_style: self.s3_path_style,
             s3_allow_http: self.s3_allow_http,
+            s3_sign_payload: self.s3_sign_payload,
         })
     }
 
@@ -297,6 +305,9 @@ mod tests {
         .unwrap();
         let s = c.store().unwrap();
         assert!(s.s3_path_style && !s.s3_allow_http);
+        assert!(!s.s3_sign_payload, "payloads are unsigned unless asked");
+        let signed = Config::parse_from(["agentbox-operator", "--s3-sign-payload", "true"]);
+        assert!(signed.store().unwrap().s3_sign_payload);
         assert_eq!(s.s3_endpoint, "http://127.0.0.1:9000");
         assert_eq!(c.restore_limits().max_members, 10);
         let off = Config::parse_from(["agentbox-operator", "--store-url", ""]);

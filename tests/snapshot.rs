@@ -109,6 +109,10 @@ fn backend(kind: Kind, ns: &str) -> Backend {
                     "true".into(),
                     "--s3-allow-http".into(),
                     "true".into(),
+                    // Both request-signing modes run: the default (unsigned payload) against
+                    // s3s-fs, which checks every request's signature, signed against moto.
+                    "--s3-sign-payload".into(),
+                    (kind == Kind::S3Moto).to_string(),
                 ],
                 envs: vars
                     .iter()

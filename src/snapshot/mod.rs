@@ -463,6 +463,7 @@ mod tests {
             s3_region: String::new(),
             s3_path_style: false,
             s3_allow_http: false,
+            s3_sign_payload: false,
         })
         .unwrap();
         let key = store.keys("ns", "key", "uid").object;

@@ -45,6 +45,8 @@ pub struct StoreConfig {
     pub s3_path_style: bool,
     /// Allow plain HTTP to the endpoint.
     pub s3_allow_http: bool,
+    /// Sign request bodies (SigV4 signed payload) instead of sending `UNSIGNED-PAYLOAD`.
+    pub s3_sign_payload: bool,
 }
 
 /// Store failures.
@@ -228,7 +230,9 @@ impl Store {
                 let mut b = AmazonS3Builder::from_env()
                     .with_bucket_name(bucket()?)
                     .with_virtual_hosted_style_request(!cfg.s3_path_style)
-                    .with_allow_http(cfg.s3_allow_http);
+                    .with_allow_http(cfg.s3_allow_http)
+                    // Unsigned unless asked: the archive's digest is checked end to end.
+                    .with_unsigned_payload(!cfg.s3_sign_payload);
                 if !cfg.s3_region.is_empty() {
                     b = b.with_region(&cfg.s3_region);
                 }
@@ -449,6 +453,7 @@ mod tests {
             s3_region: "us-east-1".into(),
             s3_path_style: true,
             s3_allow_http: true,
+            s3_sign_payload: false,
         }
     }
 

@@ -728,6 +728,7 @@ pub fn file_store(
         s3_region: String::new(),
         s3_path_style: false,
         s3_allow_http: false,
+        s3_sign_payload: false,
     })
     .expect("file store");
     let flags = vec![
