@@ -67,8 +67,13 @@ extra_node_indexes() { # indexes of the nodes >= 2 that have state
 
 node_ctr() { ctr -n k8s.io --address "$N_SOCK" "$@"; }
 
-node_ready_named() { # name
-  [[ $(kc get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
+node_ready_named() { # name [since]: Ready, and (with since, an RFC 3339 UTC time) the node's
+  # Lease renewed since then: a node stopped and started within the grace still shows Ready.
+  [[ $(kc get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]] || return 1
+  [[ -z ${2:-} ]] && return 0
+  local renewed
+  renewed=$(kc -n kube-node-lease get lease "$1" -o 'jsonpath={.spec.renewTime}' 2>/dev/null) || return 1
+  [[ -n $renewed && ! $renewed < $2 ]]
 }
 
 write_node_configs() { # the CNI network, containerd and kubelet configuration of node N_I
@@ -217,8 +222,12 @@ EOF
 # mount namespace: bind the node's own directories over the shared paths, then exec containerd.
 # Its kubelet joins this namespace (nsenter), and so do the shims, runc and containers it starts.
 # shellcheck disable=SC2016 # expanded by that bash, from its arguments
+# The new namespace starts with private copies of the host's mounts: drop those of node 1 under
+# the state dir (its pods' rootfs, volumes, netns), or this node would pin them until it stops.
 NODE_NS_SETUP='set -e
-root=$1 dir=$2; shift 2
+root=$1 dir=$2 state=$3; shift 3
+awk -v s="$state/" '"'"'index($5, s) == 1 {print $5}'"'"' /proc/self/mountinfo | sort -r |
+  while IFS= read -r m; do umount -l "$(printf "%b" "$m")" 2>/dev/null || true; done
 mount --bind "$dir/disk/workspaces" "$root"
 mount -o remount,bind,nosuid,nodev "$root"
 for p in /var/lib/kubelet /var/lib/cni /var/log/containers; do
@@ -248,7 +257,7 @@ start_containerd() { # node N_I's containerd, with its state as it is
   if ((N_I == 1)); then
     start_proc containerd /usr/bin/containerd --config "$CONF/containerd.toml"
   else
-    LAUNCH=(unshare --mount --propagation private -- bash -c "$NODE_NS_SETUP" node-ns "$NODE_ROOT" "$N_DIR")
+    LAUNCH=(unshare --mount --propagation private -- bash -c "$NODE_NS_SETUP" node-ns "$NODE_ROOT" "$N_DIR" "$STATE")
     start_proc "${N_PROC}containerd" /usr/bin/containerd --config "$N_CONF/containerd.toml"
     LAUNCH=()
   fi
@@ -285,8 +294,10 @@ start_node() { # containerd, images and kubelet of node N_I; waits until the Nod
   wait_containerd
   import_images
   ensure_base_image_names
+  # Ready as posted by this kubelet: after a quick stop/start the API still shows the old status.
+  local since; since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   start_kubelet
-  wait_comp "${N_PROC}kubelet" "node $N_NAME Ready" 90 node_ready_named "$N_NAME"
+  wait_comp "${N_PROC}kubelet" "node $N_NAME Ready" 90 node_ready_named "$N_NAME" "$since"
 }
 
 # A node lost at once: SIGKILL (by PID) its kubelet, its containerd, its pods' shims and every
@@ -349,6 +360,7 @@ up_extra_nodes() { # count: nodes 2..count up (added to a running cluster; kept 
 }
 
 cmd_stop_node() { # name
+  pick_kubectl
   local i; i=$(node_index "${1:?usage: $0 stop-node NAME}")
   use_node "$i"
   kill_node
@@ -356,6 +368,7 @@ cmd_stop_node() { # name
 }
 
 cmd_start_node() { # name
+  pick_kubectl
   local i; i=$(node_index "${1:?usage: $0 start-node NAME}")
   use_node "$i"
   [[ -s $N_CONF/kubelet.yaml ]] || die "node $N_NAME was never created (hack/cluster up --nodes $i)"
