@@ -67,7 +67,7 @@ extra_node_indexes() { # indexes of the nodes >= 2 that have state
 
 node_ctr() { ctr -n k8s.io --address "$N_SOCK" "$@"; }
 
-node_ready_named() { # name [since]: Ready, and (with since, an RFC 3339 UTC time) the node's
+node_ready_named() { # name [since]: Ready, and (with since, RFC 3339 UTC, microseconds) the node's
   # Lease renewed since then: a node stopped and started within the grace still shows Ready.
   [[ $(kc get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]] || return 1
   [[ -z ${2:-} ]] && return 0
@@ -295,7 +295,7 @@ start_node() { # containerd, images and kubelet of node N_I; waits until the Nod
   import_images
   ensure_base_image_names
   # Ready as posted by this kubelet: after a quick stop/start the API still shows the old status.
-  local since; since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  local since; since=$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ) # the Lease's renewTime format
   start_kubelet
   wait_comp "${N_PROC}kubelet" "node $N_NAME Ready" 90 node_ready_named "$N_NAME" "$since"
 }
@@ -322,7 +322,8 @@ kill_node() {
 }
 
 # Everything node N_I (>= 2) made on this machine: its processes, bridge, cgroups, stale shim
-# sockets and its directory (state, disk and workspaces). The API's Node object is not touched.
+# sockets, its directory (state, disk and workspaces) and its /etc/hosts line. The API's Node
+# object is not touched.
 remove_node_local() {
   kill_node
   ip link show "$N_BRIDGE" >/dev/null 2>&1 && ip link del "$N_BRIDGE" 2>/dev/null || true
@@ -332,6 +333,13 @@ remove_node_local() {
   done
   drop_dead_shim_sockets
   rm -rf --one-file-system "$N_DIR" "$N_PODLOGS"
+  # its /etc/hosts line (node 1's stays, as it always has), rewritten in place: /etc/hosts may
+  # be a bind mount that a rename (sed -i) cannot replace
+  local line="$N_IP $N_NAME # agentbox test cluster (hack/cluster)" hosts
+  if grep -qxF "$line" /etc/hosts; then
+    hosts=$(grep -vxF "$line" /etc/hosts)
+    printf '%s\n' "$hosts" >/etc/hosts
+  fi
 }
 
 # ---------------------------------------------------------------------- node commands ---
@@ -419,7 +427,7 @@ status_extra_nodes() { # prints the nodes >= 2 (a stopped one is a state, not a 
 running_flag() { # component flag default
   local pid args=() i
   if pid=$(pid_of "$1"); then
-    mapfile -d '' -t args <"/proc/$pid/cmdline" 2>/dev/null || true
+    mapfile -d '' -t args 2>/dev/null <"/proc/$pid/cmdline" || true
     for ((i = 0; i < ${#args[@]}; i++)); do
       [[ ${args[i]} == "$2="* ]] && { echo "${args[i]#*=}"; return 0; }
       [[ ${args[i]} == "$2" && $((i + 1)) -lt ${#args[@]} ]] && { echo "${args[i + 1]}"; return 0; }
