@@ -333,6 +333,7 @@ remove_node_local() {
   done
   drop_dead_shim_sockets
   rm -rf --one-file-system "$N_DIR" "$N_PODLOGS"
+  rmdir "$STATE/nodes" 2>/dev/null || true
   # its /etc/hosts line (node 1's stays, as it always has), rewritten in place: /etc/hosts may
   # be a bind mount that a rename (sed -i) cannot replace
   local line="$N_IP $N_NAME # agentbox test cluster (hack/cluster)" hosts
