@@ -1,0 +1,269 @@
+//! Two nodes on one machine (`hack/cluster up --nodes 2`; hack/test starts the second node for
+//! this binary only): each node has a workspace root of its own, the same kind of mount on both
+//! (nosuid,nodev, root-only), and `hack/cluster stop-node` / `start-node` lose a node abruptly
+//! (it goes NotReady/unreachable) and bring it back Ready with its state.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use agentbox::exec::{self, ExecRequest};
+use common::TestEnv;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::conditions::is_pod_running;
+
+/// Tests here stop node 2 or need it Ready: one at a time.
+static NODE2: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Where each probe pod sees its node's workspace root (`hostPath` of the operator's nodeRoot).
+const ROOT_IN_POD: &str = "/nodes";
+
+/// The node names `hack/cluster env` exports: node 1, node 2.
+fn node_names() -> (String, String) {
+    let names = std::env::var("AGENTBOX_NODE_NAMES").unwrap_or_default();
+    let mut it = names.split_whitespace().map(str::to_owned);
+    match (it.next(), it.next()) {
+        (Some(a), Some(b)) => (a, b),
+        _ => panic!(
+            "two nodes needed (AGENTBOX_NODE_NAMES={names:?}): \
+             hack/cluster up --nodes 2 && eval \"$(hack/cluster env)\""
+        ),
+    }
+}
+
+/// Runs `hack/cluster ARGS`, panicking with its output when it fails.
+fn cluster(args: &[&str]) {
+    let out = Command::new(common::repo_root().join("hack/cluster"))
+        .args(args)
+        .output()
+        .expect("run hack/cluster");
+    assert!(
+        out.status.success(),
+        "hack/cluster {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A keep-alive pod bound to `node` with the node's workspace root mounted at ROOT_IN_POD. It
+/// tolerates node 2's test taint, and a lost node for ever (so a stop/start does not evict it).
+fn probe_pod(name: &str, node: &str) -> Pod {
+    let tolerate = |key: &str, effect: &str| serde_json::json!({"key": key, "operator": "Exists", "effect": effect});
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [
+                tolerate("agentbox.dev/test-node", "NoSchedule"),
+                tolerate("node.kubernetes.io/unreachable", "NoExecute"),
+                tolerate("node.kubernetes.io/not-ready", "NoExecute"),
+            ],
+            "containers": [{
+                "name": "sandbox",
+                "image": common::BASE_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", agentbox::controller::pod::KEEP_ALIVE],
+                "volumeMounts": [{"name": "root", "mountPath": ROOT_IN_POD}],
+                "securityContext": {"allowPrivilegeEscalation": false}
+            }],
+            "volumes": [{"name": "root", "hostPath": {"path": common::NODE_ROOT, "type": "Directory"}}]
+        }
+    }))
+    .expect("pod")
+}
+
+async fn start_probe(env: &TestEnv, name: &str, node: &str) {
+    env.api::<Pod>()
+        .create(&PostParams::default(), &probe_pod(name, node))
+        .await
+        .expect("create probe pod");
+    env.wait_for::<Pod>(name, 120, is_pod_running()).await;
+}
+
+/// Runs `script` in the probe pod; (exit code, stdout).
+async fn sh(env: &TestEnv, pod: &str, script: &str) -> (Option<i32>, String) {
+    common::sh(env, pod, script).await
+}
+
+fn ready_status(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+fn has_taint(node: &Node, key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
+/// Polls the Node until `cond` holds; panics with its last state after `secs`.
+async fn wait_node(
+    nodes: &Api<Node>,
+    name: &str,
+    secs: u64,
+    what: &str,
+    cond: impl Fn(&Node) -> bool,
+) {
+    let mut last = None;
+    for _ in 0..secs {
+        if let Ok(n) = nodes.get(name).await {
+            if cond(&n) {
+                return;
+            }
+            last = Some((ready_status(&n), n.spec.and_then(|s| s.taints)));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("node {name} not {what} after {secs}s; last (Ready, taints): {last:?}");
+}
+
+#[tokio::test]
+async fn a_workspace_on_one_node_is_invisible_on_the_other() {
+    let _one_at_a_time = NODE2.lock().await;
+    let (node1, node2) = node_names();
+    let env = TestEnv::new("nodes").await;
+    start_probe(&env, "on-node-1", &node1).await;
+    start_probe(&env, "on-node-2", &node2).await;
+    let ws = format!("{ROOT_IN_POD}/{}/ws", env.ns);
+
+    for (pod, file) in [("on-node-1", "from-node-1"), ("on-node-2", "from-node-2")] {
+        let (code, _) = sh(
+            &env,
+            pod,
+            &format!("mkdir -p {ws} && echo {file} > {ws}/{file}"),
+        )
+        .await;
+        assert_eq!(code, Some(0), "write {file}");
+    }
+    // Same path, two nodes: each sees only its own file.
+    for (pod, file) in [("on-node-1", "from-node-1"), ("on-node-2", "from-node-2")] {
+        let (code, listing) = sh(&env, pod, &format!("ls -A {ws}")).await;
+        assert_eq!(
+            (code, listing.as_str()),
+            (Some(0), format!("{file}\n").as_str()),
+            "{pod}"
+        );
+    }
+    // This process runs on the host, node 1: it sees node 1's file and never node 2's.
+    let on_host = std::path::Path::new(common::NODE_ROOT)
+        .join(&env.ns)
+        .join("ws");
+    assert!(
+        on_host.join("from-node-1").exists(),
+        "node 1's file on the host"
+    );
+    assert!(
+        !on_host.join("from-node-2").exists(),
+        "node 2's file leaked to the host"
+    );
+
+    // Both roots are the same kind of mount: nosuid,nodev, root-only.
+    for pod in ["on-node-1", "on-node-2"] {
+        let (code, out) = sh(
+            &env,
+            pod,
+            &format!("awk '$5 == \"{ROOT_IN_POD}\" {{print $6}}' /proc/self/mountinfo; stat -c %a {ROOT_IN_POD}"),
+        )
+        .await;
+        assert_eq!(code, Some(0));
+        let mut lines = out.lines();
+        let opts = format!(",{},", lines.next().unwrap_or_default());
+        assert!(
+            opts.contains(",nosuid,") && opts.contains(",nodev,"),
+            "{pod}: mount options {opts}"
+        );
+        assert_eq!(
+            lines.next(),
+            Some("700"),
+            "{pod}: mode of the workspace root"
+        );
+    }
+
+    for pod in ["on-node-1", "on-node-2"] {
+        let (code, _) = sh(&env, pod, &format!("rm -rf {ROOT_IN_POD}/{}", env.ns)).await;
+        assert_eq!(code, Some(0), "clean up on {pod}");
+    }
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_stopped_node_goes_not_ready_and_comes_back_with_its_state() {
+    let _one_at_a_time = NODE2.lock().await;
+    let (_, node2) = node_names();
+    let grace: u64 = std::env::var("AGENTBOX_NODE_GRACE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let env = TestEnv::new("nodes").await;
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    start_probe(&env, "keeper", &node2).await;
+    let dir = format!("{ROOT_IN_POD}/{}", env.ns);
+    let (code, _) = sh(
+        &env,
+        "keeper",
+        &format!("mkdir -p {dir} && echo kept > {dir}/keep"),
+    )
+    .await;
+    assert_eq!(code, Some(0));
+
+    cluster(&["stop-node", &node2]);
+    // The controller-manager notices after its node grace (plus its 5 s monitor period): Ready
+    // is no longer True and the node carries the unreachable taint the node-loss logic keys on.
+    wait_node(&nodes, &node2, grace + 60, "unreachable", |n| {
+        ready_status(n).as_deref() != Some("True") && has_taint(n, "node.kubernetes.io/unreachable")
+    })
+    .await;
+    // Exec is refused while the node is down (its kubelet is gone).
+    let pods = env.api::<Pod>();
+    let req =
+        || ExecRequest::argv(["cat", &format!("{dir}/keep")]).timeout(Duration::from_secs(10));
+    assert!(
+        exec::run(&pods, "keeper", "sandbox", req()).await.is_err(),
+        "exec on a stopped node"
+    );
+
+    cluster(&["start-node", &node2]);
+    wait_node(
+        &nodes,
+        &node2,
+        120,
+        "Ready without the unreachable taint",
+        |n| {
+            ready_status(n).as_deref() == Some("True")
+                && !has_taint(n, "node.kubernetes.io/unreachable")
+        },
+    )
+    .await;
+    // The kubelet starts the pod's sandbox again; the node's disk kept the file.
+    let mut last = String::new();
+    let mut kept = false;
+    for _ in 0..120 {
+        match exec::run(&pods, "keeper", "sandbox", req()).await {
+            Ok(out) if out.stdout_str() == "kept\n" => {
+                kept = true;
+                break;
+            }
+            Ok(out) => last = format!("{:?} {:?}", out.status, out.stdout_str()),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        kept,
+        "the file on node 2's disk after start-node; last: {last}"
+    );
+
+    let (code, _) = sh(&env, "keeper", &format!("rm -rf {dir}")).await;
+    assert_eq!(code, Some(0));
+    env.finish().await;
+}
