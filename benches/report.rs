@@ -153,6 +153,7 @@ fn rows(f: &Figures) -> Vec<Row> {
 
     for (store, name) in [
         ("file", "file"),
+        ("s3minio", "s3 (MinIO)"),
         ("s3", "s3 (s3s-fs)"),
         ("s3moto", "s3 (moto)"),
     ] {

@@ -10,8 +10,8 @@
 //!   (one validating, extracting pass, then the swap);
 //! - the operator's peak RSS growth over its idle RSS (`VmHWM` − `VmRSS` before the run).
 //!
-//! `BENCH_STORE=s3` uses the fast S3-compatible server of `hack/s3` (s3s-fs) instead of a
-//! `file://` store, `BENCH_STORE=s3-moto` its moto server.
+//! `BENCH_STORE=s3` uses the S3-compatible s3s-fs server of `hack/s3` instead of a `file://`
+//! store, `BENCH_STORE=s3-minio` its MinIO server, `BENCH_STORE=s3-moto` its moto server.
 //! With `BENCH_RESULTS` set, each figure is also appended to that file as a JSON line.
 //!
 //! `BENCH_SMALL_FILES=N` measures a workspace of N files of a few bytes instead (what
@@ -140,9 +140,17 @@ async fn run(client: &Client, ns: &str, mib: u64, small: u64) -> Res<()> {
             &(small + 1000).max(100_000).to_string(),
         ]);
     let store_kind = std::env::var("BENCH_STORE").unwrap_or_default();
-    let label = if store_kind == "s3" || store_kind == "s3-moto" {
+    // The S3-compatible servers of hack/s3: its env variable for the endpoint, the label.
+    let s3 = match store_kind.as_str() {
+        "s3" => Some(("AGENTBOX_TEST_S3_ENDPOINT", "s3 (hack/s3: s3s-fs)")),
+        "s3-moto" => Some(("AGENTBOX_TEST_S3_MOTO_ENDPOINT", "s3 (hack/s3: moto)")),
+        "s3-minio" => Some(("AGENTBOX_TEST_S3_MINIO_ENDPOINT", "s3 (hack/s3: MinIO)")),
+        _ => None,
+    };
+    let label = if let Some((endpoint_var, label)) = s3 {
         let out = Command::new(repo_root().join("hack/s3"))
             .arg("up")
+            .args((store_kind == "s3-minio").then_some("minio"))
             .status()?;
         if !out.success() {
             return Err("hack/s3 up failed".into());
@@ -166,25 +174,12 @@ async fn run(client: &Client, ns: &str, mib: u64, small: u64) -> Res<()> {
             "--store-url",
             &format!("s3://{}", get("AGENTBOX_TEST_S3_BUCKET")),
         ])
-        .args([
-            "--store-prefix",
-            ns,
-            "--s3-endpoint",
-            &get(if store_kind == "s3" {
-                "AGENTBOX_TEST_S3_ENDPOINT"
-            } else {
-                "AGENTBOX_TEST_S3_MOTO_ENDPOINT"
-            }),
-        ])
+        .args(["--store-prefix", ns, "--s3-endpoint", &get(endpoint_var)])
         .args(["--s3-path-style", "true", "--s3-allow-http", "true"]);
         for (k, v) in vars.iter().filter(|(k, _)| k.starts_with("AWS_")) {
             cmd.env(k, v);
         }
-        if store_kind == "s3" {
-            "s3 (hack/s3: s3s-fs)"
-        } else {
-            "s3 (hack/s3: moto)"
-        }
+        label
     } else {
         cmd.args(["--store-url", &format!("file://{store_dir}")]);
         "file://"
@@ -211,6 +206,7 @@ async fn run(client: &Client, ns: &str, mib: u64, small: u64) -> Res<()> {
         let store = match store_kind.as_str() {
             "s3" => "s3",
             "s3-moto" => "s3moto",
+            "s3-minio" => "s3minio",
             _ => "file",
         };
         let ctx = Ctx {
