@@ -5,131 +5,21 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
 use agentbox::labels;
-use agentbox::snapshot::store::Store;
 use common::{
-    NODE_ROOT, TestEnv, create_sandbox, listing, phase_is, raw, raw_header, repo_root, sh,
+    NODE_ROOT, TestEnv, create_sandbox, listing, phase_is, raw, raw_header, sh,
     snapshot_finished as finished, take_snapshot,
 };
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use object_store::ObjectStoreExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    File,
-    /// The fast S3-compatible server of `hack/s3` (s3s-fs).
-    S3,
-    /// moto's server, the one the first S3 tests were written against: kept for two
-    /// scenarios, so the operator keeps working with more than one S3 implementation.
-    S3Moto,
-}
-
-/// Where a scenario's operator stores snapshots, and a client of the same store.
-struct Backend {
-    flags: Vec<String>,
-    envs: Vec<(String, String)>,
-    store: Store,
-    dir: Option<PathBuf>,
-}
-
-fn s3_env() -> Vec<(String, String)> {
-    let s3 = repo_root().join("hack/s3");
-    let up = std::process::Command::new(&s3)
-        .arg("up")
-        .status()
-        .expect("run hack/s3 up");
-    assert!(up.success(), "hack/s3 up failed");
-    let out = std::process::Command::new(&s3)
-        .arg("env")
-        .output()
-        .expect("run hack/s3 env");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("export "))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn backend(kind: Kind, ns: &str) -> Backend {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    match kind {
-        Kind::File => {
-            let (flags, store, dir) = common::file_store(ns);
-            Backend {
-                flags,
-                envs: Vec::new(),
-                store,
-                dir: Some(dir),
-            }
-        }
-        Kind::S3 | Kind::S3Moto => {
-            let vars = s3_env();
-            let get = |k: &str| {
-                vars.iter()
-                    .find(|(n, _)| n == k)
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_else(|| panic!("hack/s3 env has no {k}"))
-            };
-            let endpoint = get(if kind == Kind::S3 {
-                "AGENTBOX_TEST_S3_ENDPOINT"
-            } else {
-                "AGENTBOX_TEST_S3_MOTO_ENDPOINT"
-            });
-            let bucket = get("AGENTBOX_TEST_S3_BUCKET");
-            let s3 = object_store::aws::AmazonS3Builder::new()
-                .with_bucket_name(&bucket)
-                .with_endpoint(&endpoint)
-                .with_region(get("AWS_REGION"))
-                .with_access_key_id(get("AWS_ACCESS_KEY_ID"))
-                .with_secret_access_key(get("AWS_SECRET_ACCESS_KEY"))
-                .with_allow_http(true)
-                .with_virtual_hosted_style_request(false)
-                .build()
-                .expect("s3 client");
-            Backend {
-                flags: vec![
-                    "--store-url".into(),
-                    format!("s3://{bucket}"),
-                    "--store-prefix".into(),
-                    ns.to_string(),
-                    "--s3-endpoint".into(),
-                    endpoint,
-                    "--s3-path-style".into(),
-                    "true".into(),
-                    "--s3-allow-http".into(),
-                    "true".into(),
-                    // Both request-signing modes run: the default (unsigned payload) against
-                    // s3s-fs, which checks every request's signature, signed against moto.
-                    "--s3-sign-payload".into(),
-                    (kind == Kind::S3Moto).to_string(),
-                ],
-                envs: vars
-                    .iter()
-                    .filter(|(k, _)| k.starts_with("AWS_"))
-                    .cloned()
-                    .collect(),
-                store: Store::from_object_store(Arc::new(s3), ns),
-                dir: None,
-            }
-        }
-    }
-}
-
-fn start(env: &mut TestEnv, b: &Backend) -> usize {
-    let flags: Vec<&str> = b.flags.iter().map(String::as_str).collect();
-    env.start_operator_env(&flags, &b.envs)
-}
+use common::store::{Backend, Kind, backend, check_committed, keys_of, start, upload_alive};
 
 fn spec(user: &str, extra: serde_json::Value) -> serde_json::Value {
     let mut s = json!({
@@ -161,59 +51,6 @@ fn branch(s: &Sandbox) -> Option<StartBranch> {
 
 async fn ready(env: &TestEnv, name: &str) -> Sandbox {
     env.wait_for::<Sandbox>(name, 300, phase_is("Ready")).await
-}
-
-/// SHA-256 and size of an object, streamed.
-async fn object_digest(store: &Store, key: &object_store::path::Path) -> (String, u64) {
-    let mut body = store
-        .inner()
-        .get(key)
-        .await
-        .expect("get object")
-        .into_stream();
-    let mut h = Sha256::new();
-    let mut n = 0u64;
-    while let Some(c) = body.next().await {
-        let c = c.expect("read object");
-        n += c.len() as u64;
-        h.update(&c);
-    }
-    (hex::encode(h.finalize()), n)
-}
-
-fn keys_of(
-    b: &Backend,
-    env: &TestEnv,
-    s: &SandboxSnapshot,
-) -> agentbox::snapshot::store::SnapshotKeys {
-    let st = s.status.as_ref().expect("status");
-    b.store.keys(
-        &env.ns,
-        st.scope_key.as_deref().expect("scope key"),
-        &s.uid().expect("uid"),
-    )
-}
-
-/// Checks a Ready snapshot against its object and manifest.
-async fn check_committed(b: &Backend, env: &TestEnv, s: &SandboxSnapshot) {
-    let st = s.status.as_ref().expect("status");
-    let keys = keys_of(b, env, s);
-    assert_eq!(st.object_key.as_deref(), Some(keys.object.as_ref()));
-    let (sha, size) = object_digest(&b.store, &keys.object).await;
-    assert_eq!(st.sha256.as_deref(), Some(sha.as_str()));
-    assert_eq!(st.size_bytes, Some(size as i64));
-    assert!(st.members.unwrap_or(0) > 0);
-    assert!(st.fencing_token.unwrap_or(0) > 0);
-    assert!(st.started_at.is_some() && st.completed_at.is_some());
-    let m = b
-        .store
-        .get_manifest(&keys.manifest)
-        .await
-        .expect("manifest")
-        .expect("manifest present");
-    assert_eq!((m.sha256.as_str(), m.size_bytes), (sha.as_str(), size));
-    assert_eq!(m.members as i64, st.members.unwrap_or(0));
-    assert_eq!(b.store.size(&keys.temp).await.expect("head temp"), None);
 }
 
 async fn fill(env: &TestEnv, pod: &str, script: &str) {
@@ -693,57 +530,6 @@ async fn killed_mid_upload(kind: Kind) {
         assert!(left.is_empty(), "staged upload files left: {left:?}");
     }
     finish(env, &b).await;
-}
-
-/// Whether multipart upload `id` to `key` still holds parts in the backend's bucket: ListParts
-/// (both servers have it; s3s-fs has no ListMultipartUploads) answers 200 with a part. s3s-fs
-/// answers 200 with no parts for an unknown id, moto 404. Asked with curl's SigV4 signing,
-/// since s3s-fs checks signatures.
-fn upload_alive(b: &Backend, key: &object_store::path::Path, id: &str) -> bool {
-    let get = |k: &str| {
-        b.envs
-            .iter()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
-    };
-    let endpoint = b
-        .flags
-        .iter()
-        .skip_while(|f| *f != "--s3-endpoint")
-        .nth(1)
-        .expect("an S3 backend");
-    let bucket = b
-        .flags
-        .iter()
-        .find_map(|f| f.strip_prefix("s3://"))
-        .expect("an S3 backend");
-    let url = format!(
-        "{endpoint}/{bucket}/{key}?uploadId={id}",
-        key = key.as_ref()
-    );
-    let out = std::process::Command::new("curl")
-        .args(["-sS", "-w", "\n%{http_code}", "--max-time", "10"])
-        .arg("--aws-sigv4")
-        .arg(format!("aws:amz:{}:s3", get("AWS_REGION")))
-        .arg("--user")
-        .arg(format!(
-            "{}:{}",
-            get("AWS_ACCESS_KEY_ID"),
-            get("AWS_SECRET_ACCESS_KEY")
-        ))
-        .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
-        .arg(&url)
-        .output()
-        .expect("run curl");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", text.as_str()));
-    assert!(
-        code == "200" || code == "404",
-        "ListParts {url}: HTTP {code} {body} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    code == "200" && body.contains("<Part>")
 }
 
 #[tokio::test]

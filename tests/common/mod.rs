@@ -787,3 +787,4 @@ pub fn audit_log_text() -> String {
     assert!(!text.is_empty(), "no audit log at {}", path.display());
     text
 }
+pub mod store;

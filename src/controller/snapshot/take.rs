@@ -27,6 +27,9 @@ use crate::controller::selection::{self, Age, age};
 use crate::controller::{Context, Error, scope_guard};
 use crate::crd::{LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
 use crate::exec::{self, ExecEvent, ExecRequest};
+
+/// Reason of a snapshot waiting for an unreachable or refusing object store.
+const STORE_UNAVAILABLE: &str = "StoreUnavailable";
 use crate::guard::{Guard, GuardError};
 use crate::labels;
 use crate::metrics::{ExecOp, GuardOp, Metrics};
@@ -152,7 +155,7 @@ impl Taking<'_> {
         set_committed(&mut st.conditions, false, "Uploading", msg, None, now);
         let upload_id = match self.store.create_upload(&self.keys).await {
             Ok(id) => id,
-            Err(e) => return Err(snapshot_err(e)),
+            Err(e) => return Err(self.store_unavailable(e).await),
         };
         st.upload_id = upload_id.clone();
         if let Err(e) = crate::controller::apply_status(&self.api, &self.name, &*st).await {
@@ -163,6 +166,32 @@ impl Taking<'_> {
         }
         st.upload_id = None;
         Ok(upload_id)
+    }
+
+    /// The store refused or could not be reached before anything was sent: the snapshot is
+    /// Pending with reason `StoreUnavailable` (written once per outage, not per retry) and the
+    /// error goes back to the reconcile, whose backoff retries. An outage uses up no attempt.
+    async fn store_unavailable(&self, e: crate::snapshot::store::StoreError) -> Error {
+        let mut pending = self.snap.status.clone().unwrap_or_default();
+        let already = pending.conditions.iter().any(|c| {
+            c.type_ == crate::controller::conditions::READY && c.reason == STORE_UNAVAILABLE
+        });
+        pending.phase = Some(SnapshotPhase::Pending);
+        let msg = format!("waiting for the object store: {e}");
+        set_committed(
+            &mut pending.conditions,
+            false,
+            STORE_UNAVAILABLE,
+            &msg,
+            None,
+            Timestamp::now(),
+        );
+        if !already
+            && let Err(w) = crate::controller::apply_status(&self.api, &self.name, &pending).await
+        {
+            warn!(snapshot = %self.name, "recording the store outage: {w}");
+        }
+        snapshot_err(e)
     }
 
     /// Streams the workspace into the store under the guard, then commits the object and

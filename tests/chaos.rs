@@ -1,0 +1,746 @@
+//! Chaos: the operator SIGKILLed at a random point of create, snapshot, restore, suspend and
+//! delete, then started again (issue 18). Each trial is seeded; its seed, operation and kill
+//! delay are printed first, so a failure can be replayed with `CHAOS_SEED=<seed>
+//! CHAOS_TRIALS=1`. After every trial the invariants are checked and counted:
+//!
+//! - the Sandbox converges to its spec (Ready, Suspended without a pod, or gone);
+//! - no Ready snapshot whose object does not match its status (digest, size, manifest), and a
+//!   Failed one has no object;
+//! - no multipart upload the killed operator started is left open;
+//! - once the trial's objects are deleted: no pod, guard Lease or workspace directory left.
+//!
+//! `CHAOS_TRIALS` (default 10, as in `hack/test`; `hack/chaos` runs 50) and `CHAOS_SEED`
+//! (default: from the clock) choose the trials; `CHAOS_REPORT=<file>` writes the table.
+//! The store is the s3s-fs server of `hack/s3`, so multipart uploads are part of the test.
+//!
+//! A second test kills the object store (an s3s-fs of its own) during a snapshot and a
+//! restore and checks that nothing is marked Ready or served without its data, and that both
+//! recover when the store returns.
+
+mod common;
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase};
+use agentbox::labels;
+use common::store::{Backend, Kind, backend, object_digest, start, upload_alive};
+use common::{NODE_ROOT, TestEnv, create_sandbox, sh};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+/// What a trial does while the operator is killed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Create,
+    Snapshot,
+    Restore,
+    Suspend,
+    Delete,
+}
+
+const OPS: [Op; 5] = [
+    Op::Create,
+    Op::Snapshot,
+    Op::Restore,
+    Op::Suspend,
+    Op::Delete,
+];
+
+/// Longest delay between starting the operation and the kill: each operation takes about a
+/// second or a few on the local cluster, so kills land before, during and after it.
+const MAX_KILL_MS: u64 = 2500;
+
+/// One trial's record, for the table.
+struct Trial {
+    seed: u64,
+    op: Op,
+    kill_ms: u64,
+    /// The object's phase when the kill came (was the operation under way?).
+    at_kill: String,
+    outcome: String,
+    violations: Vec<String>,
+}
+
+/// Polls `check` every 200 ms until it holds or `secs` pass.
+async fn until<F, Fut>(secs: u64, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn spec(user: &str) -> serde_json::Value {
+    json!({
+        "image": common::BASE_IMAGE,
+        "imagePullPolicy": "Never",
+        "scope": {"kind": "User", "agent": "chaos", "user": user},
+    })
+}
+
+fn scope_key(user: &str) -> String {
+    labels::scope_key(&serde_json::from_value(spec(user)["scope"].clone()).expect("scope"))
+}
+
+async fn phase(env: &TestEnv, name: &str) -> Option<SandboxPhase> {
+    env.api::<Sandbox>()
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.status)
+        .and_then(|s| s.phase)
+}
+
+async fn pod_of(env: &TestEnv, name: &str) -> Option<String> {
+    env.api::<Sandbox>()
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.status)
+        .and_then(|s| s.pod_name)
+}
+
+/// The phase as the table shows it ("none" before the first status, "gone" once deleted).
+async fn phase_name(env: &TestEnv, name: &str) -> String {
+    match env.api::<Sandbox>().get_opt(name).await.ok().flatten() {
+        None => "gone".into(),
+        Some(s) => s
+            .status
+            .and_then(|s| s.phase)
+            .map_or("none".into(), |p| format!("{p:?}")),
+    }
+}
+
+async fn wait_phase(env: &TestEnv, name: &str, want: SandboxPhase, secs: u64) -> bool {
+    until(secs, || async { phase(env, name).await == Some(want) }).await
+}
+
+/// Creates a Ready sandbox `name` of user `user` with a marker file; returns its marker.
+async fn ready_sandbox(env: &TestEnv, name: &str, user: &str) -> Result<String, String> {
+    create_sandbox(env, name, spec(user))
+        .await
+        .map_err(|e| format!("create {name}: {e}"))?;
+    if !wait_phase(env, name, SandboxPhase::Ready, 300).await {
+        return Err(format!("{name} never Ready before the fault"));
+    }
+    let pod = pod_of(env, name).await.ok_or("no pod")?;
+    let marker = format!("{name}-{}", common::suffix());
+    let (code, _) = sh(
+        env,
+        &pod,
+        &format!(
+            "echo {marker} > /workspace/marker && head -c 4194304 /dev/urandom > /workspace/blob"
+        ),
+    )
+    .await;
+    if code != Some(0) {
+        return Err("filling the workspace failed".into());
+    }
+    Ok(marker)
+}
+
+fn snapshot_obj(name: &str, sandbox: &str) -> SandboxSnapshot {
+    serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": name},
+        "spec": {"sandboxRef": {"name": sandbox}, "deletionPolicy": "Delete"},
+    }))
+    .expect("snapshot json")
+}
+
+async fn snapshot_finished(env: &TestEnv, name: &str, secs: u64) -> Option<SandboxSnapshot> {
+    let api = env.api::<SandboxSnapshot>();
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        let s = api.get_opt(name).await.ok().flatten();
+        if matches!(
+            s.as_ref()
+                .and_then(|s| s.status.as_ref())
+                .and_then(|s| s.phase),
+            Some(SnapshotPhase::Ready | SnapshotPhase::Failed)
+        ) {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+/// A finished snapshot tells the truth: Ready means the object is there and matches the
+/// status; Failed means no object. Also: its upload is not left open.
+async fn check_snapshot(
+    b: &Backend,
+    env: &TestEnv,
+    s: &SandboxSnapshot,
+    user: &str,
+    upload: Option<&str>,
+    v: &mut Vec<String>,
+) -> String {
+    let st = s.status.clone().unwrap_or_default();
+    // From the scope, not the status: a snapshot that failed early may not have recorded it.
+    let keys = b
+        .store
+        .keys(&env.ns, &scope_key(user), &s.uid().unwrap_or_default());
+    let outcome = match st.phase {
+        Some(SnapshotPhase::Ready) => {
+            match b.store.size(&keys.object).await {
+                Ok(Some(_)) => {
+                    let (sha, size) = object_digest(&b.store, &keys.object).await;
+                    if st.sha256.as_deref() != Some(sha.as_str())
+                        || st.size_bytes != Some(size as i64)
+                    {
+                        v.push(format!(
+                            "Ready snapshot {} does not match its object: status {:?}/{:?}, object {sha}/{size}",
+                            s.name_any(),
+                            st.sha256,
+                            st.size_bytes
+                        ));
+                    }
+                    match b.store.get_manifest(&keys.manifest).await {
+                        Ok(Some(m)) if m.sha256 == sha => {}
+                        other => v.push(format!(
+                            "Ready snapshot {} has no matching manifest: {other:?}",
+                            s.name_any()
+                        )),
+                    }
+                }
+                other => v.push(format!(
+                    "Ready snapshot {} has no object: {other:?}",
+                    s.name_any()
+                )),
+            }
+            "snapshot Ready"
+        }
+        _ => {
+            if !matches!(b.store.size(&keys.object).await, Ok(None)) {
+                v.push(format!("Failed snapshot {} left an object", s.name_any()));
+            }
+            "snapshot Failed"
+        }
+    };
+    if let Some(id) = upload
+        && upload_alive(b, &keys.object, id)
+    {
+        v.push(format!("upload {id} of {} left open", s.name_any()));
+    }
+    outcome.into()
+}
+
+/// Deletes the trial's snapshots and sandboxes (the operator runs) and checks that nothing
+/// of them is left: pods, the scope's guard Lease, workspace directories.
+async fn tidy_and_check(env: &TestEnv, user: &str, uids: &[String], v: &mut Vec<String>) {
+    let snaps = env.api::<SandboxSnapshot>();
+    let sbxs = env.api::<Sandbox>();
+    let _ = snaps
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    if !until(120, || async {
+        snaps
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await
+    {
+        v.push("snapshots not gone 120 s after delete".into());
+    }
+    let _ = sbxs
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    if !until(180, || async {
+        sbxs.list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await
+    {
+        v.push("sandboxes not gone 180 s after delete".into());
+    }
+    let pods = env.api::<Pod>();
+    if !until(60, || async {
+        pods.list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await
+    {
+        let left: Vec<String> = pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.iter().map(|p| p.name_any()).collect())
+            .unwrap_or_default();
+        v.push(format!("orphaned pods: {left:?}"));
+    }
+    let leases = env.api::<Lease>();
+    let guard = labels::lease_name(&scope_key(user));
+    // A guard the killed operator held stays until it expires (seconds); then cleanup goes.
+    if !until(60, || async {
+        leases.get_opt(&guard).await.is_ok_and(|l| l.is_none())
+    })
+    .await
+    {
+        v.push(format!("orphaned guard Lease {guard}"));
+    }
+    for uid in uids {
+        let dir = agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, uid);
+        if std::path::Path::new(&dir).exists() {
+            v.push(format!("orphaned workspace directory {dir}"));
+        }
+    }
+}
+
+/// The fault: after `after`, the operator is SIGKILLed and started again; returns the
+/// sandbox's phase at the kill.
+async fn fault(env: &mut TestEnv, b: &Backend, after: Duration, name: &str) -> String {
+    tokio::time::sleep(after).await;
+    if let Some(op) = env.operators.last_mut() {
+        op.kill();
+    }
+    let at_kill = phase_name(env, name).await;
+    start(env, b);
+    at_kill
+}
+
+/// One trial: the operation, the kill after `kill_ms`, the restart, the checks.
+async fn trial(env: &mut TestEnv, b: &Backend, i: usize, t: &mut Trial) {
+    let user = format!("u{i}");
+    let name = format!("t{i}");
+    let v = &mut t.violations;
+    let mut uids = Vec::new();
+    let kill_after = Duration::from_millis(t.kill_ms);
+    let uid_of = |env: &TestEnv, name: String| {
+        let api = env.api::<Sandbox>();
+        async move {
+            api.get_opt(&name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| s.uid())
+        }
+    };
+    // Every operation but create starts from a Ready sandbox with a marker file.
+    let mut marker = String::new();
+    if t.op != Op::Create {
+        match ready_sandbox(env, &name, &user).await {
+            Ok(m) => marker = m,
+            Err(e) => {
+                v.push(e);
+                return;
+            }
+        }
+        uids.extend(uid_of(env, name.clone()).await);
+    }
+    match t.op {
+        Op::Create => {
+            if let Err(e) = create_sandbox(env, &name, spec(&user)).await {
+                v.push(format!("create: {e}"));
+                return;
+            }
+            uids.extend(uid_of(env, name.clone()).await);
+            t.at_kill = fault(env, b, kill_after, &name).await;
+            t.outcome = if wait_phase(env, &name, SandboxPhase::Ready, 300).await {
+                "Ready".into()
+            } else {
+                v.push(format!("{name} did not become Ready after the restart"));
+                "stuck".into()
+            };
+        }
+        Op::Snapshot => {
+            let snaps = env.api::<SandboxSnapshot>();
+            let snap = format!("s{i}");
+            if let Err(e) = snaps
+                .create(&PostParams::default(), &snapshot_obj(&snap, &name))
+                .await
+            {
+                v.push(format!("create snapshot: {e}"));
+                return;
+            }
+            tokio::time::sleep(kill_after).await;
+            if let Some(op) = env.operators.last_mut() {
+                op.kill();
+            }
+            // The upload the killed operator may have left, as its last status recorded it.
+            let st = snaps
+                .get_opt(&snap)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| s.status);
+            t.at_kill = st
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map_or("Pending".into(), |p| format!("{p:?}"));
+            let upload = st.and_then(|s| s.upload_id);
+            start(env, b);
+            match snapshot_finished(env, &snap, 600).await {
+                Some(s) => {
+                    t.outcome = check_snapshot(b, env, &s, &user, upload.as_deref(), v).await;
+                }
+                None => {
+                    v.push(format!("{snap} never finished after the restart"));
+                    t.outcome = "stuck".into();
+                }
+            }
+        }
+        Op::Restore => {
+            let snaps = env.api::<SandboxSnapshot>();
+            let snap = format!("s{i}");
+            let _ = snaps
+                .create(&PostParams::default(), &snapshot_obj(&snap, &name))
+                .await;
+            match snapshot_finished(env, &snap, 600).await {
+                Some(s)
+                    if s.status.as_ref().and_then(|s| s.phase) == Some(SnapshotPhase::Ready) => {}
+                other => {
+                    v.push(format!(
+                        "the snapshot to restore did not become Ready: {other:?}"
+                    ));
+                    return;
+                }
+            }
+            let _ = env
+                .api::<Sandbox>()
+                .delete(&name, &DeleteParams::default())
+                .await;
+            if !until(180, || async { phase(env, &name).await.is_none() }).await {
+                v.push(format!("{name} not gone before the restore"));
+                return;
+            }
+            let again = format!("r{i}");
+            if let Err(e) = create_sandbox(env, &again, spec(&user)).await {
+                v.push(format!("create {again}: {e}"));
+                return;
+            }
+            uids.extend(uid_of(env, again.clone()).await);
+            t.at_kill = fault(env, b, kill_after, &again).await;
+            if !wait_phase(env, &again, SandboxPhase::Ready, 300).await {
+                v.push(format!("{again} did not become Ready after the restart"));
+                t.outcome = "stuck".into();
+            } else {
+                let pod = pod_of(env, &again).await.unwrap_or_default();
+                let (_, got) = sh(env, &pod, "cat /workspace/marker 2>/dev/null").await;
+                if got.trim() == marker {
+                    t.outcome = "restored".into();
+                } else {
+                    // Serving a workspace without the snapshot's files as if restored is the
+                    // one outcome that must never happen.
+                    v.push(format!(
+                        "{again} is Ready without the snapshot's marker (got {got:?})"
+                    ));
+                    t.outcome = "Ready, not restored".into();
+                }
+            }
+        }
+        Op::Suspend => {
+            let patch = json!({"spec": {"lifecycle": {"mode": "Suspended"}}});
+            if let Err(e) = env
+                .api::<Sandbox>()
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                v.push(format!("suspend: {e}"));
+                return;
+            }
+            t.at_kill = fault(env, b, kill_after, &name).await;
+            let pods_gone = || async { env.sandbox_pods(&name).await.is_empty() };
+            if wait_phase(env, &name, SandboxPhase::Suspended, 300).await
+                && until(120, pods_gone).await
+            {
+                t.outcome = "Suspended".into();
+            } else {
+                v.push(format!(
+                    "{name} not Suspended without a pod after the restart"
+                ));
+                t.outcome = "stuck".into();
+            }
+        }
+        Op::Delete => {
+            let _ = env
+                .api::<Sandbox>()
+                .delete(&name, &DeleteParams::default())
+                .await;
+            t.at_kill = fault(env, b, kill_after, &name).await;
+            if until(180, || async { phase(env, &name).await.is_none() }).await {
+                t.outcome = "gone".into();
+            } else {
+                v.push(format!("{name} not gone after the restart"));
+                t.outcome = "stuck".into();
+            }
+        }
+    }
+    tidy_and_check(env, &user, &uids, v).await;
+}
+
+/// "a ×2, b ×1" in order of first appearance.
+fn tally<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for i in items {
+        match counts.iter_mut().find(|(o, _)| *o == i) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((i, 1)),
+        }
+    }
+    let parts: Vec<String> = counts.iter().map(|(o, n)| format!("{o} ×{n}")).collect();
+    parts.join(", ")
+}
+
+fn report(seed: u64, trials: &[Trial], secs: u64) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "| operation | trials | kill after (ms) | phase at the kill | outcome after the restart | invariant violations |\n|---|---|---|---|---|---|"
+    );
+    for op in OPS {
+        let of: Vec<&Trial> = trials.iter().filter(|t| t.op == op).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let (lo, hi) = of.iter().fold((u64::MAX, 0), |(lo, hi), t| {
+            (lo.min(t.kill_ms), hi.max(t.kill_ms))
+        });
+        let at_kill = tally(of.iter().map(|t| t.at_kill.as_str()));
+        let outcomes = tally(of.iter().map(|t| t.outcome.as_str()));
+        let violations: usize = of.iter().map(|t| t.violations.len()).sum();
+        let _ = writeln!(
+            md,
+            "| {op:?} | {} | {lo}–{hi} | {at_kill} | {outcomes} | {violations} |",
+            of.len()
+        );
+    }
+    let total: usize = trials.iter().map(|t| t.violations.len()).sum();
+    let _ = writeln!(
+        md,
+        "| **all** | {} | | | | **{total}** |\n\nSeed {seed} (trial i uses seed {seed}+i), {secs} s.",
+        trials.len()
+    );
+    for t in trials.iter().filter(|t| !t.violations.is_empty()) {
+        let _ = writeln!(
+            md,
+            "\n- trial seed {} ({:?}, kill after {} ms): {}",
+            t.seed,
+            t.op,
+            t.kill_ms,
+            t.violations.join("; ")
+        );
+    }
+    md
+}
+
+#[tokio::test]
+async fn the_operator_killed_at_random_points_loses_nothing() {
+    let n: usize = std::env::var("CHAOS_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(1)
+        });
+    eprintln!("[chaos] seed {seed}, {n} trials (replay: CHAOS_SEED={seed} CHAOS_TRIALS={n})");
+    let mut env = TestEnv::new("chaos").await;
+    let b = backend(Kind::S3, &env.ns);
+    start(&mut env, &b);
+    let began = Instant::now();
+    let mut trials = Vec::new();
+    for i in 0..n {
+        let trial_seed = seed.wrapping_add(i as u64);
+        let mut rng = StdRng::seed_from_u64(trial_seed);
+        let mut t = Trial {
+            seed: trial_seed,
+            // Consecutive seeds cycle through the operations, so each is tried equally often
+            // and a trial replays from its own seed alone.
+            op: OPS[(trial_seed % OPS.len() as u64) as usize],
+            kill_ms: rng.random_range(0..=MAX_KILL_MS),
+            at_kill: String::new(),
+            outcome: String::new(),
+            violations: Vec::new(),
+        };
+        eprintln!(
+            "[chaos] trial {i}: seed {trial_seed}, {:?}, SIGKILL after {} ms",
+            t.op, t.kill_ms
+        );
+        trial(&mut env, &b, i, &mut t).await;
+        eprintln!(
+            "[chaos] trial {i}: {} ({} violations) {}",
+            t.outcome,
+            t.violations.len(),
+            t.violations.join("; ")
+        );
+        // Keep only the running operator: the killed ones are reaped.
+        let live = env.operators.len() - 1;
+        env.operators.drain(..live);
+        trials.push(t);
+    }
+    let md = report(seed, &trials, began.elapsed().as_secs());
+    eprintln!("{md}");
+    if let Ok(path) = std::env::var("CHAOS_REPORT") {
+        std::fs::write(&path, &md).expect("write the chaos report");
+    }
+    let bad: Vec<&Trial> = trials.iter().filter(|t| !t.violations.is_empty()).collect();
+    let logs = env.operator_logs();
+    env.finish().await;
+    assert!(bad.is_empty(), "invariant violations:\n{md}\n{logs}");
+}
+
+/// The condition `type_` of a Sandbox, as (status, reason, message).
+async fn condition(env: &TestEnv, name: &str, type_: &str) -> Option<(String, String, String)> {
+    env.api::<Sandbox>()
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+/// The object store unreachable (its server killed) during a snapshot and a restore: the
+/// snapshot is never Ready without its object, the restore never serves a workspace without the
+/// snapshot's files (the sandbox waits, saying why), and both recover when the store returns.
+#[tokio::test]
+async fn the_object_store_unreachable_fails_or_waits_and_recovers() {
+    let mut s3 = common::store::PrivateS3::start();
+    let mut env = TestEnv::new("chaos-store").await;
+    let b = s3.backend(&env.ns);
+    start(&mut env, &b);
+    let marker = ready_sandbox(&env, "a", "store")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", env.operator_logs()));
+    let snaps = env.api::<SandboxSnapshot>();
+    snaps
+        .create(&PostParams::default(), &snapshot_obj("s1", "a"))
+        .await
+        .expect("create s1");
+    let s1 = snapshot_finished(&env, "s1", 600)
+        .await
+        .expect("s1 finished");
+    assert_eq!(
+        s1.status.as_ref().and_then(|s| s.phase),
+        Some(SnapshotPhase::Ready),
+        "{s1:#?}"
+    );
+
+    // A snapshot while the store is down: never Ready.
+    s3.stop();
+    snaps
+        .create(&PostParams::default(), &snapshot_obj("s2", "a"))
+        .await
+        .expect("create s2");
+    // Long enough for the operator to try (and retry) the upload.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let s2 = snaps.get("s2").await.expect("get s2");
+    let st2 = s2.status.clone().unwrap_or_default();
+    assert_ne!(st2.phase, Some(SnapshotPhase::Ready), "{s2:#?}");
+    eprintln!(
+        "[chaos] snapshot with the store down: {:?}, {:?}",
+        st2.phase,
+        st2.conditions
+            .iter()
+            .map(|c| format!("{} {} {}: {}", c.type_, c.status, c.reason, c.message))
+            .collect::<Vec<_>>()
+    );
+    // It waits, saying why (an outage uses up none of its attempts).
+    assert_eq!(st2.phase, Some(SnapshotPhase::Pending), "{s2:#?}");
+    let c = st2
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("a Ready condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "StoreUnavailable"),
+        "{c:?}"
+    );
+    assert!(c.message.contains("object store"), "{c:?}");
+
+    // A restore while the store is down: the new sandbox of the scope waits, saying why, and
+    // is not served without the snapshot's files.
+    env.api::<Sandbox>()
+        .delete("a", &DeleteParams::default())
+        .await
+        .expect("delete a");
+    assert!(
+        until(180, || async { phase(&env, "a").await.is_none() }).await,
+        "a not gone\n{}",
+        env.operator_logs()
+    );
+    create_sandbox(&env, "b", spec("store"))
+        .await
+        .expect("create b");
+    let waiting = until(120, || async {
+        condition(&env, "b", "WorkspaceReady")
+            .await
+            .is_some_and(|(status, _, message)| status == "False" && !message.is_empty())
+    })
+    .await;
+    let why = condition(&env, "b", "WorkspaceReady").await;
+    assert!(
+        waiting,
+        "b should wait with WorkspaceReady=False and a reason: {why:?}"
+    );
+    eprintln!("[chaos] restore with the store down: WorkspaceReady {why:?}");
+    assert_ne!(phase(&env, "b").await, Some(SandboxPhase::Ready));
+
+    // The store returns: the restore goes through (from s1, the newest Ready snapshot), and
+    // the snapshot taken while it was down is Ready with a matching object, or Failed without.
+    s3.resume();
+    assert!(
+        wait_phase(&env, "b", SandboxPhase::Ready, 300).await,
+        "b not Ready after the store returned\n{}",
+        env.operator_logs()
+    );
+    let pod = pod_of(&env, "b").await.expect("b's pod");
+    let (_, got) = sh(&env, &pod, "cat /workspace/marker").await;
+    assert_eq!(got.trim(), marker, "b restored from s1");
+    let s2 = snapshot_finished(&env, "s2", 600).await;
+    if let Some(s2) = s2 {
+        let mut v = Vec::new();
+        let outcome = check_snapshot(&b, &env, &s2, "store", None, &mut v).await;
+        eprintln!(
+            "[chaos] the snapshot taken while the store was down, after it returned: {outcome}"
+        );
+        assert!(v.is_empty(), "{v:?}");
+    }
+    snaps
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("delete snapshots");
+    assert!(
+        until(120, || async {
+            snaps
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        })
+        .await,
+        "snapshots not gone"
+    );
+    env.finish().await;
+    drop(s3);
+}
