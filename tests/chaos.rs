@@ -35,6 +35,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
+/// The tests of this binary run one at a time: one of them restarts the API server, which
+/// the others must not meet by accident.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// What a trial does while the operator is killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Op {
@@ -365,6 +369,13 @@ async fn trial(env: &mut TestEnv, b: &Backend, i: usize, t: &mut Trial) {
             };
         }
         Op::Snapshot => {
+            // 64 MiB more, so that the upload takes long enough for kills to land in it.
+            let pod = pod_of(env, &name).await.unwrap_or_default();
+            let (code, _) = sh(env, &pod, "head -c 67108864 /dev/urandom > /workspace/big").await;
+            if code != Some(0) {
+                v.push("filling the workspace failed".into());
+                return;
+            }
             let snaps = env.api::<SandboxSnapshot>();
             let snap = format!("s{i}");
             if let Err(e) = snaps
@@ -461,6 +472,17 @@ async fn trial(env: &mut TestEnv, b: &Backend, i: usize, t: &mut Trial) {
                 return;
             }
             t.at_kill = fault(env, b, kill_after, &name).await;
+            // The phase turns Suspended first; whether the pod was still there at the restart
+            // tells more.
+            t.at_kill = format!(
+                "{}, pod {}",
+                t.at_kill,
+                if env.sandbox_pods(&name).await.is_empty() {
+                    "gone"
+                } else {
+                    "there"
+                }
+            );
             let pods_gone = || async { env.sandbox_pods(&name).await.is_empty() };
             if wait_phase(env, &name, SandboxPhase::Suspended, 300).await
                 && until(120, pods_gone).await
@@ -547,6 +569,7 @@ fn report(seed: u64, trials: &[Trial], secs: u64) -> String {
 
 #[tokio::test]
 async fn the_operator_killed_at_random_points_loses_nothing() {
+    let _serial = SERIAL.lock().await;
     let n: usize = std::env::var("CHAOS_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -625,6 +648,7 @@ async fn condition(env: &TestEnv, name: &str, type_: &str) -> Option<(String, St
 /// snapshot's files (the sandbox waits, saying why), and both recover when the store returns.
 #[tokio::test]
 async fn the_object_store_unreachable_fails_or_waits_and_recovers() {
+    let _serial = SERIAL.lock().await;
     let mut s3 = common::store::PrivateS3::start();
     let mut env = TestEnv::new("chaos-store").await;
     let b = s3.backend(&env.ns);
@@ -743,4 +767,77 @@ async fn the_object_store_unreachable_fails_or_waits_and_recovers() {
     );
     env.finish().await;
     drop(s3);
+}
+
+/// The API server SIGKILLed and restarted (`hack/cluster restart-apiserver`) while sandboxes
+/// start, a snapshot runs and a sandbox is deleted: every object converges, the snapshot tells
+/// the truth, and nothing is left once the objects are deleted.
+#[tokio::test]
+async fn the_api_server_restarted_mid_operations_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    let mut env = TestEnv::new("chaos-apiserver").await;
+    let b = backend(Kind::S3, &env.ns);
+    start(&mut env, &b);
+    let mut uids = Vec::new();
+    for (name, user) in [("a", "api-a"), ("d", "api-d")] {
+        ready_sandbox(&env, name, user)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", env.operator_logs()));
+        let sbx = env.api::<Sandbox>().get(name).await.expect("get");
+        uids.extend(sbx.uid());
+    }
+    // Under way at once: two sandboxes starting, a snapshot of a, the deletion of d.
+    for (name, user) in [("b", "api-b"), ("c", "api-c")] {
+        create_sandbox(&env, name, spec(user))
+            .await
+            .expect("create");
+    }
+    env.api::<SandboxSnapshot>()
+        .create(&PostParams::default(), &snapshot_obj("s1", "a"))
+        .await
+        .expect("create s1");
+    env.api::<Sandbox>()
+        .delete("d", &DeleteParams::default())
+        .await
+        .expect("delete d");
+    let restart = tokio::task::spawn_blocking(|| {
+        std::process::Command::new(common::repo_root().join("hack/cluster"))
+            .args(["restart-apiserver", "3"])
+            .status()
+    });
+    let restarted = restart.await.expect("join").expect("run hack/cluster");
+    assert!(restarted.success(), "hack/cluster restart-apiserver failed");
+
+    let mut v = Vec::new();
+    for name in ["a", "b", "c"] {
+        if !wait_phase(&env, name, SandboxPhase::Ready, 300).await {
+            v.push(format!("{name} not Ready after the restart"));
+        }
+        if let Some(uid) = env
+            .api::<Sandbox>()
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.uid())
+        {
+            uids.push(uid);
+        }
+    }
+    if !until(180, || async { phase(&env, "d").await.is_none() }).await {
+        v.push("d not gone after the restart".into());
+    }
+    match snapshot_finished(&env, "s1", 600).await {
+        Some(s) => {
+            let outcome = check_snapshot(&b, &env, &s, "api-a", None, &mut v).await;
+            eprintln!("[chaos] the snapshot across the API server restart: {outcome}");
+        }
+        None => v.push("s1 never finished".into()),
+    }
+    for user in ["api-a", "api-b", "api-c", "api-d"] {
+        tidy_and_check(&env, user, &uids, &mut v).await;
+    }
+    let logs = env.operator_logs();
+    env.finish().await;
+    assert!(v.is_empty(), "{v:#?}\n{logs}");
 }
