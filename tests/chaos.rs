@@ -35,6 +35,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
+// Namespaces are short: s3s-fs keeps each upload's metadata in one file named after the
+// base64 of the whole key (`<prefix = namespace>/<namespace>/<scope key>/<uid>.tar`), and a
+// name over 255 bytes fails the upload with a 500.
+
 /// The tests of this binary run one at a time: one of them restarts the API server, which
 /// the others must not meet by accident.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -650,7 +654,7 @@ async fn condition(env: &TestEnv, name: &str, type_: &str) -> Option<(String, St
 async fn the_object_store_unreachable_fails_or_waits_and_recovers() {
     let _serial = SERIAL.lock().await;
     let mut s3 = common::store::PrivateS3::start();
-    let mut env = TestEnv::new("chaos-store").await;
+    let mut env = TestEnv::new("chaos-st").await;
     let b = s3.backend(&env.ns);
     start(&mut env, &b);
     let marker = ready_sandbox(&env, "a", "store")
@@ -775,7 +779,7 @@ async fn the_object_store_unreachable_fails_or_waits_and_recovers() {
 #[tokio::test]
 async fn the_api_server_restarted_mid_operations_loses_nothing() {
     let _serial = SERIAL.lock().await;
-    let mut env = TestEnv::new("chaos-apiserver").await;
+    let mut env = TestEnv::new("chaos-api").await;
     let b = backend(Kind::S3, &env.ns);
     start(&mut env, &b);
     let mut uids = Vec::new();
@@ -840,4 +844,122 @@ async fn the_api_server_restarted_mid_operations_loses_nothing() {
     let logs = env.operator_logs();
     env.finish().await;
     assert!(v.is_empty(), "{v:#?}\n{logs}");
+}
+
+/// A harness that dies (SIGKILL) while it holds the scope's guard (`agentbox lock`): its Lease
+/// is taken over only once it expired, with a higher fencing token — by the operator's
+/// snapshot, which waits for it (GuardBusy) instead of reading a workspace the dead harness
+/// may have been writing, and by the next harness.
+#[tokio::test]
+async fn a_harness_dying_with_the_guard_is_fenced_out_once_its_lease_expires() {
+    let _serial = SERIAL.lock().await;
+    let mut env = TestEnv::new("chaos-h").await;
+    let b = backend(Kind::S3, &env.ns);
+    start(&mut env, &b);
+    ready_sandbox(&env, "h", "harness")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", env.operator_logs()));
+    let leases = env.api::<Lease>();
+    let guard = labels::lease_name(&scope_key("harness"));
+
+    // The harness: `agentbox lock h -- <a command that records its PID and waits>`.
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("harness-{}", env.ns));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let pidfile = dir.join("cmd.pid");
+    let mut harness = std::process::Command::new(env!("CARGO_BIN_EXE_agentbox"))
+        .args(["-n", &env.ns, "lock", "h", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 300", pidfile.display()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start agentbox lock");
+    let held = || async {
+        leases
+            .get_opt(&guard)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec)
+            .filter(|s| s.holder_identity.is_some())
+    };
+    assert!(
+        until(60, || async { held().await.is_some() && pidfile.exists() }).await,
+        "agentbox lock never held the guard"
+    );
+    let before = held().await.expect("held");
+    let old_token = before.lease_transitions.unwrap_or(0);
+    // The harness dies; the command it ran is stopped too (by its PID).
+    harness.kill().expect("kill the harness");
+    let _ = harness.wait();
+    if let Ok(pid) = std::fs::read_to_string(&pidfile) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // Its last renewal, and when the Lease expires after it.
+    let at_kill = held().await.expect("still held right after the kill");
+    let renewed = at_kill.renew_time.expect("renewTime").0;
+    let expires = renewed
+        + std::time::Duration::from_secs(at_kill.lease_duration_seconds.unwrap_or(15) as u64);
+
+    // The operator's snapshot waits for the expired Lease instead of reading under it.
+    env.api::<SandboxSnapshot>()
+        .create(&PostParams::default(), &snapshot_obj("hs", "h"))
+        .await
+        .expect("create hs");
+    let s = snapshot_finished(&env, "hs", 300)
+        .await
+        .unwrap_or_else(|| panic!("hs never finished\n{}", env.operator_logs()));
+    let st = s.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(SnapshotPhase::Ready), "{s:#?}");
+    let started = st.started_at.expect("startedAt").0;
+    // startedAt has whole seconds (metav1.Time): compare at that precision.
+    let expires = k8s_openapi::jiff::Timestamp::from_second(expires.as_second()).expect("time");
+    assert!(
+        started >= expires,
+        "the snapshot started at {started}, before the dead harness's Lease expired at {expires}"
+    );
+    let token = st.fencing_token.unwrap_or(0);
+    assert!(
+        token > i64::from(old_token),
+        "token {token} after {old_token}"
+    );
+    let mut v = Vec::new();
+    check_snapshot(&b, &env, &s, "harness", None, &mut v).await;
+    assert!(v.is_empty(), "{v:?}");
+
+    // The next harness gets the guard with a higher token still.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentbox"))
+        .args([
+            "-n",
+            &env.ns,
+            "lock",
+            "h",
+            "--",
+            "sh",
+            "-c",
+            "echo $AGENTBOX_FENCING_TOKEN",
+        ])
+        .output()
+        .expect("run agentbox lock");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let next: i64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a token");
+    assert!(next > token, "next harness token {next} after {token}");
+    eprintln!(
+        "[chaos] harness killed holding token {old_token}; snapshot took over with {token} after the Lease expired; next harness {next}"
+    );
+    let mut v = Vec::new();
+    tidy_and_check(&env, "harness", &[], &mut v).await;
+    assert!(v.is_empty(), "{v:?}");
+    env.finish().await;
 }
