@@ -2,6 +2,7 @@
 //! changed. A folder per controller ([`sandbox`], [`snapshot`]); what both need is beside them.
 
 pub mod conditions;
+pub mod nodeloss;
 pub mod noderoot;
 pub mod pod;
 pub mod podstate;

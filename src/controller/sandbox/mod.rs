@@ -8,6 +8,7 @@
 //! writes. The writes one sandbox costs are kept few: the finalizer, the pod, status at
 //! scheduling and at readiness, and an Event at each.
 
+mod abandoned;
 mod act;
 mod cleanup;
 pub mod decide;

@@ -126,7 +126,7 @@ impl FakeApi {
             }
             "PUT" => self.replace(path, body),
             "PATCH" => self.patch(path, &body),
-            "DELETE" => self.delete(path),
+            "DELETE" => self.delete(path, &body),
             _ => (405, status_body(405, "MethodNotAllowed")),
         }
     }
@@ -215,14 +215,20 @@ impl FakeApi {
         (200, self.get(path).unwrap_or_default())
     }
 
-    fn delete(&self, path: &str) -> (u16, Value) {
+    fn delete(&self, path: &str, options: &Value) -> (u16, Value) {
         let Some(mut obj) = self.get(path) else {
             return (404, status_body(404, "NotFound"));
         };
+        let expected_uid = &options["preconditions"]["uid"];
+        if !expected_uid.is_null() && obj["metadata"]["uid"] != *expected_uid {
+            return (409, status_body(409, "Conflict"));
+        }
         let has_finalizers = obj["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
-        if has_finalizers || path.starts_with(PODS) {
+        // A pod goes at once only when forced (grace 0); otherwise its kubelet would finish it.
+        let forced = options["gracePeriodSeconds"] == json!(0);
+        if has_finalizers || (path.starts_with(PODS) && !forced) {
             obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
             self.put(path, obj);
             return (200, self.get(path).unwrap_or_default());
@@ -559,7 +565,62 @@ fn current_pod(ctx: &Context, name: &str, fake: &FakeApi) -> Value {
     p["status"] = json!({"phase": "Running", "containerStatuses": [{
         "name": super::pod::CONTAINER, "ready": true, "restartCount": 0, "image": "busybox",
         "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]});
+    fake.put(&node_path("node-1"), node("node-1", "True"));
     p
+}
+
+fn node_path(name: &str) -> String {
+    format!("/api/v1/nodes/{name}")
+}
+
+/// A Node whose Ready condition is `ready` (since long ago).
+fn node(name: &str, ready: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+        "status": {"conditions": [{"type": "Ready", "status": ready,
+            "lastTransitionTime": "2020-01-01T00:00:00Z"}]}})
+}
+
+#[tokio::test]
+async fn a_lost_node_gives_the_workspace_up_with_one_status_write_one_event_and_a_forced_delete() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let status = json!({"phase": "Ready", "nodeName": "node-1", "podName": pod("lost"),
+        "workspace": {"rootReady": true, "initializedPodUid": "pod-uid"}});
+    fake.put(&format!("{SBX}/lost"), adopted("lost", json!({}), status));
+    let mut p = current_pod(&ctx, "lost", &fake);
+    // What the node lifecycle controller leaves: the pod marked not ready, the node Unknown
+    // for far longer than the grace.
+    p["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+    p["status"]["containerStatuses"][0]["ready"] = json!(false);
+    fake.put(&format!("{PODS}/{}", pod("lost")), p);
+    fake.put(&node_path("node-1"), node("node-1", "Unknown"));
+    let action = reconcile_sandbox(&fake, &ctx, "lost").await;
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("POST {EVENTS}"),
+            format!("PATCH {SBX}/lost/status"),
+            format!("DELETE {PODS}/{}", pod("lost")),
+        ]
+    );
+    let s = fake.get(&format!("{SBX}/lost")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Pending"));
+    assert_eq!(s["status"]["nodeLoss"]["node"], json!("node-1"));
+    assert_eq!(s["status"]["abandoned"][0]["node"], json!("node-1"));
+    let dir = s["status"]["abandoned"][0]["directory"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(dir.ends_with("/n/uid-lost"), "{dir}");
+    assert!(
+        fake.get(&format!("{PODS}/{}", pod("lost"))).is_none(),
+        "force-deleted, not left terminating"
+    );
+    assert!(
+        ctx.metrics
+            .render()
+            .contains("agentbox_node_loss_recoveries_total 1")
+    );
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(1)));
 }
 
 #[tokio::test]
