@@ -548,6 +548,25 @@ pub struct SnapshotPolicy {
     /// How many snapshots of this scope to keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+    /// What a start does when the workspace was lost (its node lost, its directory gone) and
+    /// there is no snapshot to restore: `StartFresh` (the default, as before: a fresh workspace
+    /// from the spec, branch D, the loss stated in WorkspaceReady and an Event) or `Fail` (no
+    /// start: WorkspaceReady and Ready False with reason `WorkspaceLost` until a snapshot
+    /// exists or the policy changes).
+    #[serde(default)]
+    pub when_lost: WhenLost,
+}
+
+/// What a start does with a lost workspace and nothing to restore.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum WhenLost {
+    /// A fresh workspace from the spec (branch D), the loss reported.
+    #[default]
+    StartFresh,
+    /// No start: the sandbox reports the loss and waits for a snapshot or a policy change.
+    Fail,
 }
 
 /// Which snapshot to restore.

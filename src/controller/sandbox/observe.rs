@@ -36,9 +36,10 @@ pub struct World {
     pub desired_hash: Option<String>,
     /// The spec hash the pod has.
     pub pod_hash: Option<String>,
-    /// The node the pod is bound to, read only when the pod is not Ready or is terminating (a
-    /// lost node's pods are marked not ready by the node lifecycle controller): its name and
-    /// the Node as read (`None`: the object is gone).
+    /// The node the pod is bound to, read only when the pod is not Ready, is marked not ready
+    /// (the node lifecycle controller sets a lost node's pods' `Ready` condition False and
+    /// leaves their container statuses as the kubelet last reported them) or is terminating:
+    /// its name and the Node as read (`None`: the object is gone).
     pub node: Option<(String, Option<Node>)>,
     /// The operator's node-loss grace.
     pub node_loss_grace: Duration,
@@ -68,7 +69,11 @@ pub async fn observe(
         .as_ref()
         .map_or(PodState::Starting, podstate::observe_pod);
     let node = match pod.as_ref() {
-        Some(p) if pod_state != PodState::Ready || p.metadata.deletion_timestamp.is_some() => {
+        Some(p)
+            if pod_state != PodState::Ready
+                || !marked_ready(p)
+                || p.metadata.deletion_timestamp.is_some() =>
+        {
             match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
                 Some(name) => {
                     let nodes: Api<Node> = Api::all(ctx.client.clone());
@@ -100,4 +105,34 @@ pub async fn observe(
         problems,
         pod,
     })
+}
+
+/// Whether the pod's `Ready` condition is True (or absent: a pod the kubelet has not reported
+/// on yet is judged by its container status alone).
+fn marked_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_none_or(|c| c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_marked_not_ready_by_the_node_controller_is_not_ready() {
+        let pod = |conditions: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({"status": {"conditions": conditions}}))
+                .unwrap()
+        };
+        assert!(marked_ready(&pod(serde_json::json!([]))));
+        assert!(marked_ready(&pod(
+            serde_json::json!([{"type": "Ready", "status": "True"}])
+        )));
+        assert!(!marked_ready(&pod(
+            serde_json::json!([{"type": "Ready", "status": "False"}])
+        )));
+    }
 }

@@ -588,10 +588,10 @@ async fn a_lost_node_gives_the_workspace_up_with_one_status_write_one_event_and_
         "workspace": {"rootReady": true, "initializedPodUid": "pod-uid"}});
     fake.put(&format!("{SBX}/lost"), adopted("lost", json!({}), status));
     let mut p = current_pod(&ctx, "lost", &fake);
-    // What the node lifecycle controller leaves: the pod marked not ready, the node Unknown
-    // for far longer than the grace.
+    // What the node lifecycle controller leaves: the pod's Ready condition False (its
+    // container status as the dead kubelet last reported it: ready), the node Unknown for far
+    // longer than the grace.
     p["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
-    p["status"]["containerStatuses"][0]["ready"] = json!(false);
     fake.put(&format!("{PODS}/{}", pod("lost")), p);
     fake.put(&node_path("node-1"), node("node-1", "Unknown"));
     let action = reconcile_sandbox(&fake, &ctx, "lost").await;
