@@ -307,6 +307,47 @@ async fn wait_sandbox(
     );
 }
 
+/// Runs `ctr` against node 2's container runtime (`AGENTBOX_CONTAINERD_ADDRESSES` lists each
+/// node's socket); its stdout split into words.
+fn ctr_on_node2(args: &[&str]) -> Vec<String> {
+    let socks = std::env::var("AGENTBOX_CONTAINERD_ADDRESSES").unwrap_or_default();
+    let sock = socks
+        .split_whitespace()
+        .nth(1)
+        .expect("node 2's containerd socket in AGENTBOX_CONTAINERD_ADDRESSES");
+    let out = Command::new("ctr")
+        .args(["--address", sock, "-n", "k8s.io"])
+        .args(args)
+        .output()
+        .expect("run ctr");
+    assert!(
+        out.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The containers of the pod with UID `pod_uid` in node 2's runtime (by the label the kubelet
+/// puts on each), and those of them that run.
+fn containers_on_node2(pod_uid: &str) -> (Vec<String>, Vec<String>) {
+    let filter = format!("labels.\"io.kubernetes.pod.uid\"=={pod_uid}");
+    let ids = ctr_on_node2(&["containers", "ls", "-q", &filter]);
+    // `tasks ls`: TASK PID STATUS, one line per task.
+    let running = ctr_on_node2(&["tasks", "ls"])
+        .into_iter()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[2] == "RUNNING" && ids.iter().any(|i| i == f[0]))
+                .then(|| f[0].to_string())
+        })
+        .collect();
+    (ids, running)
+}
+
 fn is_ready_on(s: &Sandbox, node: &str) -> bool {
     s.status.as_ref().is_some_and(|st| {
         st.phase == Some(SandboxPhase::Ready) && st.node_name.as_deref() == Some(node)
@@ -386,6 +427,14 @@ async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_no
         .expect("sandbox")
         .uid()
         .expect("uid");
+
+    // What "never resurrected" is checked against below: the stale pod's containers, as node
+    // 2's runtime lists them.
+    let (ids, running) = containers_on_node2(&stale_uid);
+    assert!(
+        !ids.is_empty() && !running.is_empty(),
+        "the pod's containers run in node 2's runtime: {ids:?}, running {running:?}"
+    );
 
     let stopped = Instant::now();
     cluster(&["stop-node", &node2]);
@@ -490,6 +539,13 @@ async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_no
             .iter()
             .map(|p| p.name_any())
             .collect::<Vec<_>>()
+    );
+    // The returning kubelet has synced its pods (the cleanup pod ran there): the stale pod,
+    // whose API object is gone, is not started again.
+    let (ids, running) = containers_on_node2(&stale_uid);
+    assert!(
+        running.is_empty(),
+        "the stale pod runs again on node 2: {running:?} of {ids:?}"
     );
     start_probe(&env, "look-on-node-2", &node2).await;
     let rel = format!("{ROOT_IN_POD}/{}/{uid}", env.ns);
