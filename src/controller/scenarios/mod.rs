@@ -581,6 +581,39 @@ fn node(name: &str, ready: &str) -> Value {
 }
 
 #[tokio::test]
+async fn a_sandbox_without_a_pod_whose_node_is_gone_starts_elsewhere_and_records_the_loss() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let status = json!({"phase": "Pending", "nodeName": "node-9",
+        "workspace": {"rootReady": true, "initializedPodUid": "old-pod"}});
+    fake.put(&format!("{SBX}/gone"), adopted("gone", json!({}), status));
+    reconcile_sandbox(&fake, &ctx, "gone").await;
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("POST {EVENTS}"),
+            format!("PATCH {PODS}/{}", pod("gone")),
+            format!("POST {EVENTS}"),
+            format!("PATCH {SBX}/gone/status"),
+        ]
+    );
+    let p = fake.get(&format!("{PODS}/{}", pod("gone"))).expect("pod");
+    assert!(
+        p["spec"]["affinity"].is_null(),
+        "not pinned to the gone node: {p}"
+    );
+    let s = fake.get(&format!("{SBX}/gone")).expect("sandbox");
+    assert_eq!(s["status"]["nodeLoss"]["node"], json!("node-9"));
+    assert!(s["status"]["nodeLoss"]["notReadySince"].is_null());
+    assert_eq!(s["status"]["abandoned"][0]["node"], json!("node-9"));
+    assert!(
+        ctx.metrics
+            .render()
+            .contains("agentbox_node_loss_recoveries_total 1")
+    );
+}
+
+#[tokio::test]
 async fn a_lost_node_gives_the_workspace_up_with_one_status_write_one_event_and_a_forced_delete() {
     let fake = Arc::new(FakeApi::default());
     let ctx = context(fake.clone());
