@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -14,8 +14,11 @@ use tracing::{debug, info, warn};
 
 use super::decide::{self, Init, Note, Plan, Serving, Step};
 use super::observe::World;
-use super::{Apis, abandoned, delete_if_present, init, write_status, write_transition};
-use crate::controller::nodeloss::{self, NodeHealth};
+use super::{
+    Apis, abandoned, delete_if_present, force_delete, init, node_health, write_status,
+    write_transition,
+};
+use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
 use crate::controller::{
@@ -245,10 +248,7 @@ async fn pinned_node(ctx: &Context, st: &SandboxStatus, now: Timestamp) -> Resul
     let Some(node) = st.node_name.clone() else {
         return Ok(Pin::Free);
     };
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let seen = nodes.get_opt(&node).await?;
-    let grace = Duration::from_secs(ctx.config.node_loss_grace_seconds);
-    Ok(match nodeloss::judge(&node, seen.as_ref(), now, grace) {
+    Ok(match node_health(ctx, &node, now).await? {
         NodeHealth::Lost { since, why } => Pin::Lost { node, since, why },
         NodeHealth::Alive | NodeHealth::Suspect { .. } => Pin::Node(node),
     })
@@ -307,25 +307,6 @@ async fn recovery_snapshot(
         .and_then(|s| s.status)
         .and_then(|s| s.completed_at);
     Ok(done.map(|t| (name, t.0)))
-}
-
-/// Deletes the pod at once (grace 0), without waiting for its kubelet: the pod is on a lost
-/// node, whose kubelet cannot confirm anything. Conditioned on its UID, so a pod made since
-/// under the same name is never hit. Gone already counts as done.
-async fn force_delete(pods: &Api<Pod>, name: &str, uid: Option<String>) -> Result<(), Error> {
-    let dp = DeleteParams {
-        grace_period_seconds: Some(0),
-        preconditions: Some(kube::api::Preconditions {
-            uid,
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match pods.delete(name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// The pod is ours and current: the node's workspace directory checked, the workspace

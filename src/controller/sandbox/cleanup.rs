@@ -4,7 +4,6 @@
 //! error: cleanup polls), so the finalizer stays until all of it is done.
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -12,7 +11,11 @@ use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use super::decide::Note;
-use super::{Apis, FINALIZER, abandoned, delete_if_present, write_status, write_transition};
+use super::{
+    Apis, FINALIZER, abandoned, delete_if_present, force_delete, node_health, write_status,
+    write_transition,
+};
+use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig};
 use crate::controller::{Context, Error, FIELD_MANAGER, conditions, snapshot};
 use crate::crd::{Sandbox, SandboxPhase};
@@ -104,6 +107,15 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Cleanu
     }
     // Done lets the finalizer go, so every unfinished step returns Pending.
     if !delete_if_present(&apis.pods, &pod_name).await? {
+        // A pod on a lost node never finishes terminating (its kubelet is gone): after the
+        // node-loss grace it is deleted at once.
+        if let Some(p) = apis.pods.get_opt(&pod_name).await?
+            && let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone())
+            && let NodeHealth::Lost { why, .. } = node_health(ctx, &node, Timestamp::now()).await?
+        {
+            info!(sandbox = %name, "{why}: force-deleting its pod");
+            force_delete(&apis.pods, &pod_name, p.uid()).await?;
+        }
         return Ok(Cleanup::Pending);
     }
     delete_if_present(&apis.policies, &labels::network_policy_name(&name)).await?;
@@ -111,9 +123,15 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Cleanu
     let Some(node) = sbx.status.as_ref().and_then(|s| s.node_name.clone()) else {
         return remove_abandoned(sbx, ctx, &apis).await;
     };
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    if nodes.get_opt(&node).await?.is_none() {
-        let msg = format!("node {node} is gone; its workspace directory cannot be removed");
+    if let NodeHealth::Lost { why, .. } = node_health(ctx, &node, Timestamp::now()).await? {
+        // Not waited for: a lost node may never return. Its directory is named, so nothing is
+        // left behind unseen.
+        let dir = pod::workspace_host_path(
+            &ctx.config.node_root,
+            &sbx.namespace().unwrap_or_default(),
+            &sbx.uid().unwrap_or_default(),
+        );
+        let msg = format!("{why}; its workspace directory {dir} there cannot be removed");
         crate::controller::publish(
             ctx,
             sbx,

@@ -493,6 +493,44 @@ async fn deleting_waits_for_the_pod_and_only_then_removes_the_finalizer() {
 }
 
 #[tokio::test]
+async fn deleting_a_sandbox_on_a_lost_node_force_deletes_its_pod_and_does_not_wait_for_the_node() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let meta = json!({"deletionTimestamp": "2026-01-01T00:00:00Z"});
+    let status = json!({"phase": "Terminating", "nodeName": "node-1"});
+    let mut obj = adopted("away", json!({}), status);
+    merge(&mut obj["metadata"], &meta);
+    fake.put(&format!("{SBX}/away"), obj);
+    // Terminating already, on a node Unknown since long ago: its kubelet will never finish it.
+    fake.put(
+        &format!("{PODS}/{}", pod("away")),
+        json!({"metadata": {"name": pod("away"), "uid": "stale",
+            "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"nodeName": "node-1"}}),
+    );
+    fake.put(&node_path("node-1"), node("node-1", "Unknown"));
+    reconcile_sandbox(&fake, &ctx, "away").await;
+    assert_eq!(
+        fake.writes(),
+        vec![format!("DELETE {PODS}/{}", pod("away"))]
+    );
+    assert!(
+        fake.get(&format!("{PODS}/{}", pod("away"))).is_none(),
+        "forced"
+    );
+    // Next pass: the workspace's node is lost, so its directory is named in a Warning Event
+    // and the finalizer goes.
+    reconcile_sandbox(&fake, &ctx, "away").await;
+    let writes = fake.writes();
+    assert_eq!(
+        writes[1..],
+        [format!("POST {EVENTS}"), format!("PATCH {SBX}/away")],
+        "{writes:?}"
+    );
+    let s = fake.get(&format!("{SBX}/away")).expect("sandbox");
+    assert_eq!(s["metadata"]["finalizers"], json!([]));
+}
+
+#[tokio::test]
 async fn a_pod_of_another_owner_fails_the_sandbox_with_a_name_conflict() {
     let fake = Arc::new(FakeApi::default());
     let ctx = context(fake.clone());
