@@ -53,6 +53,15 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_ALLOWED_CAPABILITIES", value_delimiter = ',')]
     pub allowed_capabilities: Vec<String>,
 
+    /// Node-loss grace in seconds: how long the node holding a sandbox's workspace may stay
+    /// not ready (its Ready condition not True, or the node.kubernetes.io/unreachable or
+    /// not-ready taint on it, measured from their own timestamps) before the operator gives the
+    /// workspace up, force-deletes the pod and starts the sandbox on another node from its
+    /// newest snapshot. Short enough to recover soon, long enough that a kubelet restart or a
+    /// network blip does not cost the work done since the last snapshot.
+    #[arg(long, env = "AGENTBOX_NODE_LOSS_GRACE_SECONDS", default_value_t = 300)]
+    pub node_loss_grace_seconds: u64,
+
     /// Address of the metrics and health endpoints.
     #[arg(long, env = "AGENTBOX_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,

@@ -190,6 +190,7 @@ pub struct Metrics {
     restore_failures: Family<ReasonLabels, Counter>,
     guard_wait: Family<GuardLabels, Histogram>,
     exec_errors: Family<ExecLabels, Counter>,
+    node_losses: Counter,
     names: BTreeSet<String>,
 }
 
@@ -239,6 +240,7 @@ impl Default for Metrics {
             restore_failures: Family::default(),
             guard_wait: Family::new_with_constructor(slow_buckets),
             exec_errors: Family::default(),
+            node_losses: Counter::default(),
             registry: Registry::default(),
             names: BTreeSet::new(),
         };
@@ -266,6 +268,11 @@ impl Default for Metrics {
             })
             .set(1);
         r.add("build_info", "The operator's version and commit", build);
+        r.add(
+            "node_loss_recoveries",
+            "Sandboxes moved off a lost node (not ready past the node-loss grace, or gone) to start on another",
+            m.node_losses.clone(),
+        );
         r.add(
             "sandbox_ready_seconds",
             "Seconds from a sandbox's creation (or the start of a resume or recovery) to Ready, by start branch",
@@ -362,6 +369,11 @@ impl Metrics {
             start,
         };
         self.ready.get_or_create(&l).observe(took.as_secs_f64());
+    }
+
+    /// A sandbox was moved off a lost node.
+    pub fn node_lost(&self) {
+        self.node_losses.inc();
     }
 
     /// Counts sandboxes by phase from `source` at every scrape (the leader sets it).

@@ -2,6 +2,7 @@
 //! changed. A folder per controller ([`sandbox`], [`snapshot`]); what both need is beside them.
 
 pub mod conditions;
+pub mod nodeloss;
 pub mod noderoot;
 pub mod pod;
 pub mod podstate;
@@ -92,6 +93,9 @@ pub enum Error {
     /// Work on a node needs the helper image, and the operator has none.
     #[error("{0}")]
     NoHelper(String),
+    /// The workspace was lost with nothing to restore, and `snapshot.whenLost` is `Fail`.
+    #[error("{0}")]
+    WorkspaceLost(String),
     /// A namespaced object without a namespace.
     #[error("object has no namespace")]
     NotNamespaced,
@@ -139,6 +143,7 @@ impl Error {
             Error::Archive(_) => "archive",
             Error::Cleanup(_) => "cleanup",
             Error::NoHelper(_) => "no_helper",
+            Error::WorkspaceLost(_) => "workspace_lost",
             Error::NotNamespaced => "not_namespaced",
             Error::Snapshot(_) => "snapshot",
             Error::Guard(_) => "guard",
@@ -164,6 +169,7 @@ impl Error {
             Error::SourceNotReadable(_) => W::SourceNotReadable,
             Error::Exec(_) => W::ExecFailed,
             Error::Restore { reason, .. } => W::Restore(*reason),
+            Error::WorkspaceLost(_) => W::WorkspaceLost,
             _ => W::InitFailed,
         }
     }
@@ -178,7 +184,7 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         match self.root() {
             Error::Exec(e) => !e.is_transient(),
-            Error::NotNamespaced | Error::NoHelper(_) => true,
+            Error::NotNamespaced | Error::NoHelper(_) | Error::WorkspaceLost(_) => true,
             Error::Restore { reason, .. } => reason.is_permanent(),
             _ => false,
         }

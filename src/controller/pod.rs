@@ -336,6 +336,17 @@ pub fn cleanup_pod_name(sbx: &Sandbox) -> String {
     format!("sbx-cleanup-{}", sbx.uid().unwrap_or_default())
 }
 
+/// Name of the pod that removes this sandbox's workspace directory left on the lost `node`:
+/// distinct from [`cleanup_pod_name`], so a deletion's cleanup never takes its completion for
+/// the removal of the directory on the node the sandbox runs on.
+pub fn abandoned_cleanup_pod_name(sbx: &Sandbox, node: &str) -> String {
+    format!(
+        "sbx-cleanup-{}-{}",
+        sbx.uid().unwrap_or_default(),
+        hex::encode(&Sha256::digest(node.as_bytes())[..4])
+    )
+}
+
 /// Name of the pod that prepares and checks a namespace's workspace directory on `node`.
 pub fn prepare_pod_name(node: &str) -> String {
     format!(
@@ -457,11 +468,16 @@ fn helper_pod(
     }
 }
 
-/// The pod that removes this sandbox's workspace directory (and only it) from `node`: the
-/// helper's `remove` job on the namespace's directory, which it needs mounted to unlink the
+/// The pod `name` that removes this sandbox's workspace directory (and only it) from `node`:
+/// the helper's `remove` job on the namespace's directory, which it needs mounted to unlink the
 /// workspace's entry. `None` without a helper image: the sandbox's own image is never used,
 /// since whatever it calls `rm` is the sandbox author's code.
-pub fn build_cleanup_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Option<Pod> {
+pub fn build_cleanup_pod(
+    sbx: &Sandbox,
+    cfg: &PodConfig<'_>,
+    node: &str,
+    name: String,
+) -> Option<Pod> {
     let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::Remove {
         root: NAMESPACE_MOUNT.into(),
@@ -475,7 +491,7 @@ pub fn build_cleanup_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Opti
         sbx,
         cfg,
         helper,
-        (cleanup_pod_name(sbx), node, "remove"),
+        (name, node, "remove"),
         job,
         REMOVE_CAPS,
         labels,
@@ -741,7 +757,7 @@ mod tests {
         let sbx = sandbox(serde_json::json!({"tolerations": [
             {"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}
         ]}));
-        let pod = build_cleanup_pod(&sbx, &cfg("/w"), "node-a").unwrap();
+        let pod = build_cleanup_pod(&sbx, &cfg("/w"), "node-a", cleanup_pod_name(&sbx)).unwrap();
         let spec = pod.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-a"));
         assert_eq!(spec.automount_service_account_token, Some(false));
@@ -761,7 +777,7 @@ mod tests {
         let tol = spec.tolerations.unwrap();
         assert_eq!(tol, sbx.spec.tolerations);
         assert!(
-            build_cleanup_pod(&sandbox(serde_json::json!({})), &cfg("/w"), "n")
+            build_cleanup_pod(&sandbox(serde_json::json!({})), &cfg("/w"), "n", "c".into())
                 .unwrap()
                 .spec
                 .unwrap()
@@ -773,7 +789,13 @@ mod tests {
             helper: None,
             ..cfg("/w")
         };
-        assert!(build_cleanup_pod(&sbx, &none, "node-a").is_none());
+        assert!(build_cleanup_pod(&sbx, &none, "node-a", "c".into()).is_none());
+        // The pod that removes a directory left on a lost node is named for that node.
+        assert_ne!(
+            abandoned_cleanup_pod_name(&sbx, "node-a"),
+            abandoned_cleanup_pod_name(&sbx, "node-b")
+        );
+        assert!(abandoned_cleanup_pod_name(&sbx, "node-a").starts_with(&cleanup_pod_name(&sbx)));
         assert!(build_prepare_pod(&sbx, &none, "node-a").is_none());
     }
 

@@ -101,6 +101,8 @@ pub enum WorkspaceReason {
     ExecFailed,
     /// Restoring a snapshot did not happen.
     Restore(RestoreReason),
+    /// The workspace was lost, there is nothing to restore, and the policy forbids a fresh one.
+    WorkspaceLost,
     /// Anything else.
     InitFailed,
 }
@@ -113,6 +115,7 @@ impl WorkspaceReason {
             WorkspaceReason::SourceNotReadable => "SourceNotReadable",
             WorkspaceReason::ExecFailed => "ExecFailed",
             WorkspaceReason::Restore(r) => r.as_str(),
+            WorkspaceReason::WorkspaceLost => "WorkspaceLost",
             WorkspaceReason::InitFailed => "InitFailed",
         }
     }

@@ -6,7 +6,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::crd::StartBranch;
+use crate::crd::{StartBranch, WhenLost};
 
 pub use crate::paths::normalize;
 pub use crate::remote::{MARKER, STATE_DIR};
@@ -118,6 +118,22 @@ pub fn decide(o: Observed<'_>) -> Decision {
             }
         }
     }
+}
+
+/// Why a start is refused: the workspace was lost (`root_was_ready`), there is nothing to
+/// restore (`decision` is branch D), and the sandbox's `snapshot.whenLost` is `Fail`. `None`:
+/// the start goes ahead.
+pub fn refused_when_lost(
+    decision: &Decision,
+    root_was_ready: bool,
+    policy: WhenLost,
+) -> Option<String> {
+    (decision.branch == StartBranch::D && root_was_ready && policy == WhenLost::Fail).then(|| {
+        format!(
+            "{}; not started, since snapshot.whenLost is Fail: take or name a snapshot, or set whenLost to StartFresh",
+            decision.message.trim_end_matches("; fresh workspace initialised from the spec")
+        )
+    })
 }
 
 /// SHA-256 over every projection's ConfigMap name, directory and content, length-prefixed so
@@ -264,6 +280,23 @@ mod tests {
             (StartBranch::D, None, true)
         );
         assert_eq!(d.reason, "WorkspaceInitialized");
+    }
+
+    #[test]
+    fn a_lost_workspace_without_snapshot_is_refused_only_when_the_policy_says_fail() {
+        let lost = obs(false, true, None, true);
+        let why = refused_when_lost(&lost, true, WhenLost::Fail).unwrap();
+        assert!(
+            why.starts_with("workspace was lost and there is no snapshot to restore")
+                && why.contains("whenLost is Fail"),
+            "{why}"
+        );
+        assert_eq!(refused_when_lost(&lost, true, WhenLost::StartFresh), None);
+        // A first start (nothing was lost) and a recovery from a snapshot go ahead.
+        let first = obs(false, false, None, true);
+        assert_eq!(refused_when_lost(&first, false, WhenLost::Fail), None);
+        let b = obs(false, true, Some("s"), true);
+        assert_eq!(refused_when_lost(&b, true, WhenLost::Fail), None);
     }
 
     #[test]

@@ -548,6 +548,25 @@ pub struct SnapshotPolicy {
     /// How many snapshots of this scope to keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+    /// What a start does when the workspace was lost (its node lost, its directory gone) and
+    /// there is no snapshot to restore: `StartFresh` (the default, as before: a fresh workspace
+    /// from the spec, branch D, the loss stated in WorkspaceReady and an Event) or `Fail` (no
+    /// start: WorkspaceReady and Ready False with reason `WorkspaceLost` until a snapshot
+    /// exists or the policy changes).
+    #[serde(default)]
+    pub when_lost: WhenLost,
+}
+
+/// What a start does with a lost workspace and nothing to restore.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum WhenLost {
+    /// A fresh workspace from the spec (branch D), the loss reported.
+    #[default]
+    StartFresh,
+    /// No start: the sandbox reports the loss and waits for a snapshot or a policy change.
+    Fail,
 }
 
 /// Which snapshot to restore.
@@ -664,6 +683,54 @@ pub struct SandboxStatus {
     /// Where each port of `spec.ports` is reached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<PortEndpoint>,
+    /// The last loss of the node that held the workspace: which node, since when it was not
+    /// ready, when the operator gave it up, and what the recovery restores and loses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_loss: Option<NodeLoss>,
+    /// Workspace directories left on lost nodes, removed by a helper pod once their node is
+    /// Ready again (the entry goes then, or when the node object is gone). Never served: the
+    /// sandbox's pod runs elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub abandoned: Vec<AbandonedWorkspace>,
+}
+
+/// A node loss the sandbox recovered from (or is recovering from).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLoss {
+    /// The node that was lost.
+    pub node: String,
+    /// Since when the node was not ready (its Ready condition's transition or the
+    /// unreachable/not-ready taint's `timeAdded`); absent when the Node object was gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready_since: Option<Time>,
+    /// When the operator gave the node up (the node-loss grace had run out) and moved the
+    /// sandbox off it.
+    pub detected_at: Time,
+    /// The snapshot the recovery restores: the one the restore policy points at (the scope's
+    /// newest Ready snapshot by default). Absent: nothing to restore, the workspace starts
+    /// fresh from the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// When that snapshot completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_completed_at: Option<Time>,
+    /// What was lost, in seconds: the work done between that snapshot's completion and the
+    /// node's failure (measured to `notReadySince`, else `detectedAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_seconds: Option<i64>,
+}
+
+/// A workspace directory left behind on a lost node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AbandonedWorkspace {
+    /// The node it is on.
+    pub node: String,
+    /// Its host path there (`<nodeRoot>/<namespace>/<sandbox-uid>`).
+    pub directory: String,
+    /// When it was abandoned.
+    pub since: Time,
 }
 
 /// Where one exposed port of a sandbox is reached.

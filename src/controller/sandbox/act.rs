@@ -4,23 +4,27 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::decide::{self, Init, Note, Plan, Serving, Step};
 use super::observe::World;
-use super::{Apis, delete_if_present, init, write_status, write_transition};
+use super::{
+    Apis, abandoned, delete_if_present, force_delete, init, node_health, write_status,
+    write_transition,
+};
+use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
 use crate::controller::{
-    Context, Error, FIELD_MANAGER, conditions, noderoot, service, snapshot, sources,
+    Context, Error, FIELD_MANAGER, conditions, noderoot, selection, service, snapshot, sources,
 };
-use crate::crd::{Egress, Sandbox, SandboxStatus};
+use crate::crd::{Egress, Sandbox, SandboxSnapshot, SandboxStatus};
 use crate::labels;
 use crate::metrics::{COLD, ExecOp, Metrics};
 
@@ -92,6 +96,13 @@ pub async fn act(
             let Some(pod) = world.pod.as_ref() else {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             };
+            let mut status = status;
+            let mut requeue = requeue;
+            if !status.abandoned.is_empty()
+                && let Some(d) = abandoned::sweep(sbx, ctx, apis, &mut status, false).await?
+            {
+                requeue = Some(requeue.map_or(d, |r| r.min(d)));
+            }
             let seen = (old, status, world.now);
             serve(
                 sbx,
@@ -103,6 +114,19 @@ pub async fn act(
                 requeue,
             )
             .await
+        }
+        Step::NodeLost { node, since, why } => {
+            let mut st = status;
+            // A repeat (the force-delete failed after the loss was recorded) only deletes.
+            let recorded = old.node_loss.as_ref().is_some_and(|l| l.node == node)
+                && old.abandoned.iter().any(|a| a.node == node);
+            if !recorded {
+                let note = lose_node(sbx, ctx, &mut st, (&node, since, &why)).await?;
+                write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
+            }
+            let uid = world.pod.as_ref().and_then(|p| p.uid());
+            force_delete(&apis.pods, &pod_name, uid).await?;
+            Ok(Action::requeue(Duration::from_secs(1)))
         }
         Step::Invalid | Step::ShutDown => Ok(Action::await_change()),
     }
@@ -155,11 +179,17 @@ async fn create_pod(
         }
         return Err(e);
     }
-    let pin = pinned_node(ctx, &st).await?;
-    if st.node_name.is_some() && pin.is_none() {
-        // The workspace's node is gone: the workspace with it. The next start is B or D.
-        st.node_name = None;
-    }
+    let pin = match pinned_node(ctx, &st, now).await? {
+        Pin::Free => None,
+        Pin::Node(n) => Some(n),
+        Pin::Lost { node, since, why } => {
+            // The workspace's node is lost, and the workspace with it: the next start is B
+            // (restore) or D (fresh), on another node.
+            let note = lose_node(sbx, ctx, &mut st, (&node, since, &why)).await?;
+            publish(ctx, sbx, Some(note)).await;
+            None
+        }
+    };
     let desired = pod::build_pod(sbx, podcfg, pin.as_deref());
     let created = apis
         .pods
@@ -199,13 +229,84 @@ async fn create_pod(
     Ok(Action::requeue(Duration::from_secs(10)))
 }
 
-/// The node the next pod must land on: the one holding the workspace, if it still exists.
-async fn pinned_node(ctx: &Context, st: &SandboxStatus) -> Result<Option<String>, Error> {
+/// Where the next pod must land.
+enum Pin {
+    /// Anywhere: no workspace on a node yet.
+    Free,
+    /// On the node that holds the workspace (ready, or not ready for less than the grace).
+    Node(String),
+    /// Anywhere else: the workspace's node is lost.
+    Lost {
+        node: String,
+        since: Option<Timestamp>,
+        why: String,
+    },
+}
+
+/// The node the next pod must land on: the one holding the workspace, unless it is lost.
+async fn pinned_node(ctx: &Context, st: &SandboxStatus, now: Timestamp) -> Result<Pin, Error> {
     let Some(node) = st.node_name.clone() else {
-        return Ok(None);
+        return Ok(Pin::Free);
     };
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    Ok(nodes.get_opt(&node).await?.map(|_| node))
+    Ok(match node_health(ctx, &node, now).await? {
+        NodeHealth::Lost { since, why } => Pin::Lost { node, since, why },
+        NodeHealth::Alive | NodeHealth::Suspect { .. } => Pin::Node(node),
+    })
+}
+
+/// Gives the workspace on the lost `node` up in `st` (see [`decide::node_lost`]), with what
+/// the recovery will restore; counts the loss. Returns the Event that says so.
+async fn lose_node(
+    sbx: &Sandbox,
+    ctx: &Context,
+    st: &mut SandboxStatus,
+    (node, since, why): (&str, Option<Timestamp>, &str),
+) -> Result<Note, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let dir = pod::workspace_host_path(&ctx.config.node_root, &ns, &sbx.uid().unwrap_or_default());
+    let recovery = decide::Recovery {
+        snapshot: recovery_snapshot(ctx, sbx).await?,
+    };
+    let now = Timestamp::now();
+    let note = decide::node_lost(
+        st,
+        (node, since, why),
+        &dir,
+        &recovery,
+        (sbx.metadata.generation, now),
+    );
+    ctx.metrics.node_lost();
+    warn!("{}", note.message);
+    Ok(note)
+}
+
+/// The snapshot a recovery will restore (what the restore policy points at) and when it
+/// completed. `None` without a store or a snapshot; a refused one (a named snapshot gone, of
+/// another scope) is left to the restore to report.
+async fn recovery_snapshot(
+    ctx: &Context,
+    sbx: &Sandbox,
+) -> Result<Option<(String, Timestamp)>, Error> {
+    if ctx.store.is_none() {
+        return Ok(None);
+    }
+    let name = match selection::candidate(ctx, sbx).await {
+        Ok(Some(name)) => name,
+        Ok(None) => return Ok(None),
+        Err(Error::Kube(e)) => return Err(Error::Kube(e)),
+        Err(e) => {
+            debug!(sandbox = %sbx.name_any(), "no snapshot for the recovery: {e}");
+            return Ok(None);
+        }
+    };
+    let snaps: Api<SandboxSnapshot> =
+        Api::namespaced(ctx.client.clone(), &sbx.namespace().unwrap_or_default());
+    let done = snaps
+        .get_opt(&name)
+        .await?
+        .and_then(|s| s.status)
+        .and_then(|s| s.completed_at);
+    Ok(done.map(|t| (name, t.0)))
 }
 
 /// The pod is ours and current: the node's workspace directory checked, the workspace

@@ -4,7 +4,6 @@
 //! error: cleanup polls), so the finalizer stays until all of it is done.
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -12,7 +11,11 @@ use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use super::decide::Note;
-use super::{Apis, FINALIZER, delete_if_present, write_status, write_transition};
+use super::{
+    Apis, FINALIZER, abandoned, delete_if_present, force_delete, node_health, write_status,
+    write_transition,
+};
+use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig};
 use crate::controller::{Context, Error, FIELD_MANAGER, conditions, snapshot};
 use crate::crd::{Sandbox, SandboxPhase};
@@ -104,16 +107,31 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Cleanu
     }
     // Done lets the finalizer go, so every unfinished step returns Pending.
     if !delete_if_present(&apis.pods, &pod_name).await? {
+        // A pod on a lost node never finishes terminating (its kubelet is gone): after the
+        // node-loss grace it is deleted at once.
+        if let Some(p) = apis.pods.get_opt(&pod_name).await?
+            && let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone())
+            && let NodeHealth::Lost { why, .. } = node_health(ctx, &node, Timestamp::now()).await?
+        {
+            info!(sandbox = %name, "{why}: force-deleting its pod");
+            force_delete(&apis.pods, &pod_name, p.uid()).await?;
+        }
         return Ok(Cleanup::Pending);
     }
     delete_if_present(&apis.policies, &labels::network_policy_name(&name)).await?;
 
     let Some(node) = sbx.status.as_ref().and_then(|s| s.node_name.clone()) else {
-        return Ok(Cleanup::Done);
+        return remove_abandoned(sbx, ctx, &apis).await;
     };
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    if nodes.get_opt(&node).await?.is_none() {
-        let msg = format!("node {node} is gone; its workspace directory cannot be removed");
+    if let NodeHealth::Lost { why, .. } = node_health(ctx, &node, Timestamp::now()).await? {
+        // Not waited for: a lost node may never return. Its directory is named, so nothing is
+        // left behind unseen.
+        let dir = pod::workspace_host_path(
+            &ctx.config.node_root,
+            &sbx.namespace().unwrap_or_default(),
+            &sbx.uid().unwrap_or_default(),
+        );
+        let msg = format!("{why}; its workspace directory {dir} there cannot be removed");
         crate::controller::publish(
             ctx,
             sbx,
@@ -123,7 +141,7 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Cleanu
             &msg,
         )
         .await;
-        return Ok(Cleanup::Done);
+        return remove_abandoned(sbx, ctx, &apis).await;
     }
     // The helper pod that prepares the namespace's directory, if this sandbox started it and it
     // still runs: it goes now rather than after the garbage collector notices.
@@ -135,7 +153,30 @@ async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Cleanu
     {
         delete_if_present(&apis.pods, &prepare).await?;
     }
-    remove_workspace(sbx, ctx, &apis, &node).await
+    if remove_workspace(sbx, ctx, &apis, &node).await? == Cleanup::Pending {
+        return Ok(Cleanup::Pending);
+    }
+    remove_abandoned(sbx, ctx, &apis).await
+}
+
+/// Deleting a Sandbox that left workspace directories on lost nodes: each removed if its node
+/// is back, else given up with a Warning Event. What is done is recorded, so the next poll
+/// does not start over.
+async fn remove_abandoned(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<Cleanup, Error> {
+    let old = sbx.status.clone().unwrap_or_default();
+    if old.abandoned.is_empty() {
+        return Ok(Cleanup::Done);
+    }
+    let mut st = old.clone();
+    let again = abandoned::sweep(sbx, ctx, apis, &mut st, true).await?;
+    if st != old {
+        write_status(&apis.sandboxes, sbx, &st).await?;
+    }
+    Ok(if again.is_some() || !st.abandoned.is_empty() {
+        Cleanup::Pending
+    } else {
+        Cleanup::Done
+    })
 }
 
 /// Removes the workspace directory on `node` with a cleanup pod bound there: started when
@@ -146,28 +187,55 @@ async fn remove_workspace(
     apis: &Apis,
     node: &str,
 ) -> Result<Cleanup, Error> {
-    let (ns, name) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
+    match remove_directory(sbx, ctx, apis, node, pod::cleanup_pod_name(sbx)).await? {
+        Removal::Done => Ok(Cleanup::Done),
+        Removal::Pending => Ok(Cleanup::Pending),
+        Removal::NoHelper => Err(no_helper_for_cleanup(sbx, ctx, apis, node).await),
+    }
+}
+
+/// How far the removal of a workspace directory from a node got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Removal {
+    /// Removed; the cleanup pod is gone too.
+    Done,
+    /// The cleanup pod is on its way or running.
+    Pending,
+    /// This operator has no helper image to remove it with.
+    NoHelper,
+}
+
+/// Removes this sandbox's workspace directory on `node` with the cleanup pod `name` bound
+/// there: started when absent, deleted once it has succeeded (Done), replaced when it failed
+/// (the error says so, with a Warning Event).
+pub(super) async fn remove_directory(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    node: &str,
+    name: String,
+) -> Result<Removal, Error> {
+    let (ns, sandbox) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
     let podcfg = PodConfig::from_config(&ctx.config);
-    let cleanup_name = pod::cleanup_pod_name(sbx);
-    match apis.pods.get_opt(&cleanup_name).await? {
+    match apis.pods.get_opt(&name).await? {
         None => {
-            let Some(desired) = pod::build_cleanup_pod(sbx, &podcfg, node) else {
-                return Err(no_helper_for_cleanup(sbx, ctx, apis, node).await);
+            let Some(desired) = pod::build_cleanup_pod(sbx, &podcfg, node, name.clone()) else {
+                return Ok(Removal::NoHelper);
             };
             apis.pods
                 .patch(
-                    &cleanup_name,
+                    &name,
                     &PatchParams::apply(FIELD_MANAGER).force(),
                     &Patch::Apply(&desired),
                 )
                 .await?;
-            Ok(Cleanup::Pending)
+            Ok(Removal::Pending)
         }
         Some(p) => match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
             Some("Succeeded") => {
-                delete_if_present(&apis.pods, &cleanup_name).await?;
-                info!(sandbox = %name, namespace = %ns, node = %node, "workspace removed");
-                Ok(Cleanup::Done)
+                delete_if_present(&apis.pods, &name).await?;
+                info!(sandbox = %sandbox, namespace = %ns, node = %node, "workspace removed");
+                Ok(Removal::Done)
             }
             Some("Failed") => {
                 let msg = format!("removing the workspace on node {node} failed; retrying");
@@ -180,10 +248,10 @@ async fn remove_workspace(
                     &msg,
                 )
                 .await;
-                delete_if_present(&apis.pods, &cleanup_name).await?;
+                delete_if_present(&apis.pods, &name).await?;
                 Err(Error::Cleanup(msg))
             }
-            _ => Ok(Cleanup::Pending),
+            _ => Ok(Removal::Pending),
         },
     }
 }

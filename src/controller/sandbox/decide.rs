@@ -11,11 +11,12 @@ use kube::runtime::events::EventType;
 
 use super::observe::World;
 use crate::controller::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
+use crate::controller::nodeloss::{self, NodeHealth};
 use crate::controller::podstate::PodState;
 use crate::controller::{service, workspace};
 use crate::crd::{
-    GuardStatus, LifecycleMode, RestoreRefusal, Sandbox, SandboxPhase, SandboxStatus,
-    WorkspaceStatus,
+    AbandonedWorkspace, GuardStatus, LifecycleMode, NodeLoss, RestoreRefusal, Sandbox,
+    SandboxPhase, SandboxStatus, WorkspaceStatus,
 };
 use crate::guard::LeaseView;
 use crate::labels;
@@ -63,6 +64,16 @@ pub enum Step {
     ReplacePod,
     /// The pod is ours and current: check its node, initialise the workspace, report.
     Serve,
+    /// The pod's node is lost (not ready past the node-loss grace, or gone): give its
+    /// workspace up, force-delete the pod, start again elsewhere from a snapshot.
+    NodeLost {
+        /// The lost node.
+        node: String,
+        /// Since when it was not ready (`None`: the Node object is gone).
+        since: Option<Timestamp>,
+        /// Why it counts as lost.
+        why: String,
+    },
 }
 
 /// A [`Step`] with the status it leads to.
@@ -126,6 +137,31 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
     }
     // Exposed ports: where each is reached (with the pod's IP once there is a pod to serve).
     st.endpoints = service::endpoints(sbx, None);
+    if sbx.spec.lifecycle.mode != LifecycleMode::Suspended
+        && let (Some(pod), Some((node, seen))) = (&w.pod, &w.node)
+        && is_owned_by(pod, sbx)
+    {
+        match nodeloss::judge(node, seen.as_ref(), now, w.node_loss_grace) {
+            NodeHealth::Lost { since, why } => {
+                let step = Step::NodeLost {
+                    node: node.clone(),
+                    since,
+                    why,
+                };
+                return Plan {
+                    step,
+                    status: st,
+                    note: None,
+                    requeue,
+                };
+            }
+            // Look again the moment the grace runs out.
+            NodeHealth::Suspect { remaining, .. } => {
+                requeue = Some(requeue.map_or(remaining, |r: Duration| r.min(remaining)));
+            }
+            NodeHealth::Alive => {}
+        }
+    }
     let (step, note) = pod_step(sbx, w, &mut st);
     Plan {
         step,
@@ -297,6 +333,74 @@ pub fn held(
     st.pod_name = None;
     not_ready(st, reason, message, generation, now);
     Note::new(EventType::Warning, reason, "CreatePod", message)
+}
+
+/// What a node loss costs: the snapshot the recovery will restore, if any, and when it
+/// completed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    /// The snapshot and its completion time; `None`: nothing to restore.
+    pub snapshot: Option<(String, Timestamp)>,
+}
+
+/// The sandbox's node `node` is lost (not ready since `since`, `why`): the workspace
+/// directory `dir` there is abandoned (recorded for cleanup when the node returns), the
+/// sandbox unpinned and Pending, the loss and what the recovery restores and loses recorded;
+/// returns the one Warning Event that says so.
+pub fn node_lost(
+    st: &mut SandboxStatus,
+    (node, since, why): (&str, Option<Timestamp>, &str),
+    dir: &str,
+    recovery: &Recovery,
+    (generation, now): (Option<i64>, Timestamp),
+) -> Note {
+    st.node_name = None;
+    st.pod_name = None;
+    st.phase = Some(SandboxPhase::Pending);
+    if !st.abandoned.iter().any(|a| a.node == node) {
+        st.abandoned.push(AbandonedWorkspace {
+            node: node.to_string(),
+            directory: dir.to_string(),
+            since: Time(now),
+        });
+    }
+    // The work between the snapshot and the node's failure is what is lost.
+    let failed_at = since.unwrap_or(now);
+    let lost = recovery.snapshot.as_ref().map(|(_, done)| {
+        failed_at
+            .as_second()
+            .saturating_sub(done.as_second())
+            .max(0)
+    });
+    st.node_loss = Some(NodeLoss {
+        node: node.to_string(),
+        not_ready_since: since.map(Time),
+        detected_at: Time(now),
+        snapshot: recovery.snapshot.as_ref().map(|(n, _)| n.clone()),
+        snapshot_completed_at: recovery.snapshot.as_ref().map(|(_, t)| Time(*t)),
+        lost_seconds: lost,
+    });
+    let plan = match (&recovery.snapshot, lost) {
+        (Some((snap, _)), Some(secs)) => format!(
+            "restarting on another node from snapshot {snap}; the work of the {secs}s between that snapshot and the node's failure is lost"
+        ),
+        _ => "there is no snapshot to restore: the workspace is lost, and the sandbox restarts on another node with a fresh one from its spec".to_string(),
+    };
+    let message = format!(
+        "{why}: its workspace there ({dir}) is given up (removed when the node is back) and its pod force-deleted; {plan}"
+    );
+    set_false(
+        st,
+        "NodeLost",
+        &[
+            (POD_READY, &message),
+            (WORKSPACE_READY, &message),
+            (READY, &message),
+        ],
+        generation,
+        now,
+    );
+    Note::new(EventType::Warning, "NodeLost", "RecoverWorkspace", &message)
 }
 
 /// A pod was just made. A brand-new sandbox gets its first status from the pod's own progress
@@ -602,6 +706,8 @@ mod tests {
             pod_state: PodState::Starting,
             desired_hash: Some("h".into()),
             pod_hash: Some("h".into()),
+            node: None,
+            node_loss_grace: Duration::from_secs(60),
         }
     }
 
@@ -609,6 +715,119 @@ mod tests {
         conditions::get(&st.conditions, type_)
             .map(|c| c.reason.clone())
             .unwrap_or_default()
+    }
+
+    fn not_ready_node(since: Timestamp) -> k8s_openapi::api::core::v1::Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n2"},
+            "status": {"conditions": [{"type": "Ready", "status": "Unknown",
+                "lastTransitionTime": Time(since)}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_on_a_node_not_ready_within_the_grace_is_kept_and_looked_at_when_it_ends() {
+        let mut w = world(Some(pod("sbx-uid")));
+        w.now = t(20);
+        w.node = Some(("n2".into(), Some(not_ready_node(t(0)))));
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::Serve);
+        assert_eq!(plan.requeue, Some(Duration::from_secs(40)));
+    }
+
+    #[test]
+    fn a_pod_on_a_node_not_ready_past_the_grace_or_gone_is_a_node_loss() {
+        let mut w = world(Some(pod("sbx-uid")));
+        w.now = t(61);
+        w.node = Some(("n2".into(), Some(not_ready_node(t(0)))));
+        let plan = decide(&sandbox(json!({})), &w);
+        match plan.step {
+            Step::NodeLost { node, since, .. } => {
+                assert_eq!((node.as_str(), since), ("n2", Some(t(0))));
+            }
+            other => panic!("{other:?}"),
+        }
+        w.node = Some(("n2".into(), None));
+        assert!(matches!(
+            decide(&sandbox(json!({})), &w).step,
+            Step::NodeLost { since: None, .. }
+        ));
+        // Not ours: never force-deleted for a node loss.
+        w.pod = Some(pod("someone-else"));
+        assert_eq!(decide(&sandbox(json!({})), &w).step, Step::PodNameConflict);
+    }
+
+    #[test]
+    fn a_node_loss_unpins_records_the_directory_and_what_was_lost() {
+        let mut st = SandboxStatus {
+            node_name: Some("n2".into()),
+            pod_name: Some("s-sandbox".into()),
+            phase: Some(SandboxPhase::Ready),
+            ..Default::default()
+        };
+        let recovery = Recovery {
+            snapshot: Some(("snap-1".into(), t(-30))),
+        };
+        let note = node_lost(
+            &mut st,
+            ("n2", Some(t(0)), "node n2 has not been ready"),
+            "/root/n/sbx-uid",
+            &recovery,
+            (Some(3), t(60)),
+        );
+        assert_eq!(
+            (st.node_name.as_deref(), st.pod_name.as_deref()),
+            (None, None)
+        );
+        assert_eq!(st.phase, Some(SandboxPhase::Pending));
+        assert_eq!(st.abandoned.len(), 1);
+        assert_eq!(
+            (
+                st.abandoned[0].node.as_str(),
+                st.abandoned[0].directory.as_str()
+            ),
+            ("n2", "/root/n/sbx-uid")
+        );
+        let loss = st.node_loss.clone().unwrap();
+        assert_eq!(loss.snapshot.as_deref(), Some("snap-1"));
+        assert_eq!(loss.lost_seconds, Some(30));
+        assert_eq!(loss.detected_at, Time(t(60)));
+        assert_eq!(reason(&st, WORKSPACE_READY), "NodeLost");
+        assert_eq!(reason(&st, READY), "NodeLost");
+        assert_eq!(
+            (note.type_, note.reason.as_str()),
+            (EventType::Warning, "NodeLost")
+        );
+        assert!(
+            note.message.contains("snap-1") && note.message.contains("30s"),
+            "{}",
+            note.message
+        );
+        // Again (a repeat after a failed delete): one entry per node.
+        node_lost(
+            &mut st,
+            ("n2", Some(t(0)), "x"),
+            "/root/n/sbx-uid",
+            &recovery,
+            (Some(3), t(61)),
+        );
+        assert_eq!(st.abandoned.len(), 1);
+        // Without a snapshot it says plainly that the workspace is lost.
+        let mut st = SandboxStatus::default();
+        let note = node_lost(
+            &mut st,
+            ("n2", None, "node n2 no longer exists"),
+            "/d",
+            &Recovery { snapshot: None },
+            (None, t(0)),
+        );
+        assert!(
+            note.message.contains("workspace is lost"),
+            "{}",
+            note.message
+        );
+        assert_eq!(st.node_loss.unwrap().lost_seconds, None);
     }
 
     #[test]

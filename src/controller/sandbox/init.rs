@@ -67,6 +67,11 @@ pub async fn init_workspace(
         snapshot: snapshot.as_deref(),
         can_restore: ctx.store.is_some(),
     });
+    if let Some(why) =
+        workspace::refused_when_lost(&decision, ws.root_ready, sbx.spec.snapshot.when_lost)
+    {
+        return Err(Error::WorkspaceLost(why));
+    }
     // Branches B and C: restore before any file is written. A failure leaves the workspace
     // as it was and surfaces as WorkspaceReady=False with the refusal's reason.
     if let Some(snap) = decision.restore.as_deref() {

@@ -8,6 +8,7 @@
 //! writes. The writes one sandbox costs are kept few: the finalizer, the pod, status at
 //! scheduling and at readiness, and an Event at each.
 
+mod abandoned;
 mod act;
 mod cleanup;
 pub mod decide;
@@ -247,6 +248,43 @@ where
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Deletes the pod at once (grace 0), without waiting for its kubelet: the pod is on a lost
+/// node, whose kubelet cannot confirm anything. Conditioned on its UID, so a pod made since
+/// under the same name is never hit. Gone already counts as done.
+async fn force_delete(pods: &Api<Pod>, name: &str, uid: Option<String>) -> Result<(), Error> {
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match pods.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What `node` looks like now against the operator's node-loss grace (see
+/// [`crate::controller::nodeloss::judge`]).
+async fn node_health(
+    ctx: &Context,
+    node: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<crate::controller::nodeloss::NodeHealth, Error> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.client.clone());
+    let seen = nodes.get_opt(node).await?;
+    let grace = Duration::from_secs(ctx.config.node_loss_grace_seconds);
+    Ok(crate::controller::nodeloss::judge(
+        node,
+        seen.as_ref(),
+        now,
+        grace,
+    ))
 }
 
 #[cfg(test)]

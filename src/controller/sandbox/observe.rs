@@ -1,9 +1,11 @@
 //! What one reconcile of a live Sandbox reads before it decides anything: its status as it
-//! was, the scope's guard Lease, the problems of its spec, and its pod. Reads only; the
-//! decisions are in [`super::decide`].
+//! was, the scope's guard Lease, the problems of its spec, its pod, and — when that pod is not
+//! serving — the node it is bound to. Reads only; the decisions are in [`super::decide`].
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -34,6 +36,13 @@ pub struct World {
     pub desired_hash: Option<String>,
     /// The spec hash the pod has.
     pub pod_hash: Option<String>,
+    /// The node the pod is bound to, read only when the pod is not Ready, is marked not ready
+    /// (the node lifecycle controller sets a lost node's pods' `Ready` condition False and
+    /// leaves their container statuses as the kubelet last reported them) or is terminating:
+    /// its name and the Node as read (`None`: the object is gone).
+    pub node: Option<(String, Option<Node>)>,
+    /// The operator's node-loss grace.
+    pub node_loss_grace: Duration,
 }
 
 /// Reads the world of `sbx`.
@@ -56,13 +65,33 @@ pub async fn observe(
     } else {
         None
     };
+    let pod_state = pod
+        .as_ref()
+        .map_or(PodState::Starting, podstate::observe_pod);
+    let node = match pod.as_ref() {
+        Some(p)
+            if pod_state != PodState::Ready
+                || !marked_ready(p)
+                || p.metadata.deletion_timestamp.is_some() =>
+        {
+            match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                Some(name) => {
+                    let nodes: Api<Node> = Api::all(ctx.client.clone());
+                    let node = nodes.get_opt(&name).await?;
+                    Some((name, node))
+                }
+                None => None,
+            }
+        }
+        _ => None,
+    };
     Ok(World {
         now: Timestamp::now(),
         old: sbx.status.clone().unwrap_or_default(),
         lease,
-        pod_state: pod
-            .as_ref()
-            .map_or(PodState::Starting, podstate::observe_pod),
+        pod_state,
+        node,
+        node_loss_grace: Duration::from_secs(ctx.config.node_loss_grace_seconds),
         pod_hash: pod
             .as_ref()
             .and_then(|p| p.annotations().get(SPEC_HASH).cloned()),
@@ -76,4 +105,34 @@ pub async fn observe(
         problems,
         pod,
     })
+}
+
+/// Whether the pod's `Ready` condition is True (or absent: a pod the kubelet has not reported
+/// on yet is judged by its container status alone).
+fn marked_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_none_or(|c| c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_marked_not_ready_by_the_node_controller_is_not_ready() {
+        let pod = |conditions: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({"status": {"conditions": conditions}}))
+                .unwrap()
+        };
+        assert!(marked_ready(&pod(serde_json::json!([]))));
+        assert!(marked_ready(&pod(
+            serde_json::json!([{"type": "Ready", "status": "True"}])
+        )));
+        assert!(!marked_ready(&pod(
+            serde_json::json!([{"type": "Ready", "status": "False"}])
+        )));
+    }
 }

@@ -126,7 +126,7 @@ impl FakeApi {
             }
             "PUT" => self.replace(path, body),
             "PATCH" => self.patch(path, &body),
-            "DELETE" => self.delete(path),
+            "DELETE" => self.delete(path, &body),
             _ => (405, status_body(405, "MethodNotAllowed")),
         }
     }
@@ -215,14 +215,20 @@ impl FakeApi {
         (200, self.get(path).unwrap_or_default())
     }
 
-    fn delete(&self, path: &str) -> (u16, Value) {
+    fn delete(&self, path: &str, options: &Value) -> (u16, Value) {
         let Some(mut obj) = self.get(path) else {
             return (404, status_body(404, "NotFound"));
         };
+        let expected_uid = &options["preconditions"]["uid"];
+        if !expected_uid.is_null() && obj["metadata"]["uid"] != *expected_uid {
+            return (409, status_body(409, "Conflict"));
+        }
         let has_finalizers = obj["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
-        if has_finalizers || path.starts_with(PODS) {
+        // A pod goes at once only when forced (grace 0); otherwise its kubelet would finish it.
+        let forced = options["gracePeriodSeconds"] == json!(0);
+        if has_finalizers || (path.starts_with(PODS) && !forced) {
             obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
             self.put(path, obj);
             return (200, self.get(path).unwrap_or_default());
@@ -487,6 +493,44 @@ async fn deleting_waits_for_the_pod_and_only_then_removes_the_finalizer() {
 }
 
 #[tokio::test]
+async fn deleting_a_sandbox_on_a_lost_node_force_deletes_its_pod_and_does_not_wait_for_the_node() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let meta = json!({"deletionTimestamp": "2026-01-01T00:00:00Z"});
+    let status = json!({"phase": "Terminating", "nodeName": "node-1"});
+    let mut obj = adopted("away", json!({}), status);
+    merge(&mut obj["metadata"], &meta);
+    fake.put(&format!("{SBX}/away"), obj);
+    // Terminating already, on a node Unknown since long ago: its kubelet will never finish it.
+    fake.put(
+        &format!("{PODS}/{}", pod("away")),
+        json!({"metadata": {"name": pod("away"), "uid": "stale",
+            "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"nodeName": "node-1"}}),
+    );
+    fake.put(&node_path("node-1"), node("node-1", "Unknown"));
+    reconcile_sandbox(&fake, &ctx, "away").await;
+    assert_eq!(
+        fake.writes(),
+        vec![format!("DELETE {PODS}/{}", pod("away"))]
+    );
+    assert!(
+        fake.get(&format!("{PODS}/{}", pod("away"))).is_none(),
+        "forced"
+    );
+    // Next pass: the workspace's node is lost, so its directory is named in a Warning Event
+    // and the finalizer goes.
+    reconcile_sandbox(&fake, &ctx, "away").await;
+    let writes = fake.writes();
+    assert_eq!(
+        writes[1..],
+        [format!("POST {EVENTS}"), format!("PATCH {SBX}/away")],
+        "{writes:?}"
+    );
+    let s = fake.get(&format!("{SBX}/away")).expect("sandbox");
+    assert_eq!(s["metadata"]["finalizers"], json!([]));
+}
+
+#[tokio::test]
 async fn a_pod_of_another_owner_fails_the_sandbox_with_a_name_conflict() {
     let fake = Arc::new(FakeApi::default());
     let ctx = context(fake.clone());
@@ -559,7 +603,95 @@ fn current_pod(ctx: &Context, name: &str, fake: &FakeApi) -> Value {
     p["status"] = json!({"phase": "Running", "containerStatuses": [{
         "name": super::pod::CONTAINER, "ready": true, "restartCount": 0, "image": "busybox",
         "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]});
+    fake.put(&node_path("node-1"), node("node-1", "True"));
     p
+}
+
+fn node_path(name: &str) -> String {
+    format!("/api/v1/nodes/{name}")
+}
+
+/// A Node whose Ready condition is `ready` (since long ago).
+fn node(name: &str, ready: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+        "status": {"conditions": [{"type": "Ready", "status": ready,
+            "lastTransitionTime": "2020-01-01T00:00:00Z"}]}})
+}
+
+#[tokio::test]
+async fn a_sandbox_without_a_pod_whose_node_is_gone_starts_elsewhere_and_records_the_loss() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let status = json!({"phase": "Pending", "nodeName": "node-9",
+        "workspace": {"rootReady": true, "initializedPodUid": "old-pod"}});
+    fake.put(&format!("{SBX}/gone"), adopted("gone", json!({}), status));
+    reconcile_sandbox(&fake, &ctx, "gone").await;
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("POST {EVENTS}"),
+            format!("PATCH {PODS}/{}", pod("gone")),
+            format!("POST {EVENTS}"),
+            format!("PATCH {SBX}/gone/status"),
+        ]
+    );
+    let p = fake.get(&format!("{PODS}/{}", pod("gone"))).expect("pod");
+    assert!(
+        p["spec"]["affinity"].is_null(),
+        "not pinned to the gone node: {p}"
+    );
+    let s = fake.get(&format!("{SBX}/gone")).expect("sandbox");
+    assert_eq!(s["status"]["nodeLoss"]["node"], json!("node-9"));
+    assert!(s["status"]["nodeLoss"]["notReadySince"].is_null());
+    assert_eq!(s["status"]["abandoned"][0]["node"], json!("node-9"));
+    assert!(
+        ctx.metrics
+            .render()
+            .contains("agentbox_node_loss_recoveries_total 1")
+    );
+}
+
+#[tokio::test]
+async fn a_lost_node_gives_the_workspace_up_with_one_status_write_one_event_and_a_forced_delete() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let status = json!({"phase": "Ready", "nodeName": "node-1", "podName": pod("lost"),
+        "workspace": {"rootReady": true, "initializedPodUid": "pod-uid"}});
+    fake.put(&format!("{SBX}/lost"), adopted("lost", json!({}), status));
+    let mut p = current_pod(&ctx, "lost", &fake);
+    // What the node lifecycle controller leaves: the pod's Ready condition False (its
+    // container status as the dead kubelet last reported it: ready), the node Unknown for far
+    // longer than the grace.
+    p["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+    fake.put(&format!("{PODS}/{}", pod("lost")), p);
+    fake.put(&node_path("node-1"), node("node-1", "Unknown"));
+    let action = reconcile_sandbox(&fake, &ctx, "lost").await;
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("POST {EVENTS}"),
+            format!("PATCH {SBX}/lost/status"),
+            format!("DELETE {PODS}/{}", pod("lost")),
+        ]
+    );
+    let s = fake.get(&format!("{SBX}/lost")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Pending"));
+    assert_eq!(s["status"]["nodeLoss"]["node"], json!("node-1"));
+    assert_eq!(s["status"]["abandoned"][0]["node"], json!("node-1"));
+    let dir = s["status"]["abandoned"][0]["directory"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(dir.ends_with("/n/uid-lost"), "{dir}");
+    assert!(
+        fake.get(&format!("{PODS}/{}", pod("lost"))).is_none(),
+        "force-deleted, not left terminating"
+    );
+    assert!(
+        ctx.metrics
+            .render()
+            .contains("agentbox_node_loss_recoveries_total 1")
+    );
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(1)));
 }
 
 #[tokio::test]
