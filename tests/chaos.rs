@@ -9,7 +9,7 @@
 //! - no multipart upload the killed operator started is left open;
 //! - once the trial's objects are deleted: no pod, guard Lease or workspace directory left.
 //!
-//! `CHAOS_TRIALS` (default 10, as in `hack/test`; `hack/chaos` runs 50) and `CHAOS_SEED`
+//! `CHAOS_TRIALS` (default 5, one per operation, as in `hack/test`; `hack/chaos` runs 50) and `CHAOS_SEED`
 //! (default: from the clock) choose the trials; `CHAOS_REPORT=<file>` writes the table.
 //! The store is the s3s-fs server of `hack/s3`, so multipart uploads are part of the test.
 //!
@@ -577,7 +577,7 @@ async fn the_operator_killed_at_random_points_loses_nothing() {
     let n: usize = std::env::var("CHAOS_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+        .unwrap_or(5);
     let seed: u64 = std::env::var("CHAOS_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
