@@ -11,6 +11,7 @@
 mod act;
 mod cleanup;
 pub mod decide;
+pub mod idle;
 mod init;
 pub mod observe;
 

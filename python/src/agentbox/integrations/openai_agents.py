@@ -20,8 +20,9 @@ How the framework's session contract maps onto agentbox:
 
 - ``create`` gets (or creates) the Sandbox of the options' scope — by default a Session scope
   of this session — and the manifest is materialised in its workspace when the session starts;
-  ``start`` waits until the Sandbox is Ready and then takes the scope's guard (the Lease that
-  serialises work on a scope), which the session holds for the run.
+  ``start`` takes the scope's guard (the Lease that serialises work on a scope), which the
+  session holds for the run, and then waits until the Sandbox serves — resuming it if its
+  ``idleTimeout`` suspended it (with the guard held it cannot be suspended under the run).
 - Commands run over ``pods/exec`` with their real exit code; a timeout raises the framework's
   ``ExecTimeoutError`` (the command's process group is killed in the pod), a broken connection
   its ``ExecTransportError``, a missing file its ``WorkspaceReadNotFoundError``. A command that
@@ -266,12 +267,16 @@ class AgentboxSandboxSession(BaseSandboxSession):
     # --- lifecycle ------------------------------------------------------------------------
 
     async def _ensure_backend_started(self) -> None:
+        # The guard first: while it is held the operator cannot suspend the sandbox for
+        # idleness, so the serving sandbox ``recover`` returns (resumed, if it was suspended)
+        # stays so for the session.
+        await self._acquire_guard()
         try:
             await self._sandbox.recover(self.state.ready_timeout)
         except ab_errors.AgentboxError as e:
+            await self._release_guard()
             raise WorkspaceStartError(path=Path(self.state.manifest.root), cause=e) from e
         self.state.sandbox_uid = str(self._sandbox.obj["metadata"].get("uid") or "")
-        await self._acquire_guard()
 
     async def _acquire_guard(self) -> None:
         if not self.state.guard or self._guard is not None:
