@@ -217,8 +217,14 @@ async fn an_idle_sandbox_suspends_itself_costs_nothing_and_get_or_create_brings_
         "the workspace was kept"
     );
     assert_eq!(condition(back.sandbox(), "Ready").reason, "Ready");
+    // A call as harnesses make it: Ready, then the guard, held over the call.
+    let g = back
+        .ready_guard(Duration::from_secs(120), Some(Duration::from_secs(30)))
+        .await
+        .expect("ready and guarded");
     let text = back.read_file("kept.txt").await.expect("read");
     assert_eq!(text, b"still here\n");
+    g.release().await.expect("release");
     env.finish().await;
 }
 

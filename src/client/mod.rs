@@ -232,10 +232,8 @@ impl Sandboxes {
     }
 
     /// Takes the execution guard of `scope` (whether or not its Sandbox exists yet), waiting
-    /// up to `wait` (`None` = indefinitely). A harness takes it *before*
-    /// [`get_or_create`](Self::get_or_create) for each call: while it is held the operator
-    /// cannot suspend the sandbox for idleness, so the Ready sandbox that `get_or_create` and
-    /// [`SandboxHandle::wait_ready`] return stays so until the guard is released.
+    /// up to `wait` (`None` = indefinitely). To hold it over a Ready sandbox (which an idle
+    /// timeout then cannot suspend), use [`SandboxHandle::ready_guard`].
     pub async fn guard(&self, scope: &Scope, wait: Option<Duration>) -> Result<Guard, ClientError> {
         Ok(guard::acquire_scope(
             self.client.clone(),
@@ -554,6 +552,36 @@ impl SandboxHandle {
     pub fn session(&self) -> Session {
         Session::new(self.pods.clone(), self.pod_name(), exec::SANDBOX_CONTAINER)
             .with_workdir(self.workspace_root())
+    }
+
+    /// A harness's call in one step: waits until the sandbox is Ready (resuming it when it is
+    /// suspended, as an idle timeout does), then takes the scope's guard (waiting up to
+    /// `wait`) and returns it with the sandbox Ready. While the guard is held the operator
+    /// cannot suspend the sandbox for idleness; it suspends only while holding the guard
+    /// itself, so a suspension between the wait and the take is seen once the guard is ours,
+    /// and the sandbox is resumed and waited for again. The guard comes after Ready because a
+    /// start that restores a snapshot needs it (the operator restores under it).
+    pub async fn ready_guard(
+        &mut self,
+        ready_timeout: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Guard, ClientError> {
+        for _ in 0..3 {
+            if self.sandbox.spec.lifecycle.mode == LifecycleMode::Suspended {
+                self.resume().await?;
+            }
+            match self.wait_ready(ready_timeout).await {
+                Err(ClientError::Suspended(_)) => continue,
+                other => other?,
+            }
+            let g = self.guard(wait).await?;
+            if self.refresh().await?.spec.lifecycle.mode != LifecycleMode::Suspended {
+                return Ok(g);
+            }
+            // Suspended for idleness just before the take: give the guard back, resume.
+            let _ = g.release().await;
+        }
+        Err(ClientError::Suspended(self.name.clone()))
     }
 
     /// Takes the scope's execution guard with default settings, waiting up to `wait`

@@ -90,14 +90,14 @@ async def test_an_idle_sandbox_suspends_itself_and_get_or_create_brings_it_back(
     ready = next(c for c in sbx.status["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "IdleTimeout", ready
     assert sbx.status["idleSince"] in ready["message"]
-    # The harness's next call: the guard first (nothing suspends it while held), then
-    # get_or_create resumes the sandbox and wait_ready returns it Ready on its workspace.
+    # The harness's next call: get_or_create resumes the sandbox and wait_ready returns it
+    # Ready on its workspace; then the guard for the call.
+    back = await env.sandboxes.get_or_create(scope, spec)
+    await back.wait_ready(120)
+    assert back.phase == "Ready"
+    assert back.obj["spec"]["lifecycle"]["mode"] == "Running"
+    assert (back.status.get("workspace") or {}).get("lastStartBranch") == "A"
     async with env.sandboxes.guard(scope, wait=30):
-        back = await env.sandboxes.get_or_create(scope, spec)
-        await back.wait_ready(120)
-        assert back.phase == "Ready"
-        assert back.obj["spec"]["lifecycle"]["mode"] == "Running"
-        assert (back.status.get("workspace") or {}).get("lastStartBranch") == "A"
         assert await back.read("kept.txt") == b"kept\n"
     await back.delete(wait=True)
 
