@@ -101,7 +101,7 @@ async fn main() -> Res<()> {
     let mut suspended: HashMap<String, Instant> = HashMap::new();
     let watch = async {
         while suspended.len() < n {
-            let s = tokio::time::timeout(Duration::from_secs(300), events.try_next())
+            let next = tokio::time::timeout(Duration::from_secs(300), events.next())
                 .await
                 .map_err(|_| {
                     format!(
@@ -109,8 +109,17 @@ async fn main() -> Res<()> {
                         ready.len(),
                         suspended.len()
                     )
-                })??
+                })?
                 .ok_or("watch ended")?;
+            // A watch the loaded API server expired (410) is listed again by the watcher on
+            // the next poll: a state missed meanwhile is seen late, never lost.
+            let s = match next {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("watch: {e}; the watcher lists again");
+                    continue;
+                }
+            };
             let name = s.name_any();
             if is_ready(&s) {
                 ready.entry(name.clone()).or_insert_with(Instant::now);
