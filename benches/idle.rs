@@ -130,7 +130,22 @@ async fn main() -> Res<()> {
         }
         Ok::<_, Box<dyn std::error::Error>>(())
     };
-    let (created, watched) = futures::join!(creates, watch);
+    let check = async {
+        // The CRDs are cluster-wide: one without idleTimeout (an older install) prunes it, and
+        // nothing would ever go idle. Say so instead of waiting out the timeout.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let first = sbxs.get("i-0000").await?;
+        if first.spec.lifecycle.idle_timeout.is_none() {
+            return Err::<(), Box<dyn std::error::Error>>(
+                "the cluster's Sandbox CRD dropped spec.lifecycle.idleTimeout: apply crds/agentbox.yaml".into(),
+            );
+        }
+        futures::future::pending().await
+    };
+    let (created, watched) = tokio::select! {
+        r = async { futures::join!(creates, watch) } => r,
+        Err(e) = check => return Err(e),
+    };
     created?;
     watched?;
     let all_suspended = Timestamp::now();

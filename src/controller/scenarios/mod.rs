@@ -1079,6 +1079,15 @@ async fn an_idle_sandbox_past_its_timeout_suspends_itself_under_the_guard_then_l
         s["status"]["idleSince"].is_string(),
         "says when it went idle"
     );
+    // Suspended, the pod gone, nothing changes: nothing written.
+    fake.objects
+        .lock()
+        .expect("objects")
+        .remove(&format!("{PODS}/{}", pod("idle")));
+    let before = fake.writes().len();
+    reconcile_sandbox(&fake, &ctx, "idle").await;
+    reconcile_sandbox(&fake, &ctx, "idle").await;
+    assert_eq!(fake.writes()[before..], [] as [String; 0], "at rest");
 }
 
 /// The requeue of an Action, in seconds (kube's Action shows it only in its Debug form).
