@@ -310,6 +310,47 @@ fn rows(f: &Figures) -> Vec<Row> {
             "—".into(),
         ));
     }
+    out.extend(idle_rows(f));
+    out
+}
+
+/// Issue 16's idle target: Ready sandboxes with a 60 s idle timeout all Suspended within 90 s,
+/// then no writes.
+fn idle_rows(f: &Figures) -> Vec<Row> {
+    let mut out = Vec::new();
+    let i = |k: &str| f.get("idle", k);
+    let n = f.n("idle", "ready_to_suspended_max");
+    if let (Some(p50), Some(max)) = (i("ready_to_suspended_p50"), i("ready_to_suspended_max")) {
+        out.push(Row {
+            target: "≤ 90 s",
+            met: Some(max <= 90.0),
+            ..row(
+                format!("Idle: {n} Ready sandboxes, idleTimeout 60 s, Ready → Suspended p50 / max"),
+                format!("{p50:.1} / {max:.1} s"),
+                i("last_ready_to_all_suspended").map_or("—".into(), |t| {
+                    format!("last Ready → all Suspended {t:.1} s")
+                }),
+            )
+        });
+    }
+    if let Some(w) = i("writes_per_sandbox_create_to_suspended") {
+        out.push(row(
+            "Idle: operator API writes per sandbox, create → Ready → idle-suspended".into(),
+            format!("{w:.1}"),
+            "—".into(),
+        ));
+    }
+    if let Some(w) = i("rest_writes_per_min") {
+        out.push(Row {
+            target: "0",
+            met: Some(w == 0.0),
+            ..row(
+                format!("Idle: API writes/min after all {n} are suspended"),
+                format!("{w:.1}"),
+                "—".into(),
+            )
+        });
+    }
     out
 }
 

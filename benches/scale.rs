@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use agentbox::crd::{Sandbox, SandboxPhase};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -29,8 +28,8 @@ use serde_json::json;
 mod common;
 
 use common::{
-    DeleteAll, LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95,
-    proc_kib, read_audit,
+    DeleteAll, LEADER_LEASE, OPERATOR_UA, audit_log, emit, env_num, leading_operator, namespace,
+    p50_p95, proc_kib, read_audit,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -85,34 +84,9 @@ async fn main() -> Res<()> {
     let client = agentbox::kube_client().await?;
     let cleanup = namespace(&client, "bench-scale").await?;
     let ns = cleanup.1.clone();
-    let log = std::env::temp_dir().join(format!("{ns}-operator.log"));
-    let op = Operator::start(
-        Operator::command()
-            .args(["--namespace", &ns, "--metrics-addr", "127.0.0.1:0"])
-            .args(["--identity", IDENTITY])
-            .env("RUST_LOG", "warn"),
-        &log,
-    )?;
+    let (op, log) = leading_operator(&client, &ns, IDENTITY).await?;
     let pid = op.pid();
     let ticks = clock_ticks();
-
-    // Start the clock only once the operator leads (its caches are syncing by then).
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let holder = leases
-            .get_opt(LEADER_LEASE)
-            .await?
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity);
-        if holder.as_deref() == Some(IDENTITY) {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!("the operator did not lead within 60 s; see {log:?}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_before = proc_kib(pid, "VmRSS:");
     eprintln!(

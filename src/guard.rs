@@ -163,6 +163,11 @@ pub struct LeaseView {
     pub duration: Duration,
     /// The holder's time is up by the clocks.
     pub expired: bool,
+    /// When the holder's time is up by the clocks (its `renewTime` plus duration plus the
+    /// skew allowance); `None` without a holder or a `renewTime`.
+    pub expires_at: Option<Timestamp>,
+    /// `leaseTransitions`: the fencing token of the last acquisition (0 without a lease).
+    pub transitions: i32,
 }
 
 impl LeaseView {
@@ -181,19 +186,21 @@ impl LeaseView {
             .filter(|d| *d > 0)
             .map(|d| Duration::from_secs(u64::from(d.unsigned_abs())))
             .unwrap_or(default_duration);
-        let expired = spec
+        let expires_at = spec
             .and_then(|s| s.renew_time.as_ref())
-            .is_some_and(|renew| {
+            .and_then(|renew| {
                 SignedDuration::try_from(duration + clock_skew)
                     .ok()
                     .and_then(|d| renew.0.checked_add(d).ok())
-                    .is_some_and(|e| e <= now)
-            });
+            })
+            .filter(|_| holder.is_some());
         LeaseView {
             acquired: spec.and_then(|s| s.acquire_time.as_ref()).map(|t| t.0),
             holder,
             duration,
-            expired,
+            expired: expires_at.is_some_and(|e| e <= now),
+            expires_at,
+            transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
         }
     }
 

@@ -90,6 +90,8 @@ pub enum GuardOp {
     Snapshot,
     /// Restoring one.
     Restore,
+    /// Suspending an idle sandbox (taken without waiting).
+    IdleSuspend,
 }
 
 impl GuardOp {
@@ -98,6 +100,7 @@ impl GuardOp {
         match self {
             GuardOp::Snapshot => "snapshot",
             GuardOp::Restore => "restore",
+            GuardOp::IdleSuspend => "idle_suspend",
         }
     }
 }
@@ -191,6 +194,7 @@ pub struct Metrics {
     guard_wait: Family<GuardLabels, Histogram>,
     exec_errors: Family<ExecLabels, Counter>,
     node_losses: Counter,
+    idle_suspensions: Counter,
     names: BTreeSet<String>,
 }
 
@@ -241,6 +245,7 @@ impl Default for Metrics {
             guard_wait: Family::new_with_constructor(slow_buckets),
             exec_errors: Family::default(),
             node_losses: Counter::default(),
+            idle_suspensions: Counter::default(),
             registry: Registry::default(),
             names: BTreeSet::new(),
         };
@@ -334,6 +339,11 @@ impl Default for Metrics {
             "Errors of the operator's own execs into sandboxes, by purpose and kind",
             m.exec_errors.clone(),
         );
+        r.add(
+            "idle_suspensions",
+            "Sandboxes the operator suspended because their lifecycle.idleTimeout passed",
+            m.idle_suspensions.clone(),
+        );
         Metrics {
             registry: r.registry,
             names: r.names,
@@ -418,6 +428,11 @@ impl Metrics {
         self.guard_wait
             .get_or_create(&l)
             .observe(took.as_secs_f64());
+    }
+
+    /// A sandbox was suspended for its idle timeout.
+    pub fn idle_suspended(&self) {
+        self.idle_suspensions.inc();
     }
 
     /// An exec of the operator's own failed with an error of `kind`.

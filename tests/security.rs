@@ -18,7 +18,6 @@ use common::{
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -76,29 +75,6 @@ fn condition_message(s: &Sandbox, type_: &str) -> String {
         .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_))
         .map(|c| c.message.clone())
         .unwrap_or_default()
-}
-
-/// The Events about `object` with `reason`, waiting a little for them to arrive.
-async fn events(env: &TestEnv, object: &str, reason: &str) -> Vec<Event> {
-    for _ in 0..50 {
-        let found: Vec<Event> = env
-            .api::<Event>()
-            .list(&ListParams::default())
-            .await
-            .expect("list events")
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object)
-                    && e.reason.as_deref() == Some(reason)
-            })
-            .collect();
-        if !found.is_empty() {
-            return found;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Vec::new()
 }
 
 /// Every file below `dir` (following nothing), as (relative path, content).
@@ -378,7 +354,7 @@ async fn an_unhardened_node_root_is_reported() {
     .await;
     let msg = condition_message(&sbx, "NodeRootHardened");
     assert!(msg.contains("lacks nosuid,nodev"), "{msg}");
-    let evs = events(&env, "s", "MountNotNosuidNodev").await;
+    let evs = common::events(&env, "s", "MountNotNosuidNodev").await;
     assert!(
         evs.iter().any(|e| e.type_.as_deref() == Some("Warning")),
         "no Warning Event: {evs:?}"
@@ -600,7 +576,7 @@ async fn without_a_helper_image_nothing_is_run_and_nothing_is_hidden() {
         Some(SandboxPhase::Terminating)
     );
     assert!(condition_message(&stuck, "WorkspaceRemoved").contains(&dir));
-    assert!(!events(&env, "s", "NoHelperImage").await.is_empty());
+    assert!(!common::events(&env, "s", "NoHelperImage").await.is_empty());
     assert!(Path::new(&dir).exists(), "the workspace stays, visibly");
     let pods = env
         .api::<Pod>()
@@ -675,7 +651,7 @@ async fn a_named_restore_of_another_scope_is_refused() {
         msg.contains("alice-1") && msg.contains("another scope"),
         "{msg}"
     );
-    let evs = events(&env, "bob", "CrossScopeRestore").await;
+    let evs = common::events(&env, "bob", "CrossScopeRestore").await;
     assert!(
         evs.iter().any(|e| e.type_.as_deref() == Some("Warning")),
         "{evs:?}"
@@ -710,7 +686,7 @@ async fn a_named_restore_of_another_scope_is_refused() {
     assert_eq!(branch(&carol), Some(StartBranch::C));
     let (_, out) = sh(&env, &pod_of(&carol), "cat diary.txt").await;
     assert_eq!(out, "alice's diary\n");
-    let evs = events(&env, "carol", "CrossScopeRestore").await;
+    let evs = common::events(&env, "carol", "CrossScopeRestore").await;
     assert!(
         evs.iter().any(|e| e.type_.as_deref() == Some("Normal")),
         "{evs:?}"
@@ -906,7 +882,7 @@ async fn a_tenant_cannot_read_a_secret_through_a_sandbox() {
     )
     .await;
     for name in ["via-file", "via-env", "via-projection"] {
-        let evs = events(&env, name, "SourceNotReadable").await;
+        let evs = common::events(&env, name, "SourceNotReadable").await;
         assert!(
             evs.iter().any(|e| e.type_.as_deref() == Some("Warning")),
             "{name}: {evs:?}"
@@ -1038,7 +1014,7 @@ async fn malformed_and_unresolvable_references_are_refused_visibly() {
             s.status.as_ref().and_then(|st| st.phase),
             Some(SandboxPhase::Ready)
         );
-        let evs = events(&env, name, reason).await;
+        let evs = common::events(&env, name, reason).await;
         assert!(
             evs.iter().any(|e| e.type_.as_deref() == Some("Warning")),
             "{name}: {evs:?}"

@@ -259,3 +259,38 @@ pub fn python_samples(
         })
         .collect())
 }
+
+/// Starts this build's operator for namespace `ns` as `identity` (leader election on, as
+/// deployed; warnings only, into `$TMPDIR/<ns>-operator.log`) and returns once it leads: its
+/// caches are syncing by then, so a bench's clock starts on a working operator.
+pub async fn leading_operator(
+    client: &kube::Client,
+    ns: &str,
+    identity: &str,
+) -> Result<(Operator, PathBuf), Box<dyn std::error::Error>> {
+    let log = std::env::temp_dir().join(format!("{ns}-operator.log"));
+    let op = Operator::start(
+        Operator::command()
+            .args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"])
+            .args(["--identity", identity])
+            .env("RUST_LOG", "warn"),
+        &log,
+    )?;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), ns);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let holder = leases
+            .get_opt(LEADER_LEASE)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        if holder.as_deref() == Some(identity) {
+            return Ok((op, log));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("the operator did not lead within 60 s; see {log:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

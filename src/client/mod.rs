@@ -231,6 +231,20 @@ impl Sandboxes {
         Ok(self.api.list(&lp).await?.items)
     }
 
+    /// Takes the execution guard of `scope` (whether or not its Sandbox exists yet), waiting
+    /// up to `wait` (`None` = indefinitely). To hold it over a Ready sandbox (which an idle
+    /// timeout then cannot suspend), use [`SandboxHandle::ready_guard`].
+    pub async fn guard(&self, scope: &Scope, wait: Option<Duration>) -> Result<Guard, ClientError> {
+        Ok(guard::acquire_scope(
+            self.client.clone(),
+            &self.namespace,
+            scope,
+            &GuardConfig::default(),
+            wait,
+        )
+        .await?)
+    }
+
     fn handle(&self, sandbox: Sandbox) -> SandboxHandle {
         SandboxHandle {
             name: sandbox.metadata.name.clone().unwrap_or_default(),
@@ -240,6 +254,18 @@ impl Sandboxes {
             pods: Api::namespaced(self.client.clone(), &self.namespace),
             sandbox,
         }
+    }
+}
+
+/// Whether the Sandbox's status describes its current spec (`observedGeneration` caught up
+/// with `generation`; a status or object without them counts as current).
+fn is_current(s: &Sandbox) -> bool {
+    match (
+        s.status.as_ref().and_then(|st| st.observed_generation),
+        s.metadata.generation,
+    ) {
+        (Some(observed), Some(generation)) => observed >= generation,
+        _ => true,
     }
 }
 
@@ -369,13 +395,16 @@ impl SandboxHandle {
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(), ClientError> {
         // A suspended sandbox never becomes Ready by itself: say so at once instead of
         // waiting out the timeout.
+        // A status from before the latest spec change (a resume of a sandbox whose idle
+        // suspension was still under way can find it saying Ready) does not count.
         let done = |s: Option<&Sandbox>| {
             s.is_none_or(|s| {
                 s.spec.lifecycle.mode == LifecycleMode::Suspended
-                    || matches!(
-                        s.status.as_ref().and_then(|st| st.phase),
-                        Some(SandboxPhase::Ready | SandboxPhase::Failed)
-                    )
+                    || (is_current(s)
+                        && matches!(
+                            s.status.as_ref().and_then(|st| st.phase),
+                            Some(SandboxPhase::Ready | SandboxPhase::Failed)
+                        ))
             })
         };
         let waited =
@@ -525,6 +554,36 @@ impl SandboxHandle {
             .with_workdir(self.workspace_root())
     }
 
+    /// A harness's call in one step: waits until the sandbox is Ready (resuming it when it is
+    /// suspended, as an idle timeout does), then takes the scope's guard (waiting up to
+    /// `wait`) and returns it with the sandbox Ready. While the guard is held the operator
+    /// cannot suspend the sandbox for idleness; it suspends only while holding the guard
+    /// itself, so a suspension between the wait and the take is seen once the guard is ours,
+    /// and the sandbox is resumed and waited for again. The guard comes after Ready because a
+    /// start that restores a snapshot needs it (the operator restores under it).
+    pub async fn ready_guard(
+        &mut self,
+        ready_timeout: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Guard, ClientError> {
+        for _ in 0..3 {
+            if self.sandbox.spec.lifecycle.mode == LifecycleMode::Suspended {
+                self.resume().await?;
+            }
+            match self.wait_ready(ready_timeout).await {
+                Err(ClientError::Suspended(_)) => continue,
+                other => other?,
+            }
+            let g = self.guard(wait).await?;
+            if self.refresh().await?.spec.lifecycle.mode != LifecycleMode::Suspended {
+                return Ok(g);
+            }
+            // Suspended for idleness just before the take: give the guard back, resume.
+            let _ = g.release().await;
+        }
+        Err(ClientError::Suspended(self.name.clone()))
+    }
+
     /// Takes the scope's execution guard with default settings, waiting up to `wait`
     /// (`None` = indefinitely).
     pub async fn guard(&self, wait: Option<Duration>) -> Result<Guard, ClientError> {
@@ -545,5 +604,35 @@ impl SandboxHandle {
             wait,
         )
         .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(generation: Option<i64>, observed: Option<i64>) -> Sandbox {
+        let mut s: Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s"},
+            "spec": {"image": "i", "scope": {"kind": "Global"}},
+            "status": {"phase": "Ready"},
+        }))
+        .unwrap();
+        s.metadata.generation = generation;
+        if let Some(st) = s.status.as_mut() {
+            st.observed_generation = observed;
+        }
+        s
+    }
+
+    #[test]
+    fn a_status_from_before_the_latest_spec_change_is_not_current() {
+        assert!(
+            !is_current(&sandbox(Some(3), Some(2))),
+            "resumed, not seen yet"
+        );
+        assert!(is_current(&sandbox(Some(3), Some(3))));
+        assert!(is_current(&sandbox(Some(3), None)), "nothing to compare");
     }
 }

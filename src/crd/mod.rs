@@ -228,6 +228,41 @@ mod tests {
         }
     }
 
+    /// `lifecycle.idleTimeout` takes a Go duration of at least 10s, and says which rule a bad
+    /// value breaks (the CRD's own rules, evaluated as the API server would).
+    #[test]
+    fn idle_timeouts_are_durations_of_at_least_ten_seconds() {
+        use kube::CustomResourceExt;
+        use serde_json::json;
+        let schema = schema(crate::crd::Sandbox::crd());
+        let v = kube::core::cel::Validator::new();
+        let idle = |d: &str| with(json!({"lifecycle": {"idleTimeout": d}}));
+        for ok in ["10s", "90s", "15m", "1h30m", "1.5h", "10000ms"] {
+            let r = v.validate(&schema, &idle(ok), None);
+            assert!(r.is_ok(), "{ok}: {r:?}");
+        }
+        for (bad, message) in [
+            ("5s", "idleTimeout must be at least 10s"),
+            ("9999ms", "idleTimeout must be at least 10s"),
+            ("0s", "idleTimeout must be at least 10s"),
+            ("60", "idleTimeout must be a duration such as 90s"),
+            ("1 minute", "idleTimeout must be a duration such as 90s"),
+            ("-1m", "idleTimeout must be a duration such as 90s"),
+        ] {
+            let err = format!("{:?}", v.validate(&schema, &idle(bad), None).unwrap_err());
+            assert!(err.contains(message), "{bad}: {err}");
+            if message.contains("duration such as") {
+                assert!(!err.contains("at least 10s"), "{bad}: one message: {err}");
+            }
+        }
+        let parsed: crate::crd::Lifecycle =
+            serde_json::from_value(json!({"idleTimeout": "1h30m"})).unwrap();
+        assert_eq!(
+            parsed.idle_timeout.map(std::time::Duration::from),
+            Some(std::time::Duration::from_secs(5400))
+        );
+    }
+
     #[test]
     fn scope_rules_evaluate_as_intended() {
         use crate::crd::Scope;

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Snapshot","type":"date","description":"When the newest Ready snapshot of this sandbox was taken","jsonPath":".status.lastSnapshot.completedAt"}"#,
     printcolumn = r#"{"name":"Last-Snapshot","type":"string","priority":1,"description":"Name of the newest Ready snapshot of this sandbox","jsonPath":".status.lastSnapshot.name"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","priority":1,"jsonPath":".status.podName"}"#,
+    printcolumn = r#"{"name":"Idle-Since","type":"date","priority":1,"description":"Since when the sandbox has been idle (Ready, its scope's guard free), with lifecycle.idleTimeout","jsonPath":".status.idleSince"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","description":"Reason of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Message of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -594,15 +595,49 @@ pub struct Retention {
 }
 
 /// Lifecycle of a sandbox.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Lifecycle {
     /// Running keeps a pod; Suspended deletes the pod and keeps the workspace on its node.
+    /// The operator sets Suspended itself when `idleTimeout` passes; set Running (the clients'
+    /// `resume` and `get_or_create` do) to start the sandbox again.
     #[serde(default)]
     pub mode: LifecycleMode,
     /// When this time passes the operator deletes the Sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_time: Option<Time>,
+    /// Suspend the sandbox after it has been idle this long: Ready, with its scope's execution
+    /// guard (the Lease harnesses hold for the window of each call) free the whole time. The
+    /// operator then takes the guard itself, sets `mode: Suspended` (taking the on-stop
+    /// snapshot when `snapshot.onStop` asks) and records `status.idleSince` and the reason
+    /// `IdleTimeout` on the Ready condition. A Go duration of at least 10s, such as `90s`,
+    /// `15m` or `1h30m`. Unset: never suspended for idleness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = idle_timeout_format(), validation = idle_timeout_minimum())]
+    pub idle_timeout: Option<kube::core::Duration>,
+}
+
+/// The shortest `lifecycle.idleTimeout` admitted: shorter than a harness's pause between two
+/// calls, a sandbox would suspend under a working agent and restart on every call.
+pub const MIN_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A Go duration as CEL's `duration()` and the operator parse it (escaped for a CEL string).
+const IDLE_TIMEOUT_PATTERN: &str = "^([0-9]+(\\\\.[0-9]+)?(h|m|s|ms|us|ns))+$";
+
+/// Admission rule on `lifecycle.idleTimeout`: a Go duration.
+fn idle_timeout_format() -> kube::core::Rule {
+    kube::core::Rule::new(format!("self.matches('{IDLE_TIMEOUT_PATTERN}')")).message(
+        "idleTimeout must be a duration such as 90s, 15m or 1h30m (units: h, m, s, ms, us, ns)",
+    )
+}
+
+/// Admission rule on `lifecycle.idleTimeout`: at least [`MIN_IDLE_TIMEOUT`]. A malformed value
+/// gets only the format rule's message, not an evaluation error.
+fn idle_timeout_minimum() -> kube::core::Rule {
+    kube::core::Rule::new(format!(
+        "!self.matches('{IDLE_TIMEOUT_PATTERN}') || duration(self) >= duration('10s')"
+    ))
+    .message("idleTimeout must be at least 10s")
 }
 
 /// Whether a sandbox has a pod.
@@ -680,6 +715,16 @@ pub struct SandboxStatus {
     /// Who holds the scope's execution guard, as last seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard: Option<GuardStatus>,
+    /// With `spec.lifecycle.idleTimeout`: since when the sandbox has been idle (Ready, its
+    /// scope's guard free). Cleared when the guard is taken or the sandbox stops being Ready;
+    /// kept when the idle timeout suspends it, to say when it went idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<Time>,
+    /// The guard Lease's `leaseTransitions` (its fencing token) when `idleSince` was set. Every
+    /// take of the guard raises it, so a call the operator did not see between two looks still
+    /// restarts the idle clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_guard_transitions: Option<i32>,
     /// Where each port of `spec.ports` is reached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<PortEndpoint>,

@@ -788,3 +788,38 @@ pub fn audit_log_text() -> String {
     text
 }
 pub mod store;
+
+/// The Events about `object` (by name) with `reason`, as listed now.
+pub async fn events_now(
+    env: &TestEnv,
+    object: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    env.api::<k8s_openapi::api::events::v1::Event>()
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .collect()
+}
+
+/// The Events about `object` with `reason`, waiting a little (10 s) for them to arrive.
+pub async fn events(
+    env: &TestEnv,
+    object: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    for _ in 0..50 {
+        let found = events_now(env, object, reason).await;
+        if !found.is_empty() {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Vec::new()
+}

@@ -121,10 +121,14 @@ class SnapshotPolicy:
 
 @dataclass
 class Lifecycle:
-    """Whether the sandbox has a pod (``Running``) or not (``Suspended``), and when it ends."""
+    """Whether the sandbox has a pod (``Running``) or not (``Suspended``), when it ends, and
+    after how long idle (Ready, its scope's guard free) it suspends itself: ``idle_timeout``, a
+    duration such as ``"90s"``, ``"15m"`` or ``"1h30m"``, at least ``"10s"``.
+    """
 
     mode: Literal["Running", "Suspended"] = "Running"
     shutdown_time: _dt.datetime | str | None = None
+    idle_timeout: str | None = None
 
 
 @dataclass

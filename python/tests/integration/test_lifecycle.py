@@ -72,6 +72,36 @@ async def test_suspend_is_reported_resume_waits_and_delete_removes(env: Env) -> 
         await env.sandboxes.open(sbx.name)
 
 
+async def test_an_idle_sandbox_suspends_itself_and_get_or_create_brings_it_back(env: Env) -> None:
+    scope = agentbox.Scope.for_agent("napper")
+    spec = agentbox.SandboxSpec(
+        image=BASE_IMAGE,
+        image_pull_policy="Never",
+        lifecycle=agentbox.Lifecycle(idle_timeout="10s"),
+    )
+    sbx = await env.sandboxes.get_or_create(scope, spec)
+    await sbx.wait_ready(120)
+    assert sbx.obj["spec"]["lifecycle"]["idleTimeout"] == "10s", "the cluster's CRD dropped it"
+    # One call under the scope's guard, as a harness makes it: the idle clock starts after it.
+    async with env.sandboxes.guard(scope, wait=30):
+        await sbx.write("kept.txt", "kept\n")
+    await wait_suspended(sbx)
+    assert sbx.obj["spec"]["lifecycle"]["mode"] == "Suspended"
+    ready = next(c for c in sbx.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "IdleTimeout", ready
+    assert sbx.status["idleSince"] in ready["message"]
+    # The harness's next call: get_or_create resumes the sandbox and wait_ready returns it
+    # Ready on its workspace; then the guard for the call.
+    back = await env.sandboxes.get_or_create(scope, spec)
+    await back.wait_ready(120)
+    assert back.phase == "Ready"
+    assert back.obj["spec"]["lifecycle"]["mode"] == "Running"
+    assert (back.status.get("workspace") or {}).get("lastStartBranch") == "A"
+    async with env.sandboxes.guard(scope, wait=30):
+        assert await back.read("kept.txt") == b"kept\n"
+    await back.delete(wait=True)
+
+
 async def test_open_of_a_missing_sandbox_is_not_found(env: Env) -> None:
     with pytest.raises(agentbox.NotFoundError):
         await env.sandboxes.open("no-such-sandbox")

@@ -13,6 +13,7 @@ use kube::runtime::controller::Action;
 use tracing::{debug, info, warn};
 
 use super::decide::{self, Init, Note, Plan, Serving, Step};
+use super::idle::{self, Idle};
 use super::observe::World;
 use super::{
     Apis, abandoned, delete_if_present, force_delete, init, node_health, write_status,
@@ -24,9 +25,10 @@ use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
 use crate::controller::{
     Context, Error, FIELD_MANAGER, conditions, noderoot, selection, service, snapshot, sources,
 };
-use crate::crd::{Egress, Sandbox, SandboxSnapshot, SandboxStatus};
+use crate::crd::{Egress, LifecycleMode, Sandbox, SandboxSnapshot, SandboxStatus};
+use crate::guard::{self, GuardConfig, GuardError, LeaseView};
 use crate::labels;
-use crate::metrics::{COLD, ExecOp, Metrics};
+use crate::metrics::{COLD, ExecOp, GuardOp, GuardOutcome, Metrics};
 
 /// Carries out `plan` for `sbx`, as decided from `world`.
 pub async fn act(
@@ -104,12 +106,12 @@ pub async fn act(
                 requeue = Some(requeue.map_or(d, |r| r.min(d)));
             }
             let seen = (old, status, world.now);
+            let guard = LeaseView::of(world.lease.as_ref(), world.now);
             serve(
                 sbx,
                 ctx,
                 (apis, podcfg),
-                pod,
-                world.pod_state.clone(),
+                (pod, world.pod_state.clone(), &guard),
                 seen,
                 requeue,
             )
@@ -148,6 +150,105 @@ async fn suspend(
     let gone = delete_if_present(&apis.pods, &labels::pod_name(&sbx.name_any())).await?;
     write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
     Ok(gone)
+}
+
+/// Suspends a sandbox whose idle timeout has passed, without ever suspending one under a
+/// harness: takes the scope's guard (not waiting: a harness that holds or takes it first keeps
+/// its sandbox), then, under it, sets `spec.lifecycle.mode: Suspended` with the resourceVersion
+/// read as precondition (a sandbox changed since — resumed, edited — is looked at again
+/// instead), writes the idle suspension's status and Event, and releases the guard. A harness
+/// that asks for the guard meanwhile gets it afterwards and finds the sandbox Suspended, which
+/// `get_or_create` resumes. The suspend step that the mode change brings takes the on-stop
+/// snapshot and deletes the pod, as for any suspend.
+async fn idle_suspend(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    mut st: SandboxStatus,
+) -> Result<Action, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let name = sbx.name_any();
+    let cfg = GuardConfig {
+        holder: format!("{}/idle-suspend", ctx.config.identity),
+        ..GuardConfig::default()
+    };
+    let started = Instant::now();
+    let taken = guard::acquire_scope(
+        ctx.client.clone(),
+        &ns,
+        &sbx.spec.scope,
+        &cfg,
+        Some(Duration::ZERO),
+    )
+    .await;
+    let outcome = match &taken {
+        Ok(_) => GuardOutcome::Acquired,
+        Err(GuardError::Timeout { .. }) => GuardOutcome::Busy,
+        Err(_) => GuardOutcome::Error,
+    };
+    ctx.metrics
+        .guard_waited(GuardOp::IdleSuspend, outcome, started.elapsed());
+    let g = match taken {
+        Ok(g) => g,
+        Err(GuardError::Timeout { holder, .. }) => {
+            // A harness got there first: not idle. Its release (a watched Lease event) brings
+            // the next look; the requeue is the fallback.
+            debug!(sandbox = %name, %holder, "the guard was taken as the idle timeout passed; not suspending");
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
+        Err(e) => return Err(Error::Guard(e)),
+    };
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": sbx.resource_version()},
+        "spec": {"lifecycle": {"mode": LifecycleMode::Suspended}},
+    });
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let written = g
+        .run(apis.sandboxes.patch(&name, &pp, &Patch::Merge(&patch)))
+        .await
+        .map_err(Error::Guard)
+        .and_then(|r| r.map_err(Error::from));
+    let updated = match written {
+        Ok(u) => u,
+        Err(e) => {
+            release(g, &name).await;
+            if let Error::Kube(kube::Error::Api(s)) = &e
+                && s.code == 409
+            {
+                // Changed since it was read: the newer version's event brings a fresh look.
+                debug!(sandbox = %name, "the sandbox changed as its idle timeout passed; looking again");
+                return Ok(Action::requeue(Duration::from_millis(500)));
+            }
+            return Err(e);
+        }
+    };
+    super::SUPERSEDED.record(sbx, Instant::now());
+    let timeout = idle::timeout(sbx).unwrap_or_default();
+    let note = decide::idle_suspended(
+        &mut st,
+        timeout,
+        updated.metadata.generation,
+        Timestamp::now(),
+    );
+    info!("{}", note.message);
+    ctx.metrics.idle_suspended();
+    publish(ctx, sbx, Some(note)).await;
+    // Written over the version the mode change returned, so that version, seen without this
+    // status, is not acted on as a plain suspend.
+    let status = write_status(&apis.sandboxes, &updated, &st).await;
+    release(g, &name).await;
+    status?;
+    Ok(Action::await_change())
+}
+
+/// Releases a guard the operator took; a failure only delays others until it expires.
+async fn release(g: guard::Guard, sandbox: &str) {
+    if let Err(e) = g.release().await {
+        warn!(sandbox, "could not release the scope's guard: {e}");
+    }
 }
 
 /// Publishes `note`, if any, about the sandbox.
@@ -315,8 +416,7 @@ async fn serve(
     sbx: &Sandbox,
     ctx: &Context,
     (apis, podcfg): (&Apis, &PodConfig<'_>),
-    pod: &Pod,
-    state: PodState,
+    (pod, state, guard): (&Pod, PodState, &LeaseView),
     (old, mut st, now): (&SandboxStatus, SandboxStatus, Timestamp),
     mut requeue: Option<Duration>,
 ) -> Result<Action, Error> {
@@ -365,6 +465,15 @@ async fn serve(
         requeue = sooner(requeue, retry);
     }
     publish(ctx, sbx, out.problem).await;
+    let idleness = idle::track(&mut st, idle::timeout(sbx), guard, now);
+    if idleness != Idle::Off {
+        debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
+    }
+    match idleness {
+        Idle::Suspend => return idle_suspend(sbx, ctx, apis, st).await,
+        Idle::Wait(d) | Idle::Busy(Some(d)) => requeue = sooner(requeue, d),
+        Idle::Busy(None) | Idle::Off => {}
+    }
     if let Some(wait) = decide::defer_first_status(old.phase, out.starting, serving.age) {
         return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
     }

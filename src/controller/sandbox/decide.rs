@@ -9,6 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
+use super::idle;
 use super::observe::World;
 use crate::controller::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
 use crate::controller::nodeloss::{self, NodeHealth};
@@ -97,7 +98,8 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
     let mut st = w.old.clone();
     st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
     st.observed_generation = generation;
-    let (guard, held, reason, message) = guarded(&LeaseView::of(w.lease.as_ref(), now));
+    let view = LeaseView::of(w.lease.as_ref(), now);
+    let (guard, held, reason, message) = guarded(&view);
     st.guard = guard;
     conditions::set(
         &mut st.conditions,
@@ -163,6 +165,9 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
         }
     }
     let (step, note) = pod_step(sbx, w, &mut st);
+    // The idle clock rides along in whatever status this step leaves; a served sandbox's
+    // idleness is decided once its status is final (in the serve step).
+    idle::track(&mut st, idle::timeout(sbx), &view, now);
     Plan {
         step,
         status: st,
@@ -194,7 +199,14 @@ pub fn guarded(view: &LeaseView) -> (Option<GuardStatus>, bool, &'static str, St
 fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<Note>) {
     let (generation, now) = (sbx.metadata.generation, w.now);
     if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
-        suspended(st, generation, now);
+        // An idle suspension said so (and announced it) when it set the mode: keep its reason.
+        if idle::suspended_for_idleness(&w.old) {
+            let timeout = idle::timeout(sbx).unwrap_or_default();
+            let message = idle::message(timeout, w.old.idle_since.as_ref());
+            suspended(st, generation, now, Some(&message));
+            return (Step::Suspend, None);
+        }
+        suspended(st, generation, now, None);
         let note = Note::new(
             EventType::Normal,
             "Suspended",
@@ -303,22 +315,45 @@ fn invalid(st: &mut SandboxStatus, message: &str, generation: Option<i64>, now: 
     );
 }
 
-/// Suspended: no pod, the workspace kept on its node.
-fn suspended(st: &mut SandboxStatus, generation: Option<i64>, now: Timestamp) {
+/// Suspended: no pod, the workspace kept on its node. `idle` is the message of a suspension
+/// by the idle timeout (reason [`idle::REASON`]).
+fn suspended(st: &mut SandboxStatus, generation: Option<i64>, now: Timestamp, idle: Option<&str>) {
+    let (reason, ready) = match idle {
+        Some(message) => (idle::REASON, message),
+        None => ("Suspended", "the sandbox is suspended"),
+    };
     let messages = [
         (
             POD_READY,
             "the sandbox is suspended; its workspace is kept on its node",
         ),
-        (READY, "the sandbox is suspended"),
+        (READY, ready),
     ];
     no_pod(
         st,
-        (SandboxPhase::Suspended, "Suspended"),
+        (SandboxPhase::Suspended, reason),
         messages,
         generation,
         now,
     );
+}
+
+/// The status an idle suspension writes with the mode it sets: Suspended for the idle
+/// timeout, as the suspend step that follows will say, but still naming the pod (the on-stop
+/// snapshot is taken from it; the suspend step drops it once the pod is gone). Returns the
+/// Event that announces it.
+pub fn idle_suspended(
+    st: &mut SandboxStatus,
+    timeout: Duration,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Note {
+    let pod = st.pod_name.clone();
+    st.observed_generation = generation;
+    let message = idle::message(timeout, st.idle_since.as_ref());
+    suspended(st, generation, now, Some(&message));
+    st.pod_name = pod;
+    Note::new(EventType::Normal, idle::REASON, "Suspend", &message)
 }
 
 /// No pod for now (its sources are missing, or the API server refused it): Pending, PodReady
@@ -873,6 +908,53 @@ mod tests {
         assert_eq!(plan.status.phase, Some(SandboxPhase::Suspended));
         assert_eq!(reason(&plan.status, POD_READY), "Suspended");
         assert_eq!(plan.note.unwrap().reason, "Suspended");
+    }
+
+    #[test]
+    fn an_idle_suspension_keeps_its_reason_and_was_announced_already() {
+        let sbx = sandbox(json!({"lifecycle": {"mode": "Suspended", "idleTimeout": "90s"}}));
+        let mut w = world(Some(pod("sbx-uid")));
+        let mut old = SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            pod_name: Some("s-sandbox".into()),
+            idle_since: Some(Time(t(-90))),
+            idle_guard_transitions: Some(2),
+            ..Default::default()
+        };
+        let note = idle_suspended(&mut old, Duration::from_secs(90), Some(4), t(0));
+        assert_eq!(
+            (note.reason.as_str(), note.action),
+            ("IdleTimeout", "Suspend")
+        );
+        assert_eq!(old.phase, Some(SandboxPhase::Suspended));
+        assert_eq!(old.observed_generation, Some(4));
+        assert_eq!(
+            old.pod_name.as_deref(),
+            Some("s-sandbox"),
+            "the on-stop snapshot still finds the pod"
+        );
+        assert_eq!(reason(&old, READY), "IdleTimeout");
+        w.old = old;
+        let plan = decide(&sbx, &w);
+        assert_eq!(plan.step, Step::Suspend);
+        assert_eq!(plan.note, None, "one Event per idle suspension");
+        assert_eq!(reason(&plan.status, READY), "IdleTimeout");
+        assert_eq!(plan.status.pod_name, None);
+        assert_eq!(
+            plan.status.idle_since,
+            Some(Time(t(-90))),
+            "says when it went idle"
+        );
+        // Resumed: the pod starts again and the idle record goes.
+        let running = sandbox(json!({"lifecycle": {"idleTimeout": "90s"}}));
+        let mut w2 = world(None);
+        w2.old = plan.status;
+        let mut st = w2.old.clone();
+        assert!(pod_created(&w2.old, &mut st, "s-sandbox", Some(5), t(1)));
+        let plan = decide(&running, &w2);
+        assert_eq!(plan.step, Step::CreatePod);
+        assert_eq!(plan.status.idle_since, Some(Time(t(-90))), "until it runs");
+        assert_eq!(reason(&st, READY), "PodStarting");
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod abandoned;
 mod act;
 mod cleanup;
 pub mod decide;
+pub mod idle;
 mod init;
 pub mod observe;
 

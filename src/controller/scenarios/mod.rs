@@ -35,6 +35,9 @@ struct FakeApi {
     objects: Mutex<BTreeMap<String, Value>>,
     requests: Mutex<Vec<(String, String)>>,
     version: Mutex<u64>,
+    /// Someone else's write that lands just before the request `"METHOD path"`: the object
+    /// to store and where (a race lost by the reconcile).
+    first: Mutex<Option<(String, String, Value)>>,
 }
 
 fn status_body(code: u16, reason: &str) -> Value {
@@ -108,6 +111,19 @@ impl FakeApi {
 
     fn answer(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
         self.record(method, path);
+        let raced = {
+            let mut first = self.first.lock().expect("first");
+            match first.take() {
+                Some((when, at, obj)) if when == format!("{method} {path}") => Some((at, obj)),
+                other => {
+                    *first = other;
+                    None
+                }
+            }
+        };
+        if let Some((at, obj)) = raced {
+            self.put(&at, obj);
+        }
         let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         match method {
             "GET" => self.read(path),
@@ -164,6 +180,11 @@ impl FakeApi {
             return (200, self.get(base).unwrap_or_default());
         }
         let mut obj = self.get(path).unwrap_or_else(|| json!({"metadata": {}}));
+        // A resourceVersion in a merge patch is a precondition, as on the API server.
+        let rv = &body["metadata"]["resourceVersion"];
+        if rv.is_string() && rv != &obj["metadata"]["resourceVersion"] {
+            return (409, status_body(409, "Conflict"));
+        }
         match body {
             // kube's finalizer helper: JSON patches of metadata.finalizers.
             Value::Array(ops) => {
@@ -1096,4 +1117,191 @@ async fn a_lost_workspace_comes_back_from_the_newest_snapshot_through_branch_b()
     );
     let s = fake.get(&format!("{SBX}/rec")).expect("sandbox");
     assert_eq!(s["status"]["restoredFrom"], json!("s1"), "{s:#}");
+}
+
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/n/leases";
+
+/// The path of the guard Lease of sandbox `name`'s scope (Agent `name`).
+fn guard_lease(name: &str) -> String {
+    let scope: crate::crd::Scope =
+        serde_json::from_value(json!({"kind": "Agent", "agent": name})).expect("scope");
+    format!(
+        "{LEASES}/{}",
+        crate::labels::lease_name(&crate::labels::scope_key(&scope))
+    )
+}
+
+/// A Ready sandbox with a 60 s idle timeout, idle (its guard free, no Lease yet) since
+/// `idle_for` ago, serving in its current pod.
+fn idle_sandbox(fake: &Arc<FakeApi>, ctx: &Context, name: &str, idle_for: i64) {
+    let since = k8s_openapi::jiff::Timestamp::from_second(
+        k8s_openapi::jiff::Timestamp::now().as_second() - idle_for,
+    )
+    .expect("time");
+    let status = json!({"phase": "Ready", "podName": pod(name), "nodeName": "node-1",
+        "scopeKey": "k", "workspace": {"rootReady": true, "initializedPodUid": "pod-uid"},
+        "idleSince": since.to_string(), "idleGuardTransitions": 0});
+    let spec = json!({"lifecycle": {"idleTimeout": "60s"}});
+    fake.put(&format!("{SBX}/{name}"), adopted(name, spec, status));
+    fake.put(
+        &format!("{PODS}/{}", pod(name)),
+        current_pod(ctx, name, fake),
+    );
+    let found = noderoot::Found::Checked {
+        nosuid: true,
+        nodev: true,
+        mount: "/".into(),
+    };
+    ctx.node_roots
+        .record("node-1", NS, found, std::time::Instant::now());
+}
+
+#[tokio::test]
+async fn an_idle_sandbox_past_its_timeout_suspends_itself_under_the_guard_then_loses_its_pod() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    idle_sandbox(&fake, &ctx, "idle", 61);
+    reconcile_sandbox(&fake, &ctx, "idle").await;
+    let lease = guard_lease("idle");
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("POST {LEASES}"),
+            format!("PATCH {SBX}/idle"),
+            format!("POST {EVENTS}"),
+            format!("PATCH {SBX}/idle/status"),
+            format!("PUT {lease}"),
+        ],
+        "guard taken, mode set, announced, recorded, guard released"
+    );
+    let s = fake.get(&format!("{SBX}/idle")).expect("sandbox");
+    assert_eq!(s["spec"]["lifecycle"]["mode"], json!("Suspended"));
+    assert_eq!(s["status"]["phase"], json!("Suspended"));
+    assert_eq!(condition(&s, "Ready")["reason"], json!("IdleTimeout"));
+    assert_eq!(
+        s["status"]["podName"],
+        json!(pod("idle")),
+        "for the on-stop snapshot"
+    );
+    let l = fake.get(&lease).expect("lease");
+    assert!(l["spec"]["holderIdentity"].is_null(), "released: {l}");
+    assert_eq!(l["spec"]["leaseTransitions"], json!(1));
+    assert_eq!(
+        ctx.metrics
+            .render()
+            .lines()
+            .find(|l| l.starts_with("agentbox_idle_suspensions_total")),
+        Some("agentbox_idle_suspensions_total 1")
+    );
+
+    // The mode change brings the suspend step: the pod goes, no second Event.
+    let before = fake.writes().len();
+    reconcile_sandbox(&fake, &ctx, "idle").await;
+    assert_eq!(
+        fake.writes()[before..],
+        [
+            format!("DELETE {PODS}/{}", pod("idle")),
+            format!("PATCH {SBX}/idle/status"),
+        ]
+    );
+    let s = fake.get(&format!("{SBX}/idle")).expect("sandbox");
+    assert!(s["status"].get("podName").is_none_or(Value::is_null));
+    assert_eq!(condition(&s, "Ready")["reason"], json!("IdleTimeout"));
+    assert!(
+        s["status"]["idleSince"].is_string(),
+        "says when it went idle"
+    );
+    // Suspended, the pod gone, nothing changes: nothing written.
+    fake.objects
+        .lock()
+        .expect("objects")
+        .remove(&format!("{PODS}/{}", pod("idle")));
+    let before = fake.writes().len();
+    reconcile_sandbox(&fake, &ctx, "idle").await;
+    reconcile_sandbox(&fake, &ctx, "idle").await;
+    assert_eq!(fake.writes()[before..], [] as [String; 0], "at rest");
+}
+
+/// The requeue of an Action, in seconds (kube's Action shows it only in its Debug form).
+fn requeue_secs(action: &Action) -> Option<f64> {
+    let shown = format!("{action:?}");
+    let inner = shown.split("Some(").nth(1)?.split(')').next()?;
+    match inner.strip_suffix("ms") {
+        Some(ms) => ms.parse::<f64>().ok().map(|m| m / 1000.0),
+        None => inner.strip_suffix('s')?.parse().ok(),
+    }
+}
+
+#[tokio::test]
+async fn an_idle_sandbox_short_of_its_timeout_costs_no_write_and_wakes_when_it_is_due() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    idle_sandbox(&fake, &ctx, "soon", 20);
+    // The first look completes the status the fixture left short (its conditions).
+    reconcile_sandbox(&fake, &ctx, "soon").await;
+    let before = fake.writes().len();
+    let action = reconcile_sandbox(&fake, &ctx, "soon").await;
+    assert_eq!(fake.writes().len(), before, "{:?}", fake.writes());
+    let due = requeue_secs(&action).unwrap_or_else(|| panic!("no requeue: {action:?}"));
+    // Idle since 20 s ago (whole seconds) of 60: due in 40 s less the part of a second gone.
+    assert!(due > 38.0 && due <= 40.0, "{action:?}");
+    let s = fake.get(&format!("{SBX}/soon")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"));
+}
+
+#[tokio::test]
+async fn a_harness_that_takes_the_guard_first_keeps_its_sandbox() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    idle_sandbox(&fake, &ctx, "race", 61);
+    // The harness's take lands between the operator's look and its own take.
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let lease = guard_lease("race");
+    let harness = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": lease.rsplit('/').next(), "namespace": NS},
+        "spec": {"holderIdentity": "harness", "leaseDurationSeconds": 15,
+            "acquireTime": now, "renewTime": now, "leaseTransitions": 1}});
+    *fake.first.lock().expect("first") = Some((format!("POST {LEASES}"), lease.clone(), harness));
+    reconcile_sandbox(&fake, &ctx, "race").await;
+    assert_eq!(
+        fake.writes(),
+        vec![format!("POST {LEASES}")],
+        "the take failed (409): nothing else written"
+    );
+    let s = fake.get(&format!("{SBX}/race")).expect("sandbox");
+    assert_eq!(s["spec"]["lifecycle"]["mode"], Value::Null);
+    assert_eq!(s["status"]["phase"], json!("Ready"));
+    assert_eq!(
+        fake.get(&lease).expect("lease")["spec"]["holderIdentity"],
+        json!("harness")
+    );
+}
+
+#[tokio::test]
+async fn a_sandbox_changed_since_it_was_read_is_not_suspended_and_the_guard_goes_back() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    idle_sandbox(&fake, &ctx, "moved", 61);
+    let read: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/moved")).expect("stored")).expect("sbx");
+    // Someone writes the Sandbox after the operator's cache saw it.
+    let mut newer = fake.get(&format!("{SBX}/moved")).expect("stored");
+    newer["metadata"]["annotations"] = json!({"touched": "yes"});
+    fake.put(&format!("{SBX}/moved"), newer);
+    super::sandbox::reconcile(Arc::new(read), ctx.clone())
+        .await
+        .expect("reconcile");
+    let lease = guard_lease("moved");
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("POST {LEASES}"),
+            format!("PATCH {SBX}/moved"),
+            format!("PUT {lease}"),
+        ],
+        "the conditional write was refused (409) and the guard released"
+    );
+    let s = fake.get(&format!("{SBX}/moved")).expect("sandbox");
+    assert_eq!(s["spec"]["lifecycle"]["mode"], Value::Null);
+    assert!(fake.get(&lease).expect("lease")["spec"]["holderIdentity"].is_null());
 }

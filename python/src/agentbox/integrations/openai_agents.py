@@ -20,8 +20,9 @@ How the framework's session contract maps onto agentbox:
 
 - ``create`` gets (or creates) the Sandbox of the options' scope — by default a Session scope
   of this session — and the manifest is materialised in its workspace when the session starts;
-  ``start`` waits until the Sandbox is Ready and then takes the scope's guard (the Lease that
-  serialises work on a scope), which the session holds for the run.
+  ``start`` waits until the Sandbox serves (resuming it if its ``idleTimeout`` suspended it)
+  and then takes the scope's guard (the Lease that serialises work on a scope), which the
+  session holds for the run; a sandbox suspended in between is resumed and waited for again.
 - Commands run over ``pods/exec`` with their real exit code; a timeout raises the framework's
   ``ExecTimeoutError`` (the command's process group is killed in the pod), a broken connection
   its ``ExecTransportError``, a missing file its ``WorkspaceReadNotFoundError``. A command that
@@ -80,7 +81,7 @@ from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
 from pydantic import BaseModel, Field
 
 from .. import errors as ab_errors
-from ..client import Sandbox, Sandboxes
+from ..client import Sandbox, Sandboxes, readiness
 from ..exec import Exit, Output
 from ..guard import Guard
 from ..ports import PortForward
@@ -266,12 +267,19 @@ class AgentboxSandboxSession(BaseSandboxSession):
     # --- lifecycle ------------------------------------------------------------------------
 
     async def _ensure_backend_started(self) -> None:
-        try:
-            await self._sandbox.recover(self.state.ready_timeout)
-        except ab_errors.AgentboxError as e:
-            raise WorkspaceStartError(path=Path(self.state.manifest.root), cause=e) from e
+        # Serving first (a restore on the way needs the guard: the operator takes it), then the
+        # guard. An idle timeout may suspend the sandbox in between; it does so while holding
+        # the guard, so once the guard is ours the sandbox is seen suspended or stays serving.
+        for _ in range(3):
+            try:
+                await self._sandbox.recover(self.state.ready_timeout)
+            except ab_errors.AgentboxError as e:
+                raise WorkspaceStartError(path=Path(self.state.manifest.root), cause=e) from e
+            await self._acquire_guard()
+            if self._guard is None or readiness((await self._sandbox.refresh()).obj) != "suspended":
+                break
+            await self._release_guard()
         self.state.sandbox_uid = str(self._sandbox.obj["metadata"].get("uid") or "")
-        await self._acquire_guard()
 
     async def _acquire_guard(self) -> None:
         if not self.state.guard or self._guard is not None:
