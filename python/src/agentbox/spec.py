@@ -110,13 +110,16 @@ class SnapshotPolicy:
     """Which snapshot a fresh workspace is restored from, and when snapshots are taken.
 
     ``restore`` is ``"Latest"`` (the newest Ready snapshot of the scope), ``"None"``, or
-    ``"Named"`` with ``name``.
+    ``"Named"`` with ``name``. ``when_lost``: what a start does when the workspace was lost
+    (its node lost, its directory gone) and no snapshot can be restored: ``"StartFresh"`` (a
+    fresh workspace, the loss reported) or ``"Fail"`` (no start, reason ``WorkspaceLost``).
     """
 
     restore: Literal["Latest", "None", "Named"] = "Latest"
     name: str | None = None
     on_stop: bool = False
     retention: Retention | None = None
+    when_lost: Literal["StartFresh", "Fail"] = "StartFresh"
 
 
 @dataclass

@@ -95,7 +95,11 @@ def test_a_full_spec_round_trips_through_json() -> None:
             ],
         ),
         snapshot=agentbox.SnapshotPolicy(
-            restore="Named", name="s1", on_stop=True, retention=agentbox.Retention(3)
+            restore="Named",
+            name="s1",
+            on_stop=True,
+            retention=agentbox.Retention(3),
+            when_lost="Fail",
         ),
         lifecycle=agentbox.Lifecycle(
             "Suspended", dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
@@ -124,6 +128,7 @@ def test_a_full_spec_round_trips_through_json() -> None:
         "name": "s1",
         "onStop": True,
         "retention": {"keepLast": 3},
+        "whenLost": "Fail",
     }
     assert d["securityContext"]["capabilities"] == {"add": ["NET_RAW"], "drop": ["KILL"]}
     back = SandboxSpec.from_dict(d)
