@@ -811,6 +811,20 @@ async fn the_api_server_restarted_mid_operations_loses_nothing() {
     });
     let restarted = restart.await.expect("join").expect("run hack/cluster");
     assert!(restarted.success(), "hack/cluster restart-apiserver failed");
+    // An operator that cannot renew its leader Lease for its duration stops and exits, for
+    // its Deployment to start it again as a follower (a replica that may have lost leadership
+    // must not keep writing). Here the test is that Deployment: for a while after the restart,
+    // a stopped operator is started again.
+    let mut restarts = 0;
+    let watch_until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < watch_until {
+        if !env.operators.last_mut().is_some_and(|o| o.is_running()) {
+            start(&mut env, &b);
+            restarts += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("[chaos] operator restarts after the API server restart: {restarts}");
 
     let mut v = Vec::new();
     for name in ["a", "b", "c"] {
