@@ -578,6 +578,11 @@ mod tests {
         assert!(back.unwrap() == canonical(&bytes));
         assert_eq!(s.size, canonical(&bytes).len() as u64);
         assert_eq!(store.size(&keys.temp).await.unwrap(), None, "no copy made");
+        // Aborting the completed upload by its recorded id (its operator killed between the
+        // completion and the status write) is fine and keeps the object.
+        store.abort_upload(&keys, &id).await.unwrap();
+        assert!(store.size(&keys.object).await.unwrap().is_some());
+        store.delete_snapshot(&keys).await.unwrap();
         // An upload left behind (its operator killed) is aborted by its recorded id: its
         // parts are gone and it can no longer be completed.
         let m = store.multipart().unwrap().clone();

@@ -338,6 +338,13 @@ impl Store {
         let Some(m) = &self.multipart else {
             return Ok(());
         };
+        // Uploads go straight to the final key, where the object appears only when its upload
+        // completes: an object there means this upload completed (an operator killed between
+        // the completion and its status write), and its id is no longer open. S3 answers an
+        // abort of it with 404, some S3-compatible servers (s3s-fs) with 403.
+        if self.size(&keys.object).await?.is_some() {
+            return Ok(());
+        }
         match m.abort_multipart(&keys.object, &id.to_string()).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
