@@ -614,6 +614,17 @@ async fn a_snapshot_without_a_store_fails_once_with_its_reason() {
 
 /// A pod of sandbox `name` as the operator would make it now, owned by it, on node `node-1`,
 /// its container running and ready.
+/// node-1's workspace root as the node-root check leaves it: checked, nosuid and nodev.
+fn node_root_checked(ctx: &Context) {
+    let found = noderoot::Found::Checked {
+        nosuid: true,
+        nodev: true,
+        mount: "/".into(),
+    };
+    ctx.node_roots
+        .record("node-1", NS, found, std::time::Instant::now());
+}
+
 fn current_pod(ctx: &Context, name: &str, fake: &FakeApi) -> Value {
     let sbx: Sandbox =
         serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("stored")).expect("sbx");
@@ -726,13 +737,7 @@ async fn a_running_pod_with_its_workspace_initialised_makes_the_sandbox_ready_in
         &format!("{PODS}/{}", pod("run")),
         current_pod(&ctx, "run", &fake),
     );
-    let found = noderoot::Found::Checked {
-        nosuid: true,
-        nodev: true,
-        mount: "/".into(),
-    };
-    let now = std::time::Instant::now();
-    ctx.node_roots.record("node-1", NS, found, now);
+    node_root_checked(&ctx);
     reconcile_sandbox(&fake, &ctx, "run").await;
     assert_eq!(fake.writes(), vec![format!("PATCH {SBX}/run/status")]);
     let s = fake.get(&format!("{SBX}/run")).expect("sandbox");
@@ -1002,13 +1007,7 @@ async fn serving_sandbox(
         &format!("{PODS}/{}", pod(name)),
         current_pod(&ctx, name, &fake),
     );
-    let found = noderoot::Found::Checked {
-        nosuid: true,
-        nodev: true,
-        mount: "/".into(),
-    };
-    ctx.node_roots
-        .record("node-1", NS, found, std::time::Instant::now());
+    node_root_checked(&ctx);
     (fake, ctx, store)
 }
 
@@ -1147,13 +1146,7 @@ fn idle_sandbox(fake: &Arc<FakeApi>, ctx: &Context, name: &str, idle_for: i64) {
         &format!("{PODS}/{}", pod(name)),
         current_pod(ctx, name, fake),
     );
-    let found = noderoot::Found::Checked {
-        nosuid: true,
-        nodev: true,
-        mount: "/".into(),
-    };
-    ctx.node_roots
-        .record("node-1", NS, found, std::time::Instant::now());
+    node_root_checked(ctx);
 }
 
 #[tokio::test]
