@@ -367,6 +367,7 @@ pub async fn canonical_reader(
 mod tests {
     use super::*;
     use sha2::Digest;
+    use store::AbortOutcome;
     use tokio::io::AsyncReadExt;
 
     fn sample(n_bytes: usize) -> Vec<u8> {
@@ -580,7 +581,10 @@ mod tests {
         assert_eq!(store.size(&keys.temp).await.unwrap(), None, "no copy made");
         // Aborting the completed upload by its recorded id (its operator killed between the
         // completion and the status write) is fine and keeps the object.
-        store.abort_upload(&keys, &id).await.unwrap();
+        assert_eq!(
+            store.abort_upload(&keys, &id).await.unwrap(),
+            AbortOutcome::Done
+        );
         assert!(store.size(&keys.object).await.unwrap().is_some());
         store.delete_snapshot(&keys).await.unwrap();
         // An upload left behind (its operator killed) is aborted by its recorded id: its
@@ -590,7 +594,10 @@ mod tests {
         m.put_part(store.upload_key(&keys), &left, 0, bytes.clone().into())
             .await
             .unwrap();
-        store.abort_upload(&keys, &left).await.unwrap();
+        assert_eq!(
+            store.abort_upload(&keys, &left).await.unwrap(),
+            AbortOutcome::Done
+        );
         assert!(
             m.complete_multipart(store.upload_key(&keys), &left, vec![])
                 .await

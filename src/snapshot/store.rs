@@ -77,6 +77,20 @@ pub enum StoreError {
     Manifest(#[from] serde_json::Error),
 }
 
+/// How [`Store::abort_upload`] went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AbortOutcome {
+    /// Aborted, or nothing was left to abort.
+    Done,
+    /// The store answered 403 Forbidden. S3 answers an unknown upload id with 404, but some
+    /// S3-compatible servers (s3s-fs) with 403, and s3s-fs forgets an upload before it has
+    /// written the object, so a completion cut short (its operator killed) leaves an id that
+    /// only ever gets 403. A 403 may also be a bucket policy without
+    /// `s3:AbortMultipartUpload`. Retrying tells the two apart no better and changes neither,
+    /// so the caller goes on and says so (an Event); the message is the store's answer.
+    Refused(String),
+}
+
 /// The JSON manifest written beside each tarball.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -286,6 +300,17 @@ impl Store {
         }
     }
 
+    /// A store over an already built object store with a multipart API (tests, tools).
+    pub fn from_multipart_store<T: ObjectStore + MultipartStore>(
+        inner: Arc<T>,
+        prefix: &str,
+    ) -> Store {
+        Store {
+            multipart: Some(inner.clone()),
+            ..Store::from_object_store(inner, prefix)
+        }
+    }
+
     /// An in-memory store (tests), with its multipart API.
     pub fn memory(prefix: &str) -> Store {
         let m = Arc::new(InMemory::new());
@@ -334,19 +359,26 @@ impl Store {
 
     /// Aborts the multipart upload `id` to [`Store::upload_key`], freeing its parts. An upload that no
     /// longer exists (completed or aborted before) is fine.
-    pub async fn abort_upload(&self, keys: &SnapshotKeys, id: &str) -> Result<(), StoreError> {
+    pub async fn abort_upload(
+        &self,
+        keys: &SnapshotKeys,
+        id: &str,
+    ) -> Result<AbortOutcome, StoreError> {
         let Some(m) = &self.multipart else {
-            return Ok(());
+            return Ok(AbortOutcome::Done);
         };
         // Uploads go straight to the final key, where the object appears only when its upload
         // completes: an object there means this upload completed (an operator killed between
         // the completion and its status write), and its id is no longer open. S3 answers an
         // abort of it with 404, some S3-compatible servers (s3s-fs) with 403.
         if self.size(&keys.object).await?.is_some() {
-            return Ok(());
+            return Ok(AbortOutcome::Done);
         }
         match m.abort_multipart(&keys.object, &id.to_string()).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(AbortOutcome::Done),
+            Err(e @ object_store::Error::PermissionDenied { .. }) => {
+                Ok(AbortOutcome::Refused(e.to_string()))
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -122,7 +122,7 @@ pub fn s3_backend(vars: &[(String, String)], endpoint: String, ns: &str, sign: b
             .filter(|(k, _)| k.starts_with("AWS_"))
             .cloned()
             .collect(),
-        store: Store::from_object_store(Arc::new(s3), ns),
+        store: Store::from_multipart_store(Arc::new(s3), ns),
         dir: None,
     }
 }

@@ -27,6 +27,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use tracing::warn;
 
 use super::conditions;
 use super::podstate::{self, PodState, observe_pod};
@@ -35,7 +36,7 @@ use crate::crd::{DeletionPolicy, Sandbox, SandboxSnapshot, SandboxSnapshotStatus
 use crate::labels;
 pub use crate::remote::{TAR_SCRIPT, tar_args};
 use crate::snapshot::SnapshotError;
-use crate::snapshot::store::{SnapshotKeys, Store, StoreError};
+use crate::snapshot::store::{AbortOutcome, SnapshotKeys, Store, StoreError};
 pub use decide::{NotCommitted, Observed, Plan, SandboxState, decide, retention_victims};
 pub use on_stop::{OnStop, on_stop};
 
@@ -188,7 +189,7 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
         Plan::Done => Ok(Action::await_change()),
         Plan::Fail(reason, message) => {
             if let (Some(store), Some(keys)) = (ctx.store.as_ref(), keys_of(ctx, snap)) {
-                discard_attempt(store, &keys, old.upload_id.as_deref())
+                discard_attempt(ctx, snap, store, &keys, old.upload_id.as_deref())
                     .await
                     .map_err(snapshot_err)?;
             }
@@ -270,14 +271,34 @@ fn snapshot_err(e: impl Into<SnapshotError>) -> Error {
 
 /// Removes what an unfinished attempt may have left: its multipart upload (by the id recorded
 /// in the status; its parts are not objects and would stay in the bucket) and the temporary
-/// object or staged files.
+/// object or staged files. An abort the store refuses is said in a Warning Event and not
+/// retried (see [`AbortOutcome::Refused`]): the snapshot goes on.
 async fn discard_attempt(
+    ctx: &Context,
+    snap: &SandboxSnapshot,
     store: &Store,
     keys: &SnapshotKeys,
     upload_id: Option<&str>,
 ) -> Result<(), StoreError> {
-    if let Some(id) = upload_id {
-        store.abort_upload(keys, id).await?;
+    if let Some(id) = upload_id
+        && let AbortOutcome::Refused(why) = store.abort_upload(keys, id).await?
+    {
+        let msg = format!(
+            "the store refused to abort multipart upload {id} of {}: {why}; if that upload \
+             still exists, its parts stay in the bucket until removed (a lifecycle rule with \
+             AbortIncompleteMultipartUpload removes them)",
+            keys.object
+        );
+        warn!(snapshot = %snap.name_any(), "{msg}");
+        super::publish(
+            ctx,
+            snap,
+            EventType::Warning,
+            "UploadAbortRefused",
+            "Cleanup",
+            &msg,
+        )
+        .await;
     }
     store.delete_temp(keys).await
 }
@@ -290,7 +311,7 @@ async fn cleanup(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error>
     };
     // An upload still recorded was cut short (a finished attempt clears it).
     let upload_id = snap.status.as_ref().and_then(|s| s.upload_id.as_deref());
-    discard_attempt(store, &keys, upload_id)
+    discard_attempt(ctx, snap, store, &keys, upload_id)
         .await
         .map_err(snapshot_err)?;
     if snap.spec.deletion_policy == DeletionPolicy::Delete {

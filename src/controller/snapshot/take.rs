@@ -80,7 +80,7 @@ pub(super) async fn take(
     ensure_labels(&t.api, snap, sbx).await?;
     if clean_first {
         info!(snapshot = %t.name, namespace = %t.ns, "interrupted snapshot: removing its objects and taking it again");
-        discard_attempt(store, &t.keys, st.upload_id.as_deref())
+        discard_attempt(ctx, snap, store, &t.keys, st.upload_id.as_deref())
             .await
             .map_err(snapshot_err)?;
         store.delete_snapshot(&t.keys).await.map_err(snapshot_err)?;
@@ -295,7 +295,7 @@ impl Taking<'_> {
     ) -> Result<Action, Error> {
         // The upload aborts itself on errors it sees, but not when a lost guard cancelled
         // it mid-way.
-        let _ = discard_attempt(self.store, &self.keys, upload_id).await;
+        let _ = discard_attempt(self.ctx, self.snap, self.store, &self.keys, upload_id).await;
         let _ = self.store.delete(&self.keys.manifest).await;
         let _ = self.store.delete(&self.keys.object).await;
         let reason = e.reason();
