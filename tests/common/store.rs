@@ -30,6 +30,9 @@ pub struct Backend {
     pub envs: Vec<(String, String)>,
     pub store: Store,
     pub dir: Option<PathBuf>,
+    /// The s3s-fs server's data directory, when the backend is s3s-fs: where a test looks for
+    /// what its API cannot show (see [`upload_forgotten`]).
+    pub s3s_fs_dir: Option<PathBuf>,
 }
 
 pub fn s3_env() -> Vec<(String, String)> {
@@ -69,6 +72,7 @@ pub fn backend(kind: Kind, ns: &str) -> Backend {
                 envs: Vec::new(),
                 store,
                 dir: Some(dir),
+                s3s_fs_dir: None,
             }
         }
         Kind::S3 | Kind::S3Moto => {
@@ -81,7 +85,11 @@ pub fn backend(kind: Kind, ns: &str) -> Backend {
             });
             // Both request-signing modes run: the default (unsigned payload) against s3s-fs,
             // which checks every request's signature, signed against moto.
-            s3_backend(&vars, endpoint, ns, kind == Kind::S3Moto)
+            let mut b = s3_backend(&vars, endpoint, ns, kind == Kind::S3Moto);
+            if kind == Kind::S3 {
+                b.s3s_fs_dir = Some(PathBuf::from(get("AGENTBOX_TEST_S3_FS_DIR")));
+            }
+            b
         }
     }
 }
@@ -124,6 +132,7 @@ pub fn s3_backend(vars: &[(String, String)], endpoint: String, ns: &str, sign: b
             .collect(),
         store: Store::from_multipart_store(Arc::new(s3), ns),
         dir: None,
+        s3s_fs_dir: None,
     }
 }
 
@@ -166,7 +175,10 @@ impl PrivateS3 {
 
     /// A store client and the operator's flags for it.
     pub fn backend(&self, ns: &str) -> Backend {
-        s3_backend(&self.vars, self.endpoint.clone(), ns, false)
+        Backend {
+            s3s_fs_dir: Some(self.dir.clone()),
+            ..s3_backend(&self.vars, self.endpoint.clone(), ns, false)
+        }
     }
 
     /// Kills the server (SIGKILL, by PID): the store is unreachable.
@@ -259,6 +271,18 @@ pub async fn check_committed(b: &Backend, env: &TestEnv, s: &SandboxSnapshot) {
     assert_eq!((m.sha256.as_str(), m.size_bytes), (sha.as_str(), size));
     assert_eq!(m.members as i64, st.members.unwrap_or(0));
     assert_eq!(b.store.size(&keys.temp).await.expect("head temp"), None);
+}
+
+/// Whether s3s-fs has forgotten upload `id` (its record is gone) although parts of it may
+/// remain on its disk. s3s-fs drops the record when a completion starts and removes each part
+/// only once copied into the object, all in the request's task: a client gone mid-completion
+/// (an operator killed) leaves parts that no S3 call can list, abort or complete (an abort
+/// gets 403). S3 and MinIO complete an upload on the server whatever the client does. `false`
+/// for other backends.
+pub fn upload_forgotten(b: &Backend, id: &str) -> bool {
+    b.s3s_fs_dir
+        .as_ref()
+        .is_some_and(|d| !d.join(format!(".upload-{id}.json")).exists())
 }
 
 /// Whether multipart upload `id` to `key` still holds parts in the backend's bucket: ListParts
