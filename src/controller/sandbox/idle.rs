@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::crd::{Sandbox, SandboxPhase, SandboxStatus};
 use crate::guard::LeaseView;
@@ -79,16 +79,26 @@ pub fn track(
     let since = match (st.idle_since.as_ref(), st.idle_guard_transitions) {
         (Some(since), Some(t)) if t == guard.transitions => since.0,
         // Whole seconds, as status stores times: the clock reads the same before and after
-        // it is written.
-        _ => Timestamp::from_second(now.as_second()).unwrap_or(now),
+        // it is written. Rounded up, so a sandbox is never suspended before its timeout.
+        _ => whole_second_up(now),
     };
     st.idle_since = Some(Time(since));
     st.idle_guard_transitions = Some(guard.transitions);
-    let idle_for = Duration::try_from(now.duration_since(since)).unwrap_or_default();
-    match timeout.checked_sub(idle_for) {
-        Some(left) if !left.is_zero() => Idle::Wait(left),
+    // Time left until `since + timeout` (`since` may be a fraction of a second ahead).
+    let timeout = SignedDuration::try_from(timeout).unwrap_or(SignedDuration::MAX);
+    let left = timeout
+        .checked_sub(now.duration_since(since))
+        .unwrap_or(SignedDuration::MAX);
+    match Duration::try_from(left) {
+        Ok(left) if !left.is_zero() => Idle::Wait(left),
         _ => Idle::Suspend,
     }
+}
+
+/// `t`, or the next whole second when `t` has a fraction.
+fn whole_second_up(t: Timestamp) -> Timestamp {
+    let up = i64::from(t.subsec_nanosecond() > 0);
+    Timestamp::from_second(t.as_second() + up).unwrap_or(t)
 }
 
 /// The message of an idle suspension.
@@ -196,6 +206,16 @@ mod tests {
             Idle::Wait(Duration::from_secs(18))
         );
         assert_eq!(st, recorded, "a running clock changes no status");
+    }
+
+    #[test]
+    fn the_clock_starts_at_the_next_whole_second_so_it_never_suspends_early() {
+        let now = t(10).checked_add(SignedDuration::from_millis(300)).unwrap();
+        let mut st = ready();
+        let idle = track(&mut st, Some(Duration::from_secs(60)), &free(1), now);
+        assert_eq!(st.idle_since, Some(Time(t(11))));
+        // 60.7 s from now: never less than the timeout.
+        assert_eq!(idle, Idle::Wait(Duration::from_millis(60_700)));
     }
 
     #[test]
