@@ -228,7 +228,7 @@ fn sandbox_container(
     let sc = spec.security_context.clone().unwrap_or_default();
     Container {
         name: CONTAINER.into(),
-        image: Some(spec.image.clone()),
+        image: spec.image.clone(),
         image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
         command: Some(
             spec.command

@@ -31,12 +31,47 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Message of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.templateRef) || has(self.image)").message("image is required unless templateRef names a SandboxTemplate"),
+    validation = crate::crd::fixed_by_template("image"),
+    validation = crate::crd::fixed_by_template("imagePullPolicy"),
+    validation = crate::crd::fixed_by_template("command"),
+    validation = crate::crd::fixed_by_template("args"),
+    validation = crate::crd::fixed_by_template("resources"),
+    validation = crate::crd::fixed_by_template("runtimeClassName"),
+    validation = crate::crd::fixed_by_template("nodeSelector"),
+    validation = crate::crd::fixed_by_template("tolerations"),
+    validation = crate::crd::fixed_by_template("securityContext"),
+    validation = crate::crd::fixed_by_template("ports"),
+    validation = crate::crd::fixed_by_template("workspace.projections"),
+    validation = kube::core::Rule::new("!has(self.templateRef) || !has(self.network) || self.network.egress == 'All'").message("network comes from the template: a Sandbox with templateRef cannot set it"),
+    validation = kube::core::Rule::new("has(self.templateRef) == has(oldSelf.templateRef)").message("templateRef cannot be added or removed; create a new Sandbox"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxSpec {
+    /// The SandboxTemplate (same namespace) that supplies this sandbox's pod-shaping fields.
+    /// With it, the Sandbox may set only: `scope`; `workspace.root`, `workspace.files`
+    /// (added to the template's; a file of the same path replaces the template's) and
+    /// `workspace.mounts`; `env` (appended to the template's; a variable of the same name
+    /// replaces the template's); `snapshot` (a policy other than the default replaces the
+    /// template's whole policy); `lifecycle` (`mode` and `shutdownTime` are the sandbox's
+    /// own; `idleTimeout`, when set, replaces the template's). Setting `image`,
+    /// `imagePullPolicy`, `command`, `args`, `resources`, `runtimeClassName`, `nodeSelector`,
+    /// `tolerations`, `securityContext`, `ports`, `network` or `workspace.projections` is
+    /// refused at admission. The template is read when the sandbox's pod is made, and
+    /// `status.template` records which version was used: a later edit of the template does
+    /// not replace a running pod; it applies from the sandbox's next start. A missing template
+    /// keeps the sandbox Pending (reason `TemplateNotFound`) until it appears. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("templateRef is immutable; create a new Sandbox for another template"))]
+    pub template_ref: Option<TemplateRef>,
+
     /// Container image the sandbox runs. It needs `sh`; `tar` and `sha256sum` are needed for
-    /// snapshots and file transfer.
+    /// snapshots and file transfer. Required unless `templateRef` is set (the template's
+    /// image is used then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
-    pub image: String,
+    pub image: Option<String>,
 
     /// Image pull policy of the sandbox container (Always, IfNotPresent, Never). Defaults to
     /// the Kubernetes default for the image's tag.
@@ -72,7 +107,7 @@ pub struct SandboxSpec {
     /// of the cluster; a pod the API server refuses shows as Ready=False, reason PodRejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
+    #[x_kube(validation = crate::crd::object_name())]
     pub runtime_class_name: Option<String>,
 
     /// Node labels the sandbox pod must match when it is first scheduled. Once the workspace
@@ -182,7 +217,7 @@ pub fn unique_port_numbers() -> kube::core::Rule {
 /// Bounds the names in `spec.env` (Kubernetes' EnvVar schema has no maxLength) so that the API
 /// server can bound the cost of the uniqueness rule on the list: without a bound it refuses the
 /// CRD.
-fn bound_env_names(schema: &mut schemars::Schema) {
+pub(crate) fn bound_env_names(schema: &mut schemars::Schema) {
     if let Some(name) = schema
         .get_mut("items")
         .and_then(|items| items.get_mut("properties"))
@@ -625,7 +660,7 @@ pub const MIN_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 const IDLE_TIMEOUT_PATTERN: &str = "^([0-9]+(\\\\.[0-9]+)?(h|m|s|ms|us|ns))+$";
 
 /// Admission rule on `lifecycle.idleTimeout`: a Go duration.
-fn idle_timeout_format() -> kube::core::Rule {
+pub(crate) fn idle_timeout_format() -> kube::core::Rule {
     kube::core::Rule::new(format!("self.matches('{IDLE_TIMEOUT_PATTERN}')")).message(
         "idleTimeout must be a duration such as 90s, 15m or 1h30m (units: h, m, s, ms, us, ns)",
     )
@@ -633,7 +668,7 @@ fn idle_timeout_format() -> kube::core::Rule {
 
 /// Admission rule on `lifecycle.idleTimeout`: at least [`MIN_IDLE_TIMEOUT`]. A malformed value
 /// gets only the format rule's message, not an evaluation error.
-fn idle_timeout_minimum() -> kube::core::Rule {
+pub(crate) fn idle_timeout_minimum() -> kube::core::Rule {
     kube::core::Rule::new(format!(
         "!self.matches('{IDLE_TIMEOUT_PATTERN}') || duration(self) >= duration('10s')"
     ))
@@ -725,6 +760,11 @@ pub struct SandboxStatus {
     /// restarts the idle clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_guard_transitions: Option<i32>,
+    /// With `spec.templateRef`: the version of the SandboxTemplate the sandbox's pod was made
+    /// from. A template edited since does not replace that pod; its next start uses the
+    /// template as it is then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateUse>,
     /// Where each port of `spec.ports` is reached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<PortEndpoint>,
@@ -929,4 +969,26 @@ pub struct GuardStatus {
     /// When the holder acquired the guard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,
+}
+
+/// A reference to a SandboxTemplate in the sandbox's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateRef {
+    /// Name of the SandboxTemplate.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = crate::crd::object_name())]
+    pub name: String,
+}
+
+/// Which version of a SandboxTemplate a sandbox's pod was made from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateUse {
+    /// Name of the SandboxTemplate.
+    pub name: String,
+    /// Its UID (a template deleted and made again under the same name has another).
+    pub uid: String,
+    /// Its `metadata.generation` (its spec's version) when the pod was made.
+    pub generation: i64,
 }
