@@ -3,7 +3,9 @@
 //! has already refused a templated Sandbox that sets a pod-shaping field, so here the
 //! template's value of each such field is simply taken.
 
-use crate::crd::{Lifecycle, SandboxSpec, SandboxTemplateSpec, SnapshotPolicy, WorkspaceSpec};
+use crate::crd::{
+    Lifecycle, PodShape, SandboxSpec, SandboxTemplateSpec, SnapshotPolicy, WorkspaceSpec,
+};
 
 /// The effective spec of a Sandbox whose `spec` names `template`: the template's pod-shaping
 /// fields, the sandbox's scope, root and mounts, the template's files and env with the
@@ -14,16 +16,10 @@ pub fn resolve(template: &SandboxTemplateSpec, spec: &SandboxSpec) -> SandboxSpe
     let t = template.clone();
     SandboxSpec {
         template_ref: spec.template_ref.clone(),
-        image: Some(t.image),
-        image_pull_policy: t.image_pull_policy,
-        command: t.command,
-        args: t.args,
-        env: merge_by(t.env, &spec.env, |e| e.name.clone()),
-        resources: t.resources,
-        runtime_class_name: t.runtime_class_name,
-        node_selector: t.node_selector,
-        tolerations: t.tolerations,
-        security_context: t.security_context,
+        pod: PodShape {
+            env: merge_by(t.pod.env, &spec.pod.env, |e| e.name.clone()),
+            ..t.pod
+        },
         scope: spec.scope.clone(),
         workspace: WorkspaceSpec {
             root: spec.workspace.root.clone(),
@@ -41,8 +37,6 @@ pub fn resolve(template: &SandboxTemplateSpec, spec: &SandboxSpec) -> SandboxSpe
             shutdown_time: spec.lifecycle.shutdown_time.clone(),
             idle_timeout: spec.lifecycle.idle_timeout.or(t.lifecycle.idle_timeout),
         },
-        network: t.network,
-        ports: t.ports,
     }
 }
 
@@ -95,11 +89,11 @@ mod tests {
     #[test]
     fn pod_shaping_fields_come_from_the_template_and_the_scope_from_the_sandbox() {
         let got = resolve(&template(), &sandbox(json!({})));
-        assert_eq!(got.image.as_deref(), Some("registry.example/agent:1"));
-        assert_eq!(got.command, template().command);
-        assert_eq!(got.runtime_class_name.as_deref(), Some("gvisor"));
-        assert_eq!(got.network.egress, Egress::Denied);
-        assert_eq!(got.ports, template().ports);
+        assert_eq!(got.pod.image.as_deref(), Some("registry.example/agent:1"));
+        assert_eq!(got.pod.command, template().pod.command);
+        assert_eq!(got.pod.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(got.pod.network.egress, Egress::Denied);
+        assert_eq!(got.pod.ports, template().pod.ports);
         assert_eq!(got.workspace.projections, template().workspace.projections);
         assert_eq!(got.scope.kind, ScopeKind::User);
         assert_eq!(got.scope.user.as_deref(), Some("alice"));
@@ -115,7 +109,7 @@ mod tests {
             ),
         );
         let pairs: Vec<(String, Option<String>)> =
-            got.env.into_iter().map(|e| (e.name, e.value)).collect();
+            got.pod.env.into_iter().map(|e| (e.name, e.value)).collect();
         assert_eq!(
             pairs,
             vec![

@@ -322,7 +322,7 @@ async fn overrides_and_bad_templates_are_refused_at_admission_naming_the_field()
         ),
         (json!({"image": "i", "lifecycle": {"idleTimeout": "5s"}}), "idleTimeout must be at least 10s"),
         (json!({"image": "i", "workspace": {"files": [{"path": "../x", "content": "x"}]}}), "file paths must not contain '..'"),
-        (json!({"command": ["sh"]}), "spec.image"),
+        (json!({"command": ["sh"]}), "a SandboxTemplate needs an image"),
     ]
     .into_iter()
     .enumerate()

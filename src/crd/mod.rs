@@ -447,6 +447,10 @@ mod tests {
                 json!({"image": "i", "snapshot": {"restore": "Named"}}),
                 "snapshot.name is required when snapshot.restore is Named",
             ),
+            (
+                json!({"command": ["sh"]}),
+                "a SandboxTemplate needs an image",
+            ),
         ] {
             let err = format!(
                 "{:?}",

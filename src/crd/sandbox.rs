@@ -66,9 +66,37 @@ pub struct SandboxSpec {
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("templateRef is immutable; create a new Sandbox for another template"))]
     pub template_ref: Option<TemplateRef>,
 
+    /// The pod-shaping fields (image, command, env, resources, scheduling, security,
+    /// network, ports), in the spec itself.
+    #[serde(flatten)]
+    pub pod: PodShape,
+
+    /// Isolation scope of the sandbox. It decides the scope key that labels, guards and
+    /// snapshot lineage hang off. Immutable.
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("scope is immutable; create a new Sandbox for another scope"))]
+    pub scope: Scope,
+
+    /// The workspace directory: where it is mounted and what is written into it.
+    #[serde(default)]
+    pub workspace: WorkspaceSpec,
+
+    /// How the workspace is restored from and saved to snapshots.
+    #[serde(default)]
+    pub snapshot: SnapshotPolicy,
+
+    /// Whether the sandbox runs, and when it ends.
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+}
+
+/// The pod-shaping part of a sandbox: what a Sandbox sets itself, or a SandboxTemplate sets for
+/// the Sandboxes that name it (flattened into both specs).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodShape {
     /// Container image the sandbox runs. It needs `sh`; `tar` and `sha256sum` are needed for
-    /// snapshots and file transfer. Required unless `templateRef` is set (the template's
-    /// image is used then).
+    /// snapshots and file transfer. Required in a SandboxTemplate, and in a Sandbox unless it
+    /// names a template (`templateRef`), whose image it then runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
@@ -92,7 +120,8 @@ pub struct SandboxSpec {
     /// Environment variables of the sandbox container. A value taken from a ConfigMap or
     /// Secret key (`valueFrom`) needs the label `agentbox.dev/sandbox-readable: "true"` on
     /// that object, as `workspace.files` sources do. Names are unique, of at most 256
-    /// characters.
+    /// characters. A Sandbox that names a template may set env: it is appended to the
+    /// template's, and a variable of the same name replaces the template's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256), transform = bound_env_names)]
     #[x_kube(validation = crate::crd::unique_by("name", "env names"))]
@@ -125,23 +154,6 @@ pub struct SandboxSpec {
     /// allowlist has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SandboxSecurityContext>,
-
-    /// Isolation scope of the sandbox. It decides the scope key that labels, guards and
-    /// snapshot lineage hang off. Immutable.
-    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("scope is immutable; create a new Sandbox for another scope"))]
-    pub scope: Scope,
-
-    /// The workspace directory: where it is mounted and what is written into it.
-    #[serde(default)]
-    pub workspace: WorkspaceSpec,
-
-    /// How the workspace is restored from and saved to snapshots.
-    #[serde(default)]
-    pub snapshot: SnapshotPolicy,
-
-    /// Whether the sandbox runs, and when it ends.
-    #[serde(default)]
-    pub lifecycle: Lifecycle,
 
     /// Network policy of the sandbox pod.
     #[serde(default)]

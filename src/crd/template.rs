@@ -3,16 +3,10 @@
 //! with the Sandbox's own admission rules; how a Sandbox and its template combine is
 //! [`crate::template::resolve`].
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    ImagePullPolicy, Network, Projection, SandboxPort, SandboxSecurityContext, SnapshotPolicy,
-    WorkspaceFile,
-};
+use super::{PodShape, Projection, SnapshotPolicy, WorkspaceFile};
 
 /// Desired state of a SandboxTemplate.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -30,67 +24,15 @@ use super::{
     printcolumn = r#"{"name":"Runtime","type":"string","priority":1,"jsonPath":".spec.runtimeClassName"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.image)").message("a SandboxTemplate needs an image"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxTemplateSpec {
-    /// Container image of the template's sandboxes (as a Sandbox's `image`).
-    #[schemars(length(min = 1, max = 512))]
-    pub image: String,
-
-    /// Image pull policy (as a Sandbox's `imagePullPolicy`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_policy: Option<ImagePullPolicy>,
-
-    /// Entrypoint (as a Sandbox's `command`; default: a keep-alive loop).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub command: Option<Vec<String>>,
-
-    /// Arguments to the entrypoint.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 256))]
-    pub args: Option<Vec<String>>,
-
-    /// Environment variables (as a Sandbox's `env`). A Sandbox's own `env` is appended; a
-    /// variable it names the same replaces the template's. Names are unique.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 256), transform = super::sandbox::bound_env_names)]
-    #[x_kube(validation = crate::crd::unique_by("name", "env names"))]
-    pub env: Vec<EnvVar>,
-
-    /// CPU and memory requests and limits of the sandbox container.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
-
-    /// RuntimeClass of the sandbox pods (as a Sandbox's `runtimeClassName`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = crate::crd::object_name())]
-    pub runtime_class_name: Option<String>,
-
-    /// Node labels the sandbox pods must match when first scheduled.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_selector: BTreeMap<String, String>,
-
-    /// Tolerations of the sandbox pods.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
-    pub tolerations: Vec<Toleration>,
-
-    /// Security settings (as a Sandbox's `securityContext`, checked against the same operator
-    /// allowlist).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub security_context: Option<SandboxSecurityContext>,
-
-    /// Network policy of the sandbox pods (as a Sandbox's `network`).
-    #[serde(default)]
-    pub network: Network,
-
-    /// Ports to expose (as a Sandbox's `ports`). Names are unique, and so are port numbers per
-    /// protocol.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
-    #[x_kube(validation = crate::crd::unique_by("name", "port names"), validation = super::unique_port_numbers())]
-    pub ports: Vec<SandboxPort>,
+    /// The pod-shaping fields, as in a Sandbox (the same fields with the same rules; `image`
+    /// is required here).
+    #[serde(flatten)]
+    pub pod: PodShape,
 
     /// Default workspace content of the template's sandboxes.
     #[serde(default)]
