@@ -7,7 +7,7 @@
 mod common;
 
 use agentbox::crd::{Sandbox, SandboxTemplate};
-use common::{TestEnv, create_sandbox, phase_is, sh};
+use common::{TestEnv, cli, create_sandbox, phase_is, sh};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -344,5 +344,103 @@ async fn overrides_and_bad_templates_are_refused_at_admission_naming_the_field()
             other => panic!("template accepted, expected {expected:?}: {other:?}"),
         }
     }
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn the_client_and_the_cli_create_sandboxes_from_templates() {
+    use agentbox::client::{ClientError, Sandboxes};
+    use agentbox::crd::{Scope, ScopeKind};
+    use std::time::Duration;
+    let mut env = TestEnv::new("tpl-client").await;
+    env.start_operator(&[]);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+    let scope = |user: &str| Scope {
+        kind: ScopeKind::User,
+        agent: Some("coder".into()),
+        user: Some(user.into()),
+        session: None,
+    };
+    match sbxs
+        .get_or_create_from_template(&scope("gina"), "nope")
+        .await
+    {
+        Err(ClientError::NotFound(what)) => assert!(what.contains("sandboxtemplate"), "{what}"),
+        other => panic!(
+            "a missing template must be NotFound: {:?}",
+            other.map(|h| h.name().to_string())
+        ),
+    }
+    assert!(
+        env.api::<Sandbox>()
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty(),
+        "nothing created for a missing template"
+    );
+    create_template(&env, "agent", "template")
+        .await
+        .expect("create template");
+    let mut h = sbxs
+        .get_or_create_from_template(&scope("gina"), "agent")
+        .await
+        .expect("get_or_create_from_template");
+    h.wait_ready(Duration::from_secs(120)).await.expect("Ready");
+    let out = h
+        .exec(agentbox::exec::ExecRequest::shell(
+            "echo \"$FROM_TEMPLATE\"; cat AGENTS.md",
+        ))
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout_str(), "yes\ntemplate rules\n");
+    assert_eq!(
+        sbxs.templates()
+            .await
+            .expect("templates")
+            .iter()
+            .map(|t| t.name_any())
+            .collect::<Vec<_>>(),
+        ["agent"]
+    );
+
+    let (code, out, err) = cli(&env, &["templates"]);
+    assert_eq!(code, Some(0), "{err}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["NAME", "IMAGE", "EGRESS", "IDLE-TIMEOUT", "AGE"]);
+    assert_eq!(rows[1][..4], ["agent", common::BASE_IMAGE, "All", "-"]);
+    let (code, out, err) = cli(
+        &env,
+        &[
+            "create",
+            "--template",
+            "agent",
+            "--agent",
+            "coder",
+            "--user",
+            "hank",
+            "--wait",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("Ready"), "{out}");
+    let (code, _, err) = cli(
+        &env,
+        &[
+            "create",
+            "--template",
+            "missing",
+            "--user",
+            "ivy",
+            "--agent",
+            "coder",
+        ],
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not found: sandboxtemplate"), "{err}");
     env.finish().await;
 }

@@ -983,6 +983,41 @@ pub struct GuardStatus {
     pub since: Option<Time>,
 }
 
+impl SandboxSpec {
+    /// The spec of a Sandbox made from the SandboxTemplate `template` in `scope`, with nothing
+    /// of its own yet: add env, files, a snapshot policy or a lifecycle as the template allows.
+    pub fn from_template(template: impl Into<String>, scope: Scope) -> Self {
+        SandboxSpec {
+            template_ref: Some(TemplateRef {
+                name: template.into(),
+            }),
+            ..Self::bare(scope)
+        }
+    }
+
+    /// The spec of a Sandbox in `scope` running `image`, with everything else defaulted.
+    pub fn from_image(image: impl Into<String>, scope: Scope) -> Self {
+        SandboxSpec {
+            pod: PodShape {
+                image: Some(image.into()),
+                ..PodShape::default()
+            },
+            ..Self::bare(scope)
+        }
+    }
+
+    fn bare(scope: Scope) -> Self {
+        SandboxSpec {
+            template_ref: None,
+            pod: PodShape::default(),
+            scope,
+            workspace: WorkspaceSpec::default(),
+            snapshot: SnapshotPolicy::default(),
+            lifecycle: Lifecycle::default(),
+        }
+    }
+}
+
 /// A reference to a SandboxTemplate in the sandbox's namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

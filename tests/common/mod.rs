@@ -823,3 +823,20 @@ pub async fn events(
     }
     Vec::new()
 }
+
+/// Runs a command: (exit code, stdout, stderr).
+pub fn output(mut cmd: Command) -> (Option<i32>, String, String) {
+    let out = cmd.output().expect("run the command");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs the `agentbox` CLI in the test namespace: (exit code, stdout, stderr).
+pub fn cli(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
+    cmd.args(["-n", &env.ns]).args(args);
+    output(cmd)
+}
