@@ -234,6 +234,46 @@ async fn a_missing_template_holds_the_sandbox_pending_until_it_is_created() {
     env.finish().await;
 }
 
+/// What only the operator can check of a template (a ConfigMap it names is missing) is
+/// reported on the sandboxes made from it, as for a sandbox's own spec.
+#[tokio::test]
+async fn a_template_naming_a_missing_configmap_is_reported_on_its_sandbox() {
+    let mut env = TestEnv::new("tpl-cm").await;
+    env.start_operator(&[]);
+    let mut t = template_json("proj", "template");
+    t["spec"]["workspace"]["projections"] = json!([{"configMap": "absent", "path": "skills"}]);
+    let t: SandboxTemplate = serde_json::from_value(t).expect("template json");
+    env.api::<SandboxTemplate>()
+        .create(&PostParams::default(), &t)
+        .await
+        .expect("create template");
+    create_sandbox(&env, "nocm", templated("proj", "judy"))
+        .await
+        .expect("create sandbox");
+    let sbx = env
+        .wait_for::<Sandbox>("nocm", 120, |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "WorkspaceReady" && c.reason == "SourceMissing")
+            })
+        })
+        .await;
+    let st = sbx.status.expect("status");
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "WorkspaceReady")
+        .expect("WorkspaceReady");
+    assert!(
+        c.message.contains("ConfigMap absent not found"),
+        "{}",
+        c.message
+    );
+    assert_ne!(st.phase.map(|p| p.as_str()), Some("Ready"));
+    env.finish().await;
+}
+
 /// Admission, no operator: the API server refuses with the CRDs' own messages.
 #[tokio::test]
 async fn overrides_and_bad_templates_are_refused_at_admission_naming_the_field() {
