@@ -7,7 +7,7 @@
 mod common;
 
 use agentbox::crd::{Sandbox, SandboxTemplate};
-use common::{TestEnv, cli, create_sandbox, phase_is, sh};
+use common::{TestEnv, cli, condition_message, create_sandbox, phase_is, sh, wait_condition};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -191,15 +191,7 @@ async fn a_missing_template_holds_the_sandbox_pending_until_it_is_created() {
     create_sandbox(&env, "early", templated("late", "carol"))
         .await
         .expect("create sandbox");
-    let sbx = env
-        .wait_for::<Sandbox>("early", 60, |s: Option<&Sandbox>| {
-            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.reason == "TemplateNotFound")
-            })
-        })
-        .await;
+    let sbx = wait_condition(&env, "early", "Ready", "False", "TemplateNotFound").await;
     let st = sbx.status.expect("status");
     assert_eq!(st.phase.map(|p| p.as_str()), Some("Pending"));
     let ready = st
@@ -250,27 +242,13 @@ async fn a_template_naming_a_missing_configmap_is_reported_on_its_sandbox() {
     create_sandbox(&env, "nocm", templated("proj", "judy"))
         .await
         .expect("create sandbox");
-    let sbx = env
-        .wait_for::<Sandbox>("nocm", 120, |s: Option<&Sandbox>| {
-            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "WorkspaceReady" && c.reason == "SourceMissing")
-            })
-        })
-        .await;
-    let st = sbx.status.expect("status");
-    let c = st
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "WorkspaceReady")
-        .expect("WorkspaceReady");
-    assert!(
-        c.message.contains("ConfigMap absent not found"),
-        "{}",
-        c.message
+    let sbx = wait_condition(&env, "nocm", "WorkspaceReady", "False", "SourceMissing").await;
+    let message = condition_message(&sbx, "WorkspaceReady");
+    assert!(message.contains("ConfigMap absent not found"), "{message}");
+    assert_ne!(
+        sbx.status.and_then(|st| st.phase).map(|p| p.as_str()),
+        Some("Ready")
     );
-    assert_ne!(st.phase.map(|p| p.as_str()), Some("Ready"));
     env.finish().await;
 }
 

@@ -840,3 +840,30 @@ pub fn cli(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
     cmd.args(["-n", &env.ns]).args(args);
     output(cmd)
 }
+
+/// Waits (up to 180 s) until the Sandbox has condition `type_` with `status` and `reason`.
+pub async fn wait_condition(
+    env: &TestEnv,
+    name: &str,
+    type_: &'static str,
+    status: &'static str,
+    reason: &'static str,
+) -> Sandbox {
+    env.wait_for::<Sandbox>(name, 180, move |s: Option<&Sandbox>| {
+        s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+        })
+    })
+    .await
+}
+
+/// The message of the Sandbox's condition `type_` (empty without one).
+pub fn condition_message(s: &Sandbox, type_: &str) -> String {
+    s.status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_))
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}
