@@ -19,6 +19,7 @@ pub mod paths;
 pub mod remote;
 pub mod server;
 pub mod snapshot;
+pub mod template;
 pub mod vectors;
 
 pub use kubeclient::kube_client;

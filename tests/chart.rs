@@ -99,7 +99,7 @@ fn crds_are_templates_that_upgrade_and_stay_on_uninstall() {
             .into_iter()
             .map(normalized)
             .collect();
-    assert_eq!(generated.len(), 2);
+    assert_eq!(generated.len(), 3);
     let crds = |set: &[&str]| -> Vec<serde_yaml::Value> {
         docs(&template(set))
             .into_iter()
@@ -178,7 +178,7 @@ fn aggregated_roles_extend_edit_and_view() {
             .collect();
         assert_eq!(
             res,
-            ["sandboxes", "sandboxsnapshots"],
+            ["sandboxes", "sandboxsnapshots", "sandboxtemplates"],
             "no status subresources"
         );
     }
@@ -219,6 +219,7 @@ fn harness_rules() -> Vec<(String, String, String)> {
             "get,list,watch,create,patch,delete",
         ),
         ("agentbox.dev", "sandboxsnapshots", "get,list,watch,create"),
+        ("agentbox.dev", "sandboxtemplates", "get,list"),
         ("", "pods/exec", "get,create"),
         ("coordination.k8s.io", "leases", "get,create,update"),
     ]

@@ -11,7 +11,7 @@ use agentbox::client::{ClientError, EntryKind, Sandboxes};
 use agentbox::crd::{SandboxPhase, SandboxSpec, Scope, ScopeKind};
 use agentbox::exec::ExecRequest;
 use agentbox::guard::GuardConfig;
-use common::TestEnv;
+use common::{TestEnv, cli, output};
 use serde_json::json;
 
 fn scope(agent: &str, user: &str) -> Scope {
@@ -35,13 +35,6 @@ fn template(scope: &Scope, extra: serde_json::Value) -> SandboxSpec {
         }
     }
     serde_json::from_value(spec).expect("sandbox spec")
-}
-
-/// Runs the CLI against the test namespace: (exit code, stdout, stderr).
-fn cli(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
-    cmd.args(["-n", &env.ns]).args(args);
-    output(cmd)
 }
 
 /// A table's (or any text's) lines split into their whitespace-separated cells.
@@ -71,16 +64,6 @@ fn on_tty(line: &str, stdin: &str) -> (Option<i32>, String) {
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
-}
-
-/// Runs `cmd` to the end: (exit code, stdout, stderr).
-fn output(mut cmd: Command) -> (Option<i32>, String, String) {
-    let out = cmd.output().expect("run the command");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
 

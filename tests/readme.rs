@@ -115,8 +115,10 @@ async fn every_readme_yaml_snippet_applies_and_kubectl_waits_on_ready() {
     }
     let kinds: Vec<&str> = objects.iter().map(|(_, (k, _))| k.as_str()).collect();
     assert!(
-        kinds.contains(&"Sandbox") && kinds.contains(&"SandboxSnapshot"),
-        "the README shows a Sandbox and a SandboxSnapshot: {kinds:?}"
+        kinds.contains(&"Sandbox")
+            && kinds.contains(&"SandboxSnapshot")
+            && kinds.contains(&"SandboxTemplate"),
+        "the README shows a Sandbox, a SandboxSnapshot and a SandboxTemplate: {kinds:?}"
     );
 
     let mut env = TestEnv::new("readme").await;
@@ -146,7 +148,8 @@ async fn every_readme_yaml_snippet_applies_and_kubectl_waits_on_ready() {
         let (ok, _, err) = kubectl(&["apply", "-n", &ns, "-f", "-"], &s.text);
         assert!(ok, "README.md:{} ({kind} {name}): {err}", s.line);
     }
-    for (s, (kind, name)) in &objects {
+    // A template has no state to wait for; the Sandbox made from it waits on it.
+    for (s, (kind, name)) in objects.iter().filter(|(_, (k, _))| k != "SandboxTemplate") {
         let obj = format!("{}/{name}", kind.to_lowercase());
         let (ok, out, err) = kubectl(
             &[

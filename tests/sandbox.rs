@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use agentbox::crd::{Sandbox, SandboxPhase, StartBranch};
 use agentbox::labels;
-use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is, sh};
+use common::{NODE_ROOT, TestEnv, condition_message, create_sandbox, phase_is, sh, wait_condition};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -541,25 +541,9 @@ async fn invalid_specs_are_refused_with_clear_messages_and_get_no_pod() {
     // and the condition names what is missing.
     let missing = json!({"workspace": {"files": [{"path": "cfg", "contentFrom": {"configMapKeyRef": {"name": "absent", "key": "k"}}}]}});
     create_sandbox(&env, "nocm", with(missing)).await.unwrap();
-    let sbx = env
-        .wait_for::<Sandbox>("nocm", 120, |s: Option<&Sandbox>| {
-            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "WorkspaceReady" && c.reason == "SourceMissing")
-            })
-        })
-        .await;
-    let c = status(&sbx)
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "WorkspaceReady")
-        .unwrap();
-    assert!(
-        c.message.contains("ConfigMap absent not found"),
-        "{}",
-        c.message
-    );
+    let sbx = wait_condition(&env, "nocm", "WorkspaceReady", "False", "SourceMissing").await;
+    let message = condition_message(&sbx, "WorkspaceReady");
+    assert!(message.contains("ConfigMap absent not found"), "{message}");
     assert_ne!(status(&sbx).phase, Some(SandboxPhase::Ready));
     assert!(
         env.sandbox_pods("mount").await.is_empty(),

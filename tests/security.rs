@@ -14,7 +14,8 @@ use agentbox::controller::pod::{namespace_host_path, workspace_host_path};
 use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
 use agentbox::labels;
 use common::{
-    NODE_ROOT, TestEnv, create_sandbox, phase_is, repo_root, sh, snapshot_finished, take_snapshot,
+    NODE_ROOT, TestEnv, condition_message, create_sandbox, phase_is, repo_root, sh,
+    snapshot_finished, take_snapshot, wait_condition,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
@@ -49,32 +50,6 @@ fn pod_of(s: &Sandbox) -> String {
 
 fn host_dir(env: &TestEnv, s: &Sandbox) -> String {
     workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap())
-}
-
-/// Waits until condition `type_` of Sandbox `name` has `reason` (and the given status).
-async fn wait_condition(
-    env: &TestEnv,
-    name: &str,
-    type_: &'static str,
-    status: &'static str,
-    reason: &'static str,
-) -> Sandbox {
-    env.wait_for::<Sandbox>(name, 180, move |s: Option<&Sandbox>| {
-        s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
-            st.conditions
-                .iter()
-                .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
-        })
-    })
-    .await
-}
-
-fn condition_message(s: &Sandbox, type_: &str) -> String {
-    s.status
-        .as_ref()
-        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_))
-        .map(|c| c.message.clone())
-        .unwrap_or_default()
 }
 
 /// Every file below `dir` (following nothing), as (relative path, content).

@@ -89,14 +89,28 @@ impl Shown<'_> {
     fn to_value(self) -> Result<serde_json::Value, serde_json::Error> {
         match self {
             Shown::One(s) => serde_json::to_value(s),
-            Shown::Many(items) => Ok(serde_json::json!({
-                "apiVersion": "v1",
-                "kind": "List",
-                "metadata": {"resourceVersion": ""},
-                "items": serde_json::to_value(items)?,
-            })),
+            Shown::Many(items) => list_value(items),
         }
     }
+}
+
+/// Objects as a `kind: List`, as kubectl prints several in JSON and YAML.
+pub(super) fn list_value<T: serde::Serialize>(
+    items: &[T],
+) -> Result<serde_json::Value, serde_json::Error> {
+    Ok(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {"resourceVersion": ""},
+        "items": serde_json::to_value(items)?,
+    }))
+}
+
+/// An object's age (since its `creationTimestamp`) as kubectl shows it, `-` without one.
+pub(super) fn created_age(meta: &kube::api::ObjectMeta, now: Timestamp) -> String {
+    meta.creation_timestamp
+        .as_ref()
+        .map_or_else(|| "-".into(), |t| age(t.0, now))
 }
 
 /// The text to print for `shown` in `view`, ages counted to `now`. A single sandbox's table
@@ -117,13 +131,13 @@ fn render(shown: Shown<'_>, view: View, now: Timestamp) -> Result<String, Fail> 
     }
 }
 
-/// One column of the table: its header and how a sandbox fills it.
-struct Column {
-    header: &'static str,
-    cell: fn(&Sandbox, Timestamp) -> String,
+/// One column of a table: its header and how an object (a Sandbox by default) fills it.
+pub(super) struct Column<T = Sandbox> {
+    pub(super) header: &'static str,
+    pub(super) cell: fn(&T, Timestamp) -> String,
 }
 
-fn or_dash(s: Option<&str>) -> String {
+pub(super) fn or_dash(s: Option<&str>) -> String {
     s.filter(|s| !s.is_empty()).unwrap_or("-").to_string()
 }
 
@@ -136,45 +150,40 @@ fn status_field(s: &Sandbox, f: impl Fn(&crate::crd::SandboxStatus) -> Option<&s
 fn columns(wide: bool, namespace: bool) -> Vec<Column> {
     let mut cols = Vec::new();
     if namespace {
-        cols.push(Column {
+        cols.push(Column::<Sandbox> {
             header: "NAMESPACE",
             cell: |s, _| or_dash(s.metadata.namespace.as_deref()),
         });
     }
     cols.extend([
-        Column {
+        Column::<Sandbox> {
             header: "NAME",
             cell: |s, _| or_dash(s.metadata.name.as_deref()),
         },
-        Column {
+        Column::<Sandbox> {
             header: "PHASE",
             cell: |s, _| status_field(s, |st| st.phase.map(|p| p.as_str())),
         },
-        Column {
+        Column::<Sandbox> {
             header: "SCOPE",
             cell: |s, _| s.spec.scope.kind.label_value().to_string(),
         },
-        Column {
+        Column::<Sandbox> {
             header: "AGE",
-            cell: |s, now| {
-                s.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map_or_else(|| "-".into(), |t| age(t.0, now))
-            },
+            cell: |s, now| created_age(&s.metadata, now),
         },
     ]);
     if wide {
         cols.extend([
-            Column {
+            Column::<Sandbox> {
                 header: "POD",
                 cell: |s, _| status_field(s, |st| st.pod_name.as_deref()),
             },
-            Column {
+            Column::<Sandbox> {
                 header: "NODE",
                 cell: |s, _| status_field(s, |st| st.node_name.as_deref()),
             },
-            Column {
+            Column::<Sandbox> {
                 header: "SCOPE-KEY",
                 cell: |s, _| status_field(s, |st| st.scope_key.as_deref()),
             },
@@ -185,7 +194,7 @@ fn columns(wide: bool, namespace: bool) -> Vec<Column> {
 
 /// A table with a header row, columns as wide as their widest cell, three spaces apart (as
 /// kubectl prints them).
-fn table(cols: &[Column], items: &[Sandbox], now: Timestamp) -> String {
+pub(super) fn table<T>(cols: &[Column<T>], items: &[T], now: Timestamp) -> String {
     let rows: Vec<Vec<String>> = std::iter::once(cols.iter().map(|c| c.header.into()).collect())
         .chain(
             items
@@ -211,7 +220,7 @@ fn table(cols: &[Column], items: &[Sandbox], now: Timestamp) -> String {
 
 /// An age as kubectl shows it: the largest unit only below two of the next (`90s`, `5m`,
 /// `3h`, `12d`); `0s` for a clock behind the server's.
-fn age(created: Timestamp, now: Timestamp) -> String {
+pub(super) fn age(created: Timestamp, now: Timestamp) -> String {
     let secs = now.as_second().saturating_sub(created.as_second()).max(0);
     match secs {
         s if s < 120 => format!("{s}s"),

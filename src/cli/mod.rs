@@ -7,6 +7,7 @@
 
 mod completion;
 mod cp;
+mod create;
 mod exec;
 mod get;
 mod lifecycle;
@@ -15,6 +16,7 @@ mod progress;
 mod restore;
 mod shell;
 mod snapshot;
+mod templates;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -98,6 +100,10 @@ enum Cmd {
     Get(get::GetArgs),
     /// List sandboxes (optionally of one agent/user/session, or of all namespaces).
     List(get::ListArgs),
+    /// Create a scope's sandbox from a template or an image (or get it).
+    Create(create::CreateArgs),
+    /// List the namespace's SandboxTemplates.
+    Templates(templates::TemplatesArgs),
     /// Run a command in a sandbox; exits with its exit code.
     Exec(exec::ExecArgs),
     /// Open an interactive shell (TTY) in a sandbox.
@@ -209,6 +215,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
     match cli.cmd {
         Cmd::Get(a) => get::get(&sbx, &a).await,
         Cmd::List(a) => get::list(&client, &sbx, &a).await,
+        Cmd::Create(a) => create::create(&sbx, a).await,
+        Cmd::Templates(a) => templates::templates(&sbx, &a).await,
         Cmd::Exec(a) => exec::exec(&sbx, a).await,
         Cmd::Shell(t) => shell::shell(&open(&sbx, &t).await?).await,
         Cmd::Cp(a) => cp::cp(&sbx, &a.src, &a.dst).await,
@@ -277,6 +285,8 @@ mod tests {
             [
                 "get",
                 "list",
+                "create",
+                "templates",
                 "exec",
                 "shell",
                 "cp",

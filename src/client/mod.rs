@@ -55,7 +55,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 
-use crate::crd::{LifecycleMode, PortEndpoint, Sandbox, SandboxPhase, SandboxSpec, Scope};
+use crate::crd::{
+    LifecycleMode, PortEndpoint, Sandbox, SandboxPhase, SandboxSpec, SandboxTemplate, Scope,
+};
 use crate::exec::{
     self, ExecError, ExecOutput, ExecRequest, ExecStream, ExitStatus, session::Session,
 };
@@ -180,6 +182,16 @@ impl Sandboxes {
     ) -> Result<SandboxHandle, ClientError> {
         let name = labels::sandbox_name_for_scope(scope);
         template.scope = scope.clone();
+        if let Some(r) = &template.template_ref {
+            // Fail now, not after a wait for Ready: a sandbox would wait for its template.
+            let api: Api<SandboxTemplate> = Api::namespaced(self.client.clone(), &self.namespace);
+            if api.get_opt(&r.name).await?.is_none() {
+                return Err(ClientError::NotFound(format!(
+                    "sandboxtemplate {}/{}",
+                    self.namespace, r.name
+                )));
+            }
+        }
         let obj = Sandbox {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -204,6 +216,25 @@ impl Sandboxes {
             handle.resume().await?;
         }
         Ok(handle)
+    }
+
+    /// The Sandbox of `scope` made from the SandboxTemplate `template` (see
+    /// [`Sandboxes::get_or_create`]; [`SandboxSpec::from_template`] makes a spec to add
+    /// files or env to). A template that does not exist is [`ClientError::NotFound`] at once,
+    /// rather than a sandbox that waits for it.
+    pub async fn get_or_create_from_template(
+        &self,
+        scope: &Scope,
+        template: &str,
+    ) -> Result<SandboxHandle, ClientError> {
+        self.get_or_create(scope, SandboxSpec::from_template(template, scope.clone()))
+            .await
+    }
+
+    /// Lists the namespace's SandboxTemplates.
+    pub async fn templates(&self) -> Result<Vec<SandboxTemplate>, ClientError> {
+        let api: Api<SandboxTemplate> = Api::namespaced(self.client.clone(), &self.namespace);
+        Ok(api.list(&ListParams::default()).await?.items)
     }
 
     /// Opens an existing Sandbox by name.

@@ -16,6 +16,7 @@ pub mod selection;
 pub mod service;
 pub mod snapshot;
 pub mod sources;
+pub mod template;
 pub mod validate;
 pub mod workspace;
 
@@ -35,7 +36,7 @@ use rand::Rng;
 use tracing::{Instrument, error, info, warn};
 
 use crate::config::Config;
-use crate::crd::{Sandbox, SandboxPhase, SandboxSnapshot};
+use crate::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SandboxTemplate};
 use crate::guard::{self, Guard, GuardConfig, GuardError};
 use crate::labels;
 use crate::metrics::{GuardOp, GuardOutcome, Metrics};
@@ -412,7 +413,26 @@ async fn run_sandboxes(
             .map(|s| ObjectRef::from_obj(s.as_ref()))
             .collect::<Vec<_>>()
     };
+    // A template created or edited brings back the sandboxes that name it (one waiting for
+    // it starts; the others keep their pods, see `template`).
+    let template_store = controller.store();
+    let template_to_sandboxes = move |t: SandboxTemplate| {
+        let (name, ns) = (t.name_any(), t.namespace());
+        template_store
+            .state()
+            .into_iter()
+            .filter(|s| {
+                s.namespace() == ns && s.spec.template_ref.as_ref().is_some_and(|r| r.name == name)
+            })
+            .map(|s| ObjectRef::from_obj(s.as_ref()))
+            .collect::<Vec<_>>()
+    };
     controller
+        .watches(
+            scoped::<SandboxTemplate>(&ctx.client, &ns),
+            watcher::Config::default(),
+            template_to_sandboxes,
+        )
         .owns(scoped::<Pod>(&ctx.client, &ns), owned.clone())
         .owns(scoped::<NetworkPolicy>(&ctx.client, &ns), owned.clone())
         .watches(scoped::<Lease>(&ctx.client, &ns), owned, guard_to_sandboxes)

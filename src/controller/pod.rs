@@ -121,9 +121,9 @@ pub fn build_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, pin_node: Option<&str>) -> 
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(10),
-        runtime_class_name: spec.runtime_class_name.clone(),
-        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
-        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        runtime_class_name: spec.pod.runtime_class_name.clone(),
+        node_selector: (!spec.pod.node_selector.is_empty()).then(|| spec.pod.node_selector.clone()),
+        tolerations: (!spec.pod.tolerations.is_empty()).then(|| spec.pod.tolerations.clone()),
         security_context: Some(PodSecurityContext {
             run_as_user: sec.run_as_user,
             run_as_group: sec.run_as_group,
@@ -225,19 +225,20 @@ fn sandbox_container(
     root: String,
     mounts: Vec<VolumeMount>,
 ) -> Container {
-    let sc = spec.security_context.clone().unwrap_or_default();
+    let sc = spec.pod.security_context.clone().unwrap_or_default();
     Container {
         name: CONTAINER.into(),
-        image: Some(spec.image.clone()),
-        image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
+        image: spec.pod.image.clone(),
+        image_pull_policy: spec.pod.image_pull_policy.map(|p| p.as_str().to_string()),
         command: Some(
-            spec.command
+            spec.pod
+                .command
                 .clone()
                 .unwrap_or_else(|| vec!["sh".into(), "-c".into(), KEEP_ALIVE.into()]),
         ),
-        args: spec.args.clone(),
-        env: (!spec.env.is_empty()).then(|| spec.env.clone()),
-        resources: spec.resources.clone(),
+        args: spec.pod.args.clone(),
+        env: (!spec.pod.env.is_empty()).then(|| spec.pod.env.clone()),
+        resources: spec.pod.resources.clone(),
         working_dir: Some(root),
         volume_mounts: Some(mounts),
         security_context: Some(SecurityContext {
@@ -446,7 +447,8 @@ fn helper_pod(
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             termination_grace_period_seconds: Some(1),
-            tolerations: (!sbx.spec.tolerations.is_empty()).then(|| sbx.spec.tolerations.clone()),
+            tolerations: (!sbx.spec.pod.tolerations.is_empty())
+                .then(|| sbx.spec.pod.tolerations.clone()),
             containers: vec![helper_container(kind, helper, &job, caps, mount)],
             volumes: Some(vec![Volume {
                 name: "namespace".into(),
@@ -775,7 +777,7 @@ mod tests {
         );
         // Exactly the sandbox's tolerations: no blanket "tolerate everything".
         let tol = spec.tolerations.unwrap();
-        assert_eq!(tol, sbx.spec.tolerations);
+        assert_eq!(tol, sbx.spec.pod.tolerations);
         assert!(
             build_cleanup_pod(&sandbox(serde_json::json!({})), &cfg("/w"), "n", "c".into())
                 .unwrap()

@@ -50,7 +50,7 @@ pub struct Effective {
 /// The effective settings of `spec` under `d`. Call [`problems`] first: an added capability
 /// outside the allowlist is left out here, never granted.
 pub fn effective(spec: &SandboxSpec, d: Defaults<'_>) -> Effective {
-    let sc = spec.security_context.clone().unwrap_or_default();
+    let sc = spec.pod.security_context.clone().unwrap_or_default();
     let caps = sc.capabilities.unwrap_or_default();
     let drop_all = caps.drop.iter().any(|c| c == "ALL");
     let mut capabilities: Vec<String> = DEFAULT_CAPABILITIES
@@ -85,7 +85,7 @@ pub fn effective(spec: &SandboxSpec, d: Defaults<'_>) -> Effective {
 /// What the operator refuses in a spec's security settings, as messages.
 pub fn problems(spec: &SandboxSpec, d: Defaults<'_>, have_helper: bool) -> Vec<String> {
     let mut out = Vec::new();
-    let sc = spec.security_context.clone().unwrap_or_default();
+    let sc = spec.pod.security_context.clone().unwrap_or_default();
     let caps = sc.capabilities.clone().unwrap_or_default();
     for c in caps.add.iter().chain(&caps.drop) {
         if !is_capability_name(c) && c != "ALL" {

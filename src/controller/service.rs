@@ -46,7 +46,7 @@ pub fn service_name(sandbox: &str) -> String {
 /// `agentbox.dev/sandbox` label, listing exactly `spec.ports` (each to the same port number in
 /// the pod), owned by the Sandbox (so it goes with it). `None` when the spec has no ports.
 pub fn build_service(sbx: &Sandbox) -> Option<Service> {
-    if sbx.spec.ports.is_empty() {
+    if sbx.spec.pod.ports.is_empty() {
         return None;
     }
     let name = sbx.name_any();
@@ -56,6 +56,7 @@ pub fn build_service(sbx: &Sandbox) -> Option<Service> {
     )]);
     let ports = sbx
         .spec
+        .pod
         .ports
         .iter()
         .map(|p| ServicePort {
@@ -99,6 +100,7 @@ pub fn endpoints(sbx: &Sandbox, pod: Option<&Pod>) -> Vec<PortEndpoint> {
         .and_then(|s| s.pod_ip.clone())
         .filter(|ip| !ip.is_empty());
     sbx.spec
+        .pod
         .ports
         .iter()
         .map(|p| PortEndpoint {
@@ -126,7 +128,7 @@ pub enum Step {
 /// Decides what to do about the Service. A sandbox that never had ports is not even read: its
 /// Service can only exist if ports were recorded in its status.
 pub fn step(sbx: &Sandbox, old: &SandboxStatus) -> Step {
-    match (sbx.spec.ports.is_empty(), old.endpoints.is_empty()) {
+    match (sbx.spec.pod.ports.is_empty(), old.endpoints.is_empty()) {
         (true, true) => Step::Nothing,
         (true, false) => Step::Remove,
         (false, _) => Step::Check,

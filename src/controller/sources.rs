@@ -77,6 +77,7 @@ pub struct EnvRef {
 /// The ConfigMap and Secret keys the sandbox's environment takes values from.
 pub fn env_refs(sbx: &Sandbox) -> Vec<EnvRef> {
     sbx.spec
+        .pod
         .env
         .iter()
         .filter_map(|e| {

@@ -152,13 +152,13 @@ fn reference_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
     if let Some(n) = &spec.snapshot.name {
         refs.push(("snapshot.name".into(), n));
     }
-    if let Some(n) = &spec.runtime_class_name {
+    if let Some(n) = &spec.pod.runtime_class_name {
         refs.push(("runtimeClassName".into(), n));
     }
     for p in &spec.workspace.projections {
         refs.push(("workspace.projections[].configMap".into(), &p.config_map));
     }
-    for e in &spec.env {
+    for e in &spec.pod.env {
         let from = e.value_from.as_ref();
         if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref()) {
             refs.push((format!("env {} configMapKeyRef.name", e.name), &r.name));

@@ -6,9 +6,11 @@
 
 mod sandbox;
 mod snapshot;
+mod template;
 
 pub use sandbox::*;
 pub use snapshot::*;
+pub use template::*;
 
 /// The API group of every agentbox resource.
 pub const GROUP: &str = "agentbox.dev";
@@ -34,12 +36,38 @@ pub fn unique_by(key: &str, what: &str) -> kube::core::Rule {
     )))
 }
 
+/// Admission rule on a field that must be an object name (a reference to another object).
+pub fn object_name() -> kube::core::Rule {
+    kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE)
+}
+
+/// Admission rule on a Sandbox spec: the field at `path` (dotted, relative to the spec) is
+/// pod-shaping, so a Sandbox that names a template must leave it to the template.
+pub fn fixed_by_template(path: &str) -> kube::core::Rule {
+    // Each parent is tested too: `has(a.b)` on an absent `a` is an evaluation error.
+    let mut tests = Vec::new();
+    let mut prefix = String::from("self");
+    for part in path.split('.') {
+        prefix = format!("{prefix}.{part}");
+        tests.push(format!("!has({prefix})"));
+    }
+    kube::core::Rule::new(format!("!has(self.templateRef) || {}", tests.join(" || "))).message(
+        kube::core::Message::Message(format!(
+            "{path} comes from the template: a Sandbox with templateRef cannot set it"
+        )),
+    )
+}
+
 /// All CRDs this operator serves, in the order `crdgen` writes them.
 pub fn all()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
-    vec![Sandbox::crd(), SandboxSnapshot::crd()]
+    vec![
+        Sandbox::crd(),
+        SandboxSnapshot::crd(),
+        SandboxTemplate::crd(),
+    ]
 }
 
 /// Renders every CRD as one multi-document YAML stream (what `crdgen` prints and `crds/` holds).
@@ -92,7 +120,11 @@ mod tests {
     /// and the Ready condition's reason (and, with `-o wide`, message) as columns.
     #[test]
     fn every_kind_describes_itself_and_shows_its_ready_condition() {
-        for crd in super::all() {
+        // A template has no state of its own: nothing to wait for, no conditions.
+        for crd in super::all()
+            .into_iter()
+            .filter(|c| c.spec.names.kind != "SandboxTemplate")
+        {
             let kind = &crd.spec.names.kind;
             let v = &crd.spec.versions[0];
             let description = v
@@ -261,6 +293,171 @@ mod tests {
             parsed.idle_timeout.map(std::time::Duration::from),
             Some(std::time::Duration::from_secs(5400))
         );
+    }
+
+    /// A Sandbox with `templateRef` (and a User scope) and the spec fields in `extra`.
+    fn templated(extra: serde_json::Value) -> serde_json::Value {
+        let mut obj = with(serde_json::json!({}));
+        let spec = obj["spec"].as_object_mut().unwrap();
+        spec.remove("image");
+        spec.insert("templateRef".into(), serde_json::json!({"name": "agent"}));
+        for (k, val) in extra.as_object().unwrap() {
+            spec.insert(k.clone(), val.clone());
+        }
+        obj
+    }
+
+    /// A Sandbox names a template or an image, and with a template it leaves every
+    /// pod-shaping field to it, each refusal naming the field (the CRD's own rules).
+    #[test]
+    fn templated_sandboxes_refuse_pod_shaping_fields_naming_them() {
+        use kube::CustomResourceExt;
+        use serde_json::json;
+        let schema = schema(crate::crd::Sandbox::crd());
+        let v = kube::core::cel::Validator::new();
+        let ok = templated(json!({
+            "env": [{"name": "TASK", "value": "x"}],
+            "workspace": {"root": "/home/agent", "files": [{"path": "task.md", "content": "t"}]},
+            "snapshot": {"restore": "None"},
+            "lifecycle": {"mode": "Suspended", "idleTimeout": "5m"},
+            "network": {"egress": "All"},
+        }));
+        let r = v.validate(&schema, &ok, None);
+        assert!(r.is_ok(), "{r:?}");
+        for (field, value) in [
+            ("image", json!("busybox")),
+            ("imagePullPolicy", json!("Never")),
+            ("command", json!(["sh"])),
+            ("args", json!(["-c", "true"])),
+            ("resources", json!({"limits": {"cpu": "1"}})),
+            ("runtimeClassName", json!("gvisor")),
+            ("nodeSelector", json!({"disk": "ssd"})),
+            ("tolerations", json!([{"key": "k", "operator": "Exists"}])),
+            ("securityContext", json!({"runAsUser": 1000})),
+            ("ports", json!([{"name": "http", "port": 80}])),
+        ] {
+            let err = format!(
+                "{:?}",
+                v.validate(&schema, &templated(json!({ field: value })), None)
+                    .unwrap_err()
+            );
+            assert!(
+                err.contains(&format!(
+                    "{field} comes from the template: a Sandbox with templateRef cannot set it"
+                )),
+                "{field}: {err}"
+            );
+        }
+        let proj =
+            templated(json!({"workspace": {"projections": [{"configMap": "c", "path": "p"}]}}));
+        let err = format!("{:?}", v.validate(&schema, &proj, None).unwrap_err());
+        assert!(
+            err.contains("workspace.projections comes from the template"),
+            "{err}"
+        );
+        let net = templated(json!({"network": {"egress": "None"}}));
+        let err = format!("{:?}", v.validate(&schema, &net, None).unwrap_err());
+        assert!(err.contains("network comes from the template"), "{err}");
+        let mut bare = with(json!({}));
+        bare["spec"].as_object_mut().unwrap().remove("image");
+        let err = format!("{:?}", v.validate(&schema, &bare, None).unwrap_err());
+        assert!(
+            err.contains("image is required unless templateRef names a SandboxTemplate"),
+            "{err}"
+        );
+        let bad_ref = templated(json!({"templateRef": {"name": "../x"}}));
+        assert!(v.validate(&schema, &bad_ref, None).is_err());
+    }
+
+    /// `templateRef` can be neither changed nor added nor removed (transition rules, evaluated
+    /// against the old object as the API server does on update).
+    #[test]
+    fn template_refs_are_immutable() {
+        use kube::CustomResourceExt;
+        use serde_json::json;
+        let schema = schema(crate::crd::Sandbox::crd());
+        let v = kube::core::cel::Validator::new();
+        let old = templated(json!({}));
+        let same = templated(json!({"env": [{"name": "A", "value": "1"}]}));
+        assert!(v.validate(&schema, &same, Some(&old)).is_ok());
+        let other = templated(json!({"templateRef": {"name": "other"}}));
+        let err = format!("{:?}", v.validate(&schema, &other, Some(&old)).unwrap_err());
+        assert!(err.contains("templateRef is immutable"), "{err}");
+        let plain = with(json!({}));
+        let err = format!("{:?}", v.validate(&schema, &plain, Some(&old)).unwrap_err());
+        assert!(
+            err.contains("templateRef cannot be added or removed"),
+            "{err}"
+        );
+    }
+
+    /// A template is refused for what a Sandbox would be refused for: the Sandbox's own rules
+    /// on the same fields.
+    #[test]
+    fn templates_get_the_sandboxes_admission_rules() {
+        use kube::CustomResourceExt;
+        use serde_json::json;
+        let schema = schema(crate::crd::SandboxTemplate::crd());
+        let v = kube::core::cel::Validator::new();
+        let tpl = |spec: serde_json::Value| {
+            json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
+                   "metadata": {"name": "t"}, "spec": spec})
+        };
+        let ok = tpl(
+            json!({"image": "busybox", "env": [{"name": "A", "value": "1"}],
+            "workspace": {"files": [{"path": "a", "content": "x"}]},
+            "lifecycle": {"idleTimeout": "15m"}}),
+        );
+        assert!(
+            v.validate(&schema, &ok, None).is_ok(),
+            "{:?}",
+            v.validate(&schema, &ok, None)
+        );
+        let env = |n: &str| json!({"name": n, "value": "1"});
+        for (spec, message) in [
+            (
+                json!({"image": "i", "env": [env("A"), env("A")]}),
+                "env names must be unique: A appears more than once",
+            ),
+            (
+                json!({"image": "i", "workspace": {"files": [{"path": "/etc/x", "content": "x"}]}}),
+                "file paths are relative to the workspace root",
+            ),
+            (
+                json!({"image": "i", "workspace": {"files": [{"path": "f", "content": "x"}, {"path": "f", "content": "y"}]}}),
+                "file paths must be unique: f appears more than once",
+            ),
+            (
+                json!({"image": "i", "lifecycle": {"idleTimeout": "5s"}}),
+                "idleTimeout must be at least 10s",
+            ),
+            (
+                json!({"image": "i", "runtimeClassName": "Bad/Name"}),
+                "must be a Kubernetes object name",
+            ),
+            (
+                json!({"image": "i", "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 80}]}),
+                "port numbers must be unique per protocol",
+            ),
+            (
+                json!({"image": "i", "securityContext": {"runAsNonRoot": true, "runAsUser": 0}}),
+                "runAsNonRoot cannot be combined with runAsUser 0",
+            ),
+            (
+                json!({"image": "i", "snapshot": {"restore": "Named"}}),
+                "snapshot.name is required when snapshot.restore is Named",
+            ),
+            (
+                json!({"command": ["sh"]}),
+                "a SandboxTemplate needs an image",
+            ),
+        ] {
+            let err = format!(
+                "{:?}",
+                v.validate(&schema, &tpl(spec.clone()), None).unwrap_err()
+            );
+            assert!(err.contains(message), "{spec}: {err}");
+        }
     }
 
     #[test]

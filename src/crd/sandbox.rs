@@ -25,18 +25,82 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Start","type":"string","description":"Start branch of the last workspace initialisation (A reuse, B recover, C restore, D fresh)","jsonPath":".status.workspace.lastStartBranch"}"#,
     printcolumn = r#"{"name":"Snapshot","type":"date","description":"When the newest Ready snapshot of this sandbox was taken","jsonPath":".status.lastSnapshot.completedAt"}"#,
     printcolumn = r#"{"name":"Last-Snapshot","type":"string","priority":1,"description":"Name of the newest Ready snapshot of this sandbox","jsonPath":".status.lastSnapshot.name"}"#,
+    printcolumn = r#"{"name":"Template","type":"string","priority":1,"description":"The SandboxTemplate the sandbox is made from","jsonPath":".spec.templateRef.name"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","priority":1,"jsonPath":".status.podName"}"#,
     printcolumn = r#"{"name":"Idle-Since","type":"date","priority":1,"description":"Since when the sandbox has been idle (Ready, its scope's guard free), with lifecycle.idleTimeout","jsonPath":".status.idleSince"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","description":"Reason of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Message of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.templateRef) || has(self.image)").message("image is required unless templateRef names a SandboxTemplate"),
+    validation = crate::crd::fixed_by_template("image"),
+    validation = crate::crd::fixed_by_template("imagePullPolicy"),
+    validation = crate::crd::fixed_by_template("command"),
+    validation = crate::crd::fixed_by_template("args"),
+    validation = crate::crd::fixed_by_template("resources"),
+    validation = crate::crd::fixed_by_template("runtimeClassName"),
+    validation = crate::crd::fixed_by_template("nodeSelector"),
+    validation = crate::crd::fixed_by_template("tolerations"),
+    validation = crate::crd::fixed_by_template("securityContext"),
+    validation = crate::crd::fixed_by_template("ports"),
+    validation = crate::crd::fixed_by_template("workspace.projections"),
+    validation = kube::core::Rule::new("!has(self.templateRef) || !has(self.network) || self.network.egress == 'All'").message("network comes from the template: a Sandbox with templateRef cannot set it"),
+    validation = kube::core::Rule::new("has(self.templateRef) == has(oldSelf.templateRef)").message("templateRef cannot be added or removed; create a new Sandbox"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxSpec {
+    /// The SandboxTemplate (same namespace) that supplies this sandbox's pod-shaping fields.
+    /// With it, the Sandbox may set only: `scope`; `workspace.root`, `workspace.files`
+    /// (added to the template's; a file of the same path replaces the template's) and
+    /// `workspace.mounts`; `env` (appended to the template's; a variable of the same name
+    /// replaces the template's); `snapshot` (a policy other than the default replaces the
+    /// template's whole policy); `lifecycle` (`mode` and `shutdownTime` are the sandbox's
+    /// own; `idleTimeout`, when set, replaces the template's). Setting `image`,
+    /// `imagePullPolicy`, `command`, `args`, `resources`, `runtimeClassName`, `nodeSelector`,
+    /// `tolerations`, `securityContext`, `ports`, `network` or `workspace.projections` is
+    /// refused at admission. The template is read when the sandbox's pod is made, and
+    /// `status.template` records which version was used: a later edit of the template does
+    /// not replace a running pod; it applies from the sandbox's next start. A missing template
+    /// keeps the sandbox Pending (reason `TemplateNotFound`) until it appears. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("templateRef is immutable; create a new Sandbox for another template"))]
+    pub template_ref: Option<TemplateRef>,
+
+    /// The pod-shaping fields (image, command, env, resources, scheduling, security,
+    /// network, ports), in the spec itself.
+    #[serde(flatten)]
+    pub pod: PodShape,
+
+    /// Isolation scope of the sandbox. It decides the scope key that labels, guards and
+    /// snapshot lineage hang off. Immutable.
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("scope is immutable; create a new Sandbox for another scope"))]
+    pub scope: Scope,
+
+    /// The workspace directory: where it is mounted and what is written into it.
+    #[serde(default)]
+    pub workspace: WorkspaceSpec,
+
+    /// How the workspace is restored from and saved to snapshots.
+    #[serde(default)]
+    pub snapshot: SnapshotPolicy,
+
+    /// Whether the sandbox runs, and when it ends.
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+}
+
+/// The pod-shaping part of a sandbox: what a Sandbox sets itself, or a SandboxTemplate sets for
+/// the Sandboxes that name it (flattened into both specs).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodShape {
     /// Container image the sandbox runs. It needs `sh`; `tar` and `sha256sum` are needed for
-    /// snapshots and file transfer.
+    /// snapshots and file transfer. Required in a SandboxTemplate, and in a Sandbox unless it
+    /// names a template (`templateRef`), whose image it then runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
-    pub image: String,
+    pub image: Option<String>,
 
     /// Image pull policy of the sandbox container (Always, IfNotPresent, Never). Defaults to
     /// the Kubernetes default for the image's tag.
@@ -57,7 +121,8 @@ pub struct SandboxSpec {
     /// Environment variables of the sandbox container. A value taken from a ConfigMap or
     /// Secret key (`valueFrom`) needs the label `agentbox.dev/sandbox-readable: "true"` on
     /// that object, as `workspace.files` sources do. Names are unique, of at most 256
-    /// characters.
+    /// characters. A Sandbox that names a template may set env: it is appended to the
+    /// template's, and a variable of the same name replaces the template's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256), transform = bound_env_names)]
     #[x_kube(validation = crate::crd::unique_by("name", "env names"))]
@@ -72,7 +137,7 @@ pub struct SandboxSpec {
     /// of the cluster; a pod the API server refuses shows as Ready=False, reason PodRejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
+    #[x_kube(validation = crate::crd::object_name())]
     pub runtime_class_name: Option<String>,
 
     /// Node labels the sandbox pod must match when it is first scheduled. Once the workspace
@@ -90,23 +155,6 @@ pub struct SandboxSpec {
     /// allowlist has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SandboxSecurityContext>,
-
-    /// Isolation scope of the sandbox. It decides the scope key that labels, guards and
-    /// snapshot lineage hang off. Immutable.
-    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("scope is immutable; create a new Sandbox for another scope"))]
-    pub scope: Scope,
-
-    /// The workspace directory: where it is mounted and what is written into it.
-    #[serde(default)]
-    pub workspace: WorkspaceSpec,
-
-    /// How the workspace is restored from and saved to snapshots.
-    #[serde(default)]
-    pub snapshot: SnapshotPolicy,
-
-    /// Whether the sandbox runs, and when it ends.
-    #[serde(default)]
-    pub lifecycle: Lifecycle,
 
     /// Network policy of the sandbox pod.
     #[serde(default)]
@@ -182,7 +230,7 @@ pub fn unique_port_numbers() -> kube::core::Rule {
 /// Bounds the names in `spec.env` (Kubernetes' EnvVar schema has no maxLength) so that the API
 /// server can bound the cost of the uniqueness rule on the list: without a bound it refuses the
 /// CRD.
-fn bound_env_names(schema: &mut schemars::Schema) {
+pub(crate) fn bound_env_names(schema: &mut schemars::Schema) {
     if let Some(name) = schema
         .get_mut("items")
         .and_then(|items| items.get_mut("properties"))
@@ -625,7 +673,7 @@ pub const MIN_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 const IDLE_TIMEOUT_PATTERN: &str = "^([0-9]+(\\\\.[0-9]+)?(h|m|s|ms|us|ns))+$";
 
 /// Admission rule on `lifecycle.idleTimeout`: a Go duration.
-fn idle_timeout_format() -> kube::core::Rule {
+pub(crate) fn idle_timeout_format() -> kube::core::Rule {
     kube::core::Rule::new(format!("self.matches('{IDLE_TIMEOUT_PATTERN}')")).message(
         "idleTimeout must be a duration such as 90s, 15m or 1h30m (units: h, m, s, ms, us, ns)",
     )
@@ -633,7 +681,7 @@ fn idle_timeout_format() -> kube::core::Rule {
 
 /// Admission rule on `lifecycle.idleTimeout`: at least [`MIN_IDLE_TIMEOUT`]. A malformed value
 /// gets only the format rule's message, not an evaluation error.
-fn idle_timeout_minimum() -> kube::core::Rule {
+pub(crate) fn idle_timeout_minimum() -> kube::core::Rule {
     kube::core::Rule::new(format!(
         "!self.matches('{IDLE_TIMEOUT_PATTERN}') || duration(self) >= duration('10s')"
     ))
@@ -725,6 +773,11 @@ pub struct SandboxStatus {
     /// restarts the idle clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_guard_transitions: Option<i32>,
+    /// With `spec.templateRef`: the version of the SandboxTemplate the sandbox's pod was made
+    /// from. A template edited since does not replace that pod; its next start uses the
+    /// template as it is then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateUse>,
     /// Where each port of `spec.ports` is reached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<PortEndpoint>,
@@ -929,4 +982,61 @@ pub struct GuardStatus {
     /// When the holder acquired the guard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,
+}
+
+impl SandboxSpec {
+    /// The spec of a Sandbox made from the SandboxTemplate `template` in `scope`, with nothing
+    /// of its own yet: add env, files, a snapshot policy or a lifecycle as the template allows.
+    pub fn from_template(template: impl Into<String>, scope: Scope) -> Self {
+        SandboxSpec {
+            template_ref: Some(TemplateRef {
+                name: template.into(),
+            }),
+            ..Self::bare(scope)
+        }
+    }
+
+    /// The spec of a Sandbox in `scope` running `image`, with everything else defaulted.
+    pub fn from_image(image: impl Into<String>, scope: Scope) -> Self {
+        SandboxSpec {
+            pod: PodShape {
+                image: Some(image.into()),
+                ..PodShape::default()
+            },
+            ..Self::bare(scope)
+        }
+    }
+
+    fn bare(scope: Scope) -> Self {
+        SandboxSpec {
+            template_ref: None,
+            pod: PodShape::default(),
+            scope,
+            workspace: WorkspaceSpec::default(),
+            snapshot: SnapshotPolicy::default(),
+            lifecycle: Lifecycle::default(),
+        }
+    }
+}
+
+/// A reference to a SandboxTemplate in the sandbox's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateRef {
+    /// Name of the SandboxTemplate.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = crate::crd::object_name())]
+    pub name: String,
+}
+
+/// Which version of a SandboxTemplate a sandbox's pod was made from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateUse {
+    /// Name of the SandboxTemplate.
+    pub name: String,
+    /// Its UID (a template deleted and made again under the same name has another).
+    pub uid: String,
+    /// Its `metadata.generation` (its spec's version) when the pod was made.
+    pub generation: i64,
 }

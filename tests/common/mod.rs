@@ -823,3 +823,47 @@ pub async fn events(
     }
     Vec::new()
 }
+
+/// Runs a command: (exit code, stdout, stderr).
+pub fn output(mut cmd: Command) -> (Option<i32>, String, String) {
+    let out = cmd.output().expect("run the command");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs the `agentbox` CLI in the test namespace: (exit code, stdout, stderr).
+pub fn cli(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
+    cmd.args(["-n", &env.ns]).args(args);
+    output(cmd)
+}
+
+/// Waits (up to 180 s) until the Sandbox has condition `type_` with `status` and `reason`.
+pub async fn wait_condition(
+    env: &TestEnv,
+    name: &str,
+    type_: &'static str,
+    status: &'static str,
+    reason: &'static str,
+) -> Sandbox {
+    env.wait_for::<Sandbox>(name, 180, move |s: Option<&Sandbox>| {
+        s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+        })
+    })
+    .await
+}
+
+/// The message of the Sandbox's condition `type_` (empty without one).
+pub fn condition_message(s: &Sandbox, type_: &str) -> String {
+    s.status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_))
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}

@@ -13,6 +13,10 @@
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxes/finalizers"]
   verbs: ["update"]
+# SandboxTemplates: read-only; watched so that a template created or edited brings back the sandboxes naming it, read by name to resolve a sandbox's spec.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxtemplates"]
+  verbs: ["get", "list", "watch"]
 # SandboxSnapshots: watched by the snapshot controller, listed to pick a restore (Latest) and apply retention; created for onStop, labelled and finalized by patch, deleted by retention.
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxsnapshots"]
@@ -67,6 +71,10 @@
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxes"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# SandboxTemplates: read-only; list the namespace's templates (the CLI's `get templates`) and read the one a sandbox is created from.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxtemplates"]
+  verbs: ["get", "list"]
 # SandboxSnapshots: take one (create), wait until it is Ready (watch), list a scope's lineage, read one to restore from it.
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxsnapshots"]

@@ -65,6 +65,7 @@ from .spec import (
     SandboxSecurityContext,
     SandboxSpec,
     SnapshotPolicy,
+    TemplateRef,
     WorkspaceFile,
     WorkspaceSpec,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "Snapshot",
     "SnapshotFailedError",
     "SnapshotPolicy",
+    "TemplateRef",
     "TransportError",
     "WorkspaceFile",
     "WorkspaceSpec",

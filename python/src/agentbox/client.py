@@ -23,6 +23,7 @@ from ._kube import (
     load_api_client,
     pod_path,
     sandboxes_path,
+    templates_path,
 )
 from ._watch import wait_gone, watch_until
 from .errors import (
@@ -144,6 +145,10 @@ class Sandboxes:
         body_spec["scope"] = scope.to_dict()
         name = _labels.sandbox_name_for_scope(scope)
         kube = await self.kube()
+        template = (body_spec.get("templateRef") or {}).get("name")
+        # Fail now, not after a wait for Ready: a sandbox would wait for its template.
+        if template and await kube.get_opt(templates_path(self.namespace, template)) is None:
+            raise NotFoundError(f"sandboxtemplate {self.namespace}/{template} not found")
         try:
             obj = await kube.call(
                 "POST", sandboxes_path(self.namespace), body=self._object(name, scope, body_spec)
@@ -157,6 +162,12 @@ class Sandboxes:
         if ((obj.get("spec") or {}).get("lifecycle") or {}).get("mode") == "Suspended":
             await handle.resume()
         return handle
+
+    async def templates(self) -> builtins.list[dict[str, Any]]:
+        """The namespace's SandboxTemplates, as the API has them."""
+        kube = await self.kube()
+        data = await kube.call("GET", templates_path(self.namespace))
+        return list(data.get("items") or [])
 
     @staticmethod
     def _object(name: str, scope: Scope, spec: dict[str, Any]) -> dict[str, Any]:

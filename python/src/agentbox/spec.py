@@ -179,15 +179,29 @@ class SandboxSecurityContext:
 
 
 @dataclass
+class TemplateRef:
+    """The SandboxTemplate (same namespace) a Sandbox is made from."""
+
+    name: str
+
+
+@dataclass
 class SandboxSpec:
     """Desired state of a Sandbox (every field of the CRD's ``spec``).
 
     ``scope`` may be left out when the spec goes to
     :meth:`agentbox.Sandboxes.get_or_create`, which sets it. ``env`` takes a ``{name: value}``
     mapping or a list of Kubernetes ``EnvVar`` dicts.
+
+    Either ``image`` or ``template_ref`` (see :meth:`from_template`): a Sandbox made from a
+    SandboxTemplate leaves the pod-shaping fields (image, command, resources, security,
+    network, ports, projections...) to it and may add ``env`` (appended; the same name
+    replaces the template's), ``workspace.files`` (added; the same path replaces the
+    template's), ``snapshot`` and ``lifecycle`` (``kubectl explain sandbox.spec.templateRef``).
     """
 
-    image: str
+    image: str | None = None
+    template_ref: TemplateRef | None = None
     scope: Scope | None = None
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     command: list[str] | None = None
@@ -215,6 +229,13 @@ class SandboxSpec:
             if not out["env"]:
                 del out["env"]
         return out
+
+    @classmethod
+    def from_template(cls, template: str, **fields: Any) -> SandboxSpec:
+        """A spec made from the SandboxTemplate ``template``, with the other ``fields`` the
+        template allows (``env``, ``workspace``, ``snapshot``, ``lifecycle``, ``scope``).
+        """
+        return cls(template_ref=TemplateRef(template), **fields)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxSpec:

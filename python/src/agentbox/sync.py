@@ -70,6 +70,10 @@ class Sandboxes:
         """See :meth:`agentbox.Sandboxes.get_or_create`."""
         return Sandbox(_portal.call(self._async.get_or_create(scope, spec)))
 
+    def templates(self) -> builtins.list[dict[str, Any]]:
+        """See :meth:`agentbox.Sandboxes.templates`."""
+        return _portal.call(self._async.templates())
+
     def open(self, name: str) -> Sandbox:
         """See :meth:`agentbox.Sandboxes.open`."""
         return Sandbox(_portal.call(self._async.open(name)))

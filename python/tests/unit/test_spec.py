@@ -177,3 +177,19 @@ def test_scope_constructors_and_json() -> None:
     assert Scope.for_agent("a").kind is ScopeKind.AGENT
     assert Scope.for_global().to_dict() == {"kind": "Global"}
     assert ScopeKind.SESSION.label_value == "session"
+
+
+def test_a_spec_from_a_template_names_it_and_leaves_the_pod_to_it() -> None:
+    spec = SandboxSpec.from_template(
+        "agent",
+        env={"TASK": "x"},
+        workspace=agentbox.WorkspaceSpec(files=[agentbox.WorkspaceFile("task.md", content="t")]),
+    )
+    d = spec.to_dict()
+    assert d["templateRef"] == {"name": "agent"}
+    assert "image" not in d
+    assert d["env"] == [{"name": "TASK", "value": "x"}]
+    back = SandboxSpec.from_dict(d)
+    assert back.template_ref == agentbox.TemplateRef("agent")
+    assert back.image is None
+    assert back.to_dict() == d

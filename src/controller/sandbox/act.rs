@@ -657,7 +657,7 @@ async fn ensure_network_policy(sbx: &Sandbox, api: &Api<NetworkPolicy>) -> Resul
     let desired = pod::build_deny_egress(sbx);
     let name = desired.metadata.name.clone().unwrap_or_default();
     let current = api.get_opt(&name).await?;
-    match (sbx.spec.network.egress, current) {
+    match (sbx.spec.pod.network.egress, current) {
         // Compare by the hash of what we asked for: the API server drops empty lists
         // (`egress: []`), so the stored spec never equals the desired one field by field.
         (Egress::Denied, Some(np))

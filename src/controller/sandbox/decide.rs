@@ -216,6 +216,8 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
         return (Step::Suspend, Some(note));
     }
     let Some(pod) = &w.pod else {
+        // The pod about to be made is made from the template as it is now.
+        st.template = w.template.clone();
         return (Step::CreatePod, None);
     };
     if pod.metadata.deletion_timestamp.is_some() {
@@ -239,7 +241,10 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
         let note = Note::new(EventType::Warning, "PodNameConflict", "CreatePod", &msg);
         return (Step::PodNameConflict, Some(note));
     }
-    let replace = if w.desired_hash != w.pod_hash {
+    // A pod made from another version of the template is kept: a template edit applies from
+    // the sandbox's next start, not by replacing a running pod.
+    let template_moved = w.old.template.is_some() && w.old.template != w.template;
+    let replace = if w.desired_hash != w.pod_hash && !template_moved {
         Some((
             "PodReplaced",
             "the sandbox spec changed; replacing the pod (the workspace is kept)".to_string(),
@@ -258,6 +263,11 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
     }
     st.pod_name = Some(pod.name_any());
     st.endpoints = service::endpoints(sbx, Some(pod));
+    if st.template.is_none() {
+        // The status of a pod's creation may have been deferred (a pod that starts at once
+        // is reported Ready directly): its template is the one resolved now.
+        st.template = w.template.clone();
+    }
     (Step::Serve, None)
 }
 
@@ -368,6 +378,27 @@ pub fn held(
     st.pod_name = None;
     not_ready(st, reason, message, generation, now);
     Note::new(EventType::Warning, reason, "CreatePod", message)
+}
+
+/// A Sandbox whose template `name` does not exist: Pending with reason `TemplateNotFound`
+/// (its status as read, the status to write, and the Warning Event).
+pub fn template_missing(
+    sbx: &Sandbox,
+    name: &str,
+    now: Timestamp,
+) -> (SandboxStatus, SandboxStatus, Note) {
+    let old = sbx.status.clone().unwrap_or_default();
+    let mut st = old.clone();
+    st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
+    st.observed_generation = sbx.metadata.generation;
+    let message = crate::controller::template::missing_message(name);
+    let note = held(
+        &mut st,
+        (crate::controller::template::NOT_FOUND, &message),
+        sbx.metadata.generation,
+        now,
+    );
+    (old, st, note)
 }
 
 /// What a node loss costs: the snapshot the recovery will restore, if any, and when it
@@ -743,6 +774,7 @@ mod tests {
             pod_hash: Some("h".into()),
             node: None,
             node_loss_grace: Duration::from_secs(60),
+            template: None,
         }
     }
 
@@ -998,6 +1030,65 @@ mod tests {
         let note = plan.note.unwrap();
         assert_eq!(note.reason, "PodRecreated");
         assert!(note.message.contains("Evicted"), "{}", note.message);
+    }
+
+    fn template_use(generation: i64) -> crate::crd::TemplateUse {
+        crate::crd::TemplateUse {
+            name: "agent".into(),
+            uid: "tpl-uid".into(),
+            generation,
+        }
+    }
+
+    #[test]
+    fn a_new_pod_records_the_template_version_it_is_made_from() {
+        let mut w = world(None);
+        w.template = Some(template_use(3));
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::CreatePod);
+        assert_eq!(plan.status.template, Some(template_use(3)));
+    }
+
+    #[test]
+    fn a_template_edit_keeps_the_running_pod_and_a_sandbox_edit_replaces_it() {
+        let mut w = world(Some(pod("sbx-uid")));
+        w.old.template = Some(template_use(1));
+        w.template = Some(template_use(2));
+        w.desired_hash = Some("new".into());
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::Serve);
+        assert_eq!(
+            plan.status.template,
+            Some(template_use(1)),
+            "status still names the version the pod was made from"
+        );
+        w.template = Some(template_use(1));
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::ReplacePod, "same template, spec changed");
+    }
+
+    #[test]
+    fn a_served_pod_without_a_recorded_template_records_the_current_one() {
+        let mut w = world(Some(pod("sbx-uid")));
+        w.template = Some(template_use(4));
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::Serve);
+        assert_eq!(plan.status.template, Some(template_use(4)));
+    }
+
+    #[test]
+    fn a_missing_template_holds_the_sandbox_pending_with_its_reason() {
+        let (old, st, note) = template_missing(&sandbox(json!({})), "agent", t(0));
+        assert_eq!(old, SandboxStatus::default());
+        assert_eq!(st.phase, Some(SandboxPhase::Pending));
+        assert_eq!(reason(&st, READY), "TemplateNotFound");
+        assert_eq!(reason(&st, POD_READY), "TemplateNotFound");
+        assert_eq!(note.type_, EventType::Warning);
+        assert!(
+            note.message.contains("SandboxTemplate agent not found"),
+            "{}",
+            note.message
+        );
     }
 
     #[test]

@@ -26,7 +26,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
+use k8s_openapi::jiff::Timestamp;
+
 use super::pod::PodConfig;
+use super::template::{self, Effective};
 use super::{Context, Error, FIELD_MANAGER};
 use crate::crd::{Sandbox, SandboxStatus};
 use crate::labels;
@@ -54,7 +57,9 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         if fresh.uid() != sbx.uid() || !fresh.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(Action::await_change());
         }
-        if cleanup::cleanup(&fresh, &ctx).await? == cleanup::Cleanup::Pending {
+        // The on-stop snapshot follows the template's policy when the Sandbox names one.
+        let effective = template::resolved_or_own(&ctx.client, &fresh).await?;
+        if cleanup::cleanup(&effective, &ctx).await? == cleanup::Cleanup::Pending {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
         // Applying our metadata without the finalizer removes it: we own that list entry.
@@ -82,8 +87,19 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
     };
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let apis = Apis::new(&ctx, &ns);
+    // From here on the sandbox is its effective spec: with a template, resolved against it.
+    let (sbx, template) = match template::effective(&ctx.client, &sbx).await? {
+        Effective::Own => (sbx, None),
+        Effective::Templated(resolved, used) => (Arc::new(*resolved), Some(used)),
+        Effective::Missing(name) => {
+            let (old, st, note) = decide::template_missing(&sbx, &name, Timestamp::now());
+            write_transition(&ctx, &sbx, &apis.sandboxes, &old, &st, Some(note)).await?;
+            // The template's watch brings the sandbox back when it is created.
+            return Ok(Action::await_change());
+        }
+    };
     let podcfg = PodConfig::from_config(&ctx.config);
-    let world = observe::observe(&sbx, &ctx, &apis, &podcfg).await?;
+    let world = observe::observe(&sbx, &ctx, &apis, &podcfg, template).await?;
     let plan = decide::decide(&sbx, &world);
     act::act(&sbx, &ctx, &apis, &podcfg, world, plan).await
 }

@@ -14,7 +14,7 @@ use super::Apis;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState};
 use crate::controller::{Context, Error, validate};
-use crate::crd::{Sandbox, SandboxStatus};
+use crate::crd::{Sandbox, SandboxStatus, TemplateUse};
 use crate::labels;
 
 /// The world as one reconcile found it.
@@ -43,6 +43,8 @@ pub struct World {
     pub node: Option<(String, Option<Node>)>,
     /// The operator's node-loss grace.
     pub node_loss_grace: Duration,
+    /// With `spec.templateRef`: the template version the spec was resolved against.
+    pub template: Option<TemplateUse>,
 }
 
 /// Reads the world of `sbx`.
@@ -51,6 +53,7 @@ pub async fn observe(
     ctx: &Context,
     apis: &Apis,
     podcfg: &PodConfig<'_>,
+    template: Option<TemplateUse>,
 ) -> Result<World, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
@@ -104,6 +107,7 @@ pub async fn observe(
         }),
         problems,
         pod,
+        template,
     })
 }
 
