@@ -621,9 +621,14 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         "180s",
     ]);
     let _ = std::fs::remove_dir_all(&prev_dir);
-    for (i, name) in ["sandboxes.agentbox.dev", "sandboxsnapshots.agentbox.dev"]
-        .iter()
-        .enumerate()
+    for (i, name) in [
+        "sandboxes.agentbox.dev",
+        "sandboxsnapshots.agentbox.dev",
+        // New in this chart: the upgrade brings it.
+        "sandboxtemplates.agentbox.dev",
+    ]
+    .iter()
+    .enumerate()
     {
         let served = crds.get(name).await.unwrap();
         assert_eq!(
@@ -855,7 +860,11 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     );
     // By design: the CRDs stay (crds.keep, although the release owned them), and so does the
     // leader Lease.
-    for name in ["sandboxes.agentbox.dev", "sandboxsnapshots.agentbox.dev"] {
+    for name in [
+        "sandboxes.agentbox.dev",
+        "sandboxsnapshots.agentbox.dev",
+        "sandboxtemplates.agentbox.dev",
+    ] {
         let crd = crds.get_opt(name).await.unwrap();
         assert!(
             crd.is_some_and(|c| c.metadata.deletion_timestamp.is_none()),
