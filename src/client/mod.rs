@@ -46,6 +46,7 @@
 
 pub(crate) mod files;
 mod snapshots;
+mod watch;
 
 pub use files::{DirEntry, EntryKind, PathError, Workspace, confine};
 
@@ -53,7 +54,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::wait::await_condition;
 
 use crate::crd::{
     LifecycleMode, PortEndpoint, Sandbox, SandboxPhase, SandboxSpec, SandboxTemplate, Scope,
@@ -404,7 +404,7 @@ impl SandboxHandle {
         if !self.request_delete().await? {
             return Ok(());
         }
-        let gone = await_condition(self.api.clone(), &self.name, |s: Option<&Sandbox>| {
+        let gone = watch::until(self.api.clone(), &self.name, |s: Option<&Sandbox>| {
             s.is_none()
         });
         match tokio::time::timeout(timeout, gone).await {
@@ -439,8 +439,7 @@ impl SandboxHandle {
             })
         };
         let waited =
-            tokio::time::timeout(timeout, await_condition(self.api.clone(), &self.name, done))
-                .await;
+            tokio::time::timeout(timeout, watch::until(self.api.clone(), &self.name, done)).await;
         match waited {
             Ok(Ok(Some(s))) => self.sandbox = s,
             Ok(Ok(None)) => {

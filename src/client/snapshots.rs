@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::wait::await_condition;
 
 use super::{ClientError, SandboxHandle, Sandboxes};
 use crate::crd::{
@@ -70,7 +69,9 @@ impl Sandboxes {
             s.is_none_or(|s| matches!(phase(s), Some(SnapshotPhase::Ready | SnapshotPhase::Failed)))
         };
         let snap =
-            match tokio::time::timeout(timeout, await_condition(snaps.clone(), name, done)).await {
+            match tokio::time::timeout(timeout, super::watch::until(snaps.clone(), name, done))
+                .await
+            {
                 Ok(Ok(Some(s))) => s,
                 Ok(Ok(None)) => {
                     return Err(ClientError::NotFound(format!("sandboxsnapshot {name}")));
