@@ -487,7 +487,9 @@ async fn a_hostile_image_is_never_run_for_cleanup() {
     let seen = seen.lock().unwrap().clone();
     let cleanup: Vec<&(String, String)> = seen
         .iter()
-        .filter(|(pod, _)| pod.starts_with("sbx-cleanup-"))
+        // The workspace sweep's removal (a deletion's own cleanup, and the removal of a
+        // directory left on a lost node, are such pods too).
+        .filter(|(pod, _)| pod.starts_with("agentbox-sweep-") || pod.starts_with("sbx-cleanup-"))
         .collect();
     assert!(!cleanup.is_empty(), "no cleanup pod seen: {seen:?}");
     assert!(cleanup.iter().all(|(_, i)| *i == helper), "{cleanup:?}");
