@@ -117,6 +117,14 @@ async fn a_restarted_operator_sweeps_what_a_killed_one_left_and_nothing_else() {
     let ns_dir = format!("{NODE_ROOT}/{}", env.ns);
     let foreign = format!("{ns_dir}/not-a-workspace");
     std::fs::create_dir_all(&foreign).expect("foreign dir");
+    // Removed at the end, also when the test fails.
+    struct RemoveOnDrop(String);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _foreign_guard = RemoveOnDrop(foreign.clone());
 
     // The race: the operator killed as soon as the object is gone, before the directory is.
     delete(&env, "raced").await;
@@ -196,6 +204,5 @@ async fn a_restarted_operator_sweeps_what_a_killed_one_left_and_nothing_else() {
         "helper pods left: {:?}",
         left.iter().map(|p| p.name_any()).collect::<Vec<_>>()
     );
-    std::fs::remove_dir(&foreign).expect("remove the foreign dir");
     env.finish().await;
 }
