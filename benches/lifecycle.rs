@@ -1,5 +1,7 @@
-//! Sandbox create → Ready next to a bare pod's create → Running, and the API writes a sandbox
-//! costs, counted from the API server's audit log (not from the operator's own counters).
+//! Sandbox create → Ready next to a bare pod's create → Running, the API writes a sandbox
+//! costs, counted from the API server's audit log (not from the operator's own counters), and
+//! delete → gone (seen on a watch) of the same cold sandboxes next to the bare pods', with the
+//! time until the workspace directory is off the node (this host).
 //!
 //! `eval "$(hack/cluster env)"; cargo bench --bench lifecycle` (release build). It starts the
 //! operator (the release binary) for a temporary namespace and measures `BENCH_N` (default 10)
@@ -13,8 +15,8 @@ use agentbox::crd::{Sandbox, SandboxPhase};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 
 mod common;
@@ -45,6 +47,47 @@ where
     Err(format!("{name}: watch ended before the condition held").into())
 }
 
+/// Deletes the named object and returns the milliseconds from the delete call to its
+/// `Deleted` event on a watch opened (at the object's current version) before the call.
+async fn delete_until_gone<K>(api: &Api<K>, name: &str) -> Res<f64>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let rv = api
+        .get(name)
+        .await?
+        .meta()
+        .resource_version
+        .clone()
+        .unwrap_or_default();
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(120);
+    let mut stream = api.watch(&wp, &rv).await?.boxed();
+    let t = Instant::now();
+    api.delete(name, &DeleteParams::default()).await?;
+    while let Some(ev) = stream.next().await {
+        match ev? {
+            WatchEvent::Deleted(_) => return Ok(t.elapsed().as_secs_f64() * 1000.0),
+            WatchEvent::Error(e) => return Err(format!("watch: {e:?}").into()),
+            _ => {}
+        }
+    }
+    Err(format!("{name}: watch ended before it was deleted").into())
+}
+
+/// Milliseconds until `dir` is gone from this host (polled every 10 ms, up to two minutes).
+async fn until_removed(dir: &std::path::Path) -> Res<f64> {
+    let t = Instant::now();
+    while dir.exists() {
+        if t.elapsed() > Duration::from_secs(120) {
+            return Err(format!("{} still there after 120 s", dir.display()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1000.0)
+}
+
 #[tokio::main]
 async fn main() -> Res<()> {
     let n = env_num("BENCH_N", 10) as usize;
@@ -72,6 +115,7 @@ async fn main() -> Res<()> {
     let _delete_all = common::DeleteAll(sbxs.clone());
 
     let mut bare = Vec::new();
+    let mut bare_delete = Vec::new();
     for i in 0..n {
         let name = format!("bare-{i}");
         let pod: Pod = serde_json::from_value(json!({
@@ -90,7 +134,7 @@ async fn main() -> Res<()> {
         })
         .await?;
         bare.push(t.elapsed().as_secs_f64() * 1000.0);
-        pods.delete(&name, &DeleteParams::default()).await?;
+        bare_delete.push(delete_until_gone(&pods, &name).await?);
     }
 
     let mut sandbox = Vec::new();
@@ -117,6 +161,23 @@ async fn main() -> Res<()> {
     let idle_start = Timestamp::now();
     tokio::time::sleep(Duration::from_secs(idle)).await;
     let idle_end = Timestamp::now();
+
+    // Delete → gone of the same cold sandboxes, one at a time, each after the previous one's
+    // workspace directory is off the node.
+    let (mut sandbox_delete, mut dir_removed) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let name = format!("sbx-{i}");
+        let uid = sbxs.get(&name).await?.uid().unwrap_or_default();
+        let dir = std::path::PathBuf::from(agentbox::controller::pod::workspace_host_path(
+            agentbox::config::DEFAULT_NODE_ROOT,
+            &ns,
+            &uid,
+        ));
+        let t = Instant::now();
+        sandbox_delete.push(delete_until_gone(&sbxs, &name).await?);
+        until_removed(&dir).await?;
+        dir_removed.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
 
     // Writes by the operator: the requests with its User-Agent in the namespace. Its
     // leader-election Lease renewals are counted apart: they are the price of a standby
@@ -155,6 +216,12 @@ async fn main() -> Res<()> {
     println!("| Sandbox create → Ready (ms) | {sp50:.0} | {sp95:.0} |");
     let overhead = (sp50 / bp50 - 1.0) * 100.0;
     println!("| overhead of the median | {overhead:+.1}% | |");
+    let (bd50, bd95) = p50_p95(bare_delete);
+    let (sd50, sd95) = p50_p95(sandbox_delete);
+    let (dr50, dr95) = p50_p95(dir_removed);
+    println!("| bare pod delete → gone (ms) | {bd50:.0} | {bd95:.0} |");
+    println!("| Sandbox delete → gone (ms) | {sd50:.0} | {sd95:.0} |");
+    println!("| Sandbox delete → workspace directory removed (ms) | {dr50:.0} | {dr95:.0} |");
     println!();
     println!("API writes per sandbox, create → Ready (audit log): {per_sandbox:?}");
     println!("first sandbox's writes: {kinds:?}");
@@ -168,6 +235,12 @@ async fn main() -> Res<()> {
     emit("lifecycle", "sandbox_ready_p50_ms", sp50, "ms", n64);
     emit("lifecycle", "sandbox_ready_p95_ms", sp95, "ms", n64);
     emit("lifecycle", "ready_overhead_pct", overhead, "%", n64);
+    emit("lifecycle", "bare_delete_p50_ms", bd50, "ms", n64);
+    emit("lifecycle", "bare_delete_p95_ms", bd95, "ms", n64);
+    emit("lifecycle", "sandbox_delete_p50_ms", sd50, "ms", n64);
+    emit("lifecycle", "sandbox_delete_p95_ms", sd95, "ms", n64);
+    emit("lifecycle", "workspace_removed_p50_ms", dr50, "ms", n64);
+    emit("lifecycle", "workspace_removed_p95_ms", dr95, "ms", n64);
     emit("lifecycle", "writes_to_ready_p50", wp50, "writes", n64);
     emit("lifecycle", "writes_to_ready_max", wmax, "writes", n64);
     emit(

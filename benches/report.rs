@@ -69,6 +69,32 @@ fn rows(f: &Figures) -> Vec<Row> {
             format!("bare pod → Running {b95:.0} ms"),
         ));
     }
+    if let (Some(s50), Some(s95), Some(b50), Some(b95)) = (
+        l("sandbox_delete_p50_ms"),
+        l("sandbox_delete_p95_ms"),
+        l("bare_delete_p50_ms"),
+        l("bare_delete_p95_ms"),
+    ) {
+        let n = f.n("lifecycle", "sandbox_delete_p50_ms");
+        out.push(Row {
+            target: "p50 ≤ 1 s",
+            met: Some(s50 <= 1000.0),
+            ..row(
+                format!("Delete → gone on a watch, p50 / p95 (n={n}, cold, one at a time)"),
+                format!("{s50:.0} / {s95:.0} ms"),
+                format!("bare pod {b50:.0} / {b95:.0} ms"),
+            )
+        });
+    }
+    if let (Some(d50), Some(d95)) = (l("workspace_removed_p50_ms"), l("workspace_removed_p95_ms")) {
+        let n = f.n("lifecycle", "workspace_removed_p50_ms");
+        // Informative: the bench fails if a directory stays (it waits for each).
+        out.push(row(
+            format!("Delete → workspace directory off the node, p50 / p95 (n={n}, the sweep)"),
+            format!("{d50:.0} / {d95:.0} ms"),
+            "—".into(),
+        ));
+    }
     if let (Some(p50), Some(max)) = (l("writes_to_ready_p50"), l("writes_to_ready_max")) {
         let n = f.n("lifecycle", "writes_to_ready_max");
         out.push(Row {
@@ -588,6 +614,11 @@ const METHOD: &str = "\
 - **Create → Ready**: one object at a time, from the create request to a watch seeing the
   Sandbox `Ready` (workspace initialised), next to a bare pod of the same image to all containers
   ready (`benches/lifecycle.rs`).
+- **Delete → gone**: the same cold sandboxes after the steady-state window, one at a time, from
+  the delete request to a watch (opened before it) seeing the object `Deleted`, next to the bare
+  pods' delete → gone (grace 1 s, as the operator deletes a sandbox's pod); and from the request
+  until the workspace directory is off the node (polled on the host every 10 ms; the next delete
+  starts after it).
 - **API writes**: write requests in the API server's audit log with the operator's User-Agent
   (`agentbox-operator/<version>`) in the bench's namespace, per sandbox from its create until it
   is Ready (plus 1.5 s), and per minute with nothing changing. The operator runs with leader

@@ -62,6 +62,13 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_NODE_LOSS_GRACE_SECONDS", default_value_t = 300)]
     pub node_loss_grace_seconds: u64,
 
+    /// Seconds between passes of the workspace sweep, which removes workspace directories
+    /// whose Sandbox is gone (a deletion leaves its directory to the sweep and the sweep removes
+    /// it at once; a pass, also at the leader's start, catches what an operator that stopped
+    /// in between left). Each pass runs one short helper pod per serving node and namespace.
+    #[arg(long, env = "AGENTBOX_SWEEP_INTERVAL_SECONDS", default_value_t = 600)]
+    pub sweep_interval_seconds: u64,
+
     /// Address of the metrics and health endpoints.
     #[arg(long, env = "AGENTBOX_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,

@@ -195,6 +195,8 @@ pub struct Metrics {
     exec_errors: Family<ExecLabels, Counter>,
     node_losses: Counter,
     idle_suspensions: Counter,
+    workspaces_swept: Counter,
+    sweep_failures: Counter,
     names: BTreeSet<String>,
 }
 
@@ -246,6 +248,8 @@ impl Default for Metrics {
             exec_errors: Family::default(),
             node_losses: Counter::default(),
             idle_suspensions: Counter::default(),
+            workspaces_swept: Counter::default(),
+            sweep_failures: Counter::default(),
             registry: Registry::default(),
             names: BTreeSet::new(),
         };
@@ -344,6 +348,16 @@ impl Default for Metrics {
             "Sandboxes the operator suspended because their lifecycle.idleTimeout passed",
             m.idle_suspensions.clone(),
         );
+        r.add(
+            "workspaces_swept",
+            "Workspace directories of deleted sandboxes removed from their nodes by the sweep",
+            m.workspaces_swept.clone(),
+        );
+        r.add(
+            "workspace_sweep_failures",
+            "Helper pods of the workspace sweep that failed or did not finish",
+            m.sweep_failures.clone(),
+        );
         Metrics {
             registry: r.registry,
             names: r.names,
@@ -433,6 +447,16 @@ impl Metrics {
     /// A sandbox was suspended for its idle timeout.
     pub fn idle_suspended(&self) {
         self.idle_suspensions.inc();
+    }
+
+    /// The sweep removed `n` workspace directories of deleted sandboxes.
+    pub fn workspaces_swept(&self, n: u64) {
+        self.workspaces_swept.inc_by(n);
+    }
+
+    /// A helper pod of the sweep failed.
+    pub fn sweep_failed(&self) {
+        self.sweep_failures.inc();
     }
 
     /// An exec of the operator's own failed with an error of `kind`.

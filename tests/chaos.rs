@@ -319,9 +319,11 @@ async fn tidy_and_check(env: &TestEnv, user: &str, uids: &[String], v: &mut Vec<
     {
         v.push(format!("orphaned guard Lease {guard}"));
     }
+    // A deleted sandbox's directory is removed just after the object goes (the sweep; its
+    // startup pass when the kill came in between).
     for uid in uids {
         let dir = agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, uid);
-        if std::path::Path::new(&dir).exists() {
+        if !until(60, || async { !std::path::Path::new(&dir).exists() }).await {
             v.push(format!("orphaned workspace directory {dir}"));
         }
     }

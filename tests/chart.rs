@@ -440,7 +440,11 @@ fn watch_namespace_scopes_rbac_to_a_role() {
     let scoped = docs(&template(&["watchNamespace=team-a"]));
     let cr = find(&scoped, "ClusterRole", "rel-agentbox").expect("ClusterRole");
     let cluster_rules = cr["rules"].as_sequence().unwrap();
-    assert_eq!(cluster_rules.len(), 1, "only nodes get is cluster-wide");
+    assert_eq!(
+        cluster_rules.len(),
+        1,
+        "only nodes (get, list) are cluster-wide"
+    );
     assert_eq!(cluster_rules[0]["resources"][0].as_str(), Some("nodes"));
     let role = find(&scoped, "Role", "rel-agentbox").expect("Role in the watched namespace");
     assert_eq!(role["metadata"]["namespace"].as_str(), Some("team-a"));

@@ -312,10 +312,8 @@ async fn delete_sandbox(env: &TestEnv, s: &Sandbox) {
         .await
         .expect("delete sandbox");
     env.wait_gone::<Sandbox>(&name, 120).await;
-    // The sandbox pod is gone before the finalizer lets go. The workspace cleanup pod goes
-    // too, except that a reconcile queued from a stale cache can re-create it after the
-    // Sandbox is gone (reported to the lead: sandbox.rs should re-read the Sandbox before
-    // creating it); such a leftover has already finished, which is all this test requires.
+    // The finalizer does not wait for the sandbox pod (asked to go with a short grace) nor for
+    // the workspace directory (the operator's sweep removes it just after): both follow.
     let pod_name = agentbox::labels::pod_name(&name);
     eventually("the pods of the sandbox to go or finish", 60, || async {
         let pods = env.sandbox_pods(&name).await;
@@ -337,7 +335,7 @@ async fn delete_sandbox(env: &TestEnv, s: &Sandbox) {
             .unwrap()
             .is_none()
     );
-    assert!(!Path::new(&dir).exists(), "{dir} removed from the node");
+    common::wait_removed(env, &dir, 60).await;
 }
 
 /// The Sandbox lifecycle against the in-cluster operator (`operator_pod`, checked through the

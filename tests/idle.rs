@@ -133,14 +133,7 @@ async fn started(prefix: &str, agent_id: &str) -> (TestEnv, Sandboxes, Scope, Sa
 
 /// The operator's `agentbox_idle_suspensions_total`.
 async fn idle_suspensions(env: &TestEnv) -> f64 {
-    let (_, body) = env.operators[0]
-        .get("/metrics")
-        .await
-        .expect("metrics answer");
-    body.lines()
-        .find_map(|l| l.strip_prefix("agentbox_idle_suspensions_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no agentbox_idle_suspensions_total in:\n{body}"))
+    env.counter(0, "agentbox_idle_suspensions_total").await
 }
 
 #[tokio::test]

@@ -6,7 +6,9 @@
 //! - [`Job::Prepare`]: make a namespace's workspace directory `0700` root-owned, so no other host
 //!   user can reach the workspaces under it, and report whether the mount it lives on is
 //!   `nosuid,nodev`;
-//! - [`Job::Own`]: hand a workspace directory to the uid/gid a non-root sandbox runs as.
+//! - [`Job::Own`]: hand a workspace directory to the uid/gid a non-root sandbox runs as;
+//! - [`Job::List`]: name the entries of a namespace's directory (read only), so the operator can
+//!   find workspace directories whose sandbox is gone (its orphan sweep).
 //!
 //! Each job prints one report line ([`Report`]), also written to the container's termination
 //! message, which is how the operator reads the outcome. The operator builds the command line
@@ -57,7 +59,22 @@ pub enum Job {
         /// The sandbox's gid.
         gid: u32,
     },
+    /// Name the entries of `dir` (none when it does not exist), leaving out those in `skip`,
+    /// as many as fit in a termination message ([`LIST_BUDGET`]).
+    List {
+        /// The namespace's workspace directory (below the helper's read-only mount of the
+        /// node root).
+        dir: PathBuf,
+        /// Names the operator already knows to be in use: not reported, so the report has room
+        /// for the ones it needs.
+        skip: Vec<String>,
+    },
 }
+
+/// Bytes of names a [`Job::List`] report carries at most: the kubelet keeps 4096 bytes of a
+/// termination message, and the rest of the line needs some. The names left out are counted
+/// (`more=`); the next sweep, with fewer entries, gets them.
+pub const LIST_BUDGET: usize = 3800;
 
 /// What went wrong.
 #[derive(Debug)]
@@ -121,6 +138,11 @@ impl Job {
                 uid.to_string(),
                 gid.to_string(),
             ],
+            Job::List { dir, skip } => {
+                let mut v = vec!["list".into(), dir.display().to_string()];
+                v.extend(skip.iter().cloned());
+                v
+            }
         }
     }
 
@@ -129,7 +151,8 @@ impl Job {
     pub fn parse(args: &[String]) -> Result<Job, Error> {
         let usage = || {
             Error::Usage(
-                "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID".into(),
+                "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID | list DIR [SKIP...]"
+                    .into(),
             )
         };
         let path = |s: &String| -> Result<PathBuf, Error> {
@@ -163,6 +186,10 @@ impl Job {
                 uid: id(uid)?,
                 gid: id(gid)?,
             }),
+            [job, dir, skip @ ..] if job == "list" => Ok(Job::List {
+                dir: path(dir)?,
+                skip: skip.to_vec(),
+            }),
             _ => Err(usage()),
         }
     }
@@ -177,6 +204,7 @@ impl Job {
                 prepare(dir, &mountinfo)
             }
             Job::Own { dir, uid, gid } => own(dir, *uid, *gid),
+            Job::List { dir, skip } => list(dir, skip),
         }
     }
 }
@@ -278,6 +306,40 @@ pub fn remove(root: &Path, names: &[String]) -> Result<Report, Error> {
         .with("job", "remove")
         .with("removed", removed)
         .with("absent", absent))
+}
+
+/// Names the entries of `dir` that are not in `skip`, sorted, comma-separated in `names=`, up
+/// to [`LIST_BUDGET`] bytes; `more=` counts those left out. A missing `dir` has no entries.
+/// Names that a report could not carry intact (white space, commas, not UTF-8) are left out:
+/// no workspace directory the operator makes is named so.
+pub fn list(dir: &Path, skip: &[String]) -> Result<Report, Error> {
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io("reading", dir)(e)),
+        Ok(rd) => rd
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(io("reading", dir))?,
+    };
+    let mut names: Vec<String> = entries
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| !n.contains(|c: char| c == ',' || c.is_whitespace()))
+        .filter(|n| !skip.contains(n))
+        .collect();
+    names.sort();
+    let (mut shown, mut used) = (Vec::new(), 0);
+    for n in &names {
+        if used + n.len() + 1 > LIST_BUDGET {
+            break;
+        }
+        used += n.len() + 1;
+        shown.push(n.as_str());
+    }
+    Ok(Report::default()
+        .with("job", "list")
+        .with("names", shown.join(","))
+        .with("more", names.len() - shown.len()))
 }
 
 /// Makes `dir` mode [`PREPARED_MODE`] and reports the mode it had and whether the mount it is
@@ -452,6 +514,14 @@ mod tests {
                 uid: 1000,
                 gid: 100,
             },
+            Job::List {
+                dir: "/node-root/ns".into(),
+                skip: vec!["u1".into()],
+            },
+            Job::List {
+                dir: "/node-root/ns".into(),
+                skip: vec![],
+            },
         ] {
             assert_eq!(Job::parse(&job.to_args()).unwrap(), job);
         }
@@ -470,6 +540,8 @@ mod tests {
             &["own", "/w", "-1", "0"],
             &["own", "/w", "1"],
             &["rm", "/w"],
+            &["list", "/r/../ns"],
+            &["list"],
         ] {
             assert!(Job::parse(&args(bad)).is_err(), "{bad:?}");
         }
@@ -601,6 +673,40 @@ mod tests {
         let again = own(&ws, to_uid, to_gid).unwrap();
         assert_eq!(again.get("changed"), Some("0"));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn list_names_what_is_not_skipped_within_its_budget() {
+        let d = scratch("list");
+        for n in ["b", "a", "skipped"] {
+            std::fs::create_dir(d.join(n)).unwrap();
+        }
+        std::fs::write(d.join("has space"), "").unwrap();
+        let r = list(&d, &["skipped".into()]).unwrap();
+        assert_eq!(r.get("names"), Some("a,b"));
+        assert_eq!(r.get("more"), Some("0"));
+        assert_eq!(
+            Report::parse(&r.line()).unwrap().get("names"),
+            Some("a,b"),
+            "survives the report line"
+        );
+        let missing = list(&d.join("nope"), &[]).unwrap();
+        assert_eq!(missing.get("names"), Some(""));
+        // More than fits: the rest is counted, not cut mid-name.
+        let many = scratch("list-many");
+        for i in 0..200 {
+            std::fs::create_dir(many.join(format!("{i:036}"))).unwrap();
+        }
+        let r = list(&many, &[]).unwrap();
+        let shown = r.get("names").unwrap().split(',').count();
+        assert!(r.line().len() < 4096, "fits a termination message");
+        assert_eq!(
+            shown + r.get("more").unwrap().parse::<usize>().unwrap(),
+            200
+        );
+        assert!(shown > 90, "{shown}");
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&many).unwrap();
     }
 
     #[test]

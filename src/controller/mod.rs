@@ -16,6 +16,7 @@ pub mod selection;
 pub mod service;
 pub mod snapshot;
 pub mod sources;
+pub mod sweep;
 pub mod template;
 pub mod validate;
 pub mod workspace;
@@ -61,6 +62,8 @@ pub struct Context {
     pub node_roots: noderoot::Checks,
     /// Permanent restore refusals this process made, by sandbox (beside `status.restoreRefusal`).
     pub refusals: restore::Refusals,
+    /// Workspace directories of deleted sandboxes, left to the sweep.
+    pub sweep: sweep::Hints,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -272,11 +275,13 @@ pub async fn run(
         store,
         node_roots: noderoot::Checks::default(),
         refusals: restore::Refusals::default(),
+        sweep: sweep::Hints::default(),
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     futures::join!(
         run_sandboxes(ctx.clone(), shutdown.clone()),
-        run_snapshots(ctx, shutdown)
+        run_snapshots(ctx.clone(), shutdown.clone()),
+        sweep::run(ctx, shutdown)
     );
     info!("sandbox controller stopped");
 }

@@ -69,9 +69,10 @@ const STUCK: [&str; 6] = [
     "CreateContainerError",
 ];
 
-/// The outcome of a prepare pod: its report once it has finished, the failure it wrote, or the
-/// reason it cannot start (a helper image missing on the node, say). `None` while it runs.
-pub fn read_pod(pod: &Pod) -> Option<Found> {
+/// The outcome of a helper pod: its report once it has succeeded, else what went wrong — the
+/// failure it wrote, or the reason it cannot start (a helper image missing on the node, say).
+/// `None` while it runs.
+pub fn helper_outcome(pod: &Pod) -> Option<Result<Report, String>> {
     let status = pod.status.as_ref()?;
     let stuck = status
         .container_statuses
@@ -80,7 +81,7 @@ pub fn read_pod(pod: &Pod) -> Option<Found> {
         .find_map(|c| c.state.as_ref()?.waiting.as_ref())
         .filter(|w| STUCK.contains(&w.reason.as_deref().unwrap_or_default()));
     if let Some(w) = stuck {
-        return Some(Found::Failed(format!(
+        return Some(Err(format!(
             "the helper pod cannot start ({}): {}",
             w.reason.as_deref().unwrap_or_default(),
             w.message.as_deref().unwrap_or_default()
@@ -96,18 +97,25 @@ pub fn read_pod(pod: &Pod) -> Option<Found> {
         .flatten()
         .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
         .unwrap_or_default();
-    let report = Report::parse(&message).filter(|r| r.get("job") == Some("prepare"));
-    Some(match (phase, report) {
-        ("Succeeded", Some(r)) => Found::Checked {
+    Some(match (phase, Report::parse(&message)) {
+        ("Succeeded", Some(r)) => Ok(r),
+        _ if message.trim().is_empty() => {
+            Err(format!("the helper pod ended {phase} without a report"))
+        }
+        _ => Err(message.trim().to_string()),
+    })
+}
+
+/// The outcome of a prepare pod (see [`helper_outcome`]). `None` while it runs.
+pub fn read_pod(pod: &Pod) -> Option<Found> {
+    Some(match helper_outcome(pod)? {
+        Ok(r) if r.get("job") == Some("prepare") => Found::Checked {
             nosuid: r.flag("nosuid").unwrap_or(false),
             nodev: r.flag("nodev").unwrap_or(false),
             mount: r.get("mount").unwrap_or("unknown").to_string(),
         },
-        _ => Found::Failed(if message.trim().is_empty() {
-            format!("the helper pod ended {phase} without a report")
-        } else {
-            message.trim().to_string()
-        }),
+        Ok(r) => Found::Failed(format!("the helper pod reported another job: {}", r.line())),
+        Err(m) => Found::Failed(m),
     })
 }
 

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, HostPathVolumeSource, NodeAffinity, NodeSelector,
     NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    ResourceRequirements, SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -416,28 +416,61 @@ fn runtime_default() -> SeccompProfile {
     }
 }
 
+/// The host directory a helper pod mounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HelperMount {
+    /// The namespace's workspace directory, read-write at [`NAMESPACE_MOUNT`]: the parent of
+    /// the workspaces a job changes.
+    Namespace,
+    /// The node root, read-only at [`NODE_ROOT_MOUNT`]: only to read which entries a
+    /// namespace's directory has. Type `Directory`, so a node without one never gets one made.
+    NodeRoot,
+}
+
+/// Where a listing helper pod mounts the node root (read-only).
+pub const NODE_ROOT_MOUNT: &str = "/node-root";
+
 /// A pod bound directly to `node` (no scheduling: it must run exactly there, even on a
-/// cordoned node) that runs one helper job on the namespace's workspace directory, mounted at
-/// [`NAMESPACE_MOUNT`]. It tolerates what the sandbox's pod tolerated, nothing more.
+/// cordoned node) in namespace `ns` that runs one helper job on the directory `mount` names.
+/// It tolerates `tolerations`, nothing more.
+#[allow(clippy::too_many_arguments)]
 fn helper_pod(
-    sbx: &Sandbox,
+    ns: &str,
+    tolerations: Option<Vec<Toleration>>,
     cfg: &PodConfig<'_>,
     helper: &HelperImage<'_>,
     (name, node, kind): (String, &str, &str),
-    job: agentbox_helper::Job,
-    caps: &[&str],
+    (job, caps, mount): (agentbox_helper::Job, &[&str], HelperMount),
     labels: BTreeMap<String, String>,
 ) -> Pod {
-    let ns = sbx.namespace().unwrap_or_default();
-    let mount = VolumeMount {
-        name: "namespace".into(),
-        mount_path: NAMESPACE_MOUNT.into(),
+    let (volume, path, type_, at, read_only) = match mount {
+        // A namespace directory removed by hand must not leave the pod stuck on its mount;
+        // an empty one created here holds nothing.
+        HelperMount::Namespace => (
+            "namespace",
+            namespace_host_path(cfg.node_root, ns),
+            "DirectoryOrCreate",
+            NAMESPACE_MOUNT,
+            None,
+        ),
+        HelperMount::NodeRoot => (
+            "node-root",
+            cfg.node_root.to_string(),
+            "Directory",
+            NODE_ROOT_MOUNT,
+            Some(true),
+        ),
+    };
+    let volume_mount = VolumeMount {
+        name: volume.into(),
+        mount_path: at.into(),
+        read_only,
         ..Default::default()
     };
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
-            namespace: Some(ns.clone()),
+            namespace: Some(ns.to_string()),
             labels: Some(labels),
             ..Default::default()
         },
@@ -447,16 +480,13 @@ fn helper_pod(
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             termination_grace_period_seconds: Some(1),
-            tolerations: (!sbx.spec.pod.tolerations.is_empty())
-                .then(|| sbx.spec.pod.tolerations.clone()),
-            containers: vec![helper_container(kind, helper, &job, caps, mount)],
+            tolerations,
+            containers: vec![helper_container(kind, helper, &job, caps, volume_mount)],
             volumes: Some(vec![Volume {
-                name: "namespace".into(),
+                name: volume.into(),
                 host_path: Some(HostPathVolumeSource {
-                    path: namespace_host_path(cfg.node_root, &ns),
-                    // A namespace directory removed by hand must not leave the pod stuck on
-                    // its mount; an empty one created here holds nothing.
-                    type_: Some("DirectoryOrCreate".into()),
+                    path,
+                    type_: Some(type_.into()),
                 }),
                 ..Default::default()
             }]),
@@ -468,6 +498,29 @@ fn helper_pod(
         }),
         status: None,
     }
+}
+
+/// A helper pod for one of a sandbox's own jobs: in its namespace, with its tolerations, on
+/// the namespace's directory.
+fn sandbox_helper_pod(
+    sbx: &Sandbox,
+    cfg: &PodConfig<'_>,
+    helper: &HelperImage<'_>,
+    (name, node, kind): (String, &str, &str),
+    (job, caps): (agentbox_helper::Job, &[&str]),
+    labels: BTreeMap<String, String>,
+) -> Pod {
+    let tolerations =
+        (!sbx.spec.pod.tolerations.is_empty()).then(|| sbx.spec.pod.tolerations.clone());
+    helper_pod(
+        &sbx.namespace().unwrap_or_default(),
+        tolerations,
+        cfg,
+        helper,
+        (name, node, kind),
+        (job, caps, HelperMount::Namespace),
+        labels,
+    )
 }
 
 /// The pod `name` that removes this sandbox's workspace directory (and only it) from `node`:
@@ -489,14 +542,83 @@ pub fn build_cleanup_pod(
     labels.insert(HELPER_LABEL.into(), "remove".into());
     // Not owned: a foreground deletion of the sandbox would have the garbage collector remove
     // it before it ran. The reconciler deletes it once it has succeeded.
-    Some(helper_pod(
+    Some(sandbox_helper_pod(
         sbx,
         cfg,
         helper,
         (name, node, "remove"),
-        job,
-        REMOVE_CAPS,
+        (job, REMOVE_CAPS),
         labels,
+    ))
+}
+
+/// Name of the orphan sweep's pod on `node` for `job` (`list` or `sweep`), one per node in each
+/// namespace: a pod left by an operator that stopped midway is found again by it.
+pub fn sweep_pod_name(job: &str, node: &str) -> String {
+    format!(
+        "agentbox-{job}-{}",
+        hex::encode(&Sha256::digest(node.as_bytes())[..8])
+    )
+}
+
+/// Labels of the orphan sweep's pods (owned by no sandbox: the sweep deletes them itself).
+fn sweep_labels(job: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (HELPER_LABEL.to_string(), job.to_string()),
+    ])
+}
+
+/// Tolerates every taint: a sweep pod runs only on a node that serves (the sweep checks), and
+/// it must reach the workspaces there whatever the sandboxes tolerated.
+fn tolerate_all() -> Option<Vec<Toleration>> {
+    Some(vec![Toleration {
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }])
+}
+
+/// The pod that names the entries of namespace `ns`'s workspace directory on `node` (the
+/// helper's `list` job, leaving out `skip`), with the node root mounted read-only and no
+/// capability. `None` without a helper image.
+pub fn build_list_pod(ns: &str, cfg: &PodConfig<'_>, node: &str, skip: Vec<String>) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::List {
+        dir: format!("{NODE_ROOT_MOUNT}/{ns}").into(),
+        skip,
+    };
+    Some(helper_pod(
+        ns,
+        tolerate_all(),
+        cfg,
+        helper,
+        (sweep_pod_name("list", node), node, "list"),
+        (job, PREPARE_CAPS, HelperMount::NodeRoot),
+        sweep_labels("list"),
+    ))
+}
+
+/// The pod that removes the orphaned workspace directories `names` of namespace `ns` from
+/// `node` (the helper's `remove` job). `None` without a helper image.
+pub fn build_sweep_pod(
+    ns: &str,
+    cfg: &PodConfig<'_>,
+    node: &str,
+    names: Vec<String>,
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::Remove {
+        root: NAMESPACE_MOUNT.into(),
+        names,
+    };
+    Some(helper_pod(
+        ns,
+        tolerate_all(),
+        cfg,
+        helper,
+        (sweep_pod_name("sweep", node), node, "remove"),
+        (job, REMOVE_CAPS, HelperMount::Namespace),
+        sweep_labels("sweep"),
     ))
 }
 
@@ -513,13 +635,12 @@ pub fn build_prepare_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Opti
         (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
         (HELPER_LABEL.to_string(), "prepare".to_string()),
     ]);
-    let mut pod = helper_pod(
+    let mut pod = sandbox_helper_pod(
         sbx,
         cfg,
         helper,
         (prepare_pod_name(node), node, "prepare"),
-        job,
-        PREPARE_CAPS,
+        (job, PREPARE_CAPS),
         labels,
     );
     pod.metadata.owner_references = owner_ref(sbx).map(|mut o| {
@@ -799,6 +920,61 @@ mod tests {
         );
         assert!(abandoned_cleanup_pod_name(&sbx, "node-a").starts_with(&cleanup_pod_name(&sbx)));
         assert!(build_prepare_pod(&sbx, &none, "node-a").is_none());
+    }
+
+    #[test]
+    fn sweep_pods_list_read_only_and_remove_only_the_names_given() {
+        let list = build_list_pod("team", &cfg("/w"), "node-a", vec!["u1".into()]).unwrap();
+        let spec = list.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+        assert_least_privilege(&spec.containers[0], &[]);
+        let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (NODE_ROOT_MOUNT, Some(true))
+        );
+        let hp = spec.volumes.as_ref().unwrap()[0]
+            .host_path
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (hp.path.as_str(), hp.type_.as_deref()),
+            ("/w", Some("Directory")),
+            "never makes a node root"
+        );
+        let args = &spec.containers[0].command.as_ref().unwrap()[1..];
+        assert_eq!(
+            agentbox_helper::Job::parse(args).unwrap(),
+            agentbox_helper::Job::List {
+                dir: "/node-root/team".into(),
+                skip: vec!["u1".into()]
+            }
+        );
+        assert!(list.metadata.owner_references.is_none());
+
+        let sweep = build_sweep_pod("team", &cfg("/w"), "node-a", vec!["u2".into()]).unwrap();
+        let spec = sweep.spec.as_ref().unwrap();
+        assert_least_privilege(&spec.containers[0], REMOVE_CAPS);
+        let hp = spec.volumes.as_ref().unwrap()[0]
+            .host_path
+            .as_ref()
+            .unwrap();
+        assert_eq!(hp.path, "/w/team");
+        let args = &spec.containers[0].command.as_ref().unwrap()[1..];
+        assert_eq!(
+            agentbox_helper::Job::parse(args).unwrap(),
+            agentbox_helper::Job::Remove {
+                root: NAMESPACE_MOUNT.into(),
+                names: vec!["u2".into()]
+            }
+        );
+        assert_ne!(list.metadata.name, sweep.metadata.name);
+        let none = PodConfig {
+            helper: None,
+            ..cfg("/w")
+        };
+        assert!(build_list_pod("team", &none, "n", vec![]).is_none());
+        assert!(build_sweep_pod("team", &none, "n", vec![]).is_none());
     }
 
     #[test]

@@ -114,6 +114,8 @@ pub struct Operator {
     pub metrics_port: u16,
     /// Where it logs.
     pub log: PathBuf,
+    /// Whether it has a helper image, so removes the workspaces of deleted sandboxes.
+    pub sweeps: bool,
 }
 
 impl Operator {
@@ -245,6 +247,9 @@ impl TestEnv {
         std::fs::create_dir_all(&dir).expect("log dir");
         let log = dir.join(format!("{}-{n}.log", self.ns));
         let file = std::fs::File::create(&log).expect("log file");
+        let no_helper = extra.iter().enumerate().any(|(i, a)| {
+            *a == "--helper-image=" || (*a == "--helper-image" && extra.get(i + 1) == Some(&""))
+        });
         let child = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
             .args(["--namespace", &self.ns, "--identity", &identity])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
@@ -271,6 +276,7 @@ impl TestEnv {
             identity,
             metrics_port: port,
             log,
+            sweeps: !no_helper,
         });
         n
     }
@@ -355,6 +361,19 @@ impl TestEnv {
         );
     }
 
+    /// The value of counter `name` (a sample without labels, `agentbox_..._total`) on operator
+    /// `op`'s metrics endpoint.
+    pub async fn counter(&self, op: usize, name: &str) -> f64 {
+        let (_, body) = self.operators[op]
+            .get("/metrics")
+            .await
+            .expect("metrics answer");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
+    }
+
     /// The tail of every operator log, for failure messages.
     pub fn operator_logs(&self) -> String {
         self.operators
@@ -392,6 +411,22 @@ impl TestEnv {
         // then Sandboxes (pods and workspace directories).
         self.drain::<SandboxSnapshot>().await;
         self.drain::<Sandbox>().await;
+        // The workspace directories of the deleted sandboxes go just after them (the
+        // operator's sweep): wait for that while an operator that can remove them runs, so no
+        // test leaves a directory on the node.
+        if self
+            .operators
+            .iter_mut()
+            .any(|o| o.sweeps && o.is_running())
+        {
+            let ns_dir = format!("{NODE_ROOT}/{}", self.ns);
+            for _ in 0..600 {
+                if workspace_names(&ns_dir).is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         for o in &mut self.operators {
             o.terminate();
         }
@@ -738,6 +773,55 @@ pub fn file_store(
         "snaps".into(),
     ];
     (flags, store, dir)
+}
+
+/// The workspace directories (named by a sandbox UID) in a namespace's directory on this node.
+pub fn workspace_names(ns_dir: &str) -> Vec<String> {
+    std::fs::read_dir(ns_dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| agentbox::controller::sweep::is_workspace_name(n))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until the host directory `dir` is gone: a deleted sandbox's workspace directory is
+/// removed just after the object goes. Panics with the operator logs if it stays `secs`.
+pub async fn wait_removed(env: &TestEnv, dir: &str, secs: u64) {
+    for _ in 0..secs * 10 {
+        if !std::path::Path::new(dir).exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{dir} still on the node after {secs}s\n{}",
+        env.operator_logs()
+    );
+}
+
+/// Waits until no pod is left in the namespace (a deleted sandbox's pod stops after its
+/// object is gone; the sweep's helper pods go once done). Panics after `secs`.
+pub async fn wait_no_pods(env: &TestEnv, secs: u64) {
+    let mut left = Vec::new();
+    for _ in 0..secs * 10 {
+        left = env
+            .api::<Pod>()
+            .list(&ListParams::default())
+            .await
+            .expect("list pods")
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("pods left after {secs}s: {left:?}\n{}", env.operator_logs());
 }
 
 /// Names at the top of a sandbox's workspace directory, read on the node (this host).

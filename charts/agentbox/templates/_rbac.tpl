@@ -25,7 +25,7 @@
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxsnapshots/status"]
   verbs: ["patch"]
-# Pods: the sandbox pod and the node-bound helper pods (workspace removal, namespace directory preparation); watched, created or server-side applied, deleted.
+# Pods: the sandbox pod and the node-bound helper pods (workspace removal, namespace directory preparation, the workspace sweep's listing and removal); watched, listed, created or server-side applied, deleted.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

@@ -1,9 +1,13 @@
-//! Deleting a Sandbox: an onStop snapshot if asked for, then its pod, its network policy and
-//! its workspace directory (removed from its node by a short-lived helper pod), then the
-//! scope's idle guard Lease. Every unfinished step returns [`Cleanup::Pending`] (not an
-//! error: cleanup polls), so the finalizer stays until all of it is done.
+//! Deleting a Sandbox: an onStop snapshot if asked for (it reads the workspace, so it comes
+//! first), then its pod asked to go, its network policy, directories left on lost nodes, and
+//! the scope's idle guard Lease — and the finalizer goes. The pod is not waited for and the
+//! workspace directory is not removed here: both would keep a deleted object around for
+//! seconds. The directory is left to the sweep ([`crate::controller::sweep`]), which removes
+//! it once no pod mounts it, and whose passes catch it should this process stop in between.
+//! Every unfinished step returns [`Cleanup::Pending`] (not an error: cleanup polls).
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -17,29 +21,146 @@ use super::{
 };
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig};
+use crate::controller::sweep::Hint;
 use crate::controller::{Context, Error, FIELD_MANAGER, conditions, snapshot};
 use crate::crd::{Sandbox, SandboxPhase};
 use crate::guard::LeaseView;
 use crate::labels;
+
+/// Grace of a deleted sandbox's pod: its workspace is about to be discarded (and the onStop
+/// snapshot, if asked for, is taken), so there is nothing to shut down cleanly for. Not zero:
+/// a graceful delete lets the pod object go only once its kubelet has stopped the containers,
+/// which is what the sweep waits for before it removes the directory they mount.
+pub const POD_DELETE_GRACE_SECONDS: u32 = 1;
 
 /// How far the cleanup of a deleting Sandbox got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cleanup {
     /// All of it is done: the finalizer may go.
     Done,
-    /// A step is under way (an onStop snapshot, the pod going, the cleanup pod running):
-    /// look again shortly.
+    /// A step is under way (an onStop snapshot, a directory left on a lost node): look again
+    /// shortly.
     Pending,
 }
 
-/// Deleting a Sandbox: pod and workspace first, then the scope's idle guard Lease.
+/// Deleting a Sandbox; see the module's documentation for the order.
 pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
-    if remove_pod_and_workspace(sbx, ctx).await? == Cleanup::Pending {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let apis = Apis::new(ctx, &ns);
+    // spec.snapshot.onStop: persist the workspace before its pod goes.
+    if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
+        mark_terminating(sbx, &apis).await;
         return Ok(Cleanup::Pending);
     }
+    let node = stop_pod(sbx, ctx, &apis).await?;
+    delete_if_present(
+        &apis.policies,
+        &labels::network_policy_name(&sbx.name_any()),
+    )
+    .await?;
+    if remove_abandoned(sbx, ctx, &apis).await? == Cleanup::Pending {
+        return Ok(Cleanup::Pending);
+    }
+    let hint = match node {
+        None => None,
+        Some((node, NodeHealth::Lost { why, .. })) => {
+            // Not waited for: a lost node may never return. Its directory is named, so nothing
+            // is left behind unseen, and a pass of the sweep removes it should the node return.
+            let dir = pod::workspace_host_path(
+                &ctx.config.node_root,
+                &ns,
+                &sbx.uid().unwrap_or_default(),
+            );
+            let msg = format!(
+                "{why}; its workspace directory {dir} there cannot be removed now (the sweep removes it if node {node} comes back)"
+            );
+            crate::controller::publish(
+                ctx,
+                sbx,
+                EventType::Warning,
+                "WorkspaceUnreachable",
+                "DeleteWorkspace",
+                &msg,
+            )
+            .await;
+            None
+        }
+        Some((node, _)) => {
+            if PodConfig::from_config(&ctx.config).helper.is_none() {
+                return Err(no_helper_for_cleanup(sbx, ctx, &apis, &node).await);
+            }
+            Some(Hint {
+                node,
+                namespace: ns,
+                uid: sbx.uid().unwrap_or_default(),
+            })
+        }
+    };
     forget_scope_lease(sbx, ctx).await?;
+    if let Some(h) = hint {
+        ctx.sweep.add(h);
+    }
     Ok(Cleanup::Done)
+}
+
+/// Marks the sandbox Terminating while its deletion waits (best effort: a failed status
+/// write must not block deletion).
+async fn mark_terminating(sbx: &Sandbox, apis: &Apis) {
+    if sbx.status.as_ref().and_then(|s| s.phase) == Some(SandboxPhase::Terminating) {
+        return;
+    }
+    let mut st = sbx.status.clone().unwrap_or_default();
+    st.phase = Some(SandboxPhase::Terminating);
+    if let Err(e) = write_status(&apis.sandboxes, sbx, &st).await {
+        warn!(sandbox = %sbx.name_any(), "could not mark the sandbox Terminating: {e}");
+    }
+}
+
+/// Asks the sandbox's pod to go, without waiting for it (grace
+/// [`POD_DELETE_GRACE_SECONDS`]); a pod on a lost node is deleted at once (its kubelet is gone
+/// and would never confirm). Returns the node that holds the workspace and what it looks like.
+async fn stop_pod(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+) -> Result<Option<(String, NodeHealth)>, Error> {
+    let pod_name = labels::pod_name(&sbx.name_any());
+    let found: Option<Pod> = apis.pods.get_opt(&pod_name).await?;
+    let node = found
+        .as_ref()
+        .and_then(|p| p.spec.as_ref()?.node_name.clone())
+        .or_else(|| sbx.status.as_ref().and_then(|s| s.node_name.clone()));
+    let health = match &node {
+        Some(n) => Some((n.clone(), node_health(ctx, n, Timestamp::now()).await?)),
+        None => None,
+    };
+    let Some(p) = found else {
+        return Ok(health);
+    };
+    if let Some((_, NodeHealth::Lost { why, .. })) = &health {
+        info!(sandbox = %sbx.name_any(), "{why}: force-deleting its pod");
+        force_delete(&apis.pods, &pod_name, p.uid()).await?;
+        return Ok(health);
+    }
+    if p.metadata.deletion_timestamp.is_some() {
+        return Ok(health);
+    }
+    let dp = DeleteParams {
+        grace_period_seconds: Some(POD_DELETE_GRACE_SECONDS),
+        preconditions: Some(kube::api::Preconditions {
+            uid: p.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match apis.pods.delete(&pod_name, &dp).await {
+        Ok(_) => Ok(health),
+        // Gone already, or replaced by a pod this deletion did not see: the owner reference
+        // takes that one with the sandbox.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(health),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Deletes the scope's guard Lease when this was the last sandbox of the scope in the namespace
@@ -85,80 +206,6 @@ async fn forget_scope_lease(sbx: &Sandbox, ctx: &Context) -> Result<(), Error> {
     }
 }
 
-/// Deleting a Sandbox: onward only when its pod is gone and its workspace directory removed
-/// from the node by a short-lived pod bound there.
-async fn remove_pod_and_workspace(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
-    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let name = sbx.name_any();
-    let apis = Apis::new(ctx, &ns);
-    let pod_name = labels::pod_name(&name);
-
-    if sbx.status.as_ref().and_then(|s| s.phase) != Some(SandboxPhase::Terminating) {
-        let mut st = sbx.status.clone().unwrap_or_default();
-        st.phase = Some(SandboxPhase::Terminating);
-        // Best effort: a failed status write must not block deletion.
-        if let Err(e) = write_status(&apis.sandboxes, sbx, &st).await {
-            warn!(sandbox = %name, "could not mark the sandbox Terminating: {e}");
-        }
-    }
-    // spec.snapshot.onStop: persist the workspace before its pod goes.
-    if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
-        return Ok(Cleanup::Pending);
-    }
-    // Done lets the finalizer go, so every unfinished step returns Pending.
-    if !delete_if_present(&apis.pods, &pod_name).await? {
-        // A pod on a lost node never finishes terminating (its kubelet is gone): after the
-        // node-loss grace it is deleted at once.
-        if let Some(p) = apis.pods.get_opt(&pod_name).await?
-            && let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone())
-            && let NodeHealth::Lost { why, .. } = node_health(ctx, &node, Timestamp::now()).await?
-        {
-            info!(sandbox = %name, "{why}: force-deleting its pod");
-            force_delete(&apis.pods, &pod_name, p.uid()).await?;
-        }
-        return Ok(Cleanup::Pending);
-    }
-    delete_if_present(&apis.policies, &labels::network_policy_name(&name)).await?;
-
-    let Some(node) = sbx.status.as_ref().and_then(|s| s.node_name.clone()) else {
-        return remove_abandoned(sbx, ctx, &apis).await;
-    };
-    if let NodeHealth::Lost { why, .. } = node_health(ctx, &node, Timestamp::now()).await? {
-        // Not waited for: a lost node may never return. Its directory is named, so nothing is
-        // left behind unseen.
-        let dir = pod::workspace_host_path(
-            &ctx.config.node_root,
-            &sbx.namespace().unwrap_or_default(),
-            &sbx.uid().unwrap_or_default(),
-        );
-        let msg = format!("{why}; its workspace directory {dir} there cannot be removed");
-        crate::controller::publish(
-            ctx,
-            sbx,
-            EventType::Warning,
-            "WorkspaceUnreachable",
-            "DeleteWorkspace",
-            &msg,
-        )
-        .await;
-        return remove_abandoned(sbx, ctx, &apis).await;
-    }
-    // The helper pod that prepares the namespace's directory, if this sandbox started it and it
-    // still runs: it goes now rather than after the garbage collector notices.
-    let prepare = pod::prepare_pod_name(&node);
-    if let Some(p) = apis.pods.get_opt(&prepare).await?
-        && p.owner_references()
-            .iter()
-            .any(|o| Some(&o.uid) == sbx.uid().as_ref())
-    {
-        delete_if_present(&apis.pods, &prepare).await?;
-    }
-    if remove_workspace(sbx, ctx, &apis, &node).await? == Cleanup::Pending {
-        return Ok(Cleanup::Pending);
-    }
-    remove_abandoned(sbx, ctx, &apis).await
-}
-
 /// Deleting a Sandbox that left workspace directories on lost nodes: each removed if its node
 /// is back, else given up with a Warning Event. What is done is recorded, so the next poll
 /// does not start over.
@@ -177,21 +224,6 @@ async fn remove_abandoned(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<C
     } else {
         Cleanup::Done
     })
-}
-
-/// Removes the workspace directory on `node` with a cleanup pod bound there: started when
-/// absent, deleted once it has succeeded (Ok), replaced when it failed.
-async fn remove_workspace(
-    sbx: &Sandbox,
-    ctx: &Context,
-    apis: &Apis,
-    node: &str,
-) -> Result<Cleanup, Error> {
-    match remove_directory(sbx, ctx, apis, node, pod::cleanup_pod_name(sbx)).await? {
-        Removal::Done => Ok(Cleanup::Done),
-        Removal::Pending => Ok(Cleanup::Pending),
-        Removal::NoHelper => Err(no_helper_for_cleanup(sbx, ctx, apis, node).await),
-    }
 }
 
 /// How far the removal of a workspace directory from a node got.

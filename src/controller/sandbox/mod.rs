@@ -35,7 +35,9 @@ use crate::crd::{Sandbox, SandboxStatus};
 use crate::labels;
 pub use decide::{FIRST_STATUS_GRACE, Note, defer_first_status, early_retry};
 
-/// Finalizer that keeps a Sandbox until its pod and workspace directory are gone.
+/// Finalizer that keeps a Sandbox until what needs it is done: the onStop snapshot, its pod
+/// asked to go, directories on lost nodes, and its workspace handed to the sweep (which
+/// removes the directory just after; without a helper image the finalizer stays).
 pub const FINALIZER: &str = "agentbox.dev/workspace";
 
 /// Reconciles one Sandbox.

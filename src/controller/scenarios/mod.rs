@@ -317,6 +317,7 @@ fn context_on(client: kube::Client, store: Option<crate::snapshot::store::Store>
         store,
         node_roots: noderoot::Checks::default(),
         refusals: super::restore::Refusals::default(),
+        sweep: super::sweep::Hints::default(),
     })
 }
 
@@ -464,7 +465,7 @@ async fn suspending_deletes_the_pod_then_records_suspended_once() {
 }
 
 #[tokio::test]
-async fn deleting_waits_for_the_pod_and_only_then_removes_the_finalizer() {
+async fn deleting_asks_the_pod_to_go_and_lets_the_finalizer_go_without_waiting() {
     let fake = Arc::new(FakeApi::default());
     let ctx = context(fake.clone());
     let meta = json!({"deletionTimestamp": "2026-01-01T00:00:00Z"});
@@ -473,44 +474,27 @@ async fn deleting_waits_for_the_pod_and_only_then_removes_the_finalizer() {
     fake.put(&format!("{SBX}/gone"), obj);
     fake.put(
         &format!("{PODS}/{}", pod("gone")),
-        json!({"metadata": {"name": pod("gone")}}),
+        json!({"metadata": {"name": pod("gone"), "uid": "pod-uid"}}),
     );
 
-    // First pass: Terminating recorded, the pod asked to go; it is still terminating.
+    // One pass: the pod asked to go (short grace, this pod only), the finalizer removed while
+    // it still terminates; no Terminating status for a deletion that does not wait.
     let action = reconcile_sandbox(&fake, &ctx, "gone").await;
     assert_eq!(
         fake.writes(),
         vec![
-            format!("PATCH {SBX}/gone/status"),
             format!("DELETE {PODS}/{}", pod("gone")),
+            format!("PATCH {SBX}/gone"),
         ]
     );
-    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(1)));
-    let s = fake.get(&format!("{SBX}/gone")).expect("sandbox");
-    assert_eq!(
-        s["metadata"]["finalizers"],
-        json!([super::sandbox::FINALIZER])
-    );
-
-    // The pod is gone now (no node recorded: no workspace to remove): the finalizer goes.
-    fake.objects
-        .lock()
-        .expect("objects")
-        .remove(&format!("{PODS}/{}", pod("gone")));
-    reconcile_sandbox(&fake, &ctx, "gone").await;
-    let writes = fake.writes();
-    assert_eq!(
-        writes.last(),
-        Some(&format!("PATCH {SBX}/gone")),
-        "{writes:?}"
-    );
-    assert_eq!(
-        writes.len(),
-        3,
-        "Terminating is not written twice: {writes:?}"
-    );
+    assert_eq!(action, Action::await_change());
     let s = fake.get(&format!("{SBX}/gone")).expect("sandbox");
     assert_eq!(s["metadata"]["finalizers"], json!([]));
+    let p = fake.get(&format!("{PODS}/{}", pod("gone"))).expect("pod");
+    assert!(
+        !p["metadata"]["deletionTimestamp"].is_null(),
+        "terminating, not forced"
+    );
 }
 
 #[tokio::test]
@@ -530,22 +514,19 @@ async fn deleting_a_sandbox_on_a_lost_node_force_deletes_its_pod_and_does_not_wa
     );
     fake.put(&node_path("node-1"), node("node-1", "Unknown"));
     reconcile_sandbox(&fake, &ctx, "away").await;
+    // The pod forced out, the workspace's directory named in a Warning Event (its node is
+    // lost), and the finalizer gone, in one pass.
     assert_eq!(
         fake.writes(),
-        vec![format!("DELETE {PODS}/{}", pod("away"))]
+        vec![
+            format!("DELETE {PODS}/{}", pod("away")),
+            format!("POST {EVENTS}"),
+            format!("PATCH {SBX}/away"),
+        ]
     );
     assert!(
         fake.get(&format!("{PODS}/{}", pod("away"))).is_none(),
         "forced"
-    );
-    // Next pass: the workspace's node is lost, so its directory is named in a Warning Event
-    // and the finalizer goes.
-    reconcile_sandbox(&fake, &ctx, "away").await;
-    let writes = fake.writes();
-    assert_eq!(
-        writes[1..],
-        [format!("POST {EVENTS}"), format!("PATCH {SBX}/away")],
-        "{writes:?}"
     );
     let s = fake.get(&format!("{SBX}/away")).expect("sandbox");
     assert_eq!(s["metadata"]["finalizers"], json!([]));

@@ -1,0 +1,563 @@
+//! The orphan sweep: removes workspace directories whose Sandbox is gone, off the delete path.
+//!
+//! Deleting a Sandbox does not wait for its workspace directory to be removed from its node
+//! (a helper pod takes a second or more): the finalizer goes once what must happen before the
+//! object disappears is done (the onStop snapshot, the pod asked to go), and the directory is
+//! removed here. Two ways in:
+//! - a **hint** from the deletion (node, namespace, uid): removed as soon as no pod mounts it
+//!   any more — the usual way, a second or two after the delete;
+//! - a **pass** at the leader's start and every `--sweep-interval-seconds`: on each serving
+//!   node, a helper pod names the entries of each watched namespace's directory; those that
+//!   look like a workspace (`<nodeRoot>/<namespace>/<uid>`) and belong to no Sandbox and no
+//!   pod are removed. This is what catches the directory of a sandbox whose operator stopped
+//!   between removing the finalizer and removing the directory.
+//!
+//! A directory is removed only when it is named like a workspace (a UID), no Sandbox with that
+//! UID exists (a Suspended one keeps its directory) and no pod in the namespace mounts it (a
+//! pod still stopping, a warm pod, a helper). The API is read **after** the listing, so a
+//! sandbox created meanwhile is seen; UIDs are never reused, so one judged gone stays gone.
+//! Failures are Warning Events on the helper pod; nothing is retried in a tight loop (the next
+//! pass looks again).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use agentbox_helper::Report;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::pod::{self, HELPER_LABEL, PodConfig};
+use super::{Context, Error, nodeloss, noderoot};
+use crate::crd::Sandbox;
+
+/// How long a hinted directory may stay mounted by its stopping pod before the hint is left
+/// to the next pass.
+const HINT_PATIENCE: Duration = Duration::from_secs(60);
+/// How often a hinted directory's pod is looked at while it stops.
+const HINT_POLL: Duration = Duration::from_millis(200);
+/// How often a running helper pod is looked at.
+const HELPER_POLL: Duration = Duration::from_millis(100);
+/// How long a helper pod may take (scheduling on its node, the image, the job).
+const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One workspace directory a deletion left to the sweep.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Hint {
+    /// The node it is on.
+    pub node: String,
+    /// The sandbox's namespace.
+    pub namespace: String,
+    /// The sandbox's UID: the directory's name.
+    pub uid: String,
+}
+
+/// The hints deletions leave, and the namespaces they came from (a pass sweeps those too).
+#[derive(Default)]
+pub struct Hints {
+    pending: Mutex<Vec<Hint>>,
+    namespaces: Mutex<BTreeSet<String>>,
+    wake: Notify,
+}
+
+impl Hints {
+    /// Leaves a deleted sandbox's directory to the sweep.
+    pub fn add(&self, hint: Hint) {
+        if let Ok(mut ns) = self.namespaces.lock() {
+            ns.insert(hint.namespace.clone());
+        }
+        if let Ok(mut p) = self.pending.lock() {
+            p.push(hint);
+        }
+        self.wake.notify_one();
+    }
+
+    fn take(&self) -> Vec<Hint> {
+        self.pending
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+    }
+
+    fn namespaces(&self) -> BTreeSet<String> {
+        self.namespaces
+            .lock()
+            .map(|n| n.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Whether `name` is laid out like a workspace directory: a UID as the API server makes them
+/// (8-4-4-4-12 lower-case hex). Anything else in a namespace's directory is not agentbox's to
+/// remove.
+pub fn is_workspace_name(name: &str) -> bool {
+    let groups: Vec<&str> = name.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
+/// What the API says is in use in one namespace: the UIDs of its Sandboxes and the workspace
+/// directory names its pods mount.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InUse {
+    /// UIDs of the namespace's Sandboxes, whatever their phase (a Suspended one keeps its
+    /// directory; a Terminating one still has its finalizer to run).
+    pub sandboxes: BTreeSet<String>,
+    /// Names of workspace directories (`<nodeRoot>/<namespace>/<name>`, or below) that a pod of
+    /// the namespace mounts, on any node, whatever its phase.
+    pub mounted: BTreeSet<String>,
+    /// Those of `mounted` that only pods already being deleted mount: free soon.
+    pub stopping: BTreeSet<String>,
+}
+
+impl InUse {
+    /// From the namespace's Sandbox UIDs and pods.
+    pub fn of(
+        sandboxes: impl IntoIterator<Item = String>,
+        pods: &[Pod],
+        node_root: &str,
+        ns: &str,
+    ) -> InUse {
+        let parent = format!("{}/", pod::namespace_host_path(node_root, ns));
+        let names = |p: &Pod| -> BTreeSet<String> {
+            p.spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .filter_map(|v| v.host_path.as_ref())
+                .filter_map(|h| h.path.strip_prefix(&parent))
+                .filter_map(|rest| rest.split('/').next())
+                .filter(|name| !name.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        let (mut mounted, mut held) = (BTreeSet::new(), BTreeSet::new());
+        for p in pods {
+            let n = names(p);
+            if p.metadata.deletion_timestamp.is_none() {
+                held.extend(n.iter().cloned());
+            }
+            mounted.extend(n);
+        }
+        InUse {
+            sandboxes: sandboxes.into_iter().collect(),
+            stopping: mounted.difference(&held).cloned().collect(),
+            mounted,
+        }
+    }
+
+    /// Names a listing may leave out: everything known to be in use and not about to be free.
+    pub fn skip(&self) -> Vec<String> {
+        let held = self.mounted.difference(&self.stopping).cloned();
+        let mut v: Vec<String> = self.sandboxes.iter().cloned().chain(held).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// The entries of `listed` whose only users are pods being deleted and whose Sandbox is
+    /// gone: removable once those pods are (a hint waits for that).
+    pub fn soon_orphans(&self, listed: &[String]) -> Vec<String> {
+        listed
+            .iter()
+            .filter(|n| is_workspace_name(n))
+            .filter(|n| self.stopping.contains(*n) && !self.sandboxes.contains(*n))
+            .cloned()
+            .collect()
+    }
+}
+
+/// The entries of `listed` that may be removed: laid out like a workspace, of no Sandbox,
+/// mounted by no pod.
+pub fn orphans(listed: &[String], in_use: &InUse) -> Vec<String> {
+    let mut out: Vec<String> = listed
+        .iter()
+        .filter(|n| is_workspace_name(n))
+        .filter(|n| !in_use.sandboxes.contains(*n) && !in_use.mounted.contains(*n))
+        .cloned()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The names a `list` report carries.
+pub fn listed_names(report: &Report) -> Vec<String> {
+    report
+        .get("names")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Groups hints by (node, namespace), each group's UIDs once.
+pub fn group(hints: Vec<Hint>) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for h in hints {
+        let uids = out.entry((h.node, h.namespace)).or_default();
+        if !uids.contains(&h.uid) {
+            uids.push(h.uid);
+        }
+    }
+    out
+}
+
+/// Runs the sweep until `shutdown` resolves: hints as they come, a pass at once and then every
+/// `--sweep-interval-seconds`.
+pub async fn run(ctx: std::sync::Arc<Context>, shutdown: impl std::future::Future<Output = ()>) {
+    if ctx.config.helper_image.trim().is_empty() {
+        // Nothing can be removed without the helper; deletions keep their finalizer instead.
+        return;
+    }
+    let interval = Duration::from_secs(ctx.config.sweep_interval_seconds.max(1));
+    let mut next_pass = Instant::now();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = ctx.sweep.wake.notified() => {}
+            _ = tokio::time::sleep_until(next_pass) => {}
+        }
+        for ((node, ns), uids) in group(ctx.sweep.take()) {
+            if let Err(e) = sweep_hinted(&ctx, &node, &ns, &uids).await {
+                warn!(node, namespace = %ns, "removing the workspaces of deleted sandboxes: {e}; the next sweep retries");
+            }
+        }
+        if Instant::now() >= next_pass {
+            if let Err(e) = pass(&ctx).await {
+                warn!("workspace sweep: {e}; retrying in {}s", interval.as_secs());
+            }
+            next_pass = Instant::now() + interval;
+        }
+    }
+}
+
+/// Removes the hinted directories of deleted sandboxes on `node` once no pod mounts them (their
+/// own pod stops first). What is still mounted after [`HINT_PATIENCE`] is left to the next pass.
+async fn sweep_hinted(ctx: &Context, node: &str, ns: &str, uids: &[String]) -> Result<(), Error> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    if !nodes
+        .get_opt(node)
+        .await?
+        .as_ref()
+        .is_some_and(nodeloss::is_serving)
+    {
+        debug!(node, "not serving: its workspaces wait for a pass");
+        return Ok(());
+    }
+    let deadline = Instant::now() + HINT_PATIENCE;
+    let doomed = loop {
+        let free = orphans(uids, &in_use(ctx, ns).await?);
+        if free.len() == uids.len() || Instant::now() >= deadline {
+            break free;
+        }
+        tokio::time::sleep(HINT_POLL).await;
+    };
+    remove(ctx, node, ns, doomed).await
+}
+
+/// One pass over every serving node and every namespace this operator has workspaces in.
+async fn pass(ctx: &Context) -> Result<(), Error> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let serving: Vec<String> = nodes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|n| nodeloss::is_serving(n))
+        .map(|n| n.name_any())
+        .collect();
+    let mut namespaces = ctx.sweep.namespaces();
+    if ctx.config.namespace.is_empty() {
+        // Every namespace with a Sandbox now, and those this process deleted from.
+        let all: Api<Sandbox> = Api::all(ctx.client.clone());
+        for s in all.list_metadata(&ListParams::default()).await?.items {
+            namespaces.extend(s.namespace());
+        }
+    } else {
+        namespaces = BTreeSet::from([ctx.config.namespace.clone()]);
+    }
+    for ns in &namespaces {
+        let before = in_use(ctx, ns).await?;
+        for node in &serving {
+            if let Err(e) = sweep_node(ctx, node, ns, &before).await {
+                warn!(node, namespace = %ns, "workspace sweep: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Lists namespace `ns`'s directory on `node` and removes the orphans in it. `before` is what
+/// was in use before the listing (left out of it); the API is read again after it.
+async fn sweep_node(ctx: &Context, node: &str, ns: &str, before: &InUse) -> Result<(), Error> {
+    let podcfg = PodConfig::from_config(&ctx.config);
+    let Some(list) = pod::build_list_pod(ns, &podcfg, node, before.skip()) else {
+        return Ok(());
+    };
+    let report = run_helper(ctx, ns, list).await?;
+    let listed = listed_names(&report);
+    // A deleted sandbox's pod still stopping (its hint lost with an earlier process): the
+    // hint path waits for the pod.
+    for uid in before.soon_orphans(&listed) {
+        ctx.sweep.add(Hint {
+            node: node.to_string(),
+            namespace: ns.to_string(),
+            uid,
+        });
+    }
+    let candidates = orphans(&listed, before);
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    // Read after the listing: a sandbox or pod made since is seen here.
+    let doomed = orphans(&candidates, &in_use(ctx, ns).await?);
+    remove(ctx, node, ns, doomed).await
+}
+
+/// Removes the directories `names` of namespace `ns` from `node` with a helper pod.
+async fn remove(ctx: &Context, node: &str, ns: &str, names: Vec<String>) -> Result<(), Error> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let podcfg = PodConfig::from_config(&ctx.config);
+    let Some(p) = pod::build_sweep_pod(ns, &podcfg, node, names.clone()) else {
+        return Ok(());
+    };
+    let report = run_helper(ctx, ns, p).await?;
+    let removed: u64 = report
+        .get("removed")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    ctx.metrics.workspaces_swept(removed);
+    info!(node, namespace = %ns, removed, names = ?names, "workspace directories of deleted sandboxes removed");
+    Ok(())
+}
+
+/// The UIDs of namespace `ns`'s Sandboxes and the workspace directories its pods mount, read
+/// from the API server (not a cache: the decision must not trail a create).
+async fn in_use(ctx: &Context, ns: &str) -> Result<InUse, Error> {
+    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
+    let uids = sandboxes
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.uid);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let pods = pods.list(&ListParams::default()).await?.items;
+    Ok(InUse::of(uids, &pods, &ctx.config.node_root, ns))
+}
+
+/// Creates a helper pod, waits for its report and deletes it. A failure is a Warning Event on
+/// the pod (and the error); the pod is deleted either way.
+async fn run_helper(ctx: &Context, ns: &str, mut desired: Pod) -> Result<Report, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let job = desired
+        .labels()
+        .get(HELPER_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    // A fresh name each time: a pod an earlier operator left behind is never taken for this
+    // one's (leftovers are deleted below, by label, before the first pass of a process ends).
+    let prefix = desired.name_any();
+    desired.metadata.name = None;
+    desired.metadata.generate_name = Some(format!("{prefix}-"));
+    delete_leftovers(&pods, &job).await;
+    let created = pods.create(&PostParams::default(), &desired).await?;
+    let name = created.name_any();
+    let outcome = tokio::time::timeout(HELPER_TIMEOUT, async {
+        loop {
+            let Some(p) = pods.get_opt(&name).await? else {
+                return Ok(Err("it was deleted before it finished".to_string()));
+            };
+            if let Some(outcome) = noderoot::helper_outcome(&p) {
+                return Ok::<_, Error>(outcome);
+            }
+            tokio::time::sleep(HELPER_POLL).await;
+        }
+    })
+    .await;
+    let _ = pods.delete(&name, &DeleteParams::background()).await;
+    let failed = match outcome {
+        Ok(Ok(Ok(report))) => return Ok(report),
+        Ok(Ok(Err(m))) => m,
+        Ok(Err(e)) => return Err(e),
+        Err(_) => format!("it did not finish within {}s", HELPER_TIMEOUT.as_secs()),
+    };
+    let msg = format!("workspace sweep: the helper pod {name} ({job}) failed: {failed}");
+    super::publish(
+        ctx,
+        &created,
+        EventType::Warning,
+        "WorkspaceSweepFailed",
+        "SweepWorkspaces",
+        &msg,
+    )
+    .await;
+    ctx.metrics.sweep_failed();
+    Err(Error::Cleanup(msg))
+}
+
+/// Deletes helper pods of `job` that an earlier operator left (the sweep runs one at a time,
+/// so any there now is not this process's).
+async fn delete_leftovers(pods: &Api<Pod>, job: &str) {
+    let lp = ListParams::default().labels(&format!("{HELPER_LABEL}={job}"));
+    let Ok(list) = pods.list_metadata(&lp).await else {
+        return;
+    };
+    for p in list.items {
+        if p.meta().deletion_timestamp.is_none() {
+            let _ = pods
+                .delete(&p.name_any(), &DeleteParams::background())
+                .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID_A: &str = "0b6c1f4e-8f3a-4c2d-9e1f-123456789abc";
+    const UID_B: &str = "1b6c1f4e-8f3a-4c2d-9e1f-123456789abc";
+    const UID_C: &str = "2b6c1f4e-8f3a-4c2d-9e1f-123456789abc";
+
+    fn pod_mounting(path: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "w", "hostPath": {"path": path}},
+                {"name": "e", "emptyDir": {}},
+            ]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_names_laid_out_like_a_uid_count_as_workspaces() {
+        assert!(is_workspace_name(UID_A));
+        for not in [
+            "",
+            "lost+found",
+            ".agentbox-staging",
+            "0B6C1F4E-8F3A-4C2D-9E1F-123456789ABC",
+            "0b6c1f4e-8f3a-4c2d-9e1f-123456789abc-x",
+            "0b6c1f4e8f3a4c2d9e1f123456789abc",
+            "0b6c1f4e-8f3a-4c2d-9e1f-123456789abg",
+        ] {
+            assert!(!is_workspace_name(not), "{not}");
+        }
+    }
+
+    #[test]
+    fn a_directory_of_a_live_or_suspended_sandbox_or_a_mounted_one_is_kept() {
+        let pods = [
+            pod_mounting(&format!("/w/ns/{UID_B}")),
+            // Another namespace's directory of the same name does not count here.
+            pod_mounting(&format!("/w/other/{UID_C}")),
+        ];
+        let in_use = InUse::of([UID_A.to_string()], &pods, "/w", "ns");
+        assert_eq!(in_use.mounted, BTreeSet::from([UID_B.to_string()]));
+        let listed = [UID_A, UID_B, UID_C, "notes"].map(String::from);
+        assert_eq!(
+            orphans(&listed, &in_use),
+            vec![UID_C.to_string()],
+            "the sandbox's (A), the mounted (B) and the unknown name are kept"
+        );
+        assert_eq!(
+            in_use.skip(),
+            vec![UID_A.to_string(), UID_B.to_string()],
+            "a listing leaves out what is known to be in use"
+        );
+    }
+
+    #[test]
+    fn a_mount_below_a_workspace_keeps_it_too() {
+        let pods = [pod_mounting(&format!("/w/ns/{UID_A}/sub/dir"))];
+        let in_use = InUse::of([], &pods, "/w", "ns");
+        assert!(orphans(&[UID_A.to_string()], &in_use).is_empty());
+        // The namespace's directory itself (a helper's mount) keeps nothing.
+        let helper = [pod_mounting("/w/ns")];
+        assert_eq!(
+            orphans(&[UID_A.to_string()], &InUse::of([], &helper, "/w", "ns")),
+            vec![UID_A.to_string()]
+        );
+    }
+
+    #[test]
+    fn a_directory_only_a_stopping_pod_mounts_is_listed_and_left_to_a_hint() {
+        let mut stopping = pod_mounting(&format!("/w/ns/{UID_A}"));
+        stopping.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-01-01T00:00:00Z".parse().unwrap(),
+            ));
+        let in_use = InUse::of([], &[stopping.clone()], "/w", "ns");
+        assert!(in_use.skip().is_empty(), "listed, so the pass sees it");
+        let listed = [UID_A.to_string()];
+        assert!(
+            orphans(&listed, &in_use).is_empty(),
+            "not removed under its pod"
+        );
+        assert_eq!(in_use.soon_orphans(&listed), listed.to_vec());
+        // Also mounted by a pod that is not stopping, or its sandbox exists: not soon free.
+        let held = InUse::of(
+            [],
+            &[stopping.clone(), pod_mounting(&format!("/w/ns/{UID_A}"))],
+            "/w",
+            "ns",
+        );
+        assert!(held.soon_orphans(&listed).is_empty());
+        assert_eq!(held.skip(), listed.to_vec());
+        let live = InUse::of([UID_A.to_string()], &[stopping], "/w", "ns");
+        assert!(live.soon_orphans(&listed).is_empty());
+    }
+
+    #[test]
+    fn hints_are_grouped_by_node_and_namespace_once_each() {
+        let h = |node: &str, uid: &str| Hint {
+            node: node.into(),
+            namespace: "ns".into(),
+            uid: uid.into(),
+        };
+        let g = group(vec![
+            h("n1", UID_A),
+            h("n2", UID_B),
+            h("n1", UID_A),
+            h("n1", UID_C),
+        ]);
+        assert_eq!(
+            g[&("n1".to_string(), "ns".to_string())],
+            vec![UID_A.to_string(), UID_C.to_string()]
+        );
+        assert_eq!(g.len(), 2);
+        let hints = Hints::default();
+        hints.add(h("n1", UID_A));
+        assert_eq!(hints.take().len(), 1);
+        assert!(hints.take().is_empty(), "taken once");
+        assert_eq!(hints.namespaces(), BTreeSet::from(["ns".to_string()]));
+    }
+
+    #[test]
+    fn a_list_report_gives_its_names() {
+        let r = Report::default()
+            .with("job", "list")
+            .with("names", format!("{UID_A},{UID_B}"))
+            .with("more", 0);
+        assert_eq!(
+            listed_names(&Report::parse(&r.line()).unwrap()),
+            vec![UID_A.to_string(), UID_B.to_string()]
+        );
+        let empty = Report::default().with("job", "list").with("names", "");
+        assert!(listed_names(&Report::parse(&empty.line()).unwrap()).is_empty());
+    }
+}
