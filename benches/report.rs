@@ -107,6 +107,37 @@ fn rows(f: &Figures) -> Vec<Row> {
             )
         });
     }
+    let c = |k: &str| f.get("claim", k);
+    if let (Some(c50), Some(c95), Some(warm)) = (
+        c("claim_ready_p50_ms"),
+        c("claim_ready_p95_ms"),
+        c("claim_warm_starts"),
+    ) {
+        let n = f.n("claim", "claim_ready_p50_ms");
+        out.push(Row {
+            target: "p50 < 15 ms, p95 < 30 ms",
+            met: Some(c50 < 15.0 && c95 < 30.0),
+            ..row(
+                format!(
+                    "Claim: templated create → Ready on a watch, p50 / p95 (n={n}, pool of 5, one at a time; {warm:.0} warm)"
+                ),
+                format!("{c50:.1} / {c95:.1} ms"),
+                "cold create → Ready (above)".into(),
+            )
+        });
+    }
+    if let (Some(p50), Some(max)) = (c("claim_writes_p50"), c("claim_writes_max")) {
+        let n = f.n("claim", "claim_writes_max");
+        out.push(Row {
+            target: "≤ 3",
+            met: Some(max <= 3.0),
+            ..row(
+                format!("API writes per claim by the operator, p50 / max (n={n}, audit log)"),
+                format!("{p50:.0} / {max:.0}"),
+                "—".into(),
+            )
+        });
+    }
     if let Some(w) = l("idle_writes_per_min") {
         let n = f.n("lifecycle", "sandbox_ready_p50_ms");
         let secs = f.n("lifecycle", "idle_writes_per_min");

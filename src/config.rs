@@ -40,6 +40,13 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_HELPER_IMAGE_PULL_POLICY", default_value = "IfNotPresent", value_parser = ["Always", "IfNotPresent", "Never"])]
     pub helper_image_pull_policy: String,
 
+    /// Namespace for the workspace sweep's helper pods when a workspace's own namespace takes no
+    /// new pods (it is being deleted, or gone): the operator's own namespace, where no harness
+    /// may exec. Without it, the directories of a deleted namespace's sandboxes stay on their
+    /// nodes (the sweep says so in a Warning Event and its log) until removed by hand.
+    #[arg(long, env = "AGENTBOX_HELPER_NAMESPACE", default_value = "")]
+    pub helper_namespace: String,
+
     /// Run sandboxes that do not set `securityContext.runAsNonRoot` as non-root.
     #[arg(long, env = "AGENTBOX_RUN_AS_NON_ROOT", default_value_t = false, action = clap::ArgAction::Set)]
     pub run_as_non_root: bool,
@@ -68,6 +75,12 @@ pub struct Config {
     /// in between left). Each pass runs one short helper pod per serving node and namespace.
     #[arg(long, env = "AGENTBOX_SWEEP_INTERVAL_SECONDS", default_value_t = 600)]
     pub sweep_interval_seconds: u64,
+
+    /// Seconds between retries of a sandbox or snapshot whose failure only a change can fix (a
+    /// refused spec or restore, a missing node root): it is reconciled again at once when it or
+    /// what it names changes, and otherwise polled this often (with up to 50% jitter).
+    #[arg(long, env = "AGENTBOX_PERMANENT_RETRY_SECONDS", default_value_t = 300)]
+    pub permanent_retry_seconds: u64,
 
     /// Address of the metrics and health endpoints.
     #[arg(long, env = "AGENTBOX_METRICS_ADDR", default_value = "0.0.0.0:8080")]

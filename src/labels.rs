@@ -28,6 +28,29 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY`] on everything agentbox makes.
 pub const MANAGER: &str = "agentbox";
 
+/// Label on a SandboxPool's pods: the pool (its name, bounded to a label value). A claimed
+/// pod keeps it, so the pool's watch sees the claim and refills.
+pub const POOL: &str = "agentbox.dev/pool";
+/// Label on a pool's pod while it is unclaimed: `"true"`. The pool counts and manages only
+/// pods that carry it and whose controller owner is the pool; a claim removes it.
+pub const WARM: &str = "agentbox.dev/warm";
+/// Annotation on a warm pod: the host directory of its workspace
+/// (`<nodeRoot>/<namespace>/warm-<suffix>`), which becomes the claiming Sandbox's workspace.
+pub const WORKSPACE_HOST_DIR: &str = "agentbox.dev/workspace-host-dir";
+/// Annotation on a warm pod: [`crate::controller::pod::shape_hash`] of the spec it was made
+/// from. A Sandbox adopts only a pod whose shape hash equals its own resolved spec's.
+pub const POD_SHAPE_HASH: &str = "agentbox.dev/pod-shape-hash";
+/// Annotation on a warm pod: `"true"` once its workspace directory is initialised (the
+/// scope-free part of a start) and its container answered exec; see
+/// [`crate::controller::pool::is_claimable`].
+pub const WARM_READY: &str = "agentbox.dev/warm-ready";
+/// Annotation on a warm pod: `metadata.generation` of the template it was made from.
+pub const TEMPLATE_GENERATION: &str = "agentbox.dev/template-generation";
+/// Prefix of a warm pod's workspace directory name (`warm-<5 lowercase alphanumerics>`).
+pub const WARM_DIR_PREFIX: &str = "warm-";
+/// Length of the random suffix of a warm pod's name and directory.
+pub const WARM_SUFFIX_LEN: usize = 5;
+
 /// Annotation: raw agent id.
 pub const AGENT_ID: &str = "agentbox.dev/agent-id";
 /// Annotation: raw user id.
@@ -153,6 +176,51 @@ pub fn sandbox_label_value(sandbox: &str) -> String {
     bounded_name(sandbox, MAX_LABEL)
 }
 
+/// Value of the [`POOL`] label for a pool name.
+pub fn pool_label_value(pool: &str) -> String {
+    bounded_name(pool, MAX_LABEL)
+}
+
+/// Name of a pool's warm pod with random `suffix`: `<pool>-warm-<suffix>`, the pool part cut
+/// (and its dots made dashes) so that the name stays a DNS label.
+pub fn warm_pod_name(pool: &str, suffix: &str) -> String {
+    let tail = format!("-warm-{suffix}");
+    let mut head: String = pool
+        .chars()
+        .map(|c| if c == '.' { '-' } else { c })
+        .take(MAX_LABEL.saturating_sub(tail.len()))
+        .collect();
+    while head.ends_with('-') {
+        head.pop();
+    }
+    format!("{head}{tail}")
+}
+
+/// Name of a warm pod's workspace directory (in its namespace's directory) for `suffix`.
+pub fn warm_dir_name(suffix: &str) -> String {
+    format!("{WARM_DIR_PREFIX}{suffix}")
+}
+
+/// Whether `name` is laid out like a warm pod's workspace directory: `warm-` and
+/// [`WARM_SUFFIX_LEN`] lowercase alphanumerics.
+pub fn is_warm_dir_name(name: &str) -> bool {
+    name.strip_prefix(WARM_DIR_PREFIX).is_some_and(|s| {
+        s.len() == WARM_SUFFIX_LEN
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    })
+}
+
+/// A random suffix for a warm pod's name and directory.
+pub fn warm_suffix() -> String {
+    use rand::Rng;
+    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut r = rand::rng();
+    (0..WARM_SUFFIX_LEN)
+        .map(|_| char::from(CHARS[r.random_range(0..CHARS.len())]))
+        .collect()
+}
+
 /// Name of the NetworkPolicy that denies a sandbox's egress.
 pub fn network_policy_name(sandbox: &str) -> String {
     bounded_name(&format!("sbx-{sandbox}-egress"), 253)
@@ -179,6 +247,33 @@ mod tests {
             user: user.map(str::to_string),
             session: session.map(str::to_string),
         }
+    }
+
+    #[test]
+    fn warm_pod_names_are_dns_labels_and_their_directories_are_recognised() {
+        let s = warm_suffix();
+        assert_eq!(s.len(), WARM_SUFFIX_LEN);
+        assert!(is_warm_dir_name(&warm_dir_name(&s)));
+        assert_eq!(warm_pod_name("py", "ab12c"), "py-warm-ab12c");
+        let long = warm_pod_name(&format!("a.b{}", "x".repeat(300)), "ab12c");
+        assert_eq!(long.len(), MAX_LABEL);
+        assert!(long.starts_with("a-bx") && long.ends_with("-warm-ab12c"));
+        assert!(is_valid_label_value(&long));
+        assert_eq!(
+            warm_pod_name(&format!("{}-", "y".repeat(51)), "ab12c").len(),
+            62
+        );
+        for not in [
+            "warm-",
+            "warm-ABCDE",
+            "warm-abcd",
+            "warm-abcdef",
+            "cold-abcde",
+            "warm-ab.de",
+        ] {
+            assert!(!is_warm_dir_name(not), "{not}");
+        }
+        assert!(is_valid_label_value(&pool_label_value(&"p".repeat(253))));
     }
 
     #[test]

@@ -27,6 +27,15 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+/// Labels naming a SandboxPool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The pool's namespace.
+    pub namespace: String,
+    /// The pool's name.
+    pub pool: String,
+}
+
 /// Labels of an error count.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
@@ -43,6 +52,42 @@ struct StartLabels {
     branch: &'static str,
     /// How the pod was come by: `cold` (made for this start). Room for `warm` (a pooled pod).
     start: &'static str,
+}
+
+/// Labels of a claim try.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimLabels {
+    /// [`ClaimResult::as_str`].
+    result: &'static str,
+}
+
+/// Labels of a start count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StartKindLabels {
+    /// [`COLD`] or [`WARM`].
+    kind: &'static str,
+}
+
+/// What a try to claim a warm pod came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimResult {
+    /// A warm pod was adopted.
+    Claimed,
+    /// No warm pod fitted: the start was cold.
+    Miss,
+    /// Every warm pod tried was taken by someone else first: the start was cold.
+    Conflict,
+}
+
+impl ClaimResult {
+    /// The `result` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimResult::Claimed => "claimed",
+            ClaimResult::Miss => "miss",
+            ClaimResult::Conflict => "conflict",
+        }
+    }
 }
 
 /// Labels of a sandbox count.
@@ -156,8 +201,10 @@ pub fn branch_label(b: StartBranch) -> &'static str {
     }
 }
 
-/// The `start` label of a start whose pod was made for it (the only kind until pools exist).
+/// The `start` label of a start whose pod was made for it.
 pub const COLD: &str = "cold";
+/// The `start` label of a start that adopted a pool's warm pod.
+pub const WARM: &str = "warm";
 
 /// The operator's git commit, set at build time (`AGENTBOX_GIT_COMMIT`), else `unknown`.
 pub const GIT_COMMIT: &str = match option_env!("AGENTBOX_GIT_COMMIT") {
@@ -169,9 +216,17 @@ pub const GIT_COMMIT: &str = match option_env!("AGENTBOX_GIT_COMMIT") {
 /// right however sandboxes come and go, and a reconcile never counts one twice.
 pub type PhaseSource = Box<dyn Fn() -> Vec<SandboxPhase> + Send + Sync>;
 
+/// Where the pool gauges come from at each scrape: each pool with its warm and ready pods.
+pub type PoolSource = Box<dyn Fn() -> Vec<(PoolLabels, i32, i32)> + Send + Sync>;
+
 /// Seconds, from 50 ms to about 14 min, doubling: starts, snapshots, restores, guard waits.
 fn slow_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.05, 2.0, 15))
+}
+
+/// Seconds, from 1 ms to about 4 s, doubling: claims (a write or two).
+fn fast_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 13))
 }
 
 /// The operator's metrics, registered once.
@@ -183,6 +238,9 @@ pub struct Metrics {
     /// 1 while this replica leads.
     pub leader: Gauge,
     ready: Family<StartLabels, Histogram>,
+    starts: Family<StartKindLabels, Counter>,
+    claims: Family<ClaimLabels, Counter>,
+    claim_seconds: Histogram,
     phases: Family<PhaseLabels, Gauge>,
     phase_source: RwLock<Option<PhaseSource>>,
     snapshot_bytes: Counter,
@@ -197,6 +255,11 @@ pub struct Metrics {
     idle_suspensions: Counter,
     workspaces_swept: Counter,
     sweep_failures: Counter,
+    pool_replicas: Family<PoolLabels, Gauge>,
+    pool_ready: Family<PoolLabels, Gauge>,
+    pool_source: RwLock<Option<PoolSource>>,
+    pool_created: Counter,
+    pool_deleted: Counter,
     names: BTreeSet<String>,
 }
 
@@ -236,6 +299,9 @@ impl Default for Metrics {
             }),
             leader: Gauge::default(),
             ready: Family::new_with_constructor(slow_buckets),
+            starts: Family::default(),
+            claims: Family::default(),
+            claim_seconds: fast_buckets(),
             phases: Family::default(),
             phase_source: RwLock::new(None),
             snapshot_bytes: Counter::default(),
@@ -250,6 +316,11 @@ impl Default for Metrics {
             idle_suspensions: Counter::default(),
             workspaces_swept: Counter::default(),
             sweep_failures: Counter::default(),
+            pool_replicas: Family::default(),
+            pool_ready: Family::default(),
+            pool_source: RwLock::new(None),
+            pool_created: Counter::default(),
+            pool_deleted: Counter::default(),
             registry: Registry::default(),
             names: BTreeSet::new(),
         };
@@ -286,6 +357,21 @@ impl Default for Metrics {
             "sandbox_ready_seconds",
             "Seconds from a sandbox's creation (or the start of a resume or recovery) to Ready, by start branch",
             m.ready.clone(),
+        );
+        r.add(
+            "sandbox_starts",
+            "Starts that reached Ready, by kind: cold (a pod made for it) or warm (a pool's warm pod adopted)",
+            m.starts.clone(),
+        );
+        r.add(
+            "pool_claims",
+            "Tries to adopt a warm pod at a sandbox's first start, by result: claimed, miss (none fitted) or conflict (each one tried was taken first)",
+            m.claims.clone(),
+        );
+        r.add(
+            "pool_claim_seconds",
+            "Seconds a successful claim took: choosing a warm pod and the conditional write that adopts it",
+            m.claim_seconds.clone(),
         );
         r.add(
             "sandboxes",
@@ -358,6 +444,26 @@ impl Default for Metrics {
             "Helper pods of the workspace sweep that failed or did not finish",
             m.sweep_failures.clone(),
         );
+        r.add(
+            "pool_replicas",
+            "Warm pods of each SandboxPool (unclaimed, not being deleted), from its status at each scrape",
+            m.pool_replicas.clone(),
+        );
+        r.add(
+            "pool_ready",
+            "Warm pods of each SandboxPool ready to be claimed, from its status at each scrape",
+            m.pool_ready.clone(),
+        );
+        r.add(
+            "pool_pods_created",
+            "Warm pods the pool controller created",
+            m.pool_created.clone(),
+        );
+        r.add(
+            "pool_pods_deleted",
+            "Warm pods the pool controller deleted (surplus, replaced, ended, or of a missing template)",
+            m.pool_deleted.clone(),
+        );
         Metrics {
             registry: r.registry,
             names: r.names,
@@ -386,13 +492,28 @@ impl Metrics {
     }
 
     /// A sandbox became Ready `took` after its creation or the start of its resume, by
-    /// start branch; `start` is [`COLD`] for now.
+    /// start branch; `start` is [`COLD`] or [`WARM`].
     pub fn became_ready(&self, branch: StartBranch, start: &'static str, took: Duration) {
         let l = StartLabels {
             branch: branch_label(branch),
             start,
         };
         self.ready.get_or_create(&l).observe(took.as_secs_f64());
+        self.starts
+            .get_or_create(&StartKindLabels { kind: start })
+            .inc();
+    }
+
+    /// A sandbox's first start tried to claim a warm pod, with `result`, in `took`.
+    pub fn claimed(&self, result: ClaimResult, took: Duration) {
+        self.claims
+            .get_or_create(&ClaimLabels {
+                result: result.as_str(),
+            })
+            .inc();
+        if result == ClaimResult::Claimed {
+            self.claim_seconds.observe(took.as_secs_f64());
+        }
     }
 
     /// A sandbox was moved off a lost node.
@@ -459,6 +580,24 @@ impl Metrics {
         self.sweep_failures.inc();
     }
 
+    /// Sets the pool gauges from `source` at every scrape (the leader sets it), so a deleted
+    /// pool's series go with it.
+    pub fn count_pools_from(&self, source: PoolSource) {
+        if let Ok(mut s) = self.pool_source.write() {
+            *s = Some(source);
+        }
+    }
+
+    /// The pool controller created `n` warm pods.
+    pub fn pool_pods_created(&self, n: u64) {
+        self.pool_created.inc_by(n);
+    }
+
+    /// The pool controller deleted `n` warm pods.
+    pub fn pool_pods_deleted(&self, n: u64) {
+        self.pool_deleted.inc_by(n);
+    }
+
     /// An exec of the operator's own failed with an error of `kind`.
     pub fn exec_failed(&self, op: ExecOp, kind: &'static str) {
         let l = ExecLabels {
@@ -488,9 +627,27 @@ impl Metrics {
         }
     }
 
+    fn refresh_pools(&self) {
+        let Ok(source) = self.pool_source.read() else {
+            return;
+        };
+        let Some(source) = source.as_ref() else {
+            return;
+        };
+        self.pool_replicas.clear();
+        self.pool_ready.clear();
+        for (l, replicas, ready) in source() {
+            self.pool_replicas
+                .get_or_create(&l)
+                .set(i64::from(replicas));
+            self.pool_ready.get_or_create(&l).set(i64::from(ready));
+        }
+    }
+
     /// The text exposition format.
     pub fn render(&self) -> String {
         self.refresh_phases();
+        self.refresh_pools();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -535,6 +692,37 @@ mod tests {
     }
 
     #[test]
+    fn pool_gauges_follow_the_pools_there_are_at_each_scrape() {
+        let m = Metrics::default();
+        let pools = std::sync::Arc::new(RwLock::new(vec![(
+            PoolLabels {
+                namespace: "team".into(),
+                pool: "py".into(),
+            },
+            3,
+            2,
+        )]));
+        let seen = pools.clone();
+        m.count_pools_from(Box::new(move || {
+            seen.read().map(|p| p.clone()).unwrap_or_default()
+        }));
+        let text = m.render();
+        has(
+            &text,
+            r#"agentbox_pool_replicas{namespace="team",pool="py"} 3"#,
+        );
+        has(
+            &text,
+            r#"agentbox_pool_ready{namespace="team",pool="py"} 2"#,
+        );
+        pools.write().unwrap().clear();
+        assert!(
+            !m.render().contains(r#"pool="py""#),
+            "a deleted pool's series go"
+        );
+    }
+
+    #[test]
     fn build_info_is_one_with_the_version_and_commit() {
         let text = Metrics::default().render();
         has(
@@ -544,6 +732,26 @@ mod tests {
                 env!("CARGO_PKG_VERSION")
             ),
         );
+    }
+
+    #[test]
+    fn claims_are_counted_by_result_and_warm_starts_apart_from_cold_ones() {
+        let m = Metrics::default();
+        m.claimed(ClaimResult::Claimed, Duration::from_millis(3));
+        m.claimed(ClaimResult::Miss, Duration::from_millis(1));
+        m.claimed(ClaimResult::Conflict, Duration::from_millis(9));
+        m.claimed(ClaimResult::Claimed, Duration::from_millis(5));
+        m.became_ready(StartBranch::D, WARM, Duration::from_millis(20));
+        m.became_ready(StartBranch::D, COLD, Duration::from_millis(700));
+        m.became_ready(StartBranch::C, COLD, Duration::from_millis(900));
+        let text = m.render();
+        has(&text, r#"agentbox_pool_claims_total{result="claimed"} 2"#);
+        has(&text, r#"agentbox_pool_claims_total{result="miss"} 1"#);
+        has(&text, r#"agentbox_pool_claims_total{result="conflict"} 1"#);
+        has(&text, "agentbox_pool_claim_seconds_count 2");
+        has(&text, r#"agentbox_pool_claim_seconds_bucket{le="0.004"} 1"#);
+        has(&text, r#"agentbox_sandbox_starts_total{kind="warm"} 1"#);
+        has(&text, r#"agentbox_sandbox_starts_total{kind="cold"} 2"#);
     }
 
     #[test]

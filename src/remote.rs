@@ -27,6 +27,15 @@ pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & w
 /// Probe: prints the marker's content when the workspace is initialised. `$1` is the root.
 pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || true"#;
 
+/// A warm pod's share of initialisation, the part that names no sandbox: the state directory
+/// [`INIT_SCRIPT`] makes, and nothing else (no marker: the marker holds the claiming Sandbox's
+/// UID, so the claim's start finds a fresh root). `$1` is the root. Fails on a directory that
+/// has a marker: a warm pod's directory was never a sandbox's.
+pub const WARM_INIT_SCRIPT: &str = r#"set -eu
+mkdir -p -- "$1/.agentbox/tmp"
+if [ -e "$1/.agentbox/marker" ]; then echo "the warm workspace has a marker" >&2; exit 1; fi
+"#;
+
 /// Initialisation: `$1` root, `$2` marker content, `$3` 1 when an archive of files arrives on
 /// stdin (0: no files, no stdin), `$4` number of directories to replace, then those
 /// directories, then the parent directories to create. The marker is written last and
@@ -342,6 +351,7 @@ mod tests {
         for s in [
             PROBE_SCRIPT,
             INIT_SCRIPT,
+            WARM_INIT_SCRIPT,
             TAR_SCRIPT,
             EXTRACT_SCRIPT,
             DISCARD_SCRIPT,
@@ -349,6 +359,23 @@ mod tests {
         ] {
             assert!(s.contains(STATE_DIR), "{s}");
         }
+    }
+
+    #[test]
+    fn the_warm_init_makes_the_state_directory_and_no_marker() {
+        let dir = scratch("warm");
+        let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok, "{err}");
+        assert!(dir.join(STATE_DIR).join("tmp").is_dir());
+        assert!(!dir.join(MARKER).exists());
+        let (ok, _, _) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok, "again: a no-op");
+        let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok && out.is_empty(), "a claim's probe finds a fresh root");
+        std::fs::write(dir.join(MARKER), "uid-1").expect("marker");
+        let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(!ok && err.contains("marker"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

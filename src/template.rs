@@ -4,7 +4,8 @@
 //! template's value of each such field is simply taken.
 
 use crate::crd::{
-    Lifecycle, PodShape, SandboxSpec, SandboxTemplateSpec, SnapshotPolicy, WorkspaceSpec,
+    Lifecycle, PodShape, SandboxSpec, SandboxTemplateSpec, Scope, ScopeKind, SnapshotPolicy,
+    WorkspaceSpec,
 };
 
 /// The effective spec of a Sandbox whose `spec` names `template`: the template's pod-shaping
@@ -38,6 +39,21 @@ pub fn resolve(template: &SandboxTemplateSpec, spec: &SandboxSpec) -> SandboxSpe
             idle_timeout: spec.lifecycle.idle_timeout.or(t.lifecycle.idle_timeout),
         },
     }
+}
+
+/// The effective spec of a Sandbox that names template `name` and overrides nothing: what a
+/// SandboxPool's warm pods are made from. Its scope (Global) shapes no pod.
+pub fn for_pool(name: &str, template: &SandboxTemplateSpec) -> SandboxSpec {
+    let bare = SandboxSpec::from_template(
+        name,
+        Scope {
+            kind: ScopeKind::Global,
+            agent: None,
+            user: None,
+            session: None,
+        },
+    );
+    resolve(template, &bare)
 }
 
 /// The template's entries in their order, minus those an entry of `own` has the key of, then

@@ -99,7 +99,7 @@ fn crds_are_templates_that_upgrade_and_stay_on_uninstall() {
             .into_iter()
             .map(normalized)
             .collect();
-    assert_eq!(generated.len(), 3);
+    assert_eq!(generated.len(), 4);
     let crds = |set: &[&str]| -> Vec<serde_yaml::Value> {
         docs(&template(set))
             .into_iter()
@@ -178,7 +178,12 @@ fn aggregated_roles_extend_edit_and_view() {
             .collect();
         assert_eq!(
             res,
-            ["sandboxes", "sandboxsnapshots", "sandboxtemplates"],
+            [
+                "sandboxes",
+                "sandboxsnapshots",
+                "sandboxtemplates",
+                "sandboxpools"
+            ],
             "no status subresources"
         );
     }
@@ -220,6 +225,7 @@ fn harness_rules() -> Vec<(String, String, String)> {
         ),
         ("agentbox.dev", "sandboxsnapshots", "get,list,watch,create"),
         ("agentbox.dev", "sandboxtemplates", "get,list"),
+        ("agentbox.dev", "sandboxpools", "get,list"),
         ("", "pods/exec", "get,create"),
         ("coordination.k8s.io", "leases", "get,create,update"),
     ]

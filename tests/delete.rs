@@ -43,6 +43,22 @@ async fn swept(env: &TestEnv, op: usize, at_least: f64) -> f64 {
     count
 }
 
+/// Waits (up to 30 s) until `pods` has no pod `lp` selects; panics naming those left.
+async fn no_pods_left(pods: &kube::Api<Pod>, lp: &ListParams) {
+    let mut left = Vec::new();
+    for _ in 0..300 {
+        left = pods.list(lp).await.expect("list").items;
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "helper pods left: {:?}",
+        left.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+}
+
 async fn ready(env: &TestEnv, name: &str) -> Sandbox {
     create_sandbox(env, name, spec(name)).await.expect("create");
     env.wait_for::<Sandbox>(name, 120, phase_is("Ready")).await
@@ -191,18 +207,63 @@ async fn a_restarted_operator_sweeps_what_a_killed_one_left_and_nothing_else() {
         "{} in (list,sweep)",
         agentbox::controller::pod::HELPER_LABEL
     ));
-    let mut left = Vec::new();
-    for _ in 0..300 {
-        left = env.api::<Pod>().list(&helpers).await.expect("list").items;
-        if left.is_empty() {
+    no_pods_left(&env.api::<Pod>(), &helpers).await;
+    env.finish().await;
+}
+
+/// Deletes a namespace the test made when the test ends, also when it fails.
+struct NamespaceGone(String);
+
+impl Drop for NamespaceGone {
+    fn drop(&mut self) {
+        let _ = common::kubectl(&["delete", "namespace", &self.0, "--wait=false"], "");
+    }
+}
+
+/// Deleting a tenant's namespace deletes its Sandboxes while the namespace takes no new pods:
+/// the sweep's helper pod runs in `--helper-namespace` instead, and the directories go.
+#[tokio::test]
+async fn deleting_a_namespace_removes_its_workspace_directories() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let mut env = TestEnv::new("delete-ns").await;
+    let nss: kube::Api<Namespace> = kube::Api::all(env.client.clone());
+    let helpers = format!("{}-helpers", env.ns);
+    let ns_obj: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": helpers}})).expect("namespace");
+    nss.create(&Default::default(), &ns_obj)
+        .await
+        .expect("create the helper namespace");
+    let _cleanup = NamespaceGone(helpers.clone());
+    // The operator's own namespace holds its leader Lease too (as the chart has it): one in
+    // the deleted namespace would go with it, and the operator with its leadership.
+    env.start_operator(&[
+        &format!("--helper-namespace={helpers}"),
+        &format!("--leader-election-namespace={helpers}"),
+    ]);
+    let mut dirs = Vec::new();
+    for name in ["a", "b"] {
+        let s = ready(&env, name).await;
+        let dir = dir_of(&env, &s);
+        assert!(Path::new(&dir).join("notes.md").exists(), "{dir}");
+        dirs.push(dir);
+    }
+    nss.delete(&env.ns, &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+    let mut gone = false;
+    for _ in 0..1200 {
+        if nss.get_opt(&env.ns).await.expect("get").is_none() {
+            gone = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        left.is_empty(),
-        "helper pods left: {:?}",
-        left.iter().map(|p| p.name_any()).collect::<Vec<_>>()
-    );
+    assert!(gone, "the namespace went\n{}", env.operator_logs());
+    for dir in &dirs {
+        common::wait_removed(&env, dir, 60).await;
+    }
+    // The helper pod went too.
+    let pods: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), &helpers);
+    no_pods_left(&pods, &ListParams::default()).await;
     env.finish().await;
 }

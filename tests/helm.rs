@@ -622,8 +622,9 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     for (i, name) in [
         "sandboxes.agentbox.dev",
         "sandboxsnapshots.agentbox.dev",
-        // New in this chart: the upgrade brings it.
+        // New in this chart: the upgrade brings them.
         "sandboxtemplates.agentbox.dev",
+        "sandboxpools.agentbox.dev",
     ]
     .iter()
     .enumerate()
@@ -862,6 +863,7 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         "sandboxes.agentbox.dev",
         "sandboxsnapshots.agentbox.dev",
         "sandboxtemplates.agentbox.dev",
+        "sandboxpools.agentbox.dev",
     ] {
         let crd = crds.get_opt(name).await.unwrap();
         assert!(

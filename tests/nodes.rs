@@ -483,7 +483,7 @@ async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_no
         "work after the snapshot cannot come back: {out}"
     );
     assert!(
-        common::workspace_entries(&env, &recovered).contains(&"saved.txt".to_string()),
+        common::workspace_entries(&recovered).contains(&"saved.txt".to_string()),
         "on node 1's disk"
     );
     // One Event says so.

@@ -126,6 +126,14 @@ async fn the_harness_service_account_does_what_a_harness_does_and_nothing_next_d
         .await
         .expect("list by scope labels");
     assert_eq!(all.len(), 1);
+    assert!(
+        sandboxes
+            .templates()
+            .await
+            .expect("list templates")
+            .is_empty()
+    );
+    assert!(sandboxes.pools().await.expect("list pools").is_empty());
     let guard = sbx
         .guard(Some(Duration::from_secs(30)))
         .await
@@ -155,6 +163,10 @@ async fn the_harness_service_account_does_what_a_harness_does_and_nothing_next_d
     assert!(forbidden(&e), "{e}");
     let Err(e) = next.list(None).await else {
         panic!("listing next door: not refused");
+    };
+    assert!(forbidden(&e), "{e}");
+    let Err(e) = next.pools().await else {
+        panic!("listing pools next door: not refused");
     };
     assert!(forbidden(&e), "{e}");
     let Err(e) = next.get_snapshot("harness-snap").await else {

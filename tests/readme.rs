@@ -117,8 +117,9 @@ async fn every_readme_yaml_snippet_applies_and_kubectl_waits_on_ready() {
     assert!(
         kinds.contains(&"Sandbox")
             && kinds.contains(&"SandboxSnapshot")
-            && kinds.contains(&"SandboxTemplate"),
-        "the README shows a Sandbox, a SandboxSnapshot and a SandboxTemplate: {kinds:?}"
+            && kinds.contains(&"SandboxTemplate")
+            && kinds.contains(&"SandboxPool"),
+        "the README shows a Sandbox, a SandboxSnapshot, a SandboxTemplate and a SandboxPool: {kinds:?}"
     );
 
     let mut env = TestEnv::new("readme").await;

@@ -277,6 +277,25 @@ async fn suspend_deletes_the_pod_keeps_the_workspace_and_resume_reuses_it() {
         "/home/agent/work\n"
     );
     let dir = workspace_dir(&env, &sbx);
+    // A cold start's directory is the derived one: not recorded, found by the placement.
+    assert_eq!(
+        status(&sbx)
+            .workspace
+            .as_ref()
+            .and_then(|w| w.host_dir.clone()),
+        None
+    );
+    let recorded = |s: &Sandbox| {
+        Some(agentbox::controller::placement::host_dir(
+            s,
+            common::NODE_ROOT,
+        ))
+    };
+    assert_eq!(
+        recorded(&sbx).as_deref(),
+        Some(dir.as_str()),
+        "the placement names the directory"
+    );
 
     merge(
         &env,
@@ -284,8 +303,14 @@ async fn suspend_deletes_the_pod_keeps_the_workspace_and_resume_reuses_it() {
         json!({"spec": {"lifecycle": {"mode": "Suspended"}}}),
     )
     .await;
-    env.wait_for::<Sandbox>("s", 60, phase_is("Suspended"))
+    let suspended = env
+        .wait_for::<Sandbox>("s", 60, phase_is("Suspended"))
         .await;
+    assert_eq!(
+        recorded(&suspended).as_deref(),
+        Some(dir.as_str()),
+        "kept while suspended"
+    );
     env.wait_gone::<Pod>(&pod, 60).await;
     assert!(env.sandbox_pods("s").await.is_empty());
     assert_eq!(
@@ -302,6 +327,7 @@ async fn suspend_deletes_the_pod_keeps_the_workspace_and_resume_reuses_it() {
     .await;
     let sbx = wait_ready_in_new_pod(&env, "s", &pod_uid(&sbx)).await;
     assert_eq!(branch(&sbx), Some(StartBranch::A));
+    assert_eq!(recorded(&sbx).as_deref(), Some(dir.as_str()));
     assert_eq!(sh(&env, &pod, "cat plan.md").await.1, "v1\nedit\n");
     env.finish().await;
 }

@@ -372,7 +372,7 @@ async fn hostile(kind: Kind) {
         // no staging left behind.
         let host =
             agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap());
-        let entries = common::workspace_entries(&env, &s);
+        let entries = common::workspace_entries(&s);
         assert!(
             entries.iter().all(|e| e == ".agentbox"),
             "{name}: {entries:?}"

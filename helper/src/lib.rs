@@ -62,8 +62,8 @@ pub enum Job {
     /// Name the entries of `dir` (none when it does not exist), leaving out those in `skip`,
     /// as many as fit in a termination message ([`LIST_BUDGET`]).
     List {
-        /// The namespace's workspace directory (below the helper's read-only mount of the
-        /// node root).
+        /// The namespace's workspace directory (the helper's read-only mount of it, and
+        /// nothing above it).
         dir: PathBuf,
         /// Names the operator already knows to be in use: not reported, so the report has room
         /// for the ones it needs.
@@ -515,11 +515,11 @@ mod tests {
                 gid: 100,
             },
             Job::List {
-                dir: "/node-root/ns".into(),
+                dir: "/ns".into(),
                 skip: vec!["u1".into()],
             },
             Job::List {
-                dir: "/node-root/ns".into(),
+                dir: "/ns".into(),
                 skip: vec![],
             },
         ] {

@@ -106,6 +106,42 @@ pub(super) fn list_value<T: serde::Serialize>(
     }))
 }
 
+/// The flags of a listing of one kind (`agentbox templates`, `agentbox pools`).
+#[derive(Args)]
+pub(super) struct KindListArgs {
+    /// Output format: json or yaml (default, and with wide: a table).
+    #[arg(short, long, value_enum)]
+    output: Option<Output>,
+}
+
+/// Prints `items` as `a` asks.
+pub(super) fn print_list<T: serde::Serialize>(
+    columns: &[Column<T>],
+    items: &[T],
+    a: &KindListArgs,
+) -> Result<std::process::ExitCode, Fail> {
+    print!(
+        "{}",
+        render_list(columns, items, a.output, Timestamp::now())?
+    );
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The text to print for a list of one kind: a `kind: List` in JSON or YAML, else a table
+/// of `columns`.
+pub(super) fn render_list<T: serde::Serialize>(
+    columns: &[Column<T>],
+    items: &[T],
+    output: Option<Output>,
+    now: Timestamp,
+) -> Result<String, Fail> {
+    match output {
+        Some(Output::Json) => Ok(serde_json::to_string_pretty(&list_value(items)?)? + "\n"),
+        Some(Output::Yaml) => Ok(serde_yaml::to_string(&list_value(items)?)?),
+        Some(Output::Wide) | None => Ok(table(columns, items, now)),
+    }
+}
+
 /// An object's age (since its `creationTimestamp`) as kubectl shows it, `-` without one.
 pub(super) fn created_age(meta: &kube::api::ObjectMeta, now: Timestamp) -> String {
     meta.creation_timestamp

@@ -12,6 +12,7 @@ mod exec;
 mod get;
 mod lifecycle;
 mod lock;
+mod pools;
 mod progress;
 mod restore;
 mod shell;
@@ -103,7 +104,9 @@ enum Cmd {
     /// Create a scope's sandbox from a template or an image (or get it).
     Create(create::CreateArgs),
     /// List the namespace's SandboxTemplates.
-    Templates(templates::TemplatesArgs),
+    Templates(get::KindListArgs),
+    /// List the namespace's SandboxPools (warm pods of a template).
+    Pools(get::KindListArgs),
     /// Run a command in a sandbox; exits with its exit code.
     Exec(exec::ExecArgs),
     /// Open an interactive shell (TTY) in a sandbox.
@@ -217,6 +220,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::List(a) => get::list(&client, &sbx, &a).await,
         Cmd::Create(a) => create::create(&sbx, a).await,
         Cmd::Templates(a) => templates::templates(&sbx, &a).await,
+        Cmd::Pools(a) => pools::pools(&sbx, &a).await,
         Cmd::Exec(a) => exec::exec(&sbx, a).await,
         Cmd::Shell(t) => shell::shell(&open(&sbx, &t).await?).await,
         Cmd::Cp(a) => cp::cp(&sbx, &a.src, &a.dst).await,
@@ -287,6 +291,7 @@ mod tests {
                 "list",
                 "create",
                 "templates",
+                "pools",
                 "exec",
                 "shell",
                 "cp",

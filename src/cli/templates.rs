@@ -2,20 +2,10 @@
 
 use std::process::ExitCode;
 
-use clap::Args;
-use k8s_openapi::jiff::Timestamp;
-
 use super::Fail;
-use super::get::{Column, Output, created_age, list_value, or_dash, table};
+use super::get::{Column, KindListArgs, created_age, or_dash, print_list};
 use crate::client::Sandboxes;
 use crate::crd::SandboxTemplate;
-
-#[derive(Args)]
-pub(super) struct TemplatesArgs {
-    /// Output format: json or yaml (default, and with wide: a table).
-    #[arg(short, long, value_enum)]
-    output: Option<Output>,
-}
 
 /// The columns: what `kubectl get sandboxtemplates` shows.
 fn columns() -> Vec<Column<SandboxTemplate>> {
@@ -51,29 +41,16 @@ fn columns() -> Vec<Column<SandboxTemplate>> {
     ]
 }
 
-/// The text to print for `items`.
-fn render(
-    items: &[SandboxTemplate],
-    output: Option<Output>,
-    now: Timestamp,
-) -> Result<String, Fail> {
-    match output {
-        Some(Output::Json) => Ok(serde_json::to_string_pretty(&list_value(items)?)? + "\n"),
-        Some(Output::Yaml) => Ok(serde_yaml::to_string(&list_value(items)?)?),
-        Some(Output::Wide) | None => Ok(table(&columns(), items, now)),
-    }
-}
-
 /// `agentbox templates`.
-pub(super) async fn templates(sbx: &Sandboxes, a: &TemplatesArgs) -> Result<ExitCode, Fail> {
-    let items = sbx.templates().await?;
-    print!("{}", render(&items, a.output, Timestamp::now())?);
-    Ok(ExitCode::SUCCESS)
+pub(super) async fn templates(sbx: &Sandboxes, a: &KindListArgs) -> Result<ExitCode, Fail> {
+    print_list(&columns(), &sbx.templates().await?, a)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::get::{Output, render_list};
+    use k8s_openapi::jiff::Timestamp;
 
     #[test]
     fn templates_show_their_image_egress_and_idle_timeout() {
@@ -85,7 +62,7 @@ mod tests {
         }))
         .unwrap();
         let now: Timestamp = "2026-01-01T00:05:00Z".parse().unwrap();
-        let out = render(std::slice::from_ref(&t), None, now).unwrap();
+        let out = render_list(&columns(), std::slice::from_ref(&t), None, now).unwrap();
         let lines: Vec<Vec<&str>> = out
             .lines()
             .map(|l| l.split_whitespace().collect())
@@ -98,7 +75,8 @@ mod tests {
             ]
         );
         let json: serde_json::Value =
-            serde_json::from_str(&render(&[t], Some(Output::Json), now).unwrap()).unwrap();
+            serde_json::from_str(&render_list(&columns(), &[t], Some(Output::Json), now).unwrap())
+                .unwrap();
         assert_eq!(json["kind"], "List");
         assert_eq!(json["items"][0]["spec"]["image"], "busybox:1.37");
     }

@@ -56,7 +56,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::crd::{
-    LifecycleMode, PortEndpoint, Sandbox, SandboxPhase, SandboxSpec, SandboxTemplate, Scope,
+    LifecycleMode, PortEndpoint, Sandbox, SandboxPhase, SandboxPool, SandboxSpec, SandboxTemplate,
+    Scope,
 };
 use crate::exec::{
     self, ExecError, ExecOutput, ExecRequest, ExecStream, ExitStatus, session::Session,
@@ -234,6 +235,12 @@ impl Sandboxes {
     /// Lists the namespace's SandboxTemplates.
     pub async fn templates(&self) -> Result<Vec<SandboxTemplate>, ClientError> {
         let api: Api<SandboxTemplate> = Api::namespaced(self.client.clone(), &self.namespace);
+        Ok(api.list(&ListParams::default()).await?.items)
+    }
+
+    /// Lists the namespace's SandboxPools.
+    pub async fn pools(&self) -> Result<Vec<SandboxPool>, ClientError> {
+        let api: Api<SandboxPool> = Api::namespaced(self.client.clone(), &self.namespace);
         Ok(api.list(&ListParams::default()).await?.items)
     }
 

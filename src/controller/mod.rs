@@ -4,8 +4,10 @@
 pub mod conditions;
 pub mod nodeloss;
 pub mod noderoot;
+pub mod placement;
 pub mod pod;
 pub mod podstate;
+pub mod pool;
 pub mod reasons;
 pub mod restore;
 pub mod sandbox;
@@ -30,14 +32,14 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use rand::Rng;
 use tracing::{Instrument, error, info, warn};
 
 use crate::config::Config;
-use crate::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SandboxTemplate};
+use crate::crd::{Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot, SandboxTemplate};
 use crate::guard::{self, Guard, GuardConfig, GuardError};
 use crate::labels;
 use crate::metrics::{GuardOp, GuardOutcome, Metrics};
@@ -64,6 +66,10 @@ pub struct Context {
     pub refusals: restore::Refusals,
     /// Workspace directories of deleted sandboxes, left to the sweep.
     pub sweep: sweep::Hints,
+    /// The pods the operator manages (label `app.kubernetes.io/managed-by: agentbox`), as its
+    /// watch last saw them: where a sandbox's pod not named in its status is found, without a
+    /// LIST on each reconcile.
+    pub pods: reflector::Store<Pod>,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -103,6 +109,13 @@ pub enum Error {
     /// A namespaced object without a namespace.
     #[error("object has no namespace")]
     NotNamespaced,
+    /// A write did not finish in time.
+    #[error("a write to the API server did not finish within {}s", .0.as_secs())]
+    Timeout(Duration),
+    /// The watch of managed pods has not listed them yet: a sandbox's pod not named in its
+    /// status cannot be looked for, so nothing is made or adopted until it has.
+    #[error("the watch of the operator's pods has not synced within {}s", .0.as_secs())]
+    PodCacheNotSynced(Duration),
     /// Taking or storing a snapshot failed.
     #[error("snapshot: {0}")]
     Snapshot(#[source] crate::snapshot::SnapshotError),
@@ -149,6 +162,8 @@ impl Error {
             Error::NoHelper(_) => "no_helper",
             Error::WorkspaceLost(_) => "workspace_lost",
             Error::NotNamespaced => "not_namespaced",
+            Error::Timeout(_) => "timeout",
+            Error::PodCacheNotSynced(_) => "pod_cache_not_synced",
             Error::Snapshot(_) => "snapshot",
             Error::Guard(_) => "guard",
             Error::Restore { .. } => "restore",
@@ -196,8 +211,8 @@ impl Error {
 }
 
 /// Retry pace after a failed reconcile: backoff with jitter for transient errors, a slow poll
-/// for permanent ones.
-pub fn retry_after(err: &Error, jitter: f64) -> Duration {
+/// (`permanent`, `--permanent-retry-seconds`) for permanent ones.
+pub fn retry_after(err: &Error, jitter: f64, permanent: Duration) -> Duration {
     let base = match err.root() {
         // Waits for someone to create or label an object (no watch on those): a slow poll.
         Error::SourceMissing(_) | Error::SourceNotReadable(_) => 30.0,
@@ -205,16 +220,25 @@ pub fn retry_after(err: &Error, jitter: f64) -> Duration {
             reason: reasons::RestoreReason::SnapshotNotFound,
             ..
         } => 30.0,
-        e if e.is_permanent() => 300.0,
+        e if e.is_permanent() => permanent.as_secs_f64().max(1.0),
         _ => 5.0,
     };
     Duration::from_secs_f64(base * (1.0 + jitter.clamp(0.0, 1.0) * 0.5))
 }
 
+/// The requeue after a failed reconcile, at [`retry_after`]'s pace with fresh jitter.
+fn retry(err: &Error, ctx: &Context) -> Action {
+    Action::requeue(retry_after(
+        err,
+        rand::rng().random(),
+        Duration::from_secs(ctx.config.permanent_retry_seconds),
+    ))
+}
+
 // The failure itself is logged inside the reconcile's span (see `traced`).
 fn error_policy(_sbx: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failed("sandbox", err.kind());
-    Action::requeue(retry_after(err, rand::rng().random()))
+    retry(err, &ctx)
 }
 
 /// An `Api` over the operator's namespace, or every namespace when it watches all.
@@ -261,6 +285,7 @@ pub async fn run(
             "no helper image (--helper-image): workspaces of deleted sandboxes cannot be removed, namespace directories are not closed or checked, and non-root sandboxes are refused"
         );
     }
+    let (pods, pods_writer) = reflector::store();
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(
@@ -276,11 +301,13 @@ pub async fn run(
         node_roots: noderoot::Checks::default(),
         refusals: restore::Refusals::default(),
         sweep: sweep::Hints::default(),
+        pods,
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     futures::join!(
-        run_sandboxes(ctx.clone(), shutdown.clone()),
+        run_sandboxes(ctx.clone(), pods_writer, shutdown.clone()),
         run_snapshots(ctx.clone(), shutdown.clone()),
+        run_pools(ctx.clone(), shutdown.clone()),
         sweep::run(ctx, shutdown)
     );
     info!("sandbox controller stopped");
@@ -387,6 +414,7 @@ async fn run_snapshots(
 /// whose holder their Guarded condition shows.
 async fn run_sandboxes(
     ctx: Arc<Context>,
+    pods: reflector::store::Writer<Pod>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     info!("sandbox controller starting");
@@ -438,7 +466,7 @@ async fn run_sandboxes(
             watcher::Config::default(),
             template_to_sandboxes,
         )
-        .owns(scoped::<Pod>(&ctx.client, &ns), owned.clone())
+        .owns_stream(managed_pods(&ctx, &ns, owned.clone(), pods))
         .owns(scoped::<NetworkPolicy>(&ctx.client, &ns), owned.clone())
         .watches(scoped::<Lease>(&ctx.client, &ns), owned, guard_to_sandboxes)
         .graceful_shutdown_on(shutdown)
@@ -451,9 +479,105 @@ async fn run_sandboxes(
         .await;
 }
 
+/// The watch of the pods the operator manages, kept in `store` (the [`Context::pods`] cache):
+/// it wakes the sandboxes that own them, and lets a reconcile find a sandbox's pod (or a warm
+/// one) without a LIST. Managed fields are dropped: nothing reads them, and they are most of a
+/// pod's size.
+fn managed_pods(
+    ctx: &Context,
+    ns: &str,
+    wc: watcher::Config,
+    store: reflector::store::Writer<Pod>,
+) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
+    let pods = watcher(scoped::<Pod>(&ctx.client, ns), wc)
+        .default_backoff()
+        .modify(|p| p.managed_fields_mut().clear());
+    reflector::reflector(store, pods).touched_objects()
+}
+
+/// The pool controller: SandboxPools, their pods (by the pool label: a claimed pod keeps it,
+/// so a claim brings its pool back to refill) and the templates they name.
+async fn run_pools(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    info!("pool controller starting");
+    let ns = ctx.config.namespace.clone();
+    let controller = Controller::new(
+        scoped::<SandboxPool>(&ctx.client, &ns),
+        watcher::Config::default(),
+    );
+    let pod_store = controller.store();
+    let hinted = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<String>::new(),
+    ));
+    let hint_ctx = ctx.clone();
+    let pod_to_pools = move |p: Pod| {
+        // A warm pod being deleted (by its pool, by hand, or with its pool) leaves its
+        // directory to the sweep, once per pod.
+        if pool::is_deleting_warm_pod(&p) {
+            let first = p.uid().is_some_and(|uid| {
+                hinted.lock().is_ok_and(|mut seen| {
+                    if seen.len() > 10_000 {
+                        seen.clear();
+                    }
+                    seen.insert(uid)
+                })
+            });
+            if first {
+                pool::hint_removal(&hint_ctx, &p);
+            }
+        }
+        pool::pools_of_pod(&p, pod_store.state().iter())
+    };
+    let counted = controller.store();
+    ctx.metrics.count_pools_from(Box::new(move || {
+        counted
+            .state()
+            .iter()
+            .map(|p| {
+                let st = p.status.clone().unwrap_or_default();
+                let l = crate::metrics::PoolLabels {
+                    namespace: p.namespace().unwrap_or_default(),
+                    pool: p.name_any(),
+                };
+                (l, st.replicas, st.ready_replicas)
+            })
+            .collect()
+    }));
+    let template_store = controller.store();
+    let template_to_pools =
+        move |t: SandboxTemplate| pool::pools_of_template(&t, template_store.state().iter());
+    controller
+        .watches(
+            scoped::<Pod>(&ctx.client, &ns),
+            watcher::Config::default().labels(labels::POOL),
+            pod_to_pools,
+        )
+        .watches(
+            scoped::<SandboxTemplate>(&ctx.client, &ns),
+            watcher::Config::default(),
+            template_to_pools,
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(
+            |p, ctx| traced("pool", p, ctx, pool::reconcile),
+            pool_error_policy,
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    info!("pool controller stopped");
+}
+
+fn pool_error_policy(_pool: Arc<SandboxPool>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed("pool", err.kind());
+    retry(err, &ctx)
+}
+
 fn snapshot_error_policy(_snap: Arc<SandboxSnapshot>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failed("snapshot", err.kind());
-    Action::requeue(retry_after(err, rand::rng().random()))
+    retry(err, &ctx)
 }
 
 /// Server-side applies an object's whole status with the operator's field manager, so fields
@@ -520,23 +644,25 @@ pub(crate) async fn publish<K>(
 mod tests {
     use super::*;
 
+    const SLOW: Duration = Duration::from_secs(300);
+
     #[test]
     fn retry_pace() {
         assert_eq!(
-            retry_after(&Error::Init("x".into()), 0.0),
+            retry_after(&Error::Init("x".into()), 0.0, SLOW),
             Duration::from_secs(5)
         );
-        assert!(retry_after(&Error::Init("x".into()), 1.0) <= Duration::from_secs_f64(7.5));
+        assert!(retry_after(&Error::Init("x".into()), 1.0, SLOW) <= Duration::from_secs_f64(7.5));
         assert_eq!(
-            retry_after(&Error::NotNamespaced, 0.0),
+            retry_after(&Error::NotNamespaced, 0.0, SLOW),
             Duration::from_secs(300)
         );
         assert_eq!(
-            retry_after(&Error::SourceMissing("cm".into()), 0.0),
+            retry_after(&Error::SourceMissing("cm".into()), 0.0, SLOW),
             Duration::from_secs(30)
         );
         assert_eq!(
-            retry_after(&Error::SourceNotReadable("secret".into()), 0.0),
+            retry_after(&Error::SourceNotReadable("secret".into()), 0.0, SLOW),
             Duration::from_secs(30)
         );
         use reasons::RestoreReason::*;
@@ -546,13 +672,24 @@ mod tests {
             refusal: None,
         };
         assert_eq!(
-            retry_after(&refused(CrossScopeRestore), 0.0),
+            retry_after(&refused(CrossScopeRestore), 0.0, SLOW),
             Duration::from_secs(300),
             "waits for a change"
         );
         assert_eq!(
-            retry_after(&refused(SnapshotNotReady), 0.0),
+            retry_after(&refused(SnapshotNotReady), 0.0, SLOW),
             Duration::from_secs(5)
+        );
+        let short = Duration::from_secs(20);
+        assert_eq!(
+            retry_after(&refused(CrossScopeRestore), 0.0, short),
+            short,
+            "the permanent pace is --permanent-retry-seconds"
+        );
+        assert_eq!(
+            retry_after(&Error::Init("x".into()), 0.0, short),
+            Duration::from_secs(5),
+            "transient errors keep their backoff"
         );
     }
 }

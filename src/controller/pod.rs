@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 
 use super::security;
 use crate::config::Config;
-use crate::crd::Sandbox;
+use crate::crd::{Sandbox, SandboxPool, SandboxSpec};
 use crate::labels;
 
 /// The single container of a sandbox pod.
@@ -32,7 +32,7 @@ pub const CONTAINER: &str = "sandbox";
 /// stored spec, is immune to the API server's defaulting and pruning.
 pub const SPEC_HASH: &str = "agentbox.dev/pod-spec-hash";
 /// The volume holding the workspace.
-const WORKSPACE_VOLUME: &str = "workspace";
+pub const WORKSPACE_VOLUME: &str = "workspace";
 pub use crate::remote::KEEP_ALIVE;
 
 /// Host directory of a sandbox's workspace: `<nodeRoot>/<namespace>/<uid>`. Always operator
@@ -96,22 +96,60 @@ impl<'a> PodConfig<'a> {
 /// The sandbox pod. `pin_node` is the node that holds the workspace, once known: the pod must
 /// land there again or the workspace is out of reach. The pin is left out of the spec hash so
 /// that learning the node never counts as a spec change.
+pub fn build_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, pin_node: Option<&str>) -> Pod {
+    let ns = sbx.namespace().unwrap_or_default();
+    let dir = workspace_host_path(cfg.node_root, &ns, &sbx.uid().unwrap_or_default());
+    build_pod_in(sbx, cfg, &dir, pin_node)
+}
+
+/// [`build_pod`] with the workspace in `host_dir`: the directory the sandbox's status records
+/// (see [`super::placement`]), which is not the derived one for a sandbox that adopted a warm
+/// pod. The directory is part of the spec hash, as it always was, so a pod is compared
+/// against the directory it should mount.
+pub fn build_pod_in(
+    sbx: &Sandbox,
+    cfg: &PodConfig<'_>,
+    host_dir: &str,
+    pin_node: Option<&str>,
+) -> Pod {
+    let ns = sbx.namespace().unwrap_or_default();
+    let (pod_spec, hash) = build_pod_spec(&sbx.spec, cfg, host_dir, pin_node);
+    let mut annotations = labels::scope_annotations(&sbx.spec.scope);
+    annotations.insert(SPEC_HASH.into(), hash);
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(labels::pod_name(&sbx.name_any())),
+            namespace: Some(ns),
+            labels: Some(owned_labels(sbx)),
+            annotations: Some(annotations),
+            owner_references: owner_ref(sbx).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(pod_spec),
+        status: None,
+    }
+}
+
+/// The pod spec of a (resolved) sandbox spec whose workspace is the host directory `host_dir`,
+/// and its spec hash ([`SPEC_HASH`]): the one builder of sandbox pods, cold ([`build_pod`]) and
+/// warm ([`build_warm_pod`]), so a warm pod is exactly what a cold start of the same spec
+/// would run.
 ///
 /// The container drops every capability and gets back the effective set of
 /// [`security::effective`]; a non-root sandbox gets an init container (the trusted helper)
 /// that hands it the workspace directory first. That init container is left out of the spec
-/// hash too: it follows from the uid, which the hash covers, and a new helper image (an
-/// operator upgrade) must not restart every non-root sandbox.
-pub fn build_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, pin_node: Option<&str>) -> Pod {
-    let node_root = cfg.node_root;
-    let sec = security::effective(&sbx.spec, cfg.security);
-    let spec = &sbx.spec;
-    let ns = sbx.namespace().unwrap_or_default();
-    let uid = sbx.uid().unwrap_or_default();
+/// hash, as is the node pin: it follows from the uid, which the hash covers, and a new helper
+/// image (an operator upgrade) must not restart every non-root sandbox.
+pub fn build_pod_spec(
+    spec: &SandboxSpec,
+    cfg: &PodConfig<'_>,
+    host_dir: &str,
+    pin_node: Option<&str>,
+) -> (PodSpec, String) {
+    let sec = security::effective(spec, cfg.security);
     let root = spec.workspace.root.trim_end_matches('/').to_string();
 
-    let (volumes, mounts) =
-        workspace_volumes(spec, &workspace_host_path(node_root, &ns, &uid), &root);
+    let (volumes, mounts) = workspace_volumes(spec, host_dir, &root);
     let container = sandbox_container(spec, &sec, root, mounts);
 
     let mut pod_spec = PodSpec {
@@ -156,16 +194,88 @@ pub fn build_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, pin_node: Option<&str>) -> 
             mount,
         )]);
     }
+    (pod_spec, hash)
+}
 
-    let mut annotations = labels::scope_annotations(&spec.scope);
-    annotations.insert(SPEC_HASH.into(), hash);
+/// Stands for the workspace directory in [`shape_hash`]: every pod has its own.
+const SHAPE_HOST_DIR: &str = "<workspace>";
+
+/// The pod shape hash of a resolved sandbox spec: the spec hash of the pod [`build_pod_spec`]
+/// makes for it with the workspace host directory (and, as in every spec hash, the node pin and
+/// the init container) left out. Two specs hash equal exactly when their pods differ only in
+/// the workspace directory, so a Sandbox may adopt a warm pod of equal hash
+/// ([`labels::POD_SHAPE_HASH`]): one made from the pool's template without overrides hashes
+/// equal; env additions, host mounts or another workspace root do not. Scope, files, snapshot
+/// and lifecycle do not shape the pod and are not in it.
+pub fn shape_hash(resolved: &SandboxSpec, cfg: &PodConfig<'_>) -> String {
+    build_pod_spec(resolved, cfg, SHAPE_HOST_DIR, None).1
+}
+
+/// Host directory of a warm pod's workspace: `<nodeRoot>/<namespace>/warm-<suffix>`.
+pub fn warm_host_path(node_root: &str, namespace: &str, suffix: &str) -> String {
+    format!(
+        "{}/{}",
+        namespace_host_path(node_root, namespace),
+        labels::warm_dir_name(suffix)
+    )
+}
+
+/// A warm pod of `pool`: the pod of `resolved` (the pool's template resolved for a Sandbox
+/// without overrides) with a workspace directory of its own, named and labelled for the pool
+/// (name `<pool>-warm-<suffix>`, labels [`labels::MANAGED_BY`], [`labels::POOL`],
+/// [`labels::WARM`]), owned by it as controller, and annotated with its directory
+/// ([`labels::WORKSPACE_HOST_DIR`]), its shape hash ([`labels::POD_SHAPE_HASH`]), its spec
+/// hash as [`build_pod`] computes it for that directory ([`SPEC_HASH`]) and the template's
+/// generation ([`labels::TEMPLATE_GENERATION`]). It carries no scope label, annotation or data.
+///
+/// What a claim must still do with a warm pod (the pool does only the scope-free part of a
+/// start, see [`crate::controller::pool::is_claimable`]): take it with a write conditioned on
+/// its resourceVersion (the Sandbox as controller owner, the scope labels and annotations and
+/// the sandbox label added, [`labels::WARM`] and [`labels::WARM_READY`] removed, [`labels::POOL`]
+/// kept so the pool's watch sees the claim), then initialise the workspace as a cold start does
+/// (probe, restore, files, and the marker with the Sandbox's UID, which a warm directory never
+/// has).
+pub fn build_warm_pod(
+    pool: &SandboxPool,
+    resolved: &SandboxSpec,
+    cfg: &PodConfig<'_>,
+    suffix: &str,
+    template_generation: i64,
+) -> Pod {
+    let ns = pool.namespace().unwrap_or_default();
+    let host_dir = warm_host_path(cfg.node_root, &ns, suffix);
+    let (pod_spec, hash) = build_pod_spec(resolved, cfg, &host_dir, None);
+    let labels = BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (
+            labels::POOL.to_string(),
+            labels::pool_label_value(&pool.name_any()),
+        ),
+        (labels::WARM.to_string(), "true".to_string()),
+    ]);
+    let annotations = BTreeMap::from([
+        (labels::WORKSPACE_HOST_DIR.to_string(), host_dir),
+        (
+            labels::POD_SHAPE_HASH.to_string(),
+            shape_hash(resolved, cfg),
+        ),
+        (SPEC_HASH.to_string(), hash),
+        (
+            labels::TEMPLATE_GENERATION.to_string(),
+            template_generation.to_string(),
+        ),
+    ]);
     Pod {
         metadata: ObjectMeta {
-            name: Some(labels::pod_name(&sbx.name_any())),
+            name: Some(labels::warm_pod_name(&pool.name_any(), suffix)),
             namespace: Some(ns),
-            labels: Some(owned_labels(sbx)),
+            labels: Some(labels),
             annotations: Some(annotations),
-            owner_references: owner_ref(sbx).map(|o| vec![o]),
+            // blockOwnerDeletion: a foreground deletion of the pool waits for its pods.
+            owner_references: pool.controller_owner_ref(&()).map(|mut o| {
+                o.block_owner_deletion = Some(true);
+                vec![o]
+            }),
             ..Default::default()
         },
         spec: Some(pod_spec),
@@ -176,7 +286,7 @@ pub fn build_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, pin_node: Option<&str>) -> 
 /// The workspace volume (a host directory of the operator's choosing) and the user's host
 /// mounts, with their mounts in the sandbox container.
 fn workspace_volumes(
-    spec: &crate::crd::SandboxSpec,
+    spec: &SandboxSpec,
     host_dir: &str,
     root: &str,
 ) -> (Vec<Volume>, Vec<VolumeMount>) {
@@ -220,7 +330,7 @@ fn workspace_volumes(
 /// The sandbox's container: its image and command, the workspace as working directory, every
 /// capability dropped but the effective ones, no privilege escalation.
 fn sandbox_container(
-    spec: &crate::crd::SandboxSpec,
+    spec: &SandboxSpec,
     sec: &security::Effective,
     root: String,
     mounts: Vec<VolumeMount>,
@@ -422,13 +532,12 @@ enum HelperMount {
     /// The namespace's workspace directory, read-write at [`NAMESPACE_MOUNT`]: the parent of
     /// the workspaces a job changes.
     Namespace,
-    /// The node root, read-only at [`NODE_ROOT_MOUNT`]: only to read which entries a
-    /// namespace's directory has. Type `Directory`, so a node without one never gets one made.
-    NodeRoot,
+    /// The same directory read-only: only to name its entries. Never more than the
+    /// namespace's own directory: helper pods run in the tenant's namespace, where a harness
+    /// may be allowed `pods/exec`, so what one mounts must not reach another namespace's
+    /// workspaces (not even their names).
+    NamespaceReadOnly,
 }
-
-/// Where a listing helper pod mounts the node root (read-only).
-pub const NODE_ROOT_MOUNT: &str = "/node-root";
 
 /// A pod bound directly to `node` (no scheduling: it must run exactly there, even on a
 /// cordoned node) in namespace `ns` that runs one helper job on the directory `mount` names.
@@ -443,28 +552,14 @@ fn helper_pod(
     (job, caps, mount): (agentbox_helper::Job, &[&str], HelperMount),
     labels: BTreeMap<String, String>,
 ) -> Pod {
-    let (volume, path, type_, at, read_only) = match mount {
-        // A namespace directory removed by hand must not leave the pod stuck on its mount;
-        // an empty one created here holds nothing.
-        HelperMount::Namespace => (
-            "namespace",
-            namespace_host_path(cfg.node_root, ns),
-            "DirectoryOrCreate",
-            NAMESPACE_MOUNT,
-            None,
-        ),
-        HelperMount::NodeRoot => (
-            "node-root",
-            cfg.node_root.to_string(),
-            "Directory",
-            NODE_ROOT_MOUNT,
-            Some(true),
-        ),
-    };
+    // A namespace directory removed by hand must not leave the pod stuck on its mount; an
+    // empty one created here holds nothing (and `prepare` makes it root-only once a sandbox
+    // of the namespace starts on the node).
+    let volume = "namespace";
     let volume_mount = VolumeMount {
         name: volume.into(),
-        mount_path: at.into(),
-        read_only,
+        mount_path: NAMESPACE_MOUNT.into(),
+        read_only: (mount == HelperMount::NamespaceReadOnly).then_some(true),
         ..Default::default()
     };
     Pod {
@@ -485,8 +580,8 @@ fn helper_pod(
             volumes: Some(vec![Volume {
                 name: volume.into(),
                 host_path: Some(HostPathVolumeSource {
-                    path,
-                    type_: Some(type_.into()),
+                    path: namespace_host_path(cfg.node_root, ns),
+                    type_: Some("DirectoryOrCreate".into()),
                 }),
                 ..Default::default()
             }]),
@@ -523,20 +618,21 @@ fn sandbox_helper_pod(
     )
 }
 
-/// The pod `name` that removes this sandbox's workspace directory (and only it) from `node`:
+/// The pod `name` that removes this sandbox's workspace directory `dir` (an entry of the
+/// namespace's directory, see [`super::placement::dir_name`]; only it) from `node`:
 /// the helper's `remove` job on the namespace's directory, which it needs mounted to unlink the
 /// workspace's entry. `None` without a helper image: the sandbox's own image is never used,
 /// since whatever it calls `rm` is the sandbox author's code.
 pub fn build_cleanup_pod(
     sbx: &Sandbox,
     cfg: &PodConfig<'_>,
-    node: &str,
+    (node, dir): (&str, &str),
     name: String,
 ) -> Option<Pod> {
     let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::Remove {
         root: NAMESPACE_MOUNT.into(),
-        names: vec![sbx.uid().unwrap_or_default()],
+        names: vec![dir.to_string()],
     };
     let mut labels = owned_labels(sbx);
     labels.insert(HELPER_LABEL.into(), "remove".into());
@@ -561,11 +657,16 @@ pub fn sweep_pod_name(job: &str, node: &str) -> String {
     )
 }
 
+/// Label of a sweep pod: the namespace whose workspace directory it works on (it may run in
+/// another, `--helper-namespace`, when that one takes no new pods).
+pub const FOR_NAMESPACE_LABEL: &str = "agentbox.dev/for-namespace";
+
 /// Labels of the orphan sweep's pods (owned by no sandbox: the sweep deletes them itself).
-fn sweep_labels(job: &str) -> BTreeMap<String, String> {
+fn sweep_labels(job: &str, ns: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
         (HELPER_LABEL.to_string(), job.to_string()),
+        (FOR_NAMESPACE_LABEL.to_string(), ns.to_string()),
     ])
 }
 
@@ -579,12 +680,12 @@ fn tolerate_all() -> Option<Vec<Toleration>> {
 }
 
 /// The pod that names the entries of namespace `ns`'s workspace directory on `node` (the
-/// helper's `list` job, leaving out `skip`), with the node root mounted read-only and no
-/// capability. `None` without a helper image.
+/// helper's `list` job, leaving out `skip`), with that directory alone mounted read-only and
+/// no capability. `None` without a helper image.
 pub fn build_list_pod(ns: &str, cfg: &PodConfig<'_>, node: &str, skip: Vec<String>) -> Option<Pod> {
     let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::List {
-        dir: format!("{NODE_ROOT_MOUNT}/{ns}").into(),
+        dir: NAMESPACE_MOUNT.into(),
         skip,
     };
     Some(helper_pod(
@@ -593,8 +694,8 @@ pub fn build_list_pod(ns: &str, cfg: &PodConfig<'_>, node: &str, skip: Vec<Strin
         cfg,
         helper,
         (sweep_pod_name("list", node), node, "list"),
-        (job, PREPARE_CAPS, HelperMount::NodeRoot),
-        sweep_labels("list"),
+        (job, PREPARE_CAPS, HelperMount::NamespaceReadOnly),
+        sweep_labels("list", ns),
     ))
 }
 
@@ -618,7 +719,7 @@ pub fn build_sweep_pod(
         helper,
         (sweep_pod_name("sweep", node), node, "remove"),
         (job, REMOVE_CAPS, HelperMount::Namespace),
-        sweep_labels("sweep"),
+        sweep_labels("sweep", ns),
     ))
 }
 
@@ -782,6 +883,182 @@ mod tests {
         assert_ne!(hash(&free), hash(&build_pod(&other, &cfg("/w"), None)));
     }
 
+    fn pool() -> SandboxPool {
+        let mut p = SandboxPool::new(
+            "py",
+            serde_json::from_value(
+                serde_json::json!({"templateRef": {"name": "tpl"}, "replicas": 2}),
+            )
+            .unwrap(),
+        );
+        p.metadata.namespace = Some("team".into());
+        p.metadata.uid = Some("pool-uid".into());
+        p
+    }
+
+    fn template() -> crate::crd::SandboxTemplateSpec {
+        serde_json::from_value(serde_json::json!({
+            "image": "docker.io/library/busybox:1.37",
+            "env": [{"name": "MODE", "value": "tpl"}],
+            "securityContext": {"runAsNonRoot": true},
+            "workspace": {"files": [{"path": "AGENTS.md", "content": "rules"}]},
+        }))
+        .unwrap()
+    }
+
+    /// A Sandbox of template `tpl` with `extra` spec fields, resolved as the controller does.
+    fn templated(extra: serde_json::Value) -> Sandbox {
+        let mut spec = serde_json::json!({
+            "templateRef": {"name": "tpl"},
+            "scope": {"kind": "User", "agent": "coder", "user": "alice"},
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let mut sbx = Sandbox::new("demo", serde_json::from_value(spec).unwrap());
+        sbx.metadata.namespace = Some("team".into());
+        sbx.metadata.uid = Some("1234-uid".into());
+        sbx.spec = crate::template::resolve(&template(), &sbx.spec);
+        sbx
+    }
+
+    #[test]
+    fn a_warm_pod_is_the_cold_pod_of_its_template_but_for_its_directory_and_metadata() {
+        let c = cfg("/w");
+        let spec = crate::template::for_pool("tpl", &template());
+        let warm = build_warm_pod(&pool(), &spec, &c, "ab12c", 3);
+        let cold = build_pod(&templated(serde_json::json!({})), &c, None);
+        let mut warm_spec = warm.spec.clone().unwrap();
+        let vol = warm_spec.volumes.as_mut().unwrap()[0]
+            .host_path
+            .as_mut()
+            .unwrap();
+        assert_eq!(vol.path, "/w/team/warm-ab12c");
+        assert_eq!(vol.type_.as_deref(), Some("DirectoryOrCreate"));
+        vol.path = "/w/team/1234-uid".into();
+        assert_eq!(
+            Some(warm_spec),
+            cold.spec,
+            "container, security, the own-workspace init container: all the same"
+        );
+        assert!(
+            cold.spec.as_ref().unwrap().init_containers.is_some(),
+            "non-root"
+        );
+        let meta = &warm.metadata;
+        assert_eq!(meta.name.as_deref(), Some("py-warm-ab12c"));
+        let want: BTreeMap<String, String> = [
+            (labels::MANAGED_BY, labels::MANAGER),
+            (labels::POOL, "py"),
+            (labels::WARM, "true"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(meta.labels.as_ref(), Some(&want), "no scope labels");
+        let ann = meta.annotations.as_ref().unwrap();
+        assert_eq!(
+            ann.keys().map(String::as_str).collect::<Vec<_>>(),
+            vec![
+                labels::POD_SHAPE_HASH,
+                SPEC_HASH,
+                labels::TEMPLATE_GENERATION,
+                labels::WORKSPACE_HOST_DIR,
+            ],
+            "no scope annotations"
+        );
+        assert_eq!(ann[labels::WORKSPACE_HOST_DIR], "/w/team/warm-ab12c");
+        assert_eq!(ann[labels::TEMPLATE_GENERATION], "3");
+        let owner = &meta.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("SandboxPool", "py", "pool-uid")
+        );
+        assert_eq!(
+            (owner.controller, owner.block_owner_deletion),
+            (Some(true), Some(true))
+        );
+        // The spec hash is the one a Sandbox gets for a pod on that directory.
+        let mut at_warm = templated(serde_json::json!({}));
+        at_warm.metadata.uid = Some("warm-ab12c".into());
+        assert_eq!(
+            ann[SPEC_HASH],
+            build_pod(&at_warm, &c, None).metadata.annotations.unwrap()[SPEC_HASH]
+        );
+    }
+
+    #[test]
+    fn the_shape_hash_is_equal_for_a_sandbox_without_pod_shaping_overrides_only() {
+        let c = cfg("/w");
+        let pool_hash = shape_hash(&crate::template::for_pool("tpl", &template()), &c);
+        let same = |extra: serde_json::Value| shape_hash(&templated(extra).spec, &c) == pool_hash;
+        assert!(same(serde_json::json!({})));
+        assert!(
+            same(serde_json::json!({
+                "workspace": {"files": [{"path": "task.md", "content": "t"}]},
+                "snapshot": {"onStop": true},
+                "lifecycle": {"idleTimeout": "5m"},
+            })),
+            "files, snapshot policy and lifecycle do not shape the pod"
+        );
+        assert!(!same(
+            serde_json::json!({"env": [{"name": "EXTRA", "value": "x"}]})
+        ));
+        assert!(!same(
+            serde_json::json!({"workspace": {"root": "/home/agent"}})
+        ));
+        assert!(!same(serde_json::json!({"workspace": {"mounts": [
+            {"path": "data", "hostPath": "/srv/data"}]}})));
+        // Neither the directory nor the node pin nor the helper image is part of it.
+        let other = PodConfig {
+            node_root: "/elsewhere",
+            helper: Some(HelperImage {
+                image: "agentbox/helper:v2",
+                pull_policy: "Always",
+            }),
+            ..c
+        };
+        assert_eq!(
+            shape_hash(&templated(serde_json::json!({})).spec, &other),
+            pool_hash
+        );
+        // Another template image is another shape.
+        let mut t = template();
+        t.pod.image = Some("agentbox/base:v2".into());
+        assert_ne!(
+            shape_hash(&crate::template::for_pool("tpl", &t), &c),
+            pool_hash
+        );
+    }
+
+    #[test]
+    fn a_pod_in_a_recorded_directory_mounts_it_and_hashes_it() {
+        let sbx = sandbox(serde_json::json!({}));
+        let derived = build_pod(&sbx, &cfg("/w"), None);
+        let warm = build_pod_in(&sbx, &cfg("/w"), "/w/team/warm-abcde", None);
+        let path = |p: &Pod| {
+            p.spec.as_ref().unwrap().volumes.as_ref().unwrap()[0]
+                .host_path
+                .as_ref()
+                .unwrap()
+                .path
+                .clone()
+        };
+        assert_eq!(path(&derived), "/w/team/1234-uid");
+        assert_eq!(path(&warm), "/w/team/warm-abcde");
+        let hash = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH].clone();
+        assert_ne!(
+            hash(&derived),
+            hash(&warm),
+            "a pod is compared with its directory"
+        );
+        assert_eq!(
+            hash(&derived),
+            hash(&build_pod_in(&sbx, &cfg("/w"), "/w/team/1234-uid", None)),
+            "build_pod is build_pod_in the derived directory"
+        );
+    }
+
     #[test]
     fn host_mounts_become_volumes_under_the_root() {
         let sbx = sandbox(
@@ -880,7 +1157,13 @@ mod tests {
         let sbx = sandbox(serde_json::json!({"tolerations": [
             {"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}
         ]}));
-        let pod = build_cleanup_pod(&sbx, &cfg("/w"), "node-a", cleanup_pod_name(&sbx)).unwrap();
+        let pod = build_cleanup_pod(
+            &sbx,
+            &cfg("/w"),
+            ("node-a", "1234-uid"),
+            cleanup_pod_name(&sbx),
+        )
+        .unwrap();
         let spec = pod.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-a"));
         assert_eq!(spec.automount_service_account_token, Some(false));
@@ -900,19 +1183,24 @@ mod tests {
         let tol = spec.tolerations.unwrap();
         assert_eq!(tol, sbx.spec.pod.tolerations);
         assert!(
-            build_cleanup_pod(&sandbox(serde_json::json!({})), &cfg("/w"), "n", "c".into())
-                .unwrap()
-                .spec
-                .unwrap()
-                .tolerations
-                .is_none()
+            build_cleanup_pod(
+                &sandbox(serde_json::json!({})),
+                &cfg("/w"),
+                ("n", "d"),
+                "c".into()
+            )
+            .unwrap()
+            .spec
+            .unwrap()
+            .tolerations
+            .is_none()
         );
         // Without a helper image there is no cleanup pod: never the sandbox's own image.
         let none = PodConfig {
             helper: None,
             ..cfg("/w")
         };
-        assert!(build_cleanup_pod(&sbx, &none, "node-a", "c".into()).is_none());
+        assert!(build_cleanup_pod(&sbx, &none, ("node-a", "d"), "c".into()).is_none());
         // The pod that removes a directory left on a lost node is named for that node.
         assert_ne!(
             abandoned_cleanup_pod_name(&sbx, "node-a"),
@@ -925,34 +1213,41 @@ mod tests {
     #[test]
     fn sweep_pods_list_read_only_and_remove_only_the_names_given() {
         let list = build_list_pod("team", &cfg("/w"), "node-a", vec!["u1".into()]).unwrap();
+        let sweep = build_sweep_pod("team", &cfg("/w"), "node-a", vec!["u2".into()]).unwrap();
+        // The sweep's leftover selector (`agentbox.dev/helper in (list,sweep)`, per namespace)
+        // must select both.
+        for (p, job) in [(&list, "list"), (&sweep, "sweep")] {
+            let l = p.metadata.labels.as_ref().unwrap();
+            assert_eq!(l.get(HELPER_LABEL).map(String::as_str), Some(job));
+            assert_eq!(l.get(FOR_NAMESPACE_LABEL).map(String::as_str), Some("team"));
+        }
         let spec = list.spec.as_ref().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-a"));
         assert_least_privilege(&spec.containers[0], &[]);
         let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
         assert_eq!(
             (m.mount_path.as_str(), m.read_only),
-            (NODE_ROOT_MOUNT, Some(true))
+            (NAMESPACE_MOUNT, Some(true))
         );
-        let hp = spec.volumes.as_ref().unwrap()[0]
-            .host_path
-            .as_ref()
-            .unwrap();
+        let volumes = spec.volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
+        let hp = volumes[0].host_path.as_ref().unwrap();
         assert_eq!(
-            (hp.path.as_str(), hp.type_.as_deref()),
-            ("/w", Some("Directory")),
-            "never makes a node root"
+            hp.path.as_str(),
+            "/w/team",
+            "the namespace's own directory, never the node root: another namespace's \
+             workspace names stay out of reach of whoever may exec into the pod"
         );
         let args = &spec.containers[0].command.as_ref().unwrap()[1..];
         assert_eq!(
             agentbox_helper::Job::parse(args).unwrap(),
             agentbox_helper::Job::List {
-                dir: "/node-root/team".into(),
+                dir: NAMESPACE_MOUNT.into(),
                 skip: vec!["u1".into()]
             }
         );
         assert!(list.metadata.owner_references.is_none());
 
-        let sweep = build_sweep_pod("team", &cfg("/w"), "node-a", vec!["u2".into()]).unwrap();
         let spec = sweep.spec.as_ref().unwrap();
         assert_least_privilege(&spec.containers[0], REMOVE_CAPS);
         let hp = spec.volumes.as_ref().unwrap()[0]

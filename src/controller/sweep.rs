@@ -4,17 +4,19 @@
 //! (a helper pod takes a second or more): the finalizer goes once what must happen before the
 //! object disappears is done (the onStop snapshot, the pod asked to go), and the directory is
 //! removed here. Two ways in:
-//! - a **hint** from the deletion (node, namespace, uid): removed as soon as no pod mounts it
+//! - a **hint** from the deletion (node, namespace, directory name): removed as soon as no pod mounts it
 //!   any more — the usual way, a second or two after the delete;
 //! - a **pass** at the leader's start and every `--sweep-interval-seconds`: on each serving
 //!   node, a helper pod names the entries of each watched namespace's directory; those that
-//!   look like a workspace (`<nodeRoot>/<namespace>/<uid>`) and belong to no Sandbox and no
+//!   look like a workspace (`<nodeRoot>/<namespace>/<uid>`, or `warm-<suffix>`) and belong to no Sandbox and no
 //!   pod are removed. This is what catches the directory of a sandbox whose operator stopped
 //!   between removing the finalizer and removing the directory.
 //!
-//! A directory is removed only when it is named like a workspace (a UID), no Sandbox with that
-//! UID exists (a Suspended one keeps its directory) and no pod in the namespace mounts it (a
-//! pod still stopping, a warm pod, a helper). The API is read **after** the listing, so a
+//! A directory is removed only when it is named like a workspace (a UID, or `warm-<suffix>`
+//! for a SandboxPool's warm pod), no Sandbox has that UID or records it as its
+//! `status.workspace.hostDir` (a Suspended one keeps its directory, also one it adopted from a
+//! pool) and no pod in the namespace mounts it (a pod still stopping, a warm pod, a helper). A warm pod's directory is hinted when the pod is seen being deleted (by its pool,
+//! by hand, or with its pool), and a pass catches any other. The API is read **after** the listing, so a
 //! sandbox created meanwhile is seen; UIDs are never reused, so one judged gone stays gone.
 //! Failures are Warning Events on the helper pod; nothing is retried in a tight loop (the next
 //! pass looks again).
@@ -33,8 +35,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::pod::{self, HELPER_LABEL, PodConfig};
-use super::{Context, Error, nodeloss, noderoot};
-use crate::crd::Sandbox;
+use super::{Context, Error, nodeloss, noderoot, placement};
+use crate::crd::{Sandbox, SandboxPool};
 
 /// How long a hinted directory may stay mounted by its stopping pod before the hint is left
 /// to the next pass.
@@ -51,10 +53,11 @@ const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Hint {
     /// The node it is on.
     pub node: String,
-    /// The sandbox's namespace.
+    /// The sandbox's (or warm pod's) namespace.
     pub namespace: String,
-    /// The sandbox's UID: the directory's name.
-    pub uid: String,
+    /// The directory's name: the sandbox's UID, or a warm pod's `warm-<suffix>` (its own, or
+    /// the one a sandbox adopted with it).
+    pub dir: String,
 }
 
 /// The hints deletions leave, and the namespaces they came from (a pass sweeps those too).
@@ -104,12 +107,20 @@ pub fn is_workspace_name(name: &str) -> bool {
             .all(|(g, n)| g.len() == n && g.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
-/// What the API says is in use in one namespace: the UIDs of its Sandboxes and the workspace
-/// directory names its pods mount.
+/// Whether `name` is a directory the sweep may remove when nothing uses it: a sandbox's
+/// workspace ([`is_workspace_name`]) or a warm pod's ([`crate::labels::is_warm_dir_name`]).
+pub fn is_sweepable(name: &str) -> bool {
+    is_workspace_name(name) || crate::labels::is_warm_dir_name(name)
+}
+
+/// What the API says is in use in one namespace: the workspace directories of its Sandboxes
+/// and those its pods mount. A warm pod's directory is in use while its pod (warm, or claimed
+/// by a Sandbox) mounts it, and while a Sandbox records it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InUse {
-    /// UIDs of the namespace's Sandboxes, whatever their phase (a Suspended one keeps its
-    /// directory; a Terminating one still has its finalizer to run).
+    /// Directory names of the namespace's Sandboxes, whatever their phase (a Suspended one
+    /// keeps its directory; a Terminating one still has its finalizer to run): each one's
+    /// UID, and the directory its status records.
     pub sandboxes: BTreeSet<String>,
     /// Names of workspace directories (`<nodeRoot>/<namespace>/<name>`, or below) that a pod of
     /// the namespace mounts, on any node, whatever its phase.
@@ -119,7 +130,7 @@ pub struct InUse {
 }
 
 impl InUse {
-    /// From the namespace's Sandbox UIDs and pods.
+    /// From the namespace's Sandbox directory names (see [`sandbox_dirs`]) and pods.
     pub fn of(
         sandboxes: impl IntoIterator<Item = String>,
         pods: &[Pod],
@@ -167,7 +178,7 @@ impl InUse {
     pub fn soon_orphans(&self, listed: &[String]) -> Vec<String> {
         listed
             .iter()
-            .filter(|n| is_workspace_name(n))
+            .filter(|n| is_sweepable(n))
             .filter(|n| self.stopping.contains(*n) && !self.sandboxes.contains(*n))
             .cloned()
             .collect()
@@ -179,7 +190,7 @@ impl InUse {
 pub fn orphans(listed: &[String], in_use: &InUse) -> Vec<String> {
     let mut out: Vec<String> = listed
         .iter()
-        .filter(|n| is_workspace_name(n))
+        .filter(|n| is_sweepable(n))
         .filter(|n| !in_use.sandboxes.contains(*n) && !in_use.mounted.contains(*n))
         .cloned()
         .collect();
@@ -199,16 +210,31 @@ pub fn listed_names(report: &Report) -> Vec<String> {
         .collect()
 }
 
-/// Groups hints by (node, namespace), each group's UIDs once.
+/// Groups hints by (node, namespace), each group's directories once.
 pub fn group(hints: Vec<Hint>) -> BTreeMap<(String, String), Vec<String>> {
     let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for h in hints {
-        let uids = out.entry((h.node, h.namespace)).or_default();
-        if !uids.contains(&h.uid) {
-            uids.push(h.uid);
+        let dirs = out.entry((h.node, h.namespace)).or_default();
+        if !dirs.contains(&h.dir) {
+            dirs.push(h.dir);
         }
     }
     out
+}
+
+/// The directory names a Sandbox keeps in its namespace's directory: its UID (the directory
+/// of every pod the operator makes for it) and the directory its status records (another name
+/// when it adopted a warm pod).
+pub fn sandbox_dirs(sbx: &Sandbox, node_root: &str) -> Vec<String> {
+    let ns = sbx.namespace().unwrap_or_default();
+    let recorded = placement::recorded_host_dir(sbx);
+    let named = recorded
+        .as_deref()
+        .and_then(|d| placement::dir_name(d, node_root, &ns));
+    sbx.uid()
+        .into_iter()
+        .chain(named.map(str::to_string))
+        .collect()
 }
 
 /// Runs the sweep until `shutdown` resolves: hints as they come, a pass at once and then every
@@ -227,8 +253,8 @@ pub async fn run(ctx: std::sync::Arc<Context>, shutdown: impl std::future::Futur
             _ = ctx.sweep.wake.notified() => {}
             _ = tokio::time::sleep_until(next_pass) => {}
         }
-        for ((node, ns), uids) in group(ctx.sweep.take()) {
-            if let Err(e) = sweep_hinted(&ctx, &node, &ns, &uids).await {
+        for ((node, ns), dirs) in group(ctx.sweep.take()) {
+            if let Err(e) = sweep_hinted(&ctx, &node, &ns, &dirs).await {
                 warn!(node, namespace = %ns, "removing the workspaces of deleted sandboxes: {e}; the next sweep retries");
             }
         }
@@ -243,7 +269,7 @@ pub async fn run(ctx: std::sync::Arc<Context>, shutdown: impl std::future::Futur
 
 /// Removes the hinted directories of deleted sandboxes on `node` once no pod mounts them (their
 /// own pod stops first). What is still mounted after [`HINT_PATIENCE`] is left to the next pass.
-async fn sweep_hinted(ctx: &Context, node: &str, ns: &str, uids: &[String]) -> Result<(), Error> {
+async fn sweep_hinted(ctx: &Context, node: &str, ns: &str, dirs: &[String]) -> Result<(), Error> {
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     if !nodes
         .get_opt(node)
@@ -256,8 +282,8 @@ async fn sweep_hinted(ctx: &Context, node: &str, ns: &str, uids: &[String]) -> R
     }
     let deadline = Instant::now() + HINT_PATIENCE;
     let doomed = loop {
-        let free = orphans(uids, &in_use(ctx, ns).await?);
-        if free.len() == uids.len() || Instant::now() >= deadline {
+        let free = orphans(dirs, &in_use(ctx, ns).await?);
+        if free.len() == dirs.len() || Instant::now() >= deadline {
             break free;
         }
         tokio::time::sleep(HINT_POLL).await;
@@ -278,10 +304,15 @@ async fn pass(ctx: &Context) -> Result<(), Error> {
         .collect();
     let mut namespaces = ctx.sweep.namespaces();
     if ctx.config.namespace.is_empty() {
-        // Every namespace with a Sandbox now, and those this process deleted from.
+        // Every namespace with a Sandbox or a SandboxPool now, and those this process
+        // deleted from.
         let all: Api<Sandbox> = Api::all(ctx.client.clone());
         for s in all.list_metadata(&ListParams::default()).await?.items {
             namespaces.extend(s.namespace());
+        }
+        let pools: Api<SandboxPool> = Api::all(ctx.client.clone());
+        for p in pools.list_metadata(&ListParams::default()).await?.items {
+            namespaces.extend(p.namespace());
         }
     } else {
         namespaces = BTreeSet::from([ctx.config.namespace.clone()]);
@@ -308,11 +339,11 @@ async fn sweep_node(ctx: &Context, node: &str, ns: &str, before: &InUse) -> Resu
     let listed = listed_names(&report);
     // A deleted sandbox's pod still stopping (its hint lost with an earlier process): the
     // hint path waits for the pod.
-    for uid in before.soon_orphans(&listed) {
+    for dir in before.soon_orphans(&listed) {
         ctx.sweep.add(Hint {
             node: node.to_string(),
             namespace: ns.to_string(),
-            uid,
+            dir,
         });
     }
     let candidates = orphans(&listed, before);
@@ -343,25 +374,80 @@ async fn remove(ctx: &Context, node: &str, ns: &str, names: Vec<String>) -> Resu
     Ok(())
 }
 
-/// The UIDs of namespace `ns`'s Sandboxes and the workspace directories its pods mount, read
-/// from the API server (not a cache: the decision must not trail a create).
+/// The directories of namespace `ns`'s Sandboxes and those its pods mount, read from the API
+/// server (not a cache: the decision must not trail a create).
 async fn in_use(ctx: &Context, ns: &str) -> Result<InUse, Error> {
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
-    let uids = sandboxes
-        .list_metadata(&ListParams::default())
+    // Whole objects, not metadata: the recorded directory is in the status.
+    let dirs: Vec<String> = sandboxes
+        .list(&ListParams::default())
         .await?
         .items
-        .into_iter()
-        .filter_map(|s| s.metadata.uid);
+        .iter()
+        .flat_map(|s| sandbox_dirs(s, &ctx.config.node_root))
+        .collect();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let pods = pods.list(&ListParams::default()).await?.items;
-    Ok(InUse::of(uids, &pods, &ctx.config.node_root, ns))
+    Ok(InUse::of(dirs, &pods, &ctx.config.node_root, ns))
+}
+
+/// Selects the sweep's helper pods (both jobs, [`pod::build_list_pod`] and
+/// [`pod::build_sweep_pod`]). The sweep runs one helper pod at a time, so any there when it
+/// makes one is not this process's.
+fn sweep_jobs() -> String {
+    format!("{HELPER_LABEL} in (list,sweep)")
+}
+
+/// Whether the API server refused a pod because its namespace takes no new pods: it is being
+/// deleted (403, NamespaceLifecycle admission) or is gone (404).
+pub fn namespace_takes_no_pods(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else {
+        return false;
+    };
+    let terminating = s.code == 403 && s.message.contains("being terminated");
+    let gone = s.code == 404 && s.details.as_ref().is_some_and(|d| d.kind == "namespaces");
+    terminating || gone
+}
+
+/// Creates the helper pod `desired` (in namespace `ns`, the workspace's), or, when `ns` takes
+/// no new pods, the same pod in `--helper-namespace`: a deleted namespace's directories are
+/// removed from there. Returns the pods API it was created in, and the pod.
+async fn create_helper(ctx: &Context, ns: &str, desired: &Pod) -> Result<(Api<Pod>, Pod), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    // Any sweep pod there now is a leftover, whatever its job: one that removed its directories
+    // just before an earlier operator was killed would otherwise wait for the next removal.
+    delete_leftovers(&pods, &sweep_jobs()).await;
+    let err = match pods.create(&PostParams::default(), desired).await {
+        Ok(p) => return Ok((pods, p)),
+        Err(e) if namespace_takes_no_pods(&e) => e,
+        Err(e) => return Err(e.into()),
+    };
+    let fallback = ctx.config.helper_namespace.as_str();
+    if fallback.is_empty() || fallback == ns {
+        let msg = format!(
+            "namespace {ns} takes no new pods ({err}) and no --helper-namespace is set: its \
+             workspace directories stay on the nodes until removed by hand"
+        );
+        warn!("{msg}");
+        return Err(Error::Cleanup(msg));
+    }
+    debug!(namespace = %ns, helper_namespace = %fallback, "running the sweep's helper pod in the helper namespace");
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), fallback);
+    // The helper namespace serves every namespace: only this one's leftovers.
+    delete_leftovers(
+        &pods,
+        &format!("{},{}={ns}", sweep_jobs(), pod::FOR_NAMESPACE_LABEL),
+    )
+    .await;
+    let mut moved = desired.clone();
+    moved.metadata.namespace = Some(fallback.to_string());
+    let created = pods.create(&PostParams::default(), &moved).await?;
+    Ok((pods, created))
 }
 
 /// Creates a helper pod, waits for its report and deletes it. A failure is a Warning Event on
 /// the pod (and the error); the pod is deleted either way.
 async fn run_helper(ctx: &Context, ns: &str, mut desired: Pod) -> Result<Report, Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let job = desired
         .labels()
         .get(HELPER_LABEL)
@@ -372,8 +458,7 @@ async fn run_helper(ctx: &Context, ns: &str, mut desired: Pod) -> Result<Report,
     let prefix = desired.name_any();
     desired.metadata.name = None;
     desired.metadata.generate_name = Some(format!("{prefix}-"));
-    delete_leftovers(&pods, &job).await;
-    let created = pods.create(&PostParams::default(), &desired).await?;
+    let (pods, created) = create_helper(ctx, ns, &desired).await?;
     let name = created.name_any();
     let outcome = tokio::time::timeout(HELPER_TIMEOUT, async {
         loop {
@@ -408,10 +493,10 @@ async fn run_helper(ctx: &Context, ns: &str, mut desired: Pod) -> Result<Report,
     Err(Error::Cleanup(msg))
 }
 
-/// Deletes helper pods of `job` that an earlier operator left (the sweep runs one at a time,
-/// so any there now is not this process's).
-async fn delete_leftovers(pods: &Api<Pod>, job: &str) {
-    let lp = ListParams::default().labels(&format!("{HELPER_LABEL}={job}"));
+/// Deletes the helper pods `selector` selects that an earlier operator left (the sweep runs
+/// one at a time, so any there now is not this process's).
+async fn delete_leftovers(pods: &Api<Pod>, selector: &str) {
+    let lp = ListParams::default().labels(selector);
     let Ok(list) = pods.list_metadata(&lp).await else {
         return;
     };
@@ -441,6 +526,44 @@ mod tests {
             ]},
         }))
         .unwrap()
+    }
+
+    fn api_error(body: serde_json::Value) -> kube::Error {
+        kube::Error::Api(Box::new(serde_json::from_value(body).unwrap()))
+    }
+
+    #[test]
+    fn a_namespace_being_deleted_or_gone_takes_no_pods_and_nothing_else_says_so() {
+        // As the API server answers (NamespaceLifecycle admission; a missing namespace).
+        let terminating = api_error(serde_json::json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "pods \"agentbox-sweep-1-\" is forbidden: unable to create new content \
+                        in namespace team because it is being terminated",
+            "details": {"name": "agentbox-sweep-1-", "kind": "pods"},
+        }));
+        let gone = api_error(serde_json::json!({
+            "status": "Failure", "code": 404, "reason": "NotFound",
+            "message": "namespaces \"team\" not found",
+            "details": {"name": "team", "kind": "namespaces"},
+        }));
+        assert!(namespace_takes_no_pods(&terminating));
+        assert!(namespace_takes_no_pods(&gone));
+        let rbac = api_error(serde_json::json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "pods is forbidden: User \"x\" cannot create resource \"pods\"",
+            "details": {"kind": "pods"},
+        }));
+        let quota = api_error(serde_json::json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "pods \"p\" is forbidden: exceeded quota: q",
+        }));
+        let other_404 = api_error(serde_json::json!({
+            "status": "Failure", "code": 404, "reason": "NotFound",
+            "message": "pods \"p\" not found", "details": {"name": "p", "kind": "pods"},
+        }));
+        for e in [rbac, quota, other_404] {
+            assert!(!namespace_takes_no_pods(&e), "{e}");
+        }
     }
 
     #[test]
@@ -479,6 +602,57 @@ mod tests {
             vec![UID_A.to_string(), UID_B.to_string()],
             "a listing leaves out what is known to be in use"
         );
+    }
+
+    #[test]
+    fn a_warm_pods_directory_is_kept_while_a_pod_mounts_it_and_removed_after() {
+        let warm = "warm-ab12c";
+        assert!(is_sweepable(warm) && !is_workspace_name(warm));
+        assert!(!is_sweepable("warm-notes.txt") && !is_sweepable("lost+found"));
+        let mounted = InUse::of([], &[pod_mounting(&format!("/w/ns/{warm}"))], "/w", "ns");
+        let listed = [warm.to_string(), "warm-zz99z".to_string()];
+        assert_eq!(
+            orphans(&listed, &mounted),
+            vec!["warm-zz99z".to_string()],
+            "the mounted one (a warm or claimed pod's) stays; the other goes"
+        );
+        let mut stopping = pod_mounting(&format!("/w/ns/{warm}"));
+        stopping.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-01-01T00:00:00Z".parse().unwrap(),
+            ));
+        let in_use = InUse::of([], &[stopping], "/w", "ns");
+        assert_eq!(in_use.soon_orphans(&listed[..1]), vec![warm.to_string()]);
+    }
+
+    #[test]
+    fn a_warm_pods_directory_adopted_by_a_sandbox_is_kept_while_the_sandbox_records_it() {
+        let claimed: Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "namespace": "ns", "uid": UID_A},
+            "spec": {"image": "busybox", "scope": {"kind": "Global"}},
+            "status": {"workspace": {"hostDir": "/w/ns/warm-x7k2p"}},
+        }))
+        .unwrap();
+        let dirs = sandbox_dirs(&claimed, "/w");
+        assert_eq!(dirs, vec![UID_A.to_string(), "warm-x7k2p".to_string()]);
+        let listed = ["warm-x7k2p", "warm-abcde", UID_A].map(String::from);
+        assert_eq!(
+            orphans(&listed, &InUse::of(dirs, &[], "/w", "ns")),
+            vec!["warm-abcde".to_string()],
+            "the recorded one is kept (a suspended claimed sandbox), an unrecorded one goes"
+        );
+        // A recorded directory outside the namespace's is nobody's name here.
+        let mut elsewhere = claimed.clone();
+        elsewhere
+            .status
+            .as_mut()
+            .unwrap()
+            .workspace
+            .as_mut()
+            .unwrap()
+            .host_dir = Some("/w/other/warm-x7k2p".into());
+        assert_eq!(sandbox_dirs(&elsewhere, "/w"), vec![UID_A.to_string()]);
     }
 
     #[test]
@@ -524,10 +698,10 @@ mod tests {
 
     #[test]
     fn hints_are_grouped_by_node_and_namespace_once_each() {
-        let h = |node: &str, uid: &str| Hint {
+        let h = |node: &str, dir: &str| Hint {
             node: node.into(),
             namespace: "ns".into(),
-            uid: uid.into(),
+            dir: dir.into(),
         };
         let g = group(vec![
             h("n1", UID_A),

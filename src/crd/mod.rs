@@ -4,10 +4,12 @@
 //! `kubectl explain` shows. CEL rules (`x_kube(validation = ...)`) make the API server refuse
 //! bad specs at admission, so most mistakes never reach the controller.
 
+mod pool;
 mod sandbox;
 mod snapshot;
 mod template;
 
+pub use pool::*;
 pub use sandbox::*;
 pub use snapshot::*;
 pub use template::*;
@@ -67,6 +69,7 @@ pub fn all()
         Sandbox::crd(),
         SandboxSnapshot::crd(),
         SandboxTemplate::crd(),
+        SandboxPool::crd(),
     ]
 }
 

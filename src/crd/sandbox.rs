@@ -970,6 +970,13 @@ pub struct WorkspaceStatus {
     /// UID of the pod the workspace was last initialised in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initialized_pod_uid: Option<String>,
+    /// The host directory on `status.nodeName` holding the workspace when it is not the
+    /// derived `<nodeRoot>/<namespace>/<sandbox uid>`: the warm pod's own directory for a pod
+    /// adopted from a pool. Set when such a pod is adopted; kept while the directory exists
+    /// (also while Suspended); cleared when the directory is given up with a lost node. Absent:
+    /// the workspace is `<nodeRoot>/<namespace>/<sandbox uid>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_dir: Option<String>,
 }
 
 /// Holder of the scope's execution guard.

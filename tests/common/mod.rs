@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use agentbox::crd::{Sandbox, SandboxSnapshot, SnapshotPhase};
+use agentbox::crd::{Sandbox, SandboxPool, SandboxSnapshot, SnapshotPhase};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition};
@@ -253,7 +253,10 @@ impl TestEnv {
         let child = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
             .args(["--namespace", &self.ns, "--identity", &identity])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .args(["--lease-seconds", "4"])
+            // Short, so a restarted operator takes over soon; not shorter, or a renewal slowed
+            // by a loaded machine (hack/test runs binaries side by side) loses the leadership
+            // and the operator exits with nobody to restart it.
+            .args(["--lease-seconds", "10"])
             .args(
                 (!extra.iter().any(|a| a.starts_with("--helper-image")))
                     .then(|| ["--helper-image".to_string(), helper_image()])
@@ -408,8 +411,10 @@ impl TestEnv {
 
     async fn teardown(&mut self) {
         // Snapshots first, while the operators run (their finalizers remove stored objects),
-        // then Sandboxes (pods and workspace directories).
+        // then pools (their warm pods and directories), then Sandboxes (pods and workspace
+        // directories).
         self.drain::<SandboxSnapshot>().await;
+        self.drain::<SandboxPool>().await;
         self.drain::<Sandbox>().await;
         // The workspace directories of the deleted sandboxes go just after them (the
         // operator's sweep): wait for that while an operator that can remove them runs, so no
@@ -775,13 +780,14 @@ pub fn file_store(
     (flags, store, dir)
 }
 
-/// The workspace directories (named by a sandbox UID) in a namespace's directory on this node.
+/// The workspace directories (named by a sandbox UID, or a warm pod's `warm-<suffix>`) in a
+/// namespace's directory on this node.
 pub fn workspace_names(ns_dir: &str) -> Vec<String> {
     std::fs::read_dir(ns_dir)
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| agentbox::controller::sweep::is_workspace_name(n))
+                .filter(|n| agentbox::controller::sweep::is_sweepable(n))
                 .collect()
         })
         .unwrap_or_default()
@@ -824,13 +830,10 @@ pub async fn wait_no_pods(env: &TestEnv, secs: u64) {
     panic!("pods left after {secs}s: {left:?}\n{}", env.operator_logs());
 }
 
-/// Names at the top of a sandbox's workspace directory, read on the node (this host).
-pub fn workspace_entries(env: &TestEnv, sbx: &Sandbox) -> Vec<String> {
-    let host = agentbox::controller::pod::workspace_host_path(
-        NODE_ROOT,
-        &env.ns,
-        &sbx.uid().expect("uid"),
-    );
+/// Names at the top of a sandbox's workspace directory (the one its status records, else the
+/// derived one), read on the node (this host).
+pub fn workspace_entries(sbx: &Sandbox) -> Vec<String> {
+    let host = agentbox::controller::placement::host_dir(sbx, NODE_ROOT);
     std::fs::read_dir(&host)
         .map(|d| {
             d.flatten()
@@ -871,6 +874,7 @@ pub fn audit_log_text() -> String {
     assert!(!text.is_empty(), "no audit log at {}", path.display());
     text
 }
+pub mod pools;
 pub mod store;
 
 /// The Events about `object` (by name) with `reason`, as listed now.

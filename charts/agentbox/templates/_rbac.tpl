@@ -17,6 +17,18 @@
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxtemplates"]
   verbs: ["get", "list", "watch"]
+# SandboxPools: watched by the pool controller (it keeps each pool's warm pods); never written but for status.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxpools"]
+  verbs: ["get", "list", "watch"]
+# SandboxPool status: warm pod counts, selector (for /scale) and conditions are server-side applied to the status subresource.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxpools/status"]
+  verbs: ["patch"]
+# SandboxPool finalizers: warm pods set blockOwnerDeletion on their pool, which OwnerReferencesPermissionEnforcement allows only with this.
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxpools/finalizers"]
+  verbs: ["update"]
 # SandboxSnapshots: watched by the snapshot controller, listed to pick a restore (Latest) and apply retention; created for onStop, labelled and finalized by patch, deleted by retention.
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxsnapshots"]
@@ -25,11 +37,11 @@
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxsnapshots/status"]
   verbs: ["patch"]
-# Pods: the sandbox pod and the node-bound helper pods (workspace removal, namespace directory preparation, the workspace sweep's listing and removal); watched, listed, created or server-side applied, deleted.
+# Pods: the sandbox pod, a pool's warm pods (created, marked ready by patch, deleted) and the node-bound helper pods (workspace removal, namespace directory preparation, the workspace sweep's listing and removal); watched, listed, created or server-side applied, deleted.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# pods/exec: workspace probe/init, snapshots and restores exec sh/tar in the sandbox container (a WebSocket GET, also authorized as create since 1.30).
+# pods/exec: workspace probe/init (also a warm pod's), snapshots and restores exec sh/tar in the sandbox container (a WebSocket GET, also authorized as create since 1.30).
 - apiGroups: [""]
   resources: ["pods/exec"]
   verbs: ["get", "create"]
@@ -74,6 +86,10 @@
 # SandboxTemplates: read-only; list the namespace's templates (the CLI's `get templates`) and read the one a sandbox is created from.
 - apiGroups: ["agentbox.dev"]
   resources: ["sandboxtemplates"]
+  verbs: ["get", "list"]
+# SandboxPools: read-only; list the namespace's pools (the CLI's `pools`, the SDKs' `pools()`).
+- apiGroups: ["agentbox.dev"]
+  resources: ["sandboxpools"]
   verbs: ["get", "list"]
 # SandboxSnapshots: take one (create), wait until it is Ready (watch), list a scope's lineage, read one to restore from it.
 - apiGroups: ["agentbox.dev"]

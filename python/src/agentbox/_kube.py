@@ -296,6 +296,12 @@ def templates_path(ns: str, name: str | None = None) -> str:
     return f"{p}/{name}" if name else p
 
 
+def pools_path(ns: str, name: str | None = None) -> str:
+    """Path of the SandboxPools of a namespace, or of one."""
+    p = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/sandboxpools"
+    return f"{p}/{name}" if name else p
+
+
 def leases_path(ns: str, name: str | None = None) -> str:
     """Path of the Leases of a namespace, or of one."""
     p = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"

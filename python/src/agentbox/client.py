@@ -22,6 +22,7 @@ from ._kube import (
     default_namespace,
     load_api_client,
     pod_path,
+    pools_path,
     sandboxes_path,
     templates_path,
 )
@@ -167,6 +168,12 @@ class Sandboxes:
         """The namespace's SandboxTemplates, as the API has them."""
         kube = await self.kube()
         data = await kube.call("GET", templates_path(self.namespace))
+        return list(data.get("items") or [])
+
+    async def pools(self) -> builtins.list[dict[str, Any]]:
+        """The namespace's SandboxPools (warm pods of a template), as the API has them."""
+        kube = await self.kube()
+        data = await kube.call("GET", pools_path(self.namespace))
         return list(data.get("items") or [])
 
     @staticmethod

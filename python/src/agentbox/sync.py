@@ -74,6 +74,10 @@ class Sandboxes:
         """See :meth:`agentbox.Sandboxes.templates`."""
         return _portal.call(self._async.templates())
 
+    def pools(self) -> builtins.list[dict[str, Any]]:
+        """See :meth:`agentbox.Sandboxes.pools`."""
+        return _portal.call(self._async.pools())
+
     def open(self, name: str) -> Sandbox:
         """See :meth:`agentbox.Sandboxes.open`."""
         return Sandbox(_portal.call(self._async.open(name)))

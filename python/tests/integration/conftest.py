@@ -109,7 +109,7 @@ class Env:
                 "--metrics-addr",
                 f"127.0.0.1:{free_port()}",
                 "--lease-seconds",
-                "4",
+                "10",
                 "--store-url",
                 f"file://{self.store}",
                 "--store-prefix",

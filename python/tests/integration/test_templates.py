@@ -1,13 +1,13 @@
 """Sandboxes from SandboxTemplates in Python: made from a template with the sandbox's own
-env and files, the templates listed, and a missing template refused before anything is
-created."""
+env and files, the templates and pools listed, and a missing template refused before anything
+is created."""
 
 from __future__ import annotations
 
 import pytest
 
 import agentbox
-from agentbox._kube import templates_path
+from agentbox._kube import pools_path, templates_path
 
 from .conftest import BASE_IMAGE, Env
 
@@ -43,3 +43,19 @@ async def test_a_sandbox_from_a_template_runs_it_with_its_own_env_and_files(env:
     assert r.exit_code == 0, r
     assert r.stdout == b"yes sandbox\ntemplate rules\nt\n"
     assert sbx.status["template"]["name"] == "py-agent"
+
+
+async def test_the_namespaces_pools_are_listed(env: Env) -> None:
+    pool = {
+        "apiVersion": "agentbox.dev/v1alpha1",
+        "kind": "SandboxPool",
+        "metadata": {"name": "py-pool"},
+        # No warm pods: the listing is what is tested, not the pool.
+        "spec": {"templateRef": {"name": "py-agent"}, "replicas": 0},
+    }
+    await env.kube.call("POST", pools_path(env.ns), body=pool)
+    pools = await env.sandboxes.pools()
+    assert [(p["metadata"]["name"], p["spec"]["templateRef"]["name"]) for p in pools] == [
+        ("py-pool", "py-agent")
+    ]
+    await env.kube.call("DELETE", pools_path(env.ns, "py-pool"))

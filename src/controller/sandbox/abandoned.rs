@@ -73,7 +73,7 @@ pub async fn sweep(
             continue;
         }
         let name = pod::abandoned_cleanup_pod_name(sbx, node);
-        match remove_directory(sbx, ctx, apis, node, name).await? {
+        match remove_directory(sbx, ctx, apis, (node, dir), name).await? {
             Removal::Done => {
                 info!(node, dir, "workspace directory left on a lost node removed");
                 crate::controller::publish(
@@ -91,6 +91,12 @@ pub async fn sweep(
             Removal::Pending => {
                 sooner(CLEANUP_RETRY);
                 kept.push(entry);
+            }
+            Removal::NotOurs => {
+                warn(format!(
+                    "the directory {dir} recorded on node {node} is not a workspace directory of this namespace; it is not removed"
+                ))
+                .await;
             }
             Removal::NoHelper => {
                 warn(format!(

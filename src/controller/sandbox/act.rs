@@ -16,19 +16,20 @@ use super::decide::{self, Init, Note, Plan, Serving, Step};
 use super::idle::{self, Idle};
 use super::observe::World;
 use super::{
-    Apis, abandoned, delete_if_present, force_delete, init, node_health, write_status,
+    Apis, abandoned, claim, delete_if_present, force_delete, init, node_health, write_status,
     write_transition,
 };
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
 use crate::controller::{
-    Context, Error, FIELD_MANAGER, conditions, noderoot, selection, service, snapshot, sources,
+    Context, Error, FIELD_MANAGER, conditions, noderoot, placement, selection, service, snapshot,
+    sources,
 };
 use crate::crd::{Egress, LifecycleMode, Sandbox, SandboxSnapshot, SandboxStatus};
 use crate::guard::{self, GuardConfig, GuardError, LeaseView};
 use crate::labels;
-use crate::metrics::{COLD, ExecOp, GuardOp, GuardOutcome, Metrics};
+use crate::metrics::{COLD, ExecOp, GuardOp, GuardOutcome, Metrics, WARM};
 
 /// Carries out `plan` for `sbx`, as decided from `world`.
 pub async fn act(
@@ -46,10 +47,20 @@ pub async fn act(
         requeue,
     } = plan;
     let old = &world.old;
-    let pod_name = labels::pod_name(&sbx.name_any());
+    // The pod found (it may not have the recorded or derived name: see `observe::find_pod`).
+    let pod_name = world
+        .pod
+        .as_ref()
+        .map_or_else(|| placement::pod_name(sbx), |p| p.name_any());
     match step {
         Step::Invalid => {
-            delete_if_present(&apis.pods, &pod_name).await?;
+            if world
+                .pod
+                .as_ref()
+                .is_some_and(|p| placement::controlled_by(p, sbx))
+            {
+                delete_if_present(&apis.pods, &pod_name).await?;
+            }
             write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
             return Ok(Action::await_change());
         }
@@ -69,7 +80,7 @@ pub async fn act(
     }
     let then = |a: Option<Duration>| a.map_or_else(Action::await_change, Action::requeue);
     match step {
-        Step::Suspend => suspend(sbx, ctx, apis, old, (status, note))
+        Step::Suspend => suspend(sbx, ctx, (apis, &pod_name), old, (status, note))
             .await
             .map(|gone| {
                 if gone {
@@ -78,7 +89,11 @@ pub async fn act(
                     Action::requeue(Duration::from_secs(2))
                 }
             }),
-        Step::CreatePod => create_pod(sbx, ctx, apis, podcfg, old, status).await,
+        Step::CreatePod => {
+            let guard = LeaseView::of(world.lease.as_ref(), world.now);
+            let start = (&world, &guard, requeue);
+            create_pod(sbx, ctx, (apis, podcfg), start, status).await
+        }
         Step::AwaitPodGone => {
             if old != &status {
                 write_status(&apis.sandboxes, sbx, &status).await?;
@@ -111,7 +126,7 @@ pub async fn act(
                 sbx,
                 ctx,
                 (apis, podcfg),
-                (pod, world.pod_state.clone(), &guard),
+                (pod, world.pod_state.clone(), &guard, false),
                 seen,
                 requeue,
             )
@@ -123,7 +138,8 @@ pub async fn act(
             let recorded = old.node_loss.as_ref().is_some_and(|l| l.node == node)
                 && old.abandoned.iter().any(|a| a.node == node);
             if !recorded {
-                let note = lose_node(sbx, ctx, &mut st, (&node, since, &why)).await?;
+                let dir = placement::host_dir_with(sbx, world.pod.as_ref(), podcfg.node_root);
+                let note = lose_node(sbx, ctx, &mut st, (&node, since, &why), &dir).await?;
                 write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
             }
             let uid = world.pod.as_ref().and_then(|p| p.uid());
@@ -139,7 +155,7 @@ pub async fn act(
 async fn suspend(
     sbx: &Sandbox,
     ctx: &Context,
-    apis: &Apis,
+    (apis, pod_name): (&Apis, &str),
     old: &SandboxStatus,
     (status, note): (SandboxStatus, Option<Note>),
 ) -> Result<bool, Error> {
@@ -147,7 +163,7 @@ async fn suspend(
     if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
         return Ok(false);
     }
-    let gone = delete_if_present(&apis.pods, &labels::pod_name(&sbx.name_any())).await?;
+    let gone = delete_if_present(&apis.pods, pod_name).await?;
     write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
     Ok(gone)
 }
@@ -258,18 +274,20 @@ async fn publish(ctx: &Context, sbx: &Sandbox, note: Option<Note>) {
     }
 }
 
-/// No pod: checks the sources the environment names, pins the pod to the workspace's node if
-/// it still exists, and applies the pod.
+/// No pod: checks the sources the environment names, then adopts a warm pod when this start
+/// may ([`decide::may_claim`]) and one fits, and serves it at once; else pins the pod to the
+/// workspace's node if it still exists, and applies the pod.
 async fn create_pod(
     sbx: &Sandbox,
     ctx: &Context,
-    apis: &Apis,
-    podcfg: &PodConfig<'_>,
-    old: &SandboxStatus,
+    (apis, podcfg): (&Apis, &PodConfig<'_>),
+    (world, guard, requeue): (&World, &LeaseView, Option<Duration>),
     mut st: SandboxStatus,
 ) -> Result<Action, Error> {
+    let old = &world.old;
     let (generation, now) = (sbx.metadata.generation, Timestamp::now());
-    let pod_name = labels::pod_name(&sbx.name_any());
+    // A pod the operator makes has the derived name, whatever pod the sandbox had before.
+    let pod_name = placement::derived_pod_name(sbx);
     // The kubelet reads what the environment names on the operator's word: only objects
     // that opted in, checked before each pod is made. (A running pod keeps what it got.)
     if let Err(e) = sources::check_env(sbx, ctx).await {
@@ -280,18 +298,44 @@ async fn create_pod(
         }
         return Err(e);
     }
+    if decide::may_claim(sbx, old) {
+        let started = Instant::now();
+        let claimed = claim::claim(sbx, ctx, &apis.pods, podcfg).await?;
+        ctx.metrics.claimed(claimed.result(), started.elapsed());
+        if let claim::Claim::Adopted(pod) = claimed {
+            info!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
+            decide::serving(sbx, &mut st, &pod, world.template.as_ref());
+            let state = podstate::observe_pod(&pod);
+            let seen = (old, st, world.now);
+            return serve(
+                sbx,
+                ctx,
+                (apis, podcfg),
+                (&pod, state, guard, true),
+                seen,
+                requeue,
+            )
+            .await;
+        }
+    }
     let pin = match pinned_node(ctx, &st, now).await? {
         Pin::Free => None,
         Pin::Node(n) => Some(n),
         Pin::Lost { node, since, why } => {
             // The workspace's node is lost, and the workspace with it: the next start is B
             // (restore) or D (fresh), on another node.
-            let note = lose_node(sbx, ctx, &mut st, (&node, since, &why)).await?;
+            let dir = placement::recorded_in(&st)
+                .unwrap_or_else(|| placement::derived_host_dir(sbx, podcfg.node_root));
+            let note = lose_node(sbx, ctx, &mut st, (&node, since, &why), &dir).await?;
             publish(ctx, sbx, Some(note)).await;
             None
         }
     };
-    let desired = pod::build_pod(sbx, podcfg, pin.as_deref());
+    // The workspace's directory, kept across a suspend or a pod's loss; a fresh one (the
+    // derived name) when there is none.
+    let dir = placement::recorded_in(&st)
+        .unwrap_or_else(|| placement::derived_host_dir(sbx, podcfg.node_root));
+    let desired = pod::build_pod_in(sbx, podcfg, &dir, pin.as_deref());
     let created = apis
         .pods
         .patch(
@@ -324,7 +368,7 @@ async fn create_pod(
         message: msg,
     };
     publish(ctx, sbx, Some(note)).await;
-    if decide::pod_created(old, &mut st, &pod_name, generation, now) {
+    if decide::pod_created(old, &mut st, (&pod_name, &dir), generation, now) {
         write_status(&apis.sandboxes, sbx, &st).await?;
     }
     Ok(Action::requeue(Duration::from_secs(10)))
@@ -362,9 +406,8 @@ async fn lose_node(
     ctx: &Context,
     st: &mut SandboxStatus,
     (node, since, why): (&str, Option<Timestamp>, &str),
+    dir: &str,
 ) -> Result<Note, Error> {
-    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let dir = pod::workspace_host_path(&ctx.config.node_root, &ns, &sbx.uid().unwrap_or_default());
     let recovery = decide::Recovery {
         snapshot: recovery_snapshot(ctx, sbx).await?,
     };
@@ -372,7 +415,7 @@ async fn lose_node(
     let note = decide::node_lost(
         st,
         (node, since, why),
-        &dir,
+        dir,
         &recovery,
         (sbx.metadata.generation, now),
     );
@@ -412,11 +455,12 @@ async fn recovery_snapshot(
 
 /// The pod is ours and current: the node's workspace directory checked, the workspace
 /// initialised when the container runs (or may already answer exec), the status written once.
+/// `adopted`: a warm pod adopted just now, whose directory has no marker.
 async fn serve(
     sbx: &Sandbox,
     ctx: &Context,
     (apis, podcfg): (&Apis, &PodConfig<'_>),
-    (pod, state, guard): (&Pod, PodState, &LeaseView),
+    (pod, state, guard, adopted): (&Pod, PodState, &LeaseView, bool),
     (old, mut st, now): (&SandboxStatus, SandboxStatus, Timestamp),
     mut requeue: Option<Duration>,
 ) -> Result<Action, Error> {
@@ -441,7 +485,13 @@ async fn serve(
     };
     let (init, error) = if serving.initialises() && !podstate::initialised_in(&st, pod) {
         let ws = st.workspace.clone().unwrap_or_default();
-        let result = init::init_workspace(sbx, ctx, &apis.pods, &pod.name_any(), &ws).await;
+        let marker = if adopted {
+            init::Marker::Absent
+        } else {
+            init::Marker::Probe
+        };
+        let result =
+            init::init_workspace(sbx, ctx, (&apis.pods, &pod.name_any()), &ws, marker).await;
         outcome(sbx, &ctx.metrics, &serving, result)
     } else {
         (Init::Skipped, None)
@@ -515,7 +565,13 @@ fn record_ready(
     let took = Timestamp::now().duration_since(since.0);
     // A clock behind the API server's could make it negative: count that as instant.
     let took = Duration::try_from(took).unwrap_or_default();
-    metrics.became_ready(branch, COLD, took);
+    // A pool's pod keeps its pool label when a sandbox adopts it.
+    let start = if pod.labels().contains_key(labels::POOL) {
+        WARM
+    } else {
+        COLD
+    };
+    metrics.became_ready(branch, start, took);
 }
 
 /// The [`Init`] outcome of an initialisation, and the error to report when it failed; its exec

@@ -15,6 +15,7 @@ use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use super::decide::Note;
+use super::observe::find_pod;
 use super::{
     Apis, FINALIZER, abandoned, delete_if_present, force_delete, node_health, write_status,
     write_transition,
@@ -22,7 +23,7 @@ use super::{
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig};
 use crate::controller::sweep::Hint;
-use crate::controller::{Context, Error, FIELD_MANAGER, conditions, snapshot};
+use crate::controller::{Context, Error, FIELD_MANAGER, conditions, placement, snapshot};
 use crate::crd::{Sandbox, SandboxPhase};
 use crate::guard::LeaseView;
 use crate::labels;
@@ -53,7 +54,7 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
         mark_terminating(sbx, &apis).await;
         return Ok(Cleanup::Pending);
     }
-    let node = stop_pod(sbx, ctx, &apis).await?;
+    let (node, dir) = stop_pod(sbx, ctx, &apis).await?;
     delete_if_present(
         &apis.policies,
         &labels::network_policy_name(&sbx.name_any()),
@@ -67,11 +68,6 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
         Some((node, NodeHealth::Lost { why, .. })) => {
             // Not waited for: a lost node may never return. Its directory is named, so nothing
             // is left behind unseen, and a pass of the sweep removes it should the node return.
-            let dir = pod::workspace_host_path(
-                &ctx.config.node_root,
-                &ns,
-                &sbx.uid().unwrap_or_default(),
-            );
             let msg = format!(
                 "{why}; its workspace directory {dir} there cannot be removed now (the sweep removes it if node {node} comes back)"
             );
@@ -88,12 +84,14 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
         }
         Some((node, _)) => {
             if PodConfig::from_config(&ctx.config).helper.is_none() {
-                return Err(no_helper_for_cleanup(sbx, ctx, &apis, &node).await);
+                return Err(no_helper_for_cleanup(sbx, ctx, &apis, (&node, &dir)).await);
             }
-            Some(Hint {
+            // Only an entry of the namespace's directory is the operator's to remove (a
+            // status naming anything else is not followed).
+            placement::dir_name(&dir, &ctx.config.node_root, &ns).map(|name| Hint {
                 node,
-                namespace: ns,
-                uid: sbx.uid().unwrap_or_default(),
+                namespace: ns.clone(),
+                dir: name.to_string(),
             })
         }
     };
@@ -119,14 +117,15 @@ async fn mark_terminating(sbx: &Sandbox, apis: &Apis) {
 
 /// Asks the sandbox's pod to go, without waiting for it (grace
 /// [`POD_DELETE_GRACE_SECONDS`]); a pod on a lost node is deleted at once (its kubelet is gone
-/// and would never confirm). Returns the node that holds the workspace and what it looks like.
+/// and would never confirm). Returns the node that holds the workspace and what it looks like,
+/// and the workspace's directory there (recorded, else the one the pod mounts).
 async fn stop_pod(
     sbx: &Sandbox,
     ctx: &Context,
     apis: &Apis,
-) -> Result<Option<(String, NodeHealth)>, Error> {
-    let pod_name = labels::pod_name(&sbx.name_any());
-    let found: Option<Pod> = apis.pods.get_opt(&pod_name).await?;
+) -> Result<(Option<(String, NodeHealth)>, String), Error> {
+    let found: Option<Pod> = find_pod(sbx, ctx, &apis.pods).await?;
+    let dir = placement::host_dir_with(sbx, found.as_ref(), &ctx.config.node_root);
     let node = found
         .as_ref()
         .and_then(|p| p.spec.as_ref()?.node_name.clone())
@@ -136,15 +135,16 @@ async fn stop_pod(
         None => None,
     };
     let Some(p) = found else {
-        return Ok(health);
+        return Ok((health, dir));
     };
+    let pod_name = p.name_any();
     if let Some((_, NodeHealth::Lost { why, .. })) = &health {
         info!(sandbox = %sbx.name_any(), "{why}: force-deleting its pod");
         force_delete(&apis.pods, &pod_name, p.uid()).await?;
-        return Ok(health);
+        return Ok((health, dir));
     }
     if p.metadata.deletion_timestamp.is_some() {
-        return Ok(health);
+        return Ok((health, dir));
     }
     let dp = DeleteParams {
         grace_period_seconds: Some(POD_DELETE_GRACE_SECONDS),
@@ -155,10 +155,10 @@ async fn stop_pod(
         ..DeleteParams::background()
     };
     match apis.pods.delete(&pod_name, &dp).await {
-        Ok(_) => Ok(health),
+        Ok(_) => Ok((health, dir)),
         // Gone already, or replaced by a pod this deletion did not see: the owner reference
         // takes that one with the sandbox.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(health),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok((health, dir)),
         Err(e) => Err(e.into()),
     }
 }
@@ -235,6 +235,9 @@ pub(super) enum Removal {
     Pending,
     /// This operator has no helper image to remove it with.
     NoHelper,
+    /// The directory is not an entry of the namespace's workspace directory: not the
+    /// operator's to remove.
+    NotOurs,
 }
 
 /// Removes this sandbox's workspace directory on `node` with the cleanup pod `name` bound
@@ -244,14 +247,19 @@ pub(super) async fn remove_directory(
     sbx: &Sandbox,
     ctx: &Context,
     apis: &Apis,
-    node: &str,
+    (node, dir): (&str, &str),
     name: String,
 ) -> Result<Removal, Error> {
     let (ns, sandbox) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
     let podcfg = PodConfig::from_config(&ctx.config);
     match apis.pods.get_opt(&name).await? {
         None => {
-            let Some(desired) = pod::build_cleanup_pod(sbx, &podcfg, node, name.clone()) else {
+            // Only an entry of the namespace's directory is the operator's to remove.
+            let Some(entry) = placement::dir_name(dir, podcfg.node_root, &ns) else {
+                return Ok(Removal::NotOurs);
+            };
+            let Some(desired) = pod::build_cleanup_pod(sbx, &podcfg, (node, entry), name.clone())
+            else {
                 return Ok(Removal::NoHelper);
             };
             apis.pods
@@ -292,9 +300,12 @@ pub(super) async fn remove_directory(
 /// for it (its `rm` is whatever the image author made it). The Sandbox stays, Terminating, with
 /// the [`conditions::WORKSPACE_REMOVED`] condition and a Warning Event naming the directory, so
 /// nothing is left behind unseen.
-async fn no_helper_for_cleanup(sbx: &Sandbox, ctx: &Context, apis: &Apis, node: &str) -> Error {
-    let ns = sbx.namespace().unwrap_or_default();
-    let dir = pod::workspace_host_path(&ctx.config.node_root, &ns, &sbx.uid().unwrap_or_default());
+async fn no_helper_for_cleanup(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    (node, dir): (&str, &str),
+) -> Error {
     let msg = format!(
         "workspace directory {dir} on node {node} cannot be removed: this operator has no helper image (--helper-image). The Sandbox stays until an operator with one removes it; to let it go anyway, remove the finalizer {FINALIZER} and the directory by hand"
     );

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -14,10 +15,10 @@ use super::observe::World;
 use crate::controller::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
 use crate::controller::nodeloss::{self, NodeHealth};
 use crate::controller::podstate::PodState;
-use crate::controller::{service, workspace};
+use crate::controller::{placement, service, workspace};
 use crate::crd::{
     AbandonedWorkspace, GuardStatus, LifecycleMode, NodeLoss, RestoreRefusal, Sandbox,
-    SandboxPhase, SandboxStatus, WorkspaceStatus,
+    SandboxPhase, SandboxStatus, TemplateUse, WorkspaceStatus,
 };
 use crate::guard::LeaseView;
 use crate::labels;
@@ -141,7 +142,7 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
     st.endpoints = service::endpoints(sbx, None);
     if sbx.spec.lifecycle.mode != LifecycleMode::Suspended
         && let (Some(pod), Some((node, seen))) = (&w.pod, &w.node)
-        && is_owned_by(pod, sbx)
+        && placement::controlled_by(pod, sbx)
     {
         match nodeloss::judge(node, seen.as_ref(), now, w.node_loss_grace) {
             NodeHealth::Lost { since, why } => {
@@ -231,7 +232,7 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
         );
         return (Step::AwaitPodGone, None);
     }
-    if !is_owned_by(pod, sbx) {
+    if !placement::controlled_by(pod, sbx) {
         let msg = format!(
             "a pod named {} exists and does not belong to this sandbox",
             pod.name_any()
@@ -261,21 +262,46 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
         let note = Note::new(EventType::Normal, reason, "DeletePod", &msg);
         return (Step::ReplacePod, Some(note));
     }
+    serving(sbx, st, pod, w.template.as_ref());
+    (Step::Serve, None)
+}
+
+/// The status of a sandbox about to be served by `pod` (its own, or a warm one it has just
+/// adopted): the pod and the directory it mounts recorded together, in the status write that
+/// records the pod (no write of their own), with its endpoints and template.
+pub fn serving(sbx: &Sandbox, st: &mut SandboxStatus, pod: &Pod, template: Option<&TemplateUse>) {
     st.pod_name = Some(pod.name_any());
+    // Only a directory other than the derived `<nodeRoot>/<ns>/<uid>` (an adopted warm one) is
+    // recorded: a cold sandbox's status stays writable against a CRD from before
+    // `workspace.hostDir` (an operator rolled out ahead of its CRDs), and says nothing the
+    // derivation does not.
+    if let Some(dir) = placement::pod_host_dir(pod)
+        && !is_derived(sbx, &dir)
+    {
+        st.workspace.get_or_insert_with(Default::default).host_dir = Some(dir);
+    }
     st.endpoints = service::endpoints(sbx, Some(pod));
     if st.template.is_none() {
         // The status of a pod's creation may have been deferred (a pod that starts at once
         // is reported Ready directly): its template is the one resolved now.
-        st.template = w.template.clone();
+        st.template = template.cloned();
     }
-    (Step::Serve, None)
 }
 
-fn is_owned_by(pod: &k8s_openapi::api::core::v1::Pod, sbx: &Sandbox) -> bool {
-    let uid = sbx.uid();
-    pod.owner_references()
-        .iter()
-        .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+/// Whether a start may adopt a warm pod instead of making one: only a sandbox's first start,
+/// from a template, whose workspace is nowhere yet. A resume (the workspace kept on its node,
+/// `status.workspace.hostDir`), a start after the pod was lost (branch A reuses the directory)
+/// and a recovery from a lost node (branch B restores what the status says was ready) all
+/// start cold, where the workspace is or was.
+pub fn may_claim(sbx: &Sandbox, old: &SandboxStatus) -> bool {
+    sbx.spec.template_ref.is_some()
+        && sbx.spec.lifecycle.mode == LifecycleMode::Running
+        && old.node_name.is_none()
+        && old.abandoned.is_empty()
+        && old
+            .workspace
+            .as_ref()
+            .is_none_or(|w| !w.root_ready && w.host_dir.is_none())
 }
 
 /// No pod, and no pod wanted: `phase`, with PodReady and Ready False for `reason` with their
@@ -422,6 +448,10 @@ pub fn node_lost(
 ) -> Note {
     st.node_name = None;
     st.pod_name = None;
+    // The directory is given up with its node: the next pod, elsewhere, gets a fresh one.
+    if let Some(w) = st.workspace.as_mut() {
+        w.host_dir = None;
+    }
     st.phase = Some(SandboxPhase::Pending);
     if !st.abandoned.iter().any(|a| a.node == node) {
         st.abandoned.push(AbandonedWorkspace {
@@ -469,13 +499,21 @@ pub fn node_lost(
     Note::new(EventType::Warning, "NodeLost", "RecoverWorkspace", &message)
 }
 
+/// Whether `dir` is the directory derived from the sandbox's UID (`.../<ns>/<uid>`).
+fn is_derived(sbx: &Sandbox, dir: &str) -> bool {
+    let (Some(ns), Some(uid)) = (sbx.metadata.namespace.as_deref(), sbx.uid()) else {
+        return false;
+    };
+    dir.ends_with(&format!("/{ns}/{uid}"))
+}
+
 /// A pod was just made. A brand-new sandbox gets its first status from the pod's own progress
 /// (one write fewer); one that had a pod must stop saying Ready at once. Returns whether the
 /// status is to be written.
 pub fn pod_created(
     old: &SandboxStatus,
     st: &mut SandboxStatus,
-    pod_name: &str,
+    (pod_name, _host_dir): (&str, &str),
     generation: Option<i64>,
     now: Timestamp,
 ) -> bool {
@@ -483,6 +521,8 @@ pub fn pod_created(
         return false;
     }
     st.pod_name = Some(pod_name.to_string());
+    // A made pod mounts the recorded directory, or the derived one (not recorded: see
+    // `serving`); either way the status already says which.
     pod_starting(st, generation, now);
     old != st
 }
@@ -686,8 +726,10 @@ fn initialised(
     decision: &workspace::Decision,
     (generation, now): (Option<i64>, Timestamp),
 ) -> Note {
+    let host_dir = st.workspace.as_ref().and_then(|w| w.host_dir.clone());
     st.workspace = Some(WorkspaceStatus {
         initialized_pod_uid: Some(pod.uid.clone()),
+        host_dir: workspace.host_dir.clone().or(host_dir),
         ..workspace
     });
     if decision.restore.is_some() {
@@ -982,7 +1024,13 @@ mod tests {
         let mut w2 = world(None);
         w2.old = plan.status;
         let mut st = w2.old.clone();
-        assert!(pod_created(&w2.old, &mut st, "s-sandbox", Some(5), t(1)));
+        assert!(pod_created(
+            &w2.old,
+            &mut st,
+            ("s-sandbox", "/w/n/sbx-uid"),
+            Some(5),
+            t(1)
+        ));
         let plan = decide(&running, &w2);
         assert_eq!(plan.step, Step::CreatePod);
         assert_eq!(plan.status.idle_since, Some(Time(t(-90))), "until it runs");
@@ -1222,7 +1270,7 @@ mod tests {
         let old = SandboxStatus::default();
         let mut st = old.clone();
         assert!(
-            !pod_created(&old, &mut st, "p", None, t(0)),
+            !pod_created(&old, &mut st, ("p", "/w/n/sbx-uid"), None, t(0)),
             "brand new: no write"
         );
         assert_eq!(st, old);
@@ -1231,9 +1279,61 @@ mod tests {
             ..Default::default()
         };
         let mut st = old.clone();
-        assert!(pod_created(&old, &mut st, "p", None, t(0)));
+        assert!(pod_created(
+            &old,
+            &mut st,
+            ("p", "/w/n/sbx-uid"),
+            None,
+            t(0)
+        ));
         assert_eq!(st.phase, Some(SandboxPhase::Pending));
         assert_eq!(st.pod_name.as_deref(), Some("p"));
+        assert_eq!(
+            st.workspace.and_then(|w| w.host_dir),
+            None,
+            "a cold pod's derived directory is not recorded"
+        );
+    }
+
+    #[test]
+    fn only_a_templated_sandboxs_first_start_may_claim_a_warm_pod() {
+        let templated = sandbox(json!({"templateRef": {"name": "tpl"}}));
+        assert!(may_claim(&templated, &SandboxStatus::default()));
+        // Its first status came before a pod (a missing source held it): still the first.
+        let held = SandboxStatus {
+            phase: Some(SandboxPhase::Pending),
+            ..Default::default()
+        };
+        assert!(may_claim(&templated, &held));
+        assert!(
+            !may_claim(&sandbox(json!({})), &SandboxStatus::default()),
+            "no template, no pool"
+        );
+        let suspended = sandbox(json!({"templateRef": {"name": "tpl"},
+            "lifecycle": {"mode": "Suspended"}}));
+        assert!(!may_claim(&suspended, &SandboxStatus::default()));
+        let with = |ws: WorkspaceStatus| SandboxStatus {
+            workspace: Some(ws),
+            ..Default::default()
+        };
+        // A resume: the directory is kept on its node.
+        let kept = with(WorkspaceStatus {
+            root_ready: true,
+            host_dir: Some("/w/n/warm-abcde".into()),
+            ..Default::default()
+        });
+        assert!(!may_claim(&templated, &kept));
+        // After a node loss: branch B restores what was ready.
+        let lost = with(WorkspaceStatus {
+            root_ready: true,
+            ..Default::default()
+        });
+        assert!(!may_claim(&templated, &lost));
+        let pinned = SandboxStatus {
+            node_name: Some("node-1".into()),
+            ..Default::default()
+        };
+        assert!(!may_claim(&templated, &pinned));
     }
 
     #[test]

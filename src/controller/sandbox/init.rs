@@ -19,37 +19,35 @@ use crate::remote;
 /// How long one workspace exec may take before it counts as failed.
 const INIT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Probes the marker, decides the branch, resolves file sources, and writes.
+/// What is known of the workspace's marker before the start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marker {
+    /// Nothing: probe it.
+    Probe,
+    /// It is absent: a warm pod adopted just now (its pool's scope-free initialisation
+    /// refuses a directory with a marker), so the probe's exec is saved.
+    Absent,
+}
+
+/// Probes the marker (unless known absent), decides the branch, resolves file sources, and
+/// writes.
 ///
 /// The probe carries no stdin: it is also what finds out whether a starting container runs
 /// yet, and an exec with stdin into one that does not can hang instead of failing.
 pub async fn init_workspace(
     sbx: &Sandbox,
     ctx: &Context,
-    pods: &Api<Pod>,
-    pod_name: &str,
+    (pods, pod_name): (&Api<Pod>, &str),
     ws: &WorkspaceStatus,
+    marker: Marker,
 ) -> Result<(WorkspaceStatus, workspace::Decision), Error> {
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let uid = sbx.uid().unwrap_or_default();
     let t0 = std::time::Instant::now();
-    let probe = exec::run(
-        pods,
-        pod_name,
-        CONTAINER,
-        ExecRequest::argv(remote::sh(remote::PROBE_SCRIPT, [root.as_str()]))
-            .timeout(INIT_TIMEOUT)
-            .max_output(4096),
-    )
-    .await?;
-    if !probe.status.success() {
-        return Err(Error::Init(format!(
-            "probing the workspace failed ({}): {}",
-            probe.status,
-            String::from_utf8_lossy(&probe.stderr).trim()
-        )));
-    }
-    let marker_present = !probe.stdout.is_empty();
+    let marker_present = match marker {
+        Marker::Absent => false,
+        Marker::Probe => probe(pods, pod_name, &root).await?,
+    };
     let probed = t0.elapsed();
     let snapshot = if marker_present {
         None
@@ -103,8 +101,30 @@ pub async fn init_workspace(
         last_start_branch: Some(decision.branch),
         projection_hash: hash,
         initialized_pod_uid: None,
+        host_dir: ws.host_dir.clone(),
     };
     Ok((new_ws, decision))
+}
+
+/// Whether the workspace at `root` in the pod has its marker.
+async fn probe(pods: &Api<Pod>, pod_name: &str, root: &str) -> Result<bool, Error> {
+    let probe = exec::run(
+        pods,
+        pod_name,
+        CONTAINER,
+        ExecRequest::argv(remote::sh(remote::PROBE_SCRIPT, [root]))
+            .timeout(INIT_TIMEOUT)
+            .max_output(4096),
+    )
+    .await?;
+    if !probe.status.success() {
+        return Err(Error::Init(format!(
+            "probing the workspace failed ({}): {}",
+            probe.status,
+            String::from_utf8_lossy(&probe.stderr).trim()
+        )));
+    }
+    Ok(!probe.stdout.is_empty())
 }
 
 /// Runs the workspace script, with the archive of `writes` on stdin when it has files.

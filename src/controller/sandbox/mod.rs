@@ -10,6 +10,7 @@
 
 mod abandoned;
 mod act;
+pub mod claim;
 mod cleanup;
 pub mod decide;
 pub mod idle;

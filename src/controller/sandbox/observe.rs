@@ -13,7 +13,7 @@ use kube::api::Api;
 use super::Apis;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState};
-use crate::controller::{Context, Error, validate};
+use crate::controller::{Context, Error, placement, validate};
 use crate::crd::{Sandbox, SandboxStatus, TemplateUse};
 use crate::labels;
 
@@ -61,13 +61,8 @@ pub async fn observe(
         .get_opt(&labels::lease_name(&labels::scope_key(&sbx.spec.scope)))
         .await?;
     let problems = validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes, podcfg);
-    let pod = if problems.is_empty() {
-        apis.pods
-            .get_opt(&labels::pod_name(&sbx.name_any()))
-            .await?
-    } else {
-        None
-    };
+    // Read also for an invalid spec: that step deletes the pod.
+    let pod = find_pod(sbx, ctx, &apis.pods).await?;
     let pod_state = pod
         .as_ref()
         .map_or(PodState::Starting, podstate::observe_pod);
@@ -98,9 +93,11 @@ pub async fn observe(
         pod_hash: pod
             .as_ref()
             .and_then(|p| p.annotations().get(SPEC_HASH).cloned()),
-        // Built only to compare: a pod is made from the spec as the create step reads it.
-        desired_hash: pod.as_ref().and_then(|_| {
-            pod::build_pod(sbx, podcfg, None)
+        // Built only to compare: a pod is made from the spec as the create step reads it,
+        // in the directory the sandbox has (or, before its status says so, the pod mounts).
+        desired_hash: pod.as_ref().and_then(|p| {
+            let dir = placement::host_dir_with(sbx, Some(p), podcfg.node_root);
+            pod::build_pod_in(sbx, podcfg, &dir, None)
                 .metadata
                 .annotations
                 .and_then(|a| a.get(SPEC_HASH).cloned())
@@ -109,6 +106,54 @@ pub async fn observe(
         pod,
         template,
     })
+}
+
+/// The sandbox's pod: the one its status names, else the one a cold start names (both read
+/// from the API server), else one the operator's pod cache knows as made or adopted for it
+/// (labelled for it, the sandbox its controller) whose name the status does not record yet —
+/// an operator stopped between adopting a warm pod and writing the status. That one is read
+/// again from the API server before anything acts on it, so it is never adopted twice nor
+/// left behind.
+pub async fn find_pod(sbx: &Sandbox, ctx: &Context, pods: &Api<Pod>) -> Result<Option<Pod>, Error> {
+    let recorded = placement::recorded_pod_name(sbx);
+    let derived = placement::derived_pod_name(sbx);
+    if let Some(name) = &recorded
+        && let Some(p) = pods.get_opt(name).await?
+    {
+        return Ok(Some(p));
+    }
+    if recorded.as_ref() != Some(&derived)
+        && let Some(p) = pods.get_opt(&derived).await?
+    {
+        return Ok(Some(p));
+    }
+    pods_listed(ctx).await?;
+    let cached = ctx.pods.state();
+    let Some(name) = placement::find_owned(cached.iter().map(|p| p.as_ref()), sbx)
+        .map(ResourceExt::name_any)
+        .filter(|n| Some(n) != recorded.as_ref() && n != &derived)
+    else {
+        return Ok(None);
+    };
+    Ok(pods
+        .get_opt(&name)
+        .await?
+        .filter(|p| placement::controlled_by(p, sbx)))
+}
+
+/// How long a reconcile waits for the managed-pod watch's first listing (a process that has
+/// just started, or whose watch restarts).
+const POD_CACHE_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until the managed-pod cache holds a complete listing: before it has, a pod adopted
+/// for a sandbox by an operator that stopped before writing its status would look absent,
+/// and a second pod would be made or adopted. A cache that no watch feeds (its writer gone:
+/// the controller stopped) has nothing more to wait for.
+async fn pods_listed(ctx: &Context) -> Result<(), Error> {
+    match tokio::time::timeout(POD_CACHE_WAIT, ctx.pods.wait_until_ready()).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Error::PodCacheNotSynced(POD_CACHE_WAIT)),
+    }
 }
 
 /// Whether the pod's `Ready` condition is True (or absent: a pod the kubelet has not reported

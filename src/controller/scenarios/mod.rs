@@ -266,6 +266,15 @@ fn context(fake: Arc<FakeApi>) -> Arc<Context> {
 
 /// A Context whose client talks to `fake` in-process, with `store`; no helper image.
 fn context_with(fake: Arc<FakeApi>, store: Option<crate::snapshot::store::Store>) -> Arc<Context> {
+    context_with_pods(fake, store, Vec::new())
+}
+
+/// [`context_with`], whose watch of managed pods has seen `pods`.
+fn context_with_pods(
+    fake: Arc<FakeApi>,
+    store: Option<crate::snapshot::store::Store>,
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+) -> Arc<Context> {
     let svc = tower::service_fn(move |req: http::Request<Body>| {
         let fake = fake.clone();
         async move {
@@ -281,7 +290,7 @@ fn context_with(fake: Arc<FakeApi>, store: Option<crate::snapshot::store::Store>
             Ok::<_, std::convert::Infallible>(resp)
         }
     });
-    context_on(kube::Client::new(svc, NS), store)
+    context_on(kube::Client::new(svc, NS), store, pods)
 }
 
 /// A Context whose client talks to `fake` served over loopback HTTP, so that exec works (see
@@ -290,10 +299,18 @@ async fn served_context(
     fake: Arc<FakeApi>,
     store: Option<crate::snapshot::store::Store>,
 ) -> Arc<Context> {
-    context_on(served::serve(fake).await, store)
+    context_on(served::serve(fake).await, store, Vec::new())
 }
 
-fn context_on(client: kube::Client, store: Option<crate::snapshot::store::Store>) -> Arc<Context> {
+fn context_on(
+    client: kube::Client,
+    store: Option<crate::snapshot::store::Store>,
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+) -> Arc<Context> {
+    let (cache, mut writer) = kube::runtime::reflector::store();
+    for p in pods {
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(p));
+    }
     let config = Config::parse_from([
         "agentbox-operator",
         "--helper-image",
@@ -318,6 +335,7 @@ fn context_on(client: kube::Client, store: Option<crate::snapshot::store::Store>
         node_roots: noderoot::Checks::default(),
         refusals: super::restore::Refusals::default(),
         sweep: super::sweep::Hints::default(),
+        pods: cache,
     })
 }
 
@@ -726,6 +744,47 @@ async fn a_running_pod_with_its_workspace_initialised_makes_the_sandbox_ready_in
     assert_eq!(s["status"]["nodeName"], json!("node-1"));
     // Nothing changed: nothing written.
     reconcile_sandbox(&fake, &ctx, "run").await;
+    assert_eq!(fake.writes().len(), 1, "{:?}", fake.writes());
+}
+
+#[tokio::test]
+async fn a_pod_adopted_before_the_status_said_so_is_found_and_recorded_with_its_directory() {
+    // An operator adopted a warm pod for the sandbox and stopped before writing its status:
+    // the pod has another name and directory, and only the watch's cache knows it is this
+    // sandbox's. It is recorded (name and directory, in the one status write) and no pod is
+    // made.
+    let fake = Arc::new(FakeApi::default());
+    let status = json!({"phase": "Pending", "workspace": {"rootReady": true,
+        "initializedPodUid": "pod-uid"}});
+    fake.put(&format!("{SBX}/adp"), adopted("adp", json!({}), status));
+    let probe = context(fake.clone());
+    let dir = format!("{}/{NS}/warm-abcde", probe.config.node_root);
+    let sbx: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/adp")).expect("stored")).expect("sbx");
+    let podcfg = super::pod::PodConfig::from_config(&probe.config);
+    let mut p = current_pod(&probe, "adp", &fake);
+    let built = super::pod::build_pod_in(&sbx, &podcfg, &dir, None);
+    p["metadata"] = serde_json::to_value(built.metadata).expect("meta");
+    p["metadata"]["name"] = json!("pool-warm-abcde");
+    p["metadata"]["uid"] = json!("pod-uid");
+    p["spec"]["volumes"] = serde_json::to_value(built.spec.expect("spec").volumes).expect("v");
+    fake.put(&format!("{PODS}/pool-warm-abcde"), p.clone());
+    let ctx = context_with_pods(
+        fake.clone(),
+        None,
+        vec![serde_json::from_value(p).expect("pod")],
+    );
+    node_root_checked(&ctx);
+    reconcile_sandbox(&fake, &ctx, "adp").await;
+    assert_eq!(fake.writes(), vec![format!("PATCH {SBX}/adp/status")]);
+    let s = fake.get(&format!("{SBX}/adp")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"));
+    assert_eq!(s["status"]["podName"], json!("pool-warm-abcde"));
+    assert_eq!(s["status"]["workspace"]["hostDir"], json!(dir));
+    // From now on the status names it: found without the cache, nothing written.
+    let again = context(fake.clone());
+    node_root_checked(&again);
+    reconcile_sandbox(&fake, &again, "adp").await;
     assert_eq!(fake.writes().len(), 1, "{:?}", fake.writes());
 }
 

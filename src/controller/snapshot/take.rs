@@ -202,12 +202,7 @@ impl Taking<'_> {
         g: &Guard,
         upload_id: Option<&MultipartId>,
     ) -> Result<Summary, SnapshotError> {
-        let pod_name = self
-            .sbx
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_name.clone())
-            .unwrap_or_else(|| labels::pod_name(&self.sbx.name_any()));
+        let pod_name = crate::controller::placement::pod_name(self.sbx);
         let ctx = self.ctx;
         let upload = stream_to_store(
             ctx,

@@ -1,0 +1,219 @@
+//! A templated Sandbox claiming a warm pod: create → Ready seen on a watch (opened before the
+//! create), one at a time, against a SandboxPool of `BENCH_POOL` (default 5) warm pods, the
+//! pool refilled to full before each create; the API writes each claim costs the operator and
+//! where the time goes, both from the API server's audit log: the create, the operator's first
+//! write (its reaction to the watch event: finalizer and labels), the adopting pod patch, and
+//! the status write that says Ready (after the workspace was initialised by exec in the warm
+//! container), then Ready on the client's watch.
+//!
+//! `eval "$(hack/cluster env)"; cargo bench --bench claim` (release build). `BENCH_N` claims
+//! (default 50). The audit log is `$AGENTBOX_AUDIT_LOG` (set by `hack/cluster env`).
+
+use std::time::{Duration, Instant};
+
+use agentbox::crd::{Sandbox, SandboxPhase, SandboxPool, SandboxTemplate};
+use agentbox::labels;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+mod common;
+
+use common::{OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95, read_audit};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Creates `sbx` and returns the milliseconds from the create call to its Ready on a watch
+/// opened before it, with the pod the status names.
+async fn create_until_ready(api: &Api<Sandbox>, sbx: &Sandbox) -> Res<(f64, String)> {
+    let name = sbx.name_any();
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(120);
+    let mut stream = api.watch(&wp, "0").await?.boxed();
+    let t = Instant::now();
+    api.create(&PostParams::default(), sbx).await?;
+    while let Some(ev) = stream.next().await {
+        match ev? {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                let st = o.status.clone().unwrap_or_default();
+                if st.phase == Some(SandboxPhase::Ready) {
+                    let ms = t.elapsed().as_secs_f64() * 1000.0;
+                    return Ok((ms, st.pod_name.unwrap_or_default()));
+                }
+            }
+            WatchEvent::Error(e) => return Err(format!("watch: {e:?}").into()),
+            _ => {}
+        }
+    }
+    Err(format!("{name}: watch ended before Ready").into())
+}
+
+/// Waits until the pool has `n` warm pods ready to be claimed.
+async fn pool_full(pods: &Api<Pod>, pool: &str, n: usize) -> Res<()> {
+    let lp =
+        ListParams::default().labels(&format!("{}={pool},{}=true", labels::POOL, labels::WARM));
+    let t = Instant::now();
+    loop {
+        let ready = pods
+            .list(&lp)
+            .await?
+            .items
+            .iter()
+            .filter(|p| agentbox::controller::pool::is_claimable(p))
+            .count();
+        if ready >= n {
+            return Ok(());
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            return Err(format!("{pool}: {ready} of {n} warm pods ready after 120 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Milliseconds between two audit timestamps.
+fn ms(a: Timestamp, b: Timestamp) -> f64 {
+    b.duration_since(a).as_secs_f64() * 1000.0
+}
+
+#[tokio::main]
+async fn main() -> Res<()> {
+    let n = env_num("BENCH_N", 50) as usize;
+    let size = env_num("BENCH_POOL", 5) as usize;
+    let audit = audit_log()?;
+    let client = Client::try_default().await?;
+    let cleanup = namespace(&client, "bench-claim").await?;
+    let ns = cleanup.1.clone();
+    tokio::time::sleep(Duration::from_secs(1)).await; // default ServiceAccount
+    let _op = Operator::start(
+        Operator::command()
+            .args([
+                "--namespace",
+                &ns,
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--identity",
+                "bench",
+            ])
+            .env("RUST_LOG", "warn"),
+        &std::env::temp_dir().join(format!("{ns}-operator.log")),
+    )?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let _delete_all = common::DeleteAll(sbxs.clone());
+    let tpl: SandboxTemplate = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
+        "metadata": {"name": "tpl"},
+        "spec": {"image": "docker.io/library/busybox:1.37", "imagePullPolicy": "IfNotPresent"},
+    }))?;
+    Api::<SandboxTemplate>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &tpl)
+        .await?;
+    let pool: SandboxPool = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxPool",
+        "metadata": {"name": "bench"},
+        "spec": {"templateRef": {"name": "tpl"}, "replicas": size},
+    }))?;
+    Api::<SandboxPool>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &pool)
+        .await?;
+
+    let (mut ready, mut warm, mut windows) = (Vec::new(), 0usize, Vec::new());
+    for i in 0..n {
+        pool_full(&pods, "bench", size).await?;
+        let name = format!("c-{i}");
+        let sbx: Sandbox = serde_json::from_value(json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": name},
+            "spec": {"templateRef": {"name": "tpl"},
+                "scope": {"kind": "Session", "agent": "bench", "session": name}},
+        }))?;
+        let start = Timestamp::now();
+        let (took, pod) = create_until_ready(&sbxs, &sbx).await?;
+        if pod.starts_with("bench-warm-") {
+            warm += 1;
+        }
+        ready.push(took);
+        // Let in-flight writes of this start land before the next window opens.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        windows.push((name, pod, start, Timestamp::now()));
+    }
+
+    // From the audit log: per claim, the operator's writes on the sandbox, its pod and its
+    // Events (the pool's refill writes — new warm pods, their readiness marks, the pool's
+    // status — are the pool's, counted apart), and the timeline of one start.
+    let writes = read_audit(&audit, &ns);
+    let (mut per_claim, mut refill) = (Vec::new(), Vec::new());
+    let (mut react, mut adopt, mut init_status, mut total_server) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+    for (i, (name, pod, from, to)) in windows.iter().enumerate() {
+        let in_window = |w: &&common::Write| w.at >= *from && w.at < *to;
+        let ours = |w: &&common::Write| {
+            (w.resource == "sandboxes" && &w.name == name)
+                || (w.resource == "pods" && &w.name == pod)
+                || (w.resource == "events" && w.name.starts_with(&format!("{name}.")))
+        };
+        let op: Vec<&common::Write> = writes
+            .iter()
+            .filter(in_window)
+            .filter(|w| w.user_agent.starts_with(OPERATOR_UA))
+            .collect();
+        let mine: Vec<&&common::Write> = op.iter().filter(|w| ours(w)).collect();
+        per_claim.push(mine.len() as f64);
+        refill.push((op.len() - mine.len()) as f64);
+        if i == 0 {
+            for w in &mine {
+                *kinds.entry(w.kind()).or_default() += 1;
+            }
+        }
+        let create = writes
+            .iter()
+            .find(|w| w.verb == "create" && w.resource == "sandboxes" && &w.name == name);
+        let first = mine.iter().find(|w| w.resource == "sandboxes");
+        let patch = mine.iter().find(|w| w.resource == "pods");
+        let status = mine
+            .iter()
+            .find(|w| w.resource == "sandboxes" && w.subresource == "status");
+        if let (Some(c), Some(f), Some(p), Some(s)) = (create, first, patch, status) {
+            react.push(ms(c.at, f.at));
+            adopt.push(ms(f.at, p.at));
+            init_status.push(ms(p.at, s.at));
+            total_server.push(ms(c.at, s.at));
+        }
+    }
+    let (p50, p95) = p50_p95(ready);
+    let (w50, wmax) = (
+        p50_p95(per_claim.clone()).0,
+        per_claim.iter().copied().fold(0.0, f64::max),
+    );
+    let q = |v: &Vec<f64>| p50_p95(v.clone());
+    println!("| measure (n={n}, pool of {size}) | p50 | p95 |");
+    println!("|---|---|---|");
+    println!("| Sandbox create → Ready on a watch, warm (ms) | {p50:.1} | {p95:.1} |");
+    let (a, b) = q(&react);
+    println!("| create → operator's first write (finalizer, labels) (ms) | {a:.1} | {b:.1} |");
+    let (a, b) = q(&adopt);
+    println!("| first write → adopting pod patch (ms) | {a:.1} | {b:.1} |");
+    let (a, b) = q(&init_status);
+    println!(
+        "| pod patch → Ready status write (exec init in the warm pod) (ms) | {a:.1} | {b:.1} |"
+    );
+    let (a, b) = q(&total_server);
+    println!("| create → Ready status write, server side (ms) | {a:.1} | {b:.1} |");
+    println!();
+    println!("starts that adopted a warm pod: {warm} of {n}");
+    println!("operator writes per claim (sandbox, its pod, its Events): {per_claim:?}");
+    println!("first claim's writes: {kinds:?}");
+    println!("pool refill writes in each window: {refill:?}");
+    let n64 = n as u64;
+    emit("claim", "claim_ready_p50_ms", p50, "ms", n64);
+    emit("claim", "claim_ready_p95_ms", p95, "ms", n64);
+    emit("claim", "claim_writes_p50", w50, "writes", n64);
+    emit("claim", "claim_writes_max", wmax, "writes", n64);
+    emit("claim", "claim_warm_starts", warm as f64, "starts", n64);
+    Ok(())
+}

@@ -1,0 +1,448 @@
+//! What a SandboxPool's reconcile does, pure: which warm pods to make, delete and initialise,
+//! and the status that follows.
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::controller::conditions;
+use crate::crd::{PoolUpdateStrategy, SandboxPool, SandboxPoolStatus};
+use crate::labels;
+
+/// Condition type: the template the pool names is missing.
+pub const TEMPLATE_NOT_FOUND: &str = "TemplateNotFound";
+
+/// Why a pool's Ready condition is what it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolReason {
+    /// Every desired warm pod exists, is of the current template and is ready.
+    Ready,
+    /// Warm pods are being made, started or removed.
+    #[default]
+    Scaling,
+    /// Warm pods of an older template version are being replaced (Recreate), or remain
+    /// (OnDelete).
+    Updating,
+    /// The template does not exist.
+    TemplateNotFound,
+    /// The template makes pods this operator refuses (its configuration does not allow them).
+    Invalid,
+}
+
+impl PoolReason {
+    /// The condition reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolReason::Ready => "Ready",
+            PoolReason::Scaling => "Scaling",
+            PoolReason::Updating => "Updating",
+            PoolReason::TemplateNotFound => "TemplateNotFound",
+            PoolReason::Invalid => "Invalid",
+        }
+    }
+
+    /// Whether reaching this reason is a problem a user must fix (a Warning Event on the
+    /// transition).
+    pub fn is_problem(self) -> bool {
+        matches!(self, PoolReason::TemplateNotFound | PoolReason::Invalid)
+    }
+}
+
+/// What the template says the pool's pods should be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Pods of this shape hash, made from this template generation.
+    Pods {
+        /// [`crate::controller::pod::shape_hash`] of the template resolved for the pool.
+        shape_hash: String,
+        /// The template's `metadata.generation`.
+        generation: i64,
+    },
+    /// The template is missing (its name).
+    Missing(String),
+    /// The template makes pods the operator refuses (the problems).
+    Invalid(Vec<String>),
+}
+
+/// One of the pool's warm pods, as the decision needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmPod {
+    /// Its name.
+    pub name: String,
+    /// When it was created (newer ones go first when scaling down).
+    pub created: Option<Timestamp>,
+    /// Its [`labels::POD_SHAPE_HASH`].
+    pub shape_hash: String,
+    /// Running with its container ready.
+    pub running: bool,
+    /// Initialised by the pool ([`labels::WARM_READY`]).
+    pub initialised: bool,
+    /// Ended (Succeeded or Failed): it will not run again.
+    pub ended: bool,
+    /// Why it does not start, as Kubernetes says (image pull errors, crash loops,
+    /// unschedulable), if it is stuck.
+    pub problem: Option<String>,
+}
+
+impl WarmPod {
+    /// Ready to be claimed.
+    pub fn ready(&self) -> bool {
+        self.running && self.initialised && !self.ended
+    }
+}
+
+/// What to do.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// How many warm pods to make.
+    pub create: usize,
+    /// Warm pods to delete.
+    pub delete: Vec<String>,
+    /// Running warm pods to initialise.
+    pub initialise: Vec<String>,
+    /// The status after this plan's writes are made (counts as observed now).
+    pub status: SandboxPoolStatus,
+    /// The Ready condition's reason, with its message.
+    pub reason: (PoolReason, String),
+}
+
+/// Decides a pool's writes from its warm pods (unclaimed, owned by it, not being deleted) and
+/// what its template wants.
+pub fn decide(pool: &SandboxPool, want: &Want, pods: &[WarmPod], now: Timestamp) -> Plan {
+    let desired = usize::try_from(pool.spec.replicas.max(0)).unwrap_or(0);
+    let mut plan = Plan::default();
+    let (current, generation) = match want {
+        Want::Pods {
+            shape_hash,
+            generation,
+        } => (Some(shape_hash.as_str()), Some(*generation)),
+        Want::Missing(_) | Want::Invalid(_) => (None, None),
+    };
+    // Ended pods never run again; pods of an unusable template can never be claimed.
+    let (dead, live): (Vec<&WarmPod>, Vec<&WarmPod>) =
+        pods.iter().partition(|p| p.ended || current.is_none());
+    plan.delete.extend(dead.iter().map(|p| p.name.clone()));
+    let stale = |p: &WarmPod| current.is_some_and(|h| p.shape_hash != h);
+    let recreate = pool.spec.update_strategy == PoolUpdateStrategy::Recreate;
+    let (mut kept, replaced): (Vec<&WarmPod>, Vec<&WarmPod>) =
+        live.into_iter().partition(|p| !recreate || !stale(p));
+    plan.delete.extend(replaced.iter().map(|p| p.name.clone()));
+    if current.is_some() {
+        if kept.len() < desired {
+            plan.create = desired - kept.len();
+        } else {
+            // Surplus: stale first, then not ready, then the newest.
+            kept.sort_by(|a, b| {
+                (stale(b), !b.ready(), b.created).cmp(&(stale(a), !a.ready(), a.created))
+            });
+            let surplus = kept.len() - desired;
+            plan.delete
+                .extend(kept.drain(..surplus).map(|p| p.name.clone()));
+        }
+    }
+    plan.initialise = kept
+        .iter()
+        .filter(|p| p.running && !p.initialised)
+        .map(|p| p.name.clone())
+        .collect();
+
+    let ready = kept.iter().filter(|p| p.ready()).count();
+    let old = kept.iter().filter(|p| stale(p)).count();
+    plan.reason = match want {
+        Want::Missing(name) => (
+            PoolReason::TemplateNotFound,
+            format!(
+                "SandboxTemplate {name} not found in the pool's namespace; the pool makes pods when it is created"
+            ),
+        ),
+        Want::Invalid(problems) => (
+            PoolReason::Invalid,
+            format!("the template's pods are refused: {}", problems.join("; ")),
+        ),
+        Want::Pods { .. } if !replaced.is_empty() || old > 0 => (
+            PoolReason::Updating,
+            format!(
+                "{} warm pod(s) of an older template version {}",
+                replaced.len() + old,
+                if recreate {
+                    "being replaced"
+                } else {
+                    "kept until deleted (OnDelete)"
+                }
+            ),
+        ),
+        Want::Pods { .. } if ready == desired && kept.len() == desired && plan.create == 0 => (
+            PoolReason::Ready,
+            format!("{ready} of {desired} warm pods ready"),
+        ),
+        Want::Pods { .. } => {
+            let mut message = format!("{ready} of {desired} warm pods ready");
+            // The first stuck pod says why the pool does not fill (the same for all, usually).
+            if let Some((name, why)) = kept
+                .iter()
+                .find_map(|p| p.problem.as_ref().map(|w| (&p.name, w)))
+            {
+                message.push_str(&format!("; {name}: {why}"));
+            }
+            (PoolReason::Scaling, message)
+        }
+    };
+    plan.status = status(pool, &plan.reason, kept.len(), ready, generation, now);
+    plan
+}
+
+/// The pool's status with `kept` warm pods, `ready` of them ready.
+fn status(
+    pool: &SandboxPool,
+    (reason, message): &(PoolReason, String),
+    kept: usize,
+    ready: usize,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> SandboxPoolStatus {
+    let old = pool.status.clone().unwrap_or_default();
+    let observed = pool.metadata.generation;
+    let mut conds = old.conditions.clone();
+    conditions::set(
+        &mut conds,
+        conditions::READY,
+        *reason == PoolReason::Ready,
+        reason.as_str(),
+        message.clone(),
+        observed,
+        now,
+    );
+    let missing = *reason == PoolReason::TemplateNotFound;
+    conditions::set(
+        &mut conds,
+        TEMPLATE_NOT_FOUND,
+        missing,
+        if missing {
+            "TemplateNotFound"
+        } else {
+            "TemplateFound"
+        },
+        if missing {
+            message.clone()
+        } else {
+            format!("SandboxTemplate {} exists", pool.spec.template_ref.name)
+        },
+        observed,
+        now,
+    );
+    SandboxPoolStatus {
+        replicas: i32::try_from(kept).unwrap_or(i32::MAX),
+        ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
+        selector: Some(selector(pool)),
+        template_generation: generation.or(old.template_generation),
+        observed_generation: observed,
+        conditions: conds,
+    }
+}
+
+/// The label selector of a pool's warm pods (for `/scale`).
+pub fn selector(pool: &SandboxPool) -> String {
+    use kube::ResourceExt;
+    format!(
+        "{}={},{}=true",
+        labels::POOL,
+        labels::pool_label_value(&pool.name_any()),
+        labels::WARM
+    )
+}
+
+/// The reason of the Ready condition in `st`, if any.
+pub fn ready_reason(st: Option<&SandboxPoolStatus>) -> Option<&str> {
+    st.and_then(|s| conditions::get(&s.conditions, conditions::READY))
+        .map(|c| c.reason.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(replicas: i32, strategy: &str) -> SandboxPool {
+        let mut p: SandboxPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxPool",
+            "metadata": {"name": "py", "namespace": "team", "generation": 4},
+            "spec": {"templateRef": {"name": "tpl"}, "replicas": replicas, "updateStrategy": strategy},
+        }))
+        .unwrap();
+        p.status = None;
+        p
+    }
+
+    fn at(secs: i64) -> Option<Timestamp> {
+        Timestamp::from_second(1_700_000_000 + secs).ok()
+    }
+
+    fn pod(name: &str, hash: &str, created: i64, running: bool, init: bool) -> WarmPod {
+        WarmPod {
+            name: name.into(),
+            created: at(created),
+            shape_hash: hash.into(),
+            running,
+            initialised: init,
+            ended: false,
+            problem: None,
+        }
+    }
+
+    fn want(hash: &str) -> Want {
+        Want::Pods {
+            shape_hash: hash.into(),
+            generation: 2,
+        }
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_700_001_000).unwrap()
+    }
+
+    #[test]
+    fn an_empty_pool_makes_all_its_pods_at_once() {
+        let plan = decide(&pool(3, "Recreate"), &want("h"), &[], now());
+        assert_eq!(plan.create, 3);
+        assert!(plan.delete.is_empty());
+        assert_eq!(plan.reason.0, PoolReason::Scaling);
+        assert_eq!((plan.status.replicas, plan.status.ready_replicas), (0, 0));
+        assert_eq!(
+            plan.status.selector.as_deref(),
+            Some("agentbox.dev/pool=py,agentbox.dev/warm=true")
+        );
+        assert_eq!(plan.status.template_generation, Some(2));
+        assert_eq!(plan.status.observed_generation, Some(4));
+    }
+
+    #[test]
+    fn a_full_pool_of_ready_pods_is_ready_and_does_nothing() {
+        let pods = [pod("a", "h", 0, true, true), pod("b", "h", 1, true, true)];
+        let plan = decide(&pool(2, "Recreate"), &want("h"), &pods, now());
+        assert_eq!((plan.create, plan.delete.len()), (0, 0));
+        assert!(plan.initialise.is_empty());
+        assert_eq!(plan.reason.0, PoolReason::Ready);
+        assert!(conditions::is_true(&plan.status.conditions, "Ready"));
+        assert!(!conditions::is_true(
+            &plan.status.conditions,
+            TEMPLATE_NOT_FOUND
+        ));
+        assert_eq!((plan.status.replicas, plan.status.ready_replicas), (2, 2));
+    }
+
+    #[test]
+    fn running_pods_not_yet_initialised_are_initialised_and_not_ready_until_then() {
+        let pods = [
+            pod("a", "h", 0, true, false),
+            pod("b", "h", 1, false, false),
+        ];
+        let plan = decide(&pool(2, "Recreate"), &want("h"), &pods, now());
+        assert_eq!(plan.initialise, vec!["a".to_string()]);
+        assert_eq!(plan.status.ready_replicas, 0);
+        assert_eq!(plan.reason.0, PoolReason::Scaling);
+    }
+
+    #[test]
+    fn scaling_down_deletes_not_ready_pods_first_then_the_newest() {
+        let pods = [
+            pod("old-ready", "h", 0, true, true),
+            pod("new-ready", "h", 5, true, true),
+            pod("starting", "h", 1, false, false),
+            pod("mid-ready", "h", 3, true, true),
+        ];
+        let plan = decide(&pool(2, "Recreate"), &want("h"), &pods, now());
+        assert_eq!(plan.create, 0);
+        assert_eq!(
+            plan.delete,
+            vec!["starting".to_string(), "new-ready".to_string()]
+        );
+        let plan = decide(&pool(0, "Recreate"), &want("h"), &pods, now());
+        assert_eq!(plan.delete.len(), 4);
+        assert_eq!(plan.reason.0, PoolReason::Ready, "0 of 0 is ready");
+    }
+
+    #[test]
+    fn recreate_replaces_pods_of_an_old_shape_and_on_delete_keeps_them() {
+        let pods = [
+            pod("old", "h1", 0, true, true),
+            pod("new", "h2", 1, true, true),
+        ];
+        let plan = decide(&pool(2, "Recreate"), &want("h2"), &pods, now());
+        assert_eq!(plan.delete, vec!["old".to_string()]);
+        assert_eq!(plan.create, 1);
+        assert_eq!(plan.reason.0, PoolReason::Updating);
+        assert_eq!(plan.status.replicas, 1);
+
+        let plan = decide(&pool(2, "OnDelete"), &want("h2"), &pods, now());
+        assert!(plan.delete.is_empty());
+        assert_eq!(plan.create, 0);
+        assert_eq!(plan.reason.0, PoolReason::Updating);
+        assert_eq!(plan.status.replicas, 2);
+        // Scaling an OnDelete pool down takes the old pods first.
+        let plan = decide(&pool(1, "OnDelete"), &want("h2"), &pods, now());
+        assert_eq!(plan.delete, vec!["old".to_string()]);
+        assert_eq!(plan.reason.0, PoolReason::Ready);
+    }
+
+    #[test]
+    fn a_stuck_pod_says_why_the_pool_does_not_fill() {
+        let mut stuck = pod("a", "h", 0, false, false);
+        stuck.problem = Some("ErrImageNeverPull: image not present".into());
+        let plan = decide(&pool(1, "Recreate"), &want("h"), &[stuck], now());
+        assert_eq!(plan.create, 0, "kept: it may still start");
+        assert_eq!(plan.reason.0, PoolReason::Scaling);
+        assert_eq!(
+            plan.reason.1,
+            "0 of 1 warm pods ready; a: ErrImageNeverPull: image not present"
+        );
+    }
+
+    #[test]
+    fn ended_pods_are_replaced() {
+        let mut dead = pod("dead", "h", 0, false, true);
+        dead.ended = true;
+        let plan = decide(&pool(1, "OnDelete"), &want("h"), &[dead], now());
+        assert_eq!(plan.delete, vec!["dead".to_string()]);
+        assert_eq!(plan.create, 1);
+    }
+
+    #[test]
+    fn a_missing_or_refused_template_makes_no_pods_and_removes_the_warm_ones() {
+        let pods = [pod("a", "h", 0, true, true)];
+        let plan = decide(
+            &pool(2, "Recreate"),
+            &Want::Missing("tpl".into()),
+            &pods,
+            now(),
+        );
+        assert_eq!(plan.create, 0);
+        assert_eq!(plan.delete, vec!["a".to_string()]);
+        assert_eq!(plan.reason.0, PoolReason::TemplateNotFound);
+        assert!(plan.reason.1.contains("SandboxTemplate tpl not found"));
+        assert!(conditions::is_true(
+            &plan.status.conditions,
+            TEMPLATE_NOT_FOUND
+        ));
+        assert!(!conditions::is_true(&plan.status.conditions, "Ready"));
+        assert_eq!(plan.status.replicas, 0);
+
+        let plan = decide(
+            &pool(2, "Recreate"),
+            &Want::Invalid(vec!["capability SYS_ADMIN is not allowed".into()]),
+            &[],
+            now(),
+        );
+        assert_eq!(plan.create, 0);
+        assert_eq!(plan.reason.0, PoolReason::Invalid);
+        assert!(plan.reason.1.contains("SYS_ADMIN"));
+        assert!(PoolReason::Invalid.is_problem() && !PoolReason::Scaling.is_problem());
+    }
+
+    #[test]
+    fn the_status_is_unchanged_when_nothing_changed() {
+        let pods = [pod("a", "h", 0, true, true)];
+        let mut p = pool(1, "Recreate");
+        let first = decide(&p, &want("h"), &pods, now());
+        p.status = Some(first.status.clone());
+        let later = Timestamp::from_second(1_700_009_000).unwrap();
+        assert_eq!(decide(&p, &want("h"), &pods, later).status, first.status);
+        assert_eq!(ready_reason(p.status.as_ref()), Some("Ready"));
+    }
+}

@@ -1,0 +1,283 @@
+//! Claiming warm pods against the real local cluster: a Sandbox made from a pooled template
+//! adopts a warm pod (its name, its directory, recorded in status; the scope's files written
+//! into it only then) and the pool refills; one that changes the pod's shape starts cold; two
+//! Sandboxes racing for one warm pod get one adoption and one cold start, no pod with two
+//! owners; an operator that stopped right after the adopting write leaves a pod the next one
+//! records (no second pod, no orphan); deleting a claimed sandbox removes its pod and its
+//! warm-* directory.
+
+mod common;
+
+use agentbox::controller::pod::PodConfig;
+use agentbox::controller::sandbox::claim;
+use agentbox::crd::{Sandbox, SandboxTemplate};
+use agentbox::labels;
+use clap::Parser;
+use common::pools::{create_pool, create_template, entries, host_dir, wait_claimable};
+use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+fn from_template(user: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut spec = json!({
+        "templateRef": {"name": "tpl"},
+        "scope": {"kind": "User", "agent": "coder", "user": user},
+        "workspace": {"files": [{"path": "task.md", "content": format!("task of {user}\n")}]},
+    });
+    for (k, v) in extra.as_object().expect("object") {
+        spec[k] = v.clone();
+    }
+    spec
+}
+
+fn status(s: &Sandbox) -> agentbox::crd::SandboxStatus {
+    s.status.clone().expect("status")
+}
+
+fn recorded_dir(s: &Sandbox) -> String {
+    status(s)
+        .workspace
+        .and_then(|w| w.host_dir)
+        .expect("status.workspace.hostDir")
+}
+
+/// The pods labelled for sandbox `name`.
+async fn pods_of(env: &TestEnv, name: &str) -> Vec<Pod> {
+    let lp = ListParams::default().labels(&format!("{}={name}", labels::SANDBOX));
+    env.api::<Pod>().list(&lp).await.expect("list pods").items
+}
+
+/// Every pod of the namespace has at most one controller owner.
+async fn assert_one_controller_each(env: &TestEnv) {
+    for p in env
+        .api::<Pod>()
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+    {
+        let controllers = p
+            .owner_references()
+            .iter()
+            .filter(|o| o.controller == Some(true))
+            .count();
+        assert!(
+            controllers <= 1,
+            "{} has {controllers} controllers",
+            p.name_any()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_templated_sandbox_adopts_a_warm_pod_the_pool_refills_and_an_override_starts_cold() {
+    let mut env = TestEnv::new("claim-adopt").await;
+    let op = env.start_operator(&[]);
+    create_template(&env, "tpl", "pooled").await;
+    create_pool(&env, "py", "tpl", 2, "Recreate")
+        .await
+        .expect("create pool");
+    let warm = wait_claimable(&env, "py", 2, &[]).await;
+    let warm_names: Vec<String> = warm.iter().map(|p| p.name_any()).collect();
+
+    create_sandbox(&env, "alice", from_template("alice", json!({})))
+        .await
+        .expect("create sandbox");
+    let sbx = env
+        .wait_for::<Sandbox>("alice", 60, phase_is("Ready"))
+        .await;
+    let st = status(&sbx);
+    let pod_name = st.pod_name.clone().expect("podName");
+    assert!(
+        warm_names.contains(&pod_name),
+        "{pod_name} is not one of the warm pods {warm_names:?}\n{}",
+        env.operator_logs()
+    );
+    let adopted = env.api::<Pod>().get(&pod_name).await.expect("adopted pod");
+    // The directory is the warm pod's own, recorded in status, with the scope's files in it.
+    let dir = recorded_dir(&sbx);
+    assert_eq!(dir, host_dir(&adopted));
+    assert!(
+        dir.starts_with(&format!("{NODE_ROOT}/{}/warm-", env.ns)),
+        "{dir}"
+    );
+    let files = entries(&dir);
+    assert!(
+        files.contains(&"task.md".to_string()) && files.contains(&"AGENTS.md".to_string()),
+        "{files:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(format!("{dir}/task.md")).expect("task.md"),
+        "task of alice\n"
+    );
+    // The pod is the sandbox's alone: labelled for it, no longer warm.
+    let owners = adopted.owner_references();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].controller),
+        ("Sandbox", Some(true))
+    );
+    assert_eq!(Some(&owners[0].uid), sbx.uid().as_ref());
+    assert!(!adopted.labels().contains_key(labels::WARM));
+    assert_eq!(
+        adopted.labels().get(labels::SANDBOX).map(String::as_str),
+        Some("alice")
+    );
+    assert_eq!(
+        adopted
+            .annotations()
+            .get(labels::USER_ID)
+            .map(String::as_str),
+        Some("alice")
+    );
+    // The pool refills: two warm pods again, the adopted one not among them.
+    wait_claimable(&env, "py", 2, std::slice::from_ref(&pod_name)).await;
+    assert_eq!(
+        env.counter(op, r#"agentbox_pool_claims_total{result="claimed"}"#)
+            .await,
+        1.0
+    );
+    assert_eq!(
+        env.counter(op, r#"agentbox_sandbox_starts_total{kind="warm"}"#)
+            .await,
+        1.0
+    );
+
+    // An env override changes the pod's shape: a cold start, in a directory of its own.
+    create_sandbox(
+        &env,
+        "bob",
+        from_template("bob", json!({"env": [{"name": "EXTRA", "value": "1"}]})),
+    )
+    .await
+    .expect("create sandbox");
+    let bob = env.wait_for::<Sandbox>("bob", 120, phase_is("Ready")).await;
+    assert_eq!(status(&bob).pod_name.as_deref(), Some("sbx-bob"));
+    // A cold start's directory is the derived one, not recorded.
+    assert_eq!(status(&bob).workspace.and_then(|w| w.host_dir), None);
+    assert_eq!(
+        agentbox::controller::placement::host_dir(&bob, NODE_ROOT),
+        format!("{NODE_ROOT}/{}/{}", env.ns, bob.uid().expect("uid"))
+    );
+    assert_eq!(
+        env.counter(op, r#"agentbox_pool_claims_total{result="miss"}"#)
+            .await,
+        1.0
+    );
+
+    // Deleting the claimed sandbox removes its pod and its warm-* directory.
+    env.api::<Sandbox>()
+        .delete("alice", &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone::<Sandbox>("alice", 30).await;
+    env.wait_gone::<Pod>(&pod_name, 60).await;
+    common::wait_removed(&env, &dir, 60).await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn two_sandboxes_racing_for_one_warm_pod_get_one_adoption_and_one_cold_start() {
+    let mut env = TestEnv::new("claim-race").await;
+    env.start_operator(&[]);
+    create_template(&env, "tpl", "pooled").await;
+    create_pool(&env, "py", "tpl", 1, "Recreate")
+        .await
+        .expect("create pool");
+    let warm = wait_claimable(&env, "py", 1, &[]).await;
+    let (a, b) = tokio::join!(
+        create_sandbox(&env, "a", from_template("a", json!({}))),
+        create_sandbox(&env, "b", from_template("b", json!({}))),
+    );
+    a.expect("create a");
+    b.expect("create b");
+    let a = env.wait_for::<Sandbox>("a", 120, phase_is("Ready")).await;
+    let b = env.wait_for::<Sandbox>("b", 120, phase_is("Ready")).await;
+    let pods: Vec<String> = [&a, &b]
+        .iter()
+        .map(|s| status(s).pod_name.expect("podName"))
+        .collect();
+    let adopted: Vec<&String> = pods.iter().filter(|p| **p == warm[0].name_any()).collect();
+    assert_eq!(
+        adopted.len(),
+        1,
+        "exactly one adopts the warm pod: {pods:?}"
+    );
+    assert!(
+        pods.iter().any(|p| p.starts_with("sbx-")),
+        "the other starts cold: {pods:?}"
+    );
+    for s in ["a", "b"] {
+        assert_eq!(pods_of(&env, s).await.len(), 1, "one pod for {s}");
+    }
+    assert_one_controller_each(&env).await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn an_operator_stopped_right_after_adopting_leaves_a_pod_the_next_one_records() {
+    let mut env = TestEnv::new("claim-kill").await;
+    let first = env.start_operator(&[]);
+    create_template(&env, "tpl", "pooled").await;
+    create_pool(&env, "py", "tpl", 1, "Recreate")
+        .await
+        .expect("create pool");
+    let warm = wait_claimable(&env, "py", 1, &[]).await;
+    env.operators[first].kill();
+
+    // The Sandbox is created while no operator runs; the adopting write is made as the
+    // stopped operator made it, and nothing after it (no status, no files).
+    create_sandbox(&env, "s", from_template("carol", json!({})))
+        .await
+        .expect("create sandbox");
+    let mut sbx = env.api::<Sandbox>().get("s").await.expect("sandbox");
+    let template = env
+        .api::<SandboxTemplate>()
+        .get("tpl")
+        .await
+        .expect("template");
+    sbx.spec = agentbox::template::resolve(&template.spec, &sbx.spec);
+    let config = agentbox::config::Config::parse_from(["agentbox-operator"]);
+    let podcfg = PodConfig::from_config(&config);
+    let shape = claim::shape_hash(&sbx, &podcfg);
+    let candidates = claim::candidates(&warm, &env.ns, &shape, NODE_ROOT);
+    assert_eq!(candidates.len(), 1, "the warm pod fits the sandbox");
+    let patch = claim::adopt_patch(&sbx, &podcfg, &candidates[0]);
+    let adopted = env
+        .api::<Pod>()
+        .patch(
+            &candidates[0].name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("adopt");
+    assert!(
+        entries(&host_dir(&adopted))
+            .iter()
+            .all(|e| e == ".agentbox")
+    );
+
+    // The next operator finds it by label and owner, records it and serves it.
+    env.start_operator(&[]);
+    let sbx = env.wait_for::<Sandbox>("s", 60, phase_is("Ready")).await;
+    assert_eq!(status(&sbx).pod_name, Some(adopted.name_any()));
+    assert_eq!(recorded_dir(&sbx), host_dir(&adopted));
+    assert_eq!(
+        std::fs::read_to_string(format!("{}/task.md", host_dir(&adopted))).expect("task.md"),
+        "task of carol\n"
+    );
+    let mine = pods_of(&env, "s").await;
+    assert_eq!(
+        mine.len(),
+        1,
+        "no second pod: {:?}",
+        mine.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    assert_one_controller_each(&env).await;
+    // The pool sees the claim and refills.
+    wait_claimable(&env, "py", 1, &[adopted.name_any()]).await;
+    env.finish().await;
+}
