@@ -18,8 +18,10 @@
 //! pool) and no pod in the namespace mounts it (a pod still stopping, a warm pod, a helper). A warm pod's directory is hinted when the pod is seen being deleted (by its pool,
 //! by hand, or with its pool), and a pass catches any other. The API is read **after** the listing, so a
 //! sandbox created meanwhile is seen; UIDs are never reused, so one judged gone stays gone.
-//! Failures are Warning Events on the helper pod; nothing is retried in a tight loop (the next
-//! pass looks again).
+//! Failures are Warning Events on the helper pod; nothing is retried in a tight loop. Hinted
+//! directories whose removal failed (the API server restarting, a helper pod that did not
+//! finish) are tried again after 2 s, doubling up to the pass interval, not left to the next
+//! pass: that may be ten minutes away, and a deleted tenant's files must not wait that long.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -47,6 +49,8 @@ const HINT_POLL: Duration = Duration::from_millis(200);
 const HELPER_POLL: Duration = Duration::from_millis(100);
 /// How long a helper pod may take (scheduling on its node, the image, the job).
 const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
+/// The first wait before hinted directories whose removal failed are tried again.
+const HINT_RETRY_FIRST: Duration = Duration::from_secs(2);
 
 /// One workspace directory a deletion left to the sweep.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -237,8 +241,8 @@ pub fn sandbox_dirs(sbx: &Sandbox, node_root: &str) -> Vec<String> {
         .collect()
 }
 
-/// Runs the sweep until `shutdown` resolves: hints as they come, a pass at once and then every
-/// `--sweep-interval-seconds`.
+/// Runs the sweep until `shutdown` resolves: hints as they come (failed ones again after
+/// [`hint_retry_delay`]), a pass at once and then every `--sweep-interval-seconds`.
 pub async fn run(ctx: std::sync::Arc<Context>, shutdown: impl std::future::Future<Output = ()>) {
     if ctx.config.helper_image.trim().is_empty() {
         // Nothing can be removed without the helper; deletions keep their finalizer instead.
@@ -246,17 +250,44 @@ pub async fn run(ctx: std::sync::Arc<Context>, shutdown: impl std::future::Futur
     }
     let interval = Duration::from_secs(ctx.config.sweep_interval_seconds.max(1));
     let mut next_pass = Instant::now();
+    // Hints whose removal failed, when they are tried again, and how many rounds failed in a row.
+    let mut failed: Vec<Hint> = Vec::new();
+    let mut retry_at: Option<Instant> = None;
+    let mut failures: u32 = 0;
     tokio::pin!(shutdown);
     loop {
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = &mut shutdown => return,
             _ = ctx.sweep.wake.notified() => {}
             _ = tokio::time::sleep_until(next_pass) => {}
+            _ = retry => {}
         }
-        for ((node, ns), dirs) in group(ctx.sweep.take()) {
+        let mut hints = ctx.sweep.take();
+        if retry_at.is_some_and(|at| Instant::now() >= at) {
+            hints.append(&mut failed);
+            retry_at = None;
+        }
+        for ((node, ns), dirs) in group(hints) {
             if let Err(e) = sweep_hinted(&ctx, &node, &ns, &dirs).await {
-                warn!(node, namespace = %ns, "removing the workspaces of deleted sandboxes: {e}; the next sweep retries");
+                warn!(node, namespace = %ns, dirs = ?dirs, "removing the workspaces of deleted sandboxes: {e}; tried again shortly");
+                failed.extend(dirs.into_iter().map(|dir| Hint {
+                    node: node.clone(),
+                    namespace: ns.clone(),
+                    dir,
+                }));
             }
+        }
+        if failed.is_empty() {
+            failures = 0;
+        } else if retry_at.is_none() {
+            failures += 1;
+            retry_at = Some(Instant::now() + hint_retry_delay(failures, interval));
         }
         if Instant::now() >= next_pass {
             if let Err(e) = pass(&ctx).await {
@@ -265,6 +296,13 @@ pub async fn run(ctx: std::sync::Arc<Context>, shutdown: impl std::future::Futur
             next_pass = Instant::now() + interval;
         }
     }
+}
+
+/// How long hinted directories wait after their `failures`-th failed round in a row: 2 s,
+/// doubling, never longer than the pass interval (a pass would look at them then anyway).
+pub fn hint_retry_delay(failures: u32, interval: Duration) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    (HINT_RETRY_FIRST * 2u32.pow(doublings)).min(interval)
 }
 
 /// Removes the hinted directories of deleted sandboxes on `node` once no pod mounts them (their
@@ -694,6 +732,21 @@ mod tests {
         assert_eq!(held.skip(), listed.to_vec());
         let live = InUse::of([UID_A.to_string()], &[stopping], "/w", "ns");
         assert!(live.soon_orphans(&listed).is_empty());
+    }
+
+    #[test]
+    fn failed_hints_wait_two_seconds_doubling_up_to_the_pass_interval() {
+        let ten_minutes = Duration::from_secs(600);
+        let waits: Vec<u64> = (1..=10)
+            .map(|n| hint_retry_delay(n, ten_minutes).as_secs())
+            .collect();
+        assert_eq!(waits, [2, 4, 8, 16, 32, 64, 128, 256, 512, 600]);
+        assert_eq!(hint_retry_delay(u32::MAX, ten_minutes), ten_minutes);
+        // A short pass interval caps it from the start.
+        assert_eq!(
+            hint_retry_delay(1, Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]
