@@ -20,8 +20,10 @@
 //! sandbox created meanwhile is seen; UIDs are never reused, so one judged gone stays gone.
 //! Failures are Warning Events on the helper pod; nothing is retried in a tight loop. Hinted
 //! directories whose removal failed (the API server restarting, a helper pod that did not
-//! finish) are tried again after 2 s, doubling up to the pass interval, not left to the next
-//! pass: that may be ten minutes away, and a deleted tenant's files must not wait that long.
+//! finish) or whose pod is still stopping after [`HINT_PATIENCE`] (a kubelet that has not yet
+//! heard of the deletion: after an API server restart one here took 90 s) are tried again
+//! after 2 s, doubling up to the pass interval, not left to the next pass: that may be ten
+//! minutes away, and a deleted tenant's files must not wait that long.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -40,9 +42,9 @@ use super::pod::{self, HELPER_LABEL, PodConfig};
 use super::{Context, Error, nodeloss, noderoot, placement};
 use crate::crd::{Sandbox, SandboxPool};
 
-/// How long a hinted directory may stay mounted by its stopping pod before the hint is left
-/// to the next pass.
-const HINT_PATIENCE: Duration = Duration::from_secs(60);
+/// How long one round waits for a hinted directory's stopping pod; one still stopping then is
+/// tried again later (see [`hint_retry_delay`]), so other hints do not wait behind it.
+const HINT_PATIENCE: Duration = Duration::from_secs(15);
 /// How often a hinted directory's pod is looked at while it stops.
 const HINT_POLL: Duration = Duration::from_millis(200);
 /// How often a running helper pod is looked at.
@@ -274,14 +276,23 @@ pub async fn run(ctx: std::sync::Arc<Context>, shutdown: impl std::future::Futur
             retry_at = None;
         }
         for ((node, ns), dirs) in group(hints) {
-            if let Err(e) = sweep_hinted(&ctx, &node, &ns, &dirs).await {
-                warn!(node, namespace = %ns, dirs = ?dirs, "removing the workspaces of deleted sandboxes: {e}; tried again shortly");
-                failed.extend(dirs.into_iter().map(|dir| Hint {
-                    node: node.clone(),
-                    namespace: ns.clone(),
-                    dir,
-                }));
-            }
+            let again = match sweep_hinted(&ctx, &node, &ns, &dirs).await {
+                Ok(stopping) => {
+                    if !stopping.is_empty() {
+                        debug!(node, namespace = %ns, dirs = ?stopping, "still mounted by pods being deleted: tried again shortly");
+                    }
+                    stopping
+                }
+                Err(e) => {
+                    warn!(node, namespace = %ns, dirs = ?dirs, "removing the workspaces of deleted sandboxes: {e}; tried again shortly");
+                    dirs
+                }
+            };
+            failed.extend(again.into_iter().map(|dir| Hint {
+                node: node.clone(),
+                namespace: ns.clone(),
+                dir,
+            }));
         }
         if failed.is_empty() {
             failures = 0;
@@ -306,8 +317,15 @@ pub fn hint_retry_delay(failures: u32, interval: Duration) -> Duration {
 }
 
 /// Removes the hinted directories of deleted sandboxes on `node` once no pod mounts them (their
-/// own pod stops first). What is still mounted after [`HINT_PATIENCE`] is left to the next pass.
-async fn sweep_hinted(ctx: &Context, node: &str, ns: &str, dirs: &[String]) -> Result<(), Error> {
+/// own pod stops first). Returns those still mounted only by pods being deleted after
+/// [`HINT_PATIENCE`], to be tried again; one a Sandbox or a running pod holds is left to the
+/// passes (it is not a deleted sandbox's any more).
+async fn sweep_hinted(
+    ctx: &Context,
+    node: &str,
+    ns: &str,
+    dirs: &[String],
+) -> Result<Vec<String>, Error> {
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     if !nodes
         .get_opt(node)
@@ -316,17 +334,19 @@ async fn sweep_hinted(ctx: &Context, node: &str, ns: &str, dirs: &[String]) -> R
         .is_some_and(nodeloss::is_serving)
     {
         debug!(node, "not serving: its workspaces wait for a pass");
-        return Ok(());
+        return Ok(Vec::new());
     }
     let deadline = Instant::now() + HINT_PATIENCE;
-    let doomed = loop {
-        let free = orphans(dirs, &in_use(ctx, ns).await?);
+    let (doomed, stopping) = loop {
+        let in_use = in_use(ctx, ns).await?;
+        let free = orphans(dirs, &in_use);
         if free.len() == dirs.len() || Instant::now() >= deadline {
-            break free;
+            break (free, in_use.soon_orphans(dirs));
         }
         tokio::time::sleep(HINT_POLL).await;
     };
-    remove(ctx, node, ns, doomed).await
+    remove(ctx, node, ns, doomed).await?;
+    Ok(stopping)
 }
 
 /// One pass over every serving node and every namespace this operator has workspaces in.
