@@ -21,6 +21,7 @@ pub mod sources;
 pub mod sweep;
 pub mod template;
 pub mod validate;
+pub mod watch;
 pub mod workspace;
 
 use std::sync::Arc;
@@ -399,6 +400,7 @@ async fn run_snapshots(
     Controller::new(snapshots, watcher::Config::default())
         // Uploads hold a few multipart parts in memory each: bound how many run at once.
         .with_config(ControllerConfig::default().concurrency(4))
+        .trigger_backoff(watch::TriggerBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(
             |snap, ctx| traced("snapshot", snap, ctx, snapshot::reconcile),
@@ -469,6 +471,7 @@ async fn run_sandboxes(
         .owns_stream(managed_pods(&ctx, &ns, owned.clone(), pods))
         .owns(scoped::<NetworkPolicy>(&ctx.client, &ns), owned.clone())
         .watches(scoped::<Lease>(&ctx.client, &ns), owned, guard_to_sandboxes)
+        .trigger_backoff(watch::TriggerBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(
             |sbx, ctx| traced("sandbox", sbx, ctx, sandbox::reconcile),
@@ -490,7 +493,7 @@ fn managed_pods(
     store: reflector::store::Writer<Pod>,
 ) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
     let pods = watcher(scoped::<Pod>(&ctx.client, ns), wc)
-        .default_backoff()
+        .backoff(watch::TriggerBackoff::default())
         .modify(|p| p.managed_fields_mut().clear());
     reflector::reflector(store, pods).touched_objects()
 }
@@ -559,6 +562,7 @@ async fn run_pools(
             watcher::Config::default(),
             template_to_pools,
         )
+        .trigger_backoff(watch::TriggerBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(
             |p, ctx| traced("pool", p, ctx, pool::reconcile),
