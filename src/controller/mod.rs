@@ -71,6 +71,8 @@ pub struct Context {
     /// watch last saw them: where a sandbox's pod not named in its status is found, without a
     /// LIST on each reconcile.
     pub pods: reflector::Store<Pod>,
+    /// Open shells in warm pods, kept by the pools for the claims.
+    pub shells: pool::shells::Shells,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -302,6 +304,7 @@ pub async fn run(
         node_roots: noderoot::Checks::default(),
         refusals: restore::Refusals::default(),
         sweep: sweep::Hints::default(),
+        shells: pool::shells::Shells::default(),
         pods,
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));

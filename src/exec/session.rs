@@ -72,6 +72,14 @@ impl Session {
         self
     }
 
+    /// Whether a shell was started and has ended since (its exec's status arrived or its
+    /// connection dropped). False while a command runs, and before the first one.
+    pub fn has_ended(&self) -> bool {
+        self.shell
+            .try_lock()
+            .is_ok_and(|mut g| g.as_mut().is_some_and(Shell::is_dead))
+    }
+
     /// Starts the shell now rather than with the first command.
     pub async fn start(&self) -> Result<(), ExecError> {
         let mut g = self.shell.lock().await;
@@ -129,6 +137,12 @@ impl Session {
         let nonce: u128 = rand::random();
         let mark = format!("__AGENTBOX_{nonce:032x}_");
         let line = command_line(&req, &mark)?;
+        // Only these of the request are needed from here on (the request itself, with its
+        // stdin slot, is not Sync, and this future must be Send).
+        let limits = Limits {
+            max_output: req.max_output,
+            timeout: req.timeout,
+        };
 
         let mut g = self.shell.lock().await;
         // A shell found dead before the command was sent, or one that ends before printing
@@ -137,7 +151,7 @@ impl Session {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.run_once(&mut g, &req, &line, &mark).await {
+            match self.run_once(&mut g, limits, &line, &mark).await {
                 Ok(out) => return Ok(out),
                 Err(Failure::NotStarted(why)) if attempt < 2 => {
                     tracing::debug!(pod = %self.pod, %why, "session shell gone; starting a new one");
@@ -161,7 +175,7 @@ impl Session {
     async fn run_once(
         &self,
         g: &mut Option<Shell>,
-        req: &ExecRequest,
+        req: Limits,
         line: &str,
         mark: &str,
     ) -> Result<ExecOutput, Failure> {
@@ -232,6 +246,13 @@ impl Session {
 pub(crate) fn command_line(req: &ExecRequest, mark: &str) -> Result<String, ExecError> {
     let argv = req.remote_argv()?;
     Ok(crate::remote::session_line(&argv, mark))
+}
+
+/// What a command's run needs of its request besides its line.
+#[derive(Clone, Copy)]
+struct Limits {
+    max_output: usize,
+    timeout: Option<std::time::Duration>,
 }
 
 /// Why one attempt at a command failed.

@@ -14,10 +14,12 @@
 //! conflict, and the next reconcile sees the claim).
 
 pub mod decide;
+pub mod shells;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -31,7 +33,8 @@ use super::pod::{self, CONTAINER, PodConfig};
 use super::podstate::{PodState, observe_pod};
 use super::{Context, Error, validate};
 use crate::crd::{SandboxPool, SandboxTemplate};
-use crate::exec::{self, ExecRequest};
+use crate::exec::ExecRequest;
+use crate::exec::session::Session;
 use crate::labels;
 use crate::remote;
 use decide::{Plan, Want, WarmPod};
@@ -88,6 +91,9 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
 
     let (want, resolved) = observe_template(&ctx, &pool, &ns, &podcfg).await?;
     let pods = observe_pods(&pods_api, &pool).await?;
+    let key = format!("{ns}/{name}");
+    ctx.shells
+        .retain_pool(&key, &pods.iter().filter_map(|p| p.uid()).collect());
     let summaries: Vec<WarmPod> = pods.iter().map(summary).collect();
     let plan = decide::decide(&pool, &want, &summaries, Timestamp::now());
     debug!(
@@ -219,10 +225,21 @@ async fn act(
             info!(pool = %pool_name, created = n, "warm pods created");
         }
         let root = spec.workspace.root.trim_end_matches('/').to_string();
+        let key = format!("{}/{pool_name}", pool.namespace().unwrap_or_default());
         let starting = pods
             .iter()
             .filter(|p| plan.initialise.contains(&p.name_any()));
-        join_all(starting.map(|p| initialise(api, p, &root))).await;
+        // Ready ones without a shell (initialised by an earlier leader, or whose shell
+        // ended): one is opened for the claim.
+        let shell_less = pods
+            .iter()
+            .filter(|p| is_claimable(p) && !p.uid().is_some_and(|uid| ctx.shells.has(&uid)));
+        join_all(
+            starting
+                .map(|p| initialise(ctx, &key, api, p, &root).boxed())
+                .chain(shell_less.map(|p| open_shell(ctx, &key, api, p).boxed())),
+        )
+        .await;
     }
 }
 
@@ -283,15 +300,17 @@ pub fn hint_removal(ctx: &Context, p: &Pod) {
     });
 }
 
-/// Runs the scope-free part of a start in a running warm pod and marks it ready to claim, the
-/// mark conditioned on the pod's resourceVersion (a pod claimed meanwhile keeps its labels as
-/// the claim left them).
-async fn initialise(api: &Api<Pod>, p: &Pod, root: &str) {
+/// Runs the scope-free part of a start in a running warm pod, in a persistent shell that stays
+/// open for the claim ([`shells`]), and marks the pod ready to claim, the mark conditioned on
+/// the pod's resourceVersion (a pod claimed meanwhile keeps its labels as the claim left
+/// them).
+async fn initialise(ctx: &Context, pool: &str, api: &Api<Pod>, p: &Pod, root: &str) {
     let name = p.name_any();
+    let shell = Session::new(api.clone(), &name, CONTAINER);
     let req = ExecRequest::argv(remote::sh(remote::WARM_INIT_SCRIPT, [root]))
         .timeout(WRITE_TIMEOUT)
         .max_output(4096);
-    match exec::run(api, &name, CONTAINER, req).await {
+    match shell.run(req).await {
         Ok(out) if out.status.success() => {}
         Ok(out) => {
             warn!(pod = %name, "initialising a warm pod failed ({}): {}", out.status, out.stderr_str().trim());
@@ -315,11 +334,31 @@ async fn initialise(api: &Api<Pod>, p: &Pod, root: &str) {
     })
     .await;
     match r {
-        Ok(_) => {}
+        Ok(_) => {
+            if let Some(uid) = p.uid() {
+                ctx.shells.put(pool, &uid, shell);
+            }
+        }
         Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 || s.code == 404 => {
             debug!(pod = %name, "warm pod changed before it was marked ready: the next reconcile looks again");
         }
         Err(e) => warn!(pod = %name, "marking a warm pod ready: {e}"),
+    }
+}
+
+/// Opens the claim's shell in a warm pod that is ready but has none. Without one, a claim
+/// runs its command in a new exec (slower, not wrong).
+async fn open_shell(ctx: &Context, pool: &str, api: &Api<Pod>, p: &Pod) {
+    let name = p.name_any();
+    let shell = Session::new(api.clone(), &name, CONTAINER);
+    match tokio::time::timeout(WRITE_TIMEOUT, shell.start()).await {
+        Ok(Ok(())) => {
+            if let Some(uid) = p.uid() {
+                ctx.shells.put(pool, &uid, shell);
+            }
+        }
+        Ok(Err(e)) => debug!(pod = %name, "opening a warm pod's shell: {e}"),
+        Err(_) => debug!(pod = %name, "opening a warm pod's shell timed out"),
     }
 }
 

@@ -485,13 +485,23 @@ async fn serve(
     };
     let (init, error) = if serving.initialises() && !podstate::initialised_in(&st, pod) {
         let ws = st.workspace.clone().unwrap_or_default();
-        let marker = if adopted {
-            init::Marker::Absent
+        // An adopted warm pod's directory has no marker, and its pool left a shell open in
+        // it for this start's command.
+        let (marker, shell) = if adopted {
+            let shell = pod.uid().and_then(|uid| ctx.shells.take(&uid));
+            (init::Marker::Absent, shell)
         } else {
-            init::Marker::Probe
+            (init::Marker::Probe, None)
         };
-        let result =
-            init::init_workspace(sbx, ctx, (&apis.pods, &pod.name_any()), &ws, marker).await;
+        let result = init::init_workspace(
+            sbx,
+            ctx,
+            (&apis.pods, &pod.name_any()),
+            (&ws, marker, shell.as_ref()),
+        )
+        .await;
+        // The shell's stdin closes and it exits: nothing of the pool's stays in the pod.
+        drop(shell);
         outcome(sbx, &ctx.metrics, &serving, result)
     } else {
         (Init::Skipped, None)
@@ -533,7 +543,9 @@ async fn serve(
     if out.started.is_some() {
         record_ready(&ctx.metrics, sbx, pod, old, &st);
     }
-    publish(ctx, sbx, out.started).await;
+    if decide::announce_start(adopted, &st) {
+        publish(ctx, sbx, out.started).await;
+    }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 

@@ -18,7 +18,7 @@ use crate::controller::podstate::PodState;
 use crate::controller::{placement, service, workspace};
 use crate::crd::{
     AbandonedWorkspace, GuardStatus, LifecycleMode, NodeLoss, RestoreRefusal, Sandbox,
-    SandboxPhase, SandboxStatus, TemplateUse, WorkspaceStatus,
+    SandboxPhase, SandboxStatus, StartBranch, TemplateUse, WorkspaceStatus,
 };
 use crate::guard::LeaseView;
 use crate::labels;
@@ -616,6 +616,16 @@ pub struct Served {
     /// The start of the workspace, published after the status write (Ready is what a harness
     /// waits for).
     pub started: Option<Note>,
+}
+
+/// Whether a start that has just become Ready is announced with an Event. A claimed warm
+/// pod's fresh start (branch D: nothing restored) is not: it is the hot path of a harness's
+/// request and an Event is one more API write, while the status already says the same (Ready,
+/// and `WorkspaceReady`'s message names the branch). Every other start is (a restore into a
+/// warm pod, and any cold start).
+pub fn announce_start(adopted: bool, st: &SandboxStatus) -> bool {
+    let branch = st.workspace.as_ref().and_then(|w| w.last_start_branch);
+    !(adopted && branch == Some(StartBranch::D))
 }
 
 /// The status of a served pod, from its state and the outcome of initialising it.
@@ -1406,5 +1416,20 @@ mod tests {
             None,
             "only the first status"
         );
+    }
+    #[test]
+    fn a_claimed_pods_fresh_start_is_not_announced_and_every_other_start_is() {
+        let with = |branch| SandboxStatus {
+            workspace: Some(WorkspaceStatus {
+                last_start_branch: Some(branch),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(!announce_start(true, &with(StartBranch::D)));
+        assert!(announce_start(true, &with(StartBranch::C)));
+        assert!(announce_start(false, &with(StartBranch::D)));
+        assert!(announce_start(false, &with(StartBranch::C)));
+        assert!(announce_start(true, &SandboxStatus::default()));
     }
 }

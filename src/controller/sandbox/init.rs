@@ -13,6 +13,7 @@ use crate::controller::pod::CONTAINER;
 use crate::controller::workspace::{self, Observed};
 use crate::controller::{Context, Error, restore, selection, sources};
 use crate::crd::{Sandbox, WorkspaceStatus};
+use crate::exec::session::Session;
 use crate::exec::{self, ExecRequest};
 use crate::remote;
 
@@ -30,7 +31,8 @@ pub enum Marker {
 }
 
 /// Probes the marker (unless known absent), decides the branch, resolves file sources, and
-/// writes.
+/// writes. With `shell` (a claimed warm pod's, [`crate::controller::pool::shells`]), a write
+/// without files runs over it instead of a new exec.
 ///
 /// The probe carries no stdin: it is also what finds out whether a starting container runs
 /// yet, and an exec with stdin into one that does not can hang instead of failing.
@@ -38,8 +40,7 @@ pub async fn init_workspace(
     sbx: &Sandbox,
     ctx: &Context,
     (pods, pod_name): (&Api<Pod>, &str),
-    ws: &WorkspaceStatus,
-    marker: Marker,
+    (ws, marker, shell): (&WorkspaceStatus, Marker, Option<&Session>),
 ) -> Result<(WorkspaceStatus, workspace::Decision), Error> {
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let uid = sbx.uid().unwrap_or_default();
@@ -84,8 +85,7 @@ pub async fn init_workspace(
     let prepared = t0.elapsed();
     if !writes.is_empty() || !marker_present {
         run_script(
-            pods,
-            pod_name,
+            (pods, pod_name, shell),
             workspace::script_args(&root, &uid, &writes),
             &writes,
         )
@@ -127,10 +127,10 @@ async fn probe(pods: &Api<Pod>, pod_name: &str, root: &str) -> Result<bool, Erro
     Ok(!probe.stdout.is_empty())
 }
 
-/// Runs the workspace script, with the archive of `writes` on stdin when it has files.
+/// Runs the workspace script, with the archive of `writes` on stdin when it has files; over
+/// `shell` when there is one and no archive (a session command takes no stdin).
 async fn run_script(
-    pods: &Api<Pod>,
-    pod_name: &str,
+    (pods, pod_name, shell): (&Api<Pod>, &str, Option<&Session>),
     args: Vec<String>,
     writes: &workspace::Writes,
 ) -> Result<(), Error> {
@@ -138,11 +138,22 @@ async fn run_script(
     let mut req = ExecRequest::argv(argv)
         .timeout(INIT_TIMEOUT)
         .max_output(16 * 1024);
-    if !writes.files.is_empty() {
-        let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
-        req = req.stdin(workspace::archive(&writes.files, mtime)?);
-    }
-    let out = exec::run(pods, pod_name, CONTAINER, req).await?;
+    let out = match shell {
+        Some(shell) if writes.files.is_empty() => {
+            debug!(
+                pod = pod_name,
+                "workspace written over the warm pod's open shell"
+            );
+            shell.run(req).await?
+        }
+        _ => {
+            if !writes.files.is_empty() {
+                let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
+                req = req.stdin(workspace::archive(&writes.files, mtime)?);
+            }
+            exec::run(pods, pod_name, CONTAINER, req).await?
+        }
+    };
     if !out.status.success() {
         return Err(Error::Init(format!(
             "writing the workspace failed ({}): {}",

@@ -335,6 +335,7 @@ fn context_on(
         node_roots: noderoot::Checks::default(),
         refusals: super::restore::Refusals::default(),
         sweep: super::sweep::Hints::default(),
+        shells: super::pool::shells::Shells::default(),
         pods: cache,
     })
 }
