@@ -622,11 +622,12 @@ async fn renew_loop(
             spec.renew_time = Some(MicroTime(Timestamp::now()));
         }
         let pp = PostParams::default();
+        // Not cut short by `stop`: a renewal the API server applied but whose answer was
+        // dropped would leave a stale resourceVersion, and the release's conditioned update
+        // would then fail (409) as if someone else had taken the lease. A command ending just
+        // as a renewal went out under load did exactly that.
         let req = leases.replace(&name, &pp, &lease);
-        let res = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = tokio::time::timeout_at(trusted_until, req) => r,
-        };
+        let res = tokio::time::timeout_at(trusted_until, req).await;
         match res {
             Ok(Ok(new)) => {
                 if let Ok(mut l) = shared.lock() {

@@ -212,6 +212,7 @@ class Guard:
         self._wait = wait
         self._lease: dict[str, Any] | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
         self._lost = asyncio.Event()
         self._released = False
         self._task: asyncio.Task[Any] | None = None
@@ -347,7 +348,15 @@ class Guard:
         nxt = last_ok + every
         while True:
             trusted_until = last_ok + trust
-            await asyncio.sleep(max(0.0, min(nxt, trusted_until) - loop.time()))
+            # Stopped only between renewals, never during one: a renewal the API server
+            # applied but whose answer was dropped would leave a stale resourceVersion, and
+            # the release's conditioned update would then fail as if the lease were taken.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._stop.wait(), max(0.0, min(nxt, trusted_until) - loop.time())
+                )
+            if self._stop.is_set():
+                return
             if loop.time() >= trusted_until:
                 self._set_lost()  # not renewed in time
                 return
@@ -381,7 +390,8 @@ class Guard:
             return
         self._released = True
         if self._renewer is not None:
-            self._renewer.cancel()
+            # Lets a renewal in flight finish (see _renew_loop).
+            self._stop.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
         if self._lost.is_set():

@@ -51,12 +51,13 @@ async def test_a_rust_holder_keeps_python_out(
     env: Env, ready: agentbox.Sandbox, tmp_dir: Path
 ) -> None:
     token_file = tmp_dir / "token"
+    errors = tmp_dir / "lock.stderr"
     proc = subprocess.Popen(  # noqa: ASYNC220 (started, not waited on, here)
         lock_cmd(
             env, ready, "--", "sh", "-c", f'echo "$AGENTBOX_FENCING_TOKEN" > {token_file}; sleep 5'
         ),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=errors.open("wb"),
     )
     try:
         for _ in range(300):
@@ -70,7 +71,9 @@ async def test_a_rust_holder_keeps_python_out(
         assert e.value.holder and isinstance(e.value, TimeoutError)
         # Waiting long enough, Python gets it once the CLI's command ends and it releases.
         async with ready.guard(wait=60) as g:
-            assert proc.poll() == 0
+            # It released before it exited: wait for the exit, then for its status.
+            code = await asyncio.to_thread(proc.wait, 30)
+            assert code == 0, errors.read_text()
             assert g.fencing_token > rust_token
     finally:
         if proc.poll() is None:
