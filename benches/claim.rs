@@ -22,7 +22,7 @@ use serde_json::json;
 
 mod common;
 
-use common::{OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95, read_audit};
+use common::{OPERATOR_UA, audit_log, emit, env_num, p50_p95, read_audit};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -86,22 +86,8 @@ async fn main() -> Res<()> {
     let size = env_num("BENCH_POOL", 5) as usize;
     let audit = audit_log()?;
     let client = Client::try_default().await?;
-    let cleanup = namespace(&client, "bench-claim").await?;
+    let (cleanup, _op) = common::namespace_with_operator(&client, "bench-claim").await?;
     let ns = cleanup.1.clone();
-    tokio::time::sleep(Duration::from_secs(1)).await; // default ServiceAccount
-    let _op = Operator::start(
-        Operator::command()
-            .args([
-                "--namespace",
-                &ns,
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--identity",
-                "bench",
-            ])
-            .env("RUST_LOG", "warn"),
-        &std::env::temp_dir().join(format!("{ns}-operator.log")),
-    )?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
     let _delete_all = common::DeleteAll(sbxs.clone());

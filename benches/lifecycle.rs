@@ -22,8 +22,7 @@ use serde_json::json;
 mod common;
 
 use common::{
-    LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95,
-    python_samples, read_audit,
+    LEADER_LEASE, OPERATOR_UA, audit_log, emit, env_num, p50_p95, python_samples, read_audit,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -94,22 +93,8 @@ async fn main() -> Res<()> {
     let idle = env_num("BENCH_IDLE_SECS", 60);
     let audit = audit_log()?;
     let client = Client::try_default().await?;
-    let cleanup = namespace(&client, "bench-life").await?;
+    let (cleanup, _op) = common::namespace_with_operator(&client, "bench-life").await?;
     let ns = cleanup.1.clone();
-    tokio::time::sleep(Duration::from_secs(1)).await; // default ServiceAccount
-    let _op = Operator::start(
-        Operator::command()
-            .args([
-                "--namespace",
-                &ns,
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--identity",
-                "bench",
-            ])
-            .env("RUST_LOG", "warn"),
-        &std::env::temp_dir().join(format!("{ns}-operator.log")),
-    )?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
     let _delete_all = common::DeleteAll(sbxs.clone());

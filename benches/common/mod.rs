@@ -158,6 +158,33 @@ pub async fn namespace(client: &kube::Client, prefix: &str) -> Result<Cleanup, k
     Ok(Cleanup(client.clone(), name))
 }
 
+/// The namespace `<prefix>-<pid>` and this build's operator watching it alone (identity
+/// `bench`, metrics on a free port, warnings only, its log in the temp directory), started once
+/// the namespace's default ServiceAccount had a moment to appear. Bound in this order
+/// (`let (ns, _op) = ...`), the operator stops before the namespace is deleted.
+pub async fn namespace_with_operator(
+    client: &kube::Client,
+    prefix: &str,
+) -> Result<(Cleanup, Operator), Box<dyn std::error::Error>> {
+    let cleanup = namespace(client, prefix).await?;
+    let ns = cleanup.1.clone();
+    tokio::time::sleep(Duration::from_secs(1)).await; // default ServiceAccount
+    let op = Operator::start(
+        Operator::command()
+            .args([
+                "--namespace",
+                &ns,
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--identity",
+                "bench",
+            ])
+            .env("RUST_LOG", "warn"),
+        &std::env::temp_dir().join(format!("{ns}-operator.log")),
+    )?;
+    Ok((cleanup, op))
+}
+
 /// The API server's audit log (`hack/cluster env` sets `AGENTBOX_AUDIT_LOG`).
 pub fn audit_log() -> Result<String, &'static str> {
     std::env::var("AGENTBOX_AUDIT_LOG")
