@@ -23,6 +23,16 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
+/// The template `tpl` (a file, an env var) and its pool `py` of `size` warm pods, all ready to
+/// be claimed: what every test here starts from.
+async fn pooled(env: &TestEnv, size: i64) -> Vec<Pod> {
+    create_template(env, "tpl", "pooled").await;
+    create_pool(env, "py", "tpl", size, "Recreate")
+        .await
+        .expect("create pool");
+    wait_claimable(env, "py", usize::try_from(size).expect("size"), &[]).await
+}
+
 fn from_template(user: &str, extra: serde_json::Value) -> serde_json::Value {
     let mut spec = json!({
         "templateRef": {"name": "tpl"},
@@ -78,11 +88,7 @@ async fn assert_one_controller_each(env: &TestEnv) {
 async fn a_templated_sandbox_adopts_a_warm_pod_the_pool_refills_and_an_override_starts_cold() {
     let mut env = TestEnv::new("claim-adopt").await;
     let op = env.start_operator(&[]);
-    create_template(&env, "tpl", "pooled").await;
-    create_pool(&env, "py", "tpl", 2, "Recreate")
-        .await
-        .expect("create pool");
-    let warm = wait_claimable(&env, "py", 2, &[]).await;
+    let warm = pooled(&env, 2).await;
     let warm_names: Vec<String> = warm.iter().map(|p| p.name_any()).collect();
 
     create_sandbox(&env, "alice", from_template("alice", json!({})))
@@ -185,11 +191,7 @@ async fn a_templated_sandbox_adopts_a_warm_pod_the_pool_refills_and_an_override_
 async fn two_sandboxes_racing_for_one_warm_pod_get_one_adoption_and_one_cold_start() {
     let mut env = TestEnv::new("claim-race").await;
     env.start_operator(&[]);
-    create_template(&env, "tpl", "pooled").await;
-    create_pool(&env, "py", "tpl", 1, "Recreate")
-        .await
-        .expect("create pool");
-    let warm = wait_claimable(&env, "py", 1, &[]).await;
+    let warm = pooled(&env, 1).await;
     let (a, b) = tokio::join!(
         create_sandbox(&env, "a", from_template("a", json!({}))),
         create_sandbox(&env, "b", from_template("b", json!({}))),
@@ -223,11 +225,7 @@ async fn two_sandboxes_racing_for_one_warm_pod_get_one_adoption_and_one_cold_sta
 async fn an_operator_stopped_right_after_adopting_leaves_a_pod_the_next_one_records() {
     let mut env = TestEnv::new("claim-kill").await;
     let first = env.start_operator(&[]);
-    create_template(&env, "tpl", "pooled").await;
-    create_pool(&env, "py", "tpl", 1, "Recreate")
-        .await
-        .expect("create pool");
-    let warm = wait_claimable(&env, "py", 1, &[]).await;
+    let warm = pooled(&env, 1).await;
     env.operators[first].kill();
 
     // The Sandbox is created while no operator runs; the adopting write is made as the
@@ -303,11 +301,7 @@ async fn a_burst_of_creates_against_a_smaller_pool_adopts_each_warm_pod_once_and
     let (n, size) = burst_size();
     let mut env = TestEnv::new("claim-burst").await;
     let op = env.start_operator(&[]);
-    create_template(&env, "tpl", "pooled").await;
-    create_pool(&env, "py", "tpl", size, "Recreate")
-        .await
-        .expect("create pool");
-    let warm = wait_claimable(&env, "py", usize::try_from(size).expect("size"), &[]).await;
+    let warm = pooled(&env, size).await;
 
     let names: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
     let created = futures::future::join_all(
