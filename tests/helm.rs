@@ -1,5 +1,5 @@
 //! The Helm chart against the real local cluster: build and import the operator image
-//! (hack/image), `helm install` the **previous chart version** (taken from git history with
+//! (hack/image --dev), `helm install` the **previous chart version** (taken from git history with
 //! `git archive`, its CRDs applied as it left them) watching a test namespace, run the Sandbox
 //! lifecycle against the in-cluster operator, `helm upgrade` to this chart (with a changed
 //! value): the CRDs are upgraded with it, then the lifecycle again, `helm test`, the aggregated
@@ -465,15 +465,18 @@ async fn lifecycle(env: &TestEnv, name: &str, operator_pod: &str) {
 #[tokio::test]
 async fn helm_install_lifecycle_upgrade_uninstall() {
     let t0 = Instant::now();
-    // AGENTBOX_OPERATOR_IMAGE: an image already in the cluster (skips hack/image).
+    // AGENTBOX_OPERATOR_IMAGE: an image already in the cluster (skips hack/image). A dev
+    // build: this tests the chart, and a release build takes minutes.
     let image = match std::env::var("AGENTBOX_OPERATOR_IMAGE") {
         Ok(image) if !image.is_empty() => image,
-        _ => run(Command::new(repo_root().join("hack/image")).current_dir(repo_root()))
-            .lines()
-            .last()
-            .expect("hack/image prints the image")
-            .trim()
-            .to_string(),
+        _ => run(Command::new(repo_root().join("hack/image"))
+            .arg("--dev")
+            .current_dir(repo_root()))
+        .lines()
+        .last()
+        .expect("hack/image prints the image")
+        .trim()
+        .to_string(),
     };
     let (repo, tag) = image.rsplit_once(':').expect("repo:tag");
 
