@@ -5,7 +5,8 @@
 //! owners; an operator that stopped right after the adopting write leaves a pod the next one
 //! records (no second pod, no orphan); deleting a claimed sandbox removes its pod and its
 //! warm-* directory; a burst of creates against a smaller pool adopts each warm pod once, starts
-//! the rest cold, refills the pool and leaves nothing behind.
+//! the rest cold, refills the pool and leaves nothing behind; the pool's shell runs a claim's
+//! command and leaves the pod; a claimed sandbox's snapshot restores into the next claim.
 
 mod common;
 
@@ -281,6 +282,173 @@ async fn an_operator_stopped_right_after_adopting_leaves_a_pod_the_next_one_reco
     // The pool sees the claim and refills.
     wait_claimable(&env, "py", 1, &[adopted.name_any()]).await;
     env.finish().await;
+}
+
+/// The processes of the sandbox container of `pod` that do not descend from its PID 1 (what
+/// the pod runs): what execs left running, as "PID ARGS" lines, but the `ps` that lists them.
+async fn exec_processes(env: &TestEnv, pod: &str) -> Vec<String> {
+    let out = agentbox::exec::run(
+        &env.api::<Pod>(),
+        pod,
+        "sandbox",
+        agentbox::exec::ExecRequest::argv(["ps", "-o", "pid,ppid,args"]),
+    )
+    .await
+    .expect("exec ps");
+    assert!(out.success(), "ps: {}", out.stderr_str());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let procs: Vec<(u32, u32, String)> = text
+        .lines()
+        .skip(1) // the header
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let pid = f.next()?.parse().ok()?;
+            let ppid = f.next()?.parse().ok()?;
+            Some((pid, ppid, f.collect::<Vec<_>>().join(" ")))
+        })
+        .collect();
+    assert!(procs.iter().any(|p| p.0 == 1), "no PID 1 in {text}");
+    let mut pod_runs: BTreeSet<u32> = BTreeSet::from([1]);
+    while let Some(p) = procs
+        .iter()
+        .find(|p| pod_runs.contains(&p.1) && !pod_runs.contains(&p.0))
+    {
+        pod_runs.insert(p.0);
+    }
+    procs
+        .into_iter()
+        .filter(|p| !pod_runs.contains(&p.0) && p.2 != "ps -o pid,ppid,args")
+        .map(|p| format!("{} {}", p.0, p.2))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_pools_shell_runs_the_claims_command_and_then_leaves_the_pod() {
+    let mut env = TestEnv::new("claim-shell").await;
+    let op = env.start_operator(&[]);
+    // No files in the template or the sandbox: the claim's one command goes over the shell the
+    // pool left open.
+    let t: SandboxTemplate = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
+        "metadata": {"name": "bare"},
+        "spec": {"image": common::BASE_IMAGE, "imagePullPolicy": "Never"},
+    }))
+    .expect("template json");
+    env.api::<SandboxTemplate>()
+        .create(&kube::api::PostParams::default(), &t)
+        .await
+        .expect("create template");
+    create_pool(&env, "pb", "bare", 1, "Recreate")
+        .await
+        .expect("create pool");
+    let warm = wait_claimable(&env, "pb", 1, &[]).await;
+    let pod = warm[0].name_any();
+    // The warm pod holds the pool's shell (what this test then sees go).
+    let before = exec_processes(&env, &pod).await;
+    assert!(
+        before.iter().any(|l| l.ends_with(" sh")),
+        "the pool's shell in the warm pod: {before:?}"
+    );
+
+    create_sandbox(
+        &env,
+        "s",
+        json!({"templateRef": {"name": "bare"},
+               "scope": {"kind": "User", "agent": "coder", "user": "dave"}}),
+    )
+    .await
+    .expect("create sandbox");
+    let sbx = env.wait_for::<Sandbox>("s", 60, phase_is("Ready")).await;
+    assert_eq!(status(&sbx).pod_name, Some(pod.clone()), "adopted");
+    let log = std::fs::read_to_string(&env.operators[op].log).expect("operator log");
+    assert!(
+        log.contains("workspace written over the warm pod's open shell"),
+        "the claim's command went over a new exec:\n{}",
+        env.operator_logs()
+    );
+    // Initialised (over the shell): the workspace holds the operator's marker, the sandbox's.
+    let dir = recorded_dir(&sbx);
+    assert_eq!(
+        std::fs::read_to_string(format!("{dir}/{}", agentbox::remote::MARKER)).ok(),
+        sbx.uid(),
+        "{:?}",
+        entries(&dir)
+    );
+    // And nothing of the pool's stays in the sandbox's pod.
+    let mut left = Vec::new();
+    for _ in 0..60 {
+        left = exec_processes(&env, &pod).await;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert!(left.is_empty(), "still in the claimed pod: {left:?}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_claimed_sandbox_snapshots_and_the_next_claim_of_its_scope_restores_into_a_warm_pod() {
+    use common::store::{Kind, backend, start};
+    let mut env = TestEnv::new("claim-snap").await;
+    let b = backend(Kind::File, &env.ns);
+    start(&mut env, &b);
+    pooled(&env, 2).await;
+
+    create_sandbox(&env, "a", from_template("erin", json!({})))
+        .await
+        .expect("create a");
+    let a = env.wait_for::<Sandbox>("a", 60, phase_is("Ready")).await;
+    let pod_a = status(&a).pod_name.expect("podName");
+    assert!(pod_a.starts_with("py-warm-"), "adopted: {pod_a}");
+    let out = agentbox::exec::run(
+        &env.api::<Pod>(),
+        &pod_a,
+        "sandbox",
+        agentbox::exec::ExecRequest::shell(
+            "set -e; cd /workspace; mkdir -p notes/deep; echo kept > notes/deep/n.txt; \
+             head -c 4096 /dev/urandom > blob.bin; ln -s notes/deep link",
+        ),
+    )
+    .await
+    .expect("exec");
+    assert!(out.success(), "{}", out.stderr_str());
+    let before = common::listing(&env, &pod_a).await;
+    assert!(before.contains("./notes/deep/n.txt"), "{before}");
+
+    // A snapshot of the claimed sandbox: its workspace is the warm directory it adopted.
+    let s = common::take_snapshot(&env, "s1", "a", "Delete").await;
+    common::store::check_committed(&b, &env, &s).await;
+
+    // The next sandbox of the scope claims a warm pod too and restores the snapshot into its
+    // directory (branch C), the spec's files written over it.
+    wait_claimable(&env, "py", 2, std::slice::from_ref(&pod_a)).await;
+    create_sandbox(&env, "b", from_template("erin", json!({})))
+        .await
+        .expect("create b");
+    let sb = env.wait_for::<Sandbox>("b", 120, phase_is("Ready")).await;
+    let st = status(&sb);
+    let pod_b = st.pod_name.clone().expect("podName");
+    assert!(
+        pod_b.starts_with("py-warm-") && pod_b != pod_a,
+        "adopted: {pod_b}"
+    );
+    assert_eq!(
+        st.workspace.as_ref().and_then(|w| w.last_start_branch),
+        Some(agentbox::crd::StartBranch::C),
+        "{st:#?}"
+    );
+    assert_eq!(st.restored_from.as_deref(), Some("s1"));
+    let dir = recorded_dir(&sb);
+    assert!(dir.contains("/warm-"), "{dir}");
+    let after = common::listing(&env, &pod_b).await;
+    assert_eq!(before, after, "restored workspace differs");
+    let staged: Vec<String> = entries(&format!("{dir}/.agentbox"))
+        .into_iter()
+        .filter(|n| n.starts_with("staging-") || n.starts_with("old-"))
+        .collect();
+    assert!(staged.is_empty(), "{staged:?}");
+    common::finish_with_snapshots(env, b.dir.as_deref()).await;
 }
 
 /// How many Sandboxes the burst test creates at once, and the pool it creates them against

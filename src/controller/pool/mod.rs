@@ -321,6 +321,10 @@ async fn initialise(ctx: &Context, pool: &str, api: &Api<Pod>, p: &Pod, root: &s
             return;
         }
     }
+    // The shell is kept before the mark goes out: a claim may follow the mark at once (no
+    // claim takes an unmarked pod, so it is not taken early).
+    let uid = p.uid().unwrap_or_default();
+    ctx.shells.put(pool, &uid, shell);
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": p.metadata.resource_version,
@@ -333,12 +337,11 @@ async fn initialise(ctx: &Context, pool: &str, api: &Api<Pod>, p: &Pod, root: &s
             .await?)
     })
     .await;
+    if r.is_err() {
+        drop(ctx.shells.take(&uid));
+    }
     match r {
-        Ok(_) => {
-            if let Some(uid) = p.uid() {
-                ctx.shells.put(pool, &uid, shell);
-            }
-        }
+        Ok(_) => {}
         Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 || s.code == 404 => {
             debug!(pod = %name, "warm pod changed before it was marked ready: the next reconcile looks again");
         }
