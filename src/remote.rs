@@ -43,7 +43,7 @@ if [ -e "$1/.agentbox/marker" ]; then echo "the warm workspace has a marker" >&2
 pub const INIT_SCRIPT: &str = r#"set -eu
 root="$1"; marker="$2"; archive="$3"; n="$4"; shift 4
 cd "$root"
-mkdir -p .agentbox/tmp
+[ -d .agentbox/tmp ] || mkdir -p .agentbox/tmp
 i=0
 while [ "$i" -lt "$n" ]; do rm -rf -- "./$1"; shift; i=$((i+1)); done
 for d in "$@"; do mkdir -p -- "./$d"; done
@@ -310,9 +310,25 @@ exit $r
 /// each carrying `mark` (a fresh nonce).
 pub fn session_line(argv: &[String], mark: &str) -> String {
     let cmd: Vec<String> = argv.iter().map(|a| sh_quote(a)).collect();
+    framed(&format!("exec {}", cmd.join(" ")), mark)
+}
+
+/// `body` run in a subshell with stdin from `/dev/null`, between the sentinels of `mark`.
+fn framed(body: &str, mark: &str) -> String {
     format!(
-        "printf '%s+\\n' '{mark}'; ( exec {} ) </dev/null; printf '%s%d\\n' '{mark}' \"$?\"; printf '%s\\n' '{mark}' >&2\n",
-        cmd.join(" ")
+        "printf '%s+\\n' '{mark}'; ( {body} ) </dev/null; printf '%s%d\\n' '{mark}' \"$?\"; printf '%s\\n' '{mark}' >&2\n"
+    )
+}
+
+/// The line a persistent session writes to run the operator's own `script` with `args` as
+/// its positional parameters, framed as [`session_line`] frames a command: in a subshell of
+/// the session's shell (`eval` of the quoted script), not in a new `sh -c`, so a short script
+/// costs one fork and the processes it starts itself.
+pub fn session_script_line(script: &str, args: &[String], mark: &str) -> String {
+    let args: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
+    framed(
+        &format!("set -- {}; eval {}", args.join(" "), sh_quote(script)),
+        mark,
     )
 }
 
@@ -562,6 +578,40 @@ mod tests {
         let out = child.wait_with_output().expect("wait");
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         (out.status.code().unwrap_or(-1), out.stdout, err)
+    }
+
+    #[test]
+    fn a_session_runs_the_init_script_inline_and_keeps_going_after_it() {
+        let root = scratch("session-init");
+        std::fs::create_dir_all(root.join(".agentbox/tmp")).expect("warm state dir");
+        let args = init_args(&path(&root), "uid-7", false, &[], &[]);
+        // The init, a failing script (set -e inside stops only its subshell), then a plain
+        // command: each framed with its own status, the shell's directory untouched by the
+        // init's `cd`.
+        let lines = [
+            session_script_line(INIT_SCRIPT, &args, "__A_"),
+            session_script_line("set -eu\nfalse\necho never", &[], "__B_"),
+            session_line(&["pwd".to_string()], "__C_"),
+        ]
+        .concat();
+        let (code, out, err) = run_argv(&["sh".to_string()], lines.as_bytes());
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER)).expect("marker"),
+            "uid-7"
+        );
+        assert!(!root.join(".agentbox/marker.tmp").exists());
+        let out = String::from_utf8_lossy(&out);
+        let here = std::env::current_dir().expect("cwd");
+        assert_eq!(
+            out,
+            format!(
+                "__A_+\n__A_0\n__B_+\n__B_1\n__C_+\n{}\n__C_0\n",
+                here.display()
+            ),
+        );
+        assert_eq!(err, "__A_\n__B_\n__C_\n");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// The argv the clients build for a file script (`sh -c PROLOGUE+script`).

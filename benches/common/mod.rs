@@ -179,10 +179,17 @@ pub async fn namespace_with_operator(
                 "--identity",
                 "bench",
             ])
-            .env("RUST_LOG", "warn"),
+            .env("RUST_LOG", operator_log_level()),
         &std::env::temp_dir().join(format!("{ns}-operator.log")),
     )?;
     Ok((cleanup, op))
+}
+
+/// The operator's `RUST_LOG`: warnings only, unless `BENCH_OPERATOR_LOG` says otherwise (a
+/// profile: `BENCH_OPERATOR_LOG=agentbox=debug,kube_client=debug`; the log is in the temp
+/// directory, named for the namespace).
+pub fn operator_log_level() -> String {
+    std::env::var("BENCH_OPERATOR_LOG").unwrap_or_else(|_| "warn".into())
 }
 
 /// The API server's audit log (`hack/cluster env` sets `AGENTBOX_AUDIT_LOG`).

@@ -134,8 +134,7 @@ impl Session {
         if req.workdir.is_none() {
             req.workdir.clone_from(&self.workdir);
         }
-        let nonce: u128 = rand::random();
-        let mark = format!("__AGENTBOX_{nonce:032x}_");
+        let mark = new_mark();
         let line = command_line(&req, &mark)?;
         // Only these of the request are needed from here on (the request itself, with its
         // stdin slot, is not Sync, and this future must be Send).
@@ -143,7 +142,36 @@ impl Session {
             max_output: req.max_output,
             timeout: req.timeout,
         };
+        self.run_line(&line, &mark, limits).await
+    }
 
+    /// Runs `script` with `args` as its positional parameters in a subshell of the shell
+    /// itself ([`crate::remote::session_script_line`]): no new `sh`, no watchdog, so the
+    /// script's own commands are its only processes. For short scripts of the operator's own
+    /// on a hot path (a claim's workspace write); `timeout` bounds the wait for the answer,
+    /// and a command still running then is not killed (drop the session: its stdin closes).
+    pub async fn run_script(
+        &self,
+        script: &str,
+        args: &[String],
+        timeout: std::time::Duration,
+        max_output: usize,
+    ) -> Result<ExecOutput, ExecError> {
+        let mark = new_mark();
+        let line = crate::remote::session_script_line(script, args, &mark);
+        let limits = Limits {
+            max_output,
+            timeout: Some(timeout),
+        };
+        self.run_line(&line, &mark, limits).await
+    }
+
+    async fn run_line(
+        &self,
+        line: &str,
+        mark: &str,
+        limits: Limits,
+    ) -> Result<ExecOutput, ExecError> {
         let mut g = self.shell.lock().await;
         // A shell found dead before the command was sent, or one that ends before printing
         // the command's start sentinel, has not run the command: replace it and try again
@@ -151,7 +179,7 @@ impl Session {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.run_once(&mut g, limits, &line, &mark).await {
+            match self.run_once(&mut g, limits, line, mark).await {
                 Ok(out) => return Ok(out),
                 Err(Failure::NotStarted(why)) if attempt < 2 => {
                     tracing::debug!(pod = %self.pod, %why, "session shell gone; starting a new one");
@@ -246,6 +274,12 @@ impl Session {
 pub(crate) fn command_line(req: &ExecRequest, mark: &str) -> Result<String, ExecError> {
     let argv = req.remote_argv()?;
     Ok(crate::remote::session_line(&argv, mark))
+}
+
+/// A fresh sentinel for one command's frames.
+fn new_mark() -> String {
+    let nonce: u128 = rand::random();
+    format!("__AGENTBOX_{nonce:032x}_")
 }
 
 /// What a command's run needs of its request besides its line.

@@ -5,7 +5,9 @@
 //! the kubelet, and a process the runtime starts in the container) costs most of a claim.
 //!
 //! A shell is taken at most once (a map removal), keyed by the pod's UID, so a pod made again
-//! under the same name never gets another pod's shell. The taker drops it after its command:
+//! under the same name never gets another pod's shell. A claim takes it before its adopting
+//! write (a pool reconcile that sees the pod claimed drops the shells of pods no longer warm)
+//! and puts it back when the write fails. The taker drops it after its command:
 //! the shell's stdin closes and it exits, so no process of the pool's outlives the claim in a
 //! sandbox's pod. Shells of pods that are gone or no longer warm are dropped at each pool
 //! reconcile ([`Shells::retain`]); only the leader, which runs the pools, holds any.
@@ -46,7 +48,17 @@ impl Shells {
 
     /// Takes the shell of the pod with UID `uid`, if one is open; nobody else gets it.
     pub fn take(&self, uid: &str) -> Option<Session> {
-        self.open.lock().ok()?.remove(uid).map(|o| o.shell)
+        self.take_with_pool(uid).map(|(_, shell)| shell)
+    }
+
+    /// [`Shells::take`], with the pool (`namespace/name`) it was kept for, to [`Shells::put`]
+    /// it back.
+    pub fn take_with_pool(&self, uid: &str) -> Option<(String, Session)> {
+        self.open
+            .lock()
+            .ok()?
+            .remove(uid)
+            .map(|o| (o.pool, o.shell))
     }
 
     /// Whether the pod with UID `uid` has a shell.

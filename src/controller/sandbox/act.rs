@@ -73,7 +73,7 @@ pub async fn act(
         }
         _ => {}
     }
-    ensure_network_policy(sbx, &apis.policies).await?;
+    ensure_network_policy(sbx, &apis.policies, world.policy.as_ref()).await?;
     // Exposed ports: the Service (where each port is reached is in the planned status).
     if service::ensure(&apis.services, sbx, old).await? > 0 {
         debug!(sandbox = %sbx.name_any(), "applied the Service of spec.ports");
@@ -126,7 +126,7 @@ pub async fn act(
                 sbx,
                 ctx,
                 (apis, podcfg),
-                (pod, world.pod_state.clone(), &guard, false),
+                (pod, world.pod_state.clone(), &guard, None),
                 seen,
                 requeue,
             )
@@ -300,9 +300,15 @@ async fn create_pod(
     }
     if decide::may_claim(sbx, old) {
         let started = Instant::now();
-        let claimed = claim::claim(sbx, ctx, &apis.pods, podcfg).await?;
+        // The restore's lookup needs no pod: it goes beside the adopting write (wasted, one
+        // read, when no warm pod is taken).
+        let (claimed, lookup) = tokio::join!(
+            claim::claim(sbx, ctx, &apis.pods, podcfg),
+            selection::candidate(ctx, sbx)
+        );
+        let claimed = claimed?;
         ctx.metrics.claimed(claimed.result(), started.elapsed());
-        if let claim::Claim::Adopted(pod) = claimed {
+        if let claim::Claim::Adopted(pod, shell) = claimed {
             info!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
             decide::serving(sbx, &mut st, &pod, world.template.as_ref());
             let state = podstate::observe_pod(&pod);
@@ -311,7 +317,7 @@ async fn create_pod(
                 sbx,
                 ctx,
                 (apis, podcfg),
-                (&pod, state, guard, true),
+                (&pod, state, guard, Some((lookup, shell))),
                 seen,
                 requeue,
             )
@@ -455,16 +461,18 @@ async fn recovery_snapshot(
 
 /// The pod is ours and current: the node's workspace directory checked, the workspace
 /// initialised when the container runs (or may already answer exec), the status written once.
-/// `adopted`: a warm pod adopted just now, whose directory has no marker.
+/// `adopted`: a warm pod adopted just now, whose directory has no marker, with the snapshot
+/// lookup made beside the adoption and the shell its pool left open in it.
 async fn serve(
     sbx: &Sandbox,
     ctx: &Context,
     (apis, podcfg): (&Apis, &PodConfig<'_>),
-    (pod, state, guard, adopted): (&Pod, PodState, &LeaseView, bool),
+    (pod, state, guard, adopted): (&Pod, PodState, &LeaseView, Option<Adopted>),
     (old, mut st, now): (&SandboxStatus, SandboxStatus, Timestamp),
     mut requeue: Option<Duration>,
 ) -> Result<Action, Error> {
     let generation = sbx.metadata.generation;
+    let was_adopted = adopted.is_some();
     let sooner = |r: Option<Duration>, d: Duration| Some(r.map_or(d, |r| r.min(d)));
     if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
         if let Some(wait) =
@@ -487,17 +495,15 @@ async fn serve(
         let ws = st.workspace.clone().unwrap_or_default();
         // An adopted warm pod's directory has no marker, and its pool left a shell open in
         // it for this start's command.
-        let (marker, shell) = if adopted {
-            let shell = pod.uid().and_then(|uid| ctx.shells.take(&uid));
-            (init::Marker::Absent, shell)
-        } else {
-            (init::Marker::Probe, None)
+        let (marker, shell) = match adopted {
+            Some((lookup, shell)) => (init::Marker::Absent(lookup), shell),
+            None => (init::Marker::Probe, None),
         };
         let result = init::init_workspace(
             sbx,
             ctx,
             (&apis.pods, &pod.name_any()),
-            (&ws, marker, shell.as_ref()),
+            (&ws, marker, shell.as_deref()),
         )
         .await;
         // The shell's stdin closes and it exits: nothing of the pool's stays in the pod.
@@ -543,11 +549,15 @@ async fn serve(
     if out.started.is_some() {
         record_ready(&ctx.metrics, sbx, pod, old, &st);
     }
-    if decide::announce_start(adopted, &st) {
+    if decide::announce_start(was_adopted, &st) {
         publish(ctx, sbx, out.started).await;
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
+
+/// What a start that adopted a warm pod brings to [`serve`]: the snapshot lookup and the
+/// pool's open shell.
+type Adopted = (init::Lookup, Option<Box<crate::exec::session::Session>>);
 
 /// Observes how long the start that has just become Ready took, by its branch: from the
 /// Sandbox's creation for its first start, else from the creation of the pod made for this one
@@ -721,10 +731,13 @@ async fn prepare_node(
 
 /// Creates the deny-egress policy when asked for, removes it when not; writes nothing when it
 /// is already as wanted.
-async fn ensure_network_policy(sbx: &Sandbox, api: &Api<NetworkPolicy>) -> Result<(), Error> {
+async fn ensure_network_policy(
+    sbx: &Sandbox,
+    api: &Api<NetworkPolicy>,
+    current: Option<&NetworkPolicy>,
+) -> Result<(), Error> {
     let desired = pod::build_deny_egress(sbx);
     let name = desired.metadata.name.clone().unwrap_or_default();
-    let current = api.get_opt(&name).await?;
     match (sbx.spec.pod.network.egress, current) {
         // Compare by the hash of what we asked for: the API server drops empty lists
         // (`egress: []`), so the stored spec never equals the desired one field by field.

@@ -26,6 +26,7 @@ use tracing::debug;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::{Context, Error, FIELD_MANAGER, placement, pool};
 use crate::crd::{Sandbox, SandboxPool};
+use crate::exec::session::Session;
 use crate::labels;
 use crate::metrics::ClaimResult;
 
@@ -52,6 +53,8 @@ pub struct Candidate {
     pub name: String,
     /// Its resourceVersion as the cache holds it: the adopting patch's precondition.
     pub resource_version: String,
+    /// Its UID (whose pool shell the claim takes).
+    pub uid: String,
     /// Its workspace directory (`<nodeRoot>/<namespace>/warm-<suffix>`).
     pub host_dir: String,
 }
@@ -91,6 +94,7 @@ pub fn candidates<'a>(
             (dir == &mounted && labels::is_warm_dir_name(name)).then(|| Candidate {
                 name: p.name_any(),
                 resource_version: p.resource_version().unwrap_or_default(),
+                uid: p.uid().unwrap_or_default(),
                 host_dir: mounted.clone(),
             })
         })
@@ -132,10 +136,10 @@ pub fn adopt_patch(sbx: &Sandbox, cfg: &PodConfig<'_>, candidate: &Candidate) ->
 }
 
 /// What one try to claim came to.
-#[derive(Debug)]
 pub enum Claim {
-    /// The pod was adopted (as the API server returned it).
-    Adopted(Box<Pod>),
+    /// The pod was adopted (as the API server returned it), with the shell its pool left open
+    /// in it, if one was.
+    Adopted(Box<Pod>, Option<Box<Session>>),
     /// No warm pod was taken: none fitted, or every one tried was taken by someone else first
     /// (`conflicts` of them).
     Miss {
@@ -148,7 +152,7 @@ impl Claim {
     /// How the try is counted in `agentbox_pool_claims_total`.
     pub fn result(&self) -> ClaimResult {
         match self {
-            Claim::Adopted(_) => ClaimResult::Claimed,
+            Claim::Adopted(..) => ClaimResult::Claimed,
             Claim::Miss { conflicts: 0 } => ClaimResult::Miss,
             Claim::Miss { .. } => ClaimResult::Conflict,
         }
@@ -176,14 +180,24 @@ pub async fn claim(
     let mut conflicts = 0;
     for c in found.iter().take(MAX_TRIES) {
         let patch = adopt_patch(sbx, cfg, c);
+        // The pool's shell is taken before the write (once the pod is claimed, the pool's next
+        // reconcile drops the shells of pods no longer warm) and put back if the write fails.
+        let shell = ctx.shells.take_with_pool(&c.uid);
         match pods.patch(&c.name, &pp, &Patch::Merge(&patch)).await {
-            Ok(p) => return Ok(Claim::Adopted(Box::new(p))),
-            // Changed or taken since the cache saw it, or gone: the next one.
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod taken first ({})", s.code);
-                conflicts += 1;
+            Ok(p) => return Ok(Claim::Adopted(Box::new(p), shell.map(|(_, s)| Box::new(s)))),
+            Err(e) => {
+                if let Some((pool, s)) = shell {
+                    ctx.shells.put(&pool, &c.uid, s);
+                }
+                match e {
+                    // Changed or taken since the cache saw it, or gone: the next one.
+                    kube::Error::Api(s) if s.code == 409 || s.code == 404 => {
+                        debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod taken first ({})", s.code);
+                        conflicts += 1;
+                    }
+                    e => return Err(e.into()),
+                }
             }
-            Err(e) => return Err(e.into()),
         }
     }
     Ok(Claim::Miss { conflicts })
@@ -224,7 +238,7 @@ mod tests {
         let dir = format!("{NODE_ROOT}/team/warm-{suffix}");
         serde_json::from_value(json!({
             "metadata": {"name": format!("py-warm-{suffix}"), "namespace": "team",
-                "resourceVersion": "7",
+                "resourceVersion": "7", "uid": format!("uid-{suffix}"),
                 "labels": {labels::WARM: "true", labels::POOL: "py", labels::MANAGED_BY: labels::MANAGER},
                 "annotations": {labels::WARM_READY: "true", labels::POD_SHAPE_HASH: shape,
                     labels::WORKSPACE_HOST_DIR: dir},
@@ -289,6 +303,7 @@ mod tests {
             vec![Candidate {
                 name: "py-warm-aaaaa".into(),
                 resource_version: "7".into(),
+                uid: "uid-aaaaa".into(),
                 host_dir: "/w/team/warm-aaaaa".into(),
             }]
         );
@@ -313,6 +328,7 @@ mod tests {
         let c = Candidate {
             name: "py-warm-aaaaa".into(),
             resource_version: "42".into(),
+            uid: "uid-aaaaa".into(),
             host_dir: "/w/team/warm-aaaaa".into(),
         };
         let p = adopt_patch(&sbx, &cfg(), &c);

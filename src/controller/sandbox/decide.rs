@@ -821,6 +821,7 @@ mod tests {
             lease: None,
             problems: Vec::new(),
             pod,
+            policy: None,
             pod_state: PodState::Starting,
             desired_hash: Some("h".into()),
             pod_hash: Some("h".into()),

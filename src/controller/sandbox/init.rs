@@ -20,14 +20,18 @@ use crate::remote;
 /// How long one workspace exec may take before it counts as failed.
 const INIT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The snapshot a fresh workspace restores ([`selection::candidate`]), looked up ahead.
+pub type Lookup = Result<Option<String>, Error>;
+
 /// What is known of the workspace's marker before the start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Marker {
     /// Nothing: probe it.
     Probe,
     /// It is absent: a warm pod adopted just now (its pool's scope-free initialisation
-    /// refuses a directory with a marker), so the probe's exec is saved.
-    Absent,
+    /// refuses a directory with a marker), so the probe's exec is saved; with the snapshot
+    /// lookup made beside the adopting write.
+    Absent(Lookup),
 }
 
 /// Probes the marker (unless known absent), decides the branch, resolves file sources, and
@@ -45,16 +49,20 @@ pub async fn init_workspace(
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let uid = sbx.uid().unwrap_or_default();
     let t0 = std::time::Instant::now();
-    let marker_present = match marker {
-        Marker::Absent => false,
-        Marker::Probe => probe(pods, pod_name, &root).await?,
+    let (marker_present, lookup) = match marker {
+        Marker::Absent(lookup) => (false, Some(lookup)),
+        Marker::Probe => (probe(pods, pod_name, &root).await?, None),
     };
     let probed = t0.elapsed();
     let snapshot = if marker_present {
         None
     } else {
+        let found = match lookup {
+            Some(found) => found,
+            None => selection::candidate(ctx, sbx).await,
+        };
         // A snapshot named but not restorable (missing, of another scope) is a failed restore.
-        selection::candidate(ctx, sbx).await.inspect_err(|e| {
+        found.inspect_err(|e| {
             if let Error::Restore { .. } = e {
                 ctx.metrics.restore_failed(restore::failure_reason(e));
             }
@@ -134,19 +142,23 @@ async fn run_script(
     args: Vec<String>,
     writes: &workspace::Writes,
 ) -> Result<(), Error> {
-    let argv = remote::sh(remote::INIT_SCRIPT, args);
-    let mut req = ExecRequest::argv(argv)
-        .timeout(INIT_TIMEOUT)
-        .max_output(16 * 1024);
     let out = match shell {
+        // Inline in the shell: its one fork and the script's `mv`, where `sh -c` under the
+        // timeout's watchdog cost five more processes, most of a claim's time. The shell is
+        // dropped after this command, so one stuck past the timeout goes with it.
         Some(shell) if writes.files.is_empty() => {
             debug!(
                 pod = pod_name,
                 "workspace written over the warm pod's open shell"
             );
-            shell.run(req).await?
+            shell
+                .run_script(remote::INIT_SCRIPT, &args, INIT_TIMEOUT, 16 * 1024)
+                .await?
         }
         _ => {
+            let mut req = ExecRequest::argv(remote::sh(remote::INIT_SCRIPT, args))
+                .timeout(INIT_TIMEOUT)
+                .max_output(16 * 1024);
             if !writes.files.is_empty() {
                 let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
                 req = req.stdin(workspace::archive(&writes.files, mtime)?);

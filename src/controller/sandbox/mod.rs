@@ -77,21 +77,29 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
     }
     let labels = labels::scope_labels(&sbx.spec.scope);
     let labelled = labels.iter().all(|(k, v)| sbx.labels().get(k) == Some(v));
-    let sbx = if !has_finalizer || !labelled {
+    // The template is read beside the metadata write (a first start's critical path): the
+    // write changes no part of the spec it resolves.
+    let (sbx, effective) = if !has_finalizer || !labelled {
         // One write puts both the finalizer and the scope labels on the Sandbox, so
         // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too.
         // The rest of this reconcile works on the version that write returned, so a status
         // write after it marks that version written over too.
-        let patched = apply_metadata(&api, &name, &sbx, true).await?;
+        let (patched, effective) = tokio::join!(
+            apply_metadata(&api, &name, &sbx, true),
+            template::effective(&ctx.client, &sbx)
+        );
+        let patched = patched?;
         SUPERSEDED.record(&sbx, Instant::now());
-        Arc::new(patched)
+        let effective = effective.map(|e| e.with_metadata_of(&patched));
+        (Arc::new(patched), effective)
     } else {
-        sbx
+        let effective = template::effective(&ctx.client, &sbx).await;
+        (sbx, effective)
     };
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let apis = Apis::new(&ctx, &ns);
     // From here on the sandbox is its effective spec: with a template, resolved against it.
-    let (sbx, template) = match template::effective(&ctx.client, &sbx).await? {
+    let (sbx, template) = match effective? {
         Effective::Own => (sbx, None),
         Effective::Templated(resolved, used) => (Arc::new(*resolved), Some(used)),
         Effective::Missing(name) => {

@@ -1,11 +1,14 @@
 //! What one reconcile of a live Sandbox reads before it decides anything: its status as it
-//! was, the scope's guard Lease, the problems of its spec, its pod, and — when that pod is not
-//! serving — the node it is bound to. Reads only; the decisions are in [`super::decide`].
+//! was, the scope's guard Lease, the problems of its spec, its pod, its deny-egress
+//! NetworkPolicy, and — when that pod is not serving — the node it is bound to. Reads only
+//! (the independent ones side by side: a first start waits for them); the decisions are in
+//! [`super::decide`].
 
 use k8s_openapi::api::coordination::v1::Lease;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -30,6 +33,8 @@ pub struct World {
     pub problems: Vec<String>,
     /// The sandbox's pod.
     pub pod: Option<Pod>,
+    /// Its deny-egress NetworkPolicy, as read (what `act` makes agree with the spec).
+    pub policy: Option<NetworkPolicy>,
     /// What that pod is doing ([`PodState::Starting`] without a pod).
     pub pod_state: PodState,
     /// The spec hash the pod would have if built now (when there is a pod).
@@ -57,12 +62,18 @@ pub async fn observe(
 ) -> Result<World, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-    let lease = leases
-        .get_opt(&labels::lease_name(&labels::scope_key(&sbx.spec.scope)))
-        .await?;
+    let lease_name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
+    let policy_name = pod::build_deny_egress(sbx)
+        .metadata
+        .name
+        .unwrap_or_default();
     let problems = validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes, podcfg);
-    // Read also for an invalid spec: that step deletes the pod.
-    let pod = find_pod(sbx, ctx, &apis.pods).await?;
+    // The pod is read also for an invalid spec: that step deletes it.
+    let (lease, pod, policy) = tokio::try_join!(
+        async { Ok::<_, Error>(leases.get_opt(&lease_name).await?) },
+        find_pod(sbx, ctx, &apis.pods),
+        async { Ok::<_, Error>(apis.policies.get_opt(&policy_name).await?) },
+    )?;
     let pod_state = pod
         .as_ref()
         .map_or(PodState::Starting, podstate::observe_pod);
@@ -104,6 +115,7 @@ pub async fn observe(
         }),
         problems,
         pod,
+        policy,
         template,
     })
 }
