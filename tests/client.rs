@@ -212,6 +212,10 @@ async fn get_or_create_race_wait_ready_exec_files_guard_and_cli() {
     assert_eq!(code, Some(1));
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
 
+    // Deleted, it goes (the operator's cleanup, then its finalizer off).
+    a.delete(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("delete: {e}\n{}", env.operator_logs()));
     env.finish().await;
 }
 

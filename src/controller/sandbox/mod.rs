@@ -39,7 +39,7 @@ pub use decide::{FIRST_STATUS_GRACE, Note, defer_first_status, early_retry};
 /// Finalizer that keeps a Sandbox until what needs it is done: the onStop snapshot, its pod
 /// asked to go, directories on lost nodes, and its workspace handed to the sweep (which
 /// removes the directory just after; without a helper image the finalizer stays).
-pub const FINALIZER: &str = "agentbox.dev/workspace";
+pub const FINALIZER: &str = labels::SANDBOX_FINALIZER;
 
 /// Reconciles one Sandbox.
 pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -65,8 +65,15 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         if cleanup::cleanup(&effective, &ctx).await? == cleanup::Cleanup::Pending {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
-        // Applying our metadata without the finalizer removes it: we own that list entry.
-        let _ = apply_metadata(&api, &name, &fresh, false).await?;
+        // Applying our metadata without the finalizer gives up the operator's hold on it; a
+        // finalizer someone else also set (a manifest that carries it) is theirs under
+        // server-side apply too, so it goes by a patch of the list, conditioned on the version
+        // just returned.
+        let applied = apply_metadata(&api, &name, &fresh, false).await?;
+        if let Some(patch) = without_finalizer(&applied) {
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
         return Ok(Action::await_change());
     }
     if SUPERSEDED.is_stale(&sbx, Instant::now()) {
@@ -235,6 +242,20 @@ async fn apply_metadata(
         .await?)
 }
 
+/// The merge patch that takes [`FINALIZER`] off `sbx` and leaves every other finalizer,
+/// conditioned on its resourceVersion (a merge patch replaces the whole list); `None` when it
+/// has none.
+fn without_finalizer(sbx: &Sandbox) -> Option<serde_json::Value> {
+    let fs = sbx.finalizers();
+    if !fs.iter().any(|f| f == FINALIZER) {
+        return None;
+    }
+    let rest: Vec<&String> = fs.iter().filter(|f| *f != FINALIZER).collect();
+    Some(serde_json::json!({
+        "metadata": {"resourceVersion": sbx.resource_version(), "finalizers": rest},
+    }))
+}
+
 /// The API handles one reconcile needs, in the sandbox's namespace.
 pub struct Apis {
     /// Sandboxes.
@@ -318,6 +339,24 @@ async fn node_health(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_finalizer_comes_off_by_a_conditioned_patch_that_keeps_the_others() {
+        let mut s: Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "resourceVersion": "9",
+                "finalizers": ["example.com/keep", FINALIZER]},
+            "spec": {"image": "i", "scope": {"kind": "Global"}},
+        }))
+        .unwrap();
+        assert_eq!(
+            without_finalizer(&s),
+            Some(serde_json::json!({"metadata": {"resourceVersion": "9",
+                "finalizers": ["example.com/keep"]}}))
+        );
+        s.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+        assert_eq!(without_finalizer(&s), None);
+    }
 
     #[test]
     fn a_written_over_version_is_skipped_until_a_newer_one_or_the_bound() {
