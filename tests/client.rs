@@ -50,6 +50,8 @@ fn on_tty(line: &str, stdin: &str) -> (Option<i32>, String) {
     use std::io::Write;
     let mut child = Command::new("script")
         .args(["-qec", line, "/dev/null"])
+        // A terminal that redraws, whatever the caller's (indicatif draws nothing for "dumb").
+        .env("TERM", "xterm")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

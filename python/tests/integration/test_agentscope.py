@@ -5,6 +5,7 @@ after its pod is deleted, and in a new manager (another process) after it was cl
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from agentscope.app.workspace_manager import IsolationPolicy
@@ -69,7 +70,17 @@ async def test_users_get_their_own_workspaces_and_the_builtin_tools_run_in_them(
         # Alice's pod is deleted: the operator starts a new one on her workspace, and the
         # tools carry on in it.
         old_pod_uid = alice.sandbox.status["workspace"]["initializedPodUid"]
-        await env.kube.call("DELETE", f"/api/v1/namespaces/{env.ns}/pods/{alice.sandbox.pod_name}")
+        pod_path = f"/api/v1/namespaces/{env.ns}/pods/{alice.sandbox.pod_name}"
+        await env.kube.call("DELETE", pod_path)
+        # Until its container stops, the deleted pod may still answer the tool: wait for it to
+        # be gone, so the read below is the one that finds the new pod.
+        for _ in range(600):
+            pod = await env.kube.get_opt(pod_path)
+            if pod is None or pod["metadata"]["uid"] != old_pod_uid:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError(f"pod {alice.sandbox.pod_name} still there after 120 s")
         state, out = await read(alice, "/workspace/notes/todo.txt")
         assert state != ToolResultState.ERROR and "ship it" in out, out
         await alice.sandbox.refresh()
