@@ -27,9 +27,6 @@ pub const SANDBOX: &str = "agentbox.dev/sandbox";
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY`] on everything agentbox makes.
 pub const MANAGER: &str = "agentbox";
-/// The finalizer that keeps a Sandbox until the operator has cleaned up after it (the operator
-/// adds it with its first write).
-pub const SANDBOX_FINALIZER: &str = "agentbox.dev/workspace";
 
 /// Label on a SandboxPool's pods: the pool (its name, bounded to a label value). A claimed
 /// pod keeps it, so the pool's watch sees the claim and refills.

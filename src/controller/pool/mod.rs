@@ -337,15 +337,14 @@ async fn initialise(ctx: &Context, pool: &str, api: &Api<Pod>, p: &Pod, root: &s
             .await?)
     })
     .await;
-    if r.is_err() {
-        drop(ctx.shells.take(&uid));
-    }
-    match r {
-        Ok(_) => {}
-        Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 || s.code == 404 => {
+    let Err(e) = r else { return };
+    // Not marked: not claimable, so its shell goes.
+    drop(ctx.shells.take(&uid));
+    match e {
+        Error::Kube(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
             debug!(pod = %name, "warm pod changed before it was marked ready: the next reconcile looks again");
         }
-        Err(e) => warn!(pod = %name, "marking a warm pod ready: {e}"),
+        e => warn!(pod = %name, "marking a warm pod ready: {e}"),
     }
 }
 

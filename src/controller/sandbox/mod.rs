@@ -39,7 +39,7 @@ pub use decide::{FIRST_STATUS_GRACE, Note, defer_first_status, early_retry};
 /// Finalizer that keeps a Sandbox until what needs it is done: the onStop snapshot, its pod
 /// asked to go, directories on lost nodes, and its workspace handed to the sweep (which
 /// removes the directory just after; without a helper image the finalizer stays).
-pub const FINALIZER: &str = labels::SANDBOX_FINALIZER;
+pub const FINALIZER: &str = "agentbox.dev/workspace";
 
 /// Reconciles one Sandbox.
 pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -63,10 +63,7 @@ pub async fn observe(
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
     let lease_name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
-    let policy_name = pod::build_deny_egress(sbx)
-        .metadata
-        .name
-        .unwrap_or_default();
+    let policy_name = labels::network_policy_name(&sbx.name_any());
     let problems = validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes, podcfg);
     // The pod is read also for an invalid spec: that step deletes it.
     let (lease, pod, policy) = tokio::try_join!(
