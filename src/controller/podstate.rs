@@ -131,6 +131,16 @@ pub fn initialised_in(st: &SandboxStatus, pod: &Pod) -> bool {
         .is_some_and(|u| Some(u) == pod.metadata.uid.as_deref())
 }
 
+/// Whether `pod` serves the sandbox's workspace, so a snapshot can read it: initialised in this
+/// pod and not going. Starting counts: a sandbox is served (and Ready) as soon as its container
+/// answers exec, which can be before the kubelet reports it running, and it was initialised
+/// through that exec.
+pub fn serves_workspace(st: &SandboxStatus, pod: &Pod) -> bool {
+    matches!(observe_pod(pod), PodState::Ready | PodState::Starting)
+        && pod.metadata.deletion_timestamp.is_none()
+        && initialised_in(st, pod)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,5 +240,49 @@ mod tests {
         assert!(!initialised_in(&SandboxStatus::default(), &p));
         p.metadata.uid = None;
         assert!(!initialised_in(&st(None), &p), "no UID matches nothing");
+    }
+
+    #[test]
+    fn a_workspace_initialised_through_an_early_exec_is_served_before_the_kubelet_says_running() {
+        let st = SandboxStatus {
+            workspace: Some(crate::crd::WorkspaceStatus {
+                initialized_pod_uid: Some("pod-1".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let with = |status: serde_json::Value| {
+            let mut p = pod(status);
+            p.metadata.uid = Some("pod-1".into());
+            p
+        };
+        let creating = with(
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
+            "name": CONTAINER, "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+        );
+        assert!(
+            serves_workspace(&st, &creating),
+            "Ready through exec, kubelet behind"
+        );
+        let running = with(
+            serde_json::json!({"phase": "Running", "containerStatuses": [{
+            "name": CONTAINER, "ready": true, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"running": {}}}]}),
+        );
+        assert!(serves_workspace(&st, &running));
+        let mut going = running.clone();
+        going.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+        );
+        assert!(!serves_workspace(&st, &going), "a terminating pod");
+        let ended = with(serde_json::json!({"phase": "Failed", "reason": "Evicted"}));
+        assert!(!serves_workspace(&st, &ended));
+        let mut other = running;
+        other.metadata.uid = Some("pod-2".into());
+        assert!(
+            !serves_workspace(&st, &other),
+            "not initialised in this pod"
+        );
     }
 }

@@ -484,6 +484,34 @@ async fn suspending_deletes_the_pod_then_records_suspended_once() {
 }
 
 #[tokio::test]
+async fn suspending_a_sandbox_served_before_the_kubelet_says_running_takes_its_on_stop_snapshot() {
+    let fake = Arc::new(FakeApi::default());
+    let store = crate::snapshot::store::Store::memory("");
+    let ctx = context_with(fake.clone(), Some(store));
+    let spec = json!({"lifecycle": {"mode": "Suspended"}, "snapshot": {"onStop": true}});
+    let status = json!({"phase": "Ready", "podName": pod("early"), "nodeName": "node-1",
+        "scopeKey": "k", "workspace": {"rootReady": true, "initializedPodUid": "pod-uid"}});
+    fake.put(&format!("{SBX}/early"), adopted("early", spec, status));
+    // Initialised through an early exec: the kubelet has not reported the container running.
+    let mut p = current_pod(&ctx, "early", &fake);
+    p["status"] = json!({"phase": "Pending", "containerStatuses": [{
+        "name": super::pod::CONTAINER, "ready": false, "restartCount": 0, "image": "busybox",
+        "imageID": "", "state": {"waiting": {"reason": "ContainerCreating"}}}]});
+    fake.put(&format!("{PODS}/{}", pod("early")), p);
+    node_root_checked(&ctx);
+    reconcile_sandbox(&fake, &ctx, "early").await;
+    let writes = fake.writes();
+    assert!(
+        writes.contains(&format!("POST {SNAPS}")),
+        "the on-stop snapshot is asked for: {writes:?}"
+    );
+    assert!(
+        !writes.iter().any(|w| w.starts_with("DELETE")),
+        "the pod stays until the snapshot is done: {writes:?}"
+    );
+}
+
+#[tokio::test]
 async fn deleting_asks_the_pod_to_go_and_lets_the_finalizer_go_without_waiting() {
     let fake = Arc::new(FakeApi::default());
     let ctx = context(fake.clone());

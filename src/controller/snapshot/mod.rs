@@ -30,7 +30,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use tracing::warn;
 
 use super::conditions;
-use super::podstate::{self, PodState, observe_pod};
+use super::podstate;
 use super::{Context, Error};
 use crate::crd::{DeletionPolicy, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
 use crate::labels;
@@ -139,22 +139,15 @@ async fn observe_sandbox(
             Some(sbx),
         ));
     };
-    // Starting counts too: a sandbox is served as soon as its container answers exec, which
-    // can be before the kubelet reports it running (initialised-here is checked below).
-    let serving = matches!(observe_pod(&pod), PodState::Ready | PodState::Starting);
-    if !serving || pod.metadata.deletion_timestamp.is_some() {
-        return Ok((
-            SandboxState::NotReady("the sandbox pod is not ready".into()),
-            Some(sbx),
-        ));
+    if podstate::serves_workspace(&st, &pod) {
+        return Ok((SandboxState::Ready, Some(sbx)));
     }
-    if !podstate::initialised_in(&st, &pod) {
-        return Ok((
-            SandboxState::NotReady("the workspace is not initialised in the current pod".into()),
-            Some(sbx),
-        ));
-    }
-    Ok((SandboxState::Ready, Some(sbx)))
+    let why = if podstate::initialised_in(&st, &pod) {
+        "the sandbox pod is not ready"
+    } else {
+        "the workspace is not initialised in the current pod"
+    };
+    Ok((SandboxState::NotReady(why.into()), Some(sbx)))
 }
 
 async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {

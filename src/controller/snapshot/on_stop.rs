@@ -10,7 +10,7 @@ use kube::api::{Api, PostParams};
 use tracing::{info, warn};
 
 use super::ON_STOP;
-use crate::controller::podstate::{self, PodState, observe_pod};
+use crate::controller::podstate;
 use crate::controller::{Context, Error};
 use crate::crd::{
     DeletionPolicy, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec, SnapshotPhase,
@@ -46,10 +46,9 @@ pub async fn on_stop(ctx: &Context, sbx: &Sandbox) -> Result<OnStop, Error> {
         return Ok(OnStop::Proceed);
     };
     let pod_uid = pod.uid().unwrap_or_default();
-    if !podstate::initialised_in(&st, &pod)
-        || observe_pod(&pod) != PodState::Ready
-        || pod.metadata.deletion_timestamp.is_some()
-    {
+    // The same test the snapshot controller applies: a sandbox Ready through an early exec,
+    // suspended before the kubelet reports its container running, still gets its snapshot.
+    if !podstate::serves_workspace(&st, &pod) {
         return Ok(OnStop::Proceed);
     }
     let api: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
