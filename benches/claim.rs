@@ -109,7 +109,7 @@ async fn main() -> Res<()> {
     let ns = cleanup.1.clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
-    let _delete_all = common::DeleteAll(sbxs.clone());
+    let _delete_all = common::DeleteAll::of(&client, &ns);
     let tpl: SandboxTemplate = serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
         "metadata": {"name": "tpl"},

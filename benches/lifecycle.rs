@@ -97,7 +97,7 @@ async fn main() -> Res<()> {
     let ns = cleanup.1.clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
-    let _delete_all = common::DeleteAll(sbxs.clone());
+    let _delete_all = common::DeleteAll::of(&client, &ns);
 
     let mut bare = Vec::new();
     let mut bare_delete = Vec::new();

@@ -95,7 +95,7 @@ async fn main() -> Res<()> {
     );
 
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
-    let _delete_all = DeleteAll(sbxs.clone());
+    let _delete_all = DeleteAll::of(&client, &ns);
     // The watch is open before the first create, so no status is missed.
     let mut events = watcher::watcher(sbxs.clone(), watcher::Config::default())
         .applied_objects()

@@ -123,29 +123,76 @@ impl Drop for Cleanup {
     }
 }
 
-/// Deletes every Sandbox of an Api when dropped and waits (up to 2 min) until they are gone.
-/// Declared after the operator, it drops first, also after a failure: the finalizers need the
-/// operator, and a failed run must not leave its namespace stuck Terminating.
-pub struct DeleteAll(pub kube::Api<agentbox::crd::Sandbox>);
+/// Deletes the namespace's SandboxPools and Sandboxes when dropped, waits (up to 2 min) until
+/// they are gone and then (up to 1 min) until the operator's sweep has removed their workspace
+/// directories from the node (the bench runs on the node). Declared after the operator, it
+/// drops first, also after a failure: the finalizers and the sweep need the operator, a failed
+/// run must not leave its namespace stuck Terminating, and a directory whose operator stopped
+/// first would stay on the node.
+pub struct DeleteAll {
+    client: kube::Client,
+    ns: String,
+}
+
+impl DeleteAll {
+    /// For namespace `ns`.
+    pub fn of(client: &kube::Client, ns: &str) -> DeleteAll {
+        DeleteAll {
+            client: client.clone(),
+            ns: ns.to_string(),
+        }
+    }
+}
 
 impl Drop for DeleteAll {
     fn drop(&mut self) {
-        let api = self.0.clone();
+        let pools: kube::Api<agentbox::crd::SandboxPool> =
+            kube::Api::namespaced(self.client.clone(), &self.ns);
+        let sbxs: kube::Api<agentbox::crd::Sandbox> =
+            kube::Api::namespaced(self.client.clone(), &self.ns);
+        let ns_dir = format!("{}/{}", agentbox::config::DEFAULT_NODE_ROOT, self.ns);
         tokio::task::block_in_place(|| {
             tokio::runtime::Handle::current().block_on(async move {
                 let lp = kube::api::ListParams::default();
-                let _ = api.delete_collection(&Default::default(), &lp).await;
+                let _ = pools.delete_collection(&Default::default(), &lp).await;
+                let _ = sbxs.delete_collection(&Default::default(), &lp).await;
                 for _ in 0..240 {
-                    match api.list_metadata(&lp).await {
-                        Ok(l) if !l.items.is_empty() => {
+                    let (p, s) = (
+                        pools.list_metadata(&lp).await,
+                        sbxs.list_metadata(&lp).await,
+                    );
+                    match (p, s) {
+                        (Ok(p), Ok(s)) if !p.items.is_empty() || !s.items.is_empty() => {
                             tokio::time::sleep(Duration::from_millis(500)).await
                         }
-                        _ => return,
+                        _ => break,
                     }
                 }
+                for _ in 0..120 {
+                    if workspace_dirs(&ns_dir) == 0 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                eprintln!("workspace directories still in {ns_dir} after a minute");
             })
         });
     }
+}
+
+/// How many entries of `ns_dir` are named like a workspace (none when it does not exist).
+fn workspace_dirs(ns_dir: &str) -> usize {
+    std::fs::read_dir(ns_dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(agentbox::controller::sweep::is_sweepable)
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// Creates the namespace `<prefix>-<pid>`, deleted when the returned guard drops.
