@@ -247,18 +247,7 @@ async fn deleting_a_namespace_removes_its_workspace_directories() {
         assert!(Path::new(&dir).join("notes.md").exists(), "{dir}");
         dirs.push(dir);
     }
-    nss.delete(&env.ns, &DeleteParams::default())
-        .await
-        .expect("delete the namespace");
-    let mut gone = false;
-    for _ in 0..1200 {
-        if nss.get_opt(&env.ns).await.expect("get").is_none() {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(gone, "the namespace went\n{}", env.operator_logs());
+    common::delete_namespace_and_wait(&env).await;
     for dir in &dirs {
         common::wait_removed(&env, dir, 60).await;
     }

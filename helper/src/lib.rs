@@ -8,7 +8,9 @@
 //!   `nosuid,nodev`;
 //! - [`Job::Own`]: hand a workspace directory to the uid/gid a non-root sandbox runs as;
 //! - [`Job::List`]: name the entries of a namespace's directory (read only), so the operator can
-//!   find workspace directories whose sandbox is gone (its orphan sweep).
+//!   find workspace directories whose sandbox is gone (its orphan sweep);
+//! - [`Job::Prune`]: remove directories only if they are empty (a deleted namespace's, once the
+//!   sweep has removed its workspaces).
 //!
 //! Each job prints one report line ([`Report`]), also written to the container's termination
 //! message, which is how the operator reads the outcome. The operator builds the command line
@@ -68,6 +70,14 @@ pub enum Job {
         /// Names the operator already knows to be in use: not reported, so the report has room
         /// for the ones it needs.
         skip: Vec<String>,
+    },
+    /// Remove the entries `names` of directory `root` that are empty directories (`rmdir`):
+    /// one holding anything, or not a directory, stays.
+    Prune {
+        /// The directory holding them (the helper's mount of it).
+        root: PathBuf,
+        /// Plain names, one path component each.
+        names: Vec<String>,
     },
 }
 
@@ -143,6 +153,11 @@ impl Job {
                 v.extend(skip.iter().cloned());
                 v
             }
+            Job::Prune { root, names } => {
+                let mut v = vec!["prune".into(), root.display().to_string()];
+                v.extend(names.iter().cloned());
+                v
+            }
         }
     }
 
@@ -151,7 +166,8 @@ impl Job {
     pub fn parse(args: &[String]) -> Result<Job, Error> {
         let usage = || {
             Error::Usage(
-                "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID | list DIR [SKIP...]"
+                "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID | list DIR [SKIP...] \
+                 | prune ROOT NAME..."
                     .into(),
             )
         };
@@ -169,15 +185,17 @@ impl Job {
                 .map_err(|_| Error::Usage(format!("{s:?} is not a numeric id")))
         };
         match args {
-            [job, root, names @ ..] if job == "remove" && !names.is_empty() => {
+            [job, root, names @ ..] if (job == "remove" || job == "prune") && !names.is_empty() => {
                 if let Some(bad) = names.iter().find(|n| !is_plain_name(n)) {
                     return Err(Error::Usage(format!(
                         "{bad:?} is not a plain directory name"
                     )));
                 }
-                Ok(Job::Remove {
-                    root: path(root)?,
-                    names: names.to_vec(),
+                let (root, names) = (path(root)?, names.to_vec());
+                Ok(if job == "remove" {
+                    Job::Remove { root, names }
+                } else {
+                    Job::Prune { root, names }
                 })
             }
             [job, dir] if job == "prepare" => Ok(Job::Prepare { dir: path(dir)? }),
@@ -205,6 +223,7 @@ impl Job {
             }
             Job::Own { dir, uid, gid } => own(dir, *uid, *gid),
             Job::List { dir, skip } => list(dir, skip),
+            Job::Prune { root, names } => prune(root, names),
         }
     }
 }
@@ -305,6 +324,41 @@ pub fn remove(root: &Path, names: &[String]) -> Result<Report, Error> {
     Ok(Report::default()
         .with("job", "remove")
         .with("removed", removed)
+        .with("absent", absent))
+}
+
+/// Removes `root/<name>` for each name that is an empty directory (`rmdir`, which refuses
+/// anything else, so nothing in use is lost even if something was put there since the
+/// operator looked). A name that does not exist counts as absent; one that holds anything, or
+/// is not a directory, is kept and named in `kept=` (comma-separated: the operator sweeps
+/// what is in it, then asks again).
+pub fn prune(root: &Path, names: &[String]) -> Result<Report, Error> {
+    let (mut pruned, mut kept, mut absent) = (0, Vec::new(), 0);
+    for name in names {
+        if !is_plain_name(name) {
+            return Err(Error::Usage(format!(
+                "{name:?} is not a plain directory name"
+            )));
+        }
+        let p = root.join(name);
+        match std::fs::remove_dir(&p) {
+            Ok(()) => pruned += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => absent += 1,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::DirectoryNotEmpty | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                kept.push(name.as_str());
+            }
+            Err(e) => return Err(io("removing", &p)(e)),
+        }
+    }
+    Ok(Report::default()
+        .with("job", "prune")
+        .with("pruned", pruned)
+        .with("kept", kept.join(","))
         .with("absent", absent))
 }
 
@@ -522,6 +576,10 @@ mod tests {
                 dir: "/ns".into(),
                 skip: vec![],
             },
+            Job::Prune {
+                root: "/root".into(),
+                names: vec!["gone-team".into()],
+            },
         ] {
             assert_eq!(Job::parse(&job.to_args()).unwrap(), job);
         }
@@ -542,6 +600,9 @@ mod tests {
             &["rm", "/w"],
             &["list", "/r/../ns"],
             &["list"],
+            &["prune", "/root"],
+            &["prune", "/root", ".."],
+            &["prune", "/root", "a/b"],
         ] {
             assert!(Job::parse(&args(bad)).is_err(), "{bad:?}");
         }
@@ -714,5 +775,28 @@ mod tests {
         assert_eq!(unescape("a\\040b\\134c\\011"), "a b\\c\t");
         assert_eq!(unescape("a\\04"), "a\\04");
         assert_eq!(unescape("plain"), "plain");
+    }
+
+    #[test]
+    fn prune_removes_only_empty_directories() {
+        let root = scratch("prune");
+        std::fs::create_dir(root.join("empty")).unwrap();
+        std::fs::create_dir_all(root.join("busy/ws")).unwrap();
+        std::fs::write(root.join("file"), "x").unwrap();
+        std::os::unix::fs::symlink(root.join("empty-target"), root.join("link")).unwrap();
+        std::fs::create_dir(root.join("empty-target")).unwrap();
+        let names = args(&["empty", "busy", "file", "link", "missing"]);
+        let r = prune(&root, &names).unwrap();
+        assert_eq!(
+            (r.get("pruned"), r.get("kept"), r.get("absent")),
+            (Some("1"), Some("busy,file,link"), Some("1")),
+            "{r:?}"
+        );
+        assert!(!root.join("empty").exists());
+        assert!(root.join("busy/ws").is_dir(), "never what holds anything");
+        assert!(root.join("file").is_file());
+        assert!(root.join("empty-target").is_dir(), "a link is not followed");
+        assert!(std::fs::symlink_metadata(root.join("link")).is_ok());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -57,6 +57,14 @@ impl Checks {
             m.insert((node.to_string(), ns.to_string()), (found, now));
         }
     }
+
+    /// Forgets the result for a node and namespace: its directory was removed (the namespace
+    /// was deleted), so a namespace of that name made again is prepared again.
+    pub fn forget(&self, node: &str, ns: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(&(node.to_string(), ns.to_string()));
+        }
+    }
 }
 
 /// Container waiting reasons that will not go away by themselves.

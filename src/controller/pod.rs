@@ -537,6 +537,13 @@ enum HelperMount {
     /// may be allowed `pods/exec`, so what one mounts must not reach another namespace's
     /// workspaces (not even their names).
     NamespaceReadOnly,
+    /// The node root (every namespace's directory), read-only, to name the namespaces that
+    /// have directories there. Only ever in `--helper-namespace`, the operator's own, where no
+    /// harness may exec.
+    NodeRootReadOnly,
+    /// The node root read-write, to remove a deleted namespace's empty directory. Only ever in
+    /// `--helper-namespace`.
+    NodeRoot,
 }
 
 /// A pod bound directly to `node` (no scheduling: it must run exactly there, even on a
@@ -559,7 +566,11 @@ fn helper_pod(
     let volume_mount = VolumeMount {
         name: volume.into(),
         mount_path: NAMESPACE_MOUNT.into(),
-        read_only: (mount == HelperMount::NamespaceReadOnly).then_some(true),
+        read_only: matches!(
+            mount,
+            HelperMount::NamespaceReadOnly | HelperMount::NodeRootReadOnly
+        )
+        .then_some(true),
         ..Default::default()
     };
     Pod {
@@ -580,7 +591,14 @@ fn helper_pod(
             volumes: Some(vec![Volume {
                 name: volume.into(),
                 host_path: Some(HostPathVolumeSource {
-                    path: namespace_host_path(cfg.node_root, ns),
+                    path: match mount {
+                        HelperMount::Namespace | HelperMount::NamespaceReadOnly => {
+                            namespace_host_path(cfg.node_root, ns)
+                        }
+                        HelperMount::NodeRoot | HelperMount::NodeRootReadOnly => {
+                            cfg.node_root.to_string()
+                        }
+                    },
                     type_: Some("DirectoryOrCreate".into()),
                 }),
                 ..Default::default()
@@ -720,6 +738,64 @@ pub fn build_sweep_pod(
         (sweep_pod_name("sweep", node), node, "remove"),
         (job, REMOVE_CAPS, HelperMount::Namespace),
         sweep_labels("sweep", ns),
+    ))
+}
+
+/// Labels of the sweep's pods on the node root itself (no namespace of their own to name).
+fn root_sweep_labels(job: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (HELPER_LABEL.to_string(), job.to_string()),
+    ])
+}
+
+/// The pod, in `helper_ns` (`--helper-namespace`, never a tenant's), that names the entries of
+/// the node root on `node` (the namespaces with a directory there, leaving out `skip`), the
+/// node root mounted read-only and no capability. `None` without a helper image.
+pub fn build_root_list_pod(
+    helper_ns: &str,
+    cfg: &PodConfig<'_>,
+    node: &str,
+    skip: Vec<String>,
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::List {
+        dir: NAMESPACE_MOUNT.into(),
+        skip,
+    };
+    Some(helper_pod(
+        helper_ns,
+        tolerate_all(),
+        cfg,
+        helper,
+        (sweep_pod_name("list-root", node), node, "list"),
+        (job, PREPARE_CAPS, HelperMount::NodeRootReadOnly),
+        root_sweep_labels("list"),
+    ))
+}
+
+/// The pod, in `helper_ns`, that removes the directories `names` (of deleted namespaces) from
+/// the node root on `node` if they are empty (the helper's `prune` job). `None` without a
+/// helper image.
+pub fn build_prune_pod(
+    helper_ns: &str,
+    cfg: &PodConfig<'_>,
+    node: &str,
+    names: Vec<String>,
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::Prune {
+        root: NAMESPACE_MOUNT.into(),
+        names,
+    };
+    Some(helper_pod(
+        helper_ns,
+        tolerate_all(),
+        cfg,
+        helper,
+        (sweep_pod_name("prune", node), node, "prune"),
+        (job, PREPARE_CAPS, HelperMount::NodeRoot),
+        root_sweep_labels("sweep"),
     ))
 }
 
@@ -1270,6 +1346,52 @@ mod tests {
         };
         assert!(build_list_pod("team", &none, "n", vec![]).is_none());
         assert!(build_sweep_pod("team", &none, "n", vec![]).is_none());
+    }
+
+    #[test]
+    fn node_root_pods_run_in_the_helper_namespace_list_read_only_and_only_prune() {
+        let list = build_root_list_pod("ops", &cfg("/w"), "node-a", vec!["team".into()]).unwrap();
+        let prune = build_prune_pod("ops", &cfg("/w"), "node-a", vec!["gone".into()]).unwrap();
+        for (p, read_only, job) in [(&list, Some(true), "list"), (&prune, None, "sweep")] {
+            assert_eq!(p.metadata.namespace.as_deref(), Some("ops"));
+            let l = p.metadata.labels.as_ref().unwrap();
+            assert_eq!(l.get(HELPER_LABEL).map(String::as_str), Some(job));
+            let spec = p.spec.as_ref().unwrap();
+            assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+            assert_least_privilege(&spec.containers[0], &[]);
+            let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+            assert_eq!(
+                (m.mount_path.as_str(), m.read_only),
+                (NAMESPACE_MOUNT, read_only)
+            );
+            let hp = spec.volumes.as_ref().unwrap()[0]
+                .host_path
+                .as_ref()
+                .unwrap();
+            assert_eq!(hp.path, "/w");
+        }
+        let args = |p: &Pod| {
+            p.spec.as_ref().unwrap().containers[0]
+                .command
+                .as_ref()
+                .unwrap()[1..]
+                .to_vec()
+        };
+        assert_eq!(
+            agentbox_helper::Job::parse(&args(&list)).unwrap(),
+            agentbox_helper::Job::List {
+                dir: NAMESPACE_MOUNT.into(),
+                skip: vec!["team".into()]
+            }
+        );
+        assert_eq!(
+            agentbox_helper::Job::parse(&args(&prune)).unwrap(),
+            agentbox_helper::Job::Prune {
+                root: NAMESPACE_MOUNT.into(),
+                names: vec!["gone".into()]
+            },
+            "an empty directory only: never a remove at the node root"
+        );
     }
 
     #[test]

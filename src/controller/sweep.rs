@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use agentbox_helper::Report;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -98,6 +98,13 @@ impl Hints {
             .lock()
             .map(|n| n.clone())
             .unwrap_or_default()
+    }
+
+    /// Stops sweeping namespace `ns` in every pass: it is gone and its directories with it.
+    fn forget_namespace(&self, ns: &str) {
+        if let Ok(mut n) = self.namespaces.lock() {
+            n.remove(ns);
+        }
     }
 }
 
@@ -205,15 +212,32 @@ pub fn orphans(listed: &[String], in_use: &InUse) -> Vec<String> {
     out
 }
 
-/// The names a `list` report carries.
-pub fn listed_names(report: &Report) -> Vec<String> {
+/// The entries of a node root's listing that may be the directories of namespaces not in
+/// `known`: named like a namespace (a DNS-1123 label). Whether each is gone is for the API.
+pub fn namespace_dirs(listed: &[String], known: &BTreeSet<String>) -> Vec<String> {
+    listed
+        .iter()
+        .filter(|n| n.len() <= 63 && !n.contains('.') && crate::names::is_object_name(n))
+        .filter(|n| !known.contains(*n))
+        .cloned()
+        .collect()
+}
+
+/// Names of a report's comma-separated value `key` (a `list` report's `names`, a `prune`
+/// report's `kept`).
+fn report_names(report: &Report, key: &str) -> Vec<String> {
     report
-        .get("names")
+        .get(key)
         .unwrap_or_default()
         .split(',')
         .filter(|n| !n.is_empty())
         .map(str::to_string)
         .collect()
+}
+
+/// The names a `list` report carries.
+pub fn listed_names(report: &Report) -> Vec<String> {
+    report_names(report, "names")
 }
 
 /// Groups hints by (node, namespace), each group's directories once.
@@ -301,8 +325,16 @@ pub async fn run(ctx: std::sync::Arc<Context>, shutdown: impl std::future::Futur
             retry_at = Some(Instant::now() + hint_retry_delay(failures, interval));
         }
         if Instant::now() >= next_pass {
-            if let Err(e) = pass(&ctx).await {
-                warn!("workspace sweep: {e}; retrying in {}s", interval.as_secs());
+            // A pass may take a while (hundreds of deleted namespaces' directories): a stopping
+            // operator does not wait for it. A helper pod it leaves is a leftover the next
+            // process deletes.
+            tokio::select! {
+                _ = &mut shutdown => return,
+                done = pass(&ctx) => {
+                    if let Err(e) = done {
+                        warn!("workspace sweep: {e}; retrying in {}s", interval.as_secs());
+                    }
+                }
             }
             next_pass = Instant::now() + interval;
         }
@@ -361,17 +393,19 @@ async fn pass(ctx: &Context) -> Result<(), Error> {
         .map(|n| n.name_any())
         .collect();
     let mut namespaces = ctx.sweep.namespaces();
+    // Namespaces with a Sandbox or a SandboxPool now.
+    let mut live = BTreeSet::new();
     if ctx.config.namespace.is_empty() {
-        // Every namespace with a Sandbox or a SandboxPool now, and those this process
-        // deleted from.
+        // Those, and those this process deleted from.
         let all: Api<Sandbox> = Api::all(ctx.client.clone());
         for s in all.list_metadata(&ListParams::default()).await?.items {
-            namespaces.extend(s.namespace());
+            live.extend(s.namespace());
         }
         let pools: Api<SandboxPool> = Api::all(ctx.client.clone());
         for p in pools.list_metadata(&ListParams::default()).await?.items {
-            namespaces.extend(p.namespace());
+            live.extend(p.namespace());
         }
+        namespaces.extend(live.iter().cloned());
     } else {
         namespaces = BTreeSet::from([ctx.config.namespace.clone()]);
     }
@@ -383,7 +417,103 @@ async fn pass(ctx: &Context) -> Result<(), Error> {
             }
         }
     }
+    if ctx.config.namespace.is_empty() && !ctx.config.helper_namespace.is_empty() {
+        for node in &serving {
+            if let Err(e) = sweep_deleted_namespaces(ctx, node, &live).await {
+                warn!(node, "workspace sweep of deleted namespaces: {e}");
+            }
+        }
+    }
     Ok(())
+}
+
+/// How many namespace names one prune pod is given: its report names those it kept, and a
+/// termination message holds 4 KiB (63-byte names and commas).
+const PRUNE_BATCH: usize = 50;
+
+/// Removes what deleted namespaces left on `node`: the node root's entries named like a
+/// namespace that is not in `known` (those with a Sandbox or a SandboxPool) and not in the API. Those are the namespaces whose
+/// directories no pass visits otherwise: deleted while no operator ran, or after a restart
+/// lost the deletion's hints. Each is pruned if empty (`rmdir`: nothing in use can go); one that
+/// is not is swept like any namespace (listed, the API read again, workspace-named orphans
+/// removed, from `--helper-namespace`) and pruned again. Something else left in it (not named
+/// like a workspace) keeps it, as in any namespace. Runs in `--helper-namespace` only: the
+/// node root holds every tenant's directory.
+async fn sweep_deleted_namespaces(
+    ctx: &Context,
+    node: &str,
+    known: &BTreeSet<String>,
+) -> Result<(), Error> {
+    let helper_ns = ctx.config.helper_namespace.as_str();
+    let podcfg = PodConfig::from_config(&ctx.config);
+    let mut skip: Vec<String> = known
+        .iter()
+        .cloned()
+        .chain([helper_ns.to_string()])
+        .collect();
+    // A listing holds as many names as fit in a termination message: list again, leaving out
+    // the names seen, until none is left out.
+    loop {
+        let Some(list) = pod::build_root_list_pod(helper_ns, &podcfg, node, skip.clone()) else {
+            return Ok(());
+        };
+        let report = run_helper(ctx, helper_ns, list).await?;
+        let listed = listed_names(&report);
+        let gone = gone_namespaces(ctx, namespace_dirs(&listed, known)).await?;
+        let kept = prune(ctx, node, gone).await?;
+        for ns in &kept {
+            if let Err(e) = sweep_node(ctx, node, ns, &in_use(ctx, ns).await?).await {
+                warn!(node, namespace = %ns, "workspace sweep of a deleted namespace: {e}");
+            }
+        }
+        let left = prune(ctx, node, gone_namespaces(ctx, kept).await?).await?;
+        if !left.is_empty() {
+            debug!(node, namespaces = ?left, "directories of deleted namespaces keep entries not named like workspaces");
+        }
+        let more = report.get("more").and_then(|m| m.parse::<usize>().ok());
+        if listed.is_empty() || more.unwrap_or(0) == 0 {
+            return Ok(());
+        }
+        skip.extend(listed);
+    }
+}
+
+/// Those of `names` that are not namespaces in the API (read now, not from a cache).
+async fn gone_namespaces(ctx: &Context, names: Vec<String>) -> Result<Vec<String>, Error> {
+    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    let mut gone = Vec::new();
+    for ns in names {
+        if api.get_opt(&ns).await?.is_none() {
+            gone.push(ns);
+        }
+    }
+    Ok(gone)
+}
+
+/// Removes the empty directories of the deleted namespaces `names` from the node root on
+/// `node`; returns those that hold something.
+async fn prune(ctx: &Context, node: &str, names: Vec<String>) -> Result<Vec<String>, Error> {
+    let helper_ns = ctx.config.helper_namespace.as_str();
+    let podcfg = PodConfig::from_config(&ctx.config);
+    let mut kept = Vec::new();
+    for batch in names.chunks(PRUNE_BATCH) {
+        let Some(p) = pod::build_prune_pod(helper_ns, &podcfg, node, batch.to_vec()) else {
+            return Ok(Vec::new());
+        };
+        let report = run_helper(ctx, helper_ns, p).await?;
+        let held = report_names(&report, "kept");
+        for ns in batch.iter().filter(|n| !held.contains(*n)) {
+            // A namespace of that name made again gets its directory prepared again.
+            ctx.node_roots.forget(node, ns);
+            ctx.sweep.forget_namespace(ns);
+        }
+        let pruned = report.get("pruned").unwrap_or("0");
+        if pruned != "0" {
+            info!(node, pruned, "directories of deleted namespaces removed");
+        }
+        kept.extend(held);
+    }
+    Ok(kept)
 }
 
 /// Lists namespace `ns`'s directory on `node` and removes the orphans in it. `before` is what
@@ -806,5 +936,27 @@ mod tests {
         );
         let empty = Report::default().with("job", "list").with("names", "");
         assert!(listed_names(&Report::parse(&empty.line()).unwrap()).is_empty());
+    }
+
+    #[test]
+    fn a_node_roots_entries_are_namespace_candidates_only_when_named_like_one_and_not_live() {
+        let listed: Vec<String> = [
+            "team-a",
+            "live",
+            "Upper",
+            "has.dot",
+            "-lead",
+            "x".repeat(64).as_str(),
+            "y".repeat(63).as_str(),
+            "lost+found",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let live = BTreeSet::from(["live".to_string()]);
+        assert_eq!(
+            namespace_dirs(&listed, &live),
+            vec!["team-a".to_string(), "y".repeat(63)]
+        );
     }
 }

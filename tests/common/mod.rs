@@ -238,7 +238,8 @@ impl TestEnv {
 
     /// Starts an operator process with extra flags and environment variables (object-store
     /// credentials, for example); returns its index. It gets the test helper image unless
-    /// `extra` names one (an empty `--helper-image` runs it without).
+    /// `extra` names one (an empty `--helper-image` runs it without), and watches the test's
+    /// namespace unless `extra` says `--namespace=...`.
     pub fn start_operator_env(&mut self, extra: &[&str], envs: &[(String, String)]) -> usize {
         let n = self.operators.len();
         let identity = format!("op-{}-{n}", self.ns);
@@ -250,8 +251,14 @@ impl TestEnv {
         let no_helper = extra.iter().enumerate().any(|(i, a)| {
             *a == "--helper-image=" || (*a == "--helper-image" && extra.get(i + 1) == Some(&""))
         });
+        // `--namespace=` in `extra` (all namespaces) takes the place of the test's namespace.
+        let watch = (!extra.iter().any(|a| a.starts_with("--namespace")))
+            .then_some(["--namespace", self.ns.as_str()])
+            .into_iter()
+            .flatten();
         let child = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
-            .args(["--namespace", &self.ns, "--identity", &identity])
+            .args(watch)
+            .args(["--identity", &identity])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             // Short, so a restarted operator takes over soon; not shorter, or a renewal slowed
             // by a loaded machine (hack/test runs binaries side by side) loses the leadership
@@ -804,6 +811,26 @@ pub async fn wait_removed(env: &TestEnv, dir: &str, secs: u64) {
     }
     panic!(
         "{dir} still on the node after {secs}s\n{}",
+        env.operator_logs()
+    );
+}
+
+/// Deletes the test's namespace and waits (up to 2 min) until it is gone; panics with the
+/// operators' logs otherwise.
+pub async fn delete_namespace_and_wait(env: &TestEnv) {
+    let nss: Api<Namespace> = Api::all(env.client.clone());
+    nss.delete(&env.ns, &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+    for _ in 0..1200 {
+        if nss.get_opt(&env.ns).await.expect("get").is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "the namespace {} did not go\n{}",
+        env.ns,
         env.operator_logs()
     );
 }

@@ -65,7 +65,7 @@
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "update", "delete"]
-# Namespaces: get only (in a Role: its own namespace only), read when a Sandbox names a snapshot of another scope, for the annotation agentbox.dev/allow-cross-scope-restore.
+# Namespaces: get only (in a Role: its own namespace only), read when a Sandbox names a snapshot of another scope, for the annotation agentbox.dev/allow-cross-scope-restore; and, watching every namespace, by the workspace sweep, to tell a deleted namespace's directory on a node from a live one's.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get"]
