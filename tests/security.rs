@@ -624,6 +624,20 @@ async fn a_named_restore_of_another_scope_is_refused() {
         evs.iter().any(|e| e.type_.as_deref() == Some("Warning")),
         "{evs:?}"
     );
+    // Stalled: waiting will not fix it, and the client's wait says so at once with the reason
+    // (its timeout would be NotReady).
+    let bob = wait_condition(&env, "bob", "Stalled", "True", "CrossScopeRestore").await;
+    assert!(bob.stalled().is_some());
+    let mut handle = agentbox::client::Sandboxes::new(env.client.clone(), env.ns.clone())
+        .open("bob")
+        .await
+        .expect("open bob");
+    match handle.wait_ready(std::time::Duration::from_secs(300)).await {
+        Err(agentbox::client::ClientError::Failed { reason, .. }) => {
+            assert_eq!(reason, "CrossScopeRestore");
+        }
+        other => panic!("expected Failed(CrossScopeRestore), got {other:?}"),
+    }
     let bob_files = files_below(Path::new(&host_dir(&env, &bob)));
     assert!(
         bob_files.keys().all(|p| p.starts_with(".agentbox")),

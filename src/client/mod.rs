@@ -97,6 +97,15 @@ pub enum ClientError {
         /// Phase last seen.
         phase: String,
     },
+    /// A deleted sandbox was still there after the wait (its finalizer's work, the on-stop
+    /// snapshot among it, not done yet).
+    #[error("sandbox {name} still being deleted after {waited:?}")]
+    NotDeleted {
+        /// Sandbox name.
+        name: String,
+        /// How long we waited.
+        waited: Duration,
+    },
     /// The sandbox (or a file) does not exist.
     #[error("not found: {0}")]
     NotFound(String),
@@ -420,24 +429,26 @@ impl SandboxHandle {
                 "watching {}: {e}",
                 self.name
             ))),
-            Err(_) => Err(ClientError::NotReady {
+            Err(_) => Err(ClientError::NotDeleted {
                 name: self.name.clone(),
                 waited: timeout,
-                phase: "Terminating".into(),
             }),
         }
     }
 
     /// Waits (with a watch) until the phase is Ready; fails at once with the failing
-    /// condition's reason and message when the phase becomes Failed.
+    /// condition's reason and message when the phase becomes Failed or the start is `Stalled`
+    /// (refused for a reason waiting will not fix, such as another scope's snapshot).
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(), ClientError> {
         // A suspended sandbox never becomes Ready by itself: say so at once instead of
         // waiting out the timeout.
         // A status from before the latest spec change (a resume of a sandbox whose idle
         // suspension was still under way can find it saying Ready) does not count.
+        // A start refused for a reason waiting will not fix (`Stalled`) fails at once too.
         let done = |s: Option<&Sandbox>| {
             s.is_none_or(|s| {
                 s.spec.lifecycle.mode == LifecycleMode::Suspended
+                    || s.stalled().is_some()
                     || (is_current(s)
                         && matches!(
                             s.status.as_ref().and_then(|st| st.phase),

@@ -14,6 +14,14 @@ pub const GUARDED: &str = "Guarded";
 /// Condition type (while deleting): the workspace directory was removed from its node.
 pub const WORKSPACE_REMOVED: &str = "WorkspaceRemoved";
 
+/// Condition type: the start cannot go on without a change (a permanent refusal).
+pub const STALLED: &str = crate::crd::STALLED;
+
+/// Removes condition `type_`, if present.
+pub fn remove(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}
+
 /// Sets condition `type_` to `status` with `reason` and `message`. The transition time moves only
 /// when the status changes, as the Kubernetes API conventions ask.
 pub fn set(

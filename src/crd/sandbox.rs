@@ -723,6 +723,28 @@ pub enum Egress {
     Denied,
 }
 
+/// Condition type on a Sandbox: its start cannot go on without a change (see
+/// [`SandboxStatus::conditions`]; the `Ready` condition carries the same reason).
+pub const STALLED: &str = "Stalled";
+
+impl Sandbox {
+    /// The `Stalled` condition when it is True for the current spec (pure): waiting for this
+    /// sandbox to become Ready is pointless until something changes.
+    pub fn stalled(&self) -> Option<&Condition> {
+        let c = self
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == STALLED && c.status == "True")?;
+        let current = match (c.observed_generation, self.metadata.generation) {
+            (Some(observed), Some(generation)) => observed >= generation,
+            _ => true,
+        };
+        current.then_some(c)
+    }
+}
+
 /// Observed state of a Sandbox.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -731,6 +753,10 @@ pub struct SandboxStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<SandboxPhase>,
     /// Detailed conditions: PodReady, WorkspaceReady, Ready and others, each with a reason.
+    /// `Stalled` True (its `observedGeneration` the current one) says the start was refused for
+    /// a reason that waiting will not fix (a refused or missing snapshot, another scope's
+    /// snapshot without the namespace's consent, a workspace command that fails): it stands
+    /// until the spec, the snapshot or the namespace changes, and the SDKs' waits raise at once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The spec generation this status describes.

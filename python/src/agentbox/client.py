@@ -51,14 +51,31 @@ __all__ = ["Sandbox", "Sandboxes"]
 Readiness = Literal["ready", "failed", "suspended", "waiting"]
 
 
+def stalled(obj: Mapping[str, Any]) -> bool:
+    """Whether a Sandbox's ``Stalled`` condition is True for its current spec (pure): its start
+    was refused for a reason waiting will not fix (another scope's snapshot without the
+    namespace's consent, a refused or missing snapshot), so waiting for Ready is pointless until
+    something changes.
+    """
+    generation = (obj.get("metadata") or {}).get("generation")
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Stalled" and c.get("status") == "True":
+            observed = c.get("observedGeneration")
+            stale = isinstance(observed, int) and isinstance(generation, int)
+            return not (stale and observed < generation)
+    return False
+
+
 def readiness(obj: Mapping[str, Any]) -> Readiness:
     """What a Sandbox's state means for a caller waiting for it (pure): ``ready``; ``failed``
-    (it will not become Ready until its spec changes); ``suspended`` by its spec (waiting would
-    not help); else ``waiting``.
+    (it will not become Ready until its spec changes, or its start is ``Stalled``: refused until
+    something changes); ``suspended`` by its spec (waiting would not help); else ``waiting``.
     """
     # Suspended by the spec wins: a phase still Ready is about to change.
     if ((obj.get("spec") or {}).get("lifecycle") or {}).get("mode") == "Suspended":
         return "suspended"
+    if stalled(obj):
+        return "failed"
     status = obj.get("status") or {}
     phase = status.get("phase")
     observed = status.get("observedGeneration")
@@ -372,8 +389,9 @@ class Sandbox:
     async def wait_ready(self, timeout: float = 120.0, *, resume: bool = False) -> Sandbox:
         """Waits (with a watch) until the Sandbox is Ready. Raises at once
         :class:`~agentbox.errors.SandboxFailedError` (with the failing condition's reason) when
-        it fails, :class:`~agentbox.errors.SandboxSuspendedError` when its spec suspends it
-        (with ``resume=True`` it is resumed and waited for instead), and
+        it fails or its start is ``Stalled`` (see :func:`stalled`),
+        :class:`~agentbox.errors.SandboxSuspendedError` when its spec suspends it (with
+        ``resume=True`` it is resumed and waited for instead), and
         :class:`~agentbox.errors.SandboxNotReadyError` at the timeout.
         """
         kube = await self._kube()

@@ -139,7 +139,10 @@ class SandboxNotReadyError(_StateError):
 
 
 class SandboxFailedError(SandboxNotReadyError):
-    """The Sandbox is in phase Failed: it will not become Ready until its spec changes."""
+    """The Sandbox is in phase Failed (it will not become Ready until its spec changes), or its
+    start is ``Stalled``: refused for a reason waiting will not fix, such as another scope's
+    snapshot, until the spec, the snapshot or the namespace changes.
+    """
 
 
 class SandboxSuspendedError(SandboxNotReadyError):

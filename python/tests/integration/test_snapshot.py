@@ -4,7 +4,7 @@ name (Sandbox.restore), and into another scope (create_restored)."""
 
 from __future__ import annotations
 
-import asyncio
+import pytest
 
 import agentbox
 
@@ -46,18 +46,13 @@ async def test_snapshot_then_restore_into_a_new_sandbox_of_the_scope(env: Env) -
     # administrator allows cross-scope restores in the namespace (docs/security.md).
     other = agentbox.Scope.for_user("snapper", "carol")
     refused = await env.sandboxes.create_restored(other, SPEC, second.name)
-    # Held, not Failed (it waits for a change: the annotation below), and saying why; polled
-    # rather than waited out (wait_ready would raise with that reason only at its timeout).
-    reasons: list[str] = []
-    for _ in range(600):
-        await refused.refresh()
-        assert refused.phase != "Ready", "a snapshot was restored into another scope"
-        reasons = [str(c.get("reason")) for c in refused.status.get("conditions") or []]
-        if "CrossScopeRestore" in reasons:
-            break
-        await asyncio.sleep(0.2)
-    else:
-        raise AssertionError(f"no CrossScopeRestore condition after 120 s: {reasons}")
+    # Held, not Failed (it waits for a change: the annotation below), and Stalled: the wait
+    # raises SandboxFailedError with the reason as soon as the refusal is recorded (its timeout
+    # would raise the plain SandboxNotReadyError).
+    with pytest.raises(agentbox.SandboxFailedError) as held:
+        await refused.wait_ready(300)
+    assert held.value.reason == "CrossScopeRestore", held.value
+    assert refused.phase != "Ready", "a snapshot was restored into another scope"
     await refused.delete(wait=True)
     await env.kube.call(
         "PATCH",

@@ -32,6 +32,21 @@ def sandbox(
     }
 
 
+def stalled_sandbox(gen: int, judged: int) -> dict[str, Any]:
+    obj = sandbox("Initializing", gen=gen, observed=judged)
+    obj["status"]["conditions"] = [
+        {"type": "Ready", "status": "False", "reason": "CrossScopeRestore", "message": "m"},
+        {
+            "type": "Stalled",
+            "status": "True",
+            "reason": "CrossScopeRestore",
+            "message": "m",
+            "observedGeneration": judged,
+        },
+    ]
+    return obj
+
+
 @pytest.mark.parametrize(
     ("obj", "state"),
     [
@@ -45,6 +60,10 @@ def sandbox(
         # Just resumed: a Ready from before the change is not the answer yet.
         (sandbox("Ready", gen=3, observed=2), "waiting"),
         (sandbox("Suspended", gen=3, observed=3), "waiting"),
+        # A start refused until something changes: no use waiting for it.
+        (stalled_sandbox(gen=2, judged=2), "failed"),
+        # ... unless the spec changed since it was judged.
+        (stalled_sandbox(gen=3, judged=2), "waiting"),
     ],
 )
 def test_readiness(obj: dict[str, Any], state: str) -> None:

@@ -632,6 +632,7 @@ fn outcome(
                 reason: reason.to_string(),
                 message,
                 refusal: e.restore_refusal().cloned(),
+                permanent: e.is_permanent(),
             };
             (init, Some(e))
         }

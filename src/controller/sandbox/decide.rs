@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 
 use super::idle;
 use super::observe::World;
-use crate::controller::conditions::{self, GUARDED, POD_READY, READY, WORKSPACE_READY};
+use crate::controller::conditions::{self, GUARDED, POD_READY, READY, STALLED, WORKSPACE_READY};
 use crate::controller::nodeloss::{self, NodeHealth};
 use crate::controller::podstate::PodState;
 use crate::controller::{placement, service, workspace};
@@ -599,6 +599,8 @@ pub enum Init {
         message: String,
         /// A permanent restore refusal to record.
         refusal: Option<RestoreRefusal>,
+        /// Whether it waits for a change rather than passing by itself (`Stalled`).
+        permanent: bool,
     },
 }
 
@@ -699,6 +701,7 @@ fn running(
             reason,
             message,
             refusal,
+            permanent,
         } => {
             if refusal.is_some() {
                 st.restore_refusal = refusal;
@@ -709,12 +712,26 @@ fn running(
                 (READY, message.as_str()),
             ];
             set_false(st, &reason, &messages, generation, now);
+            if permanent {
+                conditions::set(
+                    &mut st.conditions,
+                    STALLED,
+                    true,
+                    &reason,
+                    message.as_str(),
+                    generation,
+                    now,
+                );
+            } else {
+                conditions::remove(&mut st.conditions, STALLED);
+            }
             let note = Note::new(EventType::Warning, &reason, "InitWorkspace", &message);
             out.failed = Some(note);
             return out;
         }
     }
     st.phase = Some(SandboxPhase::Ready);
+    conditions::remove(&mut st.conditions, STALLED);
     conditions::set(
         &mut st.conditions,
         READY,
@@ -1214,6 +1231,7 @@ mod tests {
             reason: "SourceMissing".into(),
             message: "configmap c is missing".into(),
             refusal: None,
+            permanent: false,
         };
         let out = served(
             &old,
@@ -1226,7 +1244,46 @@ mod tests {
         assert_eq!(reason(&st, WORKSPACE_READY), "SourceMissing");
         assert_eq!(reason(&st, READY), "SourceMissing");
         assert!(conditions::is_true(&st.conditions, POD_READY));
+        assert!(
+            conditions::get(&st.conditions, STALLED).is_none(),
+            "it may pass by itself"
+        );
         assert_eq!(out.failed.unwrap().action, "InitWorkspace");
+    }
+
+    #[test]
+    fn a_permanent_refusal_stalls_the_start_until_one_succeeds() {
+        let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
+        let refused = Init::Failed {
+            reason: "CrossScopeRestore".into(),
+            message: "snapshot s is of another scope".into(),
+            refusal: None,
+            permanent: true,
+        };
+        let pod = serving(PodState::Ready, false);
+        served(&old, &mut st, &pod, refused, (Some(3), t(0)));
+        let stalled = conditions::get(&st.conditions, STALLED).expect("stalled");
+        assert_eq!(
+            (stalled.status.as_str(), stalled.reason.as_str()),
+            ("True", "CrossScopeRestore")
+        );
+        assert_eq!(stalled.observed_generation, Some(3));
+        assert_eq!(reason(&st, READY), "CrossScopeRestore");
+        // What a client reads: stalled for the generation it was judged on, not a later one.
+        let mut sbx = sandbox(json!({}));
+        sbx.metadata.generation = Some(3);
+        sbx.status = Some(st.clone());
+        assert!(sbx.stalled().is_some());
+        sbx.metadata.generation = Some(4);
+        assert!(
+            sbx.stalled().is_none(),
+            "a spec changed since is judged anew"
+        );
+        // The start goes through (the namespace consented): no longer stalled.
+        let before = st.clone();
+        served(&before, &mut st, &pod, ran(), (Some(3), t(1)));
+        assert_eq!(st.phase, Some(SandboxPhase::Ready));
+        assert!(conditions::get(&st.conditions, STALLED).is_none());
     }
 
     #[test]
