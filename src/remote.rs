@@ -36,39 +36,117 @@ mkdir -p -- "$1/.agentbox/tmp"
 if [ -e "$1/.agentbox/marker" ]; then echo "the warm workspace has a marker" >&2; exit 1; fi
 "#;
 
-/// Initialisation: `$1` root, `$2` marker content, `$3` 1 when an archive of files arrives on
-/// stdin (0: no files, no stdin), `$4` number of directories to replace, then those
-/// directories, then the parent directories to create. The marker is written last and
-/// atomically, so a failed run leaves the workspace uninitialised.
+/// Initialisation: `$1` root, `$2` marker content, `$3` how files arrive (0: none, no stdin;
+/// 1: an archive on stdin; 2: inline, as the last arguments), `$4` number of directories to
+/// replace, then those directories, then the number of parent directories to create, then
+/// those, then (2) each file as four arguments ([`InlineFile::args`]): its path, the umask that
+/// creates it with its mode, a mode to set afterwards (empty when the umask did), and its
+/// content as a `printf` format. Inline files cost no process but `printf` (a builtin) where
+/// `tar` is one more, which is most of a claim's time with files. The marker is written last
+/// and atomically, so a failed run leaves the workspace uninitialised.
 pub const INIT_SCRIPT: &str = r#"set -eu
-root="$1"; marker="$2"; archive="$3"; n="$4"; shift 4
+root="$1"; marker="$2"; files="$3"; n="$4"; shift 4
 cd "$root"
 [ -d .agentbox/tmp ] || mkdir -p .agentbox/tmp
 i=0
 while [ "$i" -lt "$n" ]; do rm -rf -- "./$1"; shift; i=$((i+1)); done
-for d in "$@"; do mkdir -p -- "./$d"; done
-if [ "$archive" = 1 ]; then tar -x -f -; fi
+n="$1"; shift; i=0
+while [ "$i" -lt "$n" ]; do mkdir -p -- "./$1"; shift; i=$((i+1)); done
+if [ "$files" = 1 ]; then tar -x -f -; fi
+while [ "$#" -ge 4 ]; do
+  if [ -e "./$1" ] || [ -h "./$1" ]; then rm -f -- "./$1"; fi
+  umask "$2"; printf "$4" > "./$1"
+  if [ -n "$3" ]; then chmod "$3" "./$1"; fi
+  shift 4
+done
 printf '%s' "$marker" > .agentbox/marker.tmp
 mv -f .agentbox/marker.tmp .agentbox/marker
 "#;
 
-/// Arguments of [`INIT_SCRIPT`]: the root, the marker's content, whether an archive follows
-/// on stdin, the directories to replace, the parent directories to create.
+/// How [`INIT_SCRIPT`] gets the workspace's files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilesVia {
+    /// No files.
+    None,
+    /// A tar archive on stdin (an exec: a session command takes no stdin).
+    Archive,
+    /// As arguments ([`InlineFile`]): for small files, over a warm pod's open shell.
+    Inline,
+}
+
+/// A file [`INIT_SCRIPT`] writes from its arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InlineFile<'a> {
+    /// Path relative to the workspace root.
+    pub path: &'a str,
+    /// Permission bits.
+    pub mode: u32,
+    /// Content.
+    pub data: &'a [u8],
+}
+
+impl InlineFile<'_> {
+    /// Its four arguments: path, umask, mode to set afterwards (empty when the umask gives
+    /// it: no `chmod` process), content as a `printf` format ([`printf_format`]).
+    pub fn args(&self) -> [String; 4] {
+        let mode = self.mode & 0o7777;
+        // A new file gets 0666 less the umask: exact for modes without execute or special bits.
+        let umask = 0o777 & !mode;
+        let chmod = if mode & !0o666 == 0 {
+            String::new()
+        } else {
+            format!("{mode:o}")
+        };
+        [
+            self.path.to_string(),
+            format!("{umask:04o}"),
+            chmod,
+            printf_format(self.data),
+        ]
+    }
+}
+
+/// `data` as a `printf` format that prints exactly it: ASCII letters, digits and ` ._/,:=+`
+/// as themselves, every other byte a three-digit octal escape (so no `%`, `\` or leading `-`
+/// is ever read as anything but a byte, and NUL and non-UTF-8 bytes pass).
+pub fn printf_format(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len() * 2);
+    for &b in data {
+        if b.is_ascii_alphanumeric() || b" ._/,:=+".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\{b:03o}"));
+        }
+    }
+    out
+}
+
+/// Arguments of [`INIT_SCRIPT`]: the root, the marker's content, how files arrive, the
+/// directories to replace, the parent directories to create, and (inline) the files.
 pub fn init_args(
     root: &str,
     marker: &str,
-    archive: bool,
-    replace_dirs: &[String],
-    parents: &[String],
+    via: FilesVia,
+    (replace_dirs, parents): (&[String], &[String]),
+    inline: &[InlineFile<'_>],
 ) -> Vec<String> {
+    let via = match via {
+        FilesVia::None => "0",
+        FilesVia::Archive => "1",
+        FilesVia::Inline => "2",
+    };
     let mut args = vec![
         root.to_string(),
         marker.to_string(),
-        if archive { "1" } else { "0" }.to_string(),
+        via.to_string(),
         replace_dirs.len().to_string(),
     ];
     args.extend(replace_dirs.iter().cloned());
+    args.push(parents.len().to_string());
     args.extend(parents.iter().cloned());
+    if via == "2" {
+        args.extend(inline.iter().flat_map(InlineFile::args));
+    }
     args
 }
 
@@ -584,7 +662,13 @@ mod tests {
     fn a_session_runs_the_init_script_inline_and_keeps_going_after_it() {
         let root = scratch("session-init");
         std::fs::create_dir_all(root.join(".agentbox/tmp")).expect("warm state dir");
-        let args = init_args(&path(&root), "uid-7", false, &[], &[]);
+        // With a file passed inline, as a claim with files sends it.
+        let file = InlineFile {
+            path: "task.md",
+            mode: 0o644,
+            data: b"it's 100% \\done\n",
+        };
+        let args = init_args(&path(&root), "uid-7", FilesVia::Inline, (&[], &[]), &[file]);
         // The init, a failing script (set -e inside stops only its subshell), then a plain
         // command: each framed with its own status, the shell's directory untouched by the
         // init's `cd`.
@@ -601,6 +685,10 @@ mod tests {
             "uid-7"
         );
         assert!(!root.join(".agentbox/marker.tmp").exists());
+        assert_eq!(
+            std::fs::read(root.join("task.md")).expect("the file"),
+            file.data
+        );
         let out = String::from_utf8_lossy(&out);
         let here = std::env::current_dir().expect("cwd");
         assert_eq!(

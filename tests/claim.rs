@@ -122,6 +122,20 @@ async fn a_templated_sandbox_adopts_a_warm_pod_the_pool_refills_and_an_override_
         std::fs::read_to_string(format!("{dir}/task.md")).expect("task.md"),
         "task of alice\n"
     );
+    // Small files go inline over the pool's open shell (no exec, no tar), with their mode.
+    let log = std::fs::read_to_string(&env.operators[op].log).expect("operator log");
+    assert!(
+        log.contains("workspace written over the warm pod's open shell"),
+        "the claim's files went over a new exec:\n{}",
+        env.operator_logs()
+    );
+    let mode = std::fs::metadata(format!("{dir}/task.md"))
+        .expect("task.md")
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o7777,
+        0o644
+    );
     // The pod is the sandbox's alone: labelled for it, no longer warm.
     let owners = adopted.owner_references();
     assert_eq!(owners.len(), 1, "{owners:?}");

@@ -1,15 +1,17 @@
 //! Workspace initialisation: which start branch to take, and what to write.
 //!
 //! After a sandbox pod runs, the operator probes the workspace for its marker and then writes
-//! files with one exec of `tar -x` fed from stdin. Everything here is pure; the reconciler does
-//! the I/O.
+//! files with one exec of `tar -x` fed from stdin, or, in a claimed warm pod, small files
+//! inline in the pool's open shell ([`files_via`]). Everything here is pure; the reconciler
+//! does the I/O.
 
 use sha2::{Digest, Sha256};
 
 use crate::crd::{StartBranch, WhenLost};
 
 pub use crate::paths::normalize;
-pub use crate::remote::{MARKER, STATE_DIR};
+use crate::remote::InlineFile;
+pub use crate::remote::{FilesVia, MARKER, STATE_DIR};
 
 /// A file to write into the workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,15 +238,34 @@ pub fn archive(files: &[FileEntry], mtime: u64) -> std::io::Result<Vec<u8>> {
     b.into_inner()
 }
 
-/// Arguments of [`crate::remote::INIT_SCRIPT`] for `w`.
-pub fn script_args(root: &str, marker: &str, w: &Writes) -> Vec<String> {
-    crate::remote::init_args(
-        root,
-        marker,
-        !w.files.is_empty(),
-        &w.replace_dirs,
-        &w.parents,
-    )
+/// The most file content a start passes inline ([`crate::remote::FilesVia::Inline`]), in
+/// bytes: each byte may take four in the script, which goes through the shell's stdin.
+pub const INLINE_MAX: usize = 16 * 1024;
+
+/// How the files of `w` reach [`crate::remote::INIT_SCRIPT`]: inline when there is an open
+/// shell to run it in (a claimed warm pod's) and they are small, else as an archive.
+pub fn files_via(w: &Writes, shell: bool) -> FilesVia {
+    if w.files.is_empty() {
+        FilesVia::None
+    } else if shell && w.files.iter().map(|f| f.data.len()).sum::<usize>() <= INLINE_MAX {
+        FilesVia::Inline
+    } else {
+        FilesVia::Archive
+    }
+}
+
+/// Arguments of [`crate::remote::INIT_SCRIPT`] for `w`, its files arriving `via`.
+pub fn script_args(root: &str, marker: &str, w: &Writes, via: FilesVia) -> Vec<String> {
+    let inline: Vec<InlineFile<'_>> = w
+        .files
+        .iter()
+        .map(|f| InlineFile {
+            path: &f.path,
+            mode: f.mode,
+            data: &f.data,
+        })
+        .collect();
+    crate::remote::init_args(root, marker, via, (&w.replace_dirs, &w.parents), &inline)
 }
 
 #[cfg(test)]
@@ -412,23 +433,55 @@ mod tests {
             files: vec![],
         };
         assert_eq!(
-            script_args("/workspace", "uid", &w),
-            vec!["/workspace", "uid", "0", "1", "conf", "a"]
+            script_args("/workspace", "uid", &w, FilesVia::None),
+            vec!["/workspace", "uid", "0", "1", "conf", "1", "a"]
+        );
+        let file = |n: usize| FileEntry {
+            path: "f".into(),
+            data: vec![b'x'; n],
+            mode: 0o644,
+            ephemeral: false,
+        };
+        let small = Writes {
+            files: vec![file(10), file(INLINE_MAX - 10)],
+            ..w.clone()
+        };
+        assert_eq!(files_via(&small, true), FilesVia::Inline);
+        assert_eq!(
+            files_via(&small, false),
+            FilesVia::Archive,
+            "no shell: an exec"
+        );
+        let big = Writes {
+            files: vec![file(10), file(INLINE_MAX)],
+            ..w.clone()
+        };
+        assert_eq!(files_via(&big, true), FilesVia::Archive);
+        assert_eq!(files_via(&w, true), FilesVia::None);
+        let one = Writes {
+            files: vec![file(2)],
+            ..w
+        };
+        assert_eq!(
+            script_args("/w", "uid", &one, FilesVia::Inline),
+            vec![
+                "/w", "uid", "2", "1", "conf", "1", "a", "f", "0133", "", "xx"
+            ]
         );
     }
 
-    /// Runs [`crate::remote::INIT_SCRIPT`] with the host's `sh` and `tar` on a scratch directory, the archive on
-    /// stdin when there are files (none otherwise, as in the pod).
-    fn run_init(root: &std::path::Path, w: &Writes) -> bool {
+    /// Runs [`crate::remote::INIT_SCRIPT`] with the host's `sh` and `tar` on a scratch
+    /// directory, the files `via` an archive on stdin (none otherwise, as in the pod) or inline.
+    fn run_init(root: &std::path::Path, w: &Writes, via: FilesVia) -> bool {
         use std::io::Write as _;
         let mut child = std::process::Command::new("sh")
             .args(["-c", crate::remote::INIT_SCRIPT, "sh"])
-            .args(script_args(&root.to_string_lossy(), "uid-1", w))
+            .args(script_args(&root.to_string_lossy(), "uid-1", w, via))
             .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let mut stdin = child.stdin.take().unwrap();
-        if !w.files.is_empty() {
+        if via == FilesVia::Archive {
             stdin
                 .write_all(&archive(&w.files, 1_700_000_000).unwrap())
                 .unwrap();
@@ -447,7 +500,10 @@ mod tests {
             parents: vec!["skills".into()],
             files: vec![],
         };
-        assert!(run_init(&dir, &none), "no files: no tar, no stdin needed");
+        assert!(
+            run_init(&dir, &none, FilesVia::None),
+            "no files: no tar, no stdin needed"
+        );
         assert!(dir.join("skills").is_dir());
         assert_eq!(std::fs::read_to_string(dir.join(MARKER)).unwrap(), "uid-1");
         let files = Writes {
@@ -460,8 +516,50 @@ mod tests {
                 ephemeral: false,
             }],
         };
-        assert!(run_init(&dir, &files));
+        assert!(run_init(&dir, &files, FilesVia::Archive));
         assert_eq!(std::fs::read_to_string(dir.join("bin/run")).unwrap(), "one");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn inline_files_are_written_byte_for_byte_with_their_modes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("agentbox-inline-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        // Already there: a file of another mode, and a symbolic link that must not be followed.
+        std::fs::write(dir.join("notes.md"), "old").unwrap();
+        std::fs::set_permissions(dir.join("notes.md"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.join("link")).unwrap();
+        let every_byte: Vec<u8> = (0..=255u8).collect();
+        let entry = |path: &str, data: &[u8], mode: u32| FileEntry {
+            path: path.into(),
+            data: data.to_vec(),
+            mode,
+            ephemeral: false,
+        };
+        let w = Writes {
+            replace_dirs: vec![],
+            parents: vec!["bin".into(), "deep/er".into()],
+            files: vec![
+                entry("bin/run", b"#!/bin/sh\necho '%s' \\n $HOME `x`\n", 0o755),
+                entry("deep/er/bytes", &every_byte, 0o600),
+                entry("notes.md", b"-n leading dash, 100% \\0 \"quoted\"", 0o644),
+                entry("link", b"not through the link", 0o644),
+                entry("empty", b"", 0o640),
+            ],
+        };
+        assert_eq!(files_via(&w, true), FilesVia::Inline);
+        assert!(run_init(&dir, &w, FilesVia::Inline));
+        for f in &w.files {
+            let p = dir.join(&f.path);
+            assert_eq!(std::fs::read(&p).unwrap(), f.data, "{}", f.path);
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            assert!(meta.is_file(), "{}", f.path);
+            assert_eq!(meta.permissions().mode() & 0o7777, f.mode, "{}", f.path);
+        }
+        assert_eq!(std::fs::read_to_string(dir.join(MARKER)).unwrap(), "uid-1");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

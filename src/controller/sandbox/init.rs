@@ -15,7 +15,7 @@ use crate::controller::{Context, Error, restore, selection, sources};
 use crate::crd::{Sandbox, WorkspaceStatus};
 use crate::exec::session::Session;
 use crate::exec::{self, ExecRequest};
-use crate::remote;
+use crate::remote::{self, FilesVia};
 
 /// How long one workspace exec may take before it counts as failed.
 const INIT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -92,10 +92,11 @@ pub async fn init_workspace(
         workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
     let prepared = t0.elapsed();
     if !writes.is_empty() || !marker_present {
+        let via = workspace::files_via(&writes, shell.is_some());
         run_script(
             (pods, pod_name, shell),
-            workspace::script_args(&root, &uid, &writes),
-            &writes,
+            workspace::script_args(&root, &uid, &writes, via),
+            (&writes, via),
         )
         .await?;
     }
@@ -135,18 +136,18 @@ async fn probe(pods: &Api<Pod>, pod_name: &str, root: &str) -> Result<bool, Erro
     Ok(!probe.stdout.is_empty())
 }
 
-/// Runs the workspace script, with the archive of `writes` on stdin when it has files; over
-/// `shell` when there is one and no archive (a session command takes no stdin).
+/// Runs the workspace script, with the archive of `writes` on stdin when its files go `via`
+/// one; over `shell` when there is one and no archive (a session command takes no stdin).
 async fn run_script(
     (pods, pod_name, shell): (&Api<Pod>, &str, Option<&Session>),
     args: Vec<String>,
-    writes: &workspace::Writes,
+    (writes, via): (&workspace::Writes, FilesVia),
 ) -> Result<(), Error> {
     let out = match shell {
         // Inline in the shell: its one fork and the script's `mv`, where `sh -c` under the
         // timeout's watchdog cost five more processes, most of a claim's time. The shell is
         // dropped after this command, so one stuck past the timeout goes with it.
-        Some(shell) if writes.files.is_empty() => {
+        Some(shell) if via != FilesVia::Archive => {
             debug!(
                 pod = pod_name,
                 "workspace written over the warm pod's open shell"
@@ -159,7 +160,7 @@ async fn run_script(
             let mut req = ExecRequest::argv(remote::sh(remote::INIT_SCRIPT, args))
                 .timeout(INIT_TIMEOUT)
                 .max_output(16 * 1024);
-            if !writes.files.is_empty() {
+            if via == FilesVia::Archive {
                 let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
                 req = req.stdin(workspace::archive(&writes.files, mtime)?);
             }
