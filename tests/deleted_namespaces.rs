@@ -97,11 +97,16 @@ async fn directories_of_namespaces_deleted_while_no_operator_ran_are_swept_and_n
     common::wait_removed(&env, &tenant_ns_dir, 60).await;
     common::wait_removed(&env, &odd_workspace, 60).await;
     common::wait_removed(&env, &odd_warm, 60).await;
-    assert!(
-        env.counter(op, "agentbox_workspaces_swept_total").await >= 3.0,
-        "{}",
-        env.operator_logs()
-    );
+    // Counted once the helper pod's report is read, just after the directories went.
+    let mut swept = 0.0;
+    for _ in 0..100 {
+        swept = env.counter(op, "agentbox_workspaces_swept_total").await;
+        if swept >= 3.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(swept >= 3.0, "swept {swept}\n{}", env.operator_logs());
     // Untouched: what is not named like a workspace (and so its namespace's directory), and
     // everything of a namespace that exists.
     assert!(Path::new(&odd_foreign).join("left.txt").exists());
