@@ -130,7 +130,7 @@ pub fn init_args(
     (replace_dirs, parents): (&[String], &[String]),
     inline: &[InlineFile<'_>],
 ) -> Vec<String> {
-    let via = match via {
+    let code = match via {
         FilesVia::None => "0",
         FilesVia::Archive => "1",
         FilesVia::Inline => "2",
@@ -138,13 +138,13 @@ pub fn init_args(
     let mut args = vec![
         root.to_string(),
         marker.to_string(),
-        via.to_string(),
+        code.to_string(),
         replace_dirs.len().to_string(),
     ];
     args.extend(replace_dirs.iter().cloned());
     args.push(parents.len().to_string());
     args.extend(parents.iter().cloned());
-    if via == "2" {
+    if via == FilesVia::Inline {
         args.extend(inline.iter().flat_map(InlineFile::args));
     }
     args

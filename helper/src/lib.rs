@@ -296,18 +296,23 @@ impl Report {
     }
 }
 
+/// `root/<name>`, refused unless `name` is one plain path component.
+fn entry(root: &Path, name: &str) -> Result<PathBuf, Error> {
+    if !is_plain_name(name) {
+        return Err(Error::Usage(format!(
+            "{name:?} is not a plain directory name"
+        )));
+    }
+    Ok(root.join(name))
+}
+
 /// Removes `root/<name>` for each name, never following a symbolic link: a link is removed,
 /// not what it points at. A name that does not exist counts as removed.
 pub fn remove(root: &Path, names: &[String]) -> Result<Report, Error> {
     let mut removed = 0;
     let mut absent = 0;
     for name in names {
-        if !is_plain_name(name) {
-            return Err(Error::Usage(format!(
-                "{name:?} is not a plain directory name"
-            )));
-        }
-        let p = root.join(name);
+        let p = entry(root, name)?;
         match std::fs::symlink_metadata(&p) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => absent += 1,
             Err(e) => return Err(io("inspecting", &p)(e)),
@@ -335,12 +340,7 @@ pub fn remove(root: &Path, names: &[String]) -> Result<Report, Error> {
 pub fn prune(root: &Path, names: &[String]) -> Result<Report, Error> {
     let (mut pruned, mut kept, mut absent) = (0, Vec::new(), 0);
     for name in names {
-        if !is_plain_name(name) {
-            return Err(Error::Usage(format!(
-                "{name:?} is not a plain directory name"
-            )));
-        }
-        let p = root.join(name);
+        let p = entry(root, name)?;
         match std::fs::remove_dir(&p) {
             Ok(()) => pruned += 1,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => absent += 1,

@@ -697,24 +697,43 @@ fn tolerate_all() -> Option<Vec<Toleration>> {
     }])
 }
 
-/// The pod that names the entries of namespace `ns`'s workspace directory on `node` (the
-/// helper's `list` job, leaving out `skip`), with that directory alone mounted read-only and
-/// no capability. `None` without a helper image.
-pub fn build_list_pod(ns: &str, cfg: &PodConfig<'_>, node: &str, skip: Vec<String>) -> Option<Pod> {
+/// One of the sweep's pods, in `ns`: bound to `node` and tolerating every taint, named for
+/// its `pod_job` there, running `job` in container `kind` with `caps` on `mount`. `None`
+/// without a helper image.
+fn sweep_pod(
+    ns: &str,
+    cfg: &PodConfig<'_>,
+    (pod_job, node, kind): (&str, &str, &str),
+    (job, caps, mount): (agentbox_helper::Job, &[&str], HelperMount),
+    labels: BTreeMap<String, String>,
+) -> Option<Pod> {
     let helper = cfg.helper.as_ref()?;
-    let job = agentbox_helper::Job::List {
-        dir: NAMESPACE_MOUNT.into(),
-        skip,
-    };
     Some(helper_pod(
         ns,
         tolerate_all(),
         cfg,
         helper,
-        (sweep_pod_name("list", node), node, "list"),
+        (sweep_pod_name(pod_job, node), node, kind),
+        (job, caps, mount),
+        labels,
+    ))
+}
+
+/// The pod that names the entries of namespace `ns`'s workspace directory on `node` (the
+/// helper's `list` job, leaving out `skip`), with that directory alone mounted read-only and
+/// no capability. `None` without a helper image.
+pub fn build_list_pod(ns: &str, cfg: &PodConfig<'_>, node: &str, skip: Vec<String>) -> Option<Pod> {
+    let job = agentbox_helper::Job::List {
+        dir: NAMESPACE_MOUNT.into(),
+        skip,
+    };
+    sweep_pod(
+        ns,
+        cfg,
+        ("list", node, "list"),
         (job, PREPARE_CAPS, HelperMount::NamespaceReadOnly),
         sweep_labels("list", ns),
-    ))
+    )
 }
 
 /// The pod that removes the orphaned workspace directories `names` of namespace `ns` from
@@ -725,20 +744,17 @@ pub fn build_sweep_pod(
     node: &str,
     names: Vec<String>,
 ) -> Option<Pod> {
-    let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::Remove {
         root: NAMESPACE_MOUNT.into(),
         names,
     };
-    Some(helper_pod(
+    sweep_pod(
         ns,
-        tolerate_all(),
         cfg,
-        helper,
-        (sweep_pod_name("sweep", node), node, "remove"),
+        ("sweep", node, "remove"),
         (job, REMOVE_CAPS, HelperMount::Namespace),
         sweep_labels("sweep", ns),
-    ))
+    )
 }
 
 /// Labels of the sweep's pods on the node root itself (no namespace of their own to name).
@@ -758,20 +774,17 @@ pub fn build_root_list_pod(
     node: &str,
     skip: Vec<String>,
 ) -> Option<Pod> {
-    let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::List {
         dir: NAMESPACE_MOUNT.into(),
         skip,
     };
-    Some(helper_pod(
+    sweep_pod(
         helper_ns,
-        tolerate_all(),
         cfg,
-        helper,
-        (sweep_pod_name("list-root", node), node, "list"),
+        ("list-root", node, "list"),
         (job, PREPARE_CAPS, HelperMount::NodeRootReadOnly),
         root_sweep_labels("list"),
-    ))
+    )
 }
 
 /// The pod, in `helper_ns`, that removes the directories `names` (of deleted namespaces) from
@@ -783,20 +796,17 @@ pub fn build_prune_pod(
     node: &str,
     names: Vec<String>,
 ) -> Option<Pod> {
-    let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::Prune {
         root: NAMESPACE_MOUNT.into(),
         names,
     };
-    Some(helper_pod(
+    sweep_pod(
         helper_ns,
-        tolerate_all(),
         cfg,
-        helper,
-        (sweep_pod_name("prune", node), node, "prune"),
+        ("prune", node, "prune"),
         (job, PREPARE_CAPS, HelperMount::NodeRoot),
         root_sweep_labels("sweep"),
-    ))
+    )
 }
 
 /// The pod that makes the namespace's workspace directory on `node` root-only and reports

@@ -259,6 +259,7 @@ pub fn script_args(root: &str, marker: &str, w: &Writes, via: FilesVia) -> Vec<S
     let inline: Vec<InlineFile<'_>> = w
         .files
         .iter()
+        .filter(|_| via == FilesVia::Inline)
         .map(|f| InlineFile {
             path: &f.path,
             mode: f.mode,
