@@ -32,6 +32,7 @@ from .errors import (
     InvalidRequestError,
     NotFoundError,
     SandboxFailedError,
+    SandboxNotDeletedError,
     SandboxNotReadyError,
     SandboxSuspendedError,
     ScopeMismatchError,
@@ -581,7 +582,8 @@ class Sandbox:
 
     async def delete(self, *, wait: bool = False, timeout: float = 120.0) -> None:
         """Deletes the Sandbox (its pod and workspace go too; snapshots stay). With ``wait``,
-        returns once it is gone.
+        returns once it is gone, or raises :class:`~agentbox.errors.SandboxNotDeletedError`
+        when it still exists after ``timeout`` seconds.
         """
         kube = await self._kube()
         try:
@@ -589,7 +591,7 @@ class Sandbox:
         except NotFoundError:
             return
         if wait and not await wait_gone(kube, self._path(), timeout):
-            raise SandboxNotReadyError(
+            raise SandboxNotDeletedError(
                 self.name, "Terminating", "Timeout", f"still exists after {timeout}s"
             )
 

@@ -149,6 +149,14 @@ class SandboxSuspendedError(SandboxNotReadyError):
     """The Sandbox is suspended by its spec; resume it (``resume()``) to use it."""
 
 
+class SandboxNotDeletedError(_StateError, TimeoutError):
+    """A deleted Sandbox still existed when ``delete(wait=True)`` stopped waiting (its
+    finalizer's cleanup — the on-stop snapshot, the pod, the workspace — was not done).
+    """
+
+    _what = "sandbox"
+
+
 class SnapshotFailedError(_StateError):
     """A SandboxSnapshot failed, or did not become Ready in time."""
 
