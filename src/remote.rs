@@ -42,8 +42,10 @@ if [ -e "$1/.agentbox/marker" ]; then echo "the warm workspace has a marker" >&2
 /// those, then (2) each file as four arguments ([`InlineFile::args`]): its path, the umask that
 /// creates it with its mode, a mode to set afterwards (empty when the umask did), and its
 /// content as a `printf` format. Inline files cost no process but `printf` (a builtin) where
-/// `tar` is one more, which is most of a claim's time with files. The marker is written last
-/// and atomically, so a failed run leaves the workspace uninitialised.
+/// `tar` is one more, which is most of a claim's time with files. The marker is written last,
+/// so a failed run leaves the workspace uninitialised: a marker that exists is replaced
+/// atomically (`mv`), a first one is written in place (no `mv` process on a claim's path: an
+/// interrupted write leaves it empty, which the probe reads as absent, i.e. never initialised).
 pub const INIT_SCRIPT: &str = r#"set -eu
 root="$1"; marker="$2"; files="$3"; n="$4"; shift 4
 cd "$root"
@@ -59,8 +61,12 @@ while [ "$#" -ge 4 ]; do
   if [ -n "$3" ]; then chmod "$3" "./$1"; fi
   shift 4
 done
-printf '%s' "$marker" > .agentbox/marker.tmp
-mv -f .agentbox/marker.tmp .agentbox/marker
+if [ -e .agentbox/marker ] || [ -h .agentbox/marker ]; then
+  printf '%s' "$marker" > .agentbox/marker.tmp
+  mv -f .agentbox/marker.tmp .agentbox/marker
+else
+  printf '%s' "$marker" > .agentbox/marker
+fi
 "#;
 
 /// How [`INIT_SCRIPT`] gets the workspace's files.
@@ -482,6 +488,58 @@ mod tests {
         let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&dir)], b"");
         assert!(ok);
         assert_eq!(out, b"uid-1");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_first_marker_is_written_in_place_and_one_that_exists_is_replaced_whole() {
+        let dir = scratch("marker");
+        let root = dir.join("ws");
+        std::fs::create_dir_all(root.join(STATE_DIR)).expect("mkdir");
+        let init = |uid: &str| {
+            run(
+                INIT_SCRIPT,
+                init_args(&path(&root), uid, FilesVia::None, (&[], &[]), &[]),
+                b"",
+            )
+        };
+        // An empty marker (a first write interrupted) reads as none: never initialised.
+        std::fs::write(root.join(MARKER), "").expect("empty marker");
+        let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&root)], b"");
+        assert!(ok && out.is_empty());
+        std::fs::remove_file(root.join(MARKER)).expect("rm");
+        let (ok, _, err) = init("uid-1");
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER)).expect("marker"),
+            "uid-1"
+        );
+        // Written again over one that exists: by rename, the old one whole until then.
+        let (ok, _, err) = init("uid-2");
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER)).expect("marker"),
+            "uid-2"
+        );
+        assert!(!root.join(".agentbox/marker.tmp").exists());
+        // A marker planted as a symlink is replaced, its target untouched.
+        let target = dir.join("outside");
+        std::fs::write(&target, "keep").expect("target");
+        std::fs::remove_file(root.join(MARKER)).expect("rm");
+        std::os::unix::fs::symlink(&target, root.join(MARKER)).expect("symlink");
+        let (ok, _, err) = init("uid-3");
+        assert!(ok, "{err}");
+        assert_eq!(std::fs::read_to_string(&target).expect("target"), "keep");
+        assert!(
+            !std::fs::symlink_metadata(root.join(MARKER))
+                .expect("marker")
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER)).expect("marker"),
+            "uid-3"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
