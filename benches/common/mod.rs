@@ -62,15 +62,20 @@ pub fn p50_p95(mut v: Vec<f64>) -> (f64, f64) {
 pub struct Operator(pub Child);
 
 impl Operator {
-    /// A command for this build's operator binary, with the helper image `hack/helper-image`
-    /// imports (`$AGENTBOX_HELPER_IMAGE` overrides it): without one, deleted sandboxes would
-    /// keep their workspaces and never go.
+    /// A command for this build's operator binary (`$BENCH_OPERATOR_BIN` names another: an
+    /// earlier commit's, to compare two builds in one session, on the same cluster), with the
+    /// helper image `hack/helper-image` imports (`$AGENTBOX_HELPER_IMAGE` overrides it):
+    /// without one, deleted sandboxes would keep their workspaces and never go.
     pub fn command() -> Command {
         let helper = std::env::var("AGENTBOX_HELPER_IMAGE")
             .ok()
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "docker.io/agentbox/helper:dev".into());
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"));
+        let bin = std::env::var("BENCH_OPERATOR_BIN")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_agentbox-operator").into());
+        let mut cmd = Command::new(bin);
         cmd.args(["--helper-image", &helper]);
         cmd
     }

@@ -112,6 +112,10 @@ pub enum Error {
     /// A namespaced object without a namespace.
     #[error("object has no namespace")]
     NotNamespaced,
+    /// A status write waited for the reconcile's metadata write (finalizer and scope
+    /// labels), which failed: the reconcile returns that write's own error instead.
+    #[error("the Sandbox's finalizer and scope labels were not written")]
+    MetadataNotWritten,
     /// A write did not finish in time.
     #[error("a write to the API server did not finish within {}s", .0.as_secs())]
     Timeout(Duration),
@@ -165,6 +169,7 @@ impl Error {
             Error::NoHelper(_) => "no_helper",
             Error::WorkspaceLost(_) => "workspace_lost",
             Error::NotNamespaced => "not_namespaced",
+            Error::MetadataNotWritten => "metadata_not_written",
             Error::Timeout(_) => "timeout",
             Error::PodCacheNotSynced(_) => "pod_cache_not_synced",
             Error::Snapshot(_) => "snapshot",

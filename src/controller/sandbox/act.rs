@@ -61,10 +61,12 @@ pub async fn act(
             {
                 delete_if_present(&apis.pods, &pod_name).await?;
             }
-            write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
+            write_transition(ctx, sbx, apis, old, &status, note).await?;
             return Ok(Action::await_change());
         }
         Step::ShutDown => {
+            // The delete's cleanup (the on-stop snapshot, the workspace) needs the finalizer on.
+            apis.metadata.landed().await?;
             publish(ctx, sbx, note).await;
             apis.sandboxes
                 .delete(&sbx.name_any(), &DeleteParams::default())
@@ -96,12 +98,12 @@ pub async fn act(
         }
         Step::AwaitPodGone => {
             if old != &status {
-                write_status(&apis.sandboxes, sbx, &status).await?;
+                write_status(apis, sbx, &status).await?;
             }
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         Step::PodNameConflict => {
-            write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
+            write_transition(ctx, sbx, apis, old, &status, note).await?;
             Ok(Action::requeue(Duration::from_secs(60)))
         }
         Step::ReplacePod => {
@@ -140,7 +142,7 @@ pub async fn act(
             if !recorded {
                 let dir = placement::host_dir_with(sbx, world.pod.as_ref(), podcfg.node_root);
                 let note = lose_node(sbx, ctx, &mut st, (&node, since, &why), &dir).await?;
-                write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
+                write_transition(ctx, sbx, apis, old, &st, Some(note)).await?;
             }
             let uid = world.pod.as_ref().and_then(|p| p.uid());
             force_delete(&apis.pods, &pod_name, uid).await?;
@@ -164,7 +166,7 @@ async fn suspend(
         return Ok(false);
     }
     let gone = delete_if_present(&apis.pods, pod_name).await?;
-    write_transition(ctx, sbx, &apis.sandboxes, old, &status, note).await?;
+    write_transition(ctx, sbx, apis, old, &status, note).await?;
     Ok(gone)
 }
 
@@ -254,7 +256,7 @@ async fn idle_suspend(
     publish(ctx, sbx, Some(note)).await;
     // Written over the version the mode change returned, so that version, seen without this
     // status, is not acted on as a plain suspend.
-    let status = write_status(&apis.sandboxes, &updated, &st).await;
+    let status = write_status(apis, &updated, &st).await;
     release(g, &name).await;
     status?;
     Ok(Action::await_change())
@@ -294,7 +296,7 @@ async fn create_pod(
         if let Error::SourceMissing(_) | Error::SourceNotReadable(_) = e {
             let (reason, message) = e.reason_and_message();
             let note = decide::held(&mut st, (reason, &message), generation, now);
-            write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
+            write_transition(ctx, sbx, apis, old, &st, Some(note)).await?;
         }
         return Err(e);
     }
@@ -357,7 +359,7 @@ async fn create_pod(
         // admission, a quota), a field it rejects. Say so instead of retrying blindly.
         let msg = format!("the API server refused the sandbox pod: {}", s.message);
         let note = decide::held(&mut st, ("PodRejected", &msg), generation, now);
-        write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
+        write_transition(ctx, sbx, apis, old, &st, Some(note)).await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
     created?;
@@ -375,7 +377,7 @@ async fn create_pod(
     };
     publish(ctx, sbx, Some(note)).await;
     if decide::pod_created(old, &mut st, (&pod_name, &dir), generation, now) {
-        write_status(&apis.sandboxes, sbx, &st).await?;
+        write_status(apis, sbx, &st).await?;
     }
     Ok(Action::requeue(Duration::from_secs(10)))
 }
@@ -524,7 +526,7 @@ async fn serve(
     }
     let out = decide::served(old, &mut st, &serving, init, (generation, now));
     if let (Some(note), Some(e)) = (out.failed, error) {
-        write_transition(ctx, sbx, &apis.sandboxes, old, &st, Some(note)).await?;
+        write_transition(ctx, sbx, apis, old, &st, Some(note)).await?;
         return Err(e);
     }
     if let Some(retry) = out.retry {
@@ -544,7 +546,7 @@ async fn serve(
         return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
     }
     if old != &st {
-        write_status(&apis.sandboxes, sbx, &st).await?;
+        write_status(apis, sbx, &st).await?;
     }
     if out.started.is_some() {
         record_ready(&ctx.metrics, sbx, pod, old, &st);

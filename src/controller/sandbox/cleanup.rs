@@ -48,7 +48,7 @@ pub enum Cleanup {
 pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let apis = Apis::new(ctx, &ns);
+    let apis = Apis::new(ctx, &ns, super::MetadataGate::open());
     // spec.snapshot.onStop: persist the workspace before its pod goes.
     if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
         mark_terminating(sbx, &apis).await;
@@ -110,7 +110,7 @@ async fn mark_terminating(sbx: &Sandbox, apis: &Apis) {
     }
     let mut st = sbx.status.clone().unwrap_or_default();
     st.phase = Some(SandboxPhase::Terminating);
-    if let Err(e) = write_status(&apis.sandboxes, sbx, &st).await {
+    if let Err(e) = write_status(apis, sbx, &st).await {
         warn!(sandbox = %sbx.name_any(), "could not mark the sandbox Terminating: {e}");
     }
 }
@@ -217,7 +217,7 @@ async fn remove_abandoned(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<C
     let mut st = old.clone();
     let again = abandoned::sweep(sbx, ctx, apis, &mut st, true).await?;
     if st != old {
-        write_status(&apis.sandboxes, sbx, &st).await?;
+        write_status(apis, sbx, &st).await?;
     }
     Ok(if again.is_some() || !st.abandoned.is_empty() {
         Cleanup::Pending
@@ -327,7 +327,7 @@ async fn no_helper_for_cleanup(
         action: "DeleteWorkspace",
         message: msg.clone(),
     };
-    if let Err(e) = write_transition(ctx, sbx, &apis.sandboxes, &old, &st, Some(note)).await {
+    if let Err(e) = write_transition(ctx, sbx, apis, &old, &st, Some(note)).await {
         warn!(sandbox = %sbx.name_any(), "could not record the stuck cleanup: {e}");
     }
     Error::NoHelper(msg)

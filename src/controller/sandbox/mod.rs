@@ -4,8 +4,8 @@
 //! Lease, the spec's problems and the pod) → [`decide`] (pure: a [`decide::Step`] and the
 //! status it leads to) → `act` (the writes and execs, then the status, once, only when it
 //! changed). A deleting one runs `cleanup`. Here: the entry point, which puts the finalizer and
-//! scope labels on first, and the bookkeeping that keeps a lagging cache from repeating
-//! writes. The writes one sandbox costs are kept few: the finalizer, the pod, status at
+//! scope labels on beside a first start (every status write waits for them: [`MetadataGate`]),
+//! and the bookkeeping that keeps a lagging cache from repeating writes. The writes one sandbox costs are kept few: the finalizer, the pod, status at
 //! scheduling and at readiness, and an Event at each.
 
 mod abandoned;
@@ -84,42 +84,99 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
     }
     let labels = labels::scope_labels(&sbx.spec.scope);
     let labelled = labels.iter().all(|(k, v)| sbx.labels().get(k) == Some(v));
-    // The template is read beside the metadata write (a first start's critical path): the
-    // write changes no part of the spec it resolves.
-    let (sbx, effective) = if !has_finalizer || !labelled {
-        // One write puts both the finalizer and the scope labels on the Sandbox, so
-        // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too.
-        // The rest of this reconcile works on the version that write returned, so a status
-        // write after it marks that version written over too.
-        let (patched, effective) = tokio::join!(
-            apply_metadata(&api, &name, &sbx, true),
-            template::effective(&ctx.client, &sbx)
-        );
-        let patched = patched?;
-        SUPERSEDED.record(&sbx, Instant::now());
-        let effective = effective.map(|e| e.with_metadata_of(&patched));
-        (Arc::new(patched), effective)
-    } else {
-        let effective = template::effective(&ctx.client, &sbx).await;
-        (sbx, effective)
+    if has_finalizer && labelled {
+        return start(sbx, ctx, MetadataGate::open()).await;
+    }
+    // One write puts both the finalizer and the scope labels on the Sandbox, so
+    // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too. It runs
+    // beside the start instead of before it (it is most of a warm claim's first 10 ms):
+    // nothing the start reads or decides depends on it, and what the start makes before it
+    // lands is not lost if the Sandbox goes meanwhile (its pod is the Sandbox's, garbage
+    // collected with it; its directory is the sweep's). Every status write waits for it, so
+    // a status the operator wrote always comes with the finalizer on.
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let written = async {
+        let patched = apply_metadata(&api, &name, &sbx, true).await;
+        let landing = match &patched {
+            Ok(p) => {
+                SUPERSEDED.record(&sbx, Instant::now());
+                Landing::Written(Box::new(p.clone()))
+            }
+            Err(_) => Landing::Failed,
+        };
+        tx.send_replace(Some(landing));
+        patched
     };
+    let (written, started) = tokio::join!(written, start(sbx.clone(), ctx, MetadataGate(Some(rx))));
+    // The write's own error says more than the start's (which only waited for it).
+    written?;
+    started
+}
+
+/// A live Sandbox's reconcile past its metadata: the template and the first reads side by
+/// side, then observe → decide → act.
+async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Result<Action, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let apis = Apis::new(&ctx, &ns);
+    let apis = Apis::new(&ctx, &ns, gate);
+    // The template and the reads that need only the Sandbox's name, UID, scope and status
+    // (none of which a template sets) go side by side: a first start waits for both.
+    let (effective, reads) = tokio::join!(
+        template::effective(&ctx.client, &sbx),
+        observe::read(&sbx, &ctx, &apis)
+    );
     // From here on the sandbox is its effective spec: with a template, resolved against it.
     let (sbx, template) = match effective? {
         Effective::Own => (sbx, None),
         Effective::Templated(resolved, used) => (Arc::new(*resolved), Some(used)),
         Effective::Missing(name) => {
             let (old, st, note) = decide::template_missing(&sbx, &name, Timestamp::now());
-            write_transition(&ctx, &sbx, &apis.sandboxes, &old, &st, Some(note)).await?;
+            write_transition(&ctx, &sbx, &apis, &old, &st, Some(note)).await?;
             // The template's watch brings the sandbox back when it is created.
             return Ok(Action::await_change());
         }
     };
     let podcfg = PodConfig::from_config(&ctx.config);
-    let world = observe::observe(&sbx, &ctx, &apis, &podcfg, template).await?;
+    let world = observe::observe(&sbx, &ctx, &podcfg, template, reads?).await?;
     let plan = decide::decide(&sbx, &world);
     act::act(&sbx, &ctx, &apis, &podcfg, world, plan).await
+}
+
+/// How a first reconcile's metadata write ended, for the status writes waiting on it.
+#[derive(Clone)]
+enum Landing {
+    /// Written: the version the API server returned.
+    Written(Box<Sandbox>),
+    /// Failed: the reconcile returns the write's error.
+    Failed,
+}
+
+/// What a reconcile's status writes wait for: its metadata write, when it makes one beside
+/// the start (see [`reconcile`]).
+#[derive(Clone)]
+pub struct MetadataGate(Option<tokio::sync::watch::Receiver<Option<Landing>>>);
+
+impl MetadataGate {
+    /// No metadata write to wait for.
+    pub fn open() -> Self {
+        MetadataGate(None)
+    }
+
+    /// Waits for the metadata write; returns the version it wrote (`None`: no write).
+    pub async fn landed(&self) -> Result<Option<Sandbox>, Error> {
+        let Some(rx) = &self.0 else {
+            return Ok(None);
+        };
+        let mut rx = rx.clone();
+        let landing = rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Error::MetadataNotWritten)?
+            .clone();
+        match landing {
+            Some(Landing::Written(s)) => Ok(Some(*s)),
+            _ => Err(Error::MetadataNotWritten),
+        }
+    }
 }
 
 /// How long a written-over version is remembered. Watch events arrive well within it; the
@@ -184,11 +241,19 @@ static SUPERSEDED: LazyLock<Superseded> = LazyLock::new(Superseded::default);
 /// version read as written over. Its part is all but `lastSnapshot`, which the snapshot
 /// controller owns under its own field manager (applying a copy read from a lagging cache
 /// would put back an older snapshot).
-async fn write_status(api: &Api<Sandbox>, sbx: &Sandbox, st: &SandboxStatus) -> Result<(), Error> {
+/// Waits for the reconcile's metadata write first ([`MetadataGate`]).
+async fn write_status(apis: &Apis, sbx: &Sandbox, st: &SandboxStatus) -> Result<(), Error> {
+    let written = apis.metadata.landed().await?;
     let mut mine = st.clone();
     mine.last_snapshot = None;
-    super::apply_status(api, &sbx.name_any(), &mine).await?;
-    SUPERSEDED.record(sbx, Instant::now());
+    super::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
+    let now = Instant::now();
+    SUPERSEDED.record(sbx, now);
+    // The metadata write's version is written over too: seen without this status, it
+    // would start the sandbox again.
+    if let Some(w) = written {
+        SUPERSEDED.record(&w, now);
+    }
     Ok(())
 }
 
@@ -197,7 +262,7 @@ async fn write_status(api: &Api<Sandbox>, sbx: &Sandbox, st: &SandboxStatus) -> 
 async fn write_transition(
     ctx: &Context,
     sbx: &Sandbox,
-    api: &Api<Sandbox>,
+    apis: &Apis,
     old: &SandboxStatus,
     st: &SandboxStatus,
     note: Option<Note>,
@@ -208,7 +273,7 @@ async fn write_transition(
     if let Some(n) = note {
         super::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message).await;
     }
-    write_status(api, sbx, st).await
+    write_status(apis, sbx, st).await
 }
 
 /// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,
@@ -266,16 +331,19 @@ pub struct Apis {
     pub policies: Api<NetworkPolicy>,
     /// Services: the one that exposes `spec.ports`.
     pub services: Api<Service>,
+    /// The metadata write the status writes wait for.
+    pub metadata: MetadataGate,
 }
 
 impl Apis {
-    /// The handles for namespace `ns`.
-    pub fn new(ctx: &Context, ns: &str) -> Self {
+    /// The handles for namespace `ns`, status writes waiting for `metadata`.
+    pub fn new(ctx: &Context, ns: &str, metadata: MetadataGate) -> Self {
         Apis {
             sandboxes: Api::namespaced(ctx.client.clone(), ns),
             pods: Api::namespaced(ctx.client.clone(), ns),
             policies: Api::namespaced(ctx.client.clone(), ns),
             services: Api::namespaced(ctx.client.clone(), ns),
+            metadata,
         }
     }
 }

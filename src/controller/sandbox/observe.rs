@@ -52,25 +52,39 @@ pub struct World {
     pub template: Option<TemplateUse>,
 }
 
-/// Reads the world of `sbx`.
-pub async fn observe(
-    sbx: &Sandbox,
-    ctx: &Context,
-    apis: &Apis,
-    podcfg: &PodConfig<'_>,
-    template: Option<TemplateUse>,
-) -> Result<World, Error> {
+/// The reads that need only the Sandbox's name, UID, scope and status, none of which its
+/// template sets: made beside the template's read.
+pub struct Reads {
+    lease: Option<Lease>,
+    pod: Option<Pod>,
+    policy: Option<NetworkPolicy>,
+}
+
+/// Reads the scope's guard Lease, the sandbox's pod and its NetworkPolicy, side by side. The
+/// pod is read also for an invalid spec: that step deletes it.
+pub async fn read(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<Reads, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
     let lease_name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
     let policy_name = labels::network_policy_name(&sbx.name_any());
-    let problems = validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes, podcfg);
-    // The pod is read also for an invalid spec: that step deletes it.
     let (lease, pod, policy) = tokio::try_join!(
         async { Ok::<_, Error>(leases.get_opt(&lease_name).await?) },
         find_pod(sbx, ctx, &apis.pods),
         async { Ok::<_, Error>(apis.policies.get_opt(&policy_name).await?) },
     )?;
+    Ok(Reads { lease, pod, policy })
+}
+
+/// The world of `sbx` (its effective spec), from `reads` and, when its pod is not serving,
+/// the pod's node.
+pub async fn observe(
+    sbx: &Sandbox,
+    ctx: &Context,
+    podcfg: &PodConfig<'_>,
+    template: Option<TemplateUse>,
+    Reads { lease, pod, policy }: Reads,
+) -> Result<World, Error> {
+    let problems = validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes, podcfg);
     let pod_state = pod
         .as_ref()
         .map_or(PodState::Starting, podstate::observe_pod);

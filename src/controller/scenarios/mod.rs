@@ -38,6 +38,10 @@ struct FakeApi {
     /// Someone else's write that lands just before the request `"METHOD path"`: the object
     /// to store and where (a race lost by the reconcile).
     first: Mutex<Option<(String, String, Value)>>,
+    /// Requests `"METHOD path"` that reach the fake only after a delay (a slow write).
+    slow: Mutex<BTreeMap<String, std::time::Duration>>,
+    /// Requests `"METHOD path"` answered with this error code instead.
+    failing: Mutex<BTreeMap<String, u16>>,
 }
 
 fn status_body(code: u16, reason: &str) -> Value {
@@ -111,6 +115,14 @@ impl FakeApi {
 
     fn answer(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
         self.record(method, path);
+        if let Some(code) = self
+            .failing
+            .lock()
+            .expect("failing")
+            .get(&format!("{method} {path}"))
+        {
+            return (*code, status_body(*code, "InternalError"));
+        }
         let raced = {
             let mut first = self.first.lock().expect("first");
             match first.take() {
@@ -281,6 +293,15 @@ fn context_with_pods(
             let method = req.method().to_string();
             let path = req.uri().path().to_string();
             let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
+            let delay = fake
+                .slow
+                .lock()
+                .expect("slow")
+                .get(&format!("{method} {path}"))
+                .copied();
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
             let (code, body) = fake.answer(&method, &path, &bytes);
             let resp = http::Response::builder()
                 .status(code)
@@ -776,6 +797,85 @@ async fn a_running_pod_with_its_workspace_initialised_makes_the_sandbox_ready_in
     assert_eq!(fake.writes().len(), 1, "{:?}", fake.writes());
 }
 
+/// A first reconcile of a sandbox whose pod already serves with its workspace initialised
+/// (an operator stopped before its metadata write): `name` without finalizer or labels.
+fn first_reconcile_of_a_serving_sandbox(fake: &Arc<FakeApi>, name: &str) -> Arc<Context> {
+    let ctx = context(fake.clone());
+    let status = json!({"phase": "Pending", "workspace": {"rootReady": true,
+        "initializedPodUid": "pod-uid"}});
+    fake.put(
+        &format!("{SBX}/{name}"),
+        sandbox(name, json!({}), json!({}), status),
+    );
+    fake.put(
+        &format!("{PODS}/{}", pod(name)),
+        current_pod(&ctx, name, fake),
+    );
+    node_root_checked(&ctx);
+    ctx
+}
+
+#[tokio::test]
+async fn the_metadata_write_runs_beside_the_start_and_the_status_waits_for_it() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = first_reconcile_of_a_serving_sandbox(&fake, "meta");
+    let slow = std::time::Duration::from_millis(300);
+    fake.slow
+        .lock()
+        .expect("slow")
+        .insert(format!("PATCH {SBX}/meta"), slow);
+    reconcile_sandbox(&fake, &ctx, "meta").await;
+    // The start read the pod while the metadata write was on its way...
+    let requests = fake.requests.lock().expect("requests").clone();
+    let at = |what: &str| {
+        requests
+            .iter()
+            .position(|(m, p)| format!("{m} {p}") == what)
+            .unwrap_or_else(|| panic!("{what} not requested: {requests:?}"))
+    };
+    assert!(
+        at(&format!("GET {PODS}/{}", pod("meta"))) < at(&format!("PATCH {SBX}/meta")),
+        "{requests:?}"
+    );
+    // ...and its status went only after it landed.
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("PATCH {SBX}/meta"),
+            format!("PATCH {SBX}/meta/status")
+        ]
+    );
+    let s = fake.get(&format!("{SBX}/meta")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"));
+    assert_eq!(
+        s["metadata"]["finalizers"],
+        json!([super::sandbox::FINALIZER])
+    );
+}
+
+#[tokio::test]
+async fn a_failed_metadata_write_leaves_the_status_unwritten_and_is_the_error() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = first_reconcile_of_a_serving_sandbox(&fake, "nometa");
+    fake.failing
+        .lock()
+        .expect("failing")
+        .insert(format!("PATCH {SBX}/nometa"), 500);
+    let obj: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/nometa")).expect("s")).expect("sandbox");
+    let err = super::sandbox::reconcile(Arc::new(obj), ctx.clone())
+        .await
+        .expect_err("the metadata write failed");
+    assert_eq!(err.kind(), "kube", "the write's own error: {err}");
+    assert_eq!(fake.writes(), vec![format!("PATCH {SBX}/nometa")]);
+    let s = fake.get(&format!("{SBX}/nometa")).expect("sandbox");
+    assert_eq!(
+        s["status"]["phase"],
+        json!("Pending"),
+        "no status without the finalizer"
+    );
+}
+
 #[tokio::test]
 async fn a_pod_adopted_before_the_status_said_so_is_found_and_recorded_with_its_directory() {
     // An operator adopted a warm pod for the sandbox and stopped before writing its status:
@@ -870,6 +970,34 @@ async fn a_passed_shutdown_time_deletes_the_sandbox_with_an_event() {
     );
     let s = fake
         .get(&format!("{SBX}/end"))
+        .expect("kept by its finalizer");
+    assert!(!s["metadata"]["deletionTimestamp"].is_null());
+}
+
+#[tokio::test]
+async fn a_first_reconcile_deletes_a_shut_down_sandbox_only_once_its_finalizer_is_on() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let spec = json!({"lifecycle": {"shutdownTime": "2020-01-01T00:00:00Z"}});
+    fake.put(
+        &format!("{SBX}/end1"),
+        sandbox("end1", spec, json!({}), Value::Null),
+    );
+    fake.slow.lock().expect("slow").insert(
+        format!("PATCH {SBX}/end1"),
+        std::time::Duration::from_millis(300),
+    );
+    reconcile_sandbox(&fake, &ctx, "end1").await;
+    assert_eq!(
+        fake.writes(),
+        vec![
+            format!("PATCH {SBX}/end1"),
+            format!("POST {EVENTS}"),
+            format!("DELETE {SBX}/end1")
+        ]
+    );
+    let s = fake
+        .get(&format!("{SBX}/end1"))
         .expect("kept by its finalizer");
     assert!(!s["metadata"]["deletionTimestamp"].is_null());
 }
