@@ -806,6 +806,32 @@ async fn a_tenant_cannot_read_a_secret_through_a_sandbox() {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
+    // The authorizer learns of a new binding through its own watch, a moment after the create
+    // (a create as the tenant right away was once refused in CI).
+    let allowed = || {
+        let (_, out, _) = common::kubectl(
+            &[
+                "auth",
+                "can-i",
+                "create",
+                "sandboxes.agentbox.dev",
+                "-n",
+                &env.ns,
+                "--as",
+                tenant,
+            ],
+            "",
+        );
+        out.trim() == "yes"
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !allowed() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tenant's RoleBinding took no effect within 30s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     let as_tenant = impersonating(tenant).await;
     let tenant_secrets: Api<Secret> = Api::namespaced(as_tenant.clone(), &env.ns);
