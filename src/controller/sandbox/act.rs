@@ -304,10 +304,17 @@ async fn create_pod(
         let started = Instant::now();
         // The restore's lookup needs no pod: it goes beside the adopting write (wasted, one
         // read, when no warm pod is taken).
-        let (claimed, lookup) = tokio::join!(
-            claim::claim(sbx, ctx, &apis.pods, podcfg),
-            selection::candidate(ctx, sbx)
+        let ((claimed, patched), (lookup, looked)) = tokio::join!(
+            async {
+                (
+                    claim::claim(sbx, ctx, &apis.pods, podcfg).await,
+                    started.elapsed(),
+                )
+            },
+            async { (selection::candidate(ctx, sbx).await, started.elapsed()) }
         );
+        // Which of the two the start waited for (a profile's question).
+        debug!(sandbox = %sbx.name_any(), "claim answered at {patched:?}, restore lookup at {looked:?}");
         let claimed = claimed?;
         ctx.metrics.claimed(claimed.result(), started.elapsed());
         if let claim::Claim::Adopted(pod, shell) = claimed {
