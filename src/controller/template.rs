@@ -22,20 +22,6 @@ pub enum Effective {
     Missing(String),
 }
 
-impl Effective {
-    /// The same resolution, carrying `sbx`'s metadata (a version written since the one that
-    /// was resolved; the spec is the same).
-    pub fn with_metadata_of(self, sbx: &Sandbox) -> Self {
-        match self {
-            Effective::Templated(mut resolved, used) => {
-                resolved.metadata = sbx.metadata.clone();
-                Effective::Templated(resolved, used)
-            }
-            other => other,
-        }
-    }
-}
-
 /// Resolves `sbx` against the template it names, read from the API server.
 pub async fn effective(client: &Client, sbx: &Sandbox) -> Result<Effective, Error> {
     let Some(r) = sbx.spec.template_ref.as_ref() else {

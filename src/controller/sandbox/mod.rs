@@ -5,8 +5,9 @@
 //! status it leads to) → `act` (the writes and execs, then the status, once, only when it
 //! changed). A deleting one runs `cleanup`. Here: the entry point, which puts the finalizer and
 //! scope labels on beside a first start (every status write waits for them: [`MetadataGate`]),
-//! and the bookkeeping that keeps a lagging cache from repeating writes. The writes one sandbox costs are kept few: the finalizer, the pod, status at
-//! scheduling and at readiness, and an Event at each.
+//! and the bookkeeping that keeps a lagging cache from repeating writes. The writes one
+//! sandbox costs are kept few: the finalizer, the pod, status at scheduling and at readiness,
+//! and an Event at each.
 
 mod abandoned;
 mod act;
