@@ -4,7 +4,8 @@
 //! template change replaces warm pods under Recreate and keeps them under OnDelete; a missing
 //! template is a condition and an Event; deleting a pool removes its warm pods and their
 //! directories and leaves a claimed pod alone; a restarted operator makes no extra pods; bad
-//! pools are refused at admission.
+//! pools are refused at admission; the namespace's directory is root-only before any warm pod
+//! is ready to be claimed.
 
 mod common;
 
@@ -96,6 +97,32 @@ async fn a_pool_keeps_ready_warm_pods_with_empty_directories_and_scales_both_way
         .await
         .expect("create pool");
     let pool = wait_ready(&env, "py", 2).await;
+    // Before any claim, the namespace's directory was made root-only (the operator's prepare
+    // helper ran before the pods were initialised), and that helper pod is gone.
+    let ns_dir = format!("{NODE_ROOT}/{}", env.ns);
+    let meta = std::fs::metadata(&ns_dir).expect("the namespace's directory is on the node");
+    assert_eq!(
+        (
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            std::os::unix::fs::MetadataExt::uid(&meta)
+        ),
+        (0o700, 0),
+        "{ns_dir}"
+    );
+    let helpers: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let prepare_pods = ListParams::default().labels(&format!(
+        "{}=prepare",
+        agentbox::controller::pod::HELPER_LABEL
+    ));
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = helpers.list(&prepare_pods).await.unwrap().items;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(left.is_empty(), "prepare pods left: {:?}", names(&left));
     let st = pool.status.clone().expect("status");
     assert_eq!(
         st.selector.as_deref(),

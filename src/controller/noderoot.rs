@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 use agentbox_helper::Report;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use tracing::info;
+
+use super::{Context, Error, pod};
 
 /// Condition type on a Sandbox: its workspace's directory on the node is hardened.
 pub const CONDITION: &str = "NodeRootHardened";
@@ -125,6 +129,46 @@ pub fn read_pod(pod: &Pod) -> Option<Found> {
         Ok(r) => Found::Failed(format!("the helper pod reported another job: {}", r.line())),
         Err(m) => Found::Failed(m),
     })
+}
+
+/// Makes namespace `ns`'s directory on `node` root-only: starts the helper pod that prepares
+/// it (`desired` builds it; `None`, without a helper image, starts nothing) when there is none,
+/// and once it has finished records its outcome for the node and namespace and deletes it.
+/// One pod per node and namespace whoever asks (a sandbox's start, a pool's warm pods): a 409
+/// on its create is someone else's, read on the next call. `None` while it runs.
+pub async fn prepare(
+    ctx: &Context,
+    pods: &Api<Pod>,
+    (ns, node): (&str, &str),
+    desired: impl FnOnce() -> Option<Pod>,
+) -> Result<Option<Found>, Error> {
+    let name = pod::prepare_pod_name(node);
+    let Some(p) = pods.get_opt(&name).await? else {
+        if let Some(desired) = desired() {
+            match pods.create(&PostParams::default(), &desired).await {
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                other => {
+                    other?;
+                }
+            }
+        }
+        return Ok(None);
+    };
+    let Some(found) = read_pod(&p) else {
+        return Ok(None);
+    };
+    info!(namespace = %ns, node, "workspace directory checked: {found:?}");
+    ctx.node_roots
+        .record(node, ns, found.clone(), Instant::now());
+    if p.metadata.deletion_timestamp.is_none() {
+        match pods.delete(&name, &DeleteParams::background()).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            other => {
+                other?;
+            }
+        }
+    }
+    Ok(Some(found))
 }
 
 /// The condition (status, reason, message) for a result.

@@ -838,6 +838,43 @@ pub fn build_prepare_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Opti
     Some(pod)
 }
 
+/// The pod that prepares the namespace's workspace directory on `node` for a pool's warm pods
+/// there ([`build_prepare_pod`]'s job), before any of them can be claimed: so a claimed
+/// workspace is never under a directory other host users can reach. It tolerates what the
+/// pool's pods (`spec`, its template resolved) tolerate. Owned (not as controller) by the
+/// pool, so it goes with it. `None` without a helper image.
+pub fn build_pool_prepare_pod(
+    pool: &SandboxPool,
+    spec: &SandboxSpec,
+    cfg: &PodConfig<'_>,
+    node: &str,
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::Prepare {
+        dir: NAMESPACE_MOUNT.into(),
+    };
+    let labels = BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (HELPER_LABEL.to_string(), "prepare".to_string()),
+    ]);
+    let tolerations = (!spec.pod.tolerations.is_empty()).then(|| spec.pod.tolerations.clone());
+    let mut pod = helper_pod(
+        &pool.namespace().unwrap_or_default(),
+        tolerations,
+        cfg,
+        helper,
+        (prepare_pod_name(node), node, "prepare"),
+        (job, PREPARE_CAPS, HelperMount::Namespace),
+        labels,
+    );
+    pod.metadata.owner_references = pool.controller_owner_ref(&()).map(|mut o| {
+        o.controller = None;
+        o.block_owner_deletion = None;
+        vec![o]
+    });
+    Some(pod)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1418,5 +1455,41 @@ mod tests {
             spec.volumes.unwrap()[0].host_path.as_ref().unwrap().path,
             "/w/team"
         );
+    }
+
+    #[test]
+    fn a_pools_prepare_pod_is_the_same_job_owned_by_the_pool_with_its_tolerations() {
+        let mut spec = crate::template::for_pool("tpl", &template());
+        spec.pod.tolerations = vec![
+            serde_json::from_value(
+                serde_json::json!({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}),
+            )
+            .unwrap(),
+        ];
+        let pod = build_pool_prepare_pod(&pool(), &spec, &cfg("/w"), "node-a").unwrap();
+        let sbx = build_prepare_pod(&sandbox(serde_json::json!({})), &cfg("/w"), "node-a").unwrap();
+        // One pod per node and namespace, whoever asks: the same name, labels and container.
+        assert_eq!(pod.metadata.name, sbx.metadata.name);
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("team"));
+        assert_eq!(pod.metadata.labels, sbx.metadata.labels);
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("SandboxPool", "pool-uid", None)
+        );
+        let (pspec, sspec) = (pod.spec.unwrap(), sbx.spec.unwrap());
+        assert_eq!(pspec.containers, sspec.containers);
+        assert_eq!(pspec.volumes, sspec.volumes);
+        assert_eq!(pspec.node_name.as_deref(), Some("node-a"));
+        let tolerations = pspec.tolerations.unwrap();
+        assert!(
+            tolerations.iter().any(|t| t.key.as_deref() == Some("gpu")),
+            "{tolerations:?}"
+        );
+        let none = PodConfig {
+            helper: None,
+            ..cfg("/w")
+        };
+        assert!(build_pool_prepare_pod(&pool(), &spec, &none, "node-a").is_none());
     }
 }

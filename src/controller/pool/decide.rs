@@ -80,6 +80,12 @@ pub struct WarmPod {
     /// Why it does not start, as Kubernetes says (image pull errors, crash loops,
     /// unschedulable), if it is stuck.
     pub problem: Option<String>,
+    /// The node it is bound to.
+    pub node: Option<String>,
+    /// The namespace's directory on that node is known to be root-only (prepared), or this
+    /// operator has no helper to make it so: only then is the pod initialised, so no claim
+    /// puts a scope's data under a directory other host users can reach.
+    pub node_prepared: bool,
 }
 
 impl WarmPod {
@@ -98,6 +104,9 @@ pub struct Plan {
     pub delete: Vec<String>,
     /// Running warm pods to initialise.
     pub initialise: Vec<String>,
+    /// Nodes where the namespace's directory is to be prepared first (running warm pods
+    /// there wait for it), by name.
+    pub prepare: Vec<String>,
     /// The status after this plan's writes are made (counts as observed now).
     pub status: SandboxPoolStatus,
     /// The Ready condition's reason, with its message.
@@ -138,10 +147,17 @@ pub fn decide(pool: &SandboxPool, want: &Want, pods: &[WarmPod], now: Timestamp)
                 .extend(kept.drain(..surplus).map(|p| p.name.clone()));
         }
     }
-    plan.initialise = kept
-        .iter()
-        .filter(|p| p.running && !p.initialised)
+    let starting = kept.iter().filter(|p| p.running && !p.initialised);
+    plan.initialise = starting
+        .clone()
+        .filter(|p| p.node_prepared)
         .map(|p| p.name.clone())
+        .collect();
+    plan.prepare = starting
+        .filter(|p| !p.node_prepared)
+        .filter_map(|p| p.node.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
         .collect();
 
     let ready = kept.iter().filter(|p| p.ready()).count();
@@ -181,6 +197,12 @@ pub fn decide(pool: &SandboxPool, want: &Want, pods: &[WarmPod], now: Timestamp)
                 .find_map(|p| p.problem.as_ref().map(|w| (&p.name, w)))
             {
                 message.push_str(&format!("; {name}: {why}"));
+            }
+            if !plan.prepare.is_empty() {
+                message.push_str(&format!(
+                    "; making the namespace's directory root-only on {} first",
+                    plan.prepare.join(", ")
+                ));
             }
             (PoolReason::Scaling, message)
         }
@@ -283,6 +305,8 @@ mod tests {
             initialised: init,
             ended: false,
             problem: None,
+            node: Some("node-a".into()),
+            node_prepared: true,
         }
     }
 
@@ -310,6 +334,50 @@ mod tests {
         );
         assert_eq!(plan.status.template_generation, Some(2));
         assert_eq!(plan.status.observed_generation, Some(4));
+    }
+
+    #[test]
+    fn running_pods_are_initialised_only_once_their_nodes_directory_is_prepared() {
+        let on = |mut p: WarmPod, node: &str, prepared: bool| {
+            p.node = Some(node.into());
+            p.node_prepared = prepared;
+            p
+        };
+        let pods = [
+            on(pod("a", "h", 0, true, false), "node-a", false),
+            on(pod("b", "h", 1, true, false), "node-a", false),
+            on(pod("c", "h", 2, true, false), "node-b", true),
+            on(pod("d", "h", 3, false, false), "node-c", false),
+            on(pod("e", "h", 4, true, true), "node-d", false),
+        ];
+        let plan = decide(&pool(5, "Recreate"), &want("h"), &pods, now());
+        // Node a once, for both its pods; not node c (its pod does not run yet) nor d (its
+        // pod was initialised before: by an earlier process, whose record this one lacks).
+        assert_eq!(plan.prepare, ["node-a"]);
+        assert_eq!(plan.initialise, ["c"]);
+        assert_eq!(plan.create, 0);
+        assert_eq!(plan.reason.0, PoolReason::Scaling);
+        assert!(
+            plan.reason
+                .1
+                .ends_with("; making the namespace's directory root-only on node-a first"),
+            "{}",
+            plan.reason.1
+        );
+        assert_eq!(plan.status.ready_replicas, 1);
+        // Prepared: both are initialised, nothing more is asked of the node.
+        let pods: Vec<WarmPod> = pods
+            .into_iter()
+            .map(|mut p| {
+                p.node_prepared = true;
+                p
+            })
+            .collect();
+        let plan = decide(&pool(5, "Recreate"), &want("h"), &pods, now());
+        assert!(plan.prepare.is_empty());
+        let mut initialise = plan.initialise;
+        initialise.sort();
+        assert_eq!(initialise, ["a", "b", "c"]);
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! A reconcile observes the pool's template (resolved for a Sandbox without overrides,
 //! [`crate::template::for_pool`], and checked as a sandbox's spec is) and its warm pods, read
 //! from the API server (not a cache: a pool must not count pods twice or miss ones it just
-//! made) → [`decide`] (pure) → acts: deletes, creates (all at once), initialises → writes the
-//! status once, only when it changed, and a Warning Event only when the pool turns to a
-//! problem (template missing or refused).
+//! made) → [`decide`] (pure) → acts: deletes, creates (all at once), prepares the namespace's
+//! directory on a node (once per node and namespace: [`noderoot::prepare`]) before it
+//! initialises the running pods there → writes the status once, only when it changed, and a
+//! Warning Event only when the pool turns to a problem (template missing or refused).
 //!
 //! A warm pod is the pool's while it carries [`labels::WARM`] and its controller owner is the
 //! pool; everything else with the pool's label (a claimed pod, owned by its Sandbox) is never
@@ -17,7 +18,7 @@ pub mod decide;
 pub mod shells;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::join_all;
@@ -31,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use super::pod::{self, CONTAINER, PodConfig};
 use super::podstate::{PodState, observe_pod};
-use super::{Context, Error, validate};
+use super::{Context, Error, noderoot, validate};
 use crate::crd::{SandboxPool, SandboxTemplate};
 use crate::exec::ExecRequest;
 use crate::exec::session::Session;
@@ -44,6 +45,9 @@ use decide::{Plan, Want, WarmPod};
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a pool is looked at without any event: the fallback for a missed one.
 const RESYNC: Duration = Duration::from_secs(60);
+/// How soon a pool whose warm pods wait for their node's directory to be prepared looks again
+/// (the helper pod's end is not one of its events).
+const PREPARE_POLL: Duration = Duration::from_secs(1);
 
 /// Whether `pod` is a warm pod ready to be claimed: labelled warm, not being deleted, Running
 /// with its sandbox container ready, and initialised by its pool ([`labels::WARM_READY`]: the
@@ -94,7 +98,10 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
     let key = format!("{ns}/{name}");
     ctx.shells
         .retain_pool(&key, &pods.iter().filter_map(|p| p.uid()).collect());
-    let summaries: Vec<WarmPod> = pods.iter().map(summary).collect();
+    let node_prepared = |node: &str| {
+        podcfg.helper.is_none() || ctx.node_roots.get(node, &ns, Instant::now()).is_some()
+    };
+    let summaries: Vec<WarmPod> = pods.iter().map(|p| summary(p, &node_prepared)).collect();
     let plan = decide::decide(&pool, &want, &summaries, Timestamp::now());
     debug!(
         pool = %name,
@@ -105,7 +112,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
         "pool plan"
     );
 
-    act(
+    let prepared_now = act(
         &ctx,
         &pool,
         &pods_api,
@@ -133,7 +140,14 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
         let api: Api<SandboxPool> = Api::namespaced(ctx.client.clone(), &ns);
         timed(super::apply_status(&api, &name, &plan.status)).await?;
     }
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(if prepared_now {
+        // Its pods there are initialised now, not a poll later.
+        Duration::ZERO
+    } else if plan.prepare.is_empty() {
+        RESYNC
+    } else {
+        PREPARE_POLL
+    }))
 }
 
 /// The spec the pool's pods are made from and what it wants of them.
@@ -173,10 +187,13 @@ async fn observe_pods(pods: &Api<Pod>, pool: &SandboxPool) -> Result<Vec<Pod>, E
         .collect())
 }
 
-/// What [`decide`] needs of a warm pod.
-fn summary(p: &Pod) -> WarmPod {
+/// What [`decide`] needs of a warm pod, with whether a node's directory is prepared.
+fn summary(p: &Pod, node_prepared: &impl Fn(&str) -> bool) -> WarmPod {
     let state = observe_pod(p);
+    let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
     WarmPod {
+        node_prepared: node.as_deref().is_some_and(node_prepared),
+        node,
         name: p.name_any(),
         created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
         shape_hash: p
@@ -195,7 +212,8 @@ fn summary(p: &Pod) -> WarmPod {
 }
 
 /// Makes the plan's writes. Each failure is logged and left to the next reconcile (a pod
-/// claimed meanwhile fails a conditional write, as it should).
+/// claimed meanwhile fails a conditional write, as it should). True when a node's directory
+/// was prepared just now (its running pods are to be initialised).
 async fn act(
     ctx: &Context,
     pool: &SandboxPool,
@@ -204,7 +222,7 @@ async fn act(
     podcfg: &PodConfig<'_>,
     resolved: Option<&(crate::crd::SandboxSpec, i64)>,
     plan: &Plan,
-) {
+) -> bool {
     let pool_name = pool.name_any();
     let doomed = pods.iter().filter(|p| plan.delete.contains(&p.name_any()));
     let deleted = join_all(doomed.map(|p| delete_warm(ctx, api, p))).await;
@@ -213,34 +231,49 @@ async fn act(
         ctx.metrics.pool_pods_deleted(n as u64);
         info!(pool = %pool_name, deleted = n, "warm pods deleted");
     }
-    if let Some((spec, generation)) = resolved {
-        let made = join_all((0..plan.create).map(|_| {
-            let p = pod::build_warm_pod(pool, spec, podcfg, &labels::warm_suffix(), *generation);
-            create_warm(api, p)
-        }))
-        .await;
-        let n = made.iter().filter(|ok| **ok).count();
-        if n > 0 {
-            ctx.metrics.pool_pods_created(n as u64);
-            info!(pool = %pool_name, created = n, "warm pods created");
+    let Some((spec, generation)) = resolved else {
+        return false;
+    };
+    let ns = pool.namespace().unwrap_or_default();
+    let (ns, pool_name) = (ns.as_str(), pool_name.as_str());
+    let prepared = join_all(plan.prepare.iter().map(|node| async move {
+        let desired = || pod::build_pool_prepare_pod(pool, spec, podcfg, node);
+        match timed(noderoot::prepare(ctx, api, (ns, node), desired)).await {
+            Ok(found) => found.is_some(),
+            Err(e) => {
+                warn!(pool = %pool_name, node = %node, "preparing the namespace's directory: {e}; the next reconcile retries");
+                false
+            }
         }
-        let root = spec.workspace.root.trim_end_matches('/').to_string();
-        let key = format!("{}/{pool_name}", pool.namespace().unwrap_or_default());
-        let starting = pods
-            .iter()
-            .filter(|p| plan.initialise.contains(&p.name_any()));
-        // Ready ones without a shell (initialised by an earlier leader, or whose shell
-        // ended): one is opened for the claim.
-        let shell_less = pods
-            .iter()
-            .filter(|p| is_claimable(p) && !p.uid().is_some_and(|uid| ctx.shells.has(&uid)));
-        join_all(
-            starting
-                .map(|p| initialise(ctx, &key, api, p, &root).boxed())
-                .chain(shell_less.map(|p| open_shell(ctx, &key, api, p).boxed())),
-        )
-        .await;
+    }))
+    .await;
+    let made = join_all((0..plan.create).map(|_| {
+        let p = pod::build_warm_pod(pool, spec, podcfg, &labels::warm_suffix(), *generation);
+        create_warm(api, p)
+    }))
+    .await;
+    let n = made.iter().filter(|ok| **ok).count();
+    if n > 0 {
+        ctx.metrics.pool_pods_created(n as u64);
+        info!(pool = %pool_name, created = n, "warm pods created");
     }
+    let root = spec.workspace.root.trim_end_matches('/').to_string();
+    let key = format!("{ns}/{pool_name}");
+    let starting = pods
+        .iter()
+        .filter(|p| plan.initialise.contains(&p.name_any()));
+    // Ready ones without a shell (initialised by an earlier leader, or whose shell
+    // ended): one is opened for the claim.
+    let shell_less = pods
+        .iter()
+        .filter(|p| is_claimable(p) && !p.uid().is_some_and(|uid| ctx.shells.has(&uid)));
+    join_all(
+        starting
+            .map(|p| initialise(ctx, &key, api, p, &root).boxed())
+            .chain(shell_less.map(|p| open_shell(ctx, &key, api, p).boxed())),
+    )
+    .await;
+    prepared.into_iter().any(|p| p)
 }
 
 /// Creates one warm pod; false (logged) when it could not be made.

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use tracing::{debug, info, warn};
 
@@ -674,7 +674,11 @@ async fn node_root(
     let found = match ctx.node_roots.get(node, &ns, Instant::now()) {
         Some(found) => Some(found),
         None if podcfg.helper.is_none() => None,
-        None => match prepare_node(sbx, ctx, (podcfg, pods), node).await? {
+        None => match noderoot::prepare(ctx, pods, (&ns, node), || {
+            pod::build_prepare_pod(sbx, podcfg, node)
+        })
+        .await?
+        {
             Some(found) => Some(found),
             None => return Ok(Some(Duration::from_secs(2))),
         },
@@ -705,38 +709,6 @@ async fn node_root(
         publish(ctx, sbx, Some(note)).await;
     }
     Ok(None)
-}
-
-/// The helper pod that prepares the namespace's directory on `node`: started when absent,
-/// read, recorded and deleted once it has finished. `None` while it runs.
-async fn prepare_node(
-    sbx: &Sandbox,
-    ctx: &Context,
-    (podcfg, pods): (&PodConfig<'_>, &Api<Pod>),
-    node: &str,
-) -> Result<Option<noderoot::Found>, Error> {
-    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let name = pod::prepare_pod_name(node);
-    let Some(p) = pods.get_opt(&name).await? else {
-        if let Some(desired) = pod::build_prepare_pod(sbx, podcfg, node) {
-            match pods.create(&PostParams::default(), &desired).await {
-                // 409: another sandbox's start made it first.
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                other => {
-                    other?;
-                }
-            }
-        }
-        return Ok(None);
-    };
-    let Some(found) = noderoot::read_pod(&p) else {
-        return Ok(None);
-    };
-    info!(namespace = %ns, node, "workspace directory checked: {found:?}");
-    ctx.node_roots
-        .record(node, &ns, found.clone(), Instant::now());
-    delete_if_present(pods, &name).await?;
-    Ok(Some(found))
 }
 
 /// Creates the deny-egress policy when asked for, removes it when not; writes nothing when it
