@@ -73,6 +73,8 @@ pub struct Context {
     pub pods: reflector::Store<Pod>,
     /// Open shells in warm pods, kept by the pools for the claims.
     pub shells: pool::shells::Shells,
+    /// When each pool last lost a warm pod to a claim of this process (its refill waits).
+    pub pool_claims: pool::quiet::Claims,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -310,6 +312,7 @@ pub async fn run(
         refusals: restore::Refusals::default(),
         sweep: sweep::Hints::default(),
         shells: pool::shells::Shells::default(),
+        pool_claims: pool::quiet::Claims::default(),
         pods,
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));

@@ -15,6 +15,7 @@
 //! conflict, and the next reconcile sees the claim).
 
 pub mod decide;
+pub mod quiet;
 pub mod shells;
 
 use std::sync::Arc;
@@ -90,12 +91,16 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
     }
     let ns = pool.namespace().ok_or(Error::NotNamespaced)?;
     let name = pool.name_any();
+    let key = format!("{ns}/{name}");
+    if let Some(left) = ctx.pool_claims.quiet_for(&key, Instant::now()) {
+        debug!(pool = %name, "a claim took a warm pod just now: looking again in {left:?}");
+        return Ok(Action::requeue(left));
+    }
     let podcfg = PodConfig::from_config(&ctx.config);
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
 
     let (want, resolved) = observe_template(&ctx, &pool, &ns, &podcfg).await?;
     let pods = observe_pods(&pods_api, &pool).await?;
-    let key = format!("{ns}/{name}");
     ctx.shells
         .retain_pool(&key, &pods.iter().filter_map(|p| p.uid()).collect());
     let node_prepared = |node: &str| {

@@ -57,15 +57,24 @@ pub struct Candidate {
     pub uid: String,
     /// Its workspace directory (`<nodeRoot>/<namespace>/warm-<suffix>`).
     pub host_dir: String,
+    /// The SandboxPool that controls it, by name.
+    pub pool: String,
 }
 
 /// Whether `pod` is a warm pod ready to be claimed ([`pool::is_claimable`]) and controlled by a
 /// SandboxPool (what the pool made; a pod labelled warm by anyone else is not taken).
 pub fn is_claimable(pod: &Pod) -> bool {
-    pool::is_claimable(pod)
-        && pod.owner_references().iter().any(|o| {
+    pool::is_claimable(pod) && pool_of(pod).is_some()
+}
+
+/// The SandboxPool controlling `pod`, by name.
+fn pool_of(pod: &Pod) -> Option<&str> {
+    pod.owner_references()
+        .iter()
+        .find(|o| {
             o.controller == Some(true) && o.kind == SandboxPool::kind(&()) && !o.uid.is_empty()
         })
+        .map(|o| o.name.as_str())
 }
 
 /// The warm pods of namespace `ns` among `pods` that a sandbox whose pod shape hash is `shape`
@@ -91,11 +100,13 @@ pub fn candidates<'a>(
             let dir = p.annotations().get(labels::WORKSPACE_HOST_DIR)?;
             let mounted = placement::pod_host_dir(p)?;
             let name = placement::dir_name(&mounted, node_root, ns)?;
+            let pool = pool_of(p)?.to_string();
             (dir == &mounted && labels::is_warm_dir_name(name)).then(|| Candidate {
                 name: p.name_any(),
                 resource_version: p.resource_version().unwrap_or_default(),
                 uid: p.uid().unwrap_or_default(),
                 host_dir: mounted.clone(),
+                pool,
             })
         })
         .filter(|c| !c.resource_version.is_empty())
@@ -184,7 +195,12 @@ pub async fn claim(
         // reconcile drops the shells of pods no longer warm) and put back if the write fails.
         let shell = ctx.shells.take_with_pool(&c.uid);
         match pods.patch(&c.name, &pp, &Patch::Merge(&patch)).await {
-            Ok(p) => return Ok(Claim::Adopted(Box::new(p), shell.map(|(_, s)| Box::new(s)))),
+            Ok(p) => {
+                // Its pool refills a beat later, off this start's remaining steps.
+                ctx.pool_claims
+                    .claimed(&format!("{ns}/{}", c.pool), std::time::Instant::now());
+                return Ok(Claim::Adopted(Box::new(p), shell.map(|(_, s)| Box::new(s))));
+            }
             Err(e) => {
                 if let Some((pool, s)) = shell {
                     ctx.shells.put(&pool, &c.uid, s);
@@ -305,6 +321,7 @@ mod tests {
                 resource_version: "7".into(),
                 uid: "uid-aaaaa".into(),
                 host_dir: "/w/team/warm-aaaaa".into(),
+                pool: "py".into(),
             }]
         );
     }
@@ -330,6 +347,7 @@ mod tests {
             resource_version: "42".into(),
             uid: "uid-aaaaa".into(),
             host_dir: "/w/team/warm-aaaaa".into(),
+            pool: "py".into(),
         };
         let p = adopt_patch(&sbx, &cfg(), &c);
         let meta = &p["metadata"];

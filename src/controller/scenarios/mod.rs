@@ -357,6 +357,7 @@ fn context_on(
         refusals: super::restore::Refusals::default(),
         sweep: super::sweep::Hints::default(),
         shells: super::pool::shells::Shells::default(),
+        pool_claims: super::pool::quiet::Claims::default(),
         pods: cache,
     })
 }
