@@ -814,28 +814,12 @@ pub fn build_prune_pod(
 /// asked for it, so its completion wakes that sandbox, and it goes with it. `None` without a
 /// helper image.
 pub fn build_prepare_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Option<Pod> {
-    let helper = cfg.helper.as_ref()?;
-    let job = agentbox_helper::Job::Prepare {
-        dir: NAMESPACE_MOUNT.into(),
-    };
-    let labels = BTreeMap::from([
-        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
-        (HELPER_LABEL.to_string(), "prepare".to_string()),
-    ]);
-    let mut pod = sandbox_helper_pod(
-        sbx,
-        cfg,
-        helper,
-        (prepare_pod_name(node), node, "prepare"),
-        (job, PREPARE_CAPS),
-        labels,
-    );
-    pod.metadata.owner_references = owner_ref(sbx).map(|mut o| {
-        o.controller = None;
-        o.block_owner_deletion = None;
-        vec![o]
-    });
-    Some(pod)
+    prepare_pod(
+        &sbx.namespace().unwrap_or_default(),
+        &sbx.spec.pod.tolerations,
+        owner_ref(sbx),
+        (cfg, node),
+    )
 }
 
 /// The pod that prepares the namespace's workspace directory on `node` for a pool's warm pods
@@ -849,6 +833,22 @@ pub fn build_pool_prepare_pod(
     cfg: &PodConfig<'_>,
     node: &str,
 ) -> Option<Pod> {
+    prepare_pod(
+        &pool.namespace().unwrap_or_default(),
+        &spec.pod.tolerations,
+        pool.controller_owner_ref(&()),
+        (cfg, node),
+    )
+}
+
+/// The `prepare` helper pod of namespace `ns` on `node`, whoever asks (one name per node:
+/// the first to ask makes it), owned by `owner` but not as its controller.
+fn prepare_pod(
+    ns: &str,
+    tolerations: &[Toleration],
+    owner: Option<OwnerReference>,
+    (cfg, node): (&PodConfig<'_>, &str),
+) -> Option<Pod> {
     let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::Prepare {
         dir: NAMESPACE_MOUNT.into(),
@@ -857,17 +857,16 @@ pub fn build_pool_prepare_pod(
         (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
         (HELPER_LABEL.to_string(), "prepare".to_string()),
     ]);
-    let tolerations = (!spec.pod.tolerations.is_empty()).then(|| spec.pod.tolerations.clone());
     let mut pod = helper_pod(
-        &pool.namespace().unwrap_or_default(),
-        tolerations,
+        ns,
+        (!tolerations.is_empty()).then(|| tolerations.to_vec()),
         cfg,
         helper,
         (prepare_pod_name(node), node, "prepare"),
         (job, PREPARE_CAPS, HelperMount::Namespace),
         labels,
     );
-    pod.metadata.owner_references = pool.controller_owner_ref(&()).map(|mut o| {
+    pod.metadata.owner_references = owner.map(|mut o| {
         o.controller = None;
         o.block_owner_deletion = None;
         vec![o]
