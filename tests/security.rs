@@ -18,7 +18,7 @@ use common::{
     snapshot_finished, take_snapshot, wait_condition,
 };
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -502,6 +502,50 @@ async fn a_hostile_image_is_never_run_for_cleanup() {
     // The victim is still whole and served.
     let (_, out) = sh(&env, &pod_of(&victim), "cat secret.txt").await;
     assert_eq!(out, "victim's data\n");
+    env.finish().await;
+}
+
+/// A namespace that refuses the operator's helper pod (here a ResourceQuota of one pod, which
+/// the sandbox's own pod takes) does not keep the sandbox from being served: the check failed,
+/// and the Sandbox says why (condition and Warning Event).
+#[tokio::test]
+async fn a_helper_pod_the_namespace_refuses_is_a_failed_check_not_a_stuck_sandbox() {
+    let mut env = TestEnv::new("sec-quota").await;
+    let quotas: Api<ResourceQuota> = Api::namespaced(env.client.clone(), &env.ns);
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "one-pod"},
+        "spec": {"hard": {"pods": "1"}},
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // Admission refuses every pod until the quota controller has counted the namespace.
+    env.wait_for::<ResourceQuota>("one-pod", 60, |q: Option<&ResourceQuota>| {
+        q.and_then(|q| q.status.as_ref())
+            .and_then(|s| s.used.as_ref())
+            .is_some_and(|u| u.contains_key("pods"))
+    })
+    .await;
+    env.start_operator(&[]);
+    create_sandbox(&env, "s", spec(user("u"), json!({})))
+        .await
+        .unwrap();
+    let sbx = wait_condition(&env, "s", "NodeRootHardened", "False", "CheckFailed").await;
+    let msg = condition_message(&sbx, "NodeRootHardened");
+    assert!(
+        msg.contains("the helper pod was refused") && msg.contains("exceeded quota"),
+        "{msg}"
+    );
+    ready(&env, "s").await;
+    let evs = common::events(&env, "s", "CheckFailed").await;
+    assert!(
+        evs.iter().any(|e| e.type_.as_deref() == Some("Warning")),
+        "no Warning Event: {evs:?}"
+    );
+    // The quota goes before the cleanup, which takes a helper pod too.
+    quotas
+        .delete("one-pod", &DeleteParams::default())
+        .await
+        .unwrap();
     env.finish().await;
 }
 

@@ -135,7 +135,10 @@ pub fn read_pod(pod: &Pod) -> Option<Found> {
 /// it (`desired` builds it; `None`, without a helper image, starts nothing) when there is none,
 /// and once it has finished records its outcome for the node and namespace and deletes it.
 /// One pod per node and namespace whoever asks (a sandbox's start, a pool's warm pods): a 409
-/// on its create is someone else's, read on the next call. `None` while it runs.
+/// on its create is someone else's, read on the next call. A create the namespace refuses (a
+/// ResourceQuota, a LimitRange, an admission policy: [`refused`]) is a failed check, recorded
+/// like a helper that cannot start, so neither the sandbox nor the pool waits on it forever.
+/// `None` while it runs.
 pub async fn prepare(
     ctx: &Context,
     pods: &Api<Pod>,
@@ -147,6 +150,17 @@ pub async fn prepare(
         if let Some(desired) = desired() {
             match pods.create(&PostParams::default(), &desired).await {
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) if refused(&e) => {
+                    let why = match &e {
+                        kube::Error::Api(s) => s.message.clone(),
+                        e => e.to_string(),
+                    };
+                    let found = Found::Failed(format!("the helper pod was refused: {why}"));
+                    info!(namespace = %ns, node, "workspace directory not checked: {found:?}");
+                    ctx.node_roots
+                        .record(node, ns, found.clone(), Instant::now());
+                    return Ok(Some(found));
+                }
                 other => {
                     other?;
                 }
@@ -169,6 +183,14 @@ pub async fn prepare(
         }
     }
     Ok(Some(found))
+}
+
+/// Whether the API server refused a helper pod for good, as far as this process can tell: a
+/// 400, 403 or 422 (a quota, a LimitRange, an admission policy, RBAC), but not a namespace
+/// being deleted (its sandboxes are going too: nothing to report).
+pub fn refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422))
+        && !super::sweep::namespace_takes_no_pods(e)
 }
 
 /// The condition (status, reason, message) for a result.
@@ -234,6 +256,43 @@ mod tests {
                 "state": {"terminated": {"exitCode": 0, "message": message}}}]},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_helper_pod_refused_by_the_namespace_is_a_failed_check_and_a_transient_error_is_not() {
+        let status = |code: u16, message: &str| {
+            kube::Error::Api(Box::new(
+                serde_json::from_value(serde_json::json!({
+                    "status": "Failure", "code": code, "reason": "x", "message": message,
+                }))
+                .unwrap(),
+            ))
+        };
+        for e in [
+            status(
+                403,
+                "pods \"agentbox-prepare-n\" is forbidden: exceeded quota: q",
+            ),
+            status(
+                403,
+                "pods \"p\" is forbidden: minimum cpu usage per Pod is 1",
+            ),
+            status(422, "Pod \"p\" is invalid: spec.containers[0]"),
+        ] {
+            assert!(refused(&e), "{e}");
+        }
+        for e in [
+            status(
+                403,
+                "unable to create new content in namespace team because it is being terminated",
+            ),
+            status(409, "already exists"),
+            status(429, "too many requests"),
+            status(500, "etcdserver: request timed out"),
+            status(504, "timeout"),
+        ] {
+            assert!(!refused(&e), "{e}");
+        }
     }
 
     #[test]
