@@ -39,9 +39,10 @@ use serde_json::json;
 // base64 of the whole key (`<prefix = namespace>/<namespace>/<scope key>/<uid>.tar`), and a
 // name over 255 bytes fails the upload with a 500.
 
-/// The tests of this binary run one at a time: one of them restarts the API server, which
-/// the others must not meet by accident.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// One test of this binary restarts the API server, which the others must not meet by
+/// accident: it runs alone (the write side); the others side by side (the read side). hack/test
+/// runs it in a process of its own after the lanes anyway.
+static SERIAL: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// What a trial does while the operator is killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -586,7 +587,7 @@ fn report(seed: u64, trials: &[Trial], secs: u64) -> String {
 
 #[tokio::test]
 async fn the_operator_killed_at_random_points_loses_nothing() {
-    let _serial = SERIAL.lock().await;
+    let _serial = SERIAL.read().await;
     let n: usize = std::env::var("CHAOS_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -665,7 +666,7 @@ async fn condition(env: &TestEnv, name: &str, type_: &str) -> Option<(String, St
 /// snapshot's files (the sandbox waits, saying why), and both recover when the store returns.
 #[tokio::test]
 async fn the_object_store_unreachable_fails_or_waits_and_recovers() {
-    let _serial = SERIAL.lock().await;
+    let _serial = SERIAL.read().await;
     let mut s3 = common::store::PrivateS3::start();
     let mut env = TestEnv::new("chaos-st").await;
     let b = s3.backend(&env.ns);
@@ -791,7 +792,7 @@ async fn the_object_store_unreachable_fails_or_waits_and_recovers() {
 /// the truth, and nothing is left once the objects are deleted.
 #[tokio::test]
 async fn the_api_server_restarted_mid_operations_loses_nothing() {
-    let _serial = SERIAL.lock().await;
+    let _serial = SERIAL.write().await;
     let mut env = TestEnv::new("chaos-api").await;
     let b = backend(Kind::S3, &env.ns);
     start(&mut env, &b);
@@ -879,7 +880,7 @@ async fn the_api_server_restarted_mid_operations_loses_nothing() {
 /// may have been writing, and by the next harness.
 #[tokio::test]
 async fn a_harness_dying_with_the_guard_is_fenced_out_once_its_lease_expires() {
-    let _serial = SERIAL.lock().await;
+    let _serial = SERIAL.read().await;
     let mut env = TestEnv::new("chaos-h").await;
     let b = backend(Kind::S3, &env.ns);
     start(&mut env, &b);
