@@ -472,10 +472,10 @@ async fn a_refused_restore_is_recorded_and_not_retried_until_something_changes()
     let bytes = raw(&[("ok", b'0', b"x", ""), ("pipe", b'6', b"", "")]);
     let sha = hex::encode(Sha256::digest(&bytes));
     let forged = forge_snapshot(&env, &store, &key, "fifo", &bytes, &sha).await;
-    // The slow poll of a permanent failure at 20 s (up to 30 s with jitter) instead of 300 s,
-    // so that the window below spans two or more of them in a minute and a half.
+    // The slow poll of a permanent failure at 5 s (up to 7.5 s with jitter) instead of 300 s,
+    // so that the window below spans four or more of them in half a minute.
     let mut flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    flags.push("--permanent-retry-seconds=20");
+    flags.push("--permanent-retry-seconds=5");
     env.start_operator(&flags);
     let names = ["s0", "s1", "s2"];
     for n in names {
@@ -521,7 +521,7 @@ async fn a_refused_restore_is_recorded_and_not_retried_until_something_changes()
     const TAKES: u32 = 15;
     for _ in 0..TAKES {
         take_the_guard(&env, Duration::from_millis(500)).await;
-        tokio::time::sleep(Duration::from_millis(5500)).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     let quiet = attempts(&env, &lease);
     assert_eq!(
@@ -562,7 +562,7 @@ async fn a_refused_restore_is_recorded_and_not_retried_until_something_changes()
     let again = attempts(&env, &lease);
     eprintln!(
         "restore attempts (log lines, Lease writes): first {first:?}, after {TAKES} guard takes \
-         over 90 s {quiet:?}, after the snapshot changed {again:?}"
+         over 30 s {quiet:?}, after the snapshot changed {again:?}"
     );
     assert!(
         again.0 >= first.0 + 3 && again.0 <= first.0 + 6,
