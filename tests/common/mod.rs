@@ -207,7 +207,10 @@ impl TestEnv {
         let client = Client::try_default()
             .await
             .expect("a cluster: run `eval \"$(hack/cluster env)\"` or use hack/test");
-        ensure_crds(&client).await;
+        // Once per test process: each apply of the four CRDs (~120 KB) is a server-side apply
+        // the API server diffs in full, and a run makes about a hundred TestEnvs.
+        static CRDS: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        CRDS.get_or_init(|| ensure_crds(&client)).await;
         let ns = format!("{prefix}-{}", suffix());
         let nss: Api<Namespace> = Api::all(client.clone());
         let mut obj = Namespace::default();
