@@ -14,65 +14,21 @@
 
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase, SandboxPool, SandboxTemplate};
+use agentbox::crd::{Sandbox, SandboxPool, SandboxTemplate};
 use agentbox::labels;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 mod common;
 
-use common::{OPERATOR_UA, audit_log, emit, env_num, p50_p95, read_audit};
+use common::{
+    OPERATOR_UA, Seen, audit_log, create_until_ready, emit, env_num, p50_p95, read_audit,
+};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// One claim as the client saw it.
-struct Seen {
-    /// Create call → Ready on the watch (ms).
-    ready: f64,
-    /// Create call → its response (ms).
-    created: f64,
-    /// The pod the status names.
-    pod: String,
-}
-
-/// Creates `sbx` and times it to its Ready on a watch opened before it. The client is warm
-/// as a harness's long-lived one is: the watch holds one connection, and a read just before
-/// the create leaves another idle for it (else each create would pay a TLS handshake to the
-/// API server, which the `created` column shows when it happens).
-async fn create_until_ready(api: &Api<Sandbox>, sbx: &Sandbox) -> Res<Seen> {
-    let name = sbx.name_any();
-    let wp = WatchParams::default()
-        .fields(&format!("metadata.name={name}"))
-        .timeout(120);
-    let mut stream = api.watch(&wp, "0").await?.boxed();
-    api.get_opt(&name).await?;
-    let t = Instant::now();
-    api.create(&PostParams::default(), sbx).await?;
-    let created = t.elapsed().as_secs_f64() * 1000.0;
-    while let Some(ev) = stream.next().await {
-        match ev? {
-            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
-                let st = o.status.clone().unwrap_or_default();
-                if st.phase == Some(SandboxPhase::Ready) {
-                    let ready = t.elapsed().as_secs_f64() * 1000.0;
-                    let pod = st.pod_name.unwrap_or_default();
-                    return Ok(Seen {
-                        ready,
-                        created,
-                        pod,
-                    });
-                }
-            }
-            WatchEvent::Error(e) => return Err(format!("watch: {e:?}").into()),
-            _ => {}
-        }
-    }
-    Err(format!("{name}: watch ended before Ready").into())
-}
 
 /// Waits until the pool has `n` warm pods ready to be claimed.
 async fn pool_full(pods: &Api<Pod>, pool: &str, n: usize) -> Res<()> {

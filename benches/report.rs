@@ -126,6 +126,22 @@ fn rows(f: &Figures) -> Vec<Row> {
             )
         });
     }
+    let fl = |k: &str| f.get("claim_floor", k);
+    if let (Some(w2), Some(w2_95), Some(w1), Some(w1_95)) = (
+        fl("claim_floor_2w_p50_ms"),
+        fl("claim_floor_2w_p95_ms"),
+        fl("claim_floor_1w_p50_ms"),
+        fl("claim_floor_1w_p95_ms"),
+    ) {
+        let n = f.n("claim_floor", "claim_floor_2w_p50_ms");
+        out.push(row(
+            format!(
+                "Claim floor: create → Ready on a watch with only a claim's two writes (adopting pod patch, status) by a minimal reactor, no operator, p50 / p95 (n={n})"
+            ),
+            format!("{w2:.1} / {w2_95:.1} ms"),
+            format!("the status write alone: {w1:.1} / {w1_95:.1} ms"),
+        ));
+    }
     if let (Some(p50), Some(max)) = (c("claim_writes_p50"), c("claim_writes_max")) {
         let n = f.n("claim", "claim_writes_max");
         out.push(Row {

@@ -5,9 +5,13 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use agentbox::crd::{Sandbox, SandboxPhase};
+use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 
 /// The operator's leader-election Lease (its default name) and its User-Agent, by which the
 /// audit log tells its writes from the bench's (both use the same kubeconfig).
@@ -379,4 +383,52 @@ pub async fn leading_operator(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// One claim as the client saw it.
+pub struct Seen {
+    /// Create call → Ready on the watch (ms).
+    pub ready: f64,
+    /// Create call → its response (ms).
+    pub created: f64,
+    /// The pod the status names.
+    pub pod: String,
+}
+
+/// Creates `sbx` and times it to its Ready on a watch opened before it. The client is warm
+/// as a harness's long-lived one is: the watch holds one connection, and a read just before
+/// the create leaves another idle for it (else each create would pay a TLS handshake to the
+/// API server, which the `created` column shows when it happens).
+pub async fn create_until_ready(
+    api: &Api<Sandbox>,
+    sbx: &Sandbox,
+) -> Result<Seen, Box<dyn std::error::Error>> {
+    let name = sbx.name_any();
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(120);
+    let mut stream = api.watch(&wp, "0").await?.boxed();
+    api.get_opt(&name).await?;
+    let t = Instant::now();
+    api.create(&PostParams::default(), sbx).await?;
+    let created = t.elapsed().as_secs_f64() * 1000.0;
+    while let Some(ev) = stream.next().await {
+        match ev? {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                let st = o.status.clone().unwrap_or_default();
+                if st.phase == Some(SandboxPhase::Ready) {
+                    let ready = t.elapsed().as_secs_f64() * 1000.0;
+                    let pod = st.pod_name.unwrap_or_default();
+                    return Ok(Seen {
+                        ready,
+                        created,
+                        pod,
+                    });
+                }
+            }
+            WatchEvent::Error(e) => return Err(format!("watch: {e:?}").into()),
+            _ => {}
+        }
+    }
+    Err(format!("{name}: watch ended before Ready").into())
 }
