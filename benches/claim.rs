@@ -11,10 +11,19 @@
 //! (default 50); `BENCH_FILES` small workspace files in each Sandbox's spec (default 0: the
 //! issue's second figure is with 3). The audit log is `$AGENTBOX_AUDIT_LOG` (set by
 //! `hack/cluster env`).
+//!
+//! `BENCH_RESTORE=1`: a restore from a small snapshot into a warm pod next to the same restore
+//! in a cold start instead. One sandbox of a scope writes three small files and is
+//! snapshotted (a file store) and deleted; then `BENCH_N` sandboxes of that scope, one at a
+//! time and each deleted before the next, alternate between claiming a warm pod and starting
+//! cold (an env override: another pod shape), each restoring that snapshot (branch C, the
+//! default `Latest` policy): create → Ready on a watch.
 
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPool, SandboxTemplate};
+use agentbox::crd::{
+    Sandbox, SandboxPool, SandboxSnapshot, SandboxTemplate, SnapshotPhase, StartBranch,
+};
 use agentbox::labels;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -53,6 +62,106 @@ async fn pool_full(pods: &Api<Pod>, pool: &str, n: usize) -> Res<()> {
     }
 }
 
+/// A templated Sandbox `name` of the scope the restore figures share; `cold`: with an env
+/// override, so that no warm pod fits it.
+fn restoring(name: &str, cold: bool) -> Res<Sandbox> {
+    let mut spec = json!({"templateRef": {"name": "tpl"},
+        "scope": {"kind": "Session", "agent": "bench", "session": "restore"}});
+    if cold {
+        spec["env"] = json!([{"name": "COLD", "value": "1"}]);
+    }
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": name},
+        "spec": spec,
+    }))?)
+}
+
+/// Deletes the Sandbox `name` and waits until it is gone (its finalizer ran).
+async fn delete_and_wait(sbxs: &Api<Sandbox>, name: &str) -> Res<()> {
+    sbxs.delete(name, &Default::default()).await?;
+    for _ in 0..600 {
+        if sbxs.get_opt(name).await?.is_none() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("{name} still there 60 s after its delete").into())
+}
+
+/// The restore figures (`BENCH_RESTORE=1`, see the module's documentation).
+async fn restores(client: &Client, ns: &str, n: usize, size: usize) -> Res<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    let snaps: Api<SandboxSnapshot> = Api::namespaced(client.clone(), ns);
+    pool_full(&pods, "bench", size).await?;
+    let seed = create_until_ready(&sbxs, &restoring("seed", false)?).await?;
+    let wrote = agentbox::exec::run(
+        &pods,
+        &seed.pod,
+        "sandbox",
+        agentbox::exec::ExecRequest::shell(
+            "cd /workspace && mkdir -p notes && for i in 1 2 3; do echo \"note $i\" > notes/n$i.txt; done",
+        ),
+    )
+    .await?;
+    if !wrote.success() {
+        return Err(format!("writing the seed's files: {}", wrote.stderr_str()).into());
+    }
+    let snap: SandboxSnapshot = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+        "metadata": {"name": "small"}, "spec": {"sandboxRef": {"name": "seed"}},
+    }))?;
+    snaps.create(&PostParams::default(), &snap).await?;
+    for i in 0.. {
+        let phase = snaps.get("small").await?.status.and_then(|s| s.phase);
+        if phase == Some(SnapshotPhase::Ready) {
+            break;
+        }
+        if i > 600 || phase == Some(SnapshotPhase::Failed) {
+            return Err(format!("the seed's snapshot: {phase:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    delete_and_wait(&sbxs, "seed").await?;
+
+    let mut took: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..n {
+        let cold = i % 2 == 1;
+        if !cold {
+            pool_full(&pods, "bench", size).await?;
+        }
+        let name = format!("r-{i}");
+        let seen = create_until_ready(&sbxs, &restoring(&name, cold)?).await?;
+        let st = sbxs.get(&name).await?.status.unwrap_or_default();
+        let branch = st.workspace.as_ref().and_then(|w| w.last_start_branch);
+        if st.restored_from.as_deref() != Some("small") || branch != Some(StartBranch::C) {
+            return Err(format!(
+                "{name}: restored from {:?}, branch {branch:?}",
+                st.restored_from
+            )
+            .into());
+        }
+        if seen.pod.starts_with("bench-warm-") == cold {
+            return Err(format!("{name} (cold: {cold}) started in {}", seen.pod).into());
+        }
+        took[usize::from(cold)].push(seen.ready);
+        delete_and_wait(&sbxs, &name).await?;
+    }
+    let [warm, cold] = took;
+    let (nw, nc) = (warm.len() as u64, cold.len() as u64);
+    let (w50, w95) = p50_p95(warm);
+    let (c50, c95) = p50_p95(cold);
+    println!("| restore of a small snapshot (3 files), create → Ready on a watch | p50 | p95 |");
+    println!("|---|---|---|");
+    println!("| into a warm pod (claimed), n={nw} (ms) | {w50:.1} | {w95:.1} |");
+    println!("| cold start, n={nc} (ms) | {c50:.1} | {c95:.1} |");
+    emit("claim", "claim_restore_warm_p50_ms", w50, "ms", nw);
+    emit("claim", "claim_restore_warm_p95_ms", w95, "ms", nw);
+    emit("claim", "claim_restore_cold_p50_ms", c50, "ms", nc);
+    emit("claim", "claim_restore_cold_p95_ms", c95, "ms", nc);
+    Ok(())
+}
+
 /// Milliseconds between two audit timestamps.
 fn ms(a: Timestamp, b: Timestamp) -> f64 {
     b.duration_since(a).as_secs_f64() * 1000.0
@@ -65,9 +174,18 @@ async fn main() -> Res<()> {
     let files: Vec<serde_json::Value> = (0..env_num("BENCH_FILES", 0))
         .map(|f| json!({"path": format!("notes/file-{f}.txt"), "content": format!("file {f}\n")}))
         .collect();
+    let restore = env_num("BENCH_RESTORE", 0) == 1;
     let audit = audit_log()?;
     let client = Client::try_default().await?;
-    let (cleanup, _op) = common::namespace_with_operator(&client, "bench-claim").await?;
+    let store = |ns: &str| format!("/var/lib/agentbox/bench-snapshots/{ns}");
+    let (cleanup, _op) = common::namespace_with_operator_args(&client, "bench-claim", |ns| {
+        if restore {
+            vec!["--store-url".into(), format!("file://{}", store(ns))]
+        } else {
+            Vec::new()
+        }
+    })
+    .await?;
     let ns = cleanup.1.clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
@@ -88,6 +206,12 @@ async fn main() -> Res<()> {
     Api::<SandboxPool>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &pool)
         .await?;
+
+    if restore {
+        let result = restores(&client, &ns, n, size).await;
+        let _ = std::fs::remove_dir_all(store(&ns));
+        return result;
+    }
 
     let (mut ready, mut created, mut warm, mut windows) =
         (Vec::new(), Vec::new(), 0usize, Vec::new());

@@ -126,6 +126,21 @@ fn rows(f: &Figures) -> Vec<Row> {
             )
         });
     }
+    if let (Some(w50), Some(w95), Some(c50), Some(c95)) = (
+        c("claim_restore_warm_p50_ms"),
+        c("claim_restore_warm_p95_ms"),
+        c("claim_restore_cold_p50_ms"),
+        c("claim_restore_cold_p95_ms"),
+    ) {
+        let n = f.n("claim", "claim_restore_warm_p50_ms");
+        out.push(row(
+            format!(
+                "Claim with a restore: a small snapshot (3 files) restored into a warm pod, create → Ready on a watch, p50 / p95 (n={n})"
+            ),
+            format!("{w50:.1} / {w95:.1} ms"),
+            format!("the same restore in a cold start: {c50:.1} / {c95:.1} ms"),
+        ));
+    }
     let fl = |k: &str| f.get("claim_floor", k);
     if let (Some(w2), Some(w2_95), Some(w1), Some(w1_95)) = (
         fl("claim_floor_2w_p50_ms"),

@@ -222,6 +222,15 @@ pub async fn namespace_with_operator(
     client: &kube::Client,
     prefix: &str,
 ) -> Result<(Cleanup, Operator), Box<dyn std::error::Error>> {
+    namespace_with_operator_args(client, prefix, |_| Vec::new()).await
+}
+
+/// [`namespace_with_operator`], the operator also given `extra(namespace)`'s arguments.
+pub async fn namespace_with_operator_args(
+    client: &kube::Client,
+    prefix: &str,
+    extra: impl FnOnce(&str) -> Vec<String>,
+) -> Result<(Cleanup, Operator), Box<dyn std::error::Error>> {
     let cleanup = namespace(client, prefix).await?;
     let ns = cleanup.1.clone();
     tokio::time::sleep(Duration::from_secs(1)).await; // default ServiceAccount
@@ -235,6 +244,7 @@ pub async fn namespace_with_operator(
                 "--identity",
                 "bench",
             ])
+            .args(extra(&ns))
             .env("RUST_LOG", operator_log_level()),
         &std::env::temp_dir().join(format!("{ns}-operator.log")),
     )?;
