@@ -34,7 +34,8 @@ use serde_json::json;
 mod common;
 
 use common::{
-    OPERATOR_UA, Seen, audit_log, create_until_ready, emit, env_num, p50_p95, read_audit,
+    OPERATOR_UA, Seen, audit_log, create_until_ready, delete_until_gone, emit, env_num, p50_p95,
+    read_audit,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -76,18 +77,6 @@ fn restoring(name: &str, cold: bool) -> Res<Sandbox> {
     }))?)
 }
 
-/// Deletes the Sandbox `name` and waits until it is gone (its finalizer ran).
-async fn delete_and_wait(sbxs: &Api<Sandbox>, name: &str) -> Res<()> {
-    sbxs.delete(name, &Default::default()).await?;
-    for _ in 0..600 {
-        if sbxs.get_opt(name).await?.is_none() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(format!("{name} still there 60 s after its delete").into())
-}
-
 /// The restore figures (`BENCH_RESTORE=1`, see the module's documentation).
 async fn restores(client: &Client, ns: &str, n: usize, size: usize) -> Res<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -122,7 +111,7 @@ async fn restores(client: &Client, ns: &str, n: usize, size: usize) -> Res<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    delete_and_wait(&sbxs, "seed").await?;
+    delete_until_gone(&sbxs, "seed").await?;
 
     let mut took: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for i in 0..n {
@@ -145,7 +134,7 @@ async fn restores(client: &Client, ns: &str, n: usize, size: usize) -> Res<()> {
             return Err(format!("{name} (cold: {cold}) started in {}", seen.pod).into());
         }
         took[usize::from(cold)].push(seen.ready);
-        delete_and_wait(&sbxs, &name).await?;
+        delete_until_gone(&sbxs, &name).await?;
     }
     let [warm, cold] = took;
     let (nw, nc) = (warm.len() as u64, cold.len() as u64);

@@ -22,7 +22,8 @@ use serde_json::json;
 mod common;
 
 use common::{
-    LEADER_LEASE, OPERATOR_UA, audit_log, emit, env_num, p50_p95, python_samples, read_audit,
+    LEADER_LEASE, OPERATOR_UA, audit_log, delete_until_gone, emit, env_num, p50_p95,
+    python_samples, read_audit,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -44,35 +45,6 @@ where
         }
     }
     Err(format!("{name}: watch ended before the condition held").into())
-}
-
-/// Deletes the named object and returns the milliseconds from the delete call to its
-/// `Deleted` event on a watch opened (at the object's current version) before the call.
-async fn delete_until_gone<K>(api: &Api<K>, name: &str) -> Res<f64>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    let rv = api
-        .get(name)
-        .await?
-        .meta()
-        .resource_version
-        .clone()
-        .unwrap_or_default();
-    let wp = WatchParams::default()
-        .fields(&format!("metadata.name={name}"))
-        .timeout(120);
-    let mut stream = api.watch(&wp, &rv).await?.boxed();
-    let t = Instant::now();
-    api.delete(name, &DeleteParams::default()).await?;
-    while let Some(ev) = stream.next().await {
-        match ev? {
-            WatchEvent::Deleted(_) => return Ok(t.elapsed().as_secs_f64() * 1000.0),
-            WatchEvent::Error(e) => return Err(format!("watch: {e:?}").into()),
-            _ => {}
-        }
-    }
-    Err(format!("{name}: watch ended before it was deleted").into())
 }
 
 /// Milliseconds until `dir` is gone from this host (polled every 10 ms, up to two minutes).

@@ -442,3 +442,36 @@ pub async fn create_until_ready(
     }
     Err(format!("{name}: watch ended before Ready").into())
 }
+
+/// Deletes the named object and returns the milliseconds from the delete call to its
+/// `Deleted` event on a watch opened (at the object's current version) before the call.
+pub async fn delete_until_gone<K>(
+    api: &Api<K>,
+    name: &str,
+) -> Result<f64, Box<dyn std::error::Error>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let rv = api
+        .get(name)
+        .await?
+        .meta()
+        .resource_version
+        .clone()
+        .unwrap_or_default();
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(120);
+    let mut stream = api.watch(&wp, &rv).await?.boxed();
+    let t = Instant::now();
+    api.delete(name, &kube::api::DeleteParams::default())
+        .await?;
+    while let Some(ev) = stream.next().await {
+        match ev? {
+            WatchEvent::Deleted(_) => return Ok(t.elapsed().as_secs_f64() * 1000.0),
+            WatchEvent::Error(e) => return Err(format!("watch: {e:?}").into()),
+            _ => {}
+        }
+    }
+    Err(format!("{name}: watch ended before it was deleted").into())
+}
