@@ -37,6 +37,7 @@ pub fn resolve(template: &SandboxTemplateSpec, spec: &SandboxSpec) -> SandboxSpe
             mode: spec.lifecycle.mode,
             shutdown_time: spec.lifecycle.shutdown_time.clone(),
             idle_timeout: spec.lifecycle.idle_timeout.or(t.lifecycle.idle_timeout),
+            guard: spec.lifecycle.guard.clone(),
         },
     }
 }

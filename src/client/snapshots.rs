@@ -41,6 +41,7 @@ impl SandboxHandle {
                     name: self.name.clone(),
                 },
                 deletion_policy,
+                guard: None,
             },
             status: None,
         };

@@ -14,6 +14,9 @@ pub use sandbox::*;
 pub use snapshot::*;
 pub use template::*;
 
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
 /// The API group of every agentbox resource.
 pub const GROUP: &str = "agentbox.dev";
 /// The served and stored version.
@@ -58,6 +61,22 @@ pub fn fixed_by_template(path: &str) -> kube::core::Rule {
             "{path} comes from the template: a Sandbox with templateRef cannot set it"
         )),
     )
+}
+
+/// A hold of a scope's execution guard that a harness hands to the operator: the holder
+/// identity and fencing token of the scope's Lease while the harness holds it. Work the operator
+/// does under a hand-off (a snapshot, a suspension) runs only while the Lease is still held by
+/// this holder with this token, and without the operator acquiring the Lease itself, so nothing
+/// else can work in the scope between the harness's last command and that work.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GuardHold {
+    /// The Lease's `holderIdentity` while the harness holds the guard.
+    #[schemars(length(min = 1, max = 1024))]
+    pub holder: String,
+    /// The Lease's `leaseTransitions` (the fencing token) of that hold.
+    #[schemars(range(min = 0))]
+    pub token: i64,
 }
 
 /// All CRDs this operator serves, in the order `crdgen` writes them.

@@ -663,6 +663,14 @@ pub struct Lifecycle {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = idle_timeout_format(), validation = idle_timeout_minimum())]
     pub idle_timeout: Option<kube::core::Duration>,
+    /// The hold of the scope's guard under which `mode` was last set. A harness that holds the
+    /// guard and suspends its sandbox names its hold here (its holder identity and fencing
+    /// token) and keeps the guard until the Sandbox is Suspended: the operator then stops the pod
+    /// under that hold instead of waiting for the guard, and no other party can start work in
+    /// the scope in between. Without it, or once the scope's Lease is no longer held by this
+    /// holder with this token, the operator takes the guard itself before it stops the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<super::GuardHold>,
 }
 
 /// The shortest `lifecycle.idleTimeout` admitted: shorter than a harness's pause between two

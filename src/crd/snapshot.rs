@@ -32,6 +32,14 @@ pub struct SandboxSnapshotSpec {
     /// What happens to the stored tarball when this object is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// Take the snapshot under this hold of the scope's guard instead of acquiring the guard.
+    /// A harness that holds the guard sets it (its holder identity and fencing token) and keeps
+    /// the guard until the snapshot is Ready or Failed, so nothing works in the scope between its
+    /// last command and the snapshot. The operator takes the snapshot only while the scope's
+    /// Lease is held by this holder with this token; when it is not, the snapshot fails with the
+    /// reason `GuardNotHeld`. Unset: the operator acquires the guard itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<super::GuardHold>,
 }
 
 /// Reference to a Sandbox in the same namespace.

@@ -70,6 +70,7 @@ pub async fn on_stop(ctx: &Context, sbx: &Sandbox) -> Result<OnStop, Error> {
                         name: sbx.name_any(),
                     },
                     deletion_policy: DeletionPolicy::default(),
+                    guard: None,
                 },
             );
             obj.metadata.labels = Some(l);
