@@ -598,10 +598,10 @@ pub struct SnapshotPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
     /// What a start does when the workspace was lost (its node lost, its directory gone) and
-    /// there is no snapshot to restore: `StartFresh` (the default, as before: a fresh workspace
-    /// from the spec, branch D, the loss stated in WorkspaceReady and an Event) or `Fail` (no
-    /// start: WorkspaceReady and Ready False with reason `WorkspaceLost` until a snapshot
-    /// exists or the policy changes).
+    /// there is no snapshot to restore: `StartFresh` (the default: a fresh workspace from the
+    /// spec, branch D, the loss stated in WorkspaceReady and an Event) or `Fail` (no start:
+    /// WorkspaceReady and Ready False with reason `WorkspaceLost` until a snapshot exists or
+    /// the policy changes).
     #[serde(default)]
     pub when_lost: WhenLost,
 }
