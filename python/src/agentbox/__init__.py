@@ -21,11 +21,9 @@ from .client import Sandbox, Sandboxes
 from .errors import (
     AgentboxError,
     ApiError,
-    CommandError,
     CommandNotStartedError,
     ConflictError,
     ExecError,
-    ExecTimeoutError,
     FileTooLargeError,
     GuardError,
     GuardLostError,
@@ -46,7 +44,15 @@ from .errors import (
     SnapshotFailedError,
     TransportError,
 )
-from .exec import ExecEvent, ExecResult, ExecStream, Exit, Output
+from .exec import (
+    CommandError,
+    ExecEvent,
+    ExecResult,
+    ExecStream,
+    ExecTimeoutError,
+    Exit,
+    Output,
+)
 from .files import DirEntry
 from .guard import Guard, GuardConfig
 from .ports import Endpoint, PortForward

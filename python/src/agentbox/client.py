@@ -470,8 +470,8 @@ class Sandbox:
         """Runs a command (a shell string for ``sh -c``, or an argv) to completion: its real
         exit code, stdout and stderr (each capped at ``max_output``, with truncation flags).
         ``timeout`` kills its whole process group in the pod and raises
-        :class:`~agentbox.errors.ExecTimeoutError`; ``check`` raises
-        :class:`~agentbox.errors.CommandError` on a non-zero exit.
+        :class:`~agentbox.exec.ExecTimeoutError`; ``check`` raises
+        :class:`~agentbox.exec.CommandError` on a non-zero exit.
         """
         return await _exec.run(
             await self._kube(),

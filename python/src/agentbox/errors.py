@@ -5,23 +5,21 @@ before any request (:class:`InvalidRequestError`, a :class:`ValueError` too); wh
 server refuses comes back as :class:`ApiError` with the server's own message; timeouts are
 also :class:`TimeoutError`, and a missing workspace file also :class:`FileNotFoundError`, so
 code written against the standard exceptions keeps working.
+
+The two exec errors that carry an :class:`~agentbox.exec.ExecResult`,
+:class:`~agentbox.exec.CommandError` and :class:`~agentbox.exec.ExecTimeoutError`, live beside
+it in :mod:`agentbox.exec` (as ``subprocess`` keeps ``CalledProcessError`` beside
+``CompletedProcess``), so this module imports nothing of the SDK's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .exec import ExecResult
-
 __all__ = [
     "AgentboxError",
     "ApiError",
-    "CommandError",
     "CommandNotStartedError",
     "ConflictError",
     "ExecError",
-    "ExecTimeoutError",
     "FileTooLargeError",
     "GuardError",
     "GuardLostError",
@@ -34,6 +32,7 @@ __all__ = [
     "RemoteError",
     "RemoteFileNotFoundError",
     "SandboxFailedError",
+    "SandboxNotDeletedError",
     "SandboxNotReadyError",
     "SandboxSuspendedError",
     "ScopeMismatchError",
@@ -173,30 +172,6 @@ class ExecError(AgentboxError):
 
 class CommandNotStartedError(ExecError):
     """The runtime refused to start the command (no such program, container not running)."""
-
-
-class ExecTimeoutError(ExecError, TimeoutError):
-    """The command's timeout passed; it was killed (its whole process group).
-
-    ``result`` holds what it printed until then and the exit status reported after the kill
-    (``None`` when no status arrived at all).
-    """
-
-    def __init__(self, message: str, result: ExecResult | None) -> None:
-        super().__init__(message)
-        #: Output up to the kill, or ``None``.
-        self.result = result
-
-
-class CommandError(ExecError):
-    """A command run with ``check=True`` exited non-zero; ``result`` has its output."""
-
-    def __init__(self, result: ExecResult) -> None:
-        super().__init__(
-            f"command exited with code {result.exit_code}: {result.stderr_text()[-500:]}"
-        )
-        #: The command's result.
-        self.result = result
 
 
 class SessionError(ExecError):

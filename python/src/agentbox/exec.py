@@ -16,14 +16,18 @@ import aiohttp
 
 from . import _wire
 from ._kube import Kube, pod_exec_path
-from .errors import (
-    CommandError,
-    ExecTimeoutError,
-    ProtocolError,
-    TransportError,
-)
+from .errors import ExecError, ProtocolError, TransportError
 
-__all__ = ["ExecEvent", "ExecResult", "ExecStream", "Exit", "Output", "StdinSource"]
+__all__ = [
+    "CommandError",
+    "ExecEvent",
+    "ExecResult",
+    "ExecStream",
+    "ExecTimeoutError",
+    "Exit",
+    "Output",
+    "StdinSource",
+]
 
 #: What ``stdin=`` accepts: bytes or text (UTF-8), a binary file object (read in a worker
 #: thread), or an iterable / async iterable of byte chunks. It is sent, then closed.
@@ -82,6 +86,30 @@ class ExecResult:
         if self.exit_code != 0:
             raise CommandError(self)
         return self
+
+
+class ExecTimeoutError(ExecError, TimeoutError):
+    """The command's timeout passed; it was killed (its whole process group).
+
+    ``result`` holds what it printed until then and the exit status reported after the kill
+    (``None`` when no status arrived at all).
+    """
+
+    def __init__(self, message: str, result: ExecResult | None) -> None:
+        super().__init__(message)
+        #: Output up to the kill, or ``None``.
+        self.result = result
+
+
+class CommandError(ExecError):
+    """A command run with ``check=True`` exited non-zero; ``result`` has its output."""
+
+    def __init__(self, result: ExecResult) -> None:
+        super().__init__(
+            f"command exited with code {result.exit_code}: {result.stderr_text()[-500:]}"
+        )
+        #: The command's result.
+        self.result = result
 
 
 @dataclass(frozen=True)

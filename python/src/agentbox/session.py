@@ -22,8 +22,8 @@ import aiohttp
 
 from . import _wire
 from ._kube import KubeSource
-from .errors import ExecTimeoutError, ProtocolError, SessionError
-from .exec import CLOSED, ExecResult, _connect
+from .errors import ProtocolError, SessionError
+from .exec import CLOSED, ExecResult, ExecTimeoutError, _connect
 
 __all__ = ["Session"]
 
@@ -167,7 +167,7 @@ class Session:
     ) -> ExecResult:
         """Runs one command in the shell (no stdin: use a one-shot exec for that). The timeout
         kills the command's process group as in one-shot exec and raises
-        :class:`~agentbox.errors.ExecTimeoutError`.
+        :class:`~agentbox.exec.ExecTimeoutError`.
         """
         argv = _wire.command_argv(command)
         _wire.validate(argv, timeout, env, max_output)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from . import _portal, _wire
 from . import client as _client
 from . import exec as _exec
 from . import guard as _guard
+from . import ports as _ports
 from . import session as _session
 from .errors import GuardLostError
 from .exec import ExecEvent, ExecResult, StdinSource
@@ -40,7 +42,7 @@ from .scope import Scope
 from .snapshots import Snapshot
 from .spec import SandboxSpec
 
-__all__ = ["ExecStream", "Guard", "Sandbox", "Sandboxes", "Session"]
+__all__ = ["ExecStream", "Guard", "PortForward", "Sandbox", "Sandboxes", "Session"]
 
 
 class Sandboxes:
@@ -178,6 +180,12 @@ class Sandbox:
     def endpoints(self) -> builtins.list[Endpoint]:
         """Where the ports of ``spec.ports`` are reached, as last read."""
         return self.aio.endpoints
+
+    def port_forward(self, port: int, *, local_port: int = 0) -> PortForward:
+        """A listener on ``127.0.0.1`` whose connections reach ``port`` of the sandbox's pod:
+        ``with sbx.port_forward(8080) as pf:``; see :meth:`agentbox.Sandbox.port_forward`.
+        """
+        return PortForward(self.aio.port_forward(port, local_port=local_port))
 
     def refresh(self) -> Sandbox:
         """See :meth:`agentbox.Sandbox.refresh`."""
@@ -317,6 +325,61 @@ class Sandbox:
         return Guard(self.aio.guard(wait=wait, config=config))
 
 
+class PortForward:
+    """A listener on ``127.0.0.1`` forwarding each connection to a port of a sandbox's pod
+    (sync); see :class:`agentbox.PortForward`. Its connections are served on the facade's
+    event-loop thread, so they flow while this thread runs other code.
+    """
+
+    def __init__(self, forward: _ports.PortForward) -> None:
+        self._async = forward
+
+    @property
+    def namespace(self) -> str:
+        """The pod's namespace."""
+        return self._async.namespace
+
+    @property
+    def pod(self) -> str:
+        """The pod."""
+        return self._async.pod
+
+    @property
+    def port(self) -> int:
+        """The pod's port."""
+        return self._async.port
+
+    @property
+    def host(self) -> str:
+        """Where the listener is (loopback only)."""
+        return self._async.host
+
+    @property
+    def local_port(self) -> int:
+        """The local port (chosen by the system when 0 was asked for), once started."""
+        return self._async.local_port
+
+    @property
+    def last_error(self) -> str:
+        """The last error a forwarded connection met, for diagnostics."""
+        return self._async.last_error
+
+    def start(self) -> PortForward:
+        """Starts listening."""
+        _portal.call(self._async.start())
+        return self
+
+    def close(self) -> None:
+        """Stops listening and ends the connections it forwards."""
+        _portal.call(self._async.close(), guarded=False)
+
+    def __enter__(self) -> PortForward:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class ExecStream:
     """A running command's events (sync); see :class:`agentbox.ExecStream`."""
 
@@ -411,6 +474,21 @@ class Guard:
     def is_lost(self) -> bool:
         """Whether the guard has been lost."""
         return self._async.is_lost
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called (the guard is no longer in use)."""
+        return self._async.released
+
+    @property
+    def held(self) -> bool:
+        """Acquired, not released and not lost."""
+        return self._async.held
+
+    @property
+    def acquired_at(self) -> datetime | None:
+        """When the lease was acquired (its ``acquireTime``)."""
+        return self._async.acquired_at
 
     def check(self) -> None:
         """Raises :class:`~agentbox.errors.GuardLostError` if the guard was lost."""

@@ -3,6 +3,7 @@ the guard (whose loss makes the next call in its block raise)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -68,3 +69,30 @@ def test_a_lost_sync_guard_fails_the_next_call_in_its_block(env: Env) -> None:
             # The next renewal (within a second) finds the lease taken; this call is cancelled.
             sbx.exec(["sleep", "30"])
         assert g.is_lost
+
+
+def test_a_sync_port_forward_reaches_a_server_in_the_sandbox(env: Env) -> None:
+    with sync.Sandboxes(env.ns) as sandboxes:
+        scope = agentbox.Scope.for_session("sync", "s-3")
+        spec = agentbox.SandboxSpec(
+            image=BASE_IMAGE, image_pull_policy="Never", ports=[agentbox.Port("http", 8080)]
+        )
+        sbx = sandboxes.get_or_create(scope, spec).wait_ready(120)
+        sbx.exec("mkdir -p /tmp/www && echo hello > /tmp/www/index.html", check=True)
+        sbx.exec(["httpd", "-p", "8080", "-h", "/tmp/www"], check=True)
+        # Served on the facade's loop thread while this thread blocks on its own socket.
+        with sbx.port_forward(8080) as pf:
+            assert (pf.host, pf.port, pf.pod) == ("127.0.0.1", 8080, sbx.pod_name)
+            assert pf.local_port > 0
+            for _ in range(2):
+                with socket.create_connection((pf.host, pf.local_port), timeout=30) as conn:
+                    conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                    answer = b""
+                    while chunk := conn.recv(65536):
+                        answer += chunk
+                assert b"200 OK" in answer and answer.endswith(b"hello\n"), answer
+            port = pf.local_port
+        # Closed: nothing listens there any more.
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        sbx.delete(wait=True)

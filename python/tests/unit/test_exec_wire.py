@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from agentbox import _wire
-from agentbox.errors import CommandError, InvalidRequestError, TransportError
-from agentbox.exec import ExecResult, ExecStream, Exit, Output, _events
+from agentbox.errors import InvalidRequestError, TransportError
+from agentbox.exec import CommandError, ExecResult, ExecStream, Exit, Output, _events
 from agentbox.session import Framer, command_line, sh_quote
 
 

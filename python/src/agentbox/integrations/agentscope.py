@@ -50,6 +50,7 @@ from agentscope.workspace._sandboxed_base import SandboxedWorkspaceBase
 from agentscope.workspace._utils import DEFAULT_WORKSPACE_INSTRUCTIONS
 
 from .. import errors as ab_errors
+from .. import exec as ab_exec
 from ..client import Sandbox, Sandboxes
 from ..files import DirEntry as SandboxDirEntry
 from ..scope import Scope, ScopeKind
@@ -165,7 +166,7 @@ class AgentboxBackend(BackendBase):
         """
         try:
             r = await self._run(lambda: self.sandbox.exec(command, cwd=cwd, timeout=timeout))
-        except ab_errors.ExecTimeoutError:
+        except ab_exec.ExecTimeoutError:
             return ExecResult(exit_code=-1, stdout=b"", stderr=b"timed out")
         except ab_errors.CommandNotStartedError as e:
             # The program could not be started (not found, not executable): a shell's 127.

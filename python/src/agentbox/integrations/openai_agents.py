@@ -81,6 +81,7 @@ from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
 from pydantic import BaseModel, Field
 
 from .. import errors as ab_errors
+from .. import exec as ab_exec
 from ..client import Sandbox, Sandboxes, readiness
 from ..exec import Exit, Output
 from ..guard import Guard
@@ -369,7 +370,7 @@ class AgentboxSandboxSession(BaseSandboxSession):
                 lambda: self._sandbox.exec(argv, timeout=timeout, env=env or None),
                 self.state.ready_timeout,
             )
-        except ab_errors.ExecTimeoutError as e:
+        except ab_exec.ExecTimeoutError as e:
             raise ExecTimeoutError(command=argv, timeout_s=timeout, cause=e) from e
         except ab_errors.InvalidRequestError as e:
             raise ExecTransportError(command=argv, context={"reason": str(e)}, cause=e) from e
