@@ -1,0 +1,7 @@
+//! Prints the API reference rendered from the CRDs; `docs/reference.md` is this output.
+#![forbid(unsafe_code)]
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    print!("{}", agentbox::crd::reference::render_markdown()?);
+    Ok(())
+}
