@@ -307,7 +307,8 @@ async fn main() -> Res<()> {
     println!("first claim's writes: {kinds:?}");
     println!("pool refill writes in each window: {refill:?}");
     let n64 = n as u64;
-    // Keys of a run with files name them, so both figures sit side by side in a report.
+    // Keys of a run with files name them, so both runs' figures sit side by side in a report
+    // (hack/bench runs both).
     let with = if nfiles == 0 {
         String::new()
     } else {
@@ -327,8 +328,42 @@ async fn main() -> Res<()> {
         "ms",
         n64,
     );
-    emit("claim", "claim_writes_p50", w50, "writes", n64);
-    emit("claim", "claim_writes_max", wmax, "writes", n64);
-    emit("claim", "claim_warm_starts", warm as f64, "starts", n64);
+    let (s50, s95) = q(&total_server);
+    let server = total_server.len() as u64;
+    emit(
+        "claim",
+        &format!("claim_status_server{with}_p50_ms"),
+        s50,
+        "ms",
+        server,
+    );
+    emit(
+        "claim",
+        &format!("claim_status_server{with}_p95_ms"),
+        s95,
+        "ms",
+        server,
+    );
+    emit(
+        "claim",
+        &format!("claim_writes{with}_p50"),
+        w50,
+        "writes",
+        n64,
+    );
+    emit(
+        "claim",
+        &format!("claim_writes{with}_max"),
+        wmax,
+        "writes",
+        n64,
+    );
+    emit(
+        "claim",
+        &format!("claim_warm_starts{with}"),
+        warm as f64,
+        "starts",
+        n64,
+    );
     Ok(())
 }

@@ -1,20 +1,193 @@
-//! The one table of `hack/bench`: reads the JSON lines the other benches appended to
-//! `$BENCH_RESULTS`, prints the table (figure | agentbox | baseline measured in the same run |
-//! target | met?) and writes it to `$BENCH_REPORT` (docs/benchmarks.md) with the machine, the
-//! versions and the command (`$BENCH_COMMAND`, `$BENCH_WALL_SECS`). Does nothing without
-//! `BENCH_RESULTS`, so a plain `cargo bench` passes over it. Targets are issue 7's (and issue
-//! 12's for small files).
+//! docs/benchmarks.md from data, and nothing else: the figures of the last `hack/bench` run
+//! (`last-run.jsonl`: the JSON lines the benches wrote, the run's facts, and which rows came
+//! from a measurement outside it) and the notes that stay from run to run (`notes.md`). Pure,
+//! so that `tests/bench_report.rs` checks the committed document against the same data (and
+//! that every note a code comment cites is there) without running a bench.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::process::Command;
 
-mod common;
+/// Where the data lives, from the repository root.
+pub const LAST_RUN: &str = "benches/report/last-run.jsonl";
+/// The notes, from the repository root.
+pub const NOTES: &str = "benches/report/notes.md";
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+/// The facts of a run that are not figures: how it was run, when, on what.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct Meta {
+    /// The command as given, with the settings that change what it measures.
+    pub command: String,
+    /// The run's id (its directory under `~/.cache/agentbox/bench`).
+    pub run: String,
+    /// The commit it ran at.
+    pub commit: String,
+    /// When the report was written, UTC.
+    pub date: String,
+    /// Seconds the whole run took.
+    pub wall_secs: u64,
+    /// Lines of the Machine section.
+    pub machine: Vec<String>,
+    /// Lines of the Versions section.
+    pub versions: Vec<String>,
+}
+
+/// The contents of `last-run.jsonl`.
+pub struct Data {
+    /// The figures.
+    pub figures: Figures,
+    /// The run's facts.
+    pub meta: Meta,
+    /// (note marker, figure prefixes): rows whose figure text starts with a prefix came from
+    /// the measurement the note records, not from the run.
+    pub provenance: Vec<(String, Vec<String>)>,
+}
+
+/// Reads `last-run.jsonl` (or the results a run just wrote): figure lines
+/// `{"bench", "key", "value", "n"}`, one `{"meta": {...}}` and any `{"note", "rows"}`.
+pub fn parse(jsonl: &str) -> Result<Data, String> {
+    let mut figures = BTreeMap::new();
+    let mut meta = None;
+    let mut provenance = Vec::new();
+    for (i, line) in jsonl
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("line {}: {e}", i + 1))?;
+        if let Some(m) = v.get("meta") {
+            meta = Some(
+                serde_json::from_value(m.clone()).map_err(|e| format!("line {}: {e}", i + 1))?,
+            );
+        } else if let Some(note) = v["note"].as_str() {
+            let rows = v["rows"]
+                .as_array()
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            provenance.push((note.to_string(), rows));
+        } else {
+            let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+            figures.insert(
+                (s("bench"), s("key")),
+                (
+                    v["value"].as_f64().unwrap_or(f64::NAN),
+                    v["n"].as_u64().unwrap_or(0),
+                ),
+            );
+        }
+    }
+    Ok(Data {
+        figures: Figures(figures),
+        meta: meta.unwrap_or_default(),
+        provenance,
+    })
+}
+
+/// One note of `notes.md`: a footnote (its heading is its marker, `¹`) or a section.
+pub struct Note {
+    /// The heading: a marker, or a section's title.
+    pub heading: String,
+    /// The text under it.
+    pub body: String,
+}
+
+impl Note {
+    /// A footnote's heading is its marker alone: superscript digits.
+    pub fn is_footnote(&self) -> bool {
+        !self.heading.is_empty() && self.heading.chars().all(|c| SUPERSCRIPTS.contains(c))
+    }
+}
+
+/// The digits a footnote marker is made of.
+pub const SUPERSCRIPTS: &str = "⁰¹²³⁴⁵⁶⁷⁸⁹";
+
+/// The notes of `notes.md`: each `## ` heading starts one; what comes before the first is
+/// the file's own comment.
+pub fn notes(text: &str) -> Vec<Note> {
+    let mut out: Vec<Note> = Vec::new();
+    for line in text.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            out.push(Note {
+                heading: h.trim().to_string(),
+                body: String::new(),
+            });
+        } else if let Some(n) = out.last_mut() {
+            n.body.push_str(line);
+            n.body.push('\n');
+        }
+    }
+    for n in &mut out {
+        n.body = n.body.trim().to_string();
+    }
+    out
+}
+
+/// The whole document: the run's facts, the table, the notes, the machine and versions, and
+/// what each figure is. Fails on a provenance that names a note or a row that is not there.
+pub fn document(data: &Data, notes_md: &str) -> Result<String, String> {
+    let notes = notes(notes_md);
+    let mut rows = rows(&data.figures);
+    for (note, prefixes) in &data.provenance {
+        if !notes.iter().any(|n| n.is_footnote() && &n.heading == note) {
+            return Err(format!("{LAST_RUN}: note {note} is not in {NOTES}"));
+        }
+        for prefix in prefixes {
+            let mut found = false;
+            for r in rows
+                .iter_mut()
+                .filter(|r| r.figure.starts_with(prefix.as_str()))
+            {
+                r.notes.push(note.clone());
+                found = true;
+            }
+            if !found {
+                return Err(format!("{LAST_RUN}: note {note} names no row \"{prefix}\""));
+            }
+        }
+    }
+    let m = &data.meta;
+    let mut doc = String::from("# Benchmarks\n\n");
+    let _ = writeln!(
+        doc,
+        "Written whole by `hack/bench`: each run replaces the table, its command, the machine \
+         and the versions with its own (and `{LAST_RUN}`, the figures they are made of). The \
+         notes below the table stay from run to run (`{NOTES}`): each records a measurement made \
+         outside a full run, and a row whose figures come from one is marked with it. Targets \
+         are issue 7's, issue 12's (small files), issue 14's (the Python SDK) and issue 16's \
+         (claims, idle sandboxes).\n"
+    );
+    let _ = writeln!(
+        doc,
+        "Command: `{}` (run {} at commit {})  ",
+        m.command, m.run, m.commit
+    );
+    let _ = writeln!(doc, "Run: {}, {} s in all.\n", m.date, m.wall_secs);
+    doc.push_str(&table(&rows));
+    for n in notes.iter().filter(|n| n.is_footnote()) {
+        let _ = write!(doc, "\n{} {}\n", n.heading, n.body);
+    }
+    for n in notes.iter().filter(|n| !n.is_footnote()) {
+        let _ = write!(doc, "\n### {}\n\n{}\n", n.heading, n.body);
+    }
+    let _ = writeln!(doc, "\n## Machine\n");
+    for l in &m.machine {
+        let _ = writeln!(doc, "- {l}");
+    }
+    let _ = writeln!(doc, "\n## Versions\n");
+    for l in &m.versions {
+        let _ = writeln!(doc, "- {l}");
+    }
+    doc.push('\n');
+    doc.push_str(METHOD);
+    Ok(doc)
+}
 
 /// Figures by (bench, key): value and sample count.
-struct Figures(BTreeMap<(String, String), (f64, u64)>);
+pub struct Figures(BTreeMap<(String, String), (f64, u64)>);
 
 impl Figures {
     fn get(&self, bench: &str, key: &str) -> Option<f64> {
@@ -25,12 +198,21 @@ impl Figures {
     }
 }
 
-struct Row {
-    figure: String,
-    agentbox: String,
-    baseline: String,
-    target: &'static str,
-    met: Option<bool>,
+/// One line of the table.
+pub struct Row {
+    /// What is measured, with the sample count.
+    pub figure: String,
+    /// agentbox's figure.
+    pub agentbox: String,
+    /// The baseline measured in the same run, or "—".
+    pub baseline: String,
+    /// The target, or "—".
+    pub target: &'static str,
+    /// Whether the target is met; None without a target.
+    pub met: Option<bool>,
+    /// The markers of the notes this row's figures come from (none when the run measured
+    /// them).
+    pub notes: Vec<String>,
 }
 
 fn row(figure: String, agentbox: String, baseline: String) -> Row {
@@ -40,10 +222,13 @@ fn row(figure: String, agentbox: String, baseline: String) -> Row {
         baseline,
         target: "—",
         met: None,
+        notes: Vec::new(),
     }
 }
 
-fn rows(f: &Figures) -> Vec<Row> {
+/// The table's rows, in order, for the figures there are (a bench that did not run leaves
+/// its rows out).
+pub fn rows(f: &Figures) -> Vec<Row> {
     let mut out = Vec::new();
     let l = |k: &str| f.get("lifecycle", k);
     if let (Some(s50), Some(b50), Some(s95), Some(b95)) = (
@@ -126,6 +311,19 @@ fn rows(f: &Figures) -> Vec<Row> {
             )
         });
     }
+    if let (Some(s50), Some(s95)) = (
+        c("claim_status_server_p50_ms"),
+        c("claim_status_server_p95_ms"),
+    ) {
+        let n = f.n("claim", "claim_status_server_p50_ms");
+        out.push(row(
+            format!(
+                "Claim: create → Ready status write, server side, p50 / p95 (n={n}, audit log)"
+            ),
+            format!("{s50:.1} / {s95:.1} ms"),
+            "—".into(),
+        ));
+    }
     if let (Some(w50), Some(w95), Some(c50), Some(c95)) = (
         c("claim_restore_warm_p50_ms"),
         c("claim_restore_warm_p95_ms"),
@@ -166,6 +364,25 @@ fn rows(f: &Figures) -> Vec<Row> {
                 format!("API writes per claim by the operator, p50 / max (n={n}, audit log)"),
                 format!("{p50:.0} / {max:.0}"),
                 "—".into(),
+            )
+        });
+    }
+    if let (Some(p50), Some(p95)) = (
+        c("claim_ready_3files_p50_ms"),
+        c("claim_ready_3files_p95_ms"),
+    ) {
+        let n = f.n("claim", "claim_ready_3files_p50_ms");
+        out.push(Row {
+            target: "p50 < 20 ms",
+            met: Some(p50 < 20.0),
+            ..row(
+                format!(
+                    "Claim with 3 small files, create → Ready on a watch, p50 / p95 (n={n}, pool of 5)"
+                ),
+                format!("{p50:.1} / {p95:.1} ms"),
+                c("claim_ready_p50_ms")
+                    .zip(c("claim_ready_p95_ms"))
+                    .map_or("—".into(), |(a, b)| format!("no files (above): {a:.1} / {b:.1} ms")),
             )
         });
     }
@@ -256,6 +473,7 @@ fn rows(f: &Figures) -> Vec<Row> {
             baseline,
             target: "≥ 80% of raw",
             met: Some(v >= 0.8 * raw),
+            notes: Vec::new(),
         };
         if let Some(v) = s("snapshot_mib_s") {
             out.push(of_raw(
@@ -521,7 +739,8 @@ fn python_sdk_rows(f: &Figures) -> Vec<Row> {
     out
 }
 
-fn table(rows: &[Row]) -> String {
+/// The table in Markdown; a row whose figures come from a note carries its marker.
+pub fn table(rows: &[Row]) -> String {
     let mut t = String::from("| figure | agentbox | baseline (same run) | target | met? |\n");
     t.push_str("|---|---|---|---|---|\n");
     for r in rows {
@@ -530,144 +749,18 @@ fn table(rows: &[Row]) -> String {
             Some(false) => "**no**",
             None => "—",
         };
+        let notes = if r.notes.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", r.notes.join(" "))
+        };
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {met} |",
+            "| {}{notes} | {} | {} | {} | {met} |",
             r.figure, r.agentbox, r.baseline, r.target
         );
     }
     t
-}
-
-/// The first line a command prints, or "unknown".
-fn first_line(cmd: &str, args: &[&str]) -> String {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
-fn json_of(cmd: &str, args: &[&str]) -> serde_json::Value {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .ok()
-        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-        .unwrap_or_default()
-}
-
-fn machine_and_versions() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
-        .unwrap_or_else(|| "unknown".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or("unknown".into(), |kib| {
-            format!("{:.1} GiB", kib / 1024.0 / 1024.0)
-        });
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map_or("unknown".into(), |s| s.trim().to_string());
-    let os = std::fs::read_to_string("/etc/os-release")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
-        .map_or("unknown".into(), |v| v.trim_matches('"').to_string());
-
-    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-    let v = json_of(&kubectl, &["version", "-o", "json"]);
-    let s = |p: &str| {
-        v.pointer(p)
-            .and_then(|x| x.as_str())
-            .unwrap_or("unknown")
-            .to_string()
-    };
-    let (server, client) = (
-        s("/serverVersion/gitVersion"),
-        s("/clientVersion/gitVersion"),
-    );
-    let nodes = json_of(&kubectl, &["get", "nodes", "-o", "json"]);
-    let info = |k: &str| {
-        nodes
-            .pointer(&format!("/items/0/status/nodeInfo/{k}"))
-            .and_then(|x| x.as_str())
-            .unwrap_or("unknown")
-            .to_string()
-    };
-    // etcd answers no version through the API server: ask the binary hack/cluster runs.
-    let state = std::env::var("AGENTBOX_CLUSTER_DIR")
-        .unwrap_or_else(|_| "/var/lib/agentbox-cluster".into());
-    let etcd = std::fs::read_to_string(format!("{state}/run/etcd.pid"))
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).map(str::to_string))
-        .map_or("unknown (not started by hack/cluster)".into(), |exe| {
-            first_line(&exe, &["--version"])
-        });
-    let python = std::env::var("PYTHON").map_or("not measured".into(), |py| {
-        first_line(
-            &py,
-            &[
-                "-c",
-                "import sys, importlib.metadata as m\ndef v(p):\n    try:\n        return m.version(p)\n    except m.PackageNotFoundError:\n        return 'not installed'\nprint(v('kubernetes') + '; agentbox SDK ' + v('agentbox') + ' on kubernetes_asyncio ' + v('kubernetes_asyncio') + ', aiohttp ' + v('aiohttp') + '; Python ' + sys.version.split()[0])",
-            ],
-        )
-    });
-    let root = common::repo_root();
-    let root = root.to_string_lossy();
-    let commit = first_line("git", &["-C", &root, "rev-parse", "--short=12", "HEAD"]);
-    let dirty = Command::new("git")
-        .args(["-C", &root, "status", "--porcelain", "--untracked-files=no"])
-        .output()
-        .is_ok_and(|o| !o.stdout.is_empty());
-    let commit = if dirty {
-        format!("{commit} (with uncommitted changes)")
-    } else {
-        commit
-    };
-
-    let mut t = String::new();
-    let _ = writeln!(t, "## Machine\n");
-    let _ = writeln!(t, "- CPU: {cpu}, {cores} cores");
-    let _ = writeln!(t, "- RAM: {mem}");
-    let _ = writeln!(t, "- kernel {kernel}, {os}");
-    let _ = writeln!(t, "\n## Versions\n");
-    let _ = writeln!(
-        t,
-        "- Kubernetes: API server {server}, kubelet {}, kubectl {client}",
-        info("kubeletVersion")
-    );
-    let _ = writeln!(t, "- etcd: {etcd}");
-    let _ = writeln!(
-        t,
-        "- container runtime: {}",
-        info("containerRuntimeVersion")
-    );
-    let _ = writeln!(t, "- rustc: {}", first_line("rustc", &["-V"]));
-    let _ = writeln!(t, "- agentbox: commit {commit}");
-    let _ = writeln!(t, "- Python: `kubernetes` client {python}");
-    let _ = writeln!(t, "- load when the report was written: {}", load_average());
-    t
-}
-
-/// `/proc/loadavg`'s 1-, 5- and 15-minute load averages (the machine may be shared).
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 const METHOD: &str = "\
@@ -716,46 +809,3 @@ const METHOD: &str = "\
 Timings share the machine with the whole cluster (API server, etcd, kubelet, containerd) and
 with whatever else runs on it; figures from a busy machine are slower, not wrong in kind.
 ";
-
-fn main() -> Res<()> {
-    let Ok(results) = std::env::var("BENCH_RESULTS") else {
-        return Ok(()); // run by hack/bench only
-    };
-    let mut figs = BTreeMap::new();
-    for line in std::fs::read_to_string(&results)?.lines() {
-        let v: serde_json::Value = serde_json::from_str(line)?;
-        let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
-        figs.insert(
-            (s("bench"), s("key")),
-            (
-                v["value"].as_f64().unwrap_or(f64::NAN),
-                v["n"].as_u64().unwrap_or(0),
-            ),
-        );
-    }
-    let table = table(&rows(&Figures(figs)));
-    println!("\n{table}");
-    let Ok(path) = std::env::var("BENCH_REPORT") else {
-        return Ok(());
-    };
-    let command = std::env::var("BENCH_COMMAND").unwrap_or_else(|_| "hack/bench".into());
-    let wall = std::env::var("BENCH_WALL_SECS").unwrap_or_else(|_| "?".into());
-    let date = first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
-    let mut doc = String::from("# Benchmarks\n\n");
-    let _ = writeln!(
-        doc,
-        "Written by `hack/bench` (each run replaces this file); targets are issue 7's, issue 12's (small files) and issue 14's (the Python SDK).\n"
-    );
-    let _ = writeln!(doc, "Command: `{command}`  ");
-    let _ = writeln!(doc, "Run: {date}, {wall} s in all.\n");
-    let _ = writeln!(doc, "{table}");
-    doc.push_str(&machine_and_versions());
-    doc.push('\n');
-    doc.push_str(METHOD);
-    if let Some(dir) = std::path::Path::new(&path).parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&path, doc)?;
-    eprintln!("wrote {path}");
-    Ok(())
-}

@@ -1,0 +1,191 @@
+//! docs/benchmarks.md is what `hack/bench`'s report writes, whole: the rendering of the last
+//! run's figures (benches/report/last-run.jsonl) with the notes that stay from run to run
+//! (benches/report/notes.md). A run replaces the figures and keeps every note, so what a code
+//! comment cites ("docs/benchmarks.md, footnote 7") is there after any run; and every such
+//! citation names a note that exists. No cluster, no bench run.
+
+#[path = "../benches/report/render.rs"]
+mod render;
+
+use std::path::{Path, PathBuf};
+
+/// The document, from the repository root.
+const DOCUMENT: &str = "docs/benchmarks.md";
+/// The command that writes the document again from the data without running a bench.
+const RENDER: &str = "BENCH_REPORT=docs/benchmarks.md cargo bench --bench report";
+
+/// A footnote's marker for its number (7 → `⁷`), as code comments cite them ("footnote 7").
+fn marker(n: u32) -> String {
+    n.to_string()
+        .chars()
+        .filter_map(|d| d.to_digit(10))
+        .filter_map(|d| render::SUPERSCRIPTS.chars().nth(d as usize))
+        .collect()
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn the_committed_document_is_the_last_run_rendered_with_the_notes() {
+    let data = render::parse(&read(render::LAST_RUN)).expect("the last run's data");
+    let doc = render::document(&data, &read(render::NOTES)).expect("the document");
+    assert!(
+        doc == read(DOCUMENT),
+        "{} is stale, or was edited by hand: edit {} or {} and run `{}`",
+        DOCUMENT,
+        render::NOTES,
+        render::LAST_RUN,
+        RENDER
+    );
+}
+
+/// A new run: its figures alone, as the benches write them, with its facts.
+fn a_new_run() -> render::Data {
+    let last = read(render::LAST_RUN);
+    let figures: Vec<&str> = last.lines().filter(|l| l.contains("\"bench\"")).collect();
+    assert!(figures.len() > 50, "{}", figures.len());
+    let meta = serde_json::json!({"meta": {"command": "hack/bench", "run": "new", "commit": "abc",
+        "date": "today", "wall_secs": 1, "machine": ["m"], "versions": ["v"]}});
+    render::parse(&format!("{}\n{meta}\n", figures.join("\n"))).expect("a run's results")
+}
+
+#[test]
+fn a_new_run_replaces_the_figures_and_keeps_every_note() {
+    let notes_md = read(render::NOTES);
+    let notes = render::notes(&notes_md);
+    let doc = render::document(&a_new_run(), &notes_md).expect("the document");
+    let table: Vec<&str> = doc.lines().filter(|l| l.starts_with("| ")).collect();
+    let footnotes: Vec<&render::Note> = notes.iter().filter(|n| n.is_footnote()).collect();
+    assert!(footnotes.len() >= 10, "{}", footnotes.len());
+    for n in &footnotes {
+        // Kept below the table, and marking no row: the run measured every figure itself.
+        let first_line = n.body.lines().next().unwrap_or_default();
+        assert!(
+            doc.contains(&format!("\n{} {first_line}\n", n.heading)),
+            "footnote {} is gone",
+            n.heading
+        );
+        assert!(
+            !table
+                .iter()
+                .any(|row| row.contains(&format!(" {} |", n.heading))),
+            "a new run's row carries {}",
+            n.heading
+        );
+    }
+    for n in notes.iter().filter(|n| !n.is_footnote()) {
+        assert!(
+            doc.contains(&format!("\n### {}\n", n.heading)),
+            "{}",
+            n.heading
+        );
+    }
+    assert!(doc.contains("Command: `hack/bench` (run new at commit abc)"));
+}
+
+#[test]
+fn a_row_carries_the_marker_of_the_note_its_figures_come_from() {
+    let data = render::parse(&read(render::LAST_RUN)).expect("the last run's data");
+    let doc = render::document(&data, &read(render::NOTES)).expect("the document");
+    let row = doc
+        .lines()
+        .find(|l| l.starts_with("| Delete → gone"))
+        .expect("the delete row");
+    assert!(row.contains(" ¹ |"), "{row}");
+    // A provenance that names a note or a row that is not there is refused.
+    let refusal = |note: &str, row: &str| {
+        let line = serde_json::json!({"note": note, "rows": [row]});
+        let data = render::parse(&format!("{}\n{line}\n", read(render::LAST_RUN))).expect("parse");
+        render::document(&data, &read(render::NOTES)).unwrap_err()
+    };
+    let err = refusal("⁹⁹", "Delete");
+    assert!(err.contains("note ⁹⁹ is not in"), "{err}");
+    let err = refusal("¹", "No such figure");
+    assert!(err.contains("names no row \"No such figure\""), "{err}");
+}
+
+/// Every text file of the source tree a citation could be in.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with('.') || name == "target" || name == "tar-corpus" || name == "docs" {
+            continue;
+        }
+        if path.is_dir() {
+            sources(&path, out);
+        } else if !name.ends_with(".md") && std::fs::read_to_string(&path).is_ok() {
+            out.push(path);
+        }
+    }
+}
+
+/// (file:line, footnote number) of each "docs/benchmarks.md, footnote N" in the code (the
+/// number may be on the next line).
+fn citations() -> Vec<(String, u32)> {
+    let mut files = Vec::new();
+    sources(&root(), &mut files);
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(at) = line.find("benchmarks.md") else {
+                continue;
+            };
+            let rest = format!("{} {}", &line[at..], lines.get(i + 1).unwrap_or(&""));
+            let Some(f) = rest.find("footnote") else {
+                continue;
+            };
+            let digits: String = rest[f + "footnote".len()..]
+                .trim_start()
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            if let Ok(n) = digits.parse() {
+                let place = file.strip_prefix(root()).unwrap_or(&file).display();
+                out.push((format!("{place}:{}", i + 1), n));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_footnote_the_code_cites_is_a_note() {
+    let notes = render::notes(&read(render::NOTES));
+    let cited = citations();
+    assert!(
+        cited.iter().any(|(place, _)| place.contains("quiet.rs")),
+        "the pool's quiet beat cites footnote 7: {cited:?}"
+    );
+    for (place, n) in cited {
+        let marker = marker(n);
+        assert!(
+            notes
+                .iter()
+                .any(|note| note.is_footnote() && note.heading == marker),
+            "{place} cites docs/benchmarks.md, footnote {n} ({marker}): not in {}",
+            render::NOTES
+        );
+    }
+}
+
+#[test]
+fn markers_are_superscript_numbers() {
+    assert_eq!(marker(7), "⁷");
+    assert_eq!(marker(11), "¹¹");
+    let notes = render::notes("comment\n## ¹⁰\nbody\nmore\n\n## A section\ntext\n");
+    assert_eq!(notes.len(), 2);
+    assert!(notes[0].is_footnote() && notes[0].body == "body\nmore");
+    assert!(!notes[1].is_footnote());
+}
