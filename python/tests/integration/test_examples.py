@@ -1,5 +1,5 @@
 """The scripts of examples/python run as a harness author would run them (the framework ones
-on a scripted model: no network), and the README's Python example runs."""
+on a scripted model: no network); the docs' Python blocks run in test_docs.py."""
 
 from __future__ import annotations
 
@@ -54,18 +54,3 @@ async def test_the_agentscope_example_runs(env: Env) -> None:
     assert lines[1].startswith("agent 2: The tool said: # Notes ship it (sandbox "), lines
     assert lines[0].split("(sandbox ")[1] == lines[1].split("(sandbox ")[1], lines
     assert "in the workspace: ship it" in lines, lines
-
-
-def test_the_readme_python_example_runs(env: Env) -> None:
-    # The README's Python section's first code block, against this module's namespace.
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("\n## Python\n") :]
-    code = section[section.index("```python\n") + len("```python\n") :]
-    code = code[: code.index("```")]
-    assert 'agentbox.Sandboxes("agents")' in code
-    code = code.replace('agentbox.Sandboxes("agents")', f'agentbox.Sandboxes("{env.ns}")')
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{env.logs()}"
-    assert "ship it" in out.stdout
