@@ -82,6 +82,14 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_PERMANENT_RETRY_SECONDS", default_value_t = 300)]
     pub permanent_retry_seconds: u64,
 
+    /// Progress deadline in seconds on every stream between the operator and a sandbox (the
+    /// snapshot's `tar -c`, the restore's `tar -x`): when no byte moves for this long the
+    /// stream fails (reason `StreamStalled`), whatever its overall timeout, and the scope's
+    /// guard is released. Code in a sandbox can stop its own `tar`; this bounds how long it
+    /// can keep the scope's guard that way.
+    #[arg(long, env = "AGENTBOX_STREAM_STALL_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_stall_seconds: u64,
+
     /// Address of the metrics and health endpoints.
     #[arg(long, env = "AGENTBOX_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
@@ -229,6 +237,11 @@ impl Config {
             s3_allow_http: self.s3_allow_http,
             s3_sign_payload: self.s3_sign_payload,
         })
+    }
+
+    /// The progress deadline of streams between the operator and a sandbox.
+    pub fn stream_stall(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.stream_stall_seconds)
     }
 
     /// The limits every restored archive, and every archive taken, is checked against.

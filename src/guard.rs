@@ -125,6 +125,18 @@ pub enum GuardError {
     /// must stop.
     #[error("lost lease {0}")]
     Lost(String),
+    /// A hold handed over by its holder ([`HandOff`]) is not (or no longer) the Lease's.
+    #[error("lease {name} is not held by {holder} with fencing token {token}: {seen}")]
+    NotHeld {
+        /// Lease name.
+        name: String,
+        /// The holder the hand-off named.
+        holder: String,
+        /// The fencing token it named.
+        token: i64,
+        /// What the Lease says instead.
+        seen: String,
+    },
     /// The API server refused or could not be reached.
     #[error("lease {name}: {source}")]
     Api {
@@ -551,6 +563,102 @@ impl Guard {
     }
 }
 
+/// A hold of a scope's guard that its holder handed over (a harness that holds the guard and
+/// asks the operator to snapshot or suspend under it): work done under it neither takes nor
+/// releases the Lease, and stops as soon as the Lease is no longer held by that holder with
+/// that fencing token, so nobody else can work in the scope between the holder's last command
+/// and that work. The holder keeps renewing the Lease meanwhile.
+#[derive(Clone, Debug)]
+pub struct HandOff {
+    leases: Api<Lease>,
+    name: String,
+    holder: String,
+    token: i64,
+}
+
+impl HandOff {
+    /// The hold `holder`/`token` of the Lease `name`.
+    pub fn new(leases: Api<Lease>, name: &str, holder: &str, token: i64) -> Self {
+        HandOff {
+            leases,
+            name: name.to_string(),
+            holder: holder.to_string(),
+            token,
+        }
+    }
+
+    /// The fencing token of the hold.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// Reads the Lease and checks the hold: `Err(NotHeld)` when it no longer stands.
+    pub async fn check(&self) -> Result<(), GuardError> {
+        let lease = self
+            .leases
+            .get_opt(&self.name)
+            .await
+            .map_err(api_err(&self.name))?;
+        match hold_refusal(&self.holder, self.token, lease.as_ref(), Timestamp::now()) {
+            None => Ok(()),
+            Some(seen) => Err(GuardError::NotHeld {
+                name: self.name.clone(),
+                holder: self.holder.clone(),
+                token: self.token,
+                seen,
+            }),
+        }
+    }
+
+    /// Runs `fut` while the hold stands (checked now, then every [`HANDOFF_CHECK`] and once
+    /// more when `fut` ends): `Err(NotHeld)` (and `fut` dropped) as soon as it does not.
+    pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, GuardError> {
+        self.check().await?;
+        let watch = async {
+            loop {
+                tokio::time::sleep(HANDOFF_CHECK).await;
+                if let Err(e) = self.check().await {
+                    return e;
+                }
+            }
+        };
+        let out = tokio::select! {
+            e = watch => return Err(e),
+            out = fut => out,
+        };
+        self.check().await?;
+        Ok(out)
+    }
+}
+
+/// What stands against the hold `holder`/`token` in a Lease as read at `now` (pure); `None`
+/// when the Lease is held, unexpired, by that holder with that fencing token.
+pub fn hold_refusal(
+    holder: &str,
+    token: i64,
+    lease: Option<&Lease>,
+    now: Timestamp,
+) -> Option<String> {
+    let Some(lease) = lease else {
+        return Some("there is no Lease".into());
+    };
+    let view = LeaseView::of(Some(lease), now);
+    match view.holder.as_deref() {
+        None => Some("nobody holds it".into()),
+        Some(h) if h != holder => Some(format!("it is held by {h}")),
+        Some(_) if i64::from(view.transitions) != token => Some(format!(
+            "its fencing token is {} (the guard was released and taken again since)",
+            view.transitions
+        )),
+        Some(_) if view.expired => Some("the holder's time ran out".into()),
+        Some(_) => None,
+    }
+}
+
+/// How often work under a [`HandOff`] reads the Lease again (a fifth of the default lease
+/// duration: a holder that stops renewing is noticed well before another could take over).
+pub const HANDOFF_CHECK: Duration = Duration::from_secs(3);
+
 /// The held lease with its holder cleared (`leaseTransitions` kept).
 fn cleared(shared: &Arc<Mutex<Lease>>) -> Lease {
     let mut lease = match shared.lock() {
@@ -674,6 +782,26 @@ mod tests {
 
     const SKEW: Duration = Duration::from_secs(2);
     const DEF: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn a_handed_over_hold_stands_only_for_its_holder_token_and_time() {
+        let lease = |spec: LeaseSpec| Lease {
+            spec: Some(spec),
+            ..Default::default()
+        };
+        let l = lease(held(0, 10));
+        assert_eq!(hold_refusal("other", 4, Some(&l), ts(5)), None);
+        let why = |h: &str, t: i64, l: Option<&Lease>, at: i64| {
+            hold_refusal(h, t, l, ts(at)).unwrap_or_default()
+        };
+        assert!(why("other", 4, None, 0).contains("no Lease"));
+        assert!(why("me", 4, Some(&l), 5).contains("held by other"));
+        assert!(why("other", 3, Some(&l), 5).contains("fencing token is 4"));
+        assert!(why("other", 4, Some(&l), 13).contains("time ran out"));
+        let mut free = held(0, 10);
+        free.holder_identity = None;
+        assert!(why("other", 4, Some(&lease(free)), 5).contains("nobody"));
+    }
 
     #[test]
     fn missing_or_released_lease_is_free() {

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod names;
 pub mod operator;
 pub mod paths;
+pub mod progress;
 pub mod remote;
 pub mod server;
 pub mod snapshot;

@@ -209,33 +209,207 @@ async fn archives_that_disagree_between_parsers_are_refused_or_restored_as_liste
 /// runs everything else as before. (Its own text spells the pattern in two pieces, or
 /// installing the next one would be taken for the operator's script.)
 async fn lying_shell(env: &TestEnv, pod: &str, bytes: &[u8]) {
-    let req = agentbox::exec::ExecRequest::argv([
-        "sh",
-        "-c",
-        r#"cat > /tmp/told.tar && mkdir -p /usr/local/bin && cat > /usr/local/bin/sh <<'END'
-#!/bin/busybox sh
-case "$*" in *"tar -""c -f -"*) exec /bin/busybox cat /tmp/told.tar;; esac
-exec /bin/busybox sh "$@"
-END
-chmod 0755 /usr/local/bin/sh"#,
-    ])
-    .stdin(bytes.to_vec())
-    .timeout(Duration::from_secs(60));
-    let pods = env.api::<Pod>();
-    let out = agentbox::exec::run(&pods, pod, "sandbox", req)
-        .await
-        .expect("exec");
-    assert!(out.success(), "{}", out.stderr_str());
+    plant_shell(
+        env,
+        pod,
+        bytes,
+        r#"*"tar -""c -f -"*) exec /bin/busybox cat /tmp/told.tar;;"#,
+    )
+    .await;
     // The container runtime finds it first.
     let probe = agentbox::exec::ExecRequest::argv(["sh", "-c", "exec tar -c -f - ."])
         .timeout(Duration::from_secs(60));
-    let out = agentbox::exec::run(&pods, pod, "sandbox", probe)
+    let out = agentbox::exec::run(&env.api::<Pod>(), pod, "sandbox", probe)
         .await
         .expect("exec");
     assert!(
         out.stdout == bytes,
         "the lying shell is not the one exec runs"
     );
+}
+
+/// Replaces `sh` in the sandbox as [`lying_shell`] does, with `case` arms of its own (`$*`
+/// is what the shell was asked to run; `/tmp/told.tar` holds `bytes`); everything else runs
+/// as before.
+async fn plant_shell(env: &TestEnv, pod: &str, bytes: &[u8], arms: &str) {
+    let script = format!(
+        r#"cat > /tmp/told.tar && mkdir -p /usr/local/bin && cat > /usr/local/bin/sh <<'END'
+#!/bin/busybox sh
+case "$*" in {arms} esac
+exec /bin/busybox sh "$@"
+END
+chmod 0755 /usr/local/bin/sh"#
+    );
+    let req = agentbox::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
+        .stdin(bytes.to_vec())
+        .timeout(Duration::from_secs(60));
+    let out = agentbox::exec::run(&env.api::<Pod>(), pod, "sandbox", req)
+        .await
+        .expect("exec");
+    assert!(out.success(), "{}", out.stderr_str());
+}
+
+/// The scope's guard can be taken (within `wait`): nobody keeps it.
+async fn guard_is_free(env: &TestEnv, user: &str, wait: Duration) {
+    let cfg = GuardConfig {
+        holder: "a-harness".into(),
+        ..GuardConfig::default()
+    };
+    let g = guard::acquire_scope(env.client.clone(), &env.ns, &scope(user), &cfg, Some(wait))
+        .await
+        .unwrap_or_else(|e| panic!("the scope's guard is still kept: {e}"));
+    g.release().await.expect("release");
+}
+
+/// The progress deadline of the operators these tests start (seconds).
+const STALL_SECONDS: u64 = 3;
+
+#[tokio::test]
+async fn a_snapshot_whose_tar_stalls_fails_at_the_deadline_and_frees_the_guard() {
+    let mut env = TestEnv::new("arch-stall-c").await;
+    let (flags, _store, dir) = common::file_store(&env.ns);
+    let stall = format!("--stream-stall-seconds={STALL_SECONDS}");
+    let mut flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    flags.push(&stall);
+    env.start_operator(&flags);
+    create_sandbox(&env, "s", spec("stall-c", json!({})))
+        .await
+        .expect("create");
+    let s = env
+        .wait_for::<Sandbox>("s", 300, common::phase_is("Ready"))
+        .await;
+    let pod = s.status.and_then(|st| st.pod_name).expect("pod");
+    // The first header of an archive that claims a 3 GiB member, then nothing, the exec
+    // left open: without a progress deadline, the operator waits out the 4-hour timeout
+    // holding the scope's guard.
+    let head = common::raw_header("big", b'0', 3 << 30, "");
+    plant_shell(
+        &env,
+        &pod,
+        &head,
+        r#"*"tar -""c -f -"*) /bin/busybox cat /tmp/told.tar; exec /bin/busybox sleep 100000;;"#,
+    )
+    .await;
+    let snap = take(&env, "stalled", "s").await;
+    let st = snap.status.as_ref().expect("status");
+    assert_eq!(st.phase, Some(SnapshotPhase::Failed), "{st:?}");
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Committed")
+        .expect("Committed");
+    assert_eq!(c.reason, "StreamStalled", "{}", c.message);
+    assert!(
+        c.message.contains("512 bytes had moved"),
+        "names the bytes received: {}",
+        c.message
+    );
+    assert_eq!(st.attempts, Some(1), "not tried again: {st:?}");
+    assert_eq!(st.upload_id, None, "the upload was aborted");
+    // Released with the failure: a harness gets it without waiting for anyone.
+    guard_is_free(&env, "stall-c", Duration::ZERO).await;
+    common::finish_with_snapshots(env, Some(&dir)).await;
+}
+
+#[tokio::test]
+async fn a_restore_whose_tar_stops_reading_fails_at_the_deadline_and_frees_the_guard() {
+    let mut env = TestEnv::new("arch-stall-x").await;
+    let (flags, store, dir) = common::file_store(&env.ns);
+    let stall = format!("--stream-stall-seconds={STALL_SECONDS}");
+    let mut flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    flags.push(&stall);
+    env.start_operator(&flags);
+    // A restore of a snapshot that does not exist yet: the pod runs and the start waits for
+    // it, so the sandbox's code can replace its shell before the restore comes.
+    create_sandbox(&env, "r", restore_named("stall-x", "later"))
+        .await
+        .expect("create");
+    let s = env
+        .wait_for::<Sandbox>("r", 300, |s: Option<&Sandbox>| {
+            refused_reason(s).as_deref() == Some("SnapshotNotFound")
+                && s.and_then(|s| s.status.as_ref())
+                    .is_some_and(|st| st.pod_name.is_some())
+        })
+        .await;
+    let pod = s.status.and_then(|st| st.pod_name).expect("pod");
+    env.wait_for::<Pod>(&pod, 300, |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .and_then(|st| st.phase.as_deref())
+            == Some("Running")
+    })
+    .await;
+    // `tar -x` that never reads: the operator's writes into its stdin stop moving.
+    plant_shell(
+        &env,
+        &pod,
+        b"",
+        r#"*"tar -""x -f -"*) exec /bin/busybox sleep 100000;;"#,
+    )
+    .await;
+    // 4 MiB, more than the pipes between the operator and the pod's `tar` can hold.
+    let big = vec![b'x'; 4 << 20];
+    let bytes = raw(&[("big", b'0', &big, "")]);
+    let sha = hex::encode(Sha256::digest(&bytes));
+    let key = labels::scope_key(&scope("stall-x"));
+    // Its creation brings the sandbox back at once (the sandbox controller watches snapshots).
+    forge_snapshot(&env, &store, &key, "later", &bytes, &sha).await;
+    env.wait_for::<Sandbox>("r", 120, |s: Option<&Sandbox>| {
+        refused_reason(s).as_deref() == Some("StreamStalled")
+    })
+    .await;
+    // The restore gave the guard up with the failure (it is tried again later, each time
+    // bounded by the deadline): a harness gets it in the meantime.
+    guard_is_free(&env, "stall-x", Duration::from_secs(30)).await;
+    common::finish_with_snapshots(env, Some(&dir)).await;
+}
+
+#[tokio::test]
+async fn a_refused_snapshot_deleted_or_replaced_is_judged_again_at_once() {
+    let mut env = TestEnv::new("arch-rejudge").await;
+    let (flags, store, dir) = common::file_store(&env.ns);
+    // The default slow poll of a permanent failure (300 s, at least 150 s with jitter): only
+    // the watch of snapshots brings the sandbox back within the waits below.
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    env.start_operator(&flags);
+    let key = labels::scope_key(&scope("rejudge"));
+    let fifo = raw(&[("ok", b'0', b"x", ""), ("pipe", b'6', b"", "")]);
+    let sha = hex::encode(Sha256::digest(&fifo));
+    forge_snapshot(&env, &store, &key, "snap", &fifo, &sha).await;
+    create_sandbox(&env, "r", restore_named("rejudge", "snap"))
+        .await
+        .expect("create");
+    env.wait_for::<Sandbox>("r", 300, |s: Option<&Sandbox>| {
+        refused_reason(s).as_deref() == Some("Fifo")
+    })
+    .await;
+
+    // Deleted: the sandbox says so, not the old refusal.
+    env.api::<SandboxSnapshot>()
+        .delete("snap", &Default::default())
+        .await
+        .expect("delete snapshot");
+    env.wait_gone::<SandboxSnapshot>("snap", 60).await;
+    let s = env
+        .wait_for::<Sandbox>("r", 60, |s: Option<&Sandbox>| {
+            refused_reason(s).as_deref() == Some("SnapshotNotFound")
+        })
+        .await;
+    assert!(
+        s.stalled().is_some(),
+        "a Named restore of a missing snapshot stalls"
+    );
+
+    // Replaced by an acceptable one under the same name: restored at once.
+    let good = raw(&[("ok", b'0', b"restored", "")]);
+    let sha = hex::encode(Sha256::digest(&good));
+    forge_snapshot(&env, &store, &key, "snap", &good, &sha).await;
+    let s = env
+        .wait_for::<Sandbox>("r", 60, common::phase_is("Ready"))
+        .await;
+    let pod = s.status.and_then(|st| st.pod_name).expect("pod");
+    let (_, out) = sh(&env, &pod, "cat /workspace/ok").await;
+    assert_eq!(out, "restored");
+    common::finish_with_snapshots(env, Some(&dir)).await;
 }
 
 async fn take(env: &TestEnv, name: &str, sandbox: &str) -> SandboxSnapshot {
@@ -546,9 +720,7 @@ async fn a_refused_restore_is_recorded_and_not_retried_until_something_changes()
         .await
         .expect("get")
         .resource_version();
-    // The sandbox controller does not watch snapshots: the next event of the scope (or its
-    // slow requeue) brings the sandboxes back. A Lease event, now.
-    take_the_guard(&env, Duration::ZERO).await;
+    // The sandbox controller watches snapshots: the change brings the sandboxes back.
     let mut again = attempts(&env, &lease);
     for _ in 0..600 {
         if again.0 >= first.0 + names.len() {

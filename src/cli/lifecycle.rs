@@ -24,9 +24,14 @@ pub enum Change {
 pub struct LifecycleArgs {
     #[command(flatten)]
     target: Target,
-    /// Wait until it is done (resume: Ready; delete: gone) — at most this many seconds.
+    /// Wait until it is done (suspend: Suspended; resume: Ready; delete: gone) — at most
+    /// this many seconds.
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "120")]
     wait: Option<u64>,
+    /// suspend: take the scope's guard first (waiting for whoever holds it) and suspend under
+    /// it, keeping it until the sandbox is Suspended, so no harness starts work in between.
+    #[arg(long)]
+    under_guard: bool,
 }
 
 /// Makes the change; with `--wait`, waits for its outcome.
@@ -34,7 +39,20 @@ pub async fn change(sbx: &Sandboxes, what: Change, a: LifecycleArgs) -> Result<E
     let mut h = open(sbx, &a.target).await?;
     let wait = a.wait.map(Duration::from_secs);
     match what {
-        Change::Suspend => h.suspend().await?,
+        Change::Suspend if a.under_guard => {
+            let t = wait.unwrap_or(Duration::from_secs(120));
+            let g = h.guard(Some(t)).await?;
+            let done = h.suspend_under(&g, t).await;
+            // Released whatever happened: the guard is the CLI's only for this command.
+            let _ = g.release().await;
+            done?;
+        }
+        Change::Suspend => {
+            h.suspend().await?;
+            if let Some(t) = wait {
+                h.wait_suspended(t).await?;
+            }
+        }
         Change::Resume => {
             h.resume().await?;
             if let Some(t) = wait {
@@ -50,7 +68,8 @@ pub async fn change(sbx: &Sandboxes, what: Change, a: LifecycleArgs) -> Result<E
         },
     }
     let done = match what {
-        Change::Suspend => "suspended",
+        Change::Suspend if wait.is_some() || a.under_guard => "suspended",
+        Change::Suspend => "suspending",
         Change::Resume if wait.is_some() => "ready",
         Change::Resume => "resuming",
         Change::Delete if wait.is_some() => "deleted",

@@ -26,12 +26,16 @@ pub(super) struct SnapshotArgs {
     /// How long to wait, in seconds.
     #[arg(long, default_value_t = 600.0)]
     timeout: f64,
+    /// Take the scope's guard first (waiting up to --timeout for whoever holds it) and have
+    /// the snapshot taken under it, keeping it until the snapshot is Ready or Failed, so no
+    /// harness works in the scope in between. Implies --wait.
+    #[arg(long)]
+    under_guard: bool,
 }
 
 /// `agentbox snapshot`.
 pub(super) async fn snapshot(sbx: &Sandboxes, a: SnapshotArgs) -> Result<ExitCode, Fail> {
-    let wait = a
-        .wait
+    let wait = (a.wait || a.under_guard)
         .then(|| Duration::try_from_secs_f64(a.timeout))
         .transpose()?;
     let (target, name, retain) = (&a.target, a.snapshot.as_deref(), a.retain);
@@ -41,7 +45,23 @@ pub(super) async fn snapshot(sbx: &Sandboxes, a: SnapshotArgs) -> Result<ExitCod
     } else {
         DeletionPolicy::Delete
     };
-    let created = h.snapshot(name, policy).await?;
+    let guard = match wait.filter(|_| a.under_guard) {
+        Some(t) => Some(h.guard(Some(t)).await?),
+        None => None,
+    };
+    let created = match &guard {
+        Some(g) => h.snapshot_under(name, policy, g).await,
+        None => h.snapshot(name, policy).await,
+    };
+    let created = match created {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(g) = guard {
+                let _ = g.release().await;
+            }
+            return Err(e.into());
+        }
+    };
     let snap_name = created.metadata.name.clone().unwrap_or_default();
     let Some(wait) = wait else {
         println!("{snap_name}");
@@ -61,6 +81,10 @@ pub(super) async fn snapshot(sbx: &Sandboxes, a: SnapshotArgs) -> Result<ExitCod
         })
     });
     let waited = sbx.wait_snapshot(&snap_name, wait).await;
+    if let Some(g) = guard {
+        // Released whatever happened: the guard is the CLI's only for this command.
+        let _ = g.release().await;
+    }
     if let Some(w) = watcher {
         w.abort();
     }

@@ -56,8 +56,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::crd::{
-    LifecycleMode, PortEndpoint, Sandbox, SandboxPhase, SandboxPool, SandboxSpec, SandboxTemplate,
-    Scope,
+    GuardHold, LifecycleMode, PortEndpoint, Sandbox, SandboxPhase, SandboxPool, SandboxSpec,
+    SandboxTemplate, Scope,
 };
 use crate::exec::{
     self, ExecError, ExecOutput, ExecRequest, ExecStream, ExitStatus, session::Session,
@@ -395,8 +395,82 @@ impl SandboxHandle {
         self.set_mode(LifecycleMode::Running).await
     }
 
+    /// Suspends the sandbox under `guard`, the scope's guard the caller holds (and keeps until
+    /// this returns): the operator stops the pod under that hold instead of taking the guard
+    /// itself, so no other party can start work in the scope between the caller's last command
+    /// and the suspension. Waits up to `timeout` until the Sandbox is Suspended.
+    pub async fn suspend_under(
+        &mut self,
+        guard: &Guard,
+        timeout: Duration,
+    ) -> Result<(), ClientError> {
+        let hold = self.hold_of(guard)?;
+        self.patch_mode(LifecycleMode::Suspended, Some(hold))
+            .await?;
+        guard.run(self.wait_suspended(timeout)).await?
+    }
+
+    /// Waits up to `timeout` until the Sandbox is Suspended (its pod gone).
+    pub async fn wait_suspended(&mut self, timeout: Duration) -> Result<(), ClientError> {
+        let suspended = |s: Option<&Sandbox>| {
+            s.is_none_or(|s| {
+                s.status.as_ref().and_then(|st| st.phase) == Some(SandboxPhase::Suspended)
+            })
+        };
+        let waited = tokio::time::timeout(
+            timeout,
+            watch::until(self.api.clone(), &self.name, suspended),
+        )
+        .await;
+        match waited {
+            Ok(Ok(Some(s))) => {
+                self.sandbox = s;
+                Ok(())
+            }
+            Ok(Ok(None)) => Err(ClientError::NotFound(format!("sandbox {}", self.name))),
+            Ok(Err(e)) => Err(ClientError::Protocol(format!(
+                "watching {}: {e}",
+                self.name
+            ))),
+            Err(_) => Err(ClientError::NotReady {
+                name: self.name.clone(),
+                waited: timeout,
+                phase: "not Suspended".into(),
+            }),
+        }
+    }
+
+    /// The hand-off fields of `guard` ([`GuardHold`]): refused before any request when it is
+    /// another scope's guard or is lost.
+    pub fn hold_of(&self, guard: &Guard) -> Result<GuardHold, ClientError> {
+        let want = labels::lease_name(&labels::scope_key(&self.sandbox.spec.scope));
+        if guard.lease_name() != want {
+            return Err(ClientError::ScopeMismatch(format!(
+                "guard {} is not the guard of sandbox {}'s scope ({want})",
+                guard.lease_name(),
+                self.name
+            )));
+        }
+        if guard.is_lost() {
+            return Err(GuardError::Lost(want).into());
+        }
+        Ok(GuardHold {
+            holder: guard.holder().to_string(),
+            token: guard.token(),
+        })
+    }
+
     async fn set_mode(&mut self, mode: LifecycleMode) -> Result<(), ClientError> {
-        let patch = serde_json::json!({"spec": {"lifecycle": {"mode": mode}}});
+        self.patch_mode(mode, None).await
+    }
+
+    /// Sets the mode and the hold it is set under (`None` clears an earlier one).
+    async fn patch_mode(
+        &mut self,
+        mode: LifecycleMode,
+        hold: Option<GuardHold>,
+    ) -> Result<(), ClientError> {
+        let patch = serde_json::json!({"spec": {"lifecycle": {"mode": mode, "guard": hold}}});
         self.sandbox = self
             .api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))

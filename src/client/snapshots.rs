@@ -7,9 +7,10 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{ClientError, SandboxHandle, Sandboxes};
 use crate::crd::{
-    DeletionPolicy, RestorePolicy, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
-    SandboxSpec, SnapshotPhase,
+    DeletionPolicy, GuardHold, RestorePolicy, Sandbox, SandboxRef, SandboxSnapshot,
+    SandboxSnapshotSpec, SandboxSpec, SnapshotPhase,
 };
+use crate::guard::Guard;
 use crate::labels;
 
 fn phase(s: &SandboxSnapshot) -> Option<SnapshotPhase> {
@@ -24,6 +25,31 @@ impl SandboxHandle {
         &self,
         name: Option<&str>,
         deletion_policy: DeletionPolicy,
+    ) -> Result<SandboxSnapshot, ClientError> {
+        self.create_snapshot(name, deletion_policy, None).await
+    }
+
+    /// As [`snapshot`](Self::snapshot), taken under `guard`, the scope's guard the caller
+    /// holds and keeps until the snapshot is Ready or Failed: the operator checks that hold
+    /// instead of taking the guard, so nothing works in the scope between the caller's last
+    /// command and the snapshot (it fails with the reason `GuardNotHeld` when the hold is gone
+    /// before it starts).
+    pub async fn snapshot_under(
+        &self,
+        name: Option<&str>,
+        deletion_policy: DeletionPolicy,
+        guard: &Guard,
+    ) -> Result<SandboxSnapshot, ClientError> {
+        let hold = self.hold_of(guard)?;
+        self.create_snapshot(name, deletion_policy, Some(hold))
+            .await
+    }
+
+    async fn create_snapshot(
+        &self,
+        name: Option<&str>,
+        deletion_policy: DeletionPolicy,
+        guard: Option<GuardHold>,
     ) -> Result<SandboxSnapshot, ClientError> {
         let snaps: Api<SandboxSnapshot> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut meta = ObjectMeta {
@@ -41,7 +67,7 @@ impl SandboxHandle {
                     name: self.name.clone(),
                 },
                 deletion_policy,
-                guard: None,
+                guard,
             },
             status: None,
         };

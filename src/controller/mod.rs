@@ -37,7 +37,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use rand::Rng;
-use tracing::{Instrument, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::config::Config;
 use crate::crd::{Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot, SandboxTemplate};
@@ -397,6 +397,34 @@ pub(crate) async fn scope_guard(
     got
 }
 
+/// The hold of the scope's guard that a harness handed over in `spec.lifecycle.guard`, when it
+/// still stands (the Lease held by that holder with that token); `None` when there is none or
+/// it no longer stands (the operator then takes the guard itself).
+pub(crate) async fn handed_off_hold(
+    ctx: &Context,
+    sbx: &Sandbox,
+) -> Result<Option<(crate::crd::GuardHold, guard::HandOff)>, Error> {
+    let Some(hold) = sbx.spec.lifecycle.guard.clone() else {
+        return Ok(None);
+    };
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let lease = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
+    let h = guard::HandOff::new(
+        Api::namespaced(ctx.client.clone(), &ns),
+        &lease,
+        &hold.holder,
+        hold.token,
+    );
+    match h.check().await {
+        Ok(()) => Ok(Some((hold, h))),
+        Err(GuardError::NotHeld { seen, .. }) => {
+            debug!(sandbox = %sbx.name_any(), "the handed-over guard hold no longer stands ({seen}); the operator takes the guard itself");
+            Ok(None)
+        }
+        Err(e) => Err(Error::Guard(e)),
+    }
+}
+
 /// How long the operator waits for a scope's guard (a snapshot or a restore) before trying
 /// again later.
 pub const GUARD_WAIT: Duration = Duration::from_secs(60);
@@ -473,11 +501,34 @@ async fn run_sandboxes(
             .map(|s| ObjectRef::from_obj(s.as_ref()))
             .collect::<Vec<_>>()
     };
+    // A snapshot created, changed or deleted brings back the sandboxes whose start it may
+    // decide (see `sandbox::snapshot_concerns`), so that a refused restore is judged again at
+    // once, not at the next slow poll.
+    let snapshot_store = controller.store();
+    let snapshot_to_sandboxes = move |snap: SandboxSnapshot| {
+        let (name, ns) = (snap.name_any(), snap.namespace());
+        let key = snap
+            .labels()
+            .get(labels::SCOPE_KEY)
+            .cloned()
+            .or_else(|| snap.status.as_ref().and_then(|s| s.scope_key.clone()));
+        snapshot_store
+            .state()
+            .into_iter()
+            .filter(|s| s.namespace() == ns && sandbox::snapshot_concerns(s, &name, key.as_deref()))
+            .map(|s| ObjectRef::from_obj(s.as_ref()))
+            .collect::<Vec<_>>()
+    };
     controller
         .watches(
             scoped::<SandboxTemplate>(&ctx.client, &ns),
             watcher::Config::default(),
             template_to_sandboxes,
+        )
+        .watches(
+            scoped::<SandboxSnapshot>(&ctx.client, &ns),
+            watcher::Config::default(),
+            snapshot_to_sandboxes,
         )
         .owns_stream(managed_pods(&ctx, &ns, owned.clone(), pods))
         .owns(scoped::<NetworkPolicy>(&ctx.client, &ns), owned.clone())

@@ -32,6 +32,8 @@ pub enum RestoreReason {
     StoreError,
     /// Reading the archive failed.
     ArchiveFailed,
+    /// The stream into the sandbox's `tar -x` stopped moving for the progress deadline.
+    StreamStalled,
     /// The archive or its object was refused: the snapshot module's reason
     /// ([`snapshot::permanent_reason`]).
     Refused(&'static str),
@@ -53,6 +55,7 @@ impl RestoreReason {
             RestoreReason::SwapFailed => "SwapFailed",
             RestoreReason::StoreError => "StoreError",
             RestoreReason::ArchiveFailed => "ArchiveFailed",
+            RestoreReason::StreamStalled => snapshot::STREAM_STALLED,
             RestoreReason::Refused(r) => r,
         }
     }
@@ -61,7 +64,8 @@ impl RestoreReason {
     pub fn of(e: &SnapshotError) -> Self {
         match e {
             SnapshotError::Store(_) => RestoreReason::StoreError,
-            SnapshotError::Source(_) => RestoreReason::ArchiveFailed,
+            SnapshotError::Source(_) | SnapshotError::Guard(_) => RestoreReason::ArchiveFailed,
+            SnapshotError::Stalled(_) => RestoreReason::StreamStalled,
             SnapshotError::Refused(_) | SnapshotError::Missing(_) => {
                 RestoreReason::Refused(snapshot::permanent_reason(e.reason()))
             }
@@ -79,6 +83,7 @@ impl RestoreReason {
                 | RestoreReason::RestoreFailed
                 | RestoreReason::ExtractFailed
                 | RestoreReason::SwapFailed
+                | RestoreReason::StreamStalled
                 | RestoreReason::SnapshotNotReady
         )
     }

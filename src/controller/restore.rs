@@ -30,6 +30,7 @@ use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
 use crate::exec::{self, ExecRequest};
 use crate::guard::GuardError;
 use crate::metrics::GuardOp;
+use crate::progress;
 use crate::remote::{self, DISCARD_SCRIPT, EXTRACT_SCRIPT, SWAP_SCRIPT};
 use crate::snapshot::{self, SnapshotError, archive};
 
@@ -138,6 +139,8 @@ struct Source {
     size: Option<u64>,
     limits: archive::Limits,
     judged: Judged,
+    /// The progress deadline of the stream into the pod.
+    stall: Duration,
 }
 
 /// Restores `snapshot` into the sandbox's workspace in pod `pod_name`, and records its bytes
@@ -287,6 +290,7 @@ async fn source(
             size,
             limits,
             judged,
+            stall: ctx.config.stream_stall(),
         })),
     }
 }
@@ -315,6 +319,7 @@ async fn stage_and_swap(
         src.limits,
         expected,
         &src.judged,
+        src.stall,
     )
     .await;
     let staged = match extracted {
@@ -379,15 +384,30 @@ async fn extract(
     limits: archive::Limits,
     expected: (&str, Option<u64>),
     judged: &Judged,
+    stall: Duration,
 ) -> Result<archive::Summary, Error> {
     let (reader, task) = snapshot::canonical_reader(store, key, limits)
         .await
         .map_err(|e| judged.error(e))?;
+    // The pod's `tar -x` is the sandbox's: when it stops reading, the exec stops taking bytes
+    // from the reader, and the meter stops.
+    let meter = progress::Meter::default();
+    let reader = progress::Metered::new(Box::pin(reader), meter.clone());
     let req = ExecRequest::argv(remote::sh(EXTRACT_SCRIPT, [root, id]))
         .stdin_reader(reader)
         .timeout(EXTRACT_TIMEOUT)
         .max_output(16 << 10);
-    let out = exec::run(pods, pod_name, CONTAINER, req).await;
+    let out = match progress::within(&meter, stall, exec::run(pods, pod_name, CONTAINER, req)).await
+    {
+        Ok(out) => out,
+        Err(stalled) => {
+            task.abort();
+            return Err(fail(
+                RestoreReason::StreamStalled,
+                format!("tar -x in the pod stopped reading the archive: {stalled}"),
+            ));
+        }
+    };
     let forwarded = task
         .await
         .map_err(|e| {

@@ -52,6 +52,13 @@ pub enum SnapshotError {
     /// The object to restore does not exist.
     #[error("snapshot object {0} is missing")]
     Missing(String),
+    /// The scope's guard (the operator's, or the hold a harness handed over) was lost or not
+    /// held while the archive was read.
+    #[error("guard: {0}")]
+    Guard(String),
+    /// The stream between the operator and the sandbox stopped moving.
+    #[error("the sandbox's stream stalled: {0}")]
+    Stalled(#[from] crate::progress::Stalled),
 }
 
 impl From<object_store::Error> for SnapshotError {
@@ -59,6 +66,9 @@ impl From<object_store::Error> for SnapshotError {
         SnapshotError::Store(StoreError::ObjectStore(e))
     }
 }
+
+/// The reason of a stream between the operator and a sandbox that stopped moving.
+pub const STREAM_STALLED: &str = "StreamStalled";
 
 /// The object version of an object that does not exist.
 pub const ABSENT: &str = "absent";
@@ -110,6 +120,8 @@ impl SnapshotError {
             SnapshotError::Refused(r) => r.reason(),
             SnapshotError::Source(_) => "ArchiveFailed",
             SnapshotError::Missing(_) => "ObjectMissing",
+            SnapshotError::Stalled(_) => STREAM_STALLED,
+            SnapshotError::Guard(_) => "GuardLost",
         }
     }
 }

@@ -153,7 +153,13 @@ pub async fn act(
 }
 
 /// Suspends: takes the on-stop snapshot the spec asks for, deletes the pod, records the
-/// transition. Whether the pod is gone (false: it still terminates, or the snapshot runs).
+/// transition. Whether the pod is gone (false: it still terminates, the snapshot runs, or a
+/// harness holds the scope's guard).
+///
+/// Never under a harness at work: the pod goes under the hold the harness handed over in
+/// `spec.lifecycle.guard` (it keeps the guard until the sandbox is Suspended, so nobody starts
+/// work in between), else under the operator's own guard, not waited for (a harness at work
+/// keeps its pod until it lets go; its release, a watched Lease event, brings the next look).
 async fn suspend(
     sbx: &Sandbox,
     ctx: &Context,
@@ -161,11 +167,50 @@ async fn suspend(
     old: &SandboxStatus,
     (status, note): (SandboxStatus, Option<Note>),
 ) -> Result<bool, Error> {
+    let handed = crate::controller::handed_off_hold(ctx, sbx).await?;
     // spec.snapshot.onStop: persist the workspace before its pod goes.
-    if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
+    let hold = handed.as_ref().map(|(h, _)| h.clone());
+    if snapshot::on_stop(ctx, sbx, hold).await? == snapshot::OnStop::Wait {
         return Ok(false);
     }
-    let gone = delete_if_present(&apis.pods, pod_name).await?;
+    let own = match &handed {
+        Some(_) => None,
+        None => {
+            let cfg = GuardConfig {
+                holder: format!("{}/suspend", ctx.config.identity),
+                ..GuardConfig::default()
+            };
+            let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+            let scope = &sbx.spec.scope;
+            match guard::acquire_scope(ctx.client.clone(), &ns, scope, &cfg, Some(Duration::ZERO))
+                .await
+            {
+                Ok(g) => Some(g),
+                Err(GuardError::Timeout { holder, .. }) => {
+                    debug!(sandbox = %sbx.name_any(), %holder, "suspending waits for the scope's guard");
+                    return Ok(false);
+                }
+                Err(e) => return Err(Error::Guard(e)),
+            }
+        }
+    };
+    let deleted = match (&handed, &own) {
+        (Some((_, h)), _) => h.run(delete_if_present(&apis.pods, pod_name)).await,
+        (None, Some(g)) => g.run(delete_if_present(&apis.pods, pod_name)).await,
+        (None, None) => Ok(delete_if_present(&apis.pods, pod_name).await),
+    };
+    if let Some(g) = own {
+        release(g, &sbx.name_any()).await;
+    }
+    let gone = match deleted {
+        Ok(r) => r?,
+        // The hold went while the pod was being deleted: look again (the next look takes the
+        // operator's own guard).
+        Err(e) => {
+            debug!(sandbox = %sbx.name_any(), "the guard went during the suspension: {e}");
+            return Ok(false);
+        }
+    };
     write_transition(ctx, sbx, apis, old, &status, note).await?;
     Ok(gone)
 }

@@ -50,7 +50,10 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let apis = Apis::new(ctx, &ns, super::MetadataGate::open());
     // spec.snapshot.onStop: persist the workspace before its pod goes.
-    if snapshot::on_stop(ctx, sbx).await? == snapshot::OnStop::Wait {
+    let hold = crate::controller::handed_off_hold(ctx, sbx)
+        .await?
+        .map(|(h, _)| h);
+    if snapshot::on_stop(ctx, sbx, hold).await? == snapshot::OnStop::Wait {
         mark_terminating(sbx, &apis).await;
         return Ok(Cleanup::Pending);
     }

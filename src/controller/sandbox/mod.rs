@@ -42,6 +42,24 @@ pub use decide::{FIRST_STATUS_GRACE, Note, defer_first_status, early_retry};
 /// removes the directory just after; without a helper image the finalizer stays).
 pub const FINALIZER: &str = "agentbox.dev/workspace";
 
+/// Whether a change to the SandboxSnapshot `name` (of scope `scope_key`, when known) may
+/// change what `sbx`'s start does (pure): it is the snapshot the sandbox restores by name or
+/// refused last, or a snapshot of its scope while the sandbox is not Ready (a `Latest` restore
+/// waiting for one, or refused). A Ready sandbox of the scope does not care.
+pub fn snapshot_concerns(sbx: &Sandbox, name: &str, scope_key: Option<&str>) -> bool {
+    let policy = &sbx.spec.snapshot;
+    let named =
+        policy.restore == crate::crd::RestorePolicy::Named && policy.name.as_deref() == Some(name);
+    let st = sbx.status.as_ref();
+    let refused = st
+        .and_then(|s| s.restore_refusal.as_ref())
+        .is_some_and(|r| r.basis.snapshot == name);
+    let ready = st.and_then(|s| s.phase) == Some(crate::crd::SandboxPhase::Ready);
+    let same_scope =
+        scope_key.is_some() && sbx.labels().get(labels::SCOPE_KEY).map(String::as_str) == scope_key;
+    named || refused || (same_scope && !ready)
+}
+
 /// Reconciles one Sandbox.
 pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
@@ -408,6 +426,43 @@ async fn node_health(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_concerns_the_sandboxes_that_name_it_refused_it_or_wait_in_its_scope() {
+        let sbx = |snapshot: serde_json::Value, status: serde_json::Value| -> Sandbox {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+                "metadata": {"name": "s", "labels": {labels::SCOPE_KEY: "k1"}},
+                "spec": {"image": "i", "scope": {"kind": "Global"}, "snapshot": snapshot},
+                "status": status,
+            }))
+            .unwrap()
+        };
+        let named = sbx(
+            serde_json::json!({"restore": "Named", "name": "snap"}),
+            serde_json::json!({"phase": "Ready"}),
+        );
+        assert!(snapshot_concerns(&named, "snap", None));
+        assert!(!snapshot_concerns(&named, "other", Some("k2")));
+        assert!(
+            !snapshot_concerns(&named, "other", Some("k1")),
+            "Ready: a new snapshot of its scope changes nothing"
+        );
+        let refused = sbx(
+            serde_json::json!({}),
+            serde_json::json!({"phase": "Pending", "restoreRefusal": {
+                "snapshot": "old", "snapshotUid": "u", "snapshotResourceVersion": "1",
+                "generation": 1, "objectVersion": "v", "limits": "l",
+                "reason": "Fifo", "message": "m", "refusedAt": "2026-01-01T00:00:00Z"}}),
+        );
+        assert!(snapshot_concerns(&refused, "old", None), "the refused one");
+        assert!(
+            snapshot_concerns(&refused, "new", Some("k1")),
+            "Latest, not Ready: any snapshot of its scope"
+        );
+        assert!(!snapshot_concerns(&refused, "new", Some("k2")));
+        assert!(!snapshot_concerns(&refused, "new", None));
+    }
 
     #[test]
     fn the_finalizer_comes_off_by_a_conditioned_patch_that_keeps_the_others() {

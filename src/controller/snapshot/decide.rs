@@ -15,6 +15,9 @@ pub enum SandboxState {
     Missing,
     /// The sandbox exists but its workspace cannot be read now (why).
     NotReady(String),
+    /// The sandbox is suspended or being deleted and no pod serves its workspace: none will
+    /// until someone resumes it (why).
+    Stopped(String),
     /// Its pod runs and its workspace was initialised in that pod.
     Ready,
 }
@@ -50,6 +53,8 @@ pub enum NotCommitted {
     SandboxNotFound,
     /// The referenced Sandbox's workspace cannot be read now (transient: waited for).
     SandboxNotReady,
+    /// The referenced Sandbox is suspended (or being deleted) and no pod serves its workspace.
+    SandboxStopped,
 }
 
 impl NotCommitted {
@@ -62,6 +67,7 @@ impl NotCommitted {
             NotCommitted::InvalidReference => "InvalidReference",
             NotCommitted::SandboxNotFound => "SandboxNotFound",
             NotCommitted::SandboxNotReady => "SandboxNotReady",
+            NotCommitted::SandboxStopped => "SandboxStopped",
         }
     }
 
@@ -123,6 +129,7 @@ pub fn decide(o: &Observed) -> Plan {
             "the referenced Sandbox does not exist".into(),
         ),
         SandboxState::NotReady(why) => (NotCommitted::SandboxNotReady, why.clone()),
+        SandboxState::Stopped(why) => (NotCommitted::SandboxStopped, why.clone()),
         SandboxState::Ready => {
             return Plan::Take {
                 clean_first: interrupted,
@@ -235,6 +242,11 @@ mod tests {
             obs(None, 0, SandboxState::NotReady("x".into()), false),
             Plan::Wait(NotCommitted::SandboxNotReady, _)
         ));
+        // Never Pending for a pod that will not come: failed at once, with its reason.
+        assert!(matches!(
+            obs(Some(SnapshotPhase::Pending), 1, SandboxState::Stopped("s".into()), false),
+            Plan::Fail(NotCommitted::SandboxStopped, m) if m == "s"
+        ));
         let no_store = decide(&Observed {
             phase: None,
             attempts: 0,
@@ -254,6 +266,7 @@ mod tests {
             NotCommitted::TooManyAttempts,
             NotCommitted::InvalidReference,
             NotCommitted::SandboxNotFound,
+            NotCommitted::SandboxStopped,
         ] {
             assert!(r.is_permanent(), "{r:?}");
             assert!(!r.as_str().is_empty());

@@ -32,7 +32,9 @@ use tracing::warn;
 use super::conditions;
 use super::podstate;
 use super::{Context, Error};
-use crate::crd::{DeletionPolicy, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
+use crate::crd::{
+    DeletionPolicy, LifecycleMode, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
+};
 use crate::labels;
 pub use crate::remote::{TAR_SCRIPT, tar_args};
 use crate::snapshot::SnapshotError;
@@ -126,26 +128,39 @@ async fn observe_sandbox(
         return Ok((SandboxState::Missing, None));
     };
     let st = sbx.status.clone().unwrap_or_default();
-    let Some(pod_name) = st.pod_name.clone() else {
-        return Ok((
-            SandboxState::NotReady("the sandbox has no pod".into()),
-            Some(sbx),
-        ));
+    let pod = match st.pod_name.as_deref() {
+        Some(pod_name) => {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+            pods.get_opt(pod_name).await?
+        }
+        None => None,
     };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(pod) = pods.get_opt(&pod_name).await? else {
-        return Ok((
-            SandboxState::NotReady("the sandbox pod does not exist".into()),
-            Some(sbx),
-        ));
-    };
-    if podstate::serves_workspace(&st, &pod) {
+    if let Some(pod) = &pod
+        && podstate::serves_workspace(&st, pod)
+    {
         return Ok((SandboxState::Ready, Some(sbx)));
     }
-    let why = if podstate::initialised_in(&st, &pod) {
-        "the sandbox pod is not ready"
+    // No pod serves the workspace. One that is starting (or coming back) is waited for; a
+    // suspended or deleted sandbox gets none until someone resumes it, so waiting would keep
+    // the snapshot Pending for good.
+    let stopping = if sbx.metadata.deletion_timestamp.is_some() {
+        Some("the sandbox is being deleted and no pod serves its workspace")
+    } else if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
+        Some(
+            "the sandbox is suspended and no pod serves its workspace: take snapshots before \
+             suspending (under the scope's guard, see spec.guard), or resume it first",
+        )
     } else {
-        "the workspace is not initialised in the current pod"
+        None
+    };
+    if let Some(why) = stopping {
+        return Ok((SandboxState::Stopped(why.into()), Some(sbx)));
+    }
+    let why = match &pod {
+        None if st.pod_name.is_none() => "the sandbox has no pod",
+        None => "the sandbox pod does not exist",
+        Some(pod) if podstate::initialised_in(&st, pod) => "the sandbox pod is not ready",
+        Some(_) => "the workspace is not initialised in the current pod",
     };
     Ok((SandboxState::NotReady(why.into()), Some(sbx)))
 }

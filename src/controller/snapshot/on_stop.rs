@@ -13,7 +13,8 @@ use super::ON_STOP;
 use crate::controller::podstate;
 use crate::controller::{Context, Error};
 use crate::crd::{
-    DeletionPolicy, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec, SnapshotPhase,
+    DeletionPolicy, GuardHold, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
+    SnapshotPhase,
 };
 use crate::labels;
 
@@ -32,7 +33,13 @@ const ON_STOP_PATIENCE: Duration = Duration::from_secs(600);
 /// The `spec.snapshot.onStop` hook, called before a sandbox's pod is deleted for a suspend or
 /// a delete: creates (once per pod) a SandboxSnapshot of the running workspace and reports
 /// whether to wait for it. A failed snapshot does not block the stop (a Warning Event says so).
-pub async fn on_stop(ctx: &Context, sbx: &Sandbox) -> Result<OnStop, Error> {
+/// With `hold` (a harness's hold of the scope's guard that still stands), the snapshot is taken
+/// under that hold instead of the operator's own guard, which the harness keeps meanwhile.
+pub async fn on_stop(
+    ctx: &Context,
+    sbx: &Sandbox,
+    hold: Option<GuardHold>,
+) -> Result<OnStop, Error> {
     if !sbx.spec.snapshot.on_stop || ctx.store.is_none() {
         return Ok(OnStop::Proceed);
     }
@@ -70,7 +77,7 @@ pub async fn on_stop(ctx: &Context, sbx: &Sandbox) -> Result<OnStop, Error> {
                         name: sbx.name_any(),
                     },
                     deletion_policy: DeletionPolicy::default(),
-                    guard: None,
+                    guard: hold,
                 },
             );
             obj.metadata.labels = Some(l);

@@ -30,9 +30,12 @@ use crate::exec::{self, ExecEvent, ExecRequest};
 
 /// Reason of a snapshot waiting for an unreachable or refusing object store.
 const STORE_UNAVAILABLE: &str = "StoreUnavailable";
-use crate::guard::{Guard, GuardError};
+/// Reason of a snapshot whose `spec.guard` hold was not (or no longer) the scope's Lease's.
+pub const GUARD_NOT_HELD: &str = "GuardNotHeld";
+use crate::guard::{Guard, GuardError, HandOff};
 use crate::labels;
 use crate::metrics::{ExecOp, GuardOp, Metrics};
+use crate::progress::Deadline;
 use crate::remote;
 use crate::snapshot::archive::{Refusal, Summary};
 use crate::snapshot::store::{Commit, Manifest, SnapshotKeys, Store};
@@ -86,8 +89,27 @@ pub(super) async fn take(
         store.delete_snapshot(&t.keys).await.map_err(snapshot_err)?;
         st.upload_id = None;
     }
-    let Some(g) = t.guard(&mut st).await? else {
-        return Ok(Action::requeue(Duration::from_secs(5)));
+    let g = match &snap.spec.guard {
+        Some(hold) => {
+            let leases = Api::namespaced(ctx.client.clone(), &t.ns);
+            let lease = labels::lease_name(&t.scope_key);
+            let h = HandOff::new(leases, &lease, &hold.holder, hold.token);
+            match h.check().await {
+                Ok(()) => Hold::HandedOff(h),
+                Err(e @ GuardError::NotHeld { .. }) => {
+                    // The harness let go before the snapshot could start: taking it now could
+                    // capture someone else's work. Nothing was uploaded.
+                    let msg = format!("the guard hold this snapshot names is not held: {e}");
+                    write_failure(ctx, snap, &t.api, st, GUARD_NOT_HELD, &msg, true).await?;
+                    return Ok(Action::await_change());
+                }
+                Err(e) => return Err(Error::Guard(e)),
+            }
+        }
+        None => match t.guard(&mut st).await? {
+            Some(g) => Hold::Own(g),
+            None => return Ok(Action::requeue(Duration::from_secs(5))),
+        },
     };
     let _flight = InFlight::new(&uid);
     let attempts = st.attempts.unwrap_or(0) + 1;
@@ -100,6 +122,8 @@ pub(super) async fn take(
     };
     let started = std::time::Instant::now();
     let outcome = t.upload_and_commit(&g, upload_id.as_ref()).await;
+    // A harness's hold that went away does not come back: no second attempt under it.
+    let handed_off = matches!(g, Hold::HandedOff(_));
     if let Err(e) = g.release().await {
         warn!(snapshot = %t.name, "releasing the scope guard: {e}");
     }
@@ -108,7 +132,50 @@ pub(super) async fn take(
             info!(snapshot = %t.name, namespace = %t.ns, bytes = summary.size, secs = started.elapsed().as_secs_f64(), "committed");
             t.committed(st, summary, started.elapsed()).await
         }
-        Err(e) => t.failed(st, e, attempts, upload_id.as_deref()).await,
+        Err(e) => {
+            let final_ = handed_off && matches!(e, SnapshotError::Guard(_));
+            t.failed(st, e, attempts, final_, upload_id.as_deref())
+                .await
+        }
+    }
+}
+
+/// The guard a snapshot is taken under: the operator's own, or a harness's hold handed over
+/// in `spec.guard` (checked, never taken or released here).
+enum Hold {
+    Own(Guard),
+    HandedOff(HandOff),
+}
+
+impl Hold {
+    fn token(&self) -> i64 {
+        match self {
+            Hold::Own(g) => g.token(),
+            Hold::HandedOff(h) => h.token(),
+        }
+    }
+
+    async fn run<F: std::future::Future>(&self, fut: F) -> Result<F::Output, GuardError> {
+        match self {
+            Hold::Own(g) => g.run(fut).await,
+            Hold::HandedOff(h) => h.run(fut).await,
+        }
+    }
+
+    /// Whether it is known lost (a hand-off is checked again by its `run`).
+    fn is_lost(&self) -> bool {
+        match self {
+            Hold::Own(g) => g.is_lost(),
+            Hold::HandedOff(_) => false,
+        }
+    }
+
+    /// Releases the operator's own guard; a hand-off stays the harness's.
+    async fn release(self) -> Result<(), GuardError> {
+        match self {
+            Hold::Own(g) => g.release().await,
+            Hold::HandedOff(_) => Ok(()),
+        }
     }
 }
 
@@ -136,7 +203,7 @@ impl Taking<'_> {
     /// abort it (only a kill between the two calls loses it).
     async fn start(
         &self,
-        g: &Guard,
+        g: &Hold,
         st: &mut SandboxSnapshotStatus,
         attempts: i32,
     ) -> Result<Option<MultipartId>, Error> {
@@ -199,7 +266,7 @@ impl Taking<'_> {
     /// the workspace while it was read).
     async fn upload_and_commit(
         &self,
-        g: &Guard,
+        g: &Hold,
         upload_id: Option<&MultipartId>,
     ) -> Result<Summary, SnapshotError> {
         let pod_name = crate::controller::placement::pod_name(self.sbx);
@@ -215,7 +282,7 @@ impl Taking<'_> {
         let (summary, commit) = g
             .run(upload)
             .await
-            .unwrap_or_else(|e| Err(SnapshotError::Source(format!("guard: {e}"))))?;
+            .unwrap_or_else(|e| Err(SnapshotError::Guard(e.to_string())))?;
         let manifest = Manifest {
             version: 1,
             object_key: self.keys.object.to_string(),
@@ -232,7 +299,7 @@ impl Taking<'_> {
             operator_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         if g.is_lost() {
-            return Err(SnapshotError::Source("the scope's guard was lost".into()));
+            return Err(SnapshotError::Guard("the scope's guard was lost".into()));
         }
         self.store.commit(&self.keys, commit).await?;
         self.store
@@ -280,12 +347,14 @@ impl Taking<'_> {
         Ok(Action::await_change())
     }
 
-    /// A failed attempt: its objects removed, Pending for another attempt or Failed.
+    /// A failed attempt: its objects removed, Pending for another attempt or Failed (at once
+    /// when `final_`).
     async fn failed(
         &self,
         st: SandboxSnapshotStatus,
         e: SnapshotError,
         attempts: i32,
+        final_: bool,
         upload_id: Option<&str>,
     ) -> Result<Action, Error> {
         // The upload aborts itself on errors it sees, but not when a lost guard cancelled
@@ -297,11 +366,16 @@ impl Taking<'_> {
         let msg = format!("attempt {attempts} failed: {e}");
         warn!(snapshot = %self.name, namespace = %self.ns, "{msg}");
         // An archive the restore would refuse stays refused: no point in trying again (a
-        // truncated one is a broken stream, which may not recur).
+        // truncated one is a broken stream, which may not recur). A stream the sandbox let
+        // stall would stall again, each attempt holding the scope's guard for the deadline.
         let refused = matches!(&e, SnapshotError::Refused(r) if *r != Refusal::Truncated);
-        let give_up = attempts >= MAX_ATTEMPTS || refused;
+        let stalled = matches!(&e, SnapshotError::Stalled(_));
+        let give_up = attempts >= MAX_ATTEMPTS || refused || stalled || final_;
         write_failure(self.ctx, self.snap, &self.api, st, reason, &msg, give_up).await?;
-        Ok(Action::requeue(Duration::from_secs(5)))
+        // A passing failure (a container restarting under the exec, a store hiccup) is
+        // tried again after a pause that grows with the attempts.
+        let pause = 5 * u64::try_from(attempts.max(1)).unwrap_or(1);
+        Ok(Action::requeue(Duration::from_secs(pause)))
     }
 }
 
@@ -359,7 +433,13 @@ async fn stream_to_store(
         ctx.metrics.exec_failed(ExecOp::Snapshot, e.kind());
         SnapshotError::Source(format!("exec: {e}"))
     })?;
-    let chunks = archive_chunks(stream, ctx.metrics.clone());
+    // Only the time spent waiting for the sandbox counts towards the deadline: a slow store
+    // is not the sandbox stalling.
+    let chunks = Deadline::new(
+        Box::pin(archive_chunks(stream, ctx.metrics.clone())),
+        ctx.config.stream_stall(),
+    )
+    .map(|item| item.unwrap_or_else(|stalled| Err(stalled.into())));
     let chunks = Box::pin(chunks);
     let limits = ctx.config.restore_limits();
     let result = snapshot::upload(store, keys, upload_id, limits, chunks, || {
