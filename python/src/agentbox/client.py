@@ -29,6 +29,7 @@ from ._kube import (
 from ._watch import wait_gone, watch_until
 from .errors import (
     ConflictError,
+    GuardError,
     InvalidRequestError,
     NotFoundError,
     SandboxFailedError,
@@ -561,18 +562,64 @@ class Sandbox:
         """
         await (await self._files()).download_dir(remote, local)
 
-    async def _set_mode(self, mode: str) -> None:
+    def _hold(self, guard: Guard) -> dict[str, Any]:
+        """The hand-off fields (``GuardHold``) of ``guard``: raises before any request when it
+        is not held or is another scope's.
+        """
+        want = _labels.lease_name(_labels.scope_key(self.scope))
+        if guard.lease_name != want:
+            raise ScopeMismatchError(
+                f"guard {guard.lease_name} is not the guard of sandbox {self.name}'s scope ({want})"
+            )
+        if not guard.held:
+            raise GuardError(
+                f"guard {guard.lease_name} is not held: only a held guard is handed over"
+            )
+        return {"holder": guard.holder, "token": guard.fencing_token}
+
+    async def _set_mode(self, mode: str, guard: Guard | None = None) -> None:
+        hold = self._hold(guard) if guard is not None else None
         kube = await self._kube()
         self.obj = await kube.call(
             "PATCH",
             self._path(),
-            body={"spec": {"lifecycle": {"mode": mode}}},
+            # A hold from an earlier call is cleared (null removes it).
+            body={"spec": {"lifecycle": {"mode": mode, "guard": hold}}},
             content_type="application/merge-patch+json",
         )
 
-    async def suspend(self) -> None:
-        """Suspends the sandbox: its pod is deleted, its workspace kept on the node."""
-        await self._set_mode("Suspended")
+    async def suspend(
+        self, *, guard: Guard | None = None, wait: bool = False, timeout: float = 120.0
+    ) -> None:
+        """Suspends the sandbox: its pod is deleted, its workspace kept on the node.
+
+        The operator stops the pod only under the scope's guard, never under a harness at work:
+        with ``guard`` (held by the caller, who keeps it until this returns; implies ``wait``)
+        under that hold, so nobody can start work between the caller's last command and the
+        suspension; without, under its own guard once nobody holds it. With ``wait``, returns
+        once the Sandbox is Suspended, or raises :class:`~agentbox.errors.SandboxNotReadyError`
+        after ``timeout`` seconds.
+        """
+        await self._set_mode("Suspended", guard)
+        if wait or guard is not None:
+            await self._wait_phase("Suspended", timeout)
+
+    async def _wait_phase(self, phase: str, timeout: float) -> None:
+        kube = await self._kube()
+
+        def decide(obj: Mapping[str, Any] | None) -> bool:
+            if obj is None:
+                raise NotFoundError(f"sandbox {self.namespace}/{self.name} was deleted")
+            return (obj.get("status") or {}).get("phase") == phase
+
+        obj = await watch_until(kube, sandboxes_path(self.namespace), self.name, decide, timeout)
+        if obj is None:
+            await self.refresh()
+            reason, _ = failing_condition(self.obj)
+            raise SandboxNotReadyError(
+                self.name, self.phase or "", reason or "Timeout", f"not {phase} after {timeout}s"
+            )
+        self.obj = obj
 
     async def resume(self) -> None:
         """Resumes a suspended sandbox (a new pod reuses the workspace); see
@@ -602,13 +649,21 @@ class Sandbox:
         wait: bool = True,
         timeout: float = 600.0,
         deletion_policy: Literal["Delete", "Retain"] = "Delete",
+        guard: Guard | None = None,
     ) -> Snapshot:
         """Asks the operator for a snapshot of the workspace (a new SandboxSnapshot, taken under
         the scope's guard) and, with ``wait``, waits until it is Ready.
+
+        Without ``guard`` the operator takes the scope's guard itself, once nobody holds it.
+        With ``guard`` (held by the caller, who keeps it until the snapshot is Ready or Failed)
+        the snapshot is taken under that hold: nothing can work in the scope between the
+        caller's last command and the snapshot. It fails with the reason ``GuardNotHeld`` when
+        the hold is gone before the snapshot starts.
         """
+        hold = self._hold(guard) if guard is not None else None
         kube = await self._kube()
         snap = await _snapshots.create(
-            kube, self.namespace, self.name, self.scope, name, deletion_policy
+            kube, self.namespace, self.name, self.scope, name, deletion_policy, guard=hold
         )
         if not wait:
             return snap

@@ -90,20 +90,26 @@ async def create(
     scope: Scope,
     name: str | None,
     deletion_policy: Literal["Delete", "Retain"],
+    *,
+    guard: Mapping[str, Any] | None = None,
 ) -> Snapshot:
     """Creates a SandboxSnapshot of ``sandbox`` (named ``<sandbox>-<random>`` without a
-    name), labelled with its scope.
+    name), labelled with its scope; ``guard``: the hold of the scope's guard it is taken under
+    (``spec.guard``).
     """
     meta: dict[str, Any] = {"labels": _labels.scope_labels(scope)}
     if name:
         meta["name"] = name
     else:
         meta["generateName"] = f"{sandbox}-"
+    spec: dict[str, Any] = {"sandboxRef": {"name": sandbox}, "deletionPolicy": deletion_policy}
+    if guard is not None:
+        spec["guard"] = dict(guard)
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SandboxSnapshot",
         "metadata": meta,
-        "spec": {"sandboxRef": {"name": sandbox}, "deletionPolicy": deletion_policy},
+        "spec": spec,
     }
     return Snapshot.from_object(await kube.call("POST", snapshots_path(namespace), body=body))
 

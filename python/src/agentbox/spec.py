@@ -21,6 +21,7 @@ from .scope import Scope
 __all__ = [
     "Capabilities",
     "FileSource",
+    "GuardHold",
     "HostMount",
     "KeyRef",
     "Lifecycle",
@@ -123,15 +124,27 @@ class SnapshotPolicy:
 
 
 @dataclass
+class GuardHold:
+    """A hold of the scope's guard handed to the operator: the Lease's ``holder`` identity and
+    fencing ``token`` while the caller holds it (see :meth:`agentbox.Sandbox.suspend`).
+    """
+
+    holder: str
+    token: int
+
+
+@dataclass
 class Lifecycle:
     """Whether the sandbox has a pod (``Running``) or not (``Suspended``), when it ends, and
     after how long idle (Ready, its scope's guard free) it suspends itself: ``idle_timeout``, a
-    duration such as ``"90s"``, ``"15m"`` or ``"1h30m"``, at least ``"10s"``.
+    duration such as ``"90s"``, ``"15m"`` or ``"1h30m"``, at least ``"10s"``. ``guard``: the
+    hold under which ``mode`` was last set (``Sandbox.suspend(guard=...)`` sets it).
     """
 
     mode: Literal["Running", "Suspended"] = "Running"
     shutdown_time: _dt.datetime | str | None = None
     idle_timeout: str | None = None
+    guard: GuardHold | None = None
 
 
 @dataclass

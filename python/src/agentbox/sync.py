@@ -284,9 +284,12 @@ class Sandbox:
         """See :meth:`agentbox.Sandbox.download_dir`."""
         _portal.call(self.aio.download_dir(remote, local))
 
-    def suspend(self) -> None:
+    def suspend(
+        self, *, guard: Guard | None = None, wait: bool = False, timeout: float = 120.0
+    ) -> None:
         """See :meth:`agentbox.Sandbox.suspend`."""
-        _portal.call(self.aio.suspend())
+        g = guard._async if guard is not None else None
+        _portal.call(self.aio.suspend(guard=g, wait=wait, timeout=timeout))
 
     def resume(self) -> None:
         """See :meth:`agentbox.Sandbox.resume`."""
@@ -303,10 +306,14 @@ class Sandbox:
         wait: bool = True,
         timeout: float = 600.0,
         deletion_policy: Literal["Delete", "Retain"] = "Delete",
+        guard: Guard | None = None,
     ) -> Snapshot:
         """See :meth:`agentbox.Sandbox.snapshot`."""
+        g = guard._async if guard is not None else None
         return _portal.call(
-            self.aio.snapshot(name, wait=wait, timeout=timeout, deletion_policy=deletion_policy)
+            self.aio.snapshot(
+                name, wait=wait, timeout=timeout, deletion_policy=deletion_policy, guard=g
+            )
         )
 
     def snapshots(self) -> builtins.list[Snapshot]:

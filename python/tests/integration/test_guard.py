@@ -12,8 +12,11 @@ import pytest
 
 import agentbox
 from agentbox import labels
+from agentbox.snapshots import failing_condition
 
-from .conftest import Env, binary
+from .conftest import BASE_IMAGE, Env, binary
+
+SPEC = agentbox.SandboxSpec(image=BASE_IMAGE, image_pull_policy="Never")
 
 
 def lock_cmd(env: Env, sbx: agentbox.Sandbox, *args: str) -> list[str]:
@@ -121,3 +124,80 @@ async def test_the_operator_snapshots_only_when_the_guard_is_free(
     done = await env.sandboxes.wait_snapshot(snap.name, 120)
     assert done.phase == "Ready"
     assert done.fencing_token is not None and done.fencing_token > g.fencing_token
+
+
+async def test_a_snapshot_and_a_suspension_handed_over_under_the_guard_leave_no_gap(
+    env: Env,
+) -> None:
+    """A harness that holds its scope's guard has the operator snapshot and suspend under that
+    hold: nobody can take the guard between its last command and the suspension, the snapshot
+    captures that last command, and the hold is never released in between."""
+    scope = agentbox.Scope.for_user("handoff", "alice")
+    sbx = await env.sandboxes.get_or_create(scope, SPEC)
+    await sbx.wait_ready(120)
+    async with sbx.guard(wait=30) as g:
+        await sbx.write("last.txt", "the run's last word\n")
+        snap = await sbx.snapshot(guard=g, timeout=120)
+        assert snap.phase == "Ready"
+        # Taken under our hold, not a new acquisition of the operator's.
+        assert snap.fencing_token == g.fencing_token
+        await sbx.suspend(guard=g, timeout=120)
+        assert sbx.phase == "Suspended"
+        assert g.held
+        lease = await env.kube.call(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{env.ns}/leases/{g.lease_name}"
+        )
+        assert lease["spec"]["holderIdentity"] == g.holder
+        assert lease["spec"]["leaseTransitions"] == g.fencing_token
+    restored = await env.sandboxes.create_restored(scope, SPEC, snap.name, name="handoff-heir")
+    await restored.wait_ready(120)
+    assert await restored.read("last.txt") == b"the run's last word\n"
+    await restored.delete(wait=True)
+    await sbx.delete(wait=True)
+
+
+async def test_a_hold_that_is_not_held_is_refused_before_any_request(
+    env: Env, ready: agentbox.Sandbox
+) -> None:
+    g = ready.guard(wait=30)
+    with pytest.raises(agentbox.errors.GuardError, match="not held"):
+        await ready.snapshot(guard=g)
+    other = agentbox.Scope.for_user("handoff", "somebody-else")
+    async with env.sandboxes.guard(other, wait=30) as og:
+        with pytest.raises(agentbox.errors.ScopeMismatchError):
+            await ready.suspend(guard=og)
+
+
+async def test_a_snapshot_requested_and_a_suspension_under_a_held_guard_never_leave_it_pending(
+    env: Env,
+) -> None:
+    """The sequence that left a snapshot Pending for good: hold the guard, ask for a snapshot
+    and a suspension without handing the hold over, release. The operator suspends only under
+    the guard (not under the holder), and a snapshot whose sandbox has no pod any more fails
+    at once with its reason instead of waiting for one."""
+    scope = agentbox.Scope.for_user("handoff", "bob")
+    sbx = await env.sandboxes.get_or_create(scope, SPEC)
+    await sbx.wait_ready(120)
+    pod = sbx.pod_name
+    async with sbx.guard(wait=30):
+        await sbx.write("x.txt", "x\n")
+        snap = await sbx.snapshot(wait=False)
+        await sbx.suspend()
+        # The operator does not stop the pod under the holder: its command still runs.
+        await asyncio.sleep(3)
+        r = await sbx.exec(["cat", "x.txt"])
+        assert r.stdout == b"x\n"
+    for _ in range(120):
+        done = await env.sandboxes.get_snapshot(snap.name)
+        if done.phase in ("Ready", "Failed"):
+            break
+        await asyncio.sleep(1)
+    assert done.phase in ("Ready", "Failed"), done
+    if done.phase == "Failed":
+        assert failing_condition(done.raw)[0] == "SandboxStopped", done
+    await sbx.suspend(wait=True, timeout=120)
+    pods = await env.kube.call("GET", f"/api/v1/namespaces/{env.ns}/pods")
+    # Gone, or going: Suspended is written as the pod is asked to stop.
+    left = [p for p in pods["items"] if p["metadata"]["name"] == pod]
+    assert all(p["metadata"].get("deletionTimestamp") for p in left), left
+    await sbx.delete(wait=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,75 @@ async def test_a_server_in_the_sandbox_is_reached_through_resolve_exposed_port(e
         await session.aclose()
         await client.delete(session)
     await (await env.sandboxes.open(inner.state.sandbox_name)).delete(wait=True)
+
+
+#: Runs at once on one scope in the contention test (pairs of two), and the counter rounds and
+#: increments of each run. 9 pairs x 2 runs x 3 rounds = 54 read-modify-write rounds.
+CONTENTION_PAIRS = int(os.environ.get("AGENTBOX_CONTENTION_PAIRS", "9"))
+ROUNDS = 3
+INCREMENTS = 20
+
+
+def counting(tag: str) -> str:
+    """One round: INCREMENTS read-modify-write increments of ``counter``, between log lines."""
+    return (
+        f"echo '{tag} start' >> rounds.log; i=0; while [ $i -lt {INCREMENTS} ]; do "
+        "n=$(cat counter 2>/dev/null || echo 0); echo $((n+1)) > counter; i=$((i+1)); done; "
+        f"echo '{tag} end' >> rounds.log; cat counter"
+    )
+
+
+async def test_two_runs_on_one_scope_never_overlap_and_lose_no_update(env: Env) -> None:
+    """Two ``Runner.run``s at once on one User scope, many times: the runs' rounds never
+    interleave (each run holds the scope's guard from its start through its persist), no
+    increment is lost, every run's cleanup (persist under its own hold, then suspend unless
+    the other run is at work) ends without waiting out a timeout, and each run's persisted
+    snapshot is Ready."""
+    scope = {"kind": "User", "agent": "contention", "user": "alice"}
+
+    async def run(tag: str) -> tuple[float, str]:
+        model = ScriptedModel()
+        agent = SandboxAgent(name="counter", instructions="Count.", model=model)
+        # ROUNDS tool calls, then the answer that ends the run.
+        model.extend(
+            [
+                [function_call("exec_command", {"cmd": counting(tag)}, call_id=f"{tag}-{r}")]
+                for r in range(ROUNDS)
+            ]
+            + [[assistant_message(f"{tag} done")]]
+        )
+        config = RunConfig(
+            sandbox=SandboxRunConfig(
+                client=AgentboxSandboxClient(),
+                options=options(env, scope=scope, ready_timeout=120.0, guard_wait=120.0),
+            )
+        )
+        started = time.monotonic()
+        result = await Runner.run(agent, "count", run_config=config)
+        took = time.monotonic() - started
+        snap = session_state_of(result)["last_snapshot"]
+        assert snap, "the run persisted its workspace"
+        assert (await env.sandboxes.get_snapshot(snap)).phase == "Ready"
+        return took, snap
+
+    durations: list[tuple[float, float]] = []
+    for pair in range(CONTENTION_PAIRS):
+        (a, _), (b, _) = await asyncio.gather(run(f"a{pair}"), run(f"b{pair}"))
+        durations.append((min(a, b), max(a, b)))
+    sbx = await env.sandboxes.open_scope(agentbox.Scope.for_user("contention", "alice"))
+    await sbx.wait_ready(120, resume=True)
+    total = int((await sbx.read("counter")).decode())
+    log = (await sbx.read("rounds.log")).decode().split()
+    runs = 2 * CONTENTION_PAIRS
+    assert total == runs * ROUNDS * INCREMENTS, f"lost {runs * ROUNDS * INCREMENTS - total}"
+    # Each run's lines stand together: nobody else's round between its first and last.
+    tags = [log[i] for i in range(0, len(log), 2)]
+    blocks = [t for i, t in enumerate(tags) if i == 0 or tags[i - 1] != t]
+    assert len(blocks) == runs and len(set(blocks)) == runs, tags
+    waits = sorted(slow - fast for fast, slow in durations)
+    print(
+        f"contention: {runs * ROUNDS} rounds in {CONTENTION_PAIRS} pairs, 0 lost; the waiting "
+        f"run's extra time p50 {waits[len(waits) // 2]:.1f}s max {waits[-1]:.1f}s; run times "
+        f"{[(round(f, 1), round(s, 1)) for f, s in durations]}"
+    )
+    await sbx.delete(wait=True)

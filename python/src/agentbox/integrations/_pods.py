@@ -1,14 +1,20 @@
 """What both framework backends need from a sandbox beyond the SDK's calls: running an
-operation again, once, after the sandbox's pod was replaced under it.
+operation again, once, after the sandbox's pod was replaced under it; and ending a run's use
+of a sandbox (suspend or delete) under the scope's guard.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from ..client import Sandbox
-from ..errors import CommandNotStartedError, NotFoundError, RemoteFileNotFoundError
+from ..errors import (
+    CommandNotStartedError,
+    GuardTimeoutError,
+    NotFoundError,
+    RemoteFileNotFoundError,
+)
 
 T = TypeVar("T")
 
@@ -39,3 +45,28 @@ async def in_pod(sandbox: Sandbox, op: Callable[[], Awaitable[T]], timeout: floa
         if before == after and isinstance(err, CommandNotStartedError):
             raise  # the same pod serves: the program itself could not start
         return await op()
+
+
+async def stop_unless_busy(
+    sandbox: Sandbox, how: Literal["suspend", "delete"], timeout: float
+) -> bool:
+    """Suspends or deletes the sandbox at the end of a run, under the scope's guard: taken
+    without waiting, and the stop handed over under it, so the pod never goes under another
+    run of the scope. When another run holds the guard, it is at work in this sandbox: it is
+    left to that run (whose own end stops it) and False is returned.
+    """
+    guard = sandbox.guard(wait=0)
+    try:
+        await guard.acquire()
+    except GuardTimeoutError:
+        return False
+    try:
+        if how == "suspend":
+            await sandbox.suspend(guard=guard, timeout=timeout)
+        else:
+            await sandbox.delete(wait=True, timeout=timeout)
+    except NotFoundError:
+        pass
+    finally:
+        await guard.release()
+    return True

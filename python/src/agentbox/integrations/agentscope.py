@@ -55,7 +55,7 @@ from ..client import Sandbox, Sandboxes
 from ..files import DirEntry as SandboxDirEntry
 from ..scope import Scope, ScopeKind
 from ..spec import SandboxSpec
-from ._pods import in_pod
+from ._pods import in_pod, stop_unless_busy
 
 __all__ = [
     "AgentboxBackend",
@@ -330,10 +330,11 @@ class AgentboxWorkspace(SandboxedWorkspaceBase):
     async def _teardown_backend(self) -> None:
         sbx, self._sandbox = self._sandbox, None
         try:
-            if sbx is not None and self.on_close == "suspend":
-                await sbx.suspend()
-            elif sbx is not None and self.on_close == "delete":
-                await sbx.delete()
+            if sbx is not None and self.on_close in ("suspend", "delete"):
+                how: Literal["suspend", "delete"] = (
+                    "suspend" if self.on_close == "suspend" else "delete"
+                )
+                await stop_unless_busy(sbx, how, self.ready_timeout)
         except ab_errors.AgentboxError:
             pass  # the contract: teardown never raises
         finally:

@@ -27,8 +27,9 @@ How the framework's session contract maps onto agentbox:
   ``ExecTimeoutError`` (the command's process group is killed in the pod), a broken connection
   its ``ExecTransportError``, a missing file its ``WorkspaceReadNotFoundError``. A command that
   could not start because the pod was being replaced runs again once the new pod serves.
-- ``persist_workspace`` asks the operator for a ``SandboxSnapshot`` (the guard is handed to the
-  operator for it) and returns a small reference to it, as hosted backends return a native
+- ``persist_workspace`` asks the operator for a ``SandboxSnapshot`` (taken under the run's
+  hold of the scope's guard, handed to the operator and kept, so no other run works in
+  between) and returns a small reference to it, as hosted backends return a native
   snapshot id: the workspace's bytes go from the pod to object storage and never through this
   process. ``hydrate_workspace`` restores from such a reference in the cluster, and still takes
   a plain tar stream (``workspace_persistence="tar"`` makes ``persist_workspace`` return one, for
@@ -36,7 +37,8 @@ How the framework's session contract maps onto agentbox:
 - ``resume`` reattaches to the same Sandbox when it exists (its workspace is still on its node:
   start branch A, nothing copied), and otherwise creates it again restored from the last
   snapshot this session persisted (start branch C, restored by the operator before Ready).
-- ``delete`` (the Runner calls it after every run) suspends the Sandbox by default: the pod
+- ``delete`` (the Runner calls it after every run) suspends the Sandbox by default, under the
+  scope's guard (left to another run that holds it: that run is at work there): the pod
   goes, the workspace stays on its node, and the next run's ``resume`` reattaches in about a
   pod start. Deleting it instead (``on_delete="delete"``, done only once a snapshot exists)
   frees the node's disk but makes every resume a restore from object storage, which takes time
@@ -88,7 +90,7 @@ from ..guard import Guard
 from ..ports import PortForward
 from ..scope import Scope
 from ..spec import Port, SandboxSpec, SnapshotPolicy, WorkspaceSpec
-from ._pods import in_pod
+from ._pods import in_pod, stop_unless_busy
 
 __all__ = [
     "AgentboxSandboxClient",
@@ -256,7 +258,6 @@ class AgentboxSandboxSession(BaseSandboxSession):
         self._sandboxes = sandboxes
         self._sandbox = sandbox
         self._guard: Guard | None = None
-        self._stopping = False
         self._forwards: dict[int, PortForward] = {}
         self._env: dict[str, str] | None = None
 
@@ -294,10 +295,6 @@ class AgentboxSandboxSession(BaseSandboxSession):
         if guard is not None:
             with contextlib.suppress(ab_errors.AgentboxError):
                 await guard.release()
-
-    async def _before_stop(self) -> None:
-        self._stopping = True
-        await super()._before_stop()
 
     async def _after_stop(self) -> None:
         await self._release_guard()
@@ -459,19 +456,17 @@ class AgentboxSandboxSession(BaseSandboxSession):
 
     async def _persist_snapshot_reference(self) -> io.IOBase:
         root = Path(self._sandbox.workspace_root)
-        held = self._guard is not None
         try:
-            snap = await self._sandbox.snapshot(wait=False)
-            # The operator takes the scope's guard for the snapshot: hand it over.
-            await self._release_guard()
-            snap = await self._sandboxes.wait_snapshot(snap.name, self.state.ready_timeout)
+            # Under the run's own hold of the scope's guard (handed to the operator, kept
+            # here): no other run can work in the scope between this run's last command and
+            # the snapshot.
+            snap = await self._sandbox.snapshot(
+                wait=True, timeout=self.state.ready_timeout, guard=self._guard
+            )
         except ab_errors.AgentboxError as e:
             raise WorkspaceArchiveReadError(
                 path=root, context={"reason": "snapshot_failed"}, cause=e
             ) from e
-        finally:
-            if held and not self._stopping:
-                await self._acquire_guard()
         self.state.last_snapshot = snap.name
         ref = encode_reference(
             snap.name, self.state.namespace, self._sandbox.name, self.state.sandbox_uid
@@ -773,11 +768,8 @@ class AgentboxSandboxClient(BaseSandboxClient[AgentboxSandboxClientOptions]):
             policy = inner.state.on_delete
             if policy == "delete" and not inner.state.last_snapshot:
                 policy = "suspend"  # nothing persisted: deleting would lose the workspace
-            with contextlib.suppress(ab_errors.NotFoundError):
-                if policy == "suspend":
-                    await inner.sandbox.suspend()
-                elif policy == "delete":
-                    await inner.sandbox.delete()
+            if policy in ("suspend", "delete"):
+                await stop_unless_busy(inner.sandbox, policy, inner.state.ready_timeout)
         finally:
             await inner._sandboxes.close()
         return session
