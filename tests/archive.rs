@@ -382,6 +382,9 @@ async fn a_refused_snapshot_deleted_or_replaced_is_judged_again_at_once() {
         refused_reason(s).as_deref() == Some("Fifo")
     })
     .await;
+    // Let the refusal's own status writes and their watch events settle: from here on, only
+    // something that tells the sandbox controller about the snapshot brings it back early.
+    tokio::time::sleep(Duration::from_secs(10)).await;
 
     // Deleted: the sandbox says so, not the old refusal.
     env.api::<SandboxSnapshot>()
