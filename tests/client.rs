@@ -8,10 +8,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agentbox::client::{ClientError, EntryKind, Sandboxes};
-use agentbox::crd::{SandboxPhase, SandboxSpec, Scope, ScopeKind};
+use agentbox::crd::{
+    DeletionPolicy, Sandbox, SandboxPhase, SandboxSnapshot, SandboxSpec, Scope, ScopeKind,
+};
 use agentbox::exec::ExecRequest;
 use agentbox::guard::GuardConfig;
 use common::{TestEnv, cli, output};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 fn scope(agent: &str, user: &str) -> Scope {
@@ -605,4 +609,80 @@ async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_the_cli_suspends_an
         .await
         .expect("delete again");
     env.finish().await;
+}
+
+/// The guard handed over (issue 29): a harness holds its scope's guard and has the operator
+/// snapshot and suspend under that hold; the operator is SIGKILLed during each, and the one
+/// started after it finishes the work under the same hold. The Lease never changes hands:
+/// nobody could work in the scope between the harness's last command and the suspension.
+#[tokio::test]
+async fn a_snapshot_and_a_suspension_under_a_handed_over_guard_survive_an_operator_kill() {
+    let mut env = TestEnv::new("client-handoff").await;
+    let (flags, _store, dir) = common::file_store(&env.ns);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    env.start_operator(&flags);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+    let sc = scope("handoff", "alice");
+    let mut h = sbxs
+        .get_or_create(&sc, template(&sc, json!({})))
+        .await
+        .expect("create");
+    h.wait_ready(Duration::from_secs(120)).await.expect("ready");
+    let g = h.guard(Some(Duration::from_secs(30))).await.expect("guard");
+    // Enough to read that the kill comes while it streams, most of the time.
+    let out = h
+        .exec(ExecRequest::shell(
+            "head -c 200000000 /dev/zero > big && echo last > last.txt",
+        ))
+        .await
+        .expect("write");
+    assert!(out.success(), "{}", out.stderr_str());
+    let snap = h
+        .snapshot_under(Some("handoff"), DeletionPolicy::Delete, &g)
+        .await
+        .expect("snapshot");
+    let name = snap.metadata.name.clone().expect("name");
+    env.wait_for::<SandboxSnapshot>(&name, 120, |s: Option<&SandboxSnapshot>| {
+        s.and_then(|s| s.status.as_ref())
+            .and_then(|st| st.phase)
+            .is_some()
+    })
+    .await;
+    env.operators[0].kill();
+    env.start_operator(&flags);
+    let done = sbxs
+        .wait_snapshot(&name, Duration::from_secs(300))
+        .await
+        .expect("snapshot Ready after the restart");
+    let st = done.status.expect("status");
+    assert_eq!(st.fencing_token, Some(g.token()), "taken under the hold");
+
+    h.suspend_under(&g, Duration::from_secs(120))
+        .await
+        .expect("suspended");
+    assert!(!g.is_lost(), "the hold stood throughout");
+    // The suspension again, with a kill between the request and the stop: resume, then
+    // suspend with the operator stopped, and start it again.
+    h.resume().await.expect("resume");
+    h.wait_ready(Duration::from_secs(120)).await.expect("ready");
+    env.operators[1].kill();
+    let hold = h.hold_of(&g).expect("hold");
+    env.api::<Sandbox>()
+        .patch(
+            h.name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"lifecycle": {"mode": "Suspended", "guard": hold}}})),
+        )
+        .await
+        .expect("suspend request");
+    env.start_operator(&flags);
+    h.wait_suspended(Duration::from_secs(120))
+        .await
+        .expect("suspended by the new operator");
+    let lease: Lease = env.api::<Lease>().get(g.lease_name()).await.expect("lease");
+    let spec = lease.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some(g.holder()));
+    assert_eq!(spec.lease_transitions.map(i64::from), Some(g.token()));
+    g.release().await.expect("release: still ours");
+    common::finish_with_snapshots(env, Some(&dir)).await;
 }
