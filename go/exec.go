@@ -1,0 +1,365 @@
+package agentbox
+
+// Why this file speaks the remote-command protocol itself rather than through client-go's
+// remotecommand WebSocket executor: the exec frame (docs/protocol.md) needs the half-close of
+// stdin to be sent when both trailers have arrived, not when a reader ends, and the status
+// channel read as the vectors state it (the executor parses exit codes strictly, turns a
+// status without a code into a bare error and cannot tell "never started" from "no code").
+// The connection itself (TLS, auth, proxies, the WebSocket upgrade) is client-go's
+// (transport/websocket).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	gws "github.com/gorilla/websocket"
+	"k8s.io/client-go/rest"
+	kws "k8s.io/client-go/transport/websocket"
+)
+
+// wsDialer opens exec connections to one API server.
+type wsDialer struct {
+	cfg *rest.Config
+}
+
+func (d *wsDialer) dial(ctx context.Context, ns, pod, container string, argv []string) (*gws.Conn, error) {
+	host := d.cfg.Host
+	u, err := url.Parse(host)
+	if err != nil || u.Scheme == "" {
+		u, err = url.Parse("https://" + host)
+		if err != nil {
+			return nil, fmt.Errorf("%w: bad API server address %q", ErrTransport, host)
+		}
+	}
+	u.Path = fmt.Sprintf("%s/api/v1/namespaces/%s/pods/%s/exec", trimSlash(u.Path), url.PathEscape(ns), url.PathEscape(pod))
+	q := url.Values{}
+	q.Set("container", container)
+	q.Set("stdin", "true")
+	q.Set("stdout", "true")
+	q.Set("stderr", "true")
+	for _, a := range argv {
+		q.Add("command", a)
+	}
+	u.RawQuery = q.Encode()
+	rt, holder, err := kws.RoundTripperFor(d.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrTransport, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrTransport, err)
+	}
+	conn, err := kws.Negotiate(rt, holder, req, Protocol)
+	if err != nil {
+		return nil, fmt.Errorf("%w: exec in pod %s/%s: %v", ErrTransport, ns, pod, err)
+	}
+	if conn.Subprotocol() != Protocol {
+		conn.Close()
+		return nil, fmt.Errorf("%w: the API server did not accept %s (Kubernetes >= 1.30 needed)", ErrProtocol, Protocol)
+	}
+	return conn, nil
+}
+
+func trimSlash(s string) string {
+	for len(s) > 0 && s[len(s)-1] == '/' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// wsExec is one exec connection: a reader that demultiplexes the channels, and writes under
+// a lock.
+type wsExec struct {
+	conn *gws.Conn
+	wmu  sync.Mutex
+}
+
+func (w *wsExec) write(ch byte, p []byte) error {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	wr, err := w.conn.NextWriter(gws.BinaryMessage)
+	if err != nil {
+		return err
+	}
+	if _, err := wr.Write([]byte{ch}); err != nil {
+		return err
+	}
+	if _, err := wr.Write(p); err != nil {
+		return err
+	}
+	return wr.Close()
+}
+
+func (w *wsExec) closeStdin() error {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	return w.conn.WriteMessage(gws.BinaryMessage, []byte{CloseChannel, StdinChannel})
+}
+
+// sendAll sends r in frames of at most StdinFrame bytes, up to n bytes (n < 0: until EOF).
+func (w *wsExec) sendAll(r io.Reader, n int64) error {
+	buf := make([]byte, StdinFrame)
+	if n >= 0 {
+		r = io.LimitReader(r, n)
+	}
+	for {
+		k, err := r.Read(buf)
+		if k > 0 {
+			if werr := w.write(StdinChannel, buf[:k]); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// execCall is one framed command: what to run and where its output goes.
+type execCall struct {
+	frame    Frame
+	noMark   bool      // no trailer and no linger (never for a one-shot exec)
+	stdin    io.Reader // nil: none
+	stdinLen int64     // >= 0: exactly that many bytes; < 0: until EOF
+	stdout   io.Writer
+	stderr   io.Writer
+}
+
+// execOutcome is how a framed command ended.
+type execOutcome struct {
+	status   ExitStatus
+	timedOut bool
+}
+
+type chanEvent struct {
+	ch   byte
+	data []byte
+	err  error
+}
+
+// run runs one framed command to its exit status (docs/protocol.md, "What the client does").
+func (d *wsDialer) run(ctx context.Context, ns, pod string, c execCall) (execOutcome, error) {
+	mark := ""
+	if !c.noMark {
+		mark = NewMark()
+	}
+	mode := StdinNone
+	if c.stdin != nil {
+		mode = StdinStream
+		if c.stdinLen >= 0 {
+			mode = StdinExact(c.stdinLen)
+		}
+	}
+	argv, err := RemoteArgv(c.frame, mark, mode)
+	if err != nil {
+		return execOutcome{}, err
+	}
+	start := time.Now()
+	dctx := ctx
+	if c.frame.Timeout != nil {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithTimeout(ctx, *c.frame.Timeout+TimeoutGrace)
+		defer cancel()
+	}
+	conn, err := d.dial(dctx, ns, pod, SandboxContainer, argv)
+	if err != nil {
+		return execOutcome{}, err
+	}
+	w := &wsExec{conn: conn}
+	defer conn.Close()
+
+	events := make(chan chanEvent, 16)
+	go func() {
+		for {
+			typ, data, err := conn.ReadMessage()
+			if err != nil {
+				events <- chanEvent{err: err}
+				return
+			}
+			if typ != gws.BinaryMessage || len(data) < 1 {
+				continue
+			}
+			events <- chanEvent{ch: data[0], data: data[1:]}
+			if data[0] == StatusChannel {
+				return
+			}
+		}
+	}()
+
+	// Stdin: with an exact length or none, the close waits for both trailers (the linger);
+	// a stream is closed at its end.
+	out, errT := NewTrailer(mark), NewTrailer(mark)
+	bothTrailers := make(chan struct{})
+	sendErr := make(chan error, 1)
+	go func() {
+		if c.stdin != nil {
+			if err := w.sendAll(c.stdin, c.stdinLen); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+		if mode != StdinStream && mark != "" {
+			select {
+			case <-bothTrailers:
+			case <-dctx.Done():
+				return
+			}
+		}
+		sendErr <- w.closeStdin()
+	}()
+	ping := time.NewTicker(pingEvery)
+	defer ping.Stop()
+	signalled := false
+	for {
+		select {
+		case <-dctx.Done():
+			if c.frame.Timeout != nil && ctx.Err() == nil {
+				return execOutcome{timedOut: true}, &ExecTimeoutError{Timeout: c.frame.Timeout.Seconds()}
+			}
+			return execOutcome{}, fmt.Errorf("%w: %v", ErrTransport, ctx.Err())
+		case <-ping.C:
+			_ = conn.WriteControl(gws.PingMessage, nil, time.Now().Add(10*time.Second))
+		case err := <-sendErr:
+			if err != nil {
+				// The exec's end will tell what happened; a broken stdin alone is not an error
+				// (the command may not read it).
+				_ = err
+			}
+		case ev := <-events:
+			if ev.err != nil {
+				return execOutcome{}, fmt.Errorf("%w: exec stream failed: connection closed without an exit status: %v", ErrTransport, ev.err)
+			}
+			switch ev.ch {
+			case StdoutChannel:
+				if p := out.Feed(ev.data); len(p) > 0 && c.stdout != nil {
+					if _, err := c.stdout.Write(p); err != nil {
+						return execOutcome{}, err
+					}
+				}
+			case StderrChannel:
+				if p := errT.Feed(ev.data); len(p) > 0 && c.stderr != nil {
+					if _, err := c.stderr.Write(p); err != nil {
+						return execOutcome{}, err
+					}
+				}
+			case StatusChannel:
+				st, err := ParseStatus(ev.data)
+				if err != nil {
+					return execOutcome{}, err
+				}
+				if !out.Complete() {
+					return execOutcome{}, &OutputCutError{Stream: "stdout", Received: out.Received}
+				}
+				if !errT.Complete() {
+					return execOutcome{}, &OutputCutError{Stream: "stderr", Received: errT.Received}
+				}
+				timedOut := c.frame.Timeout != nil && time.Since(start) >= *c.frame.Timeout
+				return execOutcome{status: st, timedOut: timedOut}, nil
+			}
+			if !signalled && mark != "" && out.Complete() && errT.Complete() {
+				signalled = true
+				close(bothTrailers)
+			}
+		}
+	}
+}
+
+// ExecOptions are the settings of one command.
+type ExecOptions struct {
+	// Stdin is sent to the command, then closed. A reader with a Len() (bytes.Reader,
+	// strings.Reader, bytes.Buffer) is sent as exactly that many bytes; any other is streamed
+	// to its EOF.
+	Stdin io.Reader
+	// Env is added to the command's environment.
+	Env map[string]string
+	// Workdir is where it runs; "" is the workspace root.
+	Workdir string
+	// Timeout kills the command's whole process group in the pod; 0 is none.
+	Timeout time.Duration
+	// MaxOutput caps each of stdout and stderr; 0 is DefaultMaxOutput.
+	MaxOutput int
+	// Check turns a non-zero exit into a CommandError.
+	Check bool
+}
+
+// ExecResult is the collected result of a command.
+type ExecResult struct {
+	ExitCode        int // from the status channel; -1 when the runtime reported none
+	Stdout, Stderr  []byte
+	StdoutTruncated bool // stdout was longer than the cap; the rest was dropped
+	StderrTruncated bool
+	TimedOut        bool   // the timeout passed before the command ended (it was killed)
+	StatusMessage   string // the runtime's message when there is no exit code
+}
+
+// OK is exit code 0 and no timeout.
+func (r *ExecResult) OK() bool { return r.ExitCode == 0 && !r.TimedOut }
+
+func (o ExecOptions) frame(argv []string, root string) Frame {
+	f := Frame{Argv: argv, Env: envList(o.Env), Workdir: o.Workdir}
+	if f.Workdir == "" {
+		f.Workdir = root
+	}
+	if o.Timeout > 0 {
+		t := o.Timeout
+		f.Timeout = &t
+	}
+	return f
+}
+
+func stdinOf(r io.Reader) (io.Reader, int64) {
+	if r == nil {
+		return nil, -1
+	}
+	if l, ok := r.(interface{ Len() int }); ok {
+		return r, int64(l.Len())
+	}
+	return r, -1
+}
+
+func (d *wsDialer) collect(ctx context.Context, ns, pod string, f Frame, o ExecOptions) (*ExecResult, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	if o.MaxOutput < 0 {
+		return nil, invalidf("MaxOutput must not be negative")
+	}
+	limit := o.MaxOutput
+	if limit == 0 {
+		limit = DefaultMaxOutput
+	}
+	out, errb := &capped{cap: limit}, &capped{cap: limit}
+	in, n := stdinOf(o.Stdin)
+	oc, err := d.run(ctx, ns, pod, execCall{frame: f, stdin: in, stdinLen: n, stdout: out, stderr: errb})
+	if err != nil {
+		var te *ExecTimeoutError
+		if errors.As(err, &te) {
+			return nil, err
+		}
+		return nil, err
+	}
+	res := &ExecResult{
+		ExitCode: oc.status.Code, Stdout: out.buf, Stderr: errb.buf,
+		StdoutTruncated: out.truncated, StderrTruncated: errb.truncated,
+		TimedOut: oc.timedOut, StatusMessage: oc.status.Message,
+	}
+	if !oc.status.HasCode {
+		res.ExitCode = -1
+	}
+	if res.TimedOut {
+		return res, &ExecTimeoutError{Timeout: f.Timeout.Seconds(), Result: res}
+	}
+	if o.Check && res.ExitCode != 0 {
+		return res, &CommandError{Result: res}
+	}
+	return res, nil
+}
