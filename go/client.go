@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -670,3 +671,67 @@ func (b *Sandbox) Run(ctx context.Context, command string, opts ExecOptions) (*E
 func (b *Sandbox) Guard(cfg GuardConfig) *Guard { return b.sbs.Guard(b.Scope(), cfg) }
 
 func listOpts(selector string) metav1.ListOptions { return metav1.ListOptions{LabelSelector: selector} }
+
+// Gone returns a channel closed when the sandbox stops serving in the pod it has now: the
+// pod is deleted (or being deleted, or replaced), or the Sandbox is deleted or suspended.
+// Watches end with ctx.
+func (b *Sandbox) Gone(ctx context.Context) (<-chan struct{}, error) {
+	pod, err := b.sbs.get(ctx, podsGVR, b.PodName())
+	if err != nil {
+		return nil, err
+	}
+	gone := make(chan struct{})
+	var once sync.Once
+	end := func() { once.Do(func() { close(gone) }) }
+	if pod == nil {
+		end()
+		return gone, nil
+	}
+	uid := str(mapAt(pod, "metadata")["uid"])
+	forever := 100 * 365 * 24 * time.Hour
+	watchOne := func(gvr schema.GroupVersionResource, name string, over func(map[string]any) bool) {
+		for ctx.Err() == nil {
+			obj, err := b.sbs.watchUntil(ctx, gvr, name, forever, func(o map[string]any) (bool, error) { return over(o), nil })
+			if obj != nil || err == nil && ctx.Err() == nil {
+				end()
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			// A failed list or watch (API server restarting): try again shortly.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	go watchOne(podsGVR, b.PodName(), func(o map[string]any) bool {
+		if o == nil {
+			return true
+		}
+		m := mapAt(o, "metadata")
+		return str(m["uid"]) != uid || m["deletionTimestamp"] != nil
+	})
+	go watchOne(sandboxesGVR, b.Name(), func(o map[string]any) bool {
+		return o == nil || str(mapAt(o, "spec", "lifecycle")["mode"]) == "Suspended"
+	})
+	return gone, nil
+}
+
+// Ping checks that the API server answers and serves Sandboxes in the namespace.
+func (s *Sandboxes) Ping(ctx context.Context) error {
+	ctx, cancel := reqCtx(ctx)
+	defer cancel()
+	_, err := s.res(sandboxesGVR).List(ctx, metav1.ListOptions{Limit: 1})
+	return apiErr(err)
+}
+
+// Egress is spec.network.egress as last read ("All" when unset).
+func (b *Sandbox) Egress() string {
+	if e := str(mapAt(b.Obj, "spec", "network")["egress"]); e != "" {
+		return e
+	}
+	return "All"
+}

@@ -148,6 +148,27 @@ type chanEvent struct {
 
 // run runs one framed command to its exit status (docs/protocol.md, "What the client does").
 func (d *wsDialer) run(ctx context.Context, ns, pod string, c execCall) (execOutcome, error) {
+	r, err := d.start(ctx, ns, pod, c)
+	if err != nil {
+		return execOutcome{}, err
+	}
+	return r.wait()
+}
+
+// running is a framed command whose connection is open.
+type running struct {
+	ctx, dctx context.Context
+	cancel    context.CancelFunc
+	conn      *gws.Conn
+	w         *wsExec
+	c         execCall
+	mark      string
+	mode      string
+	start     time.Time
+}
+
+// start opens the exec connection of a framed command.
+func (d *wsDialer) start(ctx context.Context, ns, pod string, c execCall) (*running, error) {
 	mark := ""
 	if !c.noMark {
 		mark = NewMark()
@@ -161,35 +182,50 @@ func (d *wsDialer) run(ctx context.Context, ns, pod string, c execCall) (execOut
 	}
 	argv, err := RemoteArgv(c.frame, mark, mode)
 	if err != nil {
-		return execOutcome{}, err
+		return nil, err
 	}
-	start := time.Now()
-	dctx := ctx
+	r := &running{ctx: ctx, c: c, mark: mark, mode: mode, start: time.Now()}
+	r.dctx, r.cancel = context.WithCancel(ctx)
 	if c.frame.Timeout != nil {
-		var cancel context.CancelFunc
-		dctx, cancel = context.WithTimeout(ctx, *c.frame.Timeout+TimeoutGrace)
-		defer cancel()
+		r.cancel()
+		r.dctx, r.cancel = context.WithTimeout(ctx, *c.frame.Timeout+TimeoutGrace)
 	}
-	conn, err := d.dial(dctx, ns, pod, SandboxContainer, argv)
+	conn, err := d.dial(r.dctx, ns, pod, SandboxContainer, argv)
 	if err != nil {
-		return execOutcome{}, err
+		r.cancel()
+		return nil, err
 	}
-	w := &wsExec{conn: conn}
+	r.conn, r.w = conn, &wsExec{conn: conn}
+	return r, nil
+}
+
+// wait pumps the connection until the exit status, then closes it.
+func (r *running) wait() (execOutcome, error) {
+	defer r.cancel()
+	conn, w, c, mark, mode, start, dctx, ctx := r.conn, r.w, r.c, r.mark, r.mode, r.start, r.dctx, r.ctx
 	defer conn.Close()
 
 	events := make(chan chanEvent, 16)
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		for {
 			typ, data, err := conn.ReadMessage()
-			if err != nil {
-				events <- chanEvent{err: err}
+			var ev chanEvent
+			switch {
+			case err != nil:
+				ev = chanEvent{err: err}
+			case typ != gws.BinaryMessage || len(data) < 1:
+				continue
+			default:
+				ev = chanEvent{ch: data[0], data: data[1:]}
+			}
+			select {
+			case events <- ev:
+			case <-done:
 				return
 			}
-			if typ != gws.BinaryMessage || len(data) < 1 {
-				continue
-			}
-			events <- chanEvent{ch: data[0], data: data[1:]}
-			if data[0] == StatusChannel {
+			if err != nil || ev.ch == StatusChannel {
 				return
 			}
 		}

@@ -127,6 +127,7 @@ type Session struct {
 
 type shell struct {
 	w          *wsExec
+	done       chan struct{}
 	events     chan chanEvent
 	outPending []byte
 	errPending []byte
@@ -148,17 +149,27 @@ func (s *Session) spawn(ctx context.Context) (*shell, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh := &shell{w: &wsExec{conn: conn}, events: make(chan chanEvent, 64)}
+	sh := &shell{w: &wsExec{conn: conn}, events: make(chan chanEvent, 64), done: make(chan struct{})}
 	go func() {
 		defer close(sh.events)
 		for {
 			typ, data, err := conn.ReadMessage()
-			if err != nil {
-				sh.events <- chanEvent{err: err}
+			var ev chanEvent
+			switch {
+			case err != nil:
+				ev = chanEvent{err: err}
+			case typ != gws.BinaryMessage || len(data) < 1:
+				continue
+			default:
+				ev = chanEvent{ch: data[0], data: data[1:]}
+			}
+			select {
+			case sh.events <- ev:
+			case <-sh.done:
 				return
 			}
-			if typ == gws.BinaryMessage && len(data) >= 1 {
-				sh.events <- chanEvent{ch: data[0], data: data[1:]}
+			if err != nil {
+				return
 			}
 		}
 	}()
@@ -233,6 +244,7 @@ func (s *Session) Exec(ctx context.Context, argv []string, opts ExecOptions) (*E
 
 func (s *Session) drop() {
 	if s.sh != nil {
+		close(s.sh.done)
 		s.sh.w.conn.Close()
 		s.sh = nil
 	}
@@ -336,6 +348,7 @@ func (s *Session) Close() error {
 	s.sh = nil
 	s.mu.Unlock()
 	if sh != nil {
+		close(sh.done)
 		_ = sh.w.closeStdin()
 		return sh.w.conn.Close()
 	}
