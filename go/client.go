@@ -735,3 +735,13 @@ func (b *Sandbox) Egress() string {
 	}
 	return "All"
 }
+
+// Pod is a handle on a pod that agentbox did not make (benchmarks, tests): commands run in
+// its container named "sandbox", file paths are confined to root.
+func (c *Client) Pod(namespace, pod, root string) *Sandbox {
+	return &Sandbox{sbs: c.Sandboxes(namespace), Obj: map[string]any{
+		"metadata": map[string]any{"name": pod},
+		"spec":     map[string]any{"workspace": map[string]any{"root": root}},
+		"status":   map[string]any{"podName": pod},
+	}}
+}
