@@ -46,13 +46,16 @@ const (
 // timeout), then prints MARK on stdout and on stderr and lingers until the client closes
 // stdin, so the exit status goes out only after the client has read both streams whole.
 //
-// This is this client's rendering of the protocol's wrapper; TestWrapperIsTheVectors checks
-// it against the vectors' exec.wrapper.
+// It is the protocol's wrapper (Rust: agentbox::remote::WRAPPER), byte for byte:
+// TestWrapperIsTheVectors checks it against the vectors' exec.wrapper.
 const Wrapper = `m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
 run() {
   if [ -n "$d" ]; then cd -- "$d" || return 126; fi
-  if [ -z "$t" ]; then "$@"; return; fi
+  if [ -z "$t" ]; then
+    [ -n "$m" ] || exec "$@"
+    ( exec "$@" ); return
+  fi
   exec 3<&0
   setsid "$@" <&3 3<&- &
   p=$!
@@ -69,10 +72,11 @@ case $i in
   *) head -c "$i" | run "$@" ;;
 esac
 r=$?
-if [ -n "$m" ]; then
-  printf %s "$m"; printf %s "$m" >&2
-  if [ "$i" != = ]; then while read -r _; do :; done; fi
-fi
+[ -n "$m" ] || exit $r
+printf %s "$m"; printf %s "$m" >&2
+[ "$i" = = ] && exit $r
+while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
+[ $s = 2 ] && while read -r _; do :; done
 exit $r
 `
 
