@@ -117,7 +117,7 @@ func startPod(ctx context.Context, dyn dynamic.Interface, ns string) error {
 		"metadata": map[string]any{"name": "box"},
 		"spec": map[string]any{
 			"automountServiceAccountToken":  false,
-			"terminationGracePeriodSeconds": 1,
+			"terminationGracePeriodSeconds": int64(1),
 			"containers": []any{map[string]any{
 				"name": agentbox.SandboxContainer, "image": "docker.io/library/busybox:1.37",
 				"imagePullPolicy": "Never", "command": []any{"sleep", "3600"},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,7 +103,7 @@ func TestExec(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(r.Stdout)) != "500000" {
 		t.Fatalf("stdin: %+v %v", r, err)
 	}
-	r, err = sbx.Exec(ctx, []string{"cat"}, agentbox.ExecOptions{Stdin: struct{ *bytes.Reader }{bytes.NewReader(bin)}})
+	r, err = sbx.Exec(ctx, []string{"cat"}, agentbox.ExecOptions{Stdin: io.MultiReader(bytes.NewReader(bin))})
 	if err != nil || !bytes.Equal(r.Stdout, bin) {
 		t.Fatalf("streamed stdin: %d bytes, %v", len(r.Stdout), err)
 	}
