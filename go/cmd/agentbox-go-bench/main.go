@@ -105,9 +105,9 @@ func run() error {
 	s50, s95 := pct(ses)
 	fmt.Printf("go one-shot exec `true`:      p50 %.1f ms  p95 %.1f ms  (n=%d)\n", p50, p95, *n)
 	fmt.Printf("go session command `true`:    p50 %.2f ms  p95 %.2f ms  (n=%d)\n", s50, s95, *n)
-	emit("exec", "go_oneshot_p50_ms", p50, *n)
-	emit("exec", "go_oneshot_p95_ms", p95, *n)
-	emit("exec", "go_session_p50_ms", s50, *n)
+	emit("exec", "oneshot_go_sdk_p50_ms", p50, *n)
+	emit("exec", "oneshot_go_sdk_p95_ms", p95, *n)
+	emit("exec", "session_go_sdk_p50_ms", s50, *n)
 	return nil
 }
 
