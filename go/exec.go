@@ -5,11 +5,12 @@ package agentbox
 // stdin to be sent when both trailers have arrived, not when a reader ends, and the status
 // channel read as the vectors state it (the executor parses exit codes strictly, turns a
 // status without a code into a bare error and cannot tell "never started" from "no code").
-// The connection itself (TLS, auth, proxies, the WebSocket upgrade) is client-go's
-// (transport/websocket).
+// The connection's TLS, auth and proxies are client-go's (rest.Config, transport).
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -20,15 +21,64 @@ import (
 
 	gws "github.com/gorilla/websocket"
 	"k8s.io/client-go/rest"
-	kws "k8s.io/client-go/transport/websocket"
+	"k8s.io/client-go/transport"
 )
 
 // wsDialer opens exec connections to one API server.
 type wsDialer struct {
 	cfg *rest.Config
+
+	once   sync.Once
+	tcfg   *transport.Config
+	tlsCfg *tls.Config
+	err    error
+}
+
+// upgrade is client-go's transport/websocket RoundTripper with larger buffers: gorilla splits
+// a message larger than its write buffer (client-go's is 32 KiB) into continuation frames,
+// which the API server's remote-command endpoint takes for messages of their own; stdin goes
+// out in messages of StdinFrame bytes, each in one frame.
+type upgrade struct {
+	tls   *tls.Config
+	proxy func(*http.Request) (*url.URL, error)
+	conn  *gws.Conn
+}
+
+const wsBuffer = StdinFrame + 1024
+
+func (u *upgrade) RoundTrip(req *http.Request) (*http.Response, error) {
+	protocols := req.Header["Sec-Websocket-Protocol"]
+	req.Header.Del("Sec-Websocket-Protocol")
+	d := gws.Dialer{Proxy: u.proxy, TLSClientConfig: u.tls, Subprotocols: protocols, ReadBufferSize: wsBuffer, WriteBufferSize: wsBuffer}
+	switch req.URL.Scheme {
+	case "https":
+		req.URL.Scheme = "wss"
+	case "http":
+		req.URL.Scheme = "ws"
+	}
+	conn, resp, err := d.DialContext(req.Context(), req.URL.String(), req.Header)
+	if err != nil {
+		if resp != nil && resp.Body != nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			return nil, fmt.Errorf("%v (%s): %s", err, resp.Status, bytes.TrimSpace(body))
+		}
+		return nil, err
+	}
+	u.conn = conn
+	return resp, nil
 }
 
 func (d *wsDialer) dial(ctx context.Context, ns, pod, container string, argv []string) (*gws.Conn, error) {
+	d.once.Do(func() {
+		d.tcfg, d.err = d.cfg.TransportConfig()
+		if d.err == nil {
+			d.tlsCfg, d.err = transport.TLSConfigFor(d.tcfg)
+		}
+	})
+	if d.err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrTransport, d.err)
+	}
 	host := d.cfg.Host
 	u, err := url.Parse(host)
 	if err != nil || u.Scheme == "" {
@@ -47,7 +97,12 @@ func (d *wsDialer) dial(ctx context.Context, ns, pod, container string, argv []s
 		q.Add("command", a)
 	}
 	u.RawQuery = q.Encode()
-	rt, holder, err := kws.RoundTripperFor(d.cfg)
+	proxy := d.cfg.Proxy
+	if proxy == nil {
+		proxy = http.ProxyFromEnvironment
+	}
+	up := &upgrade{tls: d.tlsCfg, proxy: proxy}
+	rt, err := transport.HTTPWrappersForConfig(d.tcfg, up)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrTransport, err)
 	}
@@ -55,10 +110,15 @@ func (d *wsDialer) dial(ctx context.Context, ns, pod, container string, argv []s
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrTransport, err)
 	}
-	conn, err := kws.Negotiate(rt, holder, req, Protocol)
+	req.Header["Sec-Websocket-Protocol"] = []string{Protocol}
+	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: exec in pod %s/%s: %v", ErrTransport, ns, pod, err)
 	}
+	if resp.Body != nil {
+		resp.Body.Close()
+	}
+	conn := up.conn
 	if conn.Subprotocol() != Protocol {
 		conn.Close()
 		return nil, fmt.Errorf("%w: the API server did not accept %s (Kubernetes >= 1.30 needed)", ErrProtocol, Protocol)

@@ -138,7 +138,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "cleanup:", err)
 	}
 	if code != 0 {
-		fmt.Fprintf(os.Stderr, "--- operator log (tail) ---\n%s\n", tail(opLog, 60))
+		fmt.Fprintf(os.Stderr, "--- operator log (tail) ---\n%s\n", tail(opLog, 5))
 	}
 	return code
 }
