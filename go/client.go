@@ -409,8 +409,26 @@ func (b *Sandbox) WorkspaceRoot() string {
 	return "/workspace"
 }
 
-// HostDir is the workspace's directory on its node (status.workspace.hostDir), "" if unknown.
-func (b *Sandbox) HostDir() string { return str(mapAt(b.Obj, "status", "workspace")["hostDir"]) }
+// HostDir is the workspace's directory on its node (status.nodeName): the one the status
+// records, else the one its pod mounts at the workspace root (its "workspace" volume); ""
+// when neither is known.
+func (b *Sandbox) HostDir(ctx context.Context) (string, error) {
+	if d := str(mapAt(b.Obj, "status", "workspace")["hostDir"]); d != "" {
+		return d, nil
+	}
+	pod, err := b.sbs.get(ctx, podsGVR, b.PodName())
+	if err != nil || pod == nil {
+		return "", err
+	}
+	vols, _ := mapAt(pod, "spec")["volumes"].([]any)
+	for _, v := range vols {
+		m, _ := v.(map[string]any)
+		if str(m["name"]) == "workspace" {
+			return str(mapAt(m, "hostPath")["path"]), nil
+		}
+	}
+	return "", nil
+}
 
 // Refresh reads the Sandbox again.
 func (b *Sandbox) Refresh(ctx context.Context) error {

@@ -166,7 +166,12 @@ func (f *Agentbox) start(ctx context.Context, p Policy, sbx *agentbox.Sandbox, g
 		stop()
 		return nil, err
 	}
-	s := &session{policy: p, sbx: sbx, guard: g, shell: sh, wd: wd, life: life, stop: stop, done: make(chan struct{})}
+	host, err := sbx.HostDir(ctx)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	s := &session{policy: p, sbx: sbx, guard: g, shell: sh, wd: wd, host: host, life: life, stop: stop, done: make(chan struct{})}
 	go func() {
 		select {
 		case <-gone:
@@ -183,6 +188,7 @@ type session struct {
 	guard  *agentbox.Guard
 	shell  *agentbox.Session
 	wd     string
+	host   string // the workspace's directory on the node ("" : unknown)
 	life   context.Context
 	stop   context.CancelFunc
 	done   chan struct{}
@@ -327,7 +333,7 @@ func (s *session) ResolvePath(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	host := s.sbx.HostDir()
+	host := s.host
 	if host == "" {
 		return "", fmt.Errorf("%w (sandbox %s has no host directory in its status)", ErrNoHostPath, s.sbx.Name())
 	}

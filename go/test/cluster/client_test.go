@@ -222,6 +222,9 @@ func TestFiles(t *testing.T) {
 	}
 	var names []string
 	for _, e := range entries {
+		if e.Name == ".agentbox" {
+			continue // the operator's
+		}
 		names = append(names, e.Name+":"+string(e.Kind))
 	}
 	if strings.Join(names, ",") != "a:Dir,evil:Symlink,inner:Symlink,run.sh:File" {
