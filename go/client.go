@@ -763,3 +763,63 @@ func (c *Client) Pod(namespace, pod, root string) *Sandbox {
 		"status":   map[string]any{"podName": pod},
 	}}
 }
+
+// Serving reports whether a Sandbox serves commands in pod (pure): Ready for its current
+// spec, and its workspace initialised in exactly that pod, which is not being deleted. A
+// status still Ready from a pod that was just deleted is not serving.
+func Serving(obj, pod map[string]any) bool {
+	if ReadinessOf(obj) != Ready || pod == nil {
+		return false
+	}
+	meta := mapAt(pod, "metadata")
+	if meta["deletionTimestamp"] != nil {
+		return false
+	}
+	uid := str(meta["uid"])
+	return uid != "" && str(mapAt(obj, "status", "workspace")["initializedPodUid"]) == uid
+}
+
+// Recover waits until the sandbox serves commands in a live pod: after its pod was deleted or
+// evicted, its node lost, or the sandbox suspended (it is resumed), the operator starts a new
+// pod on the workspace, and this returns once that pod is the one the workspace was
+// initialised in. It fails as WaitReady does; a sandbox already serving returns at once.
+func (b *Sandbox) Recover(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if err := b.Refresh(ctx); err != nil {
+			return err
+		}
+		if ReadinessOf(b.Obj) == Suspended {
+			if err := b.Resume(ctx); err != nil {
+				return err
+			}
+		}
+		pod, err := b.sbs.get(ctx, podsGVR, b.PodName())
+		if err != nil {
+			return err
+		}
+		if Serving(b.Obj, pod) {
+			return nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			reason, msg := FailingCondition(b.Obj)
+			if msg == "" {
+				msg = fmt.Sprintf("not serving after %v", timeout)
+			}
+			return &SandboxError{Kind: ErrSandboxNotReady, Name: b.Name(), Phase: b.Phase(), Reason: reason, Message: msg}
+		}
+		if ReadinessOf(b.Obj) == Ready {
+			// Ready, but from a pod that is gone or going: the new one follows shortly.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(min(200*time.Millisecond, left)):
+			}
+			continue
+		}
+		if err := b.WaitReady(ctx, left); err != nil {
+			return err
+		}
+	}
+}

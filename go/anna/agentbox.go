@@ -142,7 +142,9 @@ func (f *Agentbox) start(ctx context.Context, p Policy, sbx *agentbox.Sandbox, g
 	if wait == 0 {
 		wait = 2 * time.Minute
 	}
-	if err := sbx.WaitReady(ctx, wait); err != nil {
+	// Recover, not only WaitReady: a status still Ready from a pod being deleted (the last
+	// session's end) is not a sandbox that serves.
+	if err := sbx.Recover(ctx, wait); err != nil {
 		return nil, err
 	}
 	wd, err := agentbox.Confine(root(p), p.WorkingDir)

@@ -204,6 +204,8 @@ func startOperator(bin, store string) (*exec.Cmd, error) {
 	cmd := exec.Command(bin, "--namespace", ns, "--identity", "op-"+ns, "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", freePort()),
 		"--lease-seconds", "10", "--store-url", "file://"+store, "--store-prefix", "snaps")
 	cmd.Stdout, cmd.Stderr = f, f
+	// Should this test binary die (a -timeout panic), its operator goes with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	cmd.Env = append(os.Environ(), "RUST_LOG="+rustLog, "AGENTBOX_HELPER_IMAGE="+helper)
 	if err := cmd.Start(); err != nil {
 		f.Close()
