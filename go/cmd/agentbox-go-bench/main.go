@@ -5,8 +5,10 @@
 //	agentbox-go-bench [-n N]                          a pod in a temporary namespace of its own;
 //	                                                  prints p50/p95 (and appends JSON lines to
 //	                                                  $BENCH_RESULTS when set)
-//	agentbox-go-bench oneshot NAMESPACE POD N         one JSON line of samples (ms), as
-//	agentbox-go-bench session NAMESPACE POD N         benches/sdk_python.py prints them
+//	agentbox-go-bench oneshot NAMESPACE POD CONTAINER N   one JSON line of samples (ms), with
+//	agentbox-go-bench session NAMESPACE POD CONTAINER N   the arguments and output of
+//	                                                      benches/sdk_python.py (CONTAINER:
+//	                                                      sandbox)
 package main
 
 import (
@@ -54,10 +56,10 @@ func run() error {
 	}
 	ctx := context.Background()
 	if args := flag.Args(); len(args) > 0 {
-		if len(args) != 4 {
-			return fmt.Errorf("usage: %s oneshot|session NAMESPACE POD N", os.Args[0])
+		if len(args) != 5 || args[3] != agentbox.SandboxContainer {
+			return fmt.Errorf("usage: %s oneshot|session NAMESPACE POD %s N", os.Args[0], agentbox.SandboxContainer)
 		}
-		k, err := strconv.Atoi(args[3])
+		k, err := strconv.Atoi(args[4])
 		if err != nil {
 			return err
 		}
