@@ -233,12 +233,9 @@ func (d *wsDialer) start(ctx context.Context, ns, pod string, c execCall) (*runn
 	if !c.noMark {
 		mark = NewMark()
 	}
-	mode := StdinNone
-	if c.stdin != nil {
-		mode = StdinStream
-		if c.stdinLen >= 0 {
-			mode = StdinExact(c.stdinLen)
-		}
+	mode := stdinArg(c.stdin != nil, c.stdinLen)
+	if mode == StdinNone {
+		c.stdin = nil
 	}
 	argv, err := RemoteArgv(c.frame, mark, mode)
 	if err != nil {

@@ -89,6 +89,18 @@ const (
 // StdinExact is the mode in which the command reads exactly n bytes, then EOF.
 func StdinExact(n int64) string { return strconv.FormatInt(n, 10) }
 
+// stdinArg is the wrapper's STDIN for a command with stdin or none, of n bytes (n < 0: a
+// stream of unknown length). Zero bytes is no stdin (vectors: exec.remote_argv).
+func stdinArg(present bool, n int64) string {
+	switch {
+	case !present || n == 0:
+		return StdinNone
+	case n < 0:
+		return StdinStream
+	}
+	return StdinExact(n)
+}
+
 // NewMark is a fresh trailer: MarkPrefix + 32 lowercase hex digits + "_".
 func NewMark() string {
 	var b [16]byte
