@@ -85,9 +85,17 @@ func TestExecClosesStdinAfterBothTrailers(t *testing.T) {
 				msgs <- m
 			}
 		}()
+		next := func() []byte {
+			select {
+			case m := <-msgs:
+				return m
+			case <-time.After(5 * time.Second):
+				return nil
+			}
+		}
 		var in []byte
 		for len(in) < 5 {
-			m := <-msgs
+			m := next()
 			if m == nil || m[0] != StdinChannel {
 				t.Errorf("stdin: %q", m)
 				return
@@ -100,10 +108,11 @@ func TestExecClosesStdinAfterBothTrailers(t *testing.T) {
 		select {
 		case m := <-msgs:
 			t.Errorf("before the stderr trailer: %q", m)
+			return
 		default:
 		}
 		send(c, StderrChannel, "e"+mark)
-		if m := <-msgs; !bytes.Equal(m, []byte{CloseChannel, StdinChannel}) {
+		if m := next(); !bytes.Equal(m, []byte{CloseChannel, StdinChannel}) {
 			t.Errorf("after both trailers: %q", m)
 		}
 		send(c, StatusChannel, `{"status":"Failure","reason":"NonZeroExitCode","details":{"causes":[{"reason":"ExitCode","message":"3"}]}}`)
