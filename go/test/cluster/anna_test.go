@@ -206,3 +206,28 @@ func TestAnnaRefusesAPolicyItCannotHonour(t *testing.T) {
 		t.Fatalf("reuse under another policy: %v", err)
 	}
 }
+
+// A session whose guard is taken over ends: Done closes and commands fail.
+func TestAnnaSessionEndsWhenItsGuardIsLost(t *testing.T) {
+	ctx := context.Background()
+	f := factory("lost", 10*time.Second)
+	s, err := f.CreateSession(ctx, anna.Policy{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, tail(opLog, 40))
+	}
+	defer s.Close()
+	name := agentbox.LeaseName(agentbox.ScopeKey(f.Scope))
+	lease, err := dyn.Resource(lseGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	must(t, err)
+	lease.Object["spec"].(map[string]any)["holderIdentity"] = "another-runner"
+	_, err = dyn.Resource(lseGVR).Namespace(ns).Update(ctx, lease, metav1.UpdateOptions{})
+	must(t, err)
+	select {
+	case <-s.Done():
+	case <-time.After(15 * time.Second):
+		t.Fatal("Done did not close after the guard was taken over")
+	}
+	if _, err := s.Exec(ctx, "true", anna.ExecOptions{}); !errors.Is(err, anna.ErrClosed) {
+		t.Fatalf("exec after the guard was lost: %v", err)
+	}
+}
