@@ -136,13 +136,19 @@ func trimSlash(s string) string {
 // wsExec is one exec connection: a reader that demultiplexes the channels, and writes under
 // a lock.
 type wsExec struct {
-	conn *gws.Conn
-	wmu  sync.Mutex
+	conn        *gws.Conn
+	wmu         sync.Mutex
+	stdinClosed bool
 }
+
+var errStdinClosed = errors.New("stdin is closed")
 
 func (w *wsExec) write(ch byte, p []byte) error {
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
+	if ch == StdinChannel && w.stdinClosed {
+		return errStdinClosed
+	}
 	wr, err := w.conn.NextWriter(gws.BinaryMessage)
 	if err != nil {
 		return err
@@ -156,9 +162,14 @@ func (w *wsExec) write(ch byte, p []byte) error {
 	return wr.Close()
 }
 
+// closeStdin half-closes stdin, once; nothing is sent on it after.
 func (w *wsExec) closeStdin() error {
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
+	if w.stdinClosed {
+		return nil
+	}
+	w.stdinClosed = true
 	return w.conn.WriteMessage(gws.BinaryMessage, []byte{CloseChannel, StdinChannel})
 }
 
@@ -288,26 +299,20 @@ func (r *running) wait() (execOutcome, error) {
 		}
 	}()
 
-	// Stdin: with an exact length or none, the close waits for both trailers (the linger);
-	// a stream is closed at its end.
+	// Stdin: a stream is half-closed at its end; with an exact length or none, the close
+	// waits for both trailers (the linger). Both trailers also end the sending of a stdin the
+	// command did not read (it ended): the close goes out at once.
 	out, errT := NewTrailer(mark), NewTrailer(mark)
-	bothTrailers := make(chan struct{})
-	sendErr := make(chan error, 1)
 	go func() {
 		if c.stdin != nil {
+			// A failed send shows in the exec's end (a command need not read its stdin).
 			if err := w.sendAll(c.stdin, c.stdinLen); err != nil {
-				sendErr <- err
 				return
 			}
 		}
-		if mode != StdinStream && mark != "" {
-			select {
-			case <-bothTrailers:
-			case <-dctx.Done():
-				return
-			}
+		if mode == StdinStream || mark == "" {
+			_ = w.closeStdin()
 		}
-		sendErr <- w.closeStdin()
 	}()
 	ping := time.NewTicker(pingEvery)
 	defer ping.Stop()
@@ -321,12 +326,6 @@ func (r *running) wait() (execOutcome, error) {
 			return execOutcome{}, fmt.Errorf("%w: %v", ErrTransport, ctx.Err())
 		case <-ping.C:
 			_ = conn.WriteControl(gws.PingMessage, nil, time.Now().Add(10*time.Second))
-		case err := <-sendErr:
-			if err != nil {
-				// The exec's end will tell what happened; a broken stdin alone is not an error
-				// (the command may not read it).
-				_ = err
-			}
 		case ev := <-events:
 			if ev.err != nil {
 				return execOutcome{}, fmt.Errorf("%w: exec stream failed: connection closed without an exit status: %v", ErrTransport, ev.err)
@@ -360,7 +359,7 @@ func (r *running) wait() (execOutcome, error) {
 			}
 			if !signalled && mark != "" && out.Complete() && errT.Complete() {
 				signalled = true
-				close(bothTrailers)
+				_ = w.closeStdin()
 			}
 		}
 	}

@@ -175,3 +175,36 @@ func TestStreamedStdinAndAConnectionWithoutStatus(t *testing.T) {
 		t.Fatalf("no status: %v", err)
 	}
 }
+
+// A command that ended without reading its stdin: both trailers end the sending, and the
+// half-close goes out at once, not after the rest of the stdin.
+func TestBothTrailersStopTheStdinAndCloseIt(t *testing.T) {
+	const k = 32 << 20
+	got := make(chan int, 1)
+	sbx := sandboxOn(t, func(t *testing.T, c *gws.Conn, argv []string) {
+		mark := argv[4]
+		send(c, StdoutChannel, mark)
+		send(c, StderrChannel, mark)
+		n := 0
+		for {
+			_, m, err := c.ReadMessage()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if bytes.Equal(m, []byte{CloseChannel, StdinChannel}) {
+				break
+			}
+			n += len(m) - 1
+		}
+		got <- n
+		send(c, StatusChannel, success)
+	})
+	r, err := sbx.Exec(context.Background(), []string{"true"}, ExecOptions{Stdin: bytes.NewReader(make([]byte, k))})
+	if err != nil || !r.OK() {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if n := <-got; n >= k {
+		t.Fatalf("all %d bytes were sent before the close", n)
+	}
+}
