@@ -89,7 +89,7 @@ func TestScopeKeysLabelsAndNames(t *testing.T) {
 		if err := s.Validate(); err != nil {
 			t.Fatalf("%v: %v", s, err)
 		}
-		if !reflect.DeepEqual(strMap(toAnyS(scopeMap(s))), sm) {
+		if !reflect.DeepEqual(strMap(scopeMap(s)), sm) {
 			t.Errorf("%v: JSON form %v", s, scopeMap(s))
 		}
 		key := ScopeKey(s)
@@ -114,8 +114,6 @@ func TestScopeKeysLabelsAndNames(t *testing.T) {
 		}
 	}
 }
-
-func toAnyS(m map[string]any) map[string]any { return m }
 
 func TestLabelValueValidity(t *testing.T) {
 	for _, c := range cases("label_values") {

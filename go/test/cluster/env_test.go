@@ -232,21 +232,19 @@ func stopOperator(cmd *exec.Cmd) {
 // never stays Terminating, and deletes the namespace and the store directory.
 func teardown(store string) {
 	ctx := context.Background()
-	func() {
-		for _, gvr := range []schema.GroupVersionResource{snpGVR, sbxGVR} {
-			list, err := dyn.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				continue
-			}
-			for _, it := range list.Items {
-				_, _ = dyn.Resource(gvr).Namespace(ns).Patch(ctx, it.GetName(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
-			}
+	for _, gvr := range []schema.GroupVersionResource{snpGVR, sbxGVR} {
+		list, err := dyn.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			continue
 		}
-		_ = dyn.Resource(nsGVR).Delete(ctx, ns, metav1.DeleteOptions{})
-		_ = os.RemoveAll(store)
-		_ = os.RemoveAll(filepath.Join(nodeRoot, ns))
-		_ = os.Remove(opLog)
-	}()
+		for _, it := range list.Items {
+			_, _ = dyn.Resource(gvr).Namespace(ns).Patch(ctx, it.GetName(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		}
+	}
+	_ = dyn.Resource(nsGVR).Delete(ctx, ns, metav1.DeleteOptions{})
+	_ = os.RemoveAll(store)
+	_ = os.RemoveAll(filepath.Join(nodeRoot, ns))
+	_ = os.Remove(opLog)
 }
 
 // cleanObjects deletes every SandboxSnapshot and Sandbox and waits until they are gone.
