@@ -189,3 +189,36 @@ fn markers_are_superscript_numbers() {
     assert!(notes[0].is_footnote() && notes[0].body == "body\nmore");
     assert!(!notes[1].is_footnote());
 }
+
+#[test]
+fn the_go_clients_figures_are_rows_beside_the_rust_clients() {
+    let go: Vec<String> = [
+        ("oneshot_go_sdk_p50_ms", 40.0),
+        ("oneshot_go_sdk_p95_ms", 60.0),
+        ("session_go_sdk_p50_ms", 1.5),
+    ]
+    .iter()
+    .map(|(k, v)| {
+        serde_json::json!({"bench": "exec", "key": k, "value": v, "unit": "ms", "n": 200})
+            .to_string()
+    })
+    .collect();
+    let data =
+        render::parse(&format!("{}\n{}\n", read(render::LAST_RUN), go.join("\n"))).expect("parse");
+    let doc = render::document(&data, &read(render::NOTES)).expect("the document");
+    let row = doc
+        .lines()
+        .find(|l| l.starts_with("| Go client: one-shot exec"))
+        .expect("the Go one-shot row");
+    assert!(
+        row.contains("| 40.0 / 60.0 ms | Rust client ") && row.contains("within 1.1×"),
+        "{row}"
+    );
+    let row = doc
+        .lines()
+        .find(|l| l.starts_with("| Go client: persistent session"))
+        .expect("the Go session row");
+    assert!(row.contains("| 1.50 ms | Rust session "), "{row}");
+    // Without Go figures, no Go rows (the committed document has none).
+    assert!(!read(DOCUMENT).contains("Go client"));
+}

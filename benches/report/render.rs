@@ -447,6 +447,7 @@ pub fn rows(f: &Figures) -> Vec<Row> {
         ));
     }
     out.extend(python_sdk_rows(f));
+    out.extend(go_sdk_rows(f));
     if let Some(t) = e("guard_contended_per_s") {
         let n = f.n("exec", "guard_contended_per_s");
         out.push(row(
@@ -654,6 +655,42 @@ fn idle_rows(f: &Figures) -> Vec<Row> {
                 format!("Idle: API writes/min after all {n} are suspended"),
                 format!("{w:.1}"),
                 "—".into(),
+            )
+        });
+    }
+    out
+}
+
+/// The Go client's figures (issue 33's target: within 1.1× of the Rust client), next to the
+/// Rust client's from the same run (`go/cmd/agentbox-go-bench`, run by hack/bench after the
+/// exec bench, on a bare pod of its own).
+fn go_sdk_rows(f: &Figures) -> Vec<Row> {
+    let mut out = Vec::new();
+    let e = |k: &str| f.get("exec", k);
+    let both = |k: &str| e(&format!("{k}_p50_ms")).zip(e(&format!("{k}_p95_ms")));
+    if let Some((p50, p95)) = both("oneshot_go_sdk") {
+        let n = f.n("exec", "oneshot_go_sdk_p50_ms");
+        let figure =
+            format!("Go client: one-shot exec `true`, p50 / p95, vs the Rust client (n={n})");
+        let ours = format!("{p50:.1} / {p95:.1} ms");
+        out.push(match both("oneshot_agentbox") {
+            Some((r50, r95)) => Row {
+                target: "within 1.1× of the Rust client",
+                met: Some(p50 <= 1.1 * r50 && p95 <= 1.1 * r95),
+                ..row(figure, ours, format!("Rust client {r50:.1} / {r95:.1} ms"))
+            },
+            None => row(figure, ours, "—".into()),
+        });
+    }
+    if let Some(s50) = e("session_go_sdk_p50_ms") {
+        let n = f.n("exec", "session_go_sdk_p50_ms");
+        out.push(Row {
+            target: "p50 < 5 ms",
+            met: Some(s50 < 5.0),
+            ..row(
+                format!("Go client: persistent session, per command, p50 (n={n})"),
+                format!("{s50:.2} ms"),
+                e("session_p50_ms").map_or("—".into(), |r| format!("Rust session {r:.2} ms")),
             )
         });
     }
