@@ -39,9 +39,9 @@ final class Exec {
   /** An open exec connection: its events in order. */
   static final class Conn implements AutoCloseable {
     final WebSocket ws;
-    final LinkedBlockingQueue<Event> events;
+    final LinkedBlockingQueue<Object> events;
 
-    Conn(WebSocket ws, LinkedBlockingQueue<Event> events) {
+    Conn(WebSocket ws, LinkedBlockingQueue<Object> events) {
       this.ws = ws;
       this.events = events;
     }
@@ -77,6 +77,11 @@ final class Exec {
     }
   }
 
+  /** A message's bytes (channel first), or null when the event ends the connection. */
+  static byte[] payloadOf(Object ev) {
+    return ev instanceof Msg m ? m.data() : null;
+  }
+
   static URI execUri(Kube kube, String ns, String pod, String container, List<String> argv) {
     StringBuilder q = new StringBuilder();
     q.append("container=").append(enc(container)).append("&stdin=true&stdout=true&stderr=true");
@@ -97,7 +102,7 @@ final class Exec {
   /** Opens the exec WebSocket. */
   static Conn connect(Kube kube, String ns, String pod, String container, List<String> argv) {
     HttpClient http = kube.client.getHttpClient();
-    LinkedBlockingQueue<Event> events = new LinkedBlockingQueue<>();
+    LinkedBlockingQueue<Object> events = new LinkedBlockingQueue<>();
     WebSocket.Listener listener = new WebSocket.Listener() {
       @Override
       public void onOpen(WebSocket ws) {
@@ -238,7 +243,7 @@ final class Exec {
             "command timed out after " + o.timeoutMs + " ms and no exit status arrived", null);
       }
       long waitNs = giveUp != null ? giveUp - now : deadline != null ? deadline - now : 60_000_000_000L;
-      Event ev;
+      Object ev;
       try {
         ev = c.events.poll(Math.max(waitNs, 1), TimeUnit.NANOSECONDS);
       } catch (InterruptedException e) {

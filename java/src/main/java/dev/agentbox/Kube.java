@@ -85,6 +85,78 @@ final class Kube {
         c, ns, name);
   }
 
+  /** Decides on one state of a watched object (null: deleted); throws to end the wait. */
+  interface Decide {
+    boolean done(GenericKubernetesResource obj);
+  }
+
+  /**
+   * Watches one object until {@code decide} says done (returning the object) or throws, or
+   * until the timeout (returning null). Reads it first, then watches from that version; a
+   * watch that closes is started again from a fresh read.
+   */
+  GenericKubernetesResource watchUntil(ResourceDefinitionContext c, String ns, String name,
+      Decide decide, long timeoutMs) {
+    long deadline = System.nanoTime() + timeoutMs * 1_000_000;
+    while (true) {
+      GenericKubernetesResource cur = get(c, ns, name);
+      if (decide.done(cur)) {
+        return cur;
+      }
+      java.util.concurrent.LinkedBlockingQueue<Object> q = new java.util.concurrent.LinkedBlockingQueue<>();
+      Object closed = new Object();
+      io.fabric8.kubernetes.client.Watch w;
+      try {
+        var op = client.genericKubernetesResources(c).inNamespace(ns).withName(name);
+        io.fabric8.kubernetes.client.Watcher<GenericKubernetesResource> watcher =
+            new io.fabric8.kubernetes.client.Watcher<>() {
+              @Override
+              public void eventReceived(Action action, GenericKubernetesResource resource) {
+                q.add(action == Action.DELETED ? java.util.Optional.empty() : java.util.Optional.of(resource));
+              }
+
+              @Override
+              public void onClose(io.fabric8.kubernetes.client.WatcherException cause) {
+                q.add(closed);
+              }
+            };
+        w = cur == null ? op.watch(watcher)
+            : op.watch(new io.fabric8.kubernetes.api.model.ListOptionsBuilder()
+                .withResourceVersion(cur.getMetadata().getResourceVersion()).build(), watcher);
+      } catch (KubernetesClientException e) {
+        throw map(e, c.getKind().toLowerCase(java.util.Locale.ROOT) + " " + ns + "/" + name);
+      }
+      try {
+        while (true) {
+          long left = deadline - System.nanoTime();
+          if (left <= 0) {
+            return null;
+          }
+          Object ev;
+          try {
+            ev = q.poll(left, java.util.concurrent.TimeUnit.NANOSECONDS);
+          } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new AgentboxException("interrupted while waiting for " + ns + "/" + name, e);
+          }
+          if (ev == null) {
+            return null;
+          }
+          if (ev == closed) {
+            break; // read again and watch again
+          }
+          java.util.Optional<GenericKubernetesResource> o = cast(ev);
+          GenericKubernetesResource obj = o.orElse(null);
+          if (decide.done(obj)) {
+            return obj;
+          }
+        }
+      } finally {
+        w.close();
+      }
+    }
+  }
+
   <T> T call(Supplier<T> f, ResourceDefinitionContext c, String ns, String name) {
     try {
       return f.get();
