@@ -438,6 +438,11 @@ public final class Sandbox {
     return sandboxes.guard(scope(), waitMs, null);
   }
 
+  /** The scope's execution guard with settings of its own. */
+  public Guard guard(Long waitMs, GuardConfig config) {
+    return sandboxes.guard(scope(), waitMs, config);
+  }
+
   /** The harness state of this sandbox (no snapshot yet). */
   public SandboxState state() {
     return new SandboxState(IsolationKey.of(scope()), namespace(), name(), null);
