@@ -67,6 +67,11 @@ class ClusterTest {
   }
 
   @Test
+  void theReadmesJavaRuns() {
+    assertEquals("ship it\n", ReadmeExample.turn(env.ns));
+  }
+
+  @Test
   void execGivesTheRealExitCodeOutputStdinEnvAndWorkdir() {
     ExecResult r = ready.exec("echo out; echo err >&2; exit 3");
     assertEquals(3, r.exitCode());
