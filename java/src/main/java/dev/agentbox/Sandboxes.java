@@ -2,7 +2,6 @@ package dev.agentbox;
 
 import io.fabric8.kubernetes.api.model.GenericKubernetesResource;
 import io.fabric8.kubernetes.client.KubernetesClient;
-import io.fabric8.kubernetes.client.KubernetesClientBuilder;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -26,7 +25,7 @@ public final class Sandboxes implements AutoCloseable {
 
   /** The Sandboxes of {@code namespace} (null: the kubeconfig's), on a client of its own. */
   public static Sandboxes connect(String namespace) {
-    return new Sandboxes(new KubernetesClientBuilder().build(), namespace, true);
+    return new Sandboxes(Clients.kubernetesClient(), namespace, true);
   }
 
   /** The Sandboxes of {@code namespace} on a client the caller owns (and closes). */

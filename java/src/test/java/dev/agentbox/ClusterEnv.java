@@ -5,7 +5,6 @@ import static org.junit.jupiter.api.Assertions.fail;
 import io.fabric8.kubernetes.api.model.GenericKubernetesResource;
 import io.fabric8.kubernetes.api.model.NamespaceBuilder;
 import io.fabric8.kubernetes.client.KubernetesClient;
-import io.fabric8.kubernetes.client.KubernetesClientBuilder;
 import io.fabric8.kubernetes.client.dsl.base.PatchContext;
 import io.fabric8.kubernetes.client.dsl.base.PatchType;
 import java.io.File;
@@ -64,7 +63,7 @@ final class ClusterEnv implements AutoCloseable {
     if (System.getenv("KUBECONFIG") == null || System.getenv("KUBECONFIG").isEmpty()) {
       fail("no cluster: run `eval \"$(hack/cluster env)\"` or use hack/test");
     }
-    client = new KubernetesClientBuilder().build();
+    client = Clients.kubernetesClient();
     ensureCrds();
     byte[] r = new byte[3];
     new java.security.SecureRandom().nextBytes(r);

@@ -151,7 +151,9 @@ class ClusterTest {
     // and in the pod: a symlink leading out
     ready.exec("ln -sfn /etc /workspace/out");
     assertEquals("Escapes", assertThrows(PathException.class, () -> ready.read("out/passwd")).reason());
-    ready.rm("out", false);
+    // (the shared scripts refuse to rm a path that resolves outside, as they refuse to read it)
+    assertEquals("Escapes", assertThrows(PathException.class, () -> ready.rm("out", false)).reason());
+    ready.exec(ExecOptions.argv("rm", "/workspace/out").check());
   }
 
   @Test
@@ -284,12 +286,16 @@ class ClusterTest {
     while (!s.exec("ps -o args | grep -q '[s]leep 120' && echo y || true").stdoutText().contains("y")) {
       Thread.sleep(100);
     }
-    env.client.pods().inNamespace(env.ns).withName(s.podName()).withGracePeriod(0).delete();
+    // Not a force deletion (grace 0): the kubelet confirms the old containers are gone before
+    // the pod object goes and the operator starts the next pod under the same name.
+    env.client.pods().inNamespace(env.ns).withName(s.podName()).withGracePeriod(1).delete();
     try {
       ExecResult r = running.get(150, TimeUnit.SECONDS);
       fail("a command whose pod was deleted returned a result: " + r.exitCode() + " " + r.stdoutText());
     } catch (java.util.concurrent.ExecutionException e) {
-      assertTrue(e.getCause() instanceof AgentboxException, String.valueOf(e.getCause()));
+      assertTrue(e.getCause() instanceof ExecException || e.getCause() instanceof TransportException,
+          String.valueOf(e.getCause()));
+      System.err.println("the command of the deleted pod: " + e.getCause());
     }
     Sandbox back = s.recover(180_000);
     assertEquals("still here", new String(back.read("kept"), StandardCharsets.UTF_8));

@@ -1,7 +1,6 @@
 package dev.agentbox;
 
 import io.fabric8.kubernetes.client.KubernetesClient;
-import io.fabric8.kubernetes.client.KubernetesClientBuilder;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
@@ -27,7 +26,7 @@ public final class ExecBench {
     String pod = args[1];
     String container = args[2];
     int n = Integer.parseInt(args[3]);
-    try (KubernetesClient client = new KubernetesClientBuilder().build()) {
+    try (KubernetesClient client = Clients.kubernetesClient()) {
       Kube kube = new Kube(client);
       for (int i = 0; i < 5; i++) {
         once(kube, ns, pod, container);
