@@ -1,6 +1,5 @@
 package dev.agentbox;
 
-import java.io.ByteArrayOutputStream;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 import java.util.List;
@@ -121,9 +120,5 @@ public final class SessionFrames {
       }
       return -1;
     }
-  }
-
-  static byte[] concat(ByteArrayOutputStream a) {
-    return a.toByteArray();
   }
 }

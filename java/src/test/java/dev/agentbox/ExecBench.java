@@ -17,6 +17,9 @@ import java.util.stream.Collectors;
 public final class ExecBench {
   private ExecBench() {}
 
+  /** {@code -Dbench.bare=true}: without the frame. */
+  static final boolean BARE = Boolean.getBoolean("bench.bare");
+
   public static void main(String[] args) {
     if (args.length != 4) {
       System.err.println("usage: ExecBench NAMESPACE POD CONTAINER N");
@@ -45,7 +48,29 @@ public final class ExecBench {
     }
   }
 
+  /** A bare exec of {@code true} (no frame), to see what the frame costs. */
+  static void bare(Kube kube, String ns, String pod, String container) {
+    try (Exec.Conn c = Exec.connect(kube, ns, pod, container, java.util.List.of("true"))) {
+      while (true) {
+        byte[] m = Exec.payloadOf(c.events.poll(30, java.util.concurrent.TimeUnit.SECONDS));
+        if (m == null) {
+          throw new IllegalStateException("no status");
+        }
+        if (m.length > 0 && m[0] == Wire.STATUS_CHANNEL) {
+          return;
+        }
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException(e);
+    }
+  }
+
   static void once(Kube kube, String ns, String pod, String container) {
+    if (BARE) {
+      bare(kube, ns, pod, container);
+      return;
+    }
     ExecResult r = Exec.run(kube, ns, pod, container, ExecOptions.argv("true"));
     if (!r.ok()) {
       throw new IllegalStateException("true failed: " + r.exitCode());
