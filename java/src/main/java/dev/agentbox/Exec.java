@@ -267,7 +267,16 @@ final class Exec {
       int ch = data[0] & 0xff;
       byte[] payload = java.util.Arrays.copyOfRange(data, 1, data.length);
       if (ch == Wire.STDOUT_CHANNEL) {
-        out.push(outT.push(payload));
+        byte[] passed = outT.push(payload);
+        if (o.stdoutSink != null) {
+          try {
+            o.stdoutSink.write(passed);
+          } catch (java.io.IOException e) {
+            throw new ExecException("writing the command's stdout: " + e.getMessage(), e);
+          }
+        } else {
+          out.push(passed);
+        }
       } else if (ch == Wire.STDERR_CHANNEL) {
         err.push(errT.push(payload));
       } else if (ch == Wire.STATUS_CHANNEL) {

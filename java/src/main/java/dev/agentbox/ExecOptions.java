@@ -22,6 +22,7 @@ public final class ExecOptions {
   String workdir;
   final List<Map.Entry<String, String>> env = new ArrayList<>();
   int maxOutput = Wire.DEFAULT_MAX_OUTPUT;
+  java.io.OutputStream stdoutSink;
   boolean check;
 
   private ExecOptions(List<String> argv) {
@@ -88,6 +89,15 @@ public final class ExecOptions {
       throw new InvalidRequestException("maxOutput must not be negative");
     }
     this.maxOutput = bytes;
+    return this;
+  }
+
+  /**
+   * Streams stdout to {@code out} as it arrives (the trailer held back) instead of collecting
+   * it: the result's stdout is then empty. For output of any size (a tar of a directory).
+   */
+  public ExecOptions stdoutTo(java.io.OutputStream out) {
+    this.stdoutSink = out;
     return this;
   }
 

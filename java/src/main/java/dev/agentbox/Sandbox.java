@@ -343,6 +343,29 @@ public final class Sandbox {
     Files.check(r.confined(), runFile(r, null, 64 << 10));
   }
 
+  /**
+   * Extracts a tar stream into the workspace directory {@code remote} (created if missing,
+   * existing files overwritten), streamed from {@code tar} until its end: the in-pod script
+   * refuses a directory that resolves outside the workspace and symlinks already there that
+   * lead out. Build the archive with any tar library or {@code tar -c}.
+   */
+  public void uploadTar(String remote, java.io.InputStream tar) {
+    Files.Request r = Files.fileArgv(Files.UPLOAD, workspaceRoot(), remote);
+    ExecOptions o = ExecOptions.argv(r.argv()).stdin(tar).maxOutput(64 << 10);
+    Files.check(r.confined(), Exec.run(kube(), namespace(), podName(), Wire.SANDBOX_CONTAINER, o));
+  }
+
+  /**
+   * Writes the workspace directory {@code remote} as a tar stream to {@code out}, streamed as
+   * the pod produces it (nothing of it held in memory). Extract it with care: its members are
+   * whatever the sandbox wrote.
+   */
+  public void downloadTar(String remote, java.io.OutputStream out) {
+    Files.Request r = Files.fileArgv(Files.DOWNLOAD, workspaceRoot(), remote);
+    ExecOptions o = ExecOptions.argv(r.argv()).stdoutTo(out).maxOutput(64 << 10);
+    Files.check(r.confined(), Exec.run(kube(), namespace(), podName(), Wire.SANDBOX_CONTAINER, o));
+  }
+
   // ---- lifecycle ----
 
   private void setMode(String mode) {

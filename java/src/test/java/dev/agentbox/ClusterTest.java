@@ -157,6 +157,19 @@ class ClusterTest {
   }
 
   @Test
+  void aDirectoryGoesOutAndBackInAsATarStream() {
+    ready.write("tree/a.txt", b("a"));
+    ready.write("tree/sub/b.bin", new byte[300_000]);
+    java.io.ByteArrayOutputStream tar = new java.io.ByteArrayOutputStream();
+    ready.downloadTar("tree", tar);
+    assertTrue(tar.size() > 300_000, "a tar of the tree: " + tar.size());
+    ready.uploadTar("copy", new java.io.ByteArrayInputStream(tar.toByteArray()));
+    assertEquals(0, ready.exec("diff -r /workspace/tree /workspace/copy").exitCode());
+    assertThrows(RemoteFileNotFoundException.class, () -> ready.downloadTar("no-such-dir", new java.io.ByteArrayOutputStream()));
+    ready.rm("copy", true);
+  }
+
+  @Test
   void twoThreadsExcludeEachOtherOnOneScopeWithMonotonicFencingTokens() throws Exception {
     ExecutorService pool = Executors.newFixedThreadPool(2);
     try (Guard first = ready.guard(30_000L).acquire()) {
