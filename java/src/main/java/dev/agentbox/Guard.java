@@ -123,6 +123,7 @@ public final class Guard implements AutoCloseable {
   private final Long waitMs;
   private final Object lock = new Object();
   private final CompletableFuture<Void> lost = new CompletableFuture<>();
+  private volatile boolean wasLost;
   private GenericKubernetesResource lease;
   private ScheduledExecutorService renewer;
   private boolean released;
@@ -163,7 +164,7 @@ public final class Guard implements AutoCloseable {
 
   /** Whether the guard has been lost. */
   public boolean isLost() {
-    return lost.isDone() && !isReleased();
+    return wasLost;
   }
 
   public boolean isReleased() {
@@ -179,7 +180,7 @@ public final class Guard implements AutoCloseable {
     }
   }
 
-  /** Completes when the guard is lost (or released). */
+  /** Completes when the guard is lost, or released (it is no longer ours to use then). */
   public CompletableFuture<Void> whenLost() {
     return lost.copy();
   }
@@ -356,6 +357,12 @@ public final class Guard implements AutoCloseable {
   private final java.util.List<Thread> guarded = new java.util.concurrent.CopyOnWriteArrayList<>();
 
   private void setLost() {
+    synchronized (lock) {
+      if (released) {
+        return; // a release in progress: not a loss
+      }
+      wasLost = true;
+    }
     if (lost.complete(null)) {
       for (Thread t : guarded) {
         t.interrupt();
@@ -369,7 +376,7 @@ public final class Guard implements AutoCloseable {
    * raised. The guard stays acquired afterwards (close it to release).
    */
   public <T> T run(java.util.concurrent.Callable<T> work) throws Exception {
-    if (!isHeld() && !isReleased() && !lost.isDone()) {
+    if (!isHeld() && !isReleased() && !wasLost) {
       acquire();
     }
     check();
@@ -420,12 +427,12 @@ public final class Guard implements AutoCloseable {
         Thread.currentThread().interrupt();
       }
     }
-    boolean wasLost = lost.isDone();
+    boolean lostBefore = wasLost;
     lost.complete(null);
     synchronized (lock) {
       last = lease;
     }
-    if (wasLost) {
+    if (lostBefore) {
       throw new GuardLostException(leaseName);
     }
     if (last == null) {

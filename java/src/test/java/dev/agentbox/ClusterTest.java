@@ -323,6 +323,7 @@ class ClusterTest {
         SandboxSpec.image("docker.io/library/agentbox-no-such-image:0").imagePullPolicy("Never"));
     SandboxNotReadyException e = assertThrows(SandboxNotReadyException.class, () -> s.waitReady(30_000));
     assertTrue(e.getMessage().contains("agentbox-no-such-image") || e.reason().contains("Image"), e.getMessage());
+    System.err.println("a missing image: " + e.getMessage());
     s.delete(true, 120_000);
     // a template that does not exist: refused before anything is created
     assertThrows(NotFoundException.class,
