@@ -175,13 +175,13 @@ final class Exec {
   /** Runs one command to completion under the wrapper. */
   static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o) {
     String mode = o.stdinStream != null ? Wire.STDIN_STREAM
-        : o.stdinBytes != null ? Integer.toString(o.stdinBytes.length) : Wire.STDIN_NONE;
+        : Wire.stdinMode(o.stdinBytes == null ? null : o.stdinBytes.length);
     String mark = Wire.newMark();
     List<String> argv = Wire.remoteArgv(mark, mode, o.argv, o.timeoutMs, o.workdir, o.env);
     Conn c = connect(kube, ns, pod, container, argv);
     Thread pump = null;
     try {
-      if (o.stdinBytes != null) {
+      if (o.stdinBytes != null && o.stdinBytes.length > 0) {
         byte[] in = o.stdinBytes;
         for (int i = 0; i < in.length; i += Wire.STDIN_FRAME) {
           c.send(Wire.STDIN_CHANNEL, in, i, Math.min(Wire.STDIN_FRAME, in.length - i));

@@ -43,44 +43,52 @@ public final class Wire {
   /** The trailer's prefix; 32 lowercase hex digits and {@code _} follow. */
   public static final String MARK_PREFIX = "__AGENTBOX_";
 
-  /** {@code STDIN}: the command reads nothing; the exec's stdin stays open for the linger. */
+  /**
+   * {@code STDIN}: the command reads nothing (also for zero bytes: it reads EOF either way); the
+   * exec's stdin stays open for the linger.
+   */
   public static final String STDIN_NONE = "-";
   /** {@code STDIN}: the command reads the exec's stdin until the client half-closes it. */
   public static final String STDIN_STREAM = "=";
 
   /**
    * The wrapper: {@code sh -c WRAPPER agentbox-exec MARK STDIN TIMEOUT WORKDIR N ENV...
-   * ARGV...} (docs/protocol.md, "The wrapper"). Runs the command (in its own process group
+   * ARGV...} (docs/protocol.md, "The wrapper"; the Rust crate's {@code exec::WRAPPER}, checked
+   * against the vectors' {@code exec.wrapper}). Runs the command (in its own process group
    * under a watchdog when there is a timeout), prints the mark on stdout and stderr after it,
    * then lingers reading stdin until the client half-closes it, and exits with its code.
    */
   public static final String WRAPPER =
       "m=$1; i=$2; t=$3; d=$4; n=$5; shift 5\n"
-          +       "while [ \"$n\" -gt 0 ]; do export \"$1\"; shift; n=$((n-1)); done\n"
-          +       "x() {\n"
-          +       "  if [ -n \"$d\" ]; then cd -- \"$d\" || exit 126; fi\n"
-          +       "  if [ -z \"$t\" ]; then exec \"$@\"; fi\n"
-          +       "  exec 3<&0\n"
-          +       "  setsid \"$@\" <&3 3<&- &\n"
-          +       "  p=$!\n"
-          +       "  exec 3<&-\n"
-          +       "  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep \"$t\" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &\n"
-          +       "  w=$!\n"
-          +       "  wait $p 2>/dev/null; r=$?\n"
-          +       "  kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null\n"
-          +       "  exit $r\n"
-          +       "}\n"
-          +       "case $i in\n"
-          +       "  -) (x \"$@\") </dev/null ;;\n"
-          +       "  =) (x \"$@\") ;;\n"
-          +       "  *) head -c \"$i\" | (x \"$@\") ;;\n"
-          +       "esac\n"
-          +       "r=$?\n"
-          +       "[ -z \"$m\" ] && exit $r\n"
-          +       "printf %s \"$m\"\n"
-          +       "printf %s \"$m\" >&2\n"
-          +       "[ \"$i\" = = ] || cat >/dev/null\n"
-          +       "exit $r\n";
+          + "while [ \"$n\" -gt 0 ]; do export \"$1\"; shift; n=$((n-1)); done\n"
+          + "run() {\n"
+          + "  if [ -n \"$d\" ]; then cd -- \"$d\" || return 126; fi\n"
+          + "  if [ -z \"$t\" ]; then\n"
+          + "    [ -n \"$m\" ] || exec \"$@\"\n"
+          + "    ( exec \"$@\" ); return\n"
+          + "  fi\n"
+          + "  exec 3<&0\n"
+          + "  setsid \"$@\" <&3 3<&- &\n"
+          + "  p=$!\n"
+          + "  exec 3<&-\n"
+          + "  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep \"$t\" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &\n"
+          + "  w=$!\n"
+          + "  wait $p 2>/dev/null; r=$?\n"
+          + "  kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null\n"
+          + "  return $r\n"
+          + "}\n"
+          + "case $i in\n"
+          + "  -) run \"$@\" </dev/null ;;\n"
+          + "  =) run \"$@\" ;;\n"
+          + "  *) head -c \"$i\" | run \"$@\" ;;\n"
+          + "esac\n"
+          + "r=$?\n"
+          + "[ -n \"$m\" ] || exit $r\n"
+          + "printf %s \"$m\"; printf %s \"$m\" >&2\n"
+          + "[ \"$i\" = = ] && exit $r\n"
+          + "while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done\n"
+          + "[ $s = 2 ] && while read -r _; do :; done\n"
+          + "exit $r\n";
 
   private static final SecureRandom RANDOM = new SecureRandom();
   private static final JsonMapper JSON = JsonMapper.builder().build();
@@ -134,6 +142,11 @@ public final class Wire {
             "invalid exec request: invalid environment variable name '" + e.getKey() + "'");
       }
     }
+  }
+
+  /** The wrapper's {@code STDIN} for stdin of a known length ({@code null}: none). */
+  public static String stdinMode(Integer knownLength) {
+    return knownLength == null || knownLength == 0 ? STDIN_NONE : Integer.toString(knownLength);
   }
 
   /**
