@@ -45,12 +45,20 @@ public final class ExecBench {
       List<Double> sorted = ms.stream().sorted().toList();
       System.err.printf(Locale.ROOT, "java one-shot exec `true`: p50 %.2f ms, p95 %.2f ms (n=%d)%n",
           pct(sorted, 50), pct(sorted, 95), n);
+      if (BARE) {
+        List<Double> c = CONNECT_MS.stream().sorted().toList();
+        System.err.printf(Locale.ROOT, "  of which the WebSocket's opening: p50 %.2f ms%n", pct(c, 50));
+      }
     }
   }
 
   /** A bare exec of {@code true} (no frame), to see what the frame costs. */
+  static final List<Double> CONNECT_MS = new ArrayList<>();
+
   static void bare(Kube kube, String ns, String pod, String container) {
+    long t0 = System.nanoTime();
     try (Exec.Conn c = Exec.connect(kube, ns, pod, container, java.util.List.of("true"))) {
+      CONNECT_MS.add((System.nanoTime() - t0) / 1e6);
       while (true) {
         byte[] m = Exec.payloadOf(c.events.poll(30, java.util.concurrent.TimeUnit.SECONDS));
         if (m == null) {
