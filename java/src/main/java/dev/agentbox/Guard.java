@@ -8,8 +8,8 @@ import java.time.format.DateTimeFormatter;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.regex.Matcher;
@@ -290,11 +290,15 @@ public final class Guard implements AutoCloseable {
       fencingToken = t == null ? 0 : t.intValue();
       String at = Kube.str(spec, "acquireTime");
       acquiredAt = at == null ? null : parseTime(at);
-      renewer = Executors.newSingleThreadScheduledExecutor(r -> {
+      ScheduledThreadPoolExecutor ex = new ScheduledThreadPoolExecutor(1, r -> {
         Thread th = new Thread(r, "agentbox-guard-" + leaseName);
         th.setDaemon(true);
         return th;
       });
+      // A release drops the next scheduled renewal instead of waiting for it; one in flight
+      // still finishes (see release()).
+      ex.setExecuteExistingDelayedTasksAfterShutdownPolicy(false);
+      renewer = ex;
     }
     scheduleRenewal(sentNanos, sentNanos + cfg.renewEveryMs() * 1_000_000);
   }
