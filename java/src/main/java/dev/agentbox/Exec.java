@@ -174,10 +174,16 @@ final class Exec {
 
   /** Runs one command to completion under the wrapper. */
   static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o) {
+    return run(kube, ns, pod, container, o, o.workdir);
+  }
+
+  /** The same in {@code workdir} (the options' own, or a default such as the workspace root). */
+  static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
+      String workdir) {
     String mode = o.stdinStream != null ? Wire.STDIN_STREAM
         : Wire.stdinMode(o.stdinBytes == null ? null : o.stdinBytes.length);
     String mark = Wire.newMark();
-    List<String> argv = Wire.remoteArgv(mark, mode, o.argv, o.timeoutMs, o.workdir, o.env);
+    List<String> argv = Wire.remoteArgv(mark, mode, o.argv, o.timeoutMs, workdir, o.env);
     Conn c = connect(kube, ns, pod, container, argv);
     Thread pump = null;
     try {

@@ -245,10 +245,8 @@ public final class Sandbox {
    * OutputCutException}.
    */
   public ExecResult exec(ExecOptions o) {
-    if (o.workdir == null) {
-      o.workdir(workspaceRoot());
-    }
-    return Exec.run(kube(), namespace(), podName(), Wire.SANDBOX_CONTAINER, o);
+    return Exec.run(kube(), namespace(), podName(), Wire.SANDBOX_CONTAINER, o,
+        o.workdir != null ? o.workdir : workspaceRoot());
   }
 
   /** Runs a shell command line ({@code sh -c}). */
