@@ -134,8 +134,10 @@ fn python_sdk_exec(ns: &str, n: u64) -> Result<Vec<Duration>, String> {
 /// The same through the agentbox Java client (`java/`'s `dev.agentbox.ExecBench`, one JVM
 /// per round, after its own warm-up), with the classpath in `$JAVA_CP`.
 fn java_exec(ns: &str, n: u64) -> Result<Vec<Duration>, String> {
-    let cp =
-        std::env::var("JAVA_CP").map_err(|_| "no $JAVA_CP (hack/bench sets it)".to_string())?;
+    let cp = std::env::var("JAVA_CP")
+        .ok()
+        .filter(|cp| !cp.is_empty())
+        .ok_or("no $JAVA_CP (hack/bench sets it)")?;
     let out = Command::new(std::env::var("JAVA").unwrap_or_else(|_| "java".into()))
         .args([
             "-cp",
