@@ -10,6 +10,8 @@
 //! - through the agentbox Python SDK in-process (`benches/sdk_python.py`; needs `./python`
 //!   installed, skipped with a note if missing), which also gives its session and guard
 //!   figures;
+//! - through the agentbox Java client in-process (`dev.agentbox.ExecBench` of `java/`, with
+//!   the classpath in `$JAVA_CP`, which `hack/bench` sets; skipped with a note without it);
 //!
 //! and the persistent session's per-command latency, guard acquire/release latency, and the
 //! guard's throughput with 8 contending clients. `BENCH_N` samples each (default 200),
@@ -129,6 +131,42 @@ fn python_sdk_exec(ns: &str, n: u64) -> Result<Vec<Duration>, String> {
     .map(|mut v| v.remove(0))
 }
 
+/// The same through the agentbox Java client (`java/`'s `dev.agentbox.ExecBench`, one JVM
+/// per round, after its own warm-up), with the classpath in `$JAVA_CP`.
+fn java_exec(ns: &str, n: u64) -> Result<Vec<Duration>, String> {
+    let cp = std::env::var("JAVA_CP")
+        .ok()
+        .filter(|cp| !cp.is_empty())
+        .ok_or("no $JAVA_CP (hack/bench sets it)")?;
+    let out = Command::new(std::env::var("JAVA").unwrap_or_else(|_| "java".into()))
+        .args([
+            "-cp",
+            &cp,
+            "dev.agentbox.ExecBench",
+            ns,
+            POD,
+            SANDBOX_CONTAINER,
+        ])
+        .arg(n.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("java: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("java: {}", err.lines().last().unwrap_or("")));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(v["oneshot_ms"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(serde_json::Value::as_f64)
+                .map(|ms| Duration::from_secs_f64(ms / 1e3))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 /// 8 clients, each with its own connection, taking and releasing one lease for `secs`.
 async fn guard_contention(ns: &str, secs: u64) -> Res<(u64, f64)> {
     let total = Arc::new(AtomicU64::new(0));
@@ -187,6 +225,7 @@ async fn main() -> Res<()> {
     let (mut a0, mut a1) = (Vec::new(), Vec::new());
     let mut py: Result<Vec<Duration>, String> = Ok(Vec::new());
     let mut sdk: Result<Vec<Duration>, String> = Ok(Vec::new());
+    let mut java: Result<Vec<Duration>, String> = Ok(Vec::new());
     let rounds = 4;
     for _ in 0..rounds {
         for _ in 0..n.div_ceil(rounds) {
@@ -199,6 +238,7 @@ async fn main() -> Res<()> {
                 python_exec as fn(&str, u64) -> Result<Vec<Duration>, String>,
             ),
             (&mut sdk, python_sdk_exec),
+            (&mut java, java_exec),
         ] {
             if let Ok(v) = acc {
                 match run(&ns, n.div_ceil(rounds)) {
@@ -299,6 +339,7 @@ async fn main() -> Res<()> {
         "oneshot_python_sdk",
         &sdk,
     );
+    sdk_row("agentbox Java client, in-process", "oneshot_java", &java);
     row("persistent session, per command", "session", &s);
     sdk_row(
         "persistent session, Python SDK",

@@ -448,6 +448,7 @@ pub fn rows(f: &Figures) -> Vec<Row> {
     }
     out.extend(python_sdk_rows(f));
     out.extend(go_sdk_rows(f));
+    out.extend(java_rows(f));
     if let Some(t) = e("guard_contended_per_s") {
         let n = f.n("exec", "guard_contended_per_s");
         out.push(row(
@@ -695,6 +696,22 @@ fn go_sdk_rows(f: &Figures) -> Vec<Row> {
         });
     }
     out
+}
+
+/// The Java client's one-shot exec, next to the Rust client's from the same run (issue 34).
+fn java_rows(f: &Figures) -> Vec<Row> {
+    let e = |k: &str| f.get("exec", k);
+    let both = |k: &str| e(&format!("{k}_p50_ms")).zip(e(&format!("{k}_p95_ms")));
+    let (Some((p50, p95)), Some((r50, r95))) = (both("oneshot_java"), both("oneshot_agentbox"))
+    else {
+        return Vec::new();
+    };
+    let n = f.n("exec", "oneshot_java_p50_ms");
+    vec![row(
+        format!("Java client: one-shot exec `true`, p50 / p95, vs the Rust client (n={n})"),
+        format!("{p50:.1} / {p95:.1} ms"),
+        format!("Rust client {r50:.1} / {r95:.1} ms"),
+    )]
 }
 
 /// The Python SDK's figures (issue 14's targets), each next to the Rust client's from the same

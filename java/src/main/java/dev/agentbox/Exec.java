@@ -1,0 +1,319 @@
+package dev.agentbox;
+
+import io.fabric8.kubernetes.client.http.HttpClient;
+import io.fabric8.kubernetes.client.http.WebSocket;
+import java.io.IOException;
+import java.io.InputStream;
+import java.net.URI;
+import java.net.URLEncoder;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+
+/**
+ * One-shot exec over {@code pods/exec} (docs/protocol.md, "What the client does"): a WebSocket
+ * of fabric8's HTTP client with subprotocol {@code v5.channel.k8s.io}, the command under the
+ * wrapper, the trailers held back from the output, stdin half-closed once both trailers arrived,
+ * and {@link OutputCutException} when a stream ended without its trailer.
+ *
+ * <p>Not fabric8's {@code ExecWatch}: in kubernetes-client 8.0.0 it offers only
+ * {@code v4.channel.k8s.io}, which cannot half-close stdin, and the wrapper's linger needs that.
+ */
+final class Exec {
+  private Exec() {}
+
+  /** What the listener hands to the reading thread. */
+  private sealed interface Event permits Msg, Closed, Failed {}
+
+  private record Msg(byte[] data) implements Event {}
+
+  private record Closed(int code, String reason) implements Event {}
+
+  private record Failed(Throwable error) implements Event {}
+
+  /** An open exec connection: its events in order. */
+  static final class Conn implements AutoCloseable {
+    final WebSocket ws;
+    final LinkedBlockingQueue<Object> events;
+
+    Conn(WebSocket ws, LinkedBlockingQueue<Object> events) {
+      this.ws = ws;
+      this.events = events;
+    }
+
+    void send(int channel, byte[] data, int off, int len) {
+      byte[] frame = new byte[len + 1];
+      frame[0] = (byte) channel;
+      System.arraycopy(data, off, frame, 1, len);
+      if (!ws.send(ByteBuffer.wrap(frame))) {
+        throw new TransportException("exec: the connection is closed");
+      }
+    }
+
+    void halfCloseStdin() {
+      ws.send(ByteBuffer.wrap(new byte[] {(byte) Wire.CLOSE_CHANNEL, (byte) Wire.STDIN_CHANNEL}));
+    }
+
+    /** Waits for outgoing frames to drain below a bound (flow control for large stdin). */
+    void drain(long bound) {
+      while (ws.queueSize() > bound) {
+        try {
+          Thread.sleep(2);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          throw new TransportException("exec: interrupted while sending stdin");
+        }
+      }
+    }
+
+    @Override
+    public void close() {
+      ws.sendClose(1000, "");
+    }
+  }
+
+  /** A message's bytes (channel first), or null when the event ends the connection. */
+  static byte[] payloadOf(Object ev) {
+    return ev instanceof Msg m ? m.data() : null;
+  }
+
+  static URI execUri(Kube kube, String ns, String pod, String container, List<String> argv) {
+    StringBuilder q = new StringBuilder();
+    q.append("container=").append(enc(container)).append("&stdin=true&stdout=true&stderr=true");
+    for (String a : argv) {
+      q.append("&command=").append(enc(a));
+    }
+    String base = kube.client.getMasterUrl().toString();
+    if (!base.endsWith("/")) {
+      base += "/";
+    }
+    return URI.create(base + "api/v1/namespaces/" + enc(ns) + "/pods/" + enc(pod) + "/exec?" + q);
+  }
+
+  private static String enc(String s) {
+    return URLEncoder.encode(s, StandardCharsets.UTF_8).replace("+", "%20");
+  }
+
+  /** Opens the exec WebSocket. */
+  static Conn connect(Kube kube, String ns, String pod, String container, List<String> argv) {
+    HttpClient http = kube.client.getHttpClient();
+    LinkedBlockingQueue<Object> events = new LinkedBlockingQueue<>();
+    WebSocket.Listener listener = new WebSocket.Listener() {
+      @Override
+      public void onOpen(WebSocket ws) {
+        ws.request();
+      }
+
+      @Override
+      public void onMessage(WebSocket ws, ByteBuffer bytes) {
+        byte[] b = new byte[bytes.remaining()];
+        bytes.get(b);
+        events.add(new Msg(b));
+        ws.request();
+      }
+
+      @Override
+      public void onMessage(WebSocket ws, String text) {
+        events.add(new Msg(text.getBytes(StandardCharsets.UTF_8)));
+        ws.request();
+      }
+
+      @Override
+      public void onClose(WebSocket ws, int code, String reason) {
+        events.add(new Closed(code, reason));
+      }
+
+      @Override
+      public void onError(WebSocket ws, Throwable error) {
+        events.add(new Failed(error));
+      }
+    };
+    CompletableFuture<WebSocket> f = http.newWebSocketBuilder()
+        .subprotocol(Wire.PROTOCOL)
+        .uri(execUri(kube, ns, pod, container, argv))
+        .connectTimeout(30, TimeUnit.SECONDS)
+        .buildAsync(listener);
+    try {
+      return new Conn(f.get(60, TimeUnit.SECONDS), events);
+    } catch (ExecutionException e) {
+      throw mapConnectError(e.getCause(), ns, pod);
+    } catch (TimeoutException e) {
+      f.cancel(true);
+      throw new TransportException("pod " + ns + "/" + pod + " (exec): connect timed out", e);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new TransportException("pod " + ns + "/" + pod + " (exec): interrupted", e);
+    }
+  }
+
+  private static AgentboxException mapConnectError(Throwable t, String ns, String pod) {
+    String what = "pod " + ns + "/" + pod + " (exec)";
+    if (t instanceof io.fabric8.kubernetes.client.http.WebSocketHandshakeException h) {
+      int code = h.getResponse() == null ? 0 : h.getResponse().code();
+      String body = "";
+      try {
+        body = h.getResponse() == null ? "" : String.valueOf(h.getResponse().body());
+      } catch (RuntimeException e) {
+        body = "";
+      }
+      if (code == 404) {
+        return new NotFoundException(what + ": not found " + body, t);
+      }
+      if (code == 0) {
+        return new TransportException(what + ": " + t.getMessage(), t);
+      }
+      return new ApiException(code, "", what + ": HTTP " + code + " " + body, t);
+    }
+    return new TransportException(what + ": " + t, t);
+  }
+
+  /** Runs one command to completion under the wrapper. */
+  static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o) {
+    return run(kube, ns, pod, container, o, o.workdir);
+  }
+
+  /** The same in {@code workdir} (the options' own, or a default such as the workspace root). */
+  static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
+      String workdir) {
+    String mode = o.stdinStream != null ? Wire.STDIN_STREAM
+        : Wire.stdinMode(o.stdinBytes == null ? null : o.stdinBytes.length);
+    String mark = Wire.newMark();
+    List<String> argv = Wire.remoteArgv(mark, mode, o.argv, o.timeoutMs, workdir, o.env);
+    Conn c = connect(kube, ns, pod, container, argv);
+    Thread pump = null;
+    try {
+      if (o.stdinBytes != null && o.stdinBytes.length > 0) {
+        byte[] in = o.stdinBytes;
+        for (int i = 0; i < in.length; i += Wire.STDIN_FRAME) {
+          c.send(Wire.STDIN_CHANNEL, in, i, Math.min(Wire.STDIN_FRAME, in.length - i));
+          c.drain(4L * Wire.STDIN_FRAME);
+        }
+      } else if (o.stdinStream != null) {
+        pump = pump(c, o.stdinStream);
+      }
+      return collect(c, o, mode, mark);
+    } finally {
+      if (pump != null) {
+        pump.interrupt();
+      }
+      c.close();
+    }
+  }
+
+  private static Thread pump(Conn c, InputStream in) {
+    Thread t = new Thread(() -> {
+      byte[] buf = new byte[Wire.STDIN_FRAME];
+      try (in) {
+        int n;
+        while ((n = in.read(buf)) >= 0) {
+          if (n > 0) {
+            c.send(Wire.STDIN_CHANNEL, buf, 0, n);
+            c.drain(4L * Wire.STDIN_FRAME);
+          }
+        }
+      } catch (IOException | RuntimeException e) {
+        // A failing source ends stdin like EOF; the command's exit status still comes back.
+      }
+      try {
+        c.halfCloseStdin();
+      } catch (RuntimeException e) {
+        // the connection is gone: the reader sees it
+      }
+    }, "agentbox-exec-stdin");
+    t.setDaemon(true);
+    t.start();
+    return t;
+  }
+
+  private static ExecResult collect(Conn c, ExecOptions o, String mode, String mark) {
+    Wire.TrailerFilter outT = new Wire.TrailerFilter(mark);
+    Wire.TrailerFilter errT = new Wire.TrailerFilter(mark);
+    Wire.Capped out = new Wire.Capped(o.maxOutput);
+    Wire.Capped err = new Wire.Capped(o.maxOutput);
+    long start = System.nanoTime();
+    Long deadline = o.timeoutMs == null ? null : start + o.timeoutMs * 1_000_000;
+    Long giveUp = null;
+    boolean closedStdin = false;
+    while (true) {
+      long now = System.nanoTime();
+      if (deadline != null && giveUp == null && now >= deadline) {
+        giveUp = now + Wire.TIMEOUT_GRACE_MS * 1_000_000;
+      }
+      if (giveUp != null && now >= giveUp) {
+        throw new ExecTimeoutException(
+            "command timed out after " + o.timeoutMs + " ms and no exit status arrived", null);
+      }
+      long waitNs = giveUp != null ? giveUp - now : deadline != null ? deadline - now : 60_000_000_000L;
+      Object ev;
+      try {
+        ev = c.events.poll(Math.max(waitNs, 1), TimeUnit.NANOSECONDS);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new ExecException("exec interrupted", e);
+      }
+      if (ev == null) {
+        continue;
+      }
+      if (ev instanceof Failed f) {
+        throw new TransportException("exec stream failed: " + f.error(), f.error());
+      }
+      if (ev instanceof Closed) {
+        throw new TransportException("exec stream failed: connection closed without an exit status"
+            + cutNote(outT, errT));
+      }
+      byte[] data = ((Msg) ev).data();
+      if (data.length < 1) {
+        continue;
+      }
+      int ch = data[0] & 0xff;
+      byte[] payload = java.util.Arrays.copyOfRange(data, 1, data.length);
+      if (ch == Wire.STDOUT_CHANNEL) {
+        byte[] passed = outT.push(payload);
+        if (o.stdoutSink != null) {
+          try {
+            o.stdoutSink.write(passed);
+          } catch (java.io.IOException e) {
+            throw new ExecException("writing the command's stdout: " + e.getMessage(), e);
+          }
+        } else {
+          out.push(passed);
+        }
+      } else if (ch == Wire.STDERR_CHANNEL) {
+        err.push(errT.push(payload));
+      } else if (ch == Wire.STATUS_CHANNEL) {
+        Wire.ExitStatus st = Wire.parseStatus(payload);
+        if (!outT.complete()) {
+          throw new OutputCutException("stdout", outT.received());
+        }
+        if (!errT.complete()) {
+          throw new OutputCutException("stderr", errT.received());
+        }
+        // The client's deadline starts before the in-pod watchdog's, so a command the
+        // watchdog killed is always seen as timed out here.
+        boolean timedOut = giveUp != null
+            || (o.timeoutMs != null && System.nanoTime() - start >= o.timeoutMs * 1_000_000);
+        ExecResult r = new ExecResult(st.code(), out.bytes(), err.bytes(), out.truncated(),
+            err.truncated(), timedOut, st.message());
+        if (timedOut) {
+          throw new ExecTimeoutException("command timed out after " + o.timeoutMs + " ms", r);
+        }
+        return o.check ? r.check() : r;
+      }
+      if (!closedStdin && !mode.equals(Wire.STDIN_STREAM) && outT.complete() && errT.complete()) {
+        // Both streams are whole: the wrapper's linger may end now.
+        c.halfCloseStdin();
+        closedStdin = true;
+      }
+    }
+  }
+
+  private static String cutNote(Wire.TrailerFilter o, Wire.TrailerFilter e) {
+    return " (stdout " + (o.complete() ? "whole" : "cut after " + o.received() + " bytes")
+        + ", stderr " + (e.complete() ? "whole" : "cut after " + e.received() + " bytes") + ")";
+  }
+}

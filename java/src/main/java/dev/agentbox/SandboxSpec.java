@@ -1,0 +1,56 @@
+package dev.agentbox;
+
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+/**
+ * A Sandbox's spec in its JSON form (the CRD's field names, see docs/reference.md), built
+ * fluently: {@code SandboxSpec.image("busybox:1.37").imagePullPolicy("IfNotPresent")}. Fields
+ * this class has no method for go in with {@link #set}. The scope is set by
+ * {@link Sandboxes#getOrCreate}. The API server validates it; what it refuses comes back as
+ * {@link InvalidRequestException} with its message.
+ */
+public final class SandboxSpec {
+  private final Map<String, Object> fields = new LinkedHashMap<>();
+
+  private SandboxSpec() {}
+
+  /** A spec with an image. */
+  public static SandboxSpec image(String image) {
+    return new SandboxSpec().set("image", image);
+  }
+
+  /** A spec from a SandboxTemplate of the namespace. */
+  public static SandboxSpec fromTemplate(String template) {
+    return new SandboxSpec().set("templateRef", Map.of("name", template));
+  }
+
+  /** A spec from its JSON form. */
+  public static SandboxSpec of(Map<String, Object> json) {
+    SandboxSpec s = new SandboxSpec();
+    s.fields.putAll(json);
+    return s;
+  }
+
+  public SandboxSpec imagePullPolicy(String policy) {
+    return set("imagePullPolicy", policy);
+  }
+
+  /** The workspace root in the container (default {@code /workspace}). */
+  public SandboxSpec workspaceRoot(String root) {
+    Map<String, Object> ws = new LinkedHashMap<>(Kube.obj(fields, "workspace"));
+    ws.put("root", root);
+    return set("workspace", ws);
+  }
+
+  /** Any field of the spec, in its JSON form. */
+  public SandboxSpec set(String field, Object value) {
+    fields.put(field, value);
+    return this;
+  }
+
+  /** A copy of the JSON form. */
+  public Map<String, Object> toMap() {
+    return new LinkedHashMap<>(fields);
+  }
+}

@@ -1,0 +1,333 @@
+package dev.agentbox;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assertions.fail;
+
+import io.fabric8.kubernetes.api.model.GenericKubernetesResource;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInstance;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * The Java client on the real cluster (hack/test's Java lane; {@code mvn -Pcluster test}):
+ * create, exec, files, the guard between two threads and against the Rust CLI, snapshot and
+ * restore, suspend and resume, a pod deleted under a running client, and bad input.
+ */
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+@Timeout(value = 6, unit = TimeUnit.MINUTES)
+class ClusterTest {
+  ClusterEnv env;
+  Sandbox ready;
+
+  @BeforeAll
+  void setUp() {
+    env = new ClusterEnv("client");
+    ready = env.ready(Scope.forSession("java-tests", env.ns));
+  }
+
+  @AfterAll
+  void tearDown() {
+    if (env != null) {
+      env.close();
+    }
+  }
+
+  static byte[] b(String s) {
+    return s.getBytes(StandardCharsets.UTF_8);
+  }
+
+  @Test
+  void theSandboxOfAScopeIsTheOneEveryClientNames() {
+    Scope scope = ready.scope();
+    assertEquals(Labels.sandboxNameForScope(scope), ready.name());
+    GenericKubernetesResource o = env.sandboxes.kube().get(Kube.SANDBOXES, env.ns, ready.name());
+    assertEquals(Labels.scopeLabels(scope), o.getMetadata().getLabels());
+    assertEquals(Labels.scopeAnnotations(scope), o.getMetadata().getAnnotations());
+    // get-or-create again (as a second harness would) gets the same object
+    Sandbox again = env.sandboxes.getOrCreate(scope, SandboxSpec.image(ClusterEnv.BASE_IMAGE));
+    assertEquals(o.getMetadata().getUid(), again.resource().getMetadata().getUid());
+    assertEquals("Ready", again.resource().getStatus().get("phase"));
+  }
+
+  @Test
+  void theReadmesJavaRuns() {
+    assertEquals("ship it\n", ReadmeExample.turn(env.ns));
+  }
+
+  @Test
+  void execGivesTheRealExitCodeOutputStdinEnvAndWorkdir() {
+    ExecResult r = ready.exec("echo out; echo err >&2; exit 3");
+    assertEquals(3, r.exitCode());
+    assertEquals("out\n", r.stdoutText());
+    assertEquals("err\n", r.stderrText());
+    assertThrows(CommandException.class, () -> ready.exec(ExecOptions.shell("exit 5").check()));
+    assertEquals("/workspace\n", ready.exec("pwd").stdoutText());
+    ExecResult e = ready.exec(ExecOptions.argv("sh", "-c", "cd /tmp && pwd; printf %s \"$X\"")
+        .env("X", "it's \"q\" $HOME").workdir("/"));
+    assertEquals("/tmp\nit's \"q\" $HOME", e.stdoutText());
+    assertEquals("3:abc", ready.exec(ExecOptions.shell("c=$(cat); echo -n ${#c}:$c").stdin("abc")).stdoutText());
+    assertEquals(127, ready.exec(ExecOptions.argv("agentbox-no-such-command")).exitCode());
+    assertEquals(126, ready.exec(ExecOptions.argv("true").workdir("/no/such/dir")).exitCode());
+  }
+
+  @Test
+  void largeOutputAndStdinArriveWhole() {
+    // 3 MiB each way: every byte, in order (the trailer says the stream is whole)
+    byte[] data = new byte[3 << 20];
+    new java.util.Random(7).nextBytes(data);
+    ExecResult r = ready.exec(ExecOptions.argv("cat").stdin(data));
+    assertEquals(0, r.exitCode());
+    assertArrayEquals(data, r.stdout());
+    ExecResult big = ready.exec("head -c 5000000 /dev/zero");
+    assertEquals(5_000_000, big.stdout().length);
+    ExecResult capped = ready.exec(ExecOptions.shell("head -c 100000 /dev/zero").maxOutput(1000));
+    assertEquals(1000, capped.stdout().length);
+    assertTrue(capped.stdoutTruncated());
+    // a stream of unknown length, read to its end
+    ExecResult s = ready.exec(ExecOptions.argv("wc", "-c").stdin(new java.io.ByteArrayInputStream(data)));
+    assertEquals(Integer.toString(data.length), s.stdoutText().strip());
+  }
+
+  @Test
+  void aTimeoutKillsTheCommandsProcessGroup() {
+    ExecTimeoutException e = assertThrows(ExecTimeoutException.class, () -> ready.exec(
+        ExecOptions.shell("(sleep 60; echo late > /workspace/late) & echo started; sleep 60").timeout(Duration.ofMillis(1500))));
+    assertNotNull(e.result());
+    assertEquals(137, e.result().exitCode());
+    assertEquals("started\n", e.result().stdoutText());
+    // the background child was in the group: it is gone too
+    assertEquals("", ready.exec("ps -o pid,args | grep '[s]leep 60' || true").stdoutText());
+  }
+
+  @Test
+  void aSessionKeepsOneShell() {
+    try (Session s = ready.session()) {
+      assertEquals("a\n", s.run("echo a").stdoutText());
+      ExecResult r = s.run(ExecOptions.shell("echo $V; exit 4").env("V", "v"));
+      assertEquals(4, r.exitCode());
+      assertEquals("v\n", r.stdoutText());
+      assertThrows(ExecTimeoutException.class, () -> s.run(ExecOptions.shell("sleep 30").timeout(Duration.ofMillis(500))));
+      assertEquals("after\n", s.run("echo after").stdoutText());
+    }
+  }
+
+  @Test
+  void filesAreConfinedToTheWorkspace() {
+    ready.write("dir/a b.txt", b("hello\n"));
+    assertEquals("hello\n", new String(ready.read("dir/a b.txt"), StandardCharsets.UTF_8));
+    ready.write("/workspace/dir/x.sh", b("#!/bin/sh\necho x\n"), 0755);
+    Files.DirEntry st = ready.stat("dir/x.sh");
+    assertEquals(0755, st.mode());
+    assertEquals(Files.Kind.FILE, st.kind());
+    List<Files.DirEntry> ls = ready.ls("dir");
+    assertEquals(List.of("a b.txt", "x.sh"), ls.stream().map(Files.DirEntry::name).toList());
+    assertTrue(ready.exists("dir"));
+    ready.mkdir("d1/d2", true);
+    assertEquals(Files.Kind.DIR, ready.stat("d1/d2").kind());
+    ready.rm("d1", true);
+    assertFalse(ready.exists("d1"));
+    assertThrows(RemoteFileNotFoundException.class, () -> ready.read("no-such-file"));
+    // bad input: refused here, before any request
+    PathException dotdot = assertThrows(PathException.class, () -> ready.read("../etc/passwd"));
+    assertEquals("DotDot", dotdot.reason());
+    assertEquals("OutsideRoot", assertThrows(PathException.class, () -> ready.write("/etc/x", b("x"))).reason());
+    // and in the pod: a symlink leading out
+    ready.exec("ln -sfn /etc /workspace/out");
+    assertEquals("Escapes", assertThrows(PathException.class, () -> ready.read("out/passwd")).reason());
+    // (the shared scripts refuse to rm a path that resolves outside, as they refuse to read it)
+    assertEquals("Escapes", assertThrows(PathException.class, () -> ready.rm("out", false)).reason());
+    ready.exec(ExecOptions.argv("rm", "/workspace/out").check());
+  }
+
+  @Test
+  void aDirectoryGoesOutAndBackInAsATarStream() {
+    ready.write("tree/a.txt", b("a"));
+    ready.write("tree/sub/b.bin", new byte[300_000]);
+    java.io.ByteArrayOutputStream tar = new java.io.ByteArrayOutputStream();
+    ready.downloadTar("tree", tar);
+    assertTrue(tar.size() > 300_000, "a tar of the tree: " + tar.size());
+    ready.uploadTar("copy", new java.io.ByteArrayInputStream(tar.toByteArray()));
+    assertEquals(0, ready.exec("diff -r /workspace/tree /workspace/copy").exitCode());
+    assertThrows(RemoteFileNotFoundException.class, () -> ready.downloadTar("no-such-dir", new java.io.ByteArrayOutputStream()));
+    ready.rm("copy", true);
+  }
+
+  @Test
+  void twoThreadsExcludeEachOtherOnOneScopeWithMonotonicFencingTokens() throws Exception {
+    ExecutorService pool = Executors.newFixedThreadPool(2);
+    try (Guard first = ready.guard(30_000L).acquire()) {
+      Future<Object> second = pool.submit(() -> {
+        try (Guard g = ready.guard(500L)) {
+          g.acquire();
+          return "acquired";
+        } catch (GuardTimeoutException e) {
+          return e;
+        }
+      });
+      Object got = second.get();
+      assertTrue(got instanceof GuardTimeoutException, String.valueOf(got));
+      assertEquals(first.holder(), ((GuardTimeoutException) got).holder());
+      CountDownLatch waiting = new CountDownLatch(1);
+      Future<Integer> third = pool.submit(() -> {
+        waiting.countDown();
+        try (Guard g = ready.guard(60_000L).acquire()) {
+          return g.fencingToken();
+        }
+      });
+      waiting.await();
+      int token = first.fencingToken();
+      first.release(); // released: the waiting thread gets it
+      first.release(); // idempotent
+      assertTrue(third.get() > token);
+    } finally {
+      pool.shutdownNow();
+    }
+  }
+
+  @Test
+  void aJavaHolderKeepsTheRustCliOutAndTheCliKeepsJavaOut() throws Exception {
+    try (Guard g = ready.guard(30_000L).acquire()) {
+      Object[] r = env.cli("lock", ready.name(), "--wait", "1", "--", "true");
+      assertEquals(1, r[0], (String) r[1]);
+      assertTrue(((String) r[1]).contains("timed out waiting for lease") && ((String) r[1]).contains(g.holder()), (String) r[1]);
+    }
+    java.nio.file.Path dir = java.nio.file.Files.createTempDirectory("agentbox-java-");
+    java.nio.file.Path token = dir.resolve("token");
+    Process cli = new ProcessBuilder(ClusterEnv.binary("agentbox", "AGENTBOX_CLI_BIN").toString(), "-n", env.ns,
+        "lock", ready.name(), "--", "sh", "-c", "echo \"$AGENTBOX_FENCING_TOKEN\" > " + token + "; sleep 5")
+        .redirectErrorStream(true).redirectOutput(dir.resolve("out").toFile()).start();
+    try {
+      while (!java.nio.file.Files.exists(token) || java.nio.file.Files.readString(token).isBlank()) {
+        assertTrue(cli.isAlive() || java.nio.file.Files.exists(token), "the CLI ended before it held the lease");
+        Thread.sleep(100);
+      }
+      int rust = Integer.parseInt(java.nio.file.Files.readString(token).strip());
+      GuardTimeoutException e = assertThrows(GuardTimeoutException.class, () -> ready.guard(500L).acquire());
+      assertFalse(e.holder().isEmpty());
+      try (Guard g = ready.guard(60_000L).acquire()) {
+        assertEquals(0, cli.waitFor());
+        assertTrue(g.fencingToken() > rust);
+      }
+    } finally {
+      cli.destroy();
+      cli.waitFor();
+      ClusterEnv.deleteTree(dir.toFile());
+    }
+  }
+
+  @Test
+  void losingTheLeaseInterruptsTheGuardedWork() throws Exception {
+    Guard g = ready.guard(30_000L, GuardConfig.withLeaseDuration(3_000));
+    GenericKubernetesResource[] taken = new GenericKubernetesResource[1];
+    GuardLostException e = assertThrows(GuardLostException.class, () -> g.run(() -> {
+      // someone takes the lease over behind our back (a conditioned write)
+      Kube k = env.sandboxes.kube();
+      GenericKubernetesResource l = k.get(Kube.LEASES, env.ns, g.leaseName());
+      Map<String, Object> spec = Kube.cast(l.getAdditionalProperties().get("spec"));
+      spec.put("holderIdentity", "thief");
+      taken[0] = k.update(Kube.LEASES, env.ns, l);
+      Thread.sleep(60_000); // interrupted at the next renewal
+      return null;
+    }));
+    assertNotNull(e);
+    assertTrue(g.isLost());
+    g.close(); // never throws, even lost
+    // free it again for the other tests
+    Kube k = env.sandboxes.kube();
+    GenericKubernetesResource l = k.get(Kube.LEASES, env.ns, g.leaseName());
+    Map<String, Object> spec = Kube.cast(l.getAdditionalProperties().get("spec"));
+    assertEquals("thief", spec.get("holderIdentity"));
+    spec.remove("holderIdentity");
+    k.update(Kube.LEASES, env.ns, l);
+  }
+
+  @Test
+  void snapshotRestoreAndTheHarnessState() {
+    Sandbox s = env.ready(Scope.forUser("java-tests", "snap@example.com"));
+    s.write("keep.txt", b("v1"));
+    SandboxState state = env.sandboxes.persistWorkspace(s.state(), 300_000);
+    assertNotNull(state.lastSnapshot());
+    Snapshot snap = env.sandboxes.getSnapshot(state.lastSnapshot());
+    assertTrue(snap.ready());
+    assertEquals(Labels.scopeKey(s.scope()), snap.scopeKey());
+    assertEquals(List.of(snap.name()), s.snapshots().stream().map(Snapshot::name).toList());
+    s.write("keep.txt", b("v2"));
+    Sandbox back = env.sandboxes.hydrateWorkspace(state, SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never"), 300_000);
+    assertEquals("v1", new String(back.read("keep.txt"), StandardCharsets.UTF_8));
+    assertEquals(s.name(), back.name());
+    assertThrows(NotFoundException.class, () -> back.restore("no-such-snapshot", 10_000));
+  }
+
+  @Test
+  void suspendIsReportedAndResumeBringsTheWorkspaceBack() {
+    Sandbox s = env.ready(Scope.forAgent("java-suspend"));
+    s.write("kept", b("yes"));
+    s.suspend();
+    assertThrows(SandboxSuspendedException.class, () -> s.waitReady(60_000));
+    s.resume();
+    s.waitReady(180_000);
+    Sandbox served = s.recover(180_000);
+    assertEquals("yes", new String(served.read("kept"), StandardCharsets.UTF_8));
+    s.delete(true, 120_000);
+    assertThrows(NotFoundException.class, () -> env.sandboxes.open(s.name()));
+  }
+
+  @Test
+  void aPodDeletedUnderARunningClientFailsTheCommandNotTheData() throws Exception {
+    Sandbox s = env.ready(Scope.forAgent("java-pod-loss"));
+    s.write("kept", b("still here"));
+    CompletableFuture<ExecResult> running = CompletableFuture.supplyAsync(
+        () -> s.exec("echo started; sleep 120; echo never"));
+    // the command is running once its pod shows it
+    while (!s.exec("ps -o args | grep -q '[s]leep 120' && echo y || true").stdoutText().contains("y")) {
+      Thread.sleep(100);
+    }
+    // Not a force deletion (grace 0): the kubelet confirms the old containers are gone before
+    // the pod object goes and the operator starts the next pod under the same name.
+    env.client.pods().inNamespace(env.ns).withName(s.podName()).withGracePeriod(1).delete();
+    try {
+      ExecResult r = running.get(150, TimeUnit.SECONDS);
+      fail("a command whose pod was deleted returned a result: " + r.exitCode() + " " + r.stdoutText());
+    } catch (java.util.concurrent.ExecutionException e) {
+      assertTrue(e.getCause() instanceof ExecException || e.getCause() instanceof TransportException,
+          String.valueOf(e.getCause()));
+      System.err.println("the command of the deleted pod: " + e.getCause());
+    }
+    Sandbox back = s.recover(180_000);
+    assertEquals("still here", new String(back.read("kept"), StandardCharsets.UTF_8));
+  }
+
+  @Test
+  void badInputGetsClearErrors() {
+    assertThrows(InvalidRequestException.class, () -> Scope.forSession("a", ""));
+    assertThrows(InvalidRequestException.class, () -> ready.exec(ExecOptions.argv("true").env("1BAD", "x")));
+    // a missing image: never Ready, with the kubelet's reason
+    Sandbox s = env.sandboxes.getOrCreate(Scope.forAgent("java-missing-image"),
+        SandboxSpec.image("docker.io/library/agentbox-no-such-image:0").imagePullPolicy("Never"));
+    SandboxNotReadyException e = assertThrows(SandboxNotReadyException.class, () -> s.waitReady(30_000));
+    assertTrue(e.getMessage().contains("agentbox-no-such-image") || e.reason().contains("Image"), e.getMessage());
+    System.err.println("a missing image: " + e.getMessage());
+    s.delete(true, 120_000);
+    // a template that does not exist: refused before anything is created
+    assertThrows(NotFoundException.class,
+        () -> env.sandboxes.getOrCreate(Scope.forAgent("java-no-template"), SandboxSpec.fromTemplate("no-such-template")));
+    assertThrows(NotFoundException.class, () -> env.sandboxes.open("no-such-sandbox"));
+  }
+}
