@@ -685,9 +685,10 @@ pub fn served(
                         now,
                     );
                     // Announced once, when the start stalls (the problem's own Event came
-                    // when it began).
+                    // when it began). An action of its own: Events of one reason and action
+                    // are folded into one series, which keeps the first one's note.
                     if !was {
-                        let note = Note::new(EventType::Warning, reason, "StartPod", &message);
+                        let note = Note::new(EventType::Warning, reason, "Stall", &message);
                         out.problem = Some(note);
                     }
                 }
@@ -1521,6 +1522,10 @@ mod tests {
         assert_eq!(
             (note.type_, note.reason.as_str(), note.message.as_str()),
             (EventType::Warning, "ImagePullBackOff", c.message.as_str())
+        );
+        assert_eq!(
+            note.action, "Stall",
+            "not folded into the problem's own Events"
         );
         let mut sbx = sandbox(json!({}));
         sbx.status = Some(st.clone());
