@@ -313,8 +313,9 @@ class Sandboxes:
         """Ends a scope for good: deletes its Sandboxes and waits until they are gone (their
         pods and workspaces go; one whose spec asks for ``snapshot.onStop`` takes that snapshot
         first), then deletes its SandboxSnapshots but the newest ``keep`` Ready ones. A
-        snapshot's stored tarball goes with it under ``deletionPolicy: Delete`` (the default)
-        and stays in the store under ``Retain``. The scope's guard Lease stays (it holds no
+        snapshot's stored tarball goes with it under ``deletionPolicy: Delete`` (the default;
+        the operator removes it, then the object, shortly after this returns) and stays in the
+        store under ``Retain``. The scope's guard Lease stays (it holds no
         data, and it keeps the fencing tokens rising should the scope be used again).
 
         Call it once the scope's runs are over: a run still using the scope loses its sandbox.

@@ -18,11 +18,15 @@
 
 How the framework's session contract maps onto agentbox:
 
-- ``create`` gets (or creates) the Sandbox of the options' scope — by default a Session scope
-  of this session — and the manifest is materialised in its workspace when the session starts;
-  ``start`` waits until the Sandbox serves (resuming it if its ``idleTimeout`` suspended it)
-  and then takes the scope's guard (the Lease that serialises work on a scope), which the
-  session holds for the run; a sandbox suspended in between is resumed and waited for again.
+- ``create`` gets (or creates) the Sandbox of the options' scope (an ``agentbox.Scope`` or its
+  dict form) — by default a Session scope of this session — and the manifest is materialised
+  in its workspace when the session starts; ``start`` waits until the Sandbox serves (resuming
+  it if its ``idleTimeout`` suspended it) and then takes the scope's guard (the Lease that
+  serialises work on a scope), which the session holds for the run; a sandbox suspended in
+  between is resumed and waited for again. A Sandbox that cannot start (an image that cannot
+  be pulled, ...) fails ``start`` with ``WorkspaceStartError`` as soon as the operator says
+  its start is ``Stalled`` (its stall grace, 20 s by default), whatever ``ready_timeout`` is,
+  and a session that never started is not persisted.
 - Commands run over ``pods/exec`` with their real exit code; a timeout raises the framework's
   ``ExecTimeoutError`` (the command's process group is killed in the pod), a broken connection
   its ``ExecTransportError``, a missing file its ``WorkspaceReadNotFoundError``. A command that
@@ -43,6 +47,8 @@ How the framework's session contract maps onto agentbox:
   pod start. Deleting it instead (``on_delete="delete"``, done only once a snapshot exists)
   frees the node's disk but makes every resume a restore from object storage, which takes time
   proportional to the workspace; ``on_delete="keep"`` leaves the pod running.
+- A scope's Sandbox and snapshots outlive its runs; ``agentbox.Sandboxes.end_scope(scope)``
+  removes them for good (``keep=N`` keeps the newest snapshots).
 - ``resolve_exposed_port`` returns where a port of ``exposed_ports`` is reached: the Service's
   cluster DNS name from inside the cluster, and from outside a port-forward through the API
   server on ``127.0.0.1`` (``port_access`` chooses explicitly).
