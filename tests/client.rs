@@ -755,13 +755,13 @@ async fn a_missing_image_ends_every_wait_at_its_stall_with_the_reason() {
             "--image",
             MISSING_IMAGE,
             "--wait",
-            "5",
+            "10",
         ],
     );
     assert_eq!(code, Some(1), "{out}{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
     assert!(
-        err.contains("not Ready after 5s (phase Pending): ")
+        err.contains("not Ready after 10s (phase Pending): ")
             && ["PodStarting", "ErrImagePull", "ImagePullBackOff"]
                 .iter()
                 .any(|r| err.contains(&format!("): {r}: "))),
