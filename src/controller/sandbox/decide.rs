@@ -619,7 +619,8 @@ pub enum Init {
 pub struct Served {
     /// The pod is still on its way (for [`defer_first_status`]).
     pub starting: bool,
-    /// Look again this soon (an early exec that found no container yet).
+    /// Look again this soon (an early exec that found no container yet, or a pod problem
+    /// that stalls the start if it lasts this much longer).
     pub retry: Option<Duration>,
     /// Initialisation failed: write the status with this Warning Event and report the error.
     pub failed: Option<Note>,
