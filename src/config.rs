@@ -69,6 +69,15 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_NODE_LOSS_GRACE_SECONDS", default_value_t = 300)]
     pub node_loss_grace_seconds: u64,
 
+    /// Stall grace in seconds: how long a sandbox's pod may wait with an image that cannot be
+    /// pulled (`ErrImagePull`, `ImagePullBackOff`, `InvalidImageName`, `ErrImageNeverPull`), a
+    /// container configuration that names something missing (`CreateContainerConfigError`) or
+    /// no node to take it (`Unschedulable`) before the sandbox says `Stalled` with that reason
+    /// and every client's wait for Ready ends with it. The pod stays and keeps trying: the
+    /// condition clears if it starts after all.
+    #[arg(long, env = "AGENTBOX_STALL_GRACE_SECONDS", default_value_t = 20)]
+    pub stall_grace_seconds: u64,
+
     /// Seconds between passes of the workspace sweep, which removes workspace directories
     /// whose Sandbox is gone (a deletion leaves its directory to the sweep and the sweep removes
     /// it at once; a pass, also at the leader's start, catches what an operator that stopped
@@ -311,6 +320,10 @@ mod tests {
         assert!(c.leader_election);
         assert_eq!(c.lease_namespace(), "default");
         assert!(!c.identity.is_empty());
+        // A start that cannot go on is told within the 30 s a harness may wait for it.
+        assert_eq!(c.stall_grace_seconds, 20);
+        let short = Config::parse_from(["agentbox-operator", "--stall-grace-seconds", "5"]);
+        assert_eq!(short.stall_grace_seconds, 5);
         let c = Config::parse_from([
             "agentbox-operator",
             "--allowed-host-prefixes",

@@ -517,6 +517,16 @@ fn values_reach_the_operator_environment() {
         env_value(&d, "AGENTBOX_RUN_AS_NON_ROOT").as_deref(),
         Some("false")
     );
+    // A start that cannot go on is told within 30 s by default, and the grace is the user's.
+    assert_eq!(
+        env_value(&d, "AGENTBOX_STALL_GRACE_SECONDS").as_deref(),
+        Some("20")
+    );
+    let patient = docs(&template(&["stallGraceSeconds=90"]));
+    assert_eq!(
+        env_value(&patient, "AGENTBOX_STALL_GRACE_SECONDS").as_deref(),
+        Some("90")
+    );
     let secure = docs(&template(&[
         "helperImage=registry.example.com/agentbox/helper:1",
         "helperImagePullPolicy=Always",

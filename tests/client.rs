@@ -686,3 +686,136 @@ async fn a_snapshot_and_a_suspension_under_a_handed_over_guard_survive_an_operat
     g.release().await.expect("release: still ours");
     common::finish_with_snapshots(env, Some(&dir)).await;
 }
+
+/// An image no node has and none can pull (the cluster reaches no registry).
+const MISSING_IMAGE: &str = "docker.io/library/does-not-exist:nope";
+
+/// The reasons a pull that cannot succeed shows, in turn.
+const PULL_FAILURES: [&str; 2] = ["ErrImagePull", "ImagePullBackOff"];
+
+#[tokio::test]
+async fn a_missing_image_ends_every_wait_at_its_stall_with_the_reason() {
+    let mut env = TestEnv::new("client-image").await;
+    // The operator's default stall grace (20 s).
+    env.start_operator(&[]);
+    let sbxs = Sandboxes::new(env.client.clone(), env.ns.clone());
+
+    // The SDK: a long timeout, and the wait ends because the start stalled (Failed with the
+    // kubelet's reason), not because the timeout ran out (NotReady).
+    let sc = scope("missing-image", "alice");
+    let spec = template(
+        &sc,
+        json!({"image": MISSING_IMAGE, "imagePullPolicy": "IfNotPresent"}),
+    );
+    let mut h = sbxs.get_or_create(&sc, spec).await.expect("create");
+    let started = Instant::now();
+    let err = h
+        .wait_ready(Duration::from_secs(300))
+        .await
+        .expect_err("the image cannot be pulled");
+    eprintln!("the SDK's wait ended after {:?}: {err}", started.elapsed());
+    match &err {
+        ClientError::Failed {
+            name,
+            reason,
+            message,
+        } => {
+            assert_eq!(name, h.name());
+            assert!(PULL_FAILURES.contains(&reason.as_str()), "{err}");
+            assert!(message.contains("does-not-exist"), "{message}");
+        }
+        other => panic!("expected the stall (Failed), got {other}"),
+    }
+    let s = h.refresh().await.expect("refresh");
+    let stalled = s.stalled().expect("Stalled for the current spec");
+    let ready = s
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"))
+        .expect("Ready condition");
+    assert!(
+        PULL_FAILURES.contains(&stalled.reason.as_str())
+            && PULL_FAILURES.contains(&ready.reason.as_str()),
+        "{stalled:?} {ready:?}"
+    );
+    assert_eq!(
+        s.status.as_ref().and_then(|st| st.phase),
+        Some(SandboxPhase::Pending)
+    );
+
+    // The CLI: a wait that runs out first names the reason the sandbox gave last ...
+    let (code, out, err) = cli(
+        &env,
+        &[
+            "create",
+            "--agent",
+            "missing-image",
+            "--session",
+            "s1",
+            "--image",
+            MISSING_IMAGE,
+            "--wait",
+            "10",
+        ],
+    );
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(
+        err.contains("not Ready after 10s (phase Pending): ")
+            && ["PodStarting", "ErrImagePull", "ImagePullBackOff"]
+                .iter()
+                .any(|r| err.contains(&format!("): {r}: "))),
+        "the timeout names the last reason: {err}"
+    );
+    // ... and a long one ends at the stall, with the reason and the kubelet's message.
+    let (code, out, err) = cli(
+        &env,
+        &[
+            "create",
+            "--agent",
+            "missing-image",
+            "--session",
+            "s1",
+            "--image",
+            MISSING_IMAGE,
+            "--wait",
+            "300",
+        ],
+    );
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(
+        err.starts_with("agentbox: sandbox ")
+            && PULL_FAILURES
+                .iter()
+                .any(|r| err.contains(&format!(" failed: {r}: ")))
+            && err.contains("does-not-exist"),
+        "{err}"
+    );
+    assert!(!err.contains("not Ready after"), "not the timeout: {err}");
+
+    // A Warning Event said so, and nothing was left Pending: no snapshot was asked for.
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    let warned = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .iter()
+        .any(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(h.name())
+                && e.note.as_deref().is_some_and(|n| n.contains("stall grace"))
+        });
+    assert!(warned, "no Warning Event of the stall");
+    let snaps: kube::Api<agentbox::crd::SandboxSnapshot> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    let left = snaps
+        .list(&Default::default())
+        .await
+        .expect("snapshots")
+        .items;
+    assert!(left.is_empty(), "{left:?}");
+    env.finish().await;
+}

@@ -62,7 +62,7 @@ async def main() -> int:
     options = AgentboxSandboxClientOptions(
         image=os.environ.get("AGENTBOX_IMAGE", "docker.io/library/busybox:1.37"),
         namespace=namespace,
-        scope=scope.to_dict(),
+        scope=scope,
     )
     config = RunConfig(
         sandbox=SandboxRunConfig(client=AgentboxSandboxClient(), options=options),
@@ -84,10 +84,12 @@ async def main() -> int:
     print(f"run 2: {second.final_output} | {last_tool_output(second).splitlines()[-1]}")
     print(f"run 2 (reattached, sandbox resumed) took {took:.1f}s")
 
+    # 3. Done with this user for good: the scope's Sandbox and its snapshots go.
     async with agentbox.Sandboxes(namespace) as sandboxes:
         for sbx in await sandboxes.list(scope=scope):
-            print(f"sandbox {sbx.name}: {sbx.obj['spec']['lifecycle']['mode']}; deleting it")
-            await sbx.delete(wait=True)
+            print(f"sandbox {sbx.name}: {sbx.obj['spec']['lifecycle']['mode']}")
+        ended = await sandboxes.end_scope(scope)
+        print(f"scope ended: {len(ended.deleted_snapshots)} snapshot(s) deleted")
     model.assert_complete()
     return 0
 

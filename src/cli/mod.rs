@@ -55,7 +55,8 @@ struct Target {
 
 #[derive(Args, Clone, Default)]
 struct ScopeFlags {
-    /// Scope kind: session, user, agent or global (default: inferred from the ids given).
+    /// Scope kind: session (needs --agent and --session), user (--agent and --user), agent
+    /// (--agent) or global (no ids); default: inferred from the ids given.
     #[arg(long)]
     kind: Option<String>,
     /// Agent id.
@@ -86,6 +87,45 @@ impl ScopeFlags {
             None if self.agent.is_some() => ScopeKind::Agent,
             None => ScopeKind::Global,
         };
+        // The CRD's rules, said here in the flags' words before any request (the API
+        // server's refusal names fields, not flags).
+        let (needs, name) = SCOPE_IDS
+            .iter()
+            .find(|(k, ..)| *k == kind)
+            .map(|(_, needs, name)| (*needs, *name))
+            .unwrap_or_default();
+        let given = [
+            ("--agent", self.agent.is_some()),
+            ("--user", self.user.is_some()),
+            ("--session", self.session.is_some()),
+        ];
+        let missing: Vec<&str> = given
+            .iter()
+            .filter(|(f, on)| !on && needs.contains(f))
+            .map(|(f, _)| *f)
+            .collect();
+        let extra: Vec<&str> = given
+            .iter()
+            .filter(|(f, on)| *on && !needs.contains(f))
+            .map(|(f, _)| *f)
+            .collect();
+        let wants = if needs.is_empty() {
+            "no ids".to_string()
+        } else {
+            needs.join(" and ")
+        };
+        if !missing.is_empty() {
+            return Err(format!(
+                "a {name} scope needs {wants}: give {} too",
+                missing.join(" and ")
+            ));
+        }
+        if !extra.is_empty() {
+            return Err(format!(
+                "a {name} scope takes {wants}, not {} (see --help for the scope kinds)",
+                extra.join(" or ")
+            ));
+        }
         Ok(Scope {
             kind,
             agent: self.agent.clone(),
@@ -95,6 +135,24 @@ impl ScopeFlags {
     }
 }
 
+/// Each scope kind, the id flags it needs (and takes: no others), and its name.
+const SCOPE_IDS: [(ScopeKind, &[&str], &str); 4] = [
+    (ScopeKind::Session, &["--agent", "--session"], "Session"),
+    (ScopeKind::User, &["--agent", "--user"], "User"),
+    (ScopeKind::Agent, &["--agent"], "Agent"),
+    (ScopeKind::Global, &[], "Global"),
+];
+
+/// The scope kinds and the ids each needs, for `create --help`.
+const SCOPES_HELP: &str = "\
+Scopes (the sandbox's name derives from its scope):
+  Session  one session of an agent:        --agent A --session S
+  User     one user of an agent:           --agent A --user U
+  Agent    one agent, shared by its users: --agent A
+  Global   one sandbox for everything:     no ids (or --kind global)
+The kind is inferred from the ids given (--session: Session, else --user: User, else --agent:
+Agent, else Global); --kind names it explicitly.";
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Show one sandbox, and where its exposed ports are reached.
@@ -102,6 +160,7 @@ enum Cmd {
     /// List sandboxes (optionally of one agent/user/session, or of all namespaces).
     List(get::ListArgs),
     /// Create a scope's sandbox from a template or an image (or get it).
+    #[command(after_help = SCOPES_HELP)]
     Create(create::CreateArgs),
     /// List the namespace's SandboxTemplates.
     Templates(get::KindListArgs),
@@ -140,8 +199,14 @@ enum Cmd {
 #[derive(Debug)]
 pub struct Fail(String);
 
-impl<E: std::fmt::Display> From<E> for Fail {
+impl<E: std::fmt::Display + 'static> From<E> for Fail {
     fn from(e: E) -> Self {
+        // The API server's refusal as its own words (kube's Display adds a debug dump of the
+        // whole Status object).
+        let any: &dyn std::any::Any = &e;
+        if let Some(kube::Error::Api(s)) = any.downcast_ref::<kube::Error>() {
+            return Fail(crate::client::refusal(s));
+        }
         Fail(e.to_string())
     }
 }
@@ -356,5 +421,92 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.scope().is_err());
+    }
+
+    #[test]
+    fn a_scope_short_of_its_ids_is_refused_in_the_flags_words() {
+        let flags = |kind: Option<&str>, ids: [Option<&str>; 3]| ScopeFlags {
+            kind: kind.map(String::from),
+            agent: ids[0].map(String::from),
+            user: ids[1].map(String::from),
+            session: ids[2].map(String::from),
+        };
+        // `--session X` alone: a Session scope, which needs an agent too.
+        let err = flags(None, [None, None, Some("s")]).scope().unwrap_err();
+        assert_eq!(
+            err,
+            "a Session scope needs --agent and --session: give --agent too"
+        );
+        let err = flags(Some("user"), [Some("a"), None, None])
+            .scope()
+            .unwrap_err();
+        assert!(err.contains("give --user too"), "{err}");
+        let err = flags(Some("agent"), [Some("a"), Some("u"), None])
+            .scope()
+            .unwrap_err();
+        assert!(err.contains("not --user"), "{err}");
+        let err = flags(Some("global"), [Some("a"), None, None])
+            .scope()
+            .unwrap_err();
+        assert!(err.starts_with("a Global scope takes no ids"), "{err}");
+        for ok in [
+            flags(None, [Some("a"), None, Some("s")]),
+            flags(None, [Some("a"), Some("u"), None]),
+            flags(None, [Some("a"), None, None]),
+            flags(Some("global"), [None, None, None]),
+        ] {
+            assert!(ok.scope().is_ok());
+        }
+    }
+
+    #[test]
+    fn create_help_says_which_ids_each_scope_kind_needs() {
+        let mut cmd = command(None);
+        let create = cmd.find_subcommand_mut("create").expect("create");
+        let help = create.render_long_help().to_string();
+        for line in [
+            "Session  one session of an agent:        --agent A --session S",
+            "User     one user of an agent:           --agent A --user U",
+            "Agent    one agent, shared by its users: --agent A",
+            "Global   one sandbox for everything:     no ids",
+        ] {
+            assert!(help.contains(line), "{line:?} not in:\n{help}");
+        }
+        assert!(
+            help.contains("session (needs --agent and --session)"),
+            "{help}"
+        );
+    }
+
+    #[test]
+    fn an_api_refusal_is_one_line_of_the_servers_words() {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 422, "reason": "Invalid",
+            "message": "Sandbox.agentbox.dev \"a\" is invalid: spec.scope: Invalid value: \"object\": scope.agent is required for Session, User and Agent scopes",
+            "details": {"name": "a", "group": "agentbox.dev", "kind": "Sandbox", "causes": [
+                {"reason": "FieldValueInvalid", "field": "spec.scope",
+                 "message": "Invalid value: \"object\": scope.agent is required for Session, User and Agent scopes"},
+                {"reason": "FieldValueTooLong", "field": "metadata.labels",
+                 "message": "must be no more than\n63 characters"}]},
+        }))
+        .unwrap();
+        let Fail(line) = Fail::from(kube::Error::Api(Box::new(status)));
+        assert_eq!(
+            line,
+            "Sandbox.agentbox.dev \"a\" is invalid: spec.scope: Invalid value: \"object\": scope.agent is required for Session, User and Agent scopes; metadata.labels: must be no more than 63 characters (422 Invalid)"
+        );
+        // Through the client's error too, and other errors as they say themselves.
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "sandboxes.agentbox.dev is forbidden: User \"u\" cannot create"}))
+        .unwrap();
+        let e = crate::client::ClientError::Kube(kube::Error::Api(Box::new(status)));
+        let Fail(line) = Fail::from(e);
+        assert_eq!(
+            line,
+            "sandboxes.agentbox.dev is forbidden: User \"u\" cannot create (403 Forbidden)"
+        );
+        let Fail(line) = Fail::from("plain".to_string());
+        assert_eq!(line, "plain");
     }
 }

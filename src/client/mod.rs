@@ -68,8 +68,9 @@ use crate::labels;
 /// Client errors.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The API server refused or could not be reached.
-    #[error(transparent)]
+    /// The API server refused or could not be reached. A refusal displays as the server's
+    /// own words on one line ([`refusal`]), not kube's dump of the Status object.
+    #[error("{}", kube_error(.0))]
     Kube(#[from] kube::Error),
     /// Exec failed.
     #[error(transparent)]
@@ -87,8 +88,11 @@ pub enum ClientError {
         /// Its message.
         message: String,
     },
-    /// The sandbox did not become Ready in time.
-    #[error("sandbox {name} not Ready after {waited:?} (phase {phase})")]
+    /// The sandbox did not become Ready in time, with what its conditions said last.
+    #[error(
+        "sandbox {name} not Ready after {waited:?} (phase {phase}){}",
+        last_words(reason, message)
+    )]
     NotReady {
         /// Sandbox name.
         name: String,
@@ -96,6 +100,11 @@ pub enum ClientError {
         waited: Duration,
         /// Phase last seen.
         phase: String,
+        /// Reason of the condition that says why it is not Ready (as [`ClientError::Failed`]
+        /// picks it); empty when none did.
+        reason: String,
+        /// Its message.
+        message: String,
     },
     /// A deleted sandbox was still there after the wait (its finalizer's work, the on-stop
     /// snapshot among it, not done yet).
@@ -139,22 +148,111 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// `Failed` for an object that cannot become Ready, with the reason and message of its
-    /// Ready condition when that is not True, else of any False condition.
+    /// `Failed` for an object that cannot become Ready, with the reason and message of the
+    /// condition that says why ([`why_not_ready`]).
     fn failed(
         name: &str,
         conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     ) -> Self {
-        let c = conds
-            .iter()
-            .find(|c| c.type_ == "Ready" && c.status != "True")
-            .or_else(|| conds.iter().find(|c| c.status == "False"));
+        let (reason, message) = why_not_ready(conds);
         ClientError::Failed {
             name: name.to_string(),
-            reason: c.map_or_else(|| "Failed".into(), |c| c.reason.clone()),
-            message: c.map(|c| c.message.clone()).unwrap_or_default(),
+            reason: if reason.is_empty() {
+                "Failed".into()
+            } else {
+                reason
+            },
+            message,
         }
     }
+
+    /// `NotReady` after waiting `waited` for `name`, last seen in `phase` with `conds`.
+    pub(crate) fn not_ready(
+        name: &str,
+        waited: Duration,
+        phase: String,
+        conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    ) -> Self {
+        let (reason, message) = why_not_ready(conds);
+        ClientError::NotReady {
+            name: name.to_string(),
+            waited,
+            phase,
+            reason,
+            message,
+        }
+    }
+}
+
+/// Why an object is not Ready, from its conditions: a `Stalled` one that is True (the start
+/// cannot go on), else the `Ready` condition when it is not True, else any False one. Empty
+/// when none says.
+pub fn why_not_ready(
+    conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> (String, String) {
+    conds
+        .iter()
+        .find(|c| c.type_ == crate::crd::STALLED && c.status == "True")
+        .or_else(|| {
+            conds
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.status != "True")
+        })
+        .or_else(|| conds.iter().find(|c| c.status == "False"))
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .unwrap_or_default()
+}
+
+/// How a [`ClientError::Kube`] reads: a refusal as [`refusal`], anything else as kube says it.
+fn kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => refusal(s),
+        other => other.to_string(),
+    }
+}
+
+/// `: reason: message` for a [`ClientError::NotReady`], or nothing when no condition said.
+fn last_words(reason: &str, message: &str) -> String {
+    match (reason.is_empty(), message.is_empty()) {
+        (true, true) => String::new(),
+        (false, true) => format!(": {reason}"),
+        (true, false) => format!(": {message}"),
+        (false, false) => format!(": {reason}: {message}"),
+    }
+}
+
+/// A refusal of the API server as one line: its message (which names the object and, for a
+/// refused field, the field), the causes it does not already say (with their field), and its
+/// code and reason.
+pub fn refusal(s: &kube::core::Status) -> String {
+    // The message may span lines (a list of field errors): one line, each part kept.
+    let one_line = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut out = one_line(&s.message);
+    let causes = s.details.as_ref().map_or(&[][..], |d| &d.causes[..]);
+    for c in causes {
+        let said = one_line(&c.message);
+        if said.is_empty() || out.contains(&said) {
+            continue;
+        }
+        let f = c.field.as_str();
+        let part = if f.is_empty() || said.contains(f) {
+            said
+        } else {
+            format!("{f}: {said}")
+        };
+        out.push_str(if out.is_empty() { "" } else { "; " });
+        out.push_str(&part);
+    }
+    if out.is_empty() {
+        out = "the API server refused the request".into();
+    }
+    let label = match (s.code, s.reason.as_str()) {
+        (0, "") => String::new(),
+        (0, r) => format!(" ({r})"),
+        (c, "") => format!(" ({c})"),
+        (c, r) => format!(" ({c} {r})"),
+    };
+    format!("{out}{label}")
 }
 
 /// Sandboxes of one namespace.
@@ -432,11 +530,12 @@ impl SandboxHandle {
                 "watching {}: {e}",
                 self.name
             ))),
-            Err(_) => Err(ClientError::NotReady {
-                name: self.name.clone(),
-                waited: timeout,
-                phase: "not Suspended".into(),
-            }),
+            Err(_) => Err(ClientError::not_ready(
+                &self.name,
+                timeout,
+                "not Suspended".into(),
+                &[],
+            )),
         }
     }
 
@@ -544,18 +643,14 @@ impl SandboxHandle {
                 )));
             }
             Err(_) => {
-                let phase = self
-                    .refresh()
-                    .await
-                    .ok()
-                    .and_then(|s| s.status.as_ref().and_then(|st| st.phase))
+                let last = self.refresh().await.ok().and_then(|s| s.status.clone());
+                let phase = last
+                    .as_ref()
+                    .and_then(|st| st.phase)
                     .map(|p| p.as_str().to_string())
                     .unwrap_or_else(|| "unknown".into());
-                return Err(ClientError::NotReady {
-                    name: self.name.clone(),
-                    waited: timeout,
-                    phase,
-                });
+                let conds = last.as_ref().map_or(&[][..], |st| &st.conditions[..]);
+                return Err(ClientError::not_ready(&self.name, timeout, phase, conds));
             }
         }
         if self.sandbox.spec.lifecycle.mode == LifecycleMode::Suspended {

@@ -106,15 +106,16 @@ impl Sandboxes {
                 Ok(Err(e)) => return Err(ClientError::Protocol(format!("watching {name}: {e}"))),
                 Err(_) => {
                     let last = snaps.get_opt(name).await.ok().flatten();
-                    return Err(ClientError::NotReady {
-                        name: name.to_string(),
-                        waited: timeout,
-                        phase: last
-                            .as_ref()
-                            .and_then(phase)
-                            .map(|p| format!("{p:?}"))
-                            .unwrap_or_else(|| "Pending".into()),
-                    });
+                    let phase = last
+                        .as_ref()
+                        .and_then(phase)
+                        .map(|p| format!("{p:?}"))
+                        .unwrap_or_else(|| "Pending".into());
+                    let conds = last
+                        .as_ref()
+                        .and_then(|s| s.status.as_ref())
+                        .map_or(&[][..], |s| &s.conditions[..]);
+                    return Err(ClientError::not_ready(name, timeout, phase, conds));
                 }
             };
         if phase(&snap) == Some(SnapshotPhase::Ready) {
@@ -137,13 +138,16 @@ impl Sandboxes {
     ) -> Result<SandboxHandle, ClientError> {
         let snap = self.get_snapshot(snapshot).await?;
         if phase(&snap) != Some(SnapshotPhase::Ready) {
-            return Err(ClientError::NotReady {
-                name: snapshot.to_string(),
-                waited: Duration::ZERO,
-                phase: phase(&snap)
-                    .map(|p| format!("{p:?}"))
-                    .unwrap_or_else(|| "Pending".into()),
-            });
+            let conds = snap.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+            let phase = phase(&snap)
+                .map(|p| format!("{p:?}"))
+                .unwrap_or_else(|| "Pending".into());
+            return Err(ClientError::not_ready(
+                snapshot,
+                Duration::ZERO,
+                phase,
+                conds,
+            ));
         }
         spec.snapshot.restore = RestorePolicy::Named;
         spec.snapshot.name = Some(snapshot.to_string());

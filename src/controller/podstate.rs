@@ -122,6 +122,57 @@ pub fn observe_pod(pod: &Pod) -> PodState {
     }
 }
 
+/// The pod problems that stall a start once they outlast the operator's stall grace: the
+/// image cannot be pulled (or must not be), the container's configuration names something
+/// that is not there, or no node can take the pod. Each may still pass by itself (the kubelet
+/// and the scheduler keep trying), but rarely within the minutes a harness would otherwise
+/// wait, so a waiting client is told soon instead; `Stalled` clears if the pod runs after all.
+pub const STALL_REASONS: [&str; 6] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "Unschedulable",
+];
+
+/// Whether a pod problem of `reason` stalls the start once it outlasts the grace.
+pub fn stalls(reason: &str) -> bool {
+    STALL_REASONS.contains(&reason)
+}
+
+/// Since when the pod has been in its problem of `reason`, as far as its status tells (the
+/// kubelet gives a waiting container no timestamp of its own): for `Unschedulable` since the
+/// scheduler said so (its `PodScheduled` condition), for a container since the latest of the
+/// pod's creation, its scheduling and its container last stopping being ready. `None`: no
+/// timestamp at all.
+pub fn problem_since(pod: &Pod, reason: &str) -> Option<Timestamp> {
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let changed = |type_: &str, status: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0)
+    };
+    let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    if reason == "Unschedulable" {
+        return changed("PodScheduled", "False").or(created);
+    }
+    [
+        created,
+        changed("PodScheduled", "True"),
+        changed("ContainersReady", "False"),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+}
+
 /// Whether the sandbox's workspace was initialised in `pod`, the current pod (status records
 /// the UID of the pod it was initialised in; a new pod must be initialised again).
 pub fn initialised_in(st: &SandboxStatus, pod: &Pod) -> bool {
@@ -221,6 +272,40 @@ mod tests {
         );
         let evicted = pod(serde_json::json!({"phase": "Failed", "reason": "Evicted"}));
         assert_eq!(observe_pod(&evicted), PodState::Ended("Evicted".into()));
+    }
+
+    #[test]
+    fn a_problem_is_dated_from_the_pods_own_timestamps() {
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let mut p = pod(serde_json::json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "True",
+                "lastTransitionTime": "2026-01-01T00:00:02Z"},
+            {"type": "ContainersReady", "status": "False",
+                "lastTransitionTime": "2026-01-01T00:00:03Z"}]}));
+        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            at("2026-01-01T00:00:00Z"),
+        ));
+        // A container's problem: from when its container last stopped being ready.
+        assert_eq!(
+            problem_since(&p, "ErrImagePull"),
+            Some(at("2026-01-01T00:00:03Z"))
+        );
+        let unsched = pod(serde_json::json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "lastTransitionTime": "2026-01-01T00:00:01Z"}]}));
+        assert_eq!(
+            problem_since(&unsched, "Unschedulable"),
+            Some(at("2026-01-01T00:00:01Z"))
+        );
+        // Without conditions: from the pod's creation; without any timestamp: unknown.
+        let mut bare = pod(serde_json::json!({"phase": "Pending"}));
+        assert_eq!(problem_since(&bare, "ImagePullBackOff"), None);
+        bare.metadata.creation_timestamp = p.metadata.creation_timestamp.clone();
+        assert_eq!(
+            problem_since(&bare, "ImagePullBackOff"),
+            Some(at("2026-01-01T00:00:00Z"))
+        );
+        assert!(stalls("CreateContainerConfigError") && !stalls("CrashLoopBackOff"));
     }
 
     #[test]

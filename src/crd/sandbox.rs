@@ -761,10 +761,14 @@ pub struct SandboxStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<SandboxPhase>,
     /// Detailed conditions: PodReady, WorkspaceReady, Ready and others, each with a reason.
-    /// `Stalled` True (its `observedGeneration` the current one) says the start was refused for
-    /// a reason that waiting will not fix (a refused or missing snapshot, another scope's
-    /// snapshot without the namespace's consent, a workspace command that fails): it stands
-    /// until the spec, the snapshot or the namespace changes, and the SDKs' waits raise at once.
+    /// `Stalled` True (its `observedGeneration` the current one) says the start cannot go on
+    /// without a change, and the SDKs' waits raise at once: refused for a reason that waiting
+    /// will not fix (a refused or missing snapshot, another scope's snapshot without the
+    /// namespace's consent, a workspace command that fails; it stands until the spec, the
+    /// snapshot or the namespace changes), or a pod that has not started for longer than the
+    /// operator's stall grace because its image cannot be pulled, its container's
+    /// configuration names something missing, or no node can take it (it clears if the pod
+    /// starts after all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The spec generation this status describes.

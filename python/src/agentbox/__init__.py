@@ -17,7 +17,7 @@ The async API is the core::
 
 from . import labels
 from ._version import __version__
-from .client import Sandbox, Sandboxes
+from .client import EndedScope, Sandbox, Sandboxes
 from .errors import (
     AgentboxError,
     ApiError,
@@ -85,6 +85,7 @@ __all__ = [
     "CommandNotStartedError",
     "ConflictError",
     "DirEntry",
+    "EndedScope",
     "Endpoint",
     "ExecError",
     "ExecEvent",

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import _wire
@@ -24,6 +26,7 @@ from ._kube import (
     pod_path,
     pools_path,
     sandboxes_path,
+    snapshots_path,
     templates_path,
 )
 from ._watch import wait_gone, watch_until
@@ -48,7 +51,7 @@ from .session import Session
 from .snapshots import Snapshot, failing_condition
 from .spec import SandboxSpec
 
-__all__ = ["Sandbox", "Sandboxes"]
+__all__ = ["EndedScope", "Sandbox", "Sandboxes"]
 
 Readiness = Literal["ready", "failed", "suspended", "waiting"]
 
@@ -103,6 +106,26 @@ def serving(obj: Mapping[str, Any], pod: Mapping[str, Any] | None) -> bool:
         return False
     ws = (obj.get("status") or {}).get("workspace") or {}
     return bool(meta.get("uid")) and ws.get("initializedPodUid") == meta.get("uid")
+
+
+@dataclass(frozen=True)
+class EndedScope:
+    """What :meth:`Sandboxes.end_scope` did."""
+
+    #: The Sandboxes deleted (gone when it returned).
+    sandboxes: tuple[str, ...]
+    #: The SandboxSnapshots deleted (a ``Delete`` one's stored tarball goes with it).
+    deleted_snapshots: tuple[str, ...]
+    #: The Ready SandboxSnapshots kept (the newest ``keep``), oldest first.
+    kept_snapshots: tuple[str, ...]
+
+
+def snapshots_to_keep(lineage: Sequence[Snapshot], keep: int) -> builtins.list[Snapshot]:
+    """The snapshots of a lineage (oldest first) that ending its scope keeps (pure): the newest
+    ``keep`` Ready ones. Unfinished and failed ones never count: nothing would finish them.
+    """
+    ready = [s for s in lineage if s.phase == "Ready"]
+    return ready[len(ready) - keep :] if keep > 0 else []
 
 
 def _spec_dict(spec: SandboxSpec | Mapping[str, Any]) -> dict[str, Any]:
@@ -284,6 +307,50 @@ class Sandboxes:
         """A scope's lineage: its snapshots, oldest first."""
         return await _snapshots.lineage(
             await self.kube(), self.namespace, _labels.scope_selector(scope)
+        )
+
+    async def end_scope(self, scope: Scope, *, keep: int = 0, timeout: float = 300.0) -> EndedScope:
+        """Ends a scope for good: deletes its Sandboxes and waits until they are gone (their
+        pods and workspaces go; one whose spec asks for ``snapshot.onStop`` takes that snapshot
+        first), then deletes its SandboxSnapshots but the newest ``keep`` Ready ones. A
+        snapshot's stored tarball goes with it under ``deletionPolicy: Delete`` (the default;
+        the operator removes it, then the object, shortly after this returns) and stays in the
+        store under ``Retain``. The scope's guard Lease stays (it holds no
+        data, and it keeps the fencing tokens rising should the scope be used again).
+
+        Call it once the scope's runs are over: a run still using the scope loses its sandbox.
+        Calling it again is harmless. Raises
+        :class:`~agentbox.errors.SandboxNotDeletedError` when a Sandbox still exists after
+        ``timeout`` seconds (its snapshots are then left as they were).
+        """
+        if not isinstance(scope, Scope):
+            raise InvalidRequestError(f"scope must be a Scope, not {type(scope).__name__}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise InvalidRequestError(f"keep must be a whole number of snapshots, not {keep!r}")
+        kube = await self.kube()
+        doomed = await self.list(scope=scope)
+        for sbx in doomed:
+            with contextlib.suppress(NotFoundError):
+                await kube.call("DELETE", sbx._path())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        for sbx in doomed:
+            if not await wait_gone(kube, sbx._path(), max(0.0, deadline - loop.time())):
+                raise SandboxNotDeletedError(
+                    sbx.name, "Terminating", "Timeout", f"still exists after {timeout}s"
+                )
+        # Listed once the sandboxes are gone: an on-stop snapshot taken on the way is in it.
+        lineage = await self.snapshots(scope)
+        kept = snapshots_to_keep(lineage, keep)
+        kept_names = {s.name for s in kept}
+        deleted = [s.name for s in lineage if s.name not in kept_names]
+        for name in deleted:
+            with contextlib.suppress(NotFoundError):
+                await kube.call("DELETE", snapshots_path(self.namespace, name))
+        return EndedScope(
+            sandboxes=tuple(s.name for s in doomed),
+            deleted_snapshots=tuple(deleted),
+            kept_snapshots=tuple(s.name for s in kept),
         )
 
     def guard(

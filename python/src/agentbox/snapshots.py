@@ -71,11 +71,18 @@ class Snapshot:
 
 
 def failing_condition(obj: Mapping[str, Any]) -> tuple[str, str]:
-    """Reason and message of the condition that explains why an object is not Ready: its
-    Ready condition when that is not True, else any False condition (as Rust's client).
+    """Reason and message of the condition that explains why an object is not Ready: a
+    ``Stalled`` condition that is True (the start cannot go on), else its Ready condition when
+    that is not True, else any False condition (as Rust's client).
     """
     conds = (obj.get("status") or {}).get("conditions") or []
-    pick = next((c for c in conds if c.get("type") == "Ready" and c.get("status") != "True"), None)
+    pick = next(
+        (c for c in conds if c.get("type") == "Stalled" and c.get("status") == "True"), None
+    )
+    if pick is None:
+        pick = next(
+            (c for c in conds if c.get("type") == "Ready" and c.get("status") != "True"), None
+        )
     if pick is None:
         pick = next((c for c in conds if c.get("status") == "False"), None)
     if pick is None:

@@ -33,6 +33,7 @@ from . import exec as _exec
 from . import guard as _guard
 from . import ports as _ports
 from . import session as _session
+from .client import EndedScope
 from .errors import GuardLostError
 from .exec import ExecEvent, ExecResult, StdinSource
 from .files import READ_CAP, DirEntry
@@ -116,6 +117,10 @@ class Sandboxes:
     def snapshots(self, scope: Scope) -> builtins.list[Snapshot]:
         """See :meth:`agentbox.Sandboxes.snapshots`."""
         return _portal.call(self._async.snapshots(scope))
+
+    def end_scope(self, scope: Scope, *, keep: int = 0, timeout: float = 300.0) -> EndedScope:
+        """See :meth:`agentbox.Sandboxes.end_scope`."""
+        return _portal.call(self._async.end_scope(scope, keep=keep, timeout=timeout))
 
     def guard(
         self, scope: Scope, *, wait: float | None = None, config: GuardConfig | None = None

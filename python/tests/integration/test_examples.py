@@ -40,7 +40,9 @@ async def test_the_openai_agents_example_runs(env: Env) -> None:
     # The second run's own exec_command read what the first wrote: the tool output is real.
     assert "run 1: Saved. | ship it" in lines, lines
     assert "run 2: Your notes say: ship it. | ship it" in lines, lines
-    assert any(line.endswith(": Suspended; deleting it") for line in lines), lines
+    assert any(line.endswith(": Suspended") for line in lines), lines
+    # Ended for good: each run persisted one snapshot, and they went with the Sandbox.
+    assert "scope ended: 2 snapshot(s) deleted" in lines, lines
     scope = agentbox.Scope.for_user("openai-notes", "alice@example.com")
     assert await env.sandboxes.list(scope=scope) == []
 

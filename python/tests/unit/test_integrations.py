@@ -13,7 +13,12 @@ from agentscope.app.workspace_manager import IsolationPolicy
 
 import agentbox
 from agentbox.integrations._pods import pod_was_missing
-from agentbox.integrations.agentscope import parse_workspace_id, scope_for, scope_workspace_id
+from agentbox.integrations.agentscope import (
+    not_found,
+    parse_workspace_id,
+    scope_for,
+    scope_workspace_id,
+)
 from agentbox.integrations.openai_agents import (
     AgentboxSandboxClient,
     AgentboxSandboxClientOptions,
@@ -23,6 +28,7 @@ from agentbox.integrations.openai_agents import (
     choose_port_access,
     decode_reference,
     encode_reference,
+    scope_of,
     skipped,
 )
 
@@ -109,6 +115,32 @@ def test_options_refuse_unknown_policies_before_any_request() -> None:
         AgentboxSandboxClientOptions(image="img", on_delete="drop")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         AgentboxSandboxClientOptions(image="img", workspace_persistence="zip")  # type: ignore[arg-type]
+
+
+def test_options_take_a_scope_or_its_dict_form_and_keep_a_scope() -> None:
+    from agents.sandbox.session.sandbox_client import BaseSandboxClientOptions
+
+    scope = agentbox.Scope.for_user("coder", "alice@example.com")
+    given = AgentboxSandboxClientOptions(image="img", scope=scope)
+    assert given.scope == scope
+    as_dict = AgentboxSandboxClientOptions(image="img", scope=scope.to_dict())
+    assert as_dict.scope == scope
+    assert AgentboxSandboxClientOptions(image="img").scope is None
+    # Options make JSON round trips in the framework's run state.
+    payload = given.model_dump(mode="json")
+    back = BaseSandboxClientOptions.parse(payload)
+    assert isinstance(back, AgentboxSandboxClientOptions) and back.scope == scope
+    # A dict the CRD would refuse is refused here, before any request.
+    with pytest.raises(ValueError, match=r"scope\.user is required"):
+        AgentboxSandboxClientOptions(image="img", scope={"kind": "User", "agent": "coder"})
+    assert scope_of(None) is None
+    assert scope_of({"kind": "Global"}) == agentbox.Scope.for_global()
+
+
+def test_a_missing_file_is_not_found_in_agentscopes_words() -> None:
+    e = not_found("/workspace/nope.txt")
+    assert isinstance(e, FileNotFoundError) and isinstance(e, agentbox.RemoteFileNotFoundError)
+    assert str(e) == "not found in the sandbox: /workspace/nope.txt"
 
 
 def test_isolation_policies_map_onto_scopes() -> None:

@@ -13,7 +13,7 @@ import pytest
 import agentbox
 from agentbox import _portal
 from agentbox._kube import status_error
-from agentbox.client import readiness
+from agentbox.client import readiness, snapshots_to_keep
 from agentbox.snapshots import Snapshot, age, failing_condition
 
 
@@ -78,6 +78,25 @@ def test_the_ready_condition_explains_first_then_any_false_one() -> None:
     assert failing_condition({"status": {"conditions": conds}}) == ("InvalidSpec", "m2")
     assert failing_condition({"status": {"conditions": conds[:1]}}) == ("Unschedulable", "m1")
     assert failing_condition({}) == ("", "")
+    # A stalled start explains itself first: it is what a wait ends on.
+    stalled = {"type": "Stalled", "status": "True", "reason": "ImagePullBackOff", "message": "m3"}
+    assert failing_condition({"status": {"conditions": [*conds, stalled]}}) == (
+        "ImagePullBackOff",
+        "m3",
+    )
+    was = {**stalled, "status": "False"}
+    assert failing_condition({"status": {"conditions": [was, *conds]}}) == ("InvalidSpec", "m2")
+
+
+def test_ending_a_scope_keeps_only_the_newest_ready_snapshots() -> None:
+    def snap(name: str, phase: str) -> Snapshot:
+        return Snapshot(name=name, sandbox="s", phase=phase, scope_key="k")
+
+    lineage = [snap("pending", "Pending"), snap("a", "Ready"), snap("f", "Failed")]
+    lineage += [snap("b", "Ready"), snap("c", "Ready")]
+    assert [s.name for s in snapshots_to_keep(lineage, 0)] == []
+    assert [s.name for s in snapshots_to_keep(lineage, 2)] == ["b", "c"]
+    assert [s.name for s in snapshots_to_keep(lineage, 9)] == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize(

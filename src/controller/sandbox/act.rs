@@ -539,11 +539,18 @@ async fn serve(
     // The kubelet reports a started container on its next relist, up to a second later; exec
     // reaches the container runtime directly. So a bound pod whose container answers exec is
     // initialised and served at once instead of after that report.
+    let problem_for = match &state {
+        PodState::Problem { reason, .. } => podstate::problem_since(pod, reason)
+            .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or_default()),
+        _ => None,
+    };
     let serving = Serving {
         early: state == PodState::Starting && may_answer_exec(pod),
         state,
         age: pod_age(pod, now),
         uid: pod.uid().unwrap_or_default(),
+        problem_for,
+        stall_grace: Duration::from_secs(ctx.config.stall_grace_seconds),
     };
     let (init, error) = if serving.initialises() && !podstate::initialised_in(&st, pod) {
         let ws = st.workspace.clone().unwrap_or_default();

@@ -14,7 +14,7 @@ use super::idle;
 use super::observe::World;
 use crate::controller::conditions::{self, GUARDED, POD_READY, READY, STALLED, WORKSPACE_READY};
 use crate::controller::nodeloss::{self, NodeHealth};
-use crate::controller::podstate::PodState;
+use crate::controller::podstate::{self, PodState};
 use crate::controller::{placement, service, workspace};
 use crate::crd::{
     AbandonedWorkspace, GuardStatus, LifecycleMode, NodeLoss, RestoreRefusal, Sandbox,
@@ -166,6 +166,11 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
         }
     }
     let (step, note) = pod_step(sbx, w, &mut st);
+    if step != Step::Serve {
+        // No pod of ours to be stuck (suspended, replaced, going, or not made yet): a stall
+        // a pod problem set is over; the serve step judges the next pod's problems anew.
+        clear_pod_stall(&mut st);
+    }
     // The idle clock rides along in whatever status this step leaves; a served sandbox's
     // idleness is decided once its status is final (in the serve step).
     idle::track(&mut st, idle::timeout(sbx), &view, now);
@@ -567,6 +572,11 @@ pub struct Serving {
     pub age: Duration,
     /// Its UID.
     pub uid: String,
+    /// How long it has been in its problem ([`podstate::problem_since`]; `None`: unknown).
+    pub problem_for: Option<Duration>,
+    /// The operator's stall grace: how long a problem of [`podstate::STALL_REASONS`] may last
+    /// before the start is `Stalled`.
+    pub stall_grace: Duration,
 }
 
 impl Serving {
@@ -609,7 +619,8 @@ pub enum Init {
 pub struct Served {
     /// The pod is still on its way (for [`defer_first_status`]).
     pub starting: bool,
-    /// Look again this soon (an early exec that found no container yet).
+    /// Look again this soon (an early exec that found no container yet, or a pod problem
+    /// that stalls the start if it lasts this much longer).
     pub retry: Option<Duration>,
     /// Initialisation failed: write the status with this Warning Event and report the error.
     pub failed: Option<Note>,
@@ -639,6 +650,10 @@ pub fn served(
     (generation, now): (Option<i64>, Timestamp),
 ) -> Served {
     let mut out = Served::default();
+    // A stall of the pod's is about the pod as it is now: it goes once the problem does.
+    if !matches!(&pod.state, PodState::Problem { .. }) {
+        clear_pod_stall(st);
+    }
     match (&pod.state, init) {
         (PodState::Starting, Init::NotAnswering) => {
             pod_starting(st, generation, now);
@@ -655,8 +670,39 @@ pub fn served(
         (PodState::Problem { reason, message }, _) => {
             st.phase = Some(SandboxPhase::Pending);
             not_ready(st, reason, message, generation, now);
+            match pod_stall(reason, pod.problem_for, pod.stall_grace) {
+                PodStall::Now => {
+                    let message = stalled_message(message, pod.stall_grace);
+                    let was = old.conditions.iter().any(|c| {
+                        c.type_ == STALLED && c.status == "True" && podstate::stalls(&c.reason)
+                    });
+                    conditions::set(
+                        &mut st.conditions,
+                        STALLED,
+                        true,
+                        reason,
+                        message.as_str(),
+                        generation,
+                        now,
+                    );
+                    // Announced once, when the start stalls (the problem's own Event came
+                    // when it began). An action of its own: Events of one reason and action
+                    // are folded into one series, which keeps the first one's note.
+                    if !was {
+                        let note = Note::new(EventType::Warning, reason, "Stall", &message);
+                        out.problem = Some(note);
+                    }
+                }
+                PodStall::In(wait) => {
+                    clear_pod_stall(st);
+                    // Nothing else may happen to the pod meanwhile (an image pull backs off
+                    // for minutes without a status change): look again when the grace ends.
+                    out.retry = Some(wait);
+                }
+                PodStall::Never => clear_pod_stall(st),
+            }
             let was = conditions::get(&old.conditions, POD_READY).map(|c| c.reason.as_str());
-            if was != Some(reason.as_str()) {
+            if out.problem.is_none() && was != Some(reason.as_str()) {
                 out.problem = Some(Note::new(EventType::Warning, reason, "StartPod", message));
             }
         }
@@ -664,6 +710,45 @@ pub fn served(
         (PodState::Ended(_), _) => {}
     }
     out
+}
+
+/// What a pod problem means for the start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodStall {
+    /// It stalls the start now: it has lasted the grace.
+    Now,
+    /// It will, if it lasts this much longer.
+    In(Duration),
+    /// It never does (a problem that is not one of [`podstate::STALL_REASONS`], or one whose
+    /// start is unknown).
+    Never,
+}
+
+/// Whether a pod problem of `reason` that has lasted `lasted` stalls the start under `grace`.
+pub fn pod_stall(reason: &str, lasted: Option<Duration>, grace: Duration) -> PodStall {
+    match lasted {
+        Some(lasted) if podstate::stalls(reason) => match grace.checked_sub(lasted) {
+            Some(left) if !left.is_zero() => PodStall::In(left),
+            _ => PodStall::Now,
+        },
+        _ => PodStall::Never,
+    }
+}
+
+/// The `Stalled` message of a pod problem: the kubelet's or the scheduler's message, and why
+/// waiting stopped. Stable while the problem lasts (a message that counted seconds would be a
+/// status write on every look).
+fn stalled_message(message: &str, grace: Duration) -> String {
+    format!(
+        "{message} (the sandbox pod cannot start, and has not for longer than the operator's stall grace of {}s)",
+        grace.as_secs()
+    )
+}
+
+/// Removes a `Stalled` condition that a pod problem set (one a refused start set stays).
+pub fn clear_pod_stall(st: &mut SandboxStatus) {
+    st.conditions
+        .retain(|c| !(c.type_ == STALLED && podstate::stalls(&c.reason)));
 }
 
 /// A running container: PodReady, then the workspace's outcome; Ready when it is initialised.
@@ -1181,6 +1266,8 @@ mod tests {
             early,
             age: Duration::from_millis(800),
             uid: "pod-uid".into(),
+            problem_for: None,
+            stall_grace: Duration::from_secs(20),
         }
     }
 
@@ -1331,6 +1418,254 @@ mod tests {
         );
         assert_eq!(out.problem, None, "same reason again: no second Event");
         assert_eq!(old, st, "and no status change");
+    }
+
+    fn stuck(reason: &str, for_secs: u64) -> Serving {
+        let problem = PodState::Problem {
+            reason: reason.into(),
+            message: format!("{reason} says why"),
+        };
+        Serving {
+            problem_for: Some(Duration::from_secs(for_secs)),
+            ..serving(problem, false)
+        }
+    }
+
+    fn stalled_reason(st: &SandboxStatus) -> Option<String> {
+        conditions::get(&st.conditions, STALLED)
+            .filter(|c| c.status == "True")
+            .map(|c| c.reason.clone())
+    }
+
+    #[test]
+    fn a_problem_stalls_only_a_start_it_outlasts_the_grace_of_and_only_for_its_reasons() {
+        let grace = Duration::from_secs(20);
+        let secs = |s| Some(Duration::from_secs(s));
+        assert_eq!(
+            pod_stall("ErrImagePull", secs(5), grace),
+            PodStall::In(Duration::from_secs(15))
+        );
+        assert_eq!(
+            pod_stall("ImagePullBackOff", secs(20), grace),
+            PodStall::Now
+        );
+        assert_eq!(pod_stall("Unschedulable", secs(90), grace), PodStall::Now);
+        for reason in podstate::STALL_REASONS {
+            assert_eq!(
+                pod_stall(reason, secs(21), grace),
+                PodStall::Now,
+                "{reason}"
+            );
+        }
+        // A crash loop or an exited container may be the command's own doing: not a stall.
+        assert_eq!(
+            pod_stall("CrashLoopBackOff", secs(600), grace),
+            PodStall::Never
+        );
+        assert_eq!(
+            pod_stall("ErrImagePull", None, grace),
+            PodStall::Never,
+            "no clock"
+        );
+        assert_eq!(
+            pod_stall("ErrImagePull", secs(0), Duration::ZERO),
+            PodStall::Now
+        );
+    }
+
+    #[test]
+    fn an_image_that_cannot_be_pulled_past_the_grace_stalls_the_start_with_the_kubelets_words() {
+        let old = SandboxStatus::default();
+        let mut st = old.clone();
+        // Within the grace: Pending with the reason, and a look again when the grace ends.
+        let out = served(
+            &old,
+            &mut st,
+            &stuck("ErrImagePull", 5),
+            Init::Skipped,
+            (Some(3), t(0)),
+        );
+        assert_eq!(stalled_reason(&st), None);
+        assert_eq!(out.retry, Some(Duration::from_secs(15)));
+        assert_eq!(
+            out.problem.map(|n| n.reason).as_deref(),
+            Some("ErrImagePull")
+        );
+        assert_eq!(reason(&st, READY), "ErrImagePull");
+        // Past it: Stalled, with the reason and the kubelet's message, for this generation,
+        // the Ready condition saying the same; announced once with a Warning.
+        let before = st.clone();
+        let out = served(
+            &before,
+            &mut st,
+            &stuck("ImagePullBackOff", 21),
+            Init::Skipped,
+            (Some(3), t(21)),
+        );
+        let c = conditions::get(&st.conditions, STALLED)
+            .expect("stalled")
+            .clone();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "ImagePullBackOff")
+        );
+        assert!(
+            c.message.starts_with("ImagePullBackOff says why"),
+            "{}",
+            c.message
+        );
+        assert!(c.message.contains("20s"), "{}", c.message);
+        assert_eq!(c.observed_generation, Some(3));
+        assert_eq!(reason(&st, READY), "ImagePullBackOff");
+        assert_eq!(st.phase, Some(SandboxPhase::Pending));
+        assert_eq!(out.retry, None);
+        let note = out.problem.expect("announced");
+        assert_eq!(
+            (note.type_, note.reason.as_str(), note.message.as_str()),
+            (EventType::Warning, "ImagePullBackOff", c.message.as_str())
+        );
+        assert_eq!(
+            note.action, "Stall",
+            "not folded into the problem's own Events"
+        );
+        let mut sbx = sandbox(json!({}));
+        sbx.status = Some(st.clone());
+        assert!(sbx.stalled().is_some(), "what every client's wait ends on");
+        // Still stuck, same reason: no write, no second Event.
+        let before = st.clone();
+        let out = served(
+            &before,
+            &mut st,
+            &stuck("ImagePullBackOff", 60),
+            Init::Skipped,
+            (Some(3), t(60)),
+        );
+        assert_eq!((before, out.problem), (st.clone(), None));
+    }
+
+    #[test]
+    fn a_pod_stall_clears_when_the_pod_starts_after_all_and_a_refusal_stays() {
+        let old = SandboxStatus::default();
+        let mut st = old.clone();
+        served(
+            &old,
+            &mut st,
+            &stuck("Unschedulable", 30),
+            Init::Skipped,
+            (Some(3), t(0)),
+        );
+        assert_eq!(stalled_reason(&st).as_deref(), Some("Unschedulable"));
+        let before = st.clone();
+        let out = served(
+            &before,
+            &mut st,
+            &serving(PodState::Starting, false),
+            Init::Skipped,
+            (Some(3), t(1)),
+        );
+        assert!(out.starting);
+        assert_eq!(stalled_reason(&st), None, "scheduled: no longer stalled");
+        served(
+            &old,
+            &mut st,
+            &stuck("ErrImageNeverPull", 30),
+            Init::Skipped,
+            (Some(3), t(2)),
+        );
+        let before = st.clone();
+        served(
+            &before,
+            &mut st,
+            &serving(PodState::Ready, false),
+            ran(),
+            (Some(3), t(3)),
+        );
+        assert_eq!(
+            (stalled_reason(&st), st.phase),
+            (None, Some(SandboxPhase::Ready))
+        );
+        // Within the grace again (a new pod), and a problem that never stalls: cleared too.
+        served(
+            &old,
+            &mut st,
+            &stuck("InvalidImageName", 30),
+            Init::Skipped,
+            (Some(3), t(4)),
+        );
+        served(
+            &old,
+            &mut st,
+            &stuck("InvalidImageName", 1),
+            Init::Skipped,
+            (Some(3), t(5)),
+        );
+        assert_eq!(stalled_reason(&st), None);
+        served(
+            &old,
+            &mut st,
+            &stuck("InvalidImageName", 30),
+            Init::Skipped,
+            (Some(3), t(6)),
+        );
+        served(
+            &old,
+            &mut st,
+            &stuck("CrashLoopBackOff", 300),
+            Init::Skipped,
+            (Some(3), t(7)),
+        );
+        assert_eq!(stalled_reason(&st), None);
+        // A start refused for its own reason is not the pod's to clear.
+        let mut refused = SandboxStatus::default();
+        conditions::set(
+            &mut refused.conditions,
+            STALLED,
+            true,
+            "CrossScopeRestore",
+            "x",
+            Some(3),
+            t(0),
+        );
+        let before = refused.clone();
+        served(
+            &before,
+            &mut refused,
+            &serving(PodState::Starting, false),
+            Init::Skipped,
+            (Some(3), t(1)),
+        );
+        assert_eq!(
+            stalled_reason(&refused).as_deref(),
+            Some("CrossScopeRestore")
+        );
+    }
+
+    #[test]
+    fn a_pod_stall_goes_with_the_pod_when_the_spec_changes_or_the_sandbox_is_suspended() {
+        let mut w = world(Some(pod("sbx-uid")));
+        conditions::set(
+            &mut w.old.conditions,
+            STALLED,
+            true,
+            "ErrImagePull",
+            "x",
+            Some(2),
+            t(0),
+        );
+        w.desired_hash = Some("new-image".into());
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::ReplacePod);
+        assert_eq!(stalled_reason(&plan.status), None);
+        let suspended = decide(&sandbox(json!({"lifecycle": {"mode": "Suspended"}})), &w);
+        assert_eq!(stalled_reason(&suspended.status), None);
+        // The serve step judges the pod it serves; nothing is cleared before it does.
+        w.desired_hash = w.pod_hash.clone();
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::Serve);
+        assert_eq!(
+            stalled_reason(&plan.status).as_deref(),
+            Some("ErrImagePull")
+        );
     }
 
     #[test]

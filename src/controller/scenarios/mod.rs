@@ -1496,3 +1496,108 @@ async fn a_sandbox_changed_since_it_was_read_is_not_suspended_and_the_guard_goes
     assert_eq!(s["spec"]["lifecycle"]["mode"], Value::Null);
     assert!(fake.get(&lease).expect("lease")["spec"]["holderIdentity"].is_null());
 }
+
+/// The pod of sandbox `name` as the operator would make it now, on node-1, created `age`
+/// seconds ago, its container waiting with `reason` and `message`.
+fn waiting_pod(ctx: &Context, name: &str, fake: &FakeApi, reason: &str, age: i64) -> Value {
+    let mut p = current_pod(ctx, name, fake);
+    let created =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(age);
+    p["metadata"]["creationTimestamp"] = json!(created.to_string());
+    p["status"] = json!({"phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True",
+            "lastTransitionTime": created.to_string()}],
+        "containerStatuses": [{
+        "name": super::pod::CONTAINER, "ready": false, "restartCount": 0, "image": "nope",
+        "imageID": "", "state": {"waiting": {"reason": reason,
+            "message": format!("{reason}: pull access denied for nope")}}}]});
+    p
+}
+
+/// The Events stored so far: (type, reason, note).
+fn events(fake: &FakeApi) -> Vec<(String, String, String)> {
+    let prefix = format!("{EVENTS}/");
+    let objects = fake.objects.lock().expect("objects");
+    objects
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .map(|(_, e)| {
+            let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+            (s("type"), s("reason"), s("note"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_stalls_the_start_after_the_grace_and_clears_when_it_runs() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    assert_eq!(ctx.config.stall_grace_seconds, 20, "the default");
+    // (The workspace is recorded as initialised in the pod, so that once it runs it is served
+    // without an exec, which this fake does not answer.)
+    let status = json!({"phase": "Pending", "workspace": {"rootReady": true,
+        "initializedPodUid": "pod-uid"}});
+    fake.put(&format!("{SBX}/img"), adopted("img", json!({}), status));
+    node_root_checked(&ctx);
+    let at = format!("{PODS}/{}", pod("img"));
+
+    // 5 s into a failed pull: Pending with the kubelet's reason, and a look again when the
+    // grace runs out, whether or not the pod changes meanwhile.
+    fake.put(&at, waiting_pod(&ctx, "img", &fake, "ErrImagePull", 5));
+    let action = reconcile_sandbox(&fake, &ctx, "img").await;
+    let due = requeue_secs(&action).unwrap_or_else(|| panic!("no requeue: {action:?}"));
+    assert!(due > 13.0 && due <= 15.0, "{action:?}");
+    let s = fake.get(&format!("{SBX}/img")).expect("sandbox");
+    assert_eq!(condition(&s, "Ready")["reason"], json!("ErrImagePull"));
+    assert!(
+        s["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().all(|c| c["type"] != "Stalled")),
+        "not within the grace: {s:#}"
+    );
+
+    // 25 s in, backing off: Stalled with that reason and message (Ready says the same), and
+    // a Warning Event.
+    fake.put(&at, waiting_pod(&ctx, "img", &fake, "ImagePullBackOff", 25));
+    let before = events(&fake).len();
+    reconcile_sandbox(&fake, &ctx, "img").await;
+    let s = fake.get(&format!("{SBX}/img")).expect("sandbox");
+    let stalled = condition(&s, "Stalled");
+    assert_eq!(stalled["status"], json!("True"));
+    assert_eq!(stalled["reason"], json!("ImagePullBackOff"));
+    assert_eq!(stalled["observedGeneration"], json!(1));
+    let message = stalled["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        message.starts_with("ImagePullBackOff: pull access denied for nope"),
+        "{message}"
+    );
+    assert_eq!(condition(&s, "Ready")["reason"], json!("ImagePullBackOff"));
+    let sbx: Sandbox = serde_json::from_value(s).expect("sandbox");
+    assert!(sbx.stalled().is_some(), "what the clients' waits end on");
+    let new = events(&fake)[before..].to_vec();
+    assert_eq!(
+        new,
+        vec![(
+            "Warning".to_string(),
+            "ImagePullBackOff".to_string(),
+            message
+        )],
+        "one Warning"
+    );
+    // Nothing new: no write.
+    let writes = fake.writes().len();
+    reconcile_sandbox(&fake, &ctx, "img").await;
+    assert_eq!(fake.writes().len(), writes, "{:?}", fake.writes());
+
+    // The image turns up and the pod runs after all: no longer stalled, Ready.
+    fake.put(&at, current_pod(&ctx, "img", &fake));
+    reconcile_sandbox(&fake, &ctx, "img").await;
+    let s = fake.get(&format!("{SBX}/img")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"));
+    assert!(
+        s["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().all(|c| c["type"] != "Stalled")),
+        "{s:#}"
+    );
+}

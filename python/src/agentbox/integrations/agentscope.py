@@ -133,6 +133,13 @@ def _skill_dirs(paths: list[str]) -> list[tuple[str, str]]:
     ]
 
 
+def not_found(path: str) -> ab_errors.RemoteFileNotFoundError:
+    """The error of a read of ``path`` where no regular file is (pure): a ``FileNotFoundError``
+    (and agentbox's :class:`~agentbox.errors.RemoteFileNotFoundError`) that says so.
+    """
+    return ab_errors.RemoteFileNotFoundError(f"not found in the sandbox: {path}")
+
+
 def _dir_entry(e: SandboxDirEntry) -> DirEntry:
     is_dir = e.kind == "dir"
     return DirEntry(
@@ -182,12 +189,20 @@ class AgentboxBackend(BackendBase):
         )
 
     async def read_file(self, path: str) -> bytes:
-        """A file's bytes (``FileNotFoundError`` when missing)."""
+        """A file's bytes; ``FileNotFoundError`` saying "not found" when there is no regular
+        file at ``path``, as agentscope's own backends say it (its tools show the message).
+        """
         if self._in_root(path):
-            return await self._run(lambda: self.sandbox.read(path))
+            try:
+                return await self._run(lambda: self.sandbox.read(path))
+            except ab_errors.RemoteFileNotFoundError as e:
+                raise not_found(path) from e
         r = await self.exec_shell(["cat", "--", path])
         if not r.ok():
-            raise FileNotFoundError(f"{path}: {r.stderr.decode(errors='replace').strip()}")
+            err = r.stderr.decode(errors="replace").strip()
+            if "No such file" in err or "Is a directory" in err:
+                raise not_found(path)
+            raise FileNotFoundError(f"cannot read {path}: {err}")
         return r.stdout
 
     async def write_file(self, path: str, data: bytes) -> None:
@@ -321,8 +336,15 @@ class AgentboxWorkspace(SandboxedWorkspaceBase):
         return self._sandbox
 
     async def _provision_backend(self) -> None:
-        sbx = await self._sandboxes.get_or_create(self.scope, self.spec)
-        await sbx.recover(self.ready_timeout)
+        try:
+            sbx = await self._sandboxes.get_or_create(self.scope, self.spec)
+            # Raises as soon as the start stalls (an image that cannot be pulled, ...), not
+            # at `ready_timeout`; the Sandbox is left as it is, Stalled, for whoever looks.
+            await sbx.recover(self.ready_timeout)
+        except BaseException:
+            # No workspace to close later: the API client goes now (made anew on a retry).
+            await self._sandboxes.close()
+            raise
         self._sandbox = sbx
         self.workdir = sbx.workspace_root.rstrip("/") or "/"
         self._backend = AgentboxBackend(sbx, recover_timeout=self.ready_timeout)

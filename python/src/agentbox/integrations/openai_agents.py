@@ -18,11 +18,15 @@
 
 How the framework's session contract maps onto agentbox:
 
-- ``create`` gets (or creates) the Sandbox of the options' scope — by default a Session scope
-  of this session — and the manifest is materialised in its workspace when the session starts;
-  ``start`` waits until the Sandbox serves (resuming it if its ``idleTimeout`` suspended it)
-  and then takes the scope's guard (the Lease that serialises work on a scope), which the
-  session holds for the run; a sandbox suspended in between is resumed and waited for again.
+- ``create`` gets (or creates) the Sandbox of the options' scope (an ``agentbox.Scope`` or its
+  dict form) — by default a Session scope of this session — and the manifest is materialised
+  in its workspace when the session starts; ``start`` waits until the Sandbox serves (resuming
+  it if its ``idleTimeout`` suspended it) and then takes the scope's guard (the Lease that
+  serialises work on a scope), which the session holds for the run; a sandbox suspended in
+  between is resumed and waited for again. A Sandbox that cannot start (an image that cannot
+  be pulled, ...) fails ``start`` with ``WorkspaceStartError`` as soon as the operator says
+  its start is ``Stalled`` (its stall grace, 20 s by default), whatever ``ready_timeout`` is,
+  and a session that never started is not persisted.
 - Commands run over ``pods/exec`` with their real exit code; a timeout raises the framework's
   ``ExecTimeoutError`` (the command's process group is killed in the pod), a broken connection
   its ``ExecTransportError``, a missing file its ``WorkspaceReadNotFoundError``. A command that
@@ -43,6 +47,8 @@ How the framework's session contract maps onto agentbox:
   pod start. Deleting it instead (``on_delete="delete"``, done only once a snapshot exists)
   frees the node's disk but makes every resume a restore from object storage, which takes time
   proportional to the workspace; ``on_delete="keep"`` leaves the pod running.
+- A scope's Sandbox and snapshots outlive its runs; ``agentbox.Sandboxes.end_scope(scope)``
+  removes them for good (``keep=N`` keeps the newest snapshots).
 - ``resolve_exposed_port`` returns where a port of ``exposed_ports`` is reached: the Service's
   cluster DNS name from inside the cluster, and from outside a port-forward through the API
   server on ``127.0.0.1`` (``port_access`` chooses explicitly).
@@ -58,6 +64,7 @@ import os
 import tarfile
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal, cast
 
@@ -80,7 +87,7 @@ from agents.sandbox.session.sandbox_session_state import SandboxSessionState
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
 from agents.sandbox.types import ExecResult, ExposedPortEndpoint, User
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from .. import errors as ab_errors
 from .. import exec as ab_exec
@@ -171,9 +178,9 @@ class AgentboxSandboxClientOptions(BaseSandboxClientOptions, RunPolicy):
     image: str
     #: Namespace of the Sandbox (default: the kubeconfig context's).
     namespace: str | None = None
-    #: Isolation scope (``Scope.to_dict()`` form, e.g. ``{"kind": "User", "agent": "coder",
-    #: "user": "alice"}``).
-    scope: dict[str, str] | None = None
+    #: Isolation scope: an :class:`agentbox.Scope` (``Scope.for_user("coder", "alice")``), or
+    #: its ``Scope.to_dict()`` form; either is checked here and kept as a ``Scope``.
+    scope: Scope | dict[str, str] | None = None
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     #: Environment of the sandbox container.
     env: dict[str, str] = Field(default_factory=dict)
@@ -185,6 +192,21 @@ class AgentboxSandboxClientOptions(BaseSandboxClientOptions, RunPolicy):
     #: ``resolve_exposed_port``.
     exposed_ports: tuple[int, ...] = ()
     snapshot_restore: Literal["Latest", "None"] = "Latest"
+
+    @field_validator("scope", mode="after")
+    @classmethod
+    def _scope(cls, value: Scope | dict[str, str] | None) -> Scope | None:
+        # A dict is checked with the CRD's rules now, not at the first request.
+        return scope_of(value)
+
+
+def scope_of(value: Scope | Mapping[str, Any] | None) -> Scope | None:
+    """The scope an option gives (pure): a ``Scope`` as it is, its dict form read (and checked:
+    :class:`~agentbox.errors.InvalidRequestError`, a ``ValueError``), ``None`` for none.
+    """
+    if value is None or isinstance(value, Scope):
+        return value
+    return Scope.from_dict(value)
 
 
 class AgentboxSandboxSessionState(SandboxSessionState, RunPolicy):
@@ -258,6 +280,8 @@ class AgentboxSandboxSession(BaseSandboxSession):
         self._sandboxes = sandboxes
         self._sandbox = sandbox
         self._guard: Guard | None = None
+        #: Whether this session's start got through: one that did not has nothing to persist.
+        self._started = False
         self._forwards: dict[int, PortForward] = {}
         self._env: dict[str, str] | None = None
 
@@ -295,6 +319,19 @@ class AgentboxSandboxSession(BaseSandboxSession):
         if guard is not None:
             with contextlib.suppress(ab_errors.AgentboxError):
                 await guard.release()
+
+    async def _after_start(self) -> None:
+        self._started = True
+        await super()._after_start()
+
+    async def _persist_snapshot(self) -> None:
+        # A session whose start failed (a Sandbox that never became Ready: an image that
+        # cannot be pulled, a refused restore) ran nothing: persisting it would ask for a
+        # snapshot of a sandbox that has no workspace to give, wait out `ready_timeout` for it
+        # and leave it Pending. The last snapshot persisted, if any, stays the session's.
+        if not self._started:
+            return
+        await super()._persist_snapshot()
 
     async def _after_stop(self) -> None:
         await self._release_guard()
@@ -680,11 +717,7 @@ class AgentboxSandboxClient(BaseSandboxClient[AgentboxSandboxClientOptions]):
         manifest = manifest if manifest is not None else Manifest()
         self._validate_manifest_for_create(manifest)
         session_id = uuid.uuid4()
-        scope = (
-            Scope.from_dict(options.scope)
-            if options.scope is not None
-            else Scope.for_session(DEFAULT_AGENT, str(session_id))
-        )
+        scope = scope_of(options.scope) or Scope.for_session(DEFAULT_AGENT, str(session_id))
         spec = build_spec(options, manifest)
         sandboxes = self._connect(options.namespace)
         try:
