@@ -68,8 +68,8 @@ pub async fn change(sbx: &Sandboxes, what: Change, a: LifecycleArgs) -> Result<E
         },
     }
     let done = match what {
-        Change::Suspend if wait.is_some() || a.under_guard => "suspended",
-        Change::Suspend => "suspending",
+        // The request is accepted (with --wait or --under-guard: done).
+        Change::Suspend => "suspended",
         Change::Resume if wait.is_some() => "ready",
         Change::Resume => "resuming",
         Change::Delete if wait.is_some() => "deleted",

@@ -23,10 +23,11 @@ from agentbox.integrations.openai_agents import (
 
 from .conftest import Env
 
-#: An image no node has and none can pull (the cluster reaches no registry).
+#: An image no node has. Never pulled (``image_pull_policy="Never"``): a pull would make the
+#: node look up a registry, and test traffic stays on loopback.
 MISSING_IMAGE = "docker.io/library/does-not-exist:nope"
-#: The reasons such a pull shows, in turn.
-PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff")
+#: The reason the kubelet gives for it.
+PULL_FAILURES = ("ErrImageNeverPull",)
 #: Far longer than the stall grace: a wait that ran out would take this long.
 LONG = 300.0
 
@@ -47,7 +48,7 @@ async def snapshots(env: Env) -> list[dict[str, Any]]:
 
 
 def missing_spec() -> agentbox.SandboxSpec:
-    return agentbox.SandboxSpec(image=MISSING_IMAGE, image_pull_policy="IfNotPresent")
+    return agentbox.SandboxSpec(image=MISSING_IMAGE, image_pull_policy="Never")
 
 
 async def test_the_sdks_wait_ends_at_the_stall_with_the_kubelets_reason(env: Env) -> None:
@@ -77,7 +78,7 @@ async def test_an_openai_agents_run_fails_at_the_stall_and_persists_nothing(env:
     agent = SandboxAgent(name="coder", instructions="Work.", model=ScriptedModel())
     options = AgentboxSandboxClientOptions(
         image=MISSING_IMAGE,
-        image_pull_policy="IfNotPresent",
+        image_pull_policy="Never",
         namespace=env.ns,
         # A Scope as it is (the dict form works too).
         scope=agentbox.Scope.for_user("missing-image", "bob"),

@@ -167,6 +167,11 @@ async fn suspend(
     old: &SandboxStatus,
     (status, note): (SandboxStatus, Option<Note>),
 ) -> Result<bool, Error> {
+    if apis.pods.get_opt(pod_name).await?.is_none() {
+        // Gone already: nothing to stop, no guard to take.
+        write_transition(ctx, sbx, apis, old, &status, note).await?;
+        return Ok(true);
+    }
     let handed = crate::controller::handed_off_hold(ctx, sbx).await?;
     // spec.snapshot.onStop: persist the workspace before its pod goes.
     let hold = handed.as_ref().map(|(h, _)| h.clone());

@@ -497,12 +497,75 @@ async fn suspending_deletes_the_pod_then_records_suspended_once() {
         json!({"metadata": {"name": pod("sus")}}),
     );
     reconcile_sandbox(&fake, &ctx, "sus").await;
-    let mut want = vec![format!("DELETE {PODS}/{}", pod("sus"))];
+    // Under the operator's own guard, taken without waiting and released after.
+    let mut want = vec![
+        format!("POST {LEASES}"),
+        format!("DELETE {PODS}/{}", pod("sus")),
+        format!("PUT {}", guard_lease("sus")),
+    ];
     want.extend(event_and_status("sus"));
     assert_eq!(fake.writes(), want);
     let s = fake.get(&format!("{SBX}/sus")).expect("sandbox");
     assert_eq!(s["status"]["phase"], json!("Suspended"));
     assert!(s["status"].get("podName").is_none_or(Value::is_null));
+}
+
+/// A Lease of the sandbox's scope, held by `holder` (renewed just now) with `token`.
+fn held_lease(name: &str, holder: &str, token: i64) -> Value {
+    let lease = guard_lease(name);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": lease.rsplit('/').next(), "namespace": "n", "resourceVersion": "7"},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "acquireTime": now,
+            "renewTime": now, "leaseTransitions": token}})
+}
+
+#[tokio::test]
+async fn a_suspension_waits_for_a_harness_at_work_and_goes_at_once_under_its_handed_over_hold() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    fake.put(&guard_lease("busy"), held_lease("busy", "harness-1", 4));
+    let spec = json!({"lifecycle": {"mode": "Suspended"}});
+    fake.put(
+        &format!("{SBX}/busy"),
+        adopted(
+            "busy",
+            spec,
+            json!({"phase": "Ready", "podName": pod("busy")}),
+        ),
+    );
+    fake.put(
+        &format!("{PODS}/{}", pod("busy")),
+        json!({"metadata": {"name": pod("busy")}}),
+    );
+    // A harness holds the guard and handed nothing over: its pod stays.
+    reconcile_sandbox(&fake, &ctx, "busy").await;
+    assert_eq!(
+        fake.writes(),
+        [] as [String; 0],
+        "nothing under a harness at work"
+    );
+    // The same harness hands its hold over: the pod goes under it, the Lease untouched.
+    let hold = json!({"lifecycle": {"mode": "Suspended",
+        "guard": {"holder": "harness-1", "token": 4}}});
+    fake.put(
+        &format!("{SBX}/busy"),
+        adopted(
+            "busy",
+            hold,
+            json!({"phase": "Ready", "podName": pod("busy")}),
+        ),
+    );
+    reconcile_sandbox(&fake, &ctx, "busy").await;
+    let mut want = vec![format!("DELETE {PODS}/{}", pod("busy"))];
+    want.extend(event_and_status("busy"));
+    assert_eq!(fake.writes(), want);
+    let l = fake.get(&guard_lease("busy")).expect("lease");
+    assert_eq!(
+        l["spec"]["holderIdentity"],
+        json!("harness-1"),
+        "still the harness's"
+    );
 }
 
 #[tokio::test]
@@ -1385,13 +1448,16 @@ async fn an_idle_sandbox_past_its_timeout_suspends_itself_under_the_guard_then_l
         Some("agentbox_idle_suspensions_total 1")
     );
 
-    // The mode change brings the suspend step: the pod goes, no second Event.
+    // The mode change brings the suspend step: the pod goes under the guard (taken and
+    // released again), no second Event.
     let before = fake.writes().len();
     reconcile_sandbox(&fake, &ctx, "idle").await;
     assert_eq!(
         fake.writes()[before..],
         [
+            format!("PUT {lease}"),
             format!("DELETE {PODS}/{}", pod("idle")),
+            format!("PUT {lease}"),
             format!("PATCH {SBX}/idle/status"),
         ]
     );
