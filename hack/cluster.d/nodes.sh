@@ -76,6 +76,53 @@ node_ready_named() { # name [since]: Ready, and (with since, RFC 3339 UTC, micro
   [[ -n $renewed && ! $renewed < $2 ]]
 }
 
+# gVisor: Debian's runsc (gVisor 2022-12, ptrace platform: no KVM here) driven by containerd's
+# own runc v2 shim, whose BinaryName is a wrapper adding runsc's flags (gVisor's
+# containerd-shim-runsc-v1 is not needed). The CRI plugin starts every container of a pod (the
+# pause container first) through the handler's shim, and runsc reads the CRI annotations
+# (io.kubernetes.cri.container-type / sandbox-id) and puts the pod's containers into one gVisor
+# sandbox, which joins the pod's netns (set up by CNI). Found on this cluster (kernel 6.18):
+# - --network=host: with runsc's own netstack (the default, --network=sandbox) the pod never
+#   starts: "cannot run with network enabled in root network namespace". runsc 2022-12 tells the
+#   root netns by /proc/sys/net/core/rmem_default existing, which kernel 6.x shows in every
+#   netns. host: the sandbox's sockets are host sockets, but in the pod's netns (its IP, its
+#   bridge, its policies): pod-to-pod traffic works both ways. Newer gVisor fixes the check.
+# - `runsc start` of a pod's second container spawns that container's gofer with start's
+#   stdout/stderr; the runc shim reads those until EOF, so StartContainer hung as long as the
+#   gofer lived. start's output goes to /dev/null (its errors are in the --log file the shim
+#   reads anyway).
+# No runsc on the machine: no handler, nothing changes.
+RUNSC=/usr/bin/runsc
+runsc_wrapper() { echo "$N_CONF/runsc-wrapper"; }
+write_runsc_wrapper() {
+  [[ -x $RUNSC ]] || return 0
+  mkdir -p "$N_RUN/runsc" "$N_DIR/runsc-logs"
+  # The shim adds --root/--log/--log-format; the flags before them are ours. --debug-log: runsc's
+  # own per-command logs, where its refusals are explained.
+  local run="$RUNSC --platform=ptrace --network=host --debug-log=$N_DIR/runsc-logs/"
+  cat >"$(runsc_wrapper).tmp" <<EOF
+#!/bin/sh
+case " \$* " in
+*" start "*) exec $run "\$@" >/dev/null 2>&1 ;;
+esac
+exec $run "\$@"
+EOF
+  chmod 755 "$(runsc_wrapper).tmp"
+  mv "$(runsc_wrapper).tmp" "$(runsc_wrapper)"
+}
+runsc_runtime_config() { # the containerd CRI runtime handler "runsc" (empty without runsc)
+  [[ -x $RUNSC ]] || return 0
+  cat <<EOF
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+  SystemdCgroup = false
+  BinaryName = "$(runsc_wrapper)"
+  Root = "$N_RUN/runsc"
+EOF
+}
+
 write_node_configs() { # the CNI network, containerd and kubelet configuration of node N_I
   mkdir -p "$N_CNI/net.d" "$N_CNI/ipam"
   # Isolated bridge: no gateway, no masquerade, no routes. Pods reach nothing but each other.
@@ -109,6 +156,7 @@ EOF
     netns_opt="netns_mounts_under_state_dir = true"
   fi
   mkdir -p "$N_CTRD/root" "$N_CTRD/state" "$N_CTRD/opt" "$N_RUN/runc"
+  write_runsc_wrapper
   cat >"$N_CONF/containerd.toml" <<EOF
 version = 2
 root = "$N_CTRD/root"
@@ -158,6 +206,8 @@ disabled_plugins = [
   SystemdCgroup = false
   BinaryName = "$(command -v runc || echo /usr/sbin/runc)"
   Root = "$N_RUN/runc"
+
+$(runsc_runtime_config)
 
 [plugins."io.containerd.grpc.v1.cri".cni]
   bin_dir = "$cni_bin"
