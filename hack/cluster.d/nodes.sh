@@ -91,6 +91,13 @@ node_ready_named() { # name [since]: Ready, and (with since, RFC 3339 UTC, micro
 #   stdout/stderr; the runc shim reads those until EOF, so StartContainer hung as long as the
 #   gofer lived. start's output goes to /dev/null (its errors are in the --log file the shim
 #   reads anyway).
+# - A pod's second container: runsc writes the sandbox's PID to the shim's --pid-file, and the shim
+#   learns a container's exit by reaping that PID, so a stopped container never exited for it and
+#   pods stayed Terminating for ever. The wrapper gives the shim a waiter's PID (`runsc wait`).
+# - `runsc kill` of a pod sandbox already gone fails "sandbox is not running", which the shim
+#   does not read as "already exited": StopPodSandbox failed for ever. It succeeds now.
+# (gVisor's containerd-shim-runsc-v1 does these three itself; the wrapper keeps to the packaged
+# runsc and containerd's own shim, nothing to build.)
 # No runsc on the machine: no handler, nothing changes.
 RUNSC=/usr/bin/runsc
 runsc_wrapper() { echo "$N_CONF/runsc-wrapper"; }
@@ -102,10 +109,46 @@ write_runsc_wrapper() {
   local run="$RUNSC --platform=ptrace --network=host --debug-log=$N_DIR/runsc-logs/"
   cat >"$(runsc_wrapper).tmp" <<EOF
 #!/bin/sh
-case " \$* " in
-*" start "*) exec $run "\$@" >/dev/null 2>&1 ;;
+RUNSC="$run"
+EOF
+  cat >>"$(runsc_wrapper).tmp" <<'EOF'
+case " $* " in
+*" start "*) exec $RUNSC "$@" >/dev/null 2>&1 ;;
+*" create "*) ;;
+*" kill "*)
+  # A pod's sandbox whose gVisor sandbox is already gone: runsc says "sandbox is not running",
+  # which the shim does not take for "already exited" (as it does runc's "container not
+  # running"), so StopPodSandbox failed for ever. Killing what no longer (or never) ran succeeds.
+  $RUNSC "$@" && exit 0
+  rc=$? id=
+  for a in "$@"; do case $a in [0-9a-f]*[0-9a-f]) [ ${#a} -ge 32 ] && id=$a ;; esac; done
+  root=$(echo " $* " | sed -n 's/.* --root[= ]\([^ ]*\) .*/\1/p')
+  st=$($RUNSC --root="$root" state "$id" 2>/dev/null | sed -n 's/.*status.: .\([a-z]*\).*/\1/p')
+  case $st in running | paused) exit $rc ;; esac
+  exit 0 ;;
+*) exec $RUNSC "$@" ;;
 esac
-exec $run "\$@"
+bundle=. pidfile= id= prev= root=
+for a in "$@"; do
+  case $prev in --bundle | -b) bundle=$a ;; --pid-file) pidfile=$a ;; --root) root=$a ;; esac
+  case $a in --bundle=*) bundle=${a#*=} ;; --pid-file=*) pidfile=${a#*=} ;; --root=*) root=${a#*=} ;; esac
+  prev=$a id=$a
+done
+$RUNSC "$@" || exit $?
+[ -n "$pidfile" ] || exit 0
+grep -q '"io.kubernetes.cri.container-type": *"container"' "$bundle/config.json" || exit 0
+# A container joining a pod's sandbox: the PID runsc wrote is the sandbox's, alive until the
+# whole pod goes. The shim reaps that PID to learn the container's exit, so it would wait
+# forever (pods stuck Terminating). Hand it a waiter instead: a child of the shim (its
+# subreaper once we exit) that exits with the container, with its exit code.
+setsid sh -c '
+  while [ "$($0 state "$1" 2>/dev/null | sed -n "s/.*status.: .\([a-z]*\).*/\1/p")" = created ]; do
+    sleep 0.05
+  done
+  st=$($0 wait "$1" 2>/dev/null | sed -n "s/.*exitStatus.: *\(-*[0-9]*\).*/\1/p")
+  case $st in "" | -*) exit 137 ;; esac
+  exit $((st > 255 ? st >> 8 : st))' "$RUNSC --root=$root" "$id" </dev/null >/dev/null 2>&1 &
+printf %s $! >"$pidfile" # no newline: the shim parses it as is
 EOF
   chmod 755 "$(runsc_wrapper).tmp"
   mv "$(runsc_wrapper).tmp" "$(runsc_wrapper)"
