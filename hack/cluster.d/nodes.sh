@@ -76,6 +76,96 @@ node_ready_named() { # name [since]: Ready, and (with since, RFC 3339 UTC, micro
   [[ -n $renewed && ! $renewed < $2 ]]
 }
 
+# gVisor: Debian's runsc (gVisor 2022-12, ptrace platform: no KVM here) driven by containerd's
+# own runc v2 shim, whose BinaryName is a wrapper adding runsc's flags (gVisor's
+# containerd-shim-runsc-v1 is not needed). The CRI plugin starts every container of a pod (the
+# pause container first) through the handler's shim, and runsc reads the CRI annotations
+# (io.kubernetes.cri.container-type / sandbox-id) and puts the pod's containers into one gVisor
+# sandbox, which joins the pod's netns (set up by CNI). Found on this cluster (kernel 6.18):
+# - --network=host: with runsc's own netstack (the default, --network=sandbox) the pod never
+#   starts: "cannot run with network enabled in root network namespace". runsc 2022-12 tells the
+#   root netns by /proc/sys/net/core/rmem_default existing, which kernel 6.x shows in every
+#   netns. host: the sandbox's sockets are host sockets, but in the pod's netns (its IP, its
+#   bridge, its policies): pod-to-pod traffic works both ways. Newer gVisor fixes the check.
+# - `runsc start` of a pod's second container spawns that container's gofer with start's
+#   stdout/stderr; the runc shim reads those until EOF, so StartContainer hung as long as the
+#   gofer lived. start's output goes to /dev/null (its errors are in the --log file the shim
+#   reads anyway).
+# - A pod's second container: runsc writes the sandbox's PID to the shim's --pid-file, and the shim
+#   learns a container's exit by reaping that PID, so a stopped container never exited for it and
+#   pods stayed Terminating for ever. The wrapper gives the shim a waiter's PID (`runsc wait`).
+# - `runsc kill` of a pod sandbox already gone fails "sandbox is not running", which the shim
+#   does not read as "already exited": StopPodSandbox failed for ever. It succeeds now.
+# (gVisor's containerd-shim-runsc-v1 does these three itself; the wrapper keeps to the packaged
+# runsc and containerd's own shim, nothing to build.)
+# No runsc on the machine: no handler, nothing changes.
+RUNSC=/usr/bin/runsc
+runsc_wrapper() { echo "$N_CONF/runsc-wrapper"; }
+write_runsc_wrapper() {
+  [[ -x $RUNSC ]] || return 0
+  mkdir -p "$N_RUN/runsc" "$N_DIR/runsc-logs"
+  # The shim adds --root/--log/--log-format; the flags before them are ours. --debug-log: runsc's
+  # own per-command logs, where its refusals are explained.
+  local run="$RUNSC --platform=ptrace --network=host --debug-log=$N_DIR/runsc-logs/"
+  cat >"$(runsc_wrapper).tmp" <<EOF
+#!/bin/sh
+RUNSC="$run"
+EOF
+  cat >>"$(runsc_wrapper).tmp" <<'EOF'
+case " $* " in
+*" start "*) exec $RUNSC "$@" >/dev/null 2>&1 ;;
+*" create "*) ;;
+*" kill "*)
+  # A pod's sandbox whose gVisor sandbox is already gone: runsc says "sandbox is not running",
+  # which the shim does not take for "already exited" (as it does runc's "container not
+  # running"), so StopPodSandbox failed for ever. Killing what no longer (or never) ran succeeds.
+  $RUNSC "$@" && exit 0
+  rc=$? id=
+  for a in "$@"; do case $a in [0-9a-f]*[0-9a-f]) [ ${#a} -ge 32 ] && id=$a ;; esac; done
+  root=$(echo " $* " | sed -n 's/.* --root[= ]\([^ ]*\) .*/\1/p')
+  st=$($RUNSC --root="$root" state "$id" 2>/dev/null | sed -n 's/.*status.: .\([a-z]*\).*/\1/p')
+  case $st in running | paused) exit $rc ;; esac
+  exit 0 ;;
+*) exec $RUNSC "$@" ;;
+esac
+bundle=. pidfile= id= prev= root=
+for a in "$@"; do
+  case $prev in --bundle | -b) bundle=$a ;; --pid-file) pidfile=$a ;; --root) root=$a ;; esac
+  case $a in --bundle=*) bundle=${a#*=} ;; --pid-file=*) pidfile=${a#*=} ;; --root=*) root=${a#*=} ;; esac
+  prev=$a id=$a
+done
+$RUNSC "$@" || exit $?
+[ -n "$pidfile" ] || exit 0
+grep -q '"io.kubernetes.cri.container-type": *"container"' "$bundle/config.json" || exit 0
+# A container joining a pod's sandbox: the PID runsc wrote is the sandbox's, alive until the
+# whole pod goes. The shim reaps that PID to learn the container's exit, so it would wait
+# forever (pods stuck Terminating). Hand it a waiter instead: a child of the shim (its
+# subreaper once we exit) that exits with the container, with its exit code.
+setsid sh -c '
+  while [ "$($0 state "$1" 2>/dev/null | sed -n "s/.*status.: .\([a-z]*\).*/\1/p")" = created ]; do
+    sleep 0.05
+  done
+  st=$($0 wait "$1" 2>/dev/null | sed -n "s/.*exitStatus.: *\(-*[0-9]*\).*/\1/p")
+  case $st in "" | -*) exit 137 ;; esac
+  exit $((st > 255 ? st >> 8 : st))' "$RUNSC --root=$root" "$id" </dev/null >/dev/null 2>&1 &
+printf %s $! >"$pidfile" # no newline: the shim parses it as is
+EOF
+  chmod 755 "$(runsc_wrapper).tmp"
+  mv "$(runsc_wrapper).tmp" "$(runsc_wrapper)"
+}
+runsc_runtime_config() { # the containerd CRI runtime handler "runsc" (empty without runsc)
+  [[ -x $RUNSC ]] || return 0
+  cat <<EOF
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+  SystemdCgroup = false
+  BinaryName = "$(runsc_wrapper)"
+  Root = "$N_RUN/runsc"
+EOF
+}
+
 write_node_configs() { # the CNI network, containerd and kubelet configuration of node N_I
   mkdir -p "$N_CNI/net.d" "$N_CNI/ipam"
   # Isolated bridge: no gateway, no masquerade, no routes. Pods reach nothing but each other.
@@ -109,6 +199,7 @@ EOF
     netns_opt="netns_mounts_under_state_dir = true"
   fi
   mkdir -p "$N_CTRD/root" "$N_CTRD/state" "$N_CTRD/opt" "$N_RUN/runc"
+  write_runsc_wrapper
   cat >"$N_CONF/containerd.toml" <<EOF
 version = 2
 root = "$N_CTRD/root"
@@ -158,6 +249,8 @@ disabled_plugins = [
   SystemdCgroup = false
   BinaryName = "$(command -v runc || echo /usr/sbin/runc)"
   Root = "$N_RUN/runc"
+
+$(runsc_runtime_config)
 
 [plugins."io.containerd.grpc.v1.cri".cni]
   bin_dir = "$cni_bin"
