@@ -6,6 +6,12 @@
 //! - a timeout that really stops the command in the container: dropping the WebSocket does not
 //!   kill a remote process, so the command runs in its own process group under a small `sh`
 //!   prologue with a watchdog that `kill -KILL`s the whole group when the time is up;
+//! - no lost output: every command runs under [`WRAPPER`](crate::remote::WRAPPER), whose trailer (a fresh random mark
+//!   at the end of stdout and of stderr) says a stream is whole, and which exits only once this
+//!   side has read both trailers and half-closed stdin (output on its way when a process exits
+//!   can be dropped: kubernetes/kubernetes#124571). A stream without its trailer is
+//!   [`ExecError::OutputCut`], never a short result. docs/protocol.md, "Exec", has the whole
+//!   protocol;
 //! - a per-stream output cap: output past the cap is drained and dropped, and flagged;
 //! - stdin from bytes or from any [`AsyncRead`], in large frames, half-closed when done or
 //!   when the reader fails (`v5.channel.k8s.io`'s CLOSE frame gives the remote process a clean
@@ -420,7 +426,8 @@ pub enum ExecError {
         #[source]
         source: kube::Error,
     },
-    /// The runtime refused to start the command (no such program, container not running).
+    /// The runtime refused to start the command (container not running; a program that does
+    /// not exist is exit code 127 from the wrapper's shell).
     #[error("command could not start: {0}")]
     NotStarted(String),
     /// The connection broke while the command ran; it may or may not have finished
