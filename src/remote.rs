@@ -1,8 +1,8 @@
 //! What agentbox runs inside a sandbox's pod, in one place: every shell script, the operator's
 //! (workspace init, snapshot, restore) and the clients' (the exec wrapper, a persistent
 //! session's command line, file operations), and the builders of their arguments. The scripts
-//! use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat`, `readlink -f`, `stat -c`, `setsid`
-//! (and `dd` when present), as busybox has them; the tests below run each with the host's.
+//! use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat`, `head -c`, `readlink -f`, `stat -c`,
+//! `setsid` (and `dd` when present), as busybox has them; the tests below run each with the host's.
 //! Paths are judged before any script runs by [`crate::paths`].
 //!
 //! Everything a script leaves in the workspace lives under [`STATE_DIR`], which the operator
