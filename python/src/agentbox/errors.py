@@ -173,7 +173,8 @@ class ExecError(AgentboxError):
 
 class CommandNotStartedError(ExecError):
     """The runtime refused to start the command (container not running; a program that does
-    not exist is exit code 127 from the exec wrapper's shell)."""
+    not exist is exit code 127 from the exec wrapper's shell).
+    """
 
 
 class OutputCutError(ExecError):
