@@ -6,6 +6,12 @@
 //! - a timeout that really stops the command in the container: dropping the WebSocket does not
 //!   kill a remote process, so the command runs in its own process group under a small `sh`
 //!   prologue with a watchdog that `kill -KILL`s the whole group when the time is up;
+//! - no lost output: every command runs under [`WRAPPER`](crate::remote::WRAPPER), whose trailer (a fresh random mark
+//!   at the end of stdout and of stderr) says a stream is whole, and which exits only once this
+//!   side has read both trailers and half-closed stdin (output on its way when a process exits
+//!   can be dropped: kubernetes/kubernetes#124571). A stream without its trailer is
+//!   [`ExecError::OutputCut`], never a short result. docs/protocol.md, "Exec", has the whole
+//!   protocol;
 //! - a per-stream output cap: output past the cap is drained and dropped, and flagged;
 //! - stdin from bytes or from any [`AsyncRead`], in large frames, half-closed when done or
 //!   when the reader fails (`v5.channel.k8s.io`'s CLOSE frame gives the remote process a clean
@@ -155,9 +161,18 @@ impl ExecRequest {
         self
     }
 
-    /// The argv actually sent to the container: the command itself when it needs no
-    /// prologue, otherwise `sh -c WRAPPER` with the settings as positional parameters.
-    pub(crate) fn remote_argv(&self) -> Result<Vec<String>, ExecError> {
+    /// The wrapper's `STDIN` parameter: `-` no stdin (and none of zero bytes: the command
+    /// reads EOF either way), `K` for `K` bytes, `=` for a stream of unknown length.
+    pub(crate) fn stdin_mode(&self) -> String {
+        match &self.stdin {
+            None => "-".into(),
+            Some(Stdin::Bytes(b)) if b.is_empty() => "-".into(),
+            Some(Stdin::Bytes(b)) => b.len().to_string(),
+            Some(Stdin::Reader(_)) => "=".into(),
+        }
+    }
+
+    fn check(&self) -> Result<(), ExecError> {
         if self.argv.is_empty() {
             return Err(ExecError::Invalid("empty argv".into()));
         }
@@ -168,21 +183,118 @@ impl ExecRequest {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// The argv a one-shot exec sends: `sh -c WRAPPER agentbox-exec MARK STDIN TIMEOUT
+    /// WORKDIR N ENV... ARGV...` ([`WRAPPER`]), always, since the trailer is what tells the
+    /// client it has every byte.
+    pub(crate) fn remote_argv(&self, mark: &str) -> Result<Vec<String>, ExecError> {
+        self.check()?;
+        Ok(self.wrapped(mark, &self.stdin_mode()))
+    }
+
+    /// The argv of a command in a persistent session, whose shell outlives the command (so
+    /// nothing is cut and no trailer is needed): the command itself when it needs no
+    /// settings, otherwise the wrapper with an empty mark. Its stdin is always `/dev/null`.
+    pub(crate) fn session_argv(&self) -> Result<Vec<String>, ExecError> {
+        self.check()?;
         if self.timeout.is_none() && self.workdir.is_none() && self.env.is_empty() {
             return Ok(self.argv.clone());
         }
+        Ok(self.wrapped("", "-"))
+    }
+
+    fn wrapped(&self, mark: &str, stdin: &str) -> Vec<String> {
         let mut v = vec![
             "sh".to_string(),
             "-c".to_string(),
             WRAPPER.to_string(),
             "agentbox-exec".to_string(),
+            mark.to_string(),
+            stdin.to_string(),
             self.timeout.map(sleep_arg).unwrap_or_default(),
             self.workdir.clone().unwrap_or_default(),
             self.env.len().to_string(),
         ];
         v.extend(self.env.iter().map(|(k, val)| format!("{k}={val}")));
         v.extend(self.argv.iter().cloned());
-        Ok(v)
+        v
+    }
+}
+
+/// A fresh mark: `__AGENTBOX_` + 32 lowercase hex digits (16 random bytes) + `_`. The
+/// one-shot exec's trailer and a persistent session's sentinels.
+pub(crate) fn new_mark() -> String {
+    let nonce: u128 = rand::random();
+    format!("__AGENTBOX_{nonce:032x}_")
+}
+
+/// The client's half of the trailer (docs/protocol.md, "What the client does"): passes a
+/// stream's bytes on, holding back the longest suffix of what has arrived that is a prefix of
+/// the mark (at most the whole mark), so the mark never reaches the caller and ordinary output
+/// is held back only while it ends like the start of a mark. The stream is whole when what is
+/// held back is the whole mark.
+#[derive(Debug)]
+pub(crate) struct Trailer {
+    mark: Vec<u8>,
+    held: Vec<u8>,
+    received: u64,
+}
+
+impl Trailer {
+    pub(crate) fn new(mark: &str) -> Self {
+        Trailer {
+            mark: mark.as_bytes().to_vec(),
+            held: Vec::new(),
+            received: 0,
+        }
+    }
+
+    /// Takes the next chunk of the stream; returns the bytes to pass on (possibly empty).
+    pub(crate) fn push(&mut self, chunk: Bytes) -> Bytes {
+        self.received += chunk.len() as u64;
+        let held = self.held.len();
+        let total = held + chunk.len();
+        let at = |i: usize| {
+            if i < held {
+                self.held[i]
+            } else {
+                chunk[i - held]
+            }
+        };
+        let mut k = self.mark.len().min(total);
+        while k > 0 && !(0..k).all(|j| at(total - k + j) == self.mark[j]) {
+            k -= 1;
+        }
+        let pass = total - k;
+        if pass <= held {
+            // Everything new is held back, with the end of what was.
+            let out = Bytes::copy_from_slice(&self.held[..pass]);
+            self.held.drain(..pass);
+            self.held.extend_from_slice(&chunk);
+            out
+        } else if held == 0 {
+            self.held.extend_from_slice(&chunk[pass..]);
+            chunk.slice(..pass)
+        } else {
+            let mut out = BytesMut::with_capacity(pass);
+            out.put_slice(&self.held);
+            out.put_slice(&chunk[..pass - held]);
+            self.held.clear();
+            self.held.extend_from_slice(&chunk[pass - held..]);
+            out.freeze()
+        }
+    }
+
+    /// Whether the stream, as far as it has arrived, ends with the mark.
+    pub(crate) fn whole(&self) -> bool {
+        self.held == self.mark
+    }
+
+    /// Bytes received so far, the mark's included.
+    pub(crate) fn received(&self) -> u64 {
+        self.received
     }
 }
 
@@ -314,7 +426,8 @@ pub enum ExecError {
         #[source]
         source: kube::Error,
     },
-    /// The runtime refused to start the command (no such program, container not running).
+    /// The runtime refused to start the command (container not running; a program that does
+    /// not exist is exit code 127 from the wrapper's shell).
     #[error("command could not start: {0}")]
     NotStarted(String),
     /// The connection broke while the command ran; it may or may not have finished
@@ -327,17 +440,48 @@ pub enum ExecError {
     /// A persistent session failed (see [`session`]).
     #[error("session: {0}")]
     Session(String),
+    /// A stream of the command's output did not end with the wrapper's trailer: bytes were
+    /// lost on the way (kubernetes/kubernetes#124571) or the wrapper was killed. The command
+    /// ran (in part or whole); its output is not reported, since it is not all there.
+    #[error(
+        "the command's {stream} was cut: {received} bytes arrived without the end of the stream"
+    )]
+    OutputCut {
+        /// Which stream.
+        stream: OutputStream,
+        /// Bytes of that stream that arrived.
+        received: u64,
+    },
+}
+
+/// One of a command's output streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputStream {
+    /// stdout.
+    Stdout,
+    /// stderr.
+    Stderr,
+}
+
+impl fmt::Display for OutputStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        })
+    }
 }
 
 impl ExecError {
     /// Every [`ExecError::kind`].
-    pub const KINDS: [&'static str; 6] = [
+    pub const KINDS: [&'static str; 7] = [
         "invalid",
         "connect",
         "not_started",
         "stream",
         "timeout",
         "session",
+        "output_cut",
     ];
 
     /// A short kind for metrics.
@@ -349,6 +493,7 @@ impl ExecError {
             ExecError::Stream(_) => "stream",
             ExecError::Timeout(_) => "timeout",
             ExecError::Session(_) => "session",
+            ExecError::OutputCut { .. } => "output_cut",
         }
     }
 
@@ -359,7 +504,10 @@ impl ExecError {
                 kube::Error::Api(s) => s.code >= 500 || s.code == 429 || s.code == 404,
                 _ => true,
             },
-            ExecError::Stream(_) | ExecError::Timeout(_) | ExecError::Session(_) => true,
+            ExecError::Stream(_)
+            | ExecError::Timeout(_)
+            | ExecError::Session(_)
+            | ExecError::OutputCut { .. } => true,
             ExecError::Invalid(_) | ExecError::NotStarted(_) => false,
         }
     }
@@ -414,18 +562,25 @@ impl Stream for ExecStream {
 /// Starts a command and returns its event stream. The connection is open when this returns
 /// (connection errors come back here, not from the stream).
 ///
-/// The remote-command protocol is spoken here rather than through kube's `AttachedProcess`:
-/// that one moves every byte through in-process pipes and sends stdin in 4 KiB messages.
+/// The command runs under [`WRAPPER`] with a fresh mark: the stream yields its output without
+/// the trailer, and ends with [`ExecError::OutputCut`] instead of the exit when a stream of
+/// its output did not end with the mark. The remote-command protocol is spoken here rather
+/// than through kube's `AttachedProcess`: that one moves every byte through in-process pipes
+/// and sends stdin in 4 KiB messages.
 pub async fn stream(
     pods: &Api<Pod>,
     pod: &str,
     container: &str,
     req: ExecRequest,
 ) -> Result<ExecStream, ExecError> {
-    let argv = req.remote_argv()?;
+    let mark = new_mark();
+    let argv = req.remote_argv(&mark)?;
+    // Open with stdin whatever the command reads: the exec's stdin is what the wrapper
+    // lingers on until the client has read both trailers.
+    let linger = req.stdin_mode() != "=";
     let ap = AttachParams::default()
         .container(container)
-        .stdin(req.stdin.is_some())
+        .stdin(true)
         .stdout(true)
         .stderr(true);
     let mut http = kube::core::Request::new(pods.resource_url())
@@ -441,8 +596,18 @@ pub async fn stream(
             pod: pod.to_string(),
             source,
         })?;
+    if !conn.supports_stream_close() {
+        // Without a half-close the wrapper's linger could only end with the connection, and
+        // the exit status with it.
+        return Err(ExecError::Stream(
+            "the API server spoke v4.channel.k8s.io; agentbox exec needs v5.channel.k8s.io \
+             (Kubernetes 1.30 or later)"
+                .into(),
+        ));
+    }
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(drive(conn, req.stdin, req.timeout, tx));
+    let frame = Frame { mark, linger };
+    tokio::spawn(drive(conn, req.stdin, req.timeout, frame, tx));
     Ok(ExecStream { rx })
 }
 
@@ -506,14 +671,22 @@ impl Capped {
     }
 }
 
+/// What a wrapped command's connection needs to know of its wrapper: the trailer's mark, and
+/// whether the wrapper lingers until stdin is half-closed.
+struct Frame {
+    mark: String,
+    linger: bool,
+}
+
 /// Pumps one exec connection: stdin in, stdout/stderr out as events, then the exit status.
 async fn drive(
     conn: kube::client::Connection,
     stdin: Option<Stdin>,
     timeout: Option<Duration>,
+    frame: Frame,
     tx: mpsc::Sender<Result<ExecEvent, ExecError>>,
 ) {
-    let result = pump(conn, stdin, timeout, &tx).await;
+    let result = pump(conn, stdin, timeout, frame, &tx).await;
     let _ = tx.send(result).await;
     // Dropping the connection closes it.
 }
@@ -522,12 +695,18 @@ async fn pump(
     conn: kube::client::Connection,
     stdin: Option<Stdin>,
     timeout: Option<Duration>,
+    frame: Frame,
     tx: &mpsc::Sender<Result<ExecEvent, ExecError>>,
 ) -> Result<ExecEvent, ExecError> {
-    let half_close = conn.supports_stream_close();
     let (sink, mut incoming) = conn.into_stream().split();
+    // Told when both trailers have arrived: then stdin is half-closed, which ends the
+    // wrapper's linger.
+    let (read_all, all_read) = tokio::sync::oneshot::channel();
+    let mut read_all = Some(read_all);
     // stdin runs on its own task so that a slow or never-reading command cannot stall output.
-    let sender = tokio::spawn(send_stdin(sink, stdin, half_close));
+    let sender = tokio::spawn(send_stdin(sink, stdin, frame.linger, all_read));
+    let mut out = Trailer::new(&frame.mark);
+    let mut err = Trailer::new(&frame.mark);
     let start = tokio::time::Instant::now();
     let far = start + Duration::from_secs(100 * 365 * 24 * 3600);
     let deadline = timeout.map(|t| start + t).unwrap_or(far);
@@ -543,8 +722,8 @@ async fn pump(
             msg = incoming.next() => match msg {
                 Some(Ok(Message::Binary(b))) if b.len() > 1 => {
                     let ev = match b[0] {
-                        STDOUT_CHANNEL => ExecEvent::Stdout(b.slice(1..)),
-                        STDERR_CHANNEL => ExecEvent::Stderr(b.slice(1..)),
+                        STDOUT_CHANNEL => ExecEvent::Stdout(out.push(b.slice(1..))),
+                        STDERR_CHANNEL => ExecEvent::Stderr(err.push(b.slice(1..))),
                         STATUS_CHANNEL => {
                             let st: Status = serde_json::from_slice(&b[1..])
                                 .map_err(|e| ExecError::Stream(format!("bad status: {e}")))?;
@@ -552,7 +731,16 @@ async fn pump(
                         }
                         _ => continue,
                     };
-                    if tx.send(Ok(ev)).await.is_err() {
+                    if out.whole() && err.whole()
+                        && let Some(t) = read_all.take()
+                    {
+                        let _ = t.send(());
+                    }
+                    let empty = match &ev {
+                        ExecEvent::Stdout(c) | ExecEvent::Stderr(c) => c.is_empty(),
+                        ExecEvent::Exit { .. } => false,
+                    };
+                    if !empty && tx.send(Ok(ev)).await.is_err() {
                         break Err(ExecError::Stream("receiver dropped".into()));
                     }
                 }
@@ -573,73 +761,97 @@ async fn pump(
         }
     };
     sender.abort();
+    // A command that never started has no trailer to miss.
     let status = parse_status(&result?)?;
+    for (t, stream) in [(&out, OutputStream::Stdout), (&err, OutputStream::Stderr)] {
+        if !t.whole() {
+            return Err(ExecError::OutputCut {
+                stream,
+                received: t.received(),
+            });
+        }
+    }
     // The client deadline starts before the in-pod watchdog, so a command the watchdog killed
     // is always seen as timed out here.
     let timed_out = timed_out || timeout.is_some_and(|t| start.elapsed() >= t);
     Ok(ExecEvent::Exit { status, timed_out })
 }
 
-/// Sends stdin (if any) in frames of up to [`STDIN_FRAME`], then its end, then pings until
-/// aborted. A failed send means the connection is gone: the receiving side reports that.
-async fn send_stdin<S>(mut sink: S, stdin: Option<Stdin>, half_close: bool)
-where
+/// Sends stdin (if any) in frames of up to [`STDIN_FRAME`], then pings until aborted. stdin
+/// is half-closed at its end when the wrapper does not linger (`=`), otherwise once
+/// `all_read` says both trailers arrived (which also stops what is left of the data: the
+/// command has ended). A failed send means the connection is gone: the receiving side reports
+/// that.
+async fn send_stdin<S>(
+    mut sink: S,
+    stdin: Option<Stdin>,
+    linger: bool,
+    all_read: tokio::sync::oneshot::Receiver<()>,
+) where
     S: futures::Sink<Message> + Unpin,
 {
+    let mut all_read = all_read.fuse();
+    let mut read = false;
     if let Some(src) = stdin {
-        let sent = match src {
-            Stdin::Bytes(b) => {
-                let mut r = Ok(());
-                for part in b.chunks(STDIN_FRAME) {
-                    let mut f = BytesMut::with_capacity(1 + part.len());
-                    f.put_u8(STDIN_CHANNEL);
-                    f.put_slice(part);
-                    r = sink.send(Message::Binary(f.freeze())).await;
-                    if r.is_err() {
-                        break;
+        let data = async {
+            match src {
+                Stdin::Bytes(b) => {
+                    for part in b.chunks(STDIN_FRAME) {
+                        let mut f = BytesMut::with_capacity(1 + part.len());
+                        f.put_u8(STDIN_CHANNEL);
+                        f.put_slice(part);
+                        if sink.send(Message::Binary(f.freeze())).await.is_err() {
+                            return false;
+                        }
                     }
+                    true
                 }
-                r.is_ok()
+                Stdin::Reader(mut r) => loop {
+                    // A failed source ends stdin like EOF, and the exec still waits for the
+                    // command to exit: dropping the connection instead would leave the command
+                    // running in the pod. Callers that stream from a fallible source check it
+                    // themselves (a restore checks what its reader forwarded).
+                    let (frame, eof) = next_frame(&mut r).await.unwrap_or((None, true));
+                    if let Some(f) = frame
+                        && sink.send(Message::Binary(f)).await.is_err()
+                    {
+                        break false;
+                    }
+                    if eof {
+                        break true;
+                    }
+                },
             }
-            Stdin::Reader(mut r) => loop {
-                // A failed source ends stdin like EOF, and the exec still waits for the
-                // command to exit: dropping the connection instead would leave the command
-                // running in the pod. Callers that stream from a fallible source check it
-                // themselves (a restore checks what its reader forwarded).
-                let (frame, eof) = next_frame(&mut r).await.unwrap_or((None, true));
-                if let Some(f) = frame
-                    && sink.send(Message::Binary(f)).await.is_err()
-                {
-                    break false;
-                }
-                if eof {
-                    break true;
-                }
-            },
+        };
+        let sent = tokio::select! {
+            sent = data => sent,
+            _ = &mut all_read => {
+                read = true;
+                true
+            }
         };
         if !sent {
             return;
         }
-        let end = if half_close {
-            // v5: half-close stdin; output keeps flowing.
-            sink.send(Message::Binary(Bytes::from_static(&[
-                CLOSE_CHANNEL,
-                STDIN_CHANNEL,
-            ])))
-            .await
-        } else {
-            // Older protocols can only close the whole connection to signal EOF.
-            sink.close().await
-        };
-        if end.is_err() {
-            return;
-        }
+    }
+    let close = || Message::Binary(Bytes::from_static(&[CLOSE_CHANNEL, STDIN_CHANNEL]));
+    if (!linger || read) && sink.send(close()).await.is_err() {
+        return;
     }
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
     loop {
-        ping.tick().await;
-        if sink.send(Message::Ping(Bytes::new())).await.is_err() {
-            return;
+        tokio::select! {
+            _ = ping.tick() => {
+                if sink.send(Message::Ping(Bytes::new())).await.is_err() {
+                    return;
+                }
+            }
+            _ = &mut all_read, if linger && !read => {
+                read = true;
+                if sink.send(close()).await.is_err() {
+                    return;
+                }
+            }
         }
     }
 }
@@ -692,6 +904,10 @@ mod tests {
             ExecError::Stream(String::new()),
             ExecError::Timeout(Duration::ZERO),
             ExecError::Session(String::new()),
+            ExecError::OutputCut {
+                stream: OutputStream::Stdout,
+                received: 0,
+            },
         ];
         let kinds: Vec<&str> = all.iter().map(ExecError::kind).collect();
         assert_eq!(kinds, ExecError::KINDS);
@@ -760,14 +976,28 @@ mod tests {
         assert!(!e.is_transient());
     }
 
+    const MK: &str = "__AGENTBOX_00112233445566778899aabbccddeeff_";
+
     #[test]
-    fn plain_argv_is_sent_as_is() {
+    fn every_one_shot_argv_is_wrapped_and_a_session_s_only_when_it_needs_to_be() {
         let r = ExecRequest::argv(["echo", "hi"]);
-        assert_eq!(r.remote_argv().unwrap(), vec!["echo", "hi"]);
+        assert_eq!(
+            &r.remote_argv(MK).unwrap()[3..],
+            ["agentbox-exec", MK, "-", "", "", "0", "echo", "hi"]
+        );
+        assert_eq!(r.session_argv().unwrap(), vec!["echo", "hi"]);
         assert!(
             ExecRequest::argv(Vec::<String>::new())
-                .remote_argv()
+                .remote_argv(MK)
                 .is_err()
+        );
+        let s = ExecRequest::argv(["true"])
+            .env("A", "1")
+            .session_argv()
+            .unwrap();
+        assert_eq!(
+            &s[3..],
+            ["agentbox-exec", "", "-", "", "", "1", "A=1", "true"]
         );
     }
 
@@ -778,12 +1008,14 @@ mod tests {
             .workdir("/workspace")
             .env("A", "x y")
             .env("B", "");
-        let v = r.remote_argv().unwrap();
-        assert_eq!(&v[..2], ["sh", "-c"]);
+        let v = r.remote_argv(MK).unwrap();
+        assert_eq!(&v[..3], ["sh", "-c", WRAPPER]);
         assert_eq!(
             &v[3..],
             [
                 "agentbox-exec",
+                MK,
+                "-",
                 "1.500",
                 "/workspace",
                 "2",
@@ -795,7 +1027,60 @@ mod tests {
             ]
         );
         let bad = ExecRequest::argv(["true"]).env("1A", "x");
-        assert!(matches!(bad.remote_argv(), Err(ExecError::Invalid(_))));
+        assert!(matches!(bad.remote_argv(MK), Err(ExecError::Invalid(_))));
+        let mode = |r: ExecRequest| r.remote_argv(MK).unwrap()[5].clone();
+        assert_eq!(mode(ExecRequest::argv(["cat"]).stdin("abc")), "3");
+        assert_eq!(mode(ExecRequest::argv(["cat"]).stdin("")), "-");
+        assert_eq!(
+            mode(ExecRequest::argv(["cat"]).stdin_reader(tokio::io::empty())),
+            "="
+        );
+    }
+
+    #[test]
+    fn marks_are_fresh_and_of_the_documented_form() {
+        let (a, b) = (new_mark(), new_mark());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), MK.len());
+        assert!(a.starts_with("__AGENTBOX_") && a.ends_with('_'));
+        assert!(
+            a[11..43]
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+        );
+    }
+
+    /// `stream` cut into three chunks at every pair of positions: what passes is the stream
+    /// without its trailer, whole exactly when the stream ends with the mark.
+    #[test]
+    fn the_trailer_is_held_back_and_found_across_any_split() {
+        let m = "__M_";
+        for (stream, want, whole) in [
+            ("out__\n_M__M_", "out__\n_M", true),
+            ("__M___M_", "__M_", true),
+            ("out__M", "out", false),
+            ("out__M_late", "out__M_late", false),
+            ("", "", false),
+        ] {
+            let b = stream.as_bytes();
+            for i in 0..=b.len() {
+                for j in i..=b.len() {
+                    let mut t = Trailer::new(m);
+                    let mut got = Vec::new();
+                    for part in [&b[..i], &b[i..j], &b[j..]] {
+                        got.extend_from_slice(&t.push(Bytes::copy_from_slice(part)));
+                    }
+                    assert_eq!(t.whole(), whole, "{stream:?} split {i},{j}");
+                    if whole {
+                        assert_eq!(String::from_utf8_lossy(&got), want, "{stream:?} {i},{j}");
+                    } else {
+                        // A cut stream passes on all but what might still begin a mark.
+                        assert!(want.starts_with(&*String::from_utf8_lossy(&got)));
+                    }
+                    assert_eq!(t.received(), b.len() as u64);
+                }
+            }
+        }
     }
 
     #[test]

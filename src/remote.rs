@@ -1,8 +1,8 @@
 //! What agentbox runs inside a sandbox's pod, in one place: every shell script, the operator's
 //! (workspace init, snapshot, restore) and the clients' (the exec wrapper, a persistent
 //! session's command line, file operations), and the builders of their arguments. The scripts
-//! use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat`, `readlink -f`, `stat -c`, `setsid`
-//! (and `dd` when present), as busybox has them; the tests below run each with the host's.
+//! use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat`, `head -c`, `readlink -f`, `stat -c`,
+//! `setsid` (and `dd` when present), as busybox has them; the tests below run each with the host's.
 //! Paths are judged before any script runs by [`crate::paths`].
 //!
 //! Everything a script leaves in the workspace lives under [`STATE_DIR`], which the operator
@@ -359,31 +359,64 @@ exec tar -c -f - -C "$p" .
 
 // --- commands (src/exec.rs, src/exec/session.rs) ---------------------------------------------
 
-/// The `sh` prologue that wraps a command when it needs a workdir, env or timeout.
+/// The `sh` wrapper every one-shot exec runs under (docs/protocol.md, "Exec"):
+/// `sh -c WRAPPER agentbox-exec MARK STDIN TIMEOUT WORKDIR N ENV... ARGV...`.
 ///
-/// Positional parameters: `$1` timeout in seconds (empty = none), `$2` workdir (empty = keep),
-/// `$3` number of `NAME=value` env entries that follow, then the entries, then the argv.
+/// - `MARK`: printed on stdout and on stderr once the command has ended, so the client knows
+///   each stream is whole only when it ends with it (output still on its way when a process
+///   exits can be dropped: kubernetes/kubernetes#124571). Then the wrapper lingers: it exits,
+///   letting the exit status go out, only once the client has half-closed stdin, which it does
+///   after reading both marks. `read -t` bounds the wait should the client vanish; a shell
+///   without `-t` (dash) waits for the EOF the end of the connection gives. An empty `MARK`
+///   (a command in a persistent session, whose shell outlives it) means no trailer, no linger,
+///   and the command is `exec`ed when it has no timeout.
+/// - `STDIN`: `-` the command's stdin is `/dev/null` (the exec's stays open for the linger);
+///   a decimal `K` the command reads exactly the first `K` bytes (`head -c`), then EOF; `=` it
+///   reads the exec's stdin until the client half-closes it, and there is no linger (the
+///   client's EOF is the command's, so it cannot also mean "read").
+/// - `TIMEOUT` (seconds, empty = none): the command runs under `setsid` (its own process
+///   group; it is not a group leader as a child of `&`, so busybox `setsid` does not fork and
+///   the exit code is kept). stdin is passed through fd 3 because a non-interactive shell
+///   points the stdin of `&` commands at /dev/null. The watchdog holds no stdio (or the exec
+///   would stay open until it exits), kills the whole group when the time is up, and is itself
+///   stopped when the command ends, unless members of the group are still alive: those are
+///   killed at the deadline too. `wait`'s stderr is dropped: ash reports a killed job
+///   ("Killed") there, which is not the command's output.
+/// - `WORKDIR` (empty = keep): a failed `cd` is exit code 126.
+/// - `N` `NAME=value` entries, exported.
 ///
-/// With a timeout the command runs under `setsid` (its own process group; it is not a group
-/// leader as a child of `&`, so busybox `setsid` does not fork and the exit code is kept).
-/// stdin is passed through fd 3 because a non-interactive shell points the stdin of `&`
-/// commands at /dev/null. The watchdog holds no stdio (or the exec would stay open until it
-/// exits), kills the whole group when the time is up, and is itself stopped when the command
-/// ends, unless members of the group are still alive: those are killed at the deadline too.
-/// `wait`'s stderr is dropped: ash reports a killed job ("Killed") there, which is not the
-/// command's output.
-pub const WRAPPER: &str = r#"t=$1; d=$2; n=$3; shift 3
+/// The command runs as `( exec "$@" )`: a program, never a shell builtin or this script's
+/// function, as when the runtime starts it directly; one it cannot find is exit code 127 with
+/// the shell's message on stderr.
+pub const WRAPPER: &str = r#"m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
-if [ -n "$d" ]; then cd -- "$d" || exit 126; fi
-if [ -z "$t" ]; then exec "$@"; fi
-exec 3<&0
-setsid "$@" <&3 3<&- &
-p=$!
-exec 3<&-
-( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
-w=$!
-wait $p 2>/dev/null; r=$?
-kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
+run() {
+  if [ -n "$d" ]; then cd -- "$d" || return 126; fi
+  if [ -z "$t" ]; then
+    [ -n "$m" ] || exec "$@"
+    ( exec "$@" ); return
+  fi
+  exec 3<&0
+  setsid "$@" <&3 3<&- &
+  p=$!
+  exec 3<&-
+  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
+  w=$!
+  wait $p 2>/dev/null; r=$?
+  kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
+  return $r
+}
+case $i in
+  -) run "$@" </dev/null ;;
+  =) run "$@" ;;
+  *) head -c "$i" | run "$@" ;;
+esac
+r=$?
+[ -n "$m" ] || exit $r
+printf %s "$m"; printf %s "$m" >&2
+[ "$i" = = ] && exit $r
+while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
+[ $s = 2 ] && while read -r _; do :; done
 exit $r
 "#;
 
@@ -827,47 +860,224 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dst);
     }
 
-    /// `sh -c WRAPPER agentbox-exec TIMEOUT WORKDIR N ENV... ARGV...`, as ExecRequest builds it.
-    fn wrapped(timeout: &str, dir: &str, env: &[&str], argv: &[&str]) -> Vec<String> {
-        let mut v: Vec<String> = ["sh", "-c", WRAPPER, "agentbox-exec", timeout, dir]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    /// The shells the wrapper is tried with: busybox's (the sandbox image's), dash and bash
+    /// (other images' `sh`), each that the host has.
+    fn shells() -> Vec<Vec<String>> {
+        let has = |p: &str| {
+            Command::new(p)
+                .arg("-c")
+                .arg("true")
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let mut v = Vec::new();
+        if Command::new("busybox")
+            .args(["sh", "-c", "true"])
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            v.push(vec!["busybox".to_string(), "sh".to_string()]);
+        }
+        for sh in ["dash", "bash"] {
+            if has(sh) {
+                v.push(vec![sh.to_string()]);
+            }
+        }
+        assert!(!v.is_empty(), "no shell to try the wrapper with");
+        v
+    }
+
+    const MK: &str = "__AGENTBOX_00112233445566778899aabbccddeeff_";
+
+    /// `SHELL -c WRAPPER agentbox-exec MARK STDIN TIMEOUT WORKDIR N ENV... ARGV...`.
+    fn wrapped(
+        shell: &[String],
+        (mark, stdin): (&str, &str),
+        timeout: &str,
+        dir: &str,
+        env: &[&str],
+        argv: &[&str],
+    ) -> Vec<String> {
+        let mut v: Vec<String> = shell.to_vec();
+        v.extend(
+            ["-c", WRAPPER, "agentbox-exec", mark, stdin, timeout, dir]
+                .iter()
+                .map(|s| s.to_string()),
+        );
         v.push(env.len().to_string());
         v.extend(env.iter().chain(argv).map(|s| s.to_string()));
         v
     }
 
+    /// `out` without its trailing mark; fails when it does not end with it.
+    fn unmarked(out: &[u8]) -> String {
+        let s = String::from_utf8_lossy(out).into_owned();
+        s.strip_suffix(MK)
+            .unwrap_or_else(|| panic!("no trailer in {s:?}"))
+            .to_string()
+    }
+
     #[test]
-    fn the_wrapper_sets_workdir_and_env_and_keeps_the_exit_code() {
+    fn the_wrapper_sets_workdir_and_env_keeps_the_exit_code_and_ends_both_streams_with_the_mark() {
         let dir = scratch("wrapper");
-        let argv = wrapped(
-            "",
-            &path(&dir),
-            &["A=1 2", "B=x"],
-            &["sh", "-c", "pwd; echo \"$A|$B\"; exit 7"],
-        );
-        let (code, out, err) = run_argv(&argv, b"");
-        assert_eq!(code, 7, "{err}");
-        assert_eq!(
-            String::from_utf8_lossy(&out),
-            format!("{}\n1 2|x\n", path(&dir))
-        );
-        let (code, _, _) = run_argv(&wrapped("", "/no/such/dir", &[], &["true"]), b"");
-        assert_eq!(code, 126);
+        for sh in shells() {
+            let argv = wrapped(
+                &sh,
+                (MK, "-"),
+                "",
+                &path(&dir),
+                &["A=1 2", "B=x"],
+                &["sh", "-c", "pwd; echo \"$A|$B\"; echo e >&2; exit 7"],
+            );
+            let (code, out, err) = run_argv(&argv, b"");
+            assert_eq!(code, 7, "{sh:?}: {err}");
+            assert_eq!(unmarked(&out), format!("{}\n1 2|x\n", path(&dir)), "{sh:?}");
+            assert_eq!(unmarked(err.as_bytes()), "e\n", "{sh:?}");
+            let (code, out, err) = run_argv(
+                &wrapped(&sh, (MK, "-"), "", "/no/such/dir", &[], &["true"]),
+                b"",
+            );
+            assert_eq!(code, 126, "{sh:?}");
+            assert_eq!(unmarked(&out), "");
+            assert!(
+                unmarked(err.as_bytes()).contains("/no/such/dir"),
+                "{sh:?}: {err}"
+            );
+            // A program that does not exist: 127 and the shell's message, as in any shell; a
+            // name that is a shell builtin or the wrapper's function runs the program.
+            let (code, _, err) = run_argv(
+                &wrapped(&sh, (MK, "-"), "", "", &[], &["agentbox-no-such-program"]),
+                b"",
+            );
+            assert_eq!(code, 127, "{sh:?}");
+            assert!(unmarked(err.as_bytes()).contains("agentbox-no-such-program"));
+            let (code, _, _) = run_argv(&wrapped(&sh, (MK, "-"), "", "", &[], &["run"]), b"");
+            assert_eq!(code, 127, "{sh:?}: `run` is no program here");
+            let (code, out, _) =
+                run_argv(&wrapped(&sh, (MK, "-"), "", "", &[], &["exit", "3"]), b"");
+            assert_eq!(
+                (code, out.is_empty()),
+                (127, false),
+                "{sh:?}: not the builtin"
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
-    fn the_wrapper_passes_stdin_and_kills_a_command_past_its_timeout() {
-        let (code, out, _) = run_argv(&wrapped("5", "", &[], &["cat"]), b"in");
-        assert_eq!((code, out.as_slice()), (0, &b"in"[..]));
-        let (code, out, _) = run_argv(
-            &wrapped("0.2", "", &[], &["sh", "-c", "sleep 30; echo late"]),
-            b"",
-        );
-        assert_ne!(code, 0);
-        assert!(out.is_empty());
+    fn the_wrapper_gives_the_command_the_stdin_its_mode_says() {
+        for sh in shells() {
+            // `-`: nothing; the bytes sent are the linger's.
+            let (code, out, _) = run_argv(&wrapped(&sh, (MK, "-"), "", "", &[], &["cat"]), b"in");
+            assert_eq!((code, unmarked(&out)), (0, String::new()), "{sh:?}");
+            // `K`: exactly the first K bytes, then EOF.
+            let (code, out, _) = run_argv(&wrapped(&sh, (MK, "3"), "", "", &[], &["cat"]), b"abc");
+            assert_eq!((code, unmarked(&out)), (0, "abc".to_string()), "{sh:?}");
+            let (code, out, _) = run_argv(
+                &wrapped(&sh, (MK, "3"), "", "", &[], &["sh", "-c", "cat; echo; cat"]),
+                b"abcdef",
+            );
+            assert_eq!((code, unmarked(&out)), (0, "abc\n".to_string()), "{sh:?}");
+            // `=`: all of it, to the end.
+            let (code, out, _) =
+                run_argv(&wrapped(&sh, (MK, "="), "", "", &[], &["cat"]), b"abcdef");
+            assert_eq!((code, unmarked(&out)), (0, "abcdef".to_string()), "{sh:?}");
+            // With a timeout too (stdin through fd 3).
+            let (code, out, _) = run_argv(&wrapped(&sh, (MK, "2"), "5", "", &[], &["cat"]), b"in");
+            assert_eq!((code, unmarked(&out)), (0, "in".to_string()), "{sh:?}");
+            let (code, out, _) = run_argv(&wrapped(&sh, (MK, "="), "5", "", &[], &["cat"]), b"in");
+            assert_eq!((code, unmarked(&out)), (0, "in".to_string()), "{sh:?}");
+        }
+    }
+
+    #[test]
+    fn the_wrapper_kills_a_command_past_its_timeout_and_still_ends_with_the_mark() {
+        for sh in shells() {
+            let (code, out, _) = run_argv(
+                &wrapped(
+                    &sh,
+                    (MK, "-"),
+                    "0.2",
+                    "",
+                    &[],
+                    &["sh", "-c", "sleep 30; echo late"],
+                ),
+                b"",
+            );
+            assert_eq!(code, 137, "{sh:?}");
+            assert_eq!(unmarked(&out), "", "{sh:?}");
+        }
+    }
+
+    #[test]
+    fn the_wrapper_lingers_until_stdin_ends_except_with_a_stream_or_without_a_mark() {
+        use std::io::{Read, Write};
+        for sh in shells() {
+            for mode in ["-", "2"] {
+                let argv = wrapped(&sh, (MK, mode), "", "", &[], &["echo", "hi"]);
+                let mut child = Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("run");
+                let mut stdin = child.stdin.take().expect("stdin");
+                let input: &[u8] = if mode == "-" { b"" } else { b"ab" };
+                stdin.write_all(input).expect("write");
+                stdin.flush().expect("flush");
+                let mut stdout = child.stdout.take().expect("stdout");
+                let want = format!("hi\n{MK}");
+                let mut got = vec![0u8; want.len()];
+                stdout
+                    .read_exact(&mut got)
+                    .expect("the output and its mark");
+                assert_eq!(String::from_utf8_lossy(&got), want, "{sh:?} {mode}");
+                let mut err = vec![0u8; MK.len()];
+                let mut stderr = child.stderr.take().expect("stderr");
+                stderr.read_exact(&mut err).expect("the stderr mark");
+                // Both marks are out and the command has ended: the wrapper waits for the
+                // client's EOF all the same.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                assert!(
+                    child.try_wait().expect("wait").is_none(),
+                    "{sh:?} {mode}: exited early"
+                );
+                drop(stdin);
+                let st = child.wait().expect("wait");
+                assert_eq!(st.code(), Some(0), "{sh:?} {mode}");
+            }
+            // `=` and an empty mark: no linger (stdin stays open here, and they end anyway).
+            for (mark, mode) in [(MK, "="), ("", "-")] {
+                let argv = wrapped(&sh, (mark, mode), "", "", &["A=1"], &["echo", "hi"]);
+                let mut child = Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("run");
+                let stdin = child.stdin.take();
+                // Bounded, so that a wrapper that lingers fails here rather than hangs.
+                let mut ended = false;
+                for _ in 0..200 {
+                    if child.try_wait().expect("wait").is_some() {
+                        ended = true;
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                assert!(ended, "{sh:?} {mark:?} {mode}: lingered with stdin open");
+                drop(stdin);
+                let out = child.wait_with_output().expect("wait");
+                if mark.is_empty() {
+                    assert_eq!(out.stdout, b"hi\n", "{sh:?}: no trailer");
+                    assert!(out.stderr.is_empty(), "{sh:?}");
+                } else {
+                    assert_eq!(unmarked(&out.stdout), "hi\n", "{sh:?}");
+                }
+            }
+        }
     }
 
     #[test]

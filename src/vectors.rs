@@ -5,8 +5,8 @@
 //! or the guard's expiry rule cannot reach one client only.
 //!
 //! Covered: scope → scope key, labels, annotations, selector, Sandbox/pod/Lease names; label
-//! value validity and bounded names; workspace path confinement; the exec wrapper's argv and
-//! the status channel's exit codes; the persistent session's command line and sentinel
+//! value validity and bounded names; workspace path confinement; the exec wrapper's argv, the
+//! trailer's hold-back and the status channel's exit codes; the persistent session's command line and sentinel
 //! framing; the file scripts and their listing format; the guard's expiry verdicts, taken
 //! Lease spec and timings.
 
@@ -24,7 +24,7 @@ use crate::guard::{self, GuardConfig, Verdict};
 use crate::labels;
 
 /// Format version of the file; bumped when its layout changes.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 
 /// The vectors as pretty JSON with a final newline (the committed file's exact content).
 pub fn render_json() -> String {
@@ -218,14 +218,47 @@ fn confine_cases() -> Value {
         .collect()
 }
 
-/// A request as the vectors describe it: argv, timeout in ms, workdir, env pairs.
+/// The mark of the vectors' wrapped commands and session lines (a real one is random).
+const MARK: &str = "__AGENTBOX_0123456789abcdef0123456789abcdef_";
+
+/// What the command reads, as the vectors describe it: nothing, `K` bytes, or a stream.
+#[derive(Clone, Copy)]
+enum In {
+    None,
+    Bytes(usize),
+    Stream,
+}
+
+/// A request as the vectors describe it: argv, timeout in ms, workdir, env pairs, stdin
+/// (`null`, a byte count, or `"stream"`).
 fn request(
     argv: &[&str],
     timeout_ms: Option<u64>,
     workdir: Option<&str>,
     env: &[(&str, &str)],
 ) -> (Value, ExecRequest) {
+    request_in(argv, timeout_ms, workdir, env, In::None)
+}
+
+fn request_in(
+    argv: &[&str],
+    timeout_ms: Option<u64>,
+    workdir: Option<&str>,
+    env: &[(&str, &str)],
+    stdin: In,
+) -> (Value, ExecRequest) {
     let mut r = ExecRequest::argv(argv.iter().copied());
+    let stdin_desc = match stdin {
+        In::None => Value::Null,
+        In::Bytes(k) => {
+            r = r.stdin(vec![b'x'; k]);
+            json!(k)
+        }
+        In::Stream => {
+            r = r.stdin_reader(tokio::io::empty());
+            json!("stream")
+        }
+    };
     if let Some(t) = timeout_ms {
         r = r.timeout(Duration::from_millis(t));
     }
@@ -240,6 +273,7 @@ fn request(
         "timeout_ms": timeout_ms,
         "workdir": workdir,
         "env": env.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+        "stdin": stdin_desc,
     });
     (desc, r)
 }
@@ -276,6 +310,33 @@ fn requests() -> Vec<(Value, ExecRequest)> {
     ]
 }
 
+/// [`requests`] and the same settings with each way of stdin (one-shot exec only: a session
+/// command reads none).
+fn oneshot_requests() -> Vec<(Value, ExecRequest)> {
+    let mut v = requests();
+    v.extend([
+        request_in(&["cat"], None, None, &[], In::Bytes(5)),
+        request_in(&["cat"], None, None, &[], In::Bytes(0)),
+        request_in(
+            &["sh", "-c", "cat > f"],
+            None,
+            Some("/workspace"),
+            &[],
+            In::Bytes(262_145),
+        ),
+        request_in(&["tar", "-x", "-f", "-"], None, None, &[], In::Stream),
+        request_in(
+            &["cat"],
+            Some(2500),
+            Some("/w"),
+            &[("K", "v")],
+            In::Bytes(3),
+        ),
+        request_in(&["cat"], Some(2500), None, &[], In::Stream),
+    ]);
+    v
+}
+
 fn exec_error(e: &ExecError) -> Value {
     let kind = match e {
         ExecError::Invalid(_) => "Invalid",
@@ -284,6 +345,7 @@ fn exec_error(e: &ExecError) -> Value {
         ExecError::Stream(_) => "Stream",
         ExecError::Timeout(_) => "Timeout",
         ExecError::Session(_) => "Session",
+        ExecError::OutputCut { .. } => "OutputCut",
     };
     json!(kind)
 }
@@ -318,11 +380,11 @@ fn status_cases() -> Value {
 }
 
 fn exec_vectors() -> Value {
-    let remote: Vec<Value> = requests()
+    let remote: Vec<Value> = oneshot_requests()
         .into_iter()
-        .map(|(desc, r)| match r.remote_argv() {
-            Ok(v) => json!({"request": desc, "remote_argv": v}),
-            Err(e) => json!({"request": desc, "error": exec_error(&e)}),
+        .map(|(desc, r)| match r.remote_argv(MARK) {
+            Ok(v) => json!({"request": desc, "mark": MARK, "remote_argv": v}),
+            Err(e) => json!({"request": desc, "mark": MARK, "error": exec_error(&e)}),
         })
         .collect();
     let sleeps: Vec<Value> = [0u64, 1, 20, 999, 1000, 1500, 3000, 61_001]
@@ -331,7 +393,7 @@ fn exec_vectors() -> Value {
         .collect();
     json!({
         "container": exec::SANDBOX_CONTAINER,
-        "protocols": ["v5.channel.k8s.io", "v4.channel.k8s.io"],
+        "protocols": ["v5.channel.k8s.io"],
         "channels": {
             "stdin": exec::STDIN_CHANNEL,
             "stdout": exec::STDOUT_CHANNEL,
@@ -344,9 +406,59 @@ fn exec_vectors() -> Value {
         "timeout_grace_ms": exec::TIMEOUT_GRACE.as_millis() as u64,
         "wrapper": crate::remote::WRAPPER,
         "remote_argv": remote,
+        "trailer": trailer_cases(),
         "sleep_arg": sleeps,
         "status": status_cases(),
     })
+}
+
+/// One stream's chunks through [`exec::Trailer`]: what is passed on after each chunk, all of
+/// it, and whether the stream ended whole.
+fn trailer_case(mark: &str, chunks: &[&str]) -> Value {
+    let mut t = exec::Trailer::new(mark);
+    let passed: Vec<String> = chunks
+        .iter()
+        .map(|c| {
+            let b = t.push(bytes::Bytes::copy_from_slice(c.as_bytes()));
+            String::from_utf8_lossy(&b).into_owned()
+        })
+        .collect();
+    json!({
+        "mark": mark,
+        "chunks": chunks,
+        "passed": passed,
+        "out": passed.concat(),
+        "whole": t.whole(),
+        "received": t.received(),
+    })
+}
+
+fn trailer_cases() -> Vec<Value> {
+    let m = MARK;
+    let (half, rest) = m.split_at(20);
+    let m_nl = format!("{m}\n");
+    let twice = format!("{m}{m}");
+    let almost = format!("{}x", &m[..m.len() - 1]);
+    let bad_then_good = format!("{half}{m}");
+    let under = &m[..1];
+    vec![
+        trailer_case(m, &["hello\n", m]),
+        trailer_case(m, &[&format!("hello\n{m}")]),
+        trailer_case(m, &[m]),
+        trailer_case(m, &[]),
+        trailer_case(m, &["hello\n"]),
+        trailer_case(m, &["out", half, rest]),
+        trailer_case(m, &["out", half]),
+        trailer_case(m, &[&format!("out{half}"), "more", rest]),
+        trailer_case(m, &["out", &m_nl]),
+        trailer_case(m, &[&twice]),
+        trailer_case(m, &[&almost]),
+        trailer_case(m, &[&bad_then_good]),
+        trailer_case(m, &["a__", "_", "AGENT", "BOX", &m[1..]]),
+        trailer_case(m, &["x", under, under, &m[1..]]),
+        trailer_case(m, &[m, "late output"]),
+        trailer_case(m, &["", "", m]),
+    ]
 }
 
 fn framer_case(start: Option<&str>, end: &str, cap: usize, chunks: &[&str]) -> Value {
@@ -381,7 +493,7 @@ fn framer_case(start: Option<&str>, end: &str, cap: usize, chunks: &[&str]) -> V
 }
 
 fn session_vectors() -> Value {
-    let mark = "__AGENTBOX_0123456789abcdef0123456789abcdef_";
+    let mark = MARK;
     let lines: Vec<Value> = requests()
         .into_iter()
         .map(|(desc, r)| match session::command_line(&r, mark) {
@@ -676,6 +788,19 @@ mod tests {
         let st = v["exec"]["status"].as_array().cloned().unwrap_or_default();
         for k in ["code", "unknown", "not_started"] {
             assert!(st.iter().any(|c| c["outcome"].get(k).is_some()), "{k}");
+        }
+        let tr = v["exec"]["trailer"].as_array().cloned().unwrap_or_default();
+        assert!(tr.iter().any(|c| c["whole"] == true));
+        assert!(tr.iter().any(|c| c["whole"] == false));
+        let argv = v["exec"]["remote_argv"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for mode in ["-", "=", "5"] {
+            assert!(
+                argv.iter().any(|c| c["remote_argv"][5] == mode),
+                "stdin mode {mode}"
+            );
         }
     }
 }

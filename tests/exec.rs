@@ -54,19 +54,26 @@ async fn exit_codes_come_from_the_status_channel() {
     .await;
     assert_eq!(out.status, ExitStatus::Code(137), "{out:?}");
     assert!(!out.timed_out);
-    // No such program: the runtime refuses to start it (no exit code).
+    // No such program: every command runs under the wrapper, whose shell reports 127 and
+    // its message, like any shell would.
+    let out = run(&pods, ExecRequest::argv(["/no/such/program"])).await;
+    assert_eq!(out.status, ExitStatus::Code(127), "{out:?}");
+    assert!(out.stderr_str().contains("/no/such/program"), "{out:?}");
+    let out = run(&pods, ExecRequest::argv(["/no/such/program"]).workdir("/")).await;
+    assert_eq!(out.status, ExitStatus::Code(127), "{out:?}");
+    // A container that does not exist: the runtime refuses to start anything (no exit code).
     let err = exec::run(
         &pods,
         "box",
-        SANDBOX_CONTAINER,
-        ExecRequest::argv(["/no/such/program"]),
+        "no-such-container",
+        ExecRequest::argv(["true"]),
     )
     .await
     .expect_err("must not start");
-    assert!(matches!(err, ExecError::NotStarted(_)), "{err:?}");
-    // Wrapped, the shell reports 127 like any shell would.
-    let out = run(&pods, ExecRequest::argv(["/no/such/program"]).workdir("/")).await;
-    assert_eq!(out.status, ExitStatus::Code(127), "{out:?}");
+    assert!(
+        matches!(err, ExecError::NotStarted(_) | ExecError::Connect { .. }),
+        "{err:?}"
+    );
     // Env and workdir reach the command.
     let out = run(
         &pods,
@@ -92,9 +99,10 @@ async fn exit_codes_come_from_the_status_channel() {
 
 /// The processes of the pod whose command line contains `needle`.
 async fn procs_matching(pods: &Api<Pod>, needle: &str) -> String {
-    // Scan /proc directly; exclude the scanning shell itself.
+    // Scan /proc directly; exclude the scanning shell itself and the exec wrapper around it
+    // (its parent, whose arguments hold this script).
     let script = format!(
-        "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); case \"$c\" in *{needle}*) [ \"${{p#/proc/}}\" = $$ ] || echo \"${{p#/proc/}} $c\";; esac; done"
+        "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); case \"$c\" in *{needle}*) [ \"${{p#/proc/}}\" = $$ ] || [ \"${{p#/proc/}}\" = $PPID ] || echo \"${{p#/proc/}} $c\";; esac; done"
     );
     let out = run(pods, ExecRequest::shell(script)).await;
     out.stdout_str()
@@ -288,7 +296,8 @@ async fn persistent_session_frames_a_thousand_commands() {
         .await
         .expect("timeout");
     assert!(out.timed_out && out.status.signal() == Some(9), "{out:?}");
-    assert!(procs_matching(&pods, "4119").await.is_empty());
+    let left = procs_matching(&pods, "4119").await;
+    assert!(left.is_empty(), "{left}");
 
     // The shell is killed between commands: the next command gets a new shell transparently.
     let out = session

@@ -24,7 +24,9 @@ use kube::api::{Api, AttachParams, AttachedProcess};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadHalf, SimplexStream, WriteHalf};
 use tokio::sync::Mutex;
 
-use super::{Capped, ExecError, ExecOutput, ExecRequest, ExitStatus, PIPE_BUF, TIMEOUT_GRACE};
+use super::{
+    Capped, ExecError, ExecOutput, ExecRequest, ExitStatus, PIPE_BUF, TIMEOUT_GRACE, new_mark,
+};
 
 /// A persistent shell in one container of one pod. Commands run one at a time; the session
 /// can be shared (`&self` methods) and serialises them.
@@ -270,16 +272,12 @@ impl Session {
     }
 }
 
-/// The line written to the shell for one command ([`crate::remote::session_line`]).
+/// The line written to the shell for one command ([`crate::remote::session_line`]): the
+/// session's shell outlives the command, so the command needs no trailer of its own
+/// ([`ExecRequest::session_argv`]).
 pub(crate) fn command_line(req: &ExecRequest, mark: &str) -> Result<String, ExecError> {
-    let argv = req.remote_argv()?;
+    let argv = req.session_argv()?;
     Ok(crate::remote::session_line(&argv, mark))
-}
-
-/// A fresh sentinel for one command's frames.
-fn new_mark() -> String {
-    let nonce: u128 = rand::random();
-    format!("__AGENTBOX_{nonce:032x}_")
 }
 
 /// What a command's run needs of its request besides its line.

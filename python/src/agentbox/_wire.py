@@ -1,28 +1,33 @@
 """The pure parts of exec, mirroring the Rust crate's ``agentbox::exec`` byte for byte (and
-checked against its vectors): the remote-command channels, the ``sh`` wrapper that gives a
-command a workdir, environment and a timeout that really kills it, and the exit status read
-from the status channel.
+checked against its vectors): the remote-command channels, the ``sh`` wrapper every command
+runs under (a trailer that tells the client it has every byte, a linger until the client has
+read it, a workdir, environment and a timeout that really kills), the client's half of the
+trailer, and the exit status read from the status channel. docs/protocol.md, "Exec", is the
+whole protocol.
 
 Why the wire protocol is spoken here rather than through ``kubernetes_asyncio.stream``: that
 client reads the whole output as UTF-8 text, speaks only ``v4.channel.k8s.io`` (no stdin
-half-close, so ``tar -x`` and ``cat > file`` cannot see EOF) and reduces the status to the
-first cause's message; the SDK needs bytes, half-close, caps and the real exit code.
+half-close, so ``tar -x`` and ``cat > file`` cannot see EOF, and the wrapper's linger could not
+end) and reduces the status to the first cause's message; the SDK needs bytes, half-close,
+caps, the trailer and the real exit code.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CommandNotStartedError, InvalidRequestError, ProtocolError
+from .errors import CommandNotStartedError, InvalidRequestError, OutputCutError, ProtocolError
 
 #: The container of every sandbox pod.
 SANDBOX_CONTAINER = "sandbox"
-#: Subprotocols offered, preferred first: v5 can half-close stdin.
-PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+#: Subprotocols offered: v5 only, since only v5 can half-close stdin, which is what ends the
+#: wrapper's linger (Kubernetes 1.30 or later).
+PROTOCOLS = ("v5.channel.k8s.io",)
 STDIN_CHANNEL = 0
 STDOUT_CHANNEL = 1
 STDERR_CHANNEL = 2
@@ -39,25 +44,47 @@ TIMEOUT_GRACE = 15.0
 #: Interval of WebSocket pings on an exec that is silent for long.
 PING_EVERY = 60.0
 
-#: The ``sh`` prologue for a command with a workdir, env or timeout (the Rust crate's
-#: ``exec::WRAPPER``; see its doc comment). Positional parameters: ``$1`` timeout in seconds
-#: (empty: none), ``$2`` workdir (empty: keep), ``$3`` number of ``NAME=value`` entries that
-#: follow, then the entries, then the argv. With a timeout the command runs in its own process
-#: group, which a watchdog kills when the time is up.
-WRAPPER = """t=$1; d=$2; n=$3; shift 3
+#: The ``sh`` wrapper every one-shot exec runs under (the Rust crate's ``remote::WRAPPER``; see
+#: its doc comment and docs/protocol.md): ``sh -c WRAPPER agentbox-exec MARK STDIN TIMEOUT
+#: WORKDIR N ENV... ARGV...``. After the command it prints ``MARK`` on stdout and on stderr,
+#: then (``STDIN`` ``-`` or a byte count) waits for the client to half-close stdin before it
+#: exits; an empty ``MARK`` (a persistent session's command) means neither.
+WRAPPER = """m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
-if [ -n "$d" ]; then cd -- "$d" || exit 126; fi
-if [ -z "$t" ]; then exec "$@"; fi
-exec 3<&0
-setsid "$@" <&3 3<&- &
-p=$!
-exec 3<&-
-( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
-w=$!
-wait $p 2>/dev/null; r=$?
-kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
+run() {
+  if [ -n "$d" ]; then cd -- "$d" || return 126; fi
+  if [ -z "$t" ]; then
+    [ -n "$m" ] || exec "$@"
+    ( exec "$@" ); return
+  fi
+  exec 3<&0
+  setsid "$@" <&3 3<&- &
+  p=$!
+  exec 3<&-
+  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
+  w=$!
+  wait $p 2>/dev/null; r=$?
+  kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
+  return $r
+}
+case $i in
+  -) run "$@" </dev/null ;;
+  =) run "$@" ;;
+  *) head -c "$i" | run "$@" ;;
+esac
+r=$?
+[ -n "$m" ] || exit $r
+printf %s "$m"; printf %s "$m" >&2
+[ "$i" = = ] && exit $r
+while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
+[ $s = 2 ] && while read -r _; do :; done
 exit $r
 """
+
+
+def new_mark() -> str:
+    """A fresh trailer mark: ``__AGENTBOX_`` + 32 hex digits (16 random bytes) + ``_``."""
+    return f"__AGENTBOX_{secrets.token_hex(16)}_"
 
 
 def is_env_name(name: str) -> bool:
@@ -110,24 +137,39 @@ def validate(
             )
 
 
+def stdin_mode(stdin_len: int | None) -> str:
+    """The wrapper's ``STDIN`` parameter for stdin of ``stdin_len`` bytes: ``-`` for none (or
+    none of zero bytes: the command reads EOF either way), the count, or ``=`` for a stream of
+    unknown length (``stdin_len`` ``-1``).
+    """
+    if stdin_len is None or stdin_len == 0:
+        return "-"
+    if stdin_len < 0:
+        return "="
+    return str(stdin_len)
+
+
 def remote_argv(
     argv: Sequence[str],
     timeout: float | None = None,
     workdir: str | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    mark: str,
+    stdin: str = "-",
 ) -> list[str]:
-    """The argv sent to the container: the command itself when it needs no prologue,
-    otherwise ``sh -c WRAPPER`` with the settings as positional parameters.
+    """The argv a one-shot exec sends: always the wrapper, with ``mark`` (:func:`new_mark`) and
+    the ``stdin`` mode (:func:`stdin_mode`), then the settings as positional parameters.
     """
     validate(argv, timeout, env, 0)
     env = env or {}
-    if timeout is None and workdir is None and not env:
-        return list(argv)
     out = [
         "sh",
         "-c",
         WRAPPER,
         "agentbox-exec",
+        mark,
+        stdin,
         "" if timeout is None else sleep_arg(timeout),
         workdir or "",
         str(len(env)),
@@ -135,6 +177,66 @@ def remote_argv(
     out.extend(f"{k}={v}" for k, v in env.items())
     out.extend(argv)
     return out
+
+
+def session_argv(
+    argv: Sequence[str],
+    timeout: float | None = None,
+    workdir: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The argv of a command in a persistent session, whose shell outlives it (so nothing is
+    cut and no trailer is needed): the command itself when it needs no settings, otherwise the
+    wrapper with an empty mark.
+    """
+    validate(argv, timeout, env, 0)
+    if timeout is None and workdir is None and not env:
+        return list(argv)
+    return remote_argv(argv, timeout, workdir, env, mark="", stdin="-")
+
+
+class Trailer:
+    """The client's half of the trailer: passes a stream's bytes on, holding back the longest
+    suffix of what has arrived that is a prefix of the mark (at most the whole mark), so the
+    mark never reaches the caller and ordinary output is held back only while it ends like the
+    start of a mark. The stream is whole when what is held back is the whole mark.
+    """
+
+    __slots__ = ("held", "mark", "received", "stream")
+
+    def __init__(self, mark: str, stream: str = "stdout") -> None:
+        self.mark = mark.encode()
+        self.held = b""
+        self.received = 0
+        self.stream = stream
+
+    def push(self, chunk: bytes) -> bytes:
+        """Takes the next chunk; returns the bytes to pass on (possibly empty)."""
+        self.received += len(chunk)
+        # What was held back (at most a mark's length) goes first; usually there is none and
+        # the chunk is passed on uncopied.
+        data = self.held + chunk if self.held else chunk
+        k = _overlap(data[-len(self.mark) :], self.mark) if self.mark else 0
+        self.held = bytes(data[len(data) - k :])
+        return data[: len(data) - k] if k else data
+
+    @property
+    def whole(self) -> bool:
+        """Whether the stream, as far as it has arrived, ends with the mark."""
+        return self.held == self.mark
+
+    def check(self) -> None:
+        """Raises :class:`OutputCutError` unless the stream is whole."""
+        if not self.whole:
+            raise OutputCutError(self.stream, self.received)
+
+
+def _overlap(tail: bytes, mark: bytes) -> int:
+    """The length of the longest suffix of ``tail`` that is a prefix of ``mark``."""
+    for k in range(min(len(tail), len(mark)), 0, -1):
+        if tail[len(tail) - k :] == mark[:k]:
+            return k
+    return 0
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidSpecError",
     "NotFoundError",
+    "OutputCutError",
     "PathError",
     "ProtocolError",
     "RemoteError",
@@ -171,7 +172,27 @@ class ExecError(AgentboxError):
 
 
 class CommandNotStartedError(ExecError):
-    """The runtime refused to start the command (no such program, container not running)."""
+    """The runtime refused to start the command (container not running; a program that does
+    not exist is exit code 127 from the exec wrapper's shell).
+    """
+
+
+class OutputCutError(ExecError):
+    """A stream of a command's output did not end with the exec wrapper's trailer: bytes were
+    lost on the way (kubernetes/kubernetes#124571) or the wrapper was killed. The command ran,
+    in part or whole; what it printed is not returned, since it is not all there. Raised by
+    one-shot exec, streamed exec (after the chunks that did arrive), file reads and downloads.
+    """
+
+    def __init__(self, stream: str, received: int) -> None:
+        super().__init__(
+            f"the command's {stream} was cut: {received} bytes arrived"
+            " without the end of the stream"
+        )
+        #: ``"stdout"`` or ``"stderr"``.
+        self.stream = stream
+        #: Bytes of that stream that arrived.
+        self.received = received
 
 
 class SessionError(ExecError):

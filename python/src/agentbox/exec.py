@@ -1,7 +1,13 @@
-"""One-shot exec in a sandbox pod over ``pods/exec`` (WebSocket, ``v5.channel.k8s.io`` with
-stdin half-close, falling back to ``v4``): the real exit code from the status channel, a
-timeout that kills the command's whole process group in the pod, per-stream output caps, stdin
-from bytes, a file or an (async) iterable in 256 KiB frames, and a streaming form.
+"""One-shot exec in a sandbox pod over ``pods/exec`` (WebSocket, ``v5.channel.k8s.io``): the
+real exit code from the status channel, a timeout that kills the command's whole process group
+in the pod, per-stream output caps, stdin from bytes, a file or an (async) iterable in 256 KiB
+frames, and a streaming form.
+
+Every command runs under the wrapper of docs/protocol.md ("Exec"): its output ends with a
+fresh random mark on each stream, which is stripped here, and the wrapper exits only after
+this side has read both marks and half-closed stdin. A stream without its mark was cut on the
+way (kubernetes/kubernetes#124571): :class:`~agentbox.errors.OutputCutError`, never a short
+result.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ __all__ = [
 ]
 
 #: What ``stdin=`` accepts: bytes or text (UTF-8), a binary file object (read in a worker
-#: thread), or an iterable / async iterable of byte chunks. It is sent, then closed.
+#: thread), or an iterable / async iterable of byte chunks. It is sent, then closed. Bytes and
+#: text are a known length (the command reads exactly those); the others are a stream read to
+#: its end.
 StdinSource = Union[
     bytes, bytearray, memoryview, str, IO[bytes], Iterable[bytes], AsyncIterable[bytes]
 ]
@@ -191,31 +199,73 @@ async def _frames(src: StdinSource) -> AsyncIterator[bytes]:
             yield bytes(nxt[i : i + _wire.STDIN_FRAME])
 
 
-async def _send_stdin(ws: aiohttp.ClientWebSocketResponse[bool], src: StdinSource) -> None:
-    """Sends stdin, then its end: a v5 CLOSE frame (output keeps flowing), or under v4 the
-    close of the whole connection (the only EOF that protocol has). A failing source ends
-    stdin like EOF; the command's exit status still comes back.
+def _stdin_bytes(src: StdinSource | None) -> bytes | None:
+    """``src`` as bytes when it is of known length (bytes or text), else ``None``."""
+    if isinstance(src, str):
+        return src.encode()
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return bytes(src)
+    return None
+
+
+async def _send_stdin(
+    ws: aiohttp.ClientWebSocketResponse[bool],
+    src: StdinSource | None,
+    linger: bool,
+    all_read: asyncio.Event,
+) -> None:
+    """Sends stdin, then half-closes it (a v5 CLOSE frame; output keeps flowing): at its end
+    when the wrapper does not linger (a stream, ``=``), otherwise once ``all_read`` says both
+    trailers arrived, which also stops what is left of the data (the command has ended). A
+    failing stdin source ends stdin like EOF; the command's exit status still comes back.
     """
+
+    async def data() -> bool:
+        if src is None:
+            return True
+        try:
+            async for chunk in _frames(src):
+                await ws.send_bytes(bytes((_wire.STDIN_CHANNEL,)) + chunk)
+        except (aiohttp.ClientError, ConnectionError):
+            return False
+        except Exception:  # a failing stdin source: end stdin, let the command finish
+            pass
+        return True
+
+    sending = asyncio.ensure_future(data())
+    waiting = asyncio.ensure_future(all_read.wait())
     try:
-        async for chunk in _frames(src):
-            await ws.send_bytes(bytes((_wire.STDIN_CHANNEL,)) + chunk)
-    except (aiohttp.ClientError, ConnectionError):
-        return
-    except Exception:  # a failing stdin source: end stdin, let the command finish
-        pass
+        await asyncio.wait({sending, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if sending.done() and not sending.result():
+            return
+        if linger and not all_read.is_set():
+            await waiting
+    finally:
+        for t in (sending, waiting):
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
     with contextlib.suppress(aiohttp.ClientError, ConnectionError):
-        if ws.protocol == _wire.PROTOCOLS[0]:
-            await ws.send_bytes(bytes((_wire.CLOSE_CHANNEL, _wire.STDIN_CHANNEL)))
-        else:
-            await ws.close()
+        await ws.send_bytes(bytes((_wire.CLOSE_CHANNEL, _wire.STDIN_CHANNEL)))
 
 
 async def _events(
-    ws: aiohttp.ClientWebSocketResponse[bool], stdin: StdinSource | None, timeout: float | None
+    ws: aiohttp.ClientWebSocketResponse[bool],
+    stdin: StdinSource | None,
+    timeout: float | None,
+    mark: str,
+    linger: bool,
 ) -> AsyncIterator[ExecEvent]:
-    """Pumps one exec connection: stdin out, output chunks in, then the exit status."""
+    """Pumps one exec connection: stdin out, output chunks in (their trailers held back and
+    stripped), then the exit status, or :class:`~agentbox.errors.OutputCutError` when a
+    stream lacks its mark.
+    """
     loop = asyncio.get_running_loop()
-    sender = asyncio.ensure_future(_send_stdin(ws, stdin)) if stdin is not None else None
+    all_read = asyncio.Event()
+    sender = asyncio.ensure_future(_send_stdin(ws, stdin, linger, all_read))
+    out = _wire.Trailer(mark, "stdout")
+    err = _wire.Trailer(mark, "stderr")
     start = loop.time()
     deadline = None if timeout is None else start + timeout
     give_up: float | None = None
@@ -248,12 +298,20 @@ async def _events(
                 if len(data) < 2:
                     continue
                 ch = data[0]
-                if ch == _wire.STDOUT_CHANNEL:
-                    yield Output("stdout", data[1:])
-                elif ch == _wire.STDERR_CHANNEL:
-                    yield Output("stderr", data[1:])
+                if ch == _wire.STDOUT_CHANNEL or ch == _wire.STDERR_CHANNEL:
+                    name: Literal["stdout", "stderr"] = (
+                        "stdout" if ch == _wire.STDOUT_CHANNEL else "stderr"
+                    )
+                    passed = (out if name == "stdout" else err).push(data[1:])
+                    if out.whole and err.whole:
+                        all_read.set()
+                    if passed:
+                        yield Output(name, passed)
                 elif ch == _wire.STATUS_CHANNEL:
+                    # A command that never started has no trailer to miss.
                     st = _wire.parse_status(data[1:])
+                    out.check()
+                    err.check()
                     # The client's deadline starts before the in-pod watchdog's, so a command
                     # the watchdog killed is always seen as timed out here.
                     timed_out = give_up is not None or (
@@ -266,8 +324,9 @@ async def _events(
             elif msg.type in CLOSED:
                 raise TransportError("exec stream failed: connection closed without an exit status")
     finally:
-        if sender is not None:
-            sender.cancel()
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await sender
         await ws.close()
 
 
@@ -330,11 +389,24 @@ async def stream(
     container: str = _wire.SANDBOX_CONTAINER,
 ) -> ExecStream:
     """Starts a command; the connection is open when this returns (connection errors are
-    raised here, not from the stream).
+    raised here, not from the stream). The stream ends with :class:`Exit`, or raises
+    :class:`~agentbox.errors.OutputCutError` after the chunks that did arrive when the output
+    was cut on the way.
     """
-    argv = _wire.remote_argv(_wire.command_argv(command), timeout, cwd, env)
-    ws = await _connect(kube, namespace, pod, container, argv, stdin is not None)
-    return ExecStream(_events(ws, stdin, timeout))
+    known = _stdin_bytes(stdin)
+    mode = _wire.stdin_mode(None if stdin is None else -1 if known is None else len(known))
+    mark = _wire.new_mark()
+    argv = _wire.remote_argv(_wire.command_argv(command), timeout, cwd, env, mark=mark, stdin=mode)
+    # stdin is always open: the wrapper lingers on it until both trailers have arrived here.
+    ws = await _connect(kube, namespace, pod, container, argv, True)
+    if ws.protocol != _wire.PROTOCOLS[0]:
+        await ws.close()
+        raise TransportError(
+            f"the API server spoke {ws.protocol}; agentbox exec needs {_wire.PROTOCOLS[0]}"
+            " (Kubernetes 1.30 or later)"
+        )
+    src = None if mode == "-" else known if known is not None else stdin
+    return ExecStream(_events(ws, src, timeout, mark, mode != "="))
 
 
 async def run(
@@ -352,7 +424,9 @@ async def run(
     container: str = _wire.SANDBOX_CONTAINER,
 ) -> ExecResult:
     """Runs a command to completion. Raises :class:`ExecTimeoutError` (with the output so far)
-    when ``timeout`` passed, and :class:`CommandError` for a non-zero exit with ``check``.
+    when ``timeout`` passed, :class:`CommandError` for a non-zero exit with ``check``, and
+    :class:`~agentbox.errors.OutputCutError` when output was lost on the way (never a short
+    result). Output past ``max_output`` is still read (to find the trailer) and dropped.
     """
     _wire.validate(_wire.command_argv(command), timeout, env, max_output)
     s = await stream(

@@ -37,8 +37,8 @@ def sh_quote(s: str) -> str:
 
 
 def command_line(argv: Sequence[str], mark: str) -> str:
-    """The line written to the shell for one command (``argv`` as :func:`_wire.remote_argv`
-    made it).
+    """The line written to the shell for one command (``argv`` as :func:`_wire.session_argv`
+    made it: the session's shell outlives the command, so it needs no trailer of its own).
     """
     cmd = " ".join(sh_quote(a) for a in argv)
     return (
@@ -172,7 +172,7 @@ class Session:
         argv = _wire.command_argv(command)
         _wire.validate(argv, timeout, env, max_output)
         mark = f"__AGENTBOX_{secrets.token_hex(16)}_"
-        line = command_line(_wire.remote_argv(argv, timeout, cwd or self._cwd, env), mark)
+        line = command_line(_wire.session_argv(argv, timeout, cwd or self._cwd, env), mark)
         async with self._lock:
             for attempt in (1, 2):
                 try:

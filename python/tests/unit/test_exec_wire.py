@@ -1,5 +1,6 @@
-"""Exec framing without a cluster: stdin frames and half-close, output events, exit status,
-caps, the session framer split at every position, and requests refused before sending."""
+"""Exec framing without a cluster: stdin frames and half-close, output events and their
+trailers, exit status, caps, the session framer split at every position, and requests refused
+before sending."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import aiohttp
 import pytest
 
 from agentbox import _wire
-from agentbox.errors import InvalidRequestError, TransportError
+from agentbox.errors import InvalidRequestError, OutputCutError, TransportError
 from agentbox.exec import CommandError, ExecResult, ExecStream, Exit, Output, _events
 from agentbox.session import Framer, command_line, sh_quote
 
@@ -21,24 +22,46 @@ class FakeWs:
     """Plays back server messages and records what the client sends."""
 
     def __init__(
-        self, messages: list[aiohttp.WSMessage], protocol: str = "v5.channel.k8s.io"
+        self,
+        messages: list[aiohttp.WSMessage],
+        protocol: str = "v5.channel.k8s.io",
+        lingers: bool = True,
     ) -> None:
         self.messages = messages
+        # The status only after stdin ended, as the wrapper lingers until then (unless it was
+        # killed, or never ran).
+        self.lingers = lingers
         self.protocol = protocol
         self.sent: list[bytes] = []
         self.closed = False
         self.stdin_done = asyncio.Event()
+        self.progress = asyncio.Event()
 
     async def receive(self, timeout: float | None = None) -> aiohttp.WSMessage:
-        # Output only after stdin ended, as a command reading to EOF would.
-        if self.messages and self.messages[0].extra == "after-stdin":
+        # Output only after stdin ended, as a command reading to EOF would, or after so many
+        # bytes of it arrived, as the wrapper's trailer after a command reading K bytes.
+        extra = self.messages[0].extra if self.messages else None
+        first = self.messages[0] if self.messages else None
+        if (
+            first is not None
+            and first.type == aiohttp.WSMsgType.BINARY
+            and first.data[:1] == bytes((_wire.STATUS_CHANNEL,))
+        ):
+            if self.lingers:
+                await self.stdin_done.wait()
+        elif extra == "after-stdin":
             await self.stdin_done.wait()
+        elif extra is not None and extra.startswith("after-bytes:"):
+            while sum(len(f) - 1 for f in self.sent if f[0] == 0) < int(extra[12:]):
+                self.progress.clear()
+                await self.progress.wait()
         if not self.messages:
             await asyncio.sleep(3600)
         return self.messages.pop(0)
 
     async def send_bytes(self, data: bytes) -> None:
         self.sent.append(bytes(data))
+        self.progress.set()
         if data[:1] == bytes((_wire.CLOSE_CHANNEL,)):
             self.stdin_done.set()
 
@@ -66,36 +89,100 @@ def status(code: int) -> aiohttp.WSMessage:
     return binary(_wire.STATUS_CHANNEL, json.dumps(obj).encode())
 
 
+MARK = "__AGENTBOX_00112233445566778899aabbccddeeff_"
+CLOSE = bytes((_wire.CLOSE_CHANNEL, _wire.STDIN_CHANNEL))
+
+
+def marks(extra: str | None = None) -> list[aiohttp.WSMessage]:
+    """The wrapper's trailers, on stdout and stderr."""
+    return [binary(1, MARK.encode(), extra), binary(2, MARK.encode())]
+
+
 async def collect(
-    ws: FakeWs, stdin: Any = None, timeout: float | None = None, cap: int = 1 << 20
+    ws: FakeWs,
+    stdin: Any = None,
+    timeout: float | None = None,
+    cap: int = 1 << 20,
+    linger: bool = True,
 ) -> ExecResult:
-    return await ExecStream(_events(ws, stdin, timeout)).collect(cap)  # type: ignore[arg-type]
+    events = _events(ws, stdin, timeout, MARK, linger)  # type: ignore[arg-type]
+    return await ExecStream(events).collect(cap)
 
 
 async def test_output_and_exit_code_come_from_their_channels() -> None:
-    ws = FakeWs([binary(1, b"out"), binary(2, b"err"), binary(1, b"put"), status(42)])
+    ws = FakeWs([binary(1, b"out"), binary(2, b"err"), binary(1, b"put"), *marks(), status(42)])
     r = await collect(ws)
     assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (42, b"output", b"err", False)
     assert ws.closed
+    # stdin is half-closed once both trailers arrived, which ends the wrapper's linger.
+    assert ws.sent == [CLOSE]
 
 
-async def test_large_stdin_goes_in_256_kib_frames_then_a_v5_half_close() -> None:
+async def test_large_stdin_goes_in_256_kib_frames_and_is_half_closed_after_the_trailers() -> None:
     data = bytes(range(256)) * 1200  # 300 KiB
-    ws = FakeWs([binary(1, b"done", "after-stdin"), status(0)])
+    ws = FakeWs([binary(1, b"done", f"after-bytes:{len(data)}"), *marks(), status(0)])
     r = await collect(ws, stdin=data)
     assert r.stdout == b"done"
     frames = ws.sent
     assert [len(f) for f in frames] == [1 + _wire.STDIN_FRAME, 1 + len(data) - _wire.STDIN_FRAME, 2]
     assert all(f[0] == _wire.STDIN_CHANNEL for f in frames[:2])
     assert b"".join(f[1:] for f in frames[:2]) == data
-    assert frames[2] == bytes((_wire.CLOSE_CHANNEL, _wire.STDIN_CHANNEL))
+    assert frames[2] == CLOSE
 
 
-async def test_under_v4_stdin_ends_by_closing_the_connection() -> None:
-    ws = FakeWs([binary(1, b"x", "after-stdin"), status(0)], protocol="v4.channel.k8s.io")
-    await collect(ws, stdin="hi")
-    assert ws.sent == [b"\x00hi"]
-    assert ws.closed
+async def test_a_command_that_ends_early_stops_the_rest_of_its_stdin() -> None:
+    async def endless() -> Any:
+        while True:
+            yield b"x" * 1000
+            await asyncio.sleep(0)
+
+    ws = FakeWs([binary(1, b"done", "after-bytes:3000"), *marks(), status(0)])
+    r = await collect(ws, stdin=endless())
+    assert r.stdout == b"done" and ws.sent[-1] == CLOSE
+
+
+@pytest.mark.parametrize(
+    ("messages", "stream", "received"),
+    [
+        ([binary(1, b"partial")], "stdout", 7),
+        ([binary(1, b"partial" + MARK.encode()[:10])], "stdout", 17),
+        ([binary(1, b"out" + MARK.encode())], "stderr", 0),
+        ([binary(1, MARK.encode()), binary(1, b"late"), binary(2, MARK.encode())], "stdout", 48),
+    ],
+    ids=["no-mark", "half-a-mark", "stderr-cut", "output-after-the-mark"],
+)
+async def test_a_stream_without_its_trailer_is_cut_not_short(
+    messages: list[aiohttp.WSMessage], stream: str, received: int
+) -> None:
+    ws = FakeWs([*messages, status(0)], lingers=False)
+    with pytest.raises(OutputCutError) as e:
+        await collect(ws)
+    assert (e.value.stream, e.value.received) == (stream, received)
+
+
+async def test_a_command_that_never_started_is_not_reported_as_cut() -> None:
+    from agentbox.errors import CommandNotStartedError
+
+    raw = {"status": "Failure", "reason": "InternalError", "message": "no container"}
+    ws = FakeWs([binary(_wire.STATUS_CHANNEL, json.dumps(raw).encode())], lingers=False)
+    with pytest.raises(CommandNotStartedError):
+        await collect(ws)
+
+
+async def test_a_trailer_split_across_messages_is_found_and_stripped() -> None:
+    m = MARK.encode()
+    ws = FakeWs(
+        [
+            binary(1, b"out" + m[:5]),
+            binary(1, m[5:30]),
+            binary(2, m[:1]),
+            binary(1, m[30:]),
+            binary(2, m[1:]),
+            status(0),
+        ]
+    )
+    r = await collect(ws)
+    assert (r.stdout, r.stderr) == (b"out", b"")
 
 
 @pytest.mark.parametrize(
@@ -107,8 +194,8 @@ async def test_under_v4_stdin_ends_by_closing_the_connection() -> None:
     ids=["file", "iterable"],
 )
 async def test_stdin_from_a_file_or_an_iterable(source: Any) -> None:
-    ws = FakeWs([binary(1, b"x", "after-stdin"), status(0)])
-    await collect(ws, stdin=source())
+    ws = FakeWs([binary(1, b"x", "after-stdin"), *marks(), status(0)])
+    await collect(ws, stdin=source(), linger=False)
     body = b"".join(f[1:] for f in ws.sent if f[0] == _wire.STDIN_CHANNEL)
     assert body == b"abc" * 100_000
     assert max(len(f) for f in ws.sent) <= 1 + _wire.STDIN_FRAME
@@ -119,13 +206,13 @@ async def test_async_iterable_stdin() -> None:
         yield b"a"
         yield b"b"
 
-    ws = FakeWs([binary(1, b"x", "after-stdin"), status(0)])
-    await collect(ws, stdin=chunks())
-    assert ws.sent == [b"\x00a", b"\x00b", bytes((255, 0))]
+    ws = FakeWs([binary(1, b"x", "after-stdin"), *marks(), status(0)])
+    await collect(ws, stdin=chunks(), linger=False)
+    assert ws.sent == [b"\x00a", b"\x00b", CLOSE]
 
 
 async def test_output_past_the_cap_is_dropped_and_flagged() -> None:
-    ws = FakeWs([binary(1, b"a" * 10), binary(2, b"b" * 3), status(0)])
+    ws = FakeWs([binary(1, b"a" * 10), binary(2, b"b" * 3), *marks(), status(0)])
     r = await collect(ws, cap=4)
     assert (r.stdout, r.stdout_truncated, r.stderr, r.stderr_truncated) == (
         b"aaaa",
@@ -156,14 +243,17 @@ async def test_a_status_after_the_deadline_is_marked_timed_out() -> None:
                 raise asyncio.TimeoutError
             return self.messages.pop(0)
 
-    ws = Slow([status(137)])
+    ws = Slow([*marks(), status(137)])
     r = await collect(ws, timeout=0.05)
     assert r.timed_out and r.exit_code == 137 and r.signal == 9
 
 
 async def test_streamed_events_end_with_one_exit() -> None:
-    ws = FakeWs([binary(1, b"a"), binary(2, b"b"), status(3)])
-    events = [ev async for ev in ExecStream(_events(ws, None, None))]  # type: ignore[arg-type]
+    ws = FakeWs([binary(1, b"a"), binary(2, b"b"), *marks(), status(3)])
+    events = [
+        ev
+        async for ev in ExecStream(_events(ws, None, None, MARK, True))  # type: ignore[arg-type]
+    ]
     assert events == [Output("stdout", b"a"), Output("stderr", b"b"), Exit(3, False, "")]
 
 

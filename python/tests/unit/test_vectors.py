@@ -28,7 +28,7 @@ VECTORS: dict[str, Any] = json.loads(
 
 
 def test_the_vector_file_is_the_format_this_suite_reads() -> None:
-    assert VECTORS["format"] == 1
+    assert VECTORS["format"] == 2
 
 
 def test_label_and_annotation_keys() -> None:
@@ -113,17 +113,37 @@ def _request(r: dict[str, Any]) -> tuple[list[str], float | None, str | None, di
     return r["argv"], timeout, r["workdir"], dict(r["env"])
 
 
+def _stdin_len(r: dict[str, Any]) -> int | None:
+    """The vectors' stdin (``null``, a byte count or ``"stream"``) as :func:`_wire.stdin_mode`
+    takes it."""
+    s = r["stdin"]
+    return None if s is None else -1 if s == "stream" else int(s)
+
+
 @pytest.mark.parametrize(
     "case", VECTORS["exec"]["remote_argv"], ids=lambda c: " ".join(c["request"]["argv"])[:30]
 )
 def test_remote_argv(case: dict[str, Any]) -> None:
     argv, timeout, workdir, env = _request(case["request"])
+    mode = _wire.stdin_mode(_stdin_len(case["request"]))
     if "error" in case:
         assert case["error"] == "Invalid"
         with pytest.raises(InvalidRequestError):
-            _wire.remote_argv(argv, timeout, workdir, env)
+            _wire.remote_argv(argv, timeout, workdir, env, mark=case["mark"], stdin=mode)
     else:
-        assert _wire.remote_argv(argv, timeout, workdir, env) == case["remote_argv"]
+        got = _wire.remote_argv(argv, timeout, workdir, env, mark=case["mark"], stdin=mode)
+        assert got == case["remote_argv"]
+
+
+@pytest.mark.parametrize(
+    "case", VECTORS["exec"]["trailer"], ids=lambda c: "|".join(c["chunks"])[:40] or "empty"
+)
+def test_trailer_hold_back(case: dict[str, Any]) -> None:
+    t = _wire.Trailer(case["mark"])
+    passed = [t.push(c.encode()).decode() for c in case["chunks"]]
+    assert passed == case["passed"]
+    assert "".join(passed) == case["out"]
+    assert (t.whole, t.received) == (case["whole"], case["received"])
 
 
 @pytest.mark.parametrize("case", VECTORS["exec"]["sleep_arg"], ids=lambda c: str(c["ms"]))
@@ -159,10 +179,10 @@ def test_session_command_line(case: dict[str, Any]) -> None:
     argv, timeout, workdir, env = _request(case["request"])
     if "error" in case:
         with pytest.raises(InvalidRequestError):
-            command_line(_wire.remote_argv(argv, timeout, workdir, env), case["mark"])
+            command_line(_wire.session_argv(argv, timeout, workdir, env), case["mark"])
     else:
         assert (
-            command_line(_wire.remote_argv(argv, timeout, workdir, env), case["mark"])
+            command_line(_wire.session_argv(argv, timeout, workdir, env), case["mark"])
             == case["line"]
         )
 

@@ -197,8 +197,10 @@ class AgentboxBackend(BackendBase):
                 return await self._run(lambda: self.sandbox.read(path))
             except ab_errors.RemoteFileNotFoundError as e:
                 raise not_found(path) from e
-        r = await self.exec_shell(["cat", "--", path])
-        if not r.ok():
+        # Not through exec_shell, which turns every SDK error into a result: a read whose
+        # output was cut on the way raises OutputCutError rather than look like a missing file.
+        r = await self._run(lambda: self.sandbox.exec(["cat", "--", path]))
+        if not r.ok:
             err = r.stderr.decode(errors="replace").strip()
             if "No such file" in err or "Is a directory" in err:
                 raise not_found(path)
