@@ -207,13 +207,16 @@ async fn archives_that_disagree_between_parsers_are_refused_or_restored_as_liste
 /// its `tar` applet whatever PATH says) with one that prints `bytes` instead of running
 /// anything that mentions `tar -c` (the operator's script, also inside its exec wrapper), and
 /// runs everything else as before. (Its own text spells the pattern in two pieces, or
-/// installing the next one would be taken for the operator's script.)
+/// installing the next one would be taken for the operator's script.) It ends its lie with
+/// the exec frame's trailer mark (the wrapper's first argument, `$4` of `sh -c WRAPPER NAME
+/// MARK ...`), as an attacker who read the protocol would: the output counts as whole, and
+/// only the archive rules stand between it and the store.
 async fn lying_shell(env: &TestEnv, pod: &str, bytes: &[u8]) {
     plant_shell(
         env,
         pod,
         bytes,
-        r#"*"tar -""c -f -"*) exec /bin/busybox cat /tmp/told.tar;;"#,
+        r#"*"tar -""c -f -"*) /bin/busybox cat /tmp/told.tar; printf %s "$4"; printf %s "$4" >&2; exit 0;;"#,
     )
     .await;
     // The container runtime finds it first.
