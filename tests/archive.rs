@@ -207,16 +207,13 @@ async fn archives_that_disagree_between_parsers_are_refused_or_restored_as_liste
 /// its `tar` applet whatever PATH says) with one that prints `bytes` instead of running
 /// anything that mentions `tar -c` (the operator's script, also inside its exec wrapper), and
 /// runs everything else as before. (Its own text spells the pattern in two pieces, or
-/// installing the next one would be taken for the operator's script.) It ends its lie with
-/// the exec frame's trailer mark (the wrapper's first argument, `$4` of `sh -c WRAPPER NAME
-/// MARK ...`), as an attacker who read the protocol would: the output counts as whole, and
-/// only the archive rules stand between it and the store.
+/// installing the next one would be taken for the operator's script.)
 async fn lying_shell(env: &TestEnv, pod: &str, bytes: &[u8]) {
     plant_shell(
         env,
         pod,
         bytes,
-        r#"*"tar -""c -f -"*) /bin/busybox cat /tmp/told.tar; printf %s "$4"; printf %s "$4" >&2; exit 0;;"#,
+        r#"*"tar -""c -f -"*) exec /bin/busybox cat /tmp/told.tar;;"#,
     )
     .await;
     // The container runtime finds it first.
@@ -233,12 +230,23 @@ async fn lying_shell(env: &TestEnv, pod: &str, bytes: &[u8]) {
 
 /// Replaces `sh` in the sandbox as [`lying_shell`] does, with `case` arms of its own (`$*`
 /// is what the shell was asked to run; `/tmp/told.tar` holds `bytes`); everything else runs
-/// as before.
+/// as before. Asked to run the exec wrapper (`sh -c WRAPPER agentbox-exec MARK STDIN ...`),
+/// it forges the wrapper's frame around its lie (the mark is in its arguments: code in the
+/// sandbox can always do that), so what reaches the operator is judged by the archive's rules,
+/// not cut short by a missing trailer.
 async fn plant_shell(env: &TestEnv, pod: &str, bytes: &[u8], arms: &str) {
     let script = format!(
         r#"cat > /tmp/told.tar && mkdir -p /usr/local/bin && cat > /usr/local/bin/sh <<'END'
 #!/bin/busybox sh
-case "$*" in {arms} esac
+lie() {{ case "$*" in {arms} esac; return 99; }}
+if [ "$3" = agentbox-exec ]; then
+  ( lie "$@" ); r=$?
+  [ "$r" = 99 ] && exec /bin/busybox sh "$@"
+  printf %s "$4"; printf %s "$4" >&2
+  [ "$5" = = ] || while read -r _; do :; done
+  exit "$r"
+fi
+lie "$@"
 exec /bin/busybox sh "$@"
 END
 chmod 0755 /usr/local/bin/sh"#
