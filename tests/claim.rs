@@ -329,9 +329,16 @@ async fn exec_processes(env: &TestEnv, pod: &str) -> Vec<String> {
     {
         pod_runs.insert(p.0);
     }
+    // This exec itself: `ps` and the exec wrapper around it (its parent).
+    let ps = "ps -o pid,ppid,args";
+    let own: BTreeSet<u32> = procs
+        .iter()
+        .filter(|p| p.2 == ps)
+        .flat_map(|p| [p.0, p.1])
+        .collect();
     procs
         .into_iter()
-        .filter(|p| !pod_runs.contains(&p.0) && p.2 != "ps -o pid,ppid,args")
+        .filter(|p| !pod_runs.contains(&p.0) && !own.contains(&p.0))
         .map(|p| format!("{} {}", p.0, p.2))
         .collect()
 }
