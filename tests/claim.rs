@@ -329,11 +329,13 @@ async fn exec_processes(env: &TestEnv, pod: &str) -> Vec<String> {
     {
         pod_runs.insert(p.0);
     }
-    // This exec itself: `ps` and the exec wrapper around it (its parent).
+    // This exec itself: `ps`, the exec wrapper around it and the wrapper's subshell that
+    // becomes `ps` (busybox shows it as `{ps} sh -c ...`): each command line ends with the
+    // argv, and the wrapper is the parent of the others.
     let ps = "ps -o pid,ppid,args";
     let own: BTreeSet<u32> = procs
         .iter()
-        .filter(|p| p.2 == ps)
+        .filter(|p| p.2.ends_with(ps))
         .flat_map(|p| [p.0, p.1])
         .collect();
     procs
