@@ -362,8 +362,12 @@ async fn a_restore_whose_tar_stops_reading_fails_at_the_deadline_and_frees_the_g
     let bytes = raw(&[("big", b'0', &big, "")]);
     let sha = hex::encode(Sha256::digest(&bytes));
     let key = labels::scope_key(&scope("stall-x"));
-    // Its creation brings the sandbox back at once (the sandbox controller watches snapshots).
+    // Forged with no operator running: a snapshot controller that saw it before its forged
+    // status would fail it (its sandboxRef names no sandbox). The operator started again finds
+    // it Ready, and the sandbox's restore comes.
+    env.operators[0].terminate();
     forge_snapshot(&env, &store, &key, "later", &bytes, &sha).await;
+    env.start_operator(&flags);
     env.wait_for::<Sandbox>("r", 120, |s: Option<&Sandbox>| {
         refused_reason(s).as_deref() == Some("StreamStalled")
     })
@@ -381,11 +385,12 @@ async fn a_refused_snapshot_deleted_or_replaced_is_judged_again_at_once() {
     // The default slow poll of a permanent failure (300 s, at least 150 s with jitter): only
     // the watch of snapshots brings the sandbox back within the waits below.
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    env.start_operator(&flags);
     let key = labels::scope_key(&scope("rejudge"));
     let fifo = raw(&[("ok", b'0', b"x", ""), ("pipe", b'6', b"", "")]);
     let sha = hex::encode(Sha256::digest(&fifo));
+    // Forged before the operator runs (see the stalled restore's test).
     forge_snapshot(&env, &store, &key, "snap", &fifo, &sha).await;
+    env.start_operator(&flags);
     create_sandbox(&env, "r", restore_named("rejudge", "snap"))
         .await
         .expect("create");
@@ -413,10 +418,13 @@ async fn a_refused_snapshot_deleted_or_replaced_is_judged_again_at_once() {
         "a Named restore of a missing snapshot stalls"
     );
 
-    // Replaced by an acceptable one under the same name: restored at once.
+    // Replaced by an acceptable one under the same name: restored at once. (Forged with the
+    // operator stopped, as above; the one started again sees the snapshot as it is.)
     let good = raw(&[("ok", b'0', b"restored", "")]);
     let sha = hex::encode(Sha256::digest(&good));
+    env.operators[0].terminate();
     forge_snapshot(&env, &store, &key, "snap", &good, &sha).await;
+    env.start_operator(&flags);
     let s = env
         .wait_for::<Sandbox>("r", 60, common::phase_is("Ready"))
         .await;
