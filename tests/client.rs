@@ -748,21 +748,25 @@ async fn a_missing_image_ends_every_wait_at_its_stall_with_the_reason() {
         Some(SandboxPhase::Pending)
     );
 
-    // The CLI: a wait that runs out first names the reason the sandbox gave last ...
-    let (code, out, err) = cli(
-        &env,
-        &[
-            "create",
-            "--agent",
-            "missing-image",
-            "--session",
-            "s1",
-            "--image",
-            INVALID_IMAGE,
-            "--wait",
-            "10",
-        ],
-    );
+    // The CLI, creating one sandbox of the invalid image and waiting `wait` seconds for it.
+    let create_and_wait = |wait: &str| {
+        cli(
+            &env,
+            &[
+                "create",
+                "--agent",
+                "missing-image",
+                "--session",
+                "s1",
+                "--image",
+                INVALID_IMAGE,
+                "--wait",
+                wait,
+            ],
+        )
+    };
+    // A wait that runs out first names the reason the sandbox gave last ...
+    let (code, out, err) = create_and_wait("10");
     assert_eq!(code, Some(1), "{out}{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
     assert!(
@@ -773,20 +777,7 @@ async fn a_missing_image_ends_every_wait_at_its_stall_with_the_reason() {
         "the timeout names the last reason: {err}"
     );
     // ... and a long one ends at the stall, with the reason and the kubelet's message.
-    let (code, out, err) = cli(
-        &env,
-        &[
-            "create",
-            "--agent",
-            "missing-image",
-            "--session",
-            "s1",
-            "--image",
-            INVALID_IMAGE,
-            "--wait",
-            "300",
-        ],
-    );
+    let (code, out, err) = create_and_wait("300");
     assert_eq!(code, Some(1), "{out}{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
     assert!(
