@@ -32,7 +32,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::pod::PodConfig;
 use super::template::{self, Effective};
-use super::{Context, Error, FIELD_MANAGER};
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
 use agentbox_api::crd::{Sandbox, SandboxStatus};
 use agentbox_api::labels;
 pub use decide::{FIRST_STATUS_GRACE, Note, defer_first_status, early_retry};
@@ -265,7 +265,7 @@ async fn write_status(apis: &Apis, sbx: &Sandbox, st: &SandboxStatus) -> Result<
     let written = apis.metadata.landed().await?;
     let mut mine = st.clone();
     mine.last_snapshot = None;
-    super::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
+    crate::controller::context::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
     let now = Instant::now();
     SUPERSEDED.record(sbx, now);
     // The metadata write's version is written over too: seen without this status, it
@@ -290,7 +290,8 @@ async fn write_transition(
         return Ok(());
     }
     if let Some(n) = note {
-        super::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message).await;
+        crate::controller::context::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message)
+            .await;
     }
     write_status(apis, sbx, st).await
 }
