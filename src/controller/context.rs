@@ -325,6 +325,30 @@ pub(crate) async fn publish<K>(
     }
 }
 
+/// An Event to publish about an object (see [`publish`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What the operator did or tried.
+    pub action: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+impl Note {
+    pub(crate) fn new(type_: EventType, reason: &str, action: &'static str, message: &str) -> Self {
+        Note {
+            type_,
+            reason: reason.to_string(),
+            action,
+            message: message.to_string(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

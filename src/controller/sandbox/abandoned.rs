@@ -13,7 +13,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use tracing::info;
 
-use super::{Apis, delete_if_present};
+use super::write::{Apis, delete_if_present};
 use crate::controller::context::{Context, Error, FIELD_MANAGER};
 use crate::controller::helper_pod;
 use crate::controller::nodeloss;

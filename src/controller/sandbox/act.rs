@@ -12,13 +12,13 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use tracing::{debug, info, warn};
 
-use super::decide::{self, Init, Note, Plan, Serving, Step};
+use super::decide::{self, Init, Plan, Serving, Step};
 use super::idle::{self, Idle};
 use super::observe::World;
-use super::{
-    Apis, abandoned, claim, delete_if_present, force_delete, init, node_health, write_status,
-    write_transition,
-};
+use super::observe::node_health;
+use super::write::{Apis, delete_if_present, force_delete, write_status, write_transition};
+use super::{abandoned, claim, init};
+use crate::controller::context::Note;
 use crate::controller::context::{Context, Error, FIELD_MANAGER};
 use crate::controller::helper_pod;
 use crate::controller::nodeloss::NodeHealth;
@@ -294,7 +294,7 @@ async fn idle_suspend(
             return Err(e);
         }
     };
-    super::SUPERSEDED.record(sbx, Instant::now());
+    super::write::SUPERSEDED.record(sbx, Instant::now());
     let timeout = idle::timeout(sbx).unwrap_or_default();
     let note = decide::idle_suspended(
         &mut st,

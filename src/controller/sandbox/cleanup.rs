@@ -14,12 +14,11 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::decide::Note;
 use super::observe::find_pod;
-use super::{
-    Apis, FINALIZER, abandoned, delete_if_present, force_delete, node_health, write_status,
-    write_transition,
-};
+use super::observe::node_health;
+use super::write::{Apis, delete_if_present, force_delete, write_status, write_transition};
+use super::{FINALIZER, abandoned};
+use crate::controller::context::Note;
 use crate::controller::context::{Context, Error};
 use crate::controller::memory::Hint;
 use crate::controller::nodeloss::NodeHealth;

@@ -13,6 +13,7 @@ use kube::runtime::events::EventType;
 use super::idle;
 use super::observe::World;
 use crate::controller::conditions::{self, GUARDED, POD_READY, READY, STALLED, WORKSPACE_READY};
+use crate::controller::context::Note;
 use crate::controller::nodeloss::{self, NodeHealth};
 use crate::controller::podstate::{self, PodState};
 use crate::controller::{placement, service, workspace};
@@ -22,30 +23,6 @@ use agentbox_api::crd::{
 };
 use agentbox_api::guard::LeaseView;
 use agentbox_api::labels;
-
-/// An Event to publish about the sandbox.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Note {
-    /// Normal or Warning.
-    pub type_: EventType,
-    /// CamelCase reason.
-    pub reason: String,
-    /// What the operator did or tried.
-    pub action: &'static str,
-    /// What happened.
-    pub message: String,
-}
-
-impl Note {
-    fn new(type_: EventType, reason: &str, action: &'static str, message: &str) -> Self {
-        Note {
-            type_,
-            reason: reason.to_string(),
-            action,
-            message: message.to_string(),
-        }
-    }
-}
 
 /// What one reconcile of a live Sandbox does.
 #[derive(Clone, Debug, PartialEq, Eq)]

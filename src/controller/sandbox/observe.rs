@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::Apis;
+use super::write::Apis;
 use crate::controller::context::{Context, Error};
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState};
@@ -188,6 +188,24 @@ fn marked_ready(pod: &Pod) -> bool {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
         .is_none_or(|c| c.status == "True")
+}
+
+/// What `node` looks like now against the operator's node-loss grace (see
+/// [`crate::controller::nodeloss::judge`]).
+pub(super) async fn node_health(
+    ctx: &Context,
+    node: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<crate::controller::nodeloss::NodeHealth, Error> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.client.clone());
+    let seen = nodes.get_opt(node).await?;
+    let grace = Duration::from_secs(ctx.config.node_loss_grace_seconds);
+    Ok(crate::controller::nodeloss::judge(
+        node,
+        seen.as_ref(),
+        now,
+        grace,
+    ))
 }
 
 #[cfg(test)]

@@ -1,0 +1,327 @@
+//! The sandbox controller's writes: the metadata write a first reconcile makes beside the
+//! start (and the gate its status writes wait on), the status and transition writes with the
+//! versions they wrote over, and deletes. `act`, `cleanup` and `abandoned` write through these.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+
+use super::FINALIZER;
+use crate::controller::context::Note;
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
+use agentbox_api::crd::{Sandbox, SandboxStatus};
+use agentbox_api::labels;
+
+/// How a first reconcile's metadata write ended, for the status writes waiting on it.
+#[derive(Clone)]
+pub(super) enum Landing {
+    /// Written: the version the API server returned.
+    Written(Box<Sandbox>),
+    /// Failed: the reconcile returns the write's error.
+    Failed,
+}
+
+/// What a reconcile's status writes wait for: its metadata write, when it makes one beside
+/// the start (see [`reconcile`]).
+#[derive(Clone)]
+pub struct MetadataGate(pub(super) Option<tokio::sync::watch::Receiver<Option<Landing>>>);
+
+impl MetadataGate {
+    /// No metadata write to wait for.
+    pub fn open() -> Self {
+        MetadataGate(None)
+    }
+
+    /// Waits for the metadata write; returns the version it wrote (`None`: no write).
+    pub async fn landed(&self) -> Result<Option<Sandbox>, Error> {
+        let Some(rx) = &self.0 else {
+            return Ok(None);
+        };
+        let mut rx = rx.clone();
+        let landing = rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Error::MetadataNotWritten)?
+            .clone();
+        match landing {
+            Some(Landing::Written(s)) => Ok(Some(*s)),
+            _ => Err(Error::MetadataNotWritten),
+        }
+    }
+}
+
+/// How long a written-over version is remembered. Watch events arrive well within it; the
+/// bound keeps a missed event (or a write that changed nothing) from stalling a sandbox.
+const SUPERSEDED_FOR: Duration = Duration::from_secs(5);
+
+/// Versions of Sandboxes (by UID) that this process has written over, so a reconcile that a
+/// lagging cache hands an old version is skipped instead of repeating the writes. One
+/// reconcile can write over several versions (the one it read, then the one its metadata
+/// write returned).
+#[derive(Default)]
+pub struct Superseded(Mutex<HashMap<String, (Vec<String>, Instant)>>);
+
+impl Superseded {
+    /// Remembers that `sbx`, as read, has just been written over.
+    pub fn record(&self, sbx: &Sandbox, now: Instant) {
+        let (Some(uid), Some(rv)) = (sbx.uid(), sbx.resource_version()) else {
+            return;
+        };
+        if let Ok(mut m) = self.0.lock() {
+            m.retain(|_, (_, at)| now.duration_since(*at) < SUPERSEDED_FOR);
+            let e = m.entry(uid).or_insert_with(|| (Vec::new(), now));
+            if !e.0.contains(&rv) {
+                e.0.push(rv);
+            }
+            e.1 = now;
+        }
+    }
+
+    /// Whether `sbx` is a version this process wrote over less than [`SUPERSEDED_FOR`] ago.
+    /// Any other version forgets the entry: the cache has caught up.
+    pub fn is_stale(&self, sbx: &Sandbox, now: Instant) -> bool {
+        let Some(uid) = sbx.uid() else {
+            return false;
+        };
+        let Ok(mut m) = self.0.lock() else {
+            return false;
+        };
+        match m.get(&uid) {
+            Some((rvs, at))
+                if sbx
+                    .metadata
+                    .resource_version
+                    .as_ref()
+                    .is_some_and(|rv| rvs.contains(rv))
+                    && now.duration_since(*at) < SUPERSEDED_FOR =>
+            {
+                true
+            }
+            Some(_) => {
+                m.remove(&uid);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+pub(super) static SUPERSEDED: LazyLock<Superseded> = LazyLock::new(Superseded::default);
+
+/// Server-side applies the sandbox controller's part of a Sandbox's status and remembers the
+/// version read as written over. Its part is all but `lastSnapshot`, which the snapshot
+/// controller owns under its own field manager (applying a copy read from a lagging cache
+/// would put back an older snapshot).
+/// Waits for the reconcile's metadata write first ([`MetadataGate`]).
+pub(super) async fn write_status(
+    apis: &Apis,
+    sbx: &Sandbox,
+    st: &SandboxStatus,
+) -> Result<(), Error> {
+    let written = apis.metadata.landed().await?;
+    let mut mine = st.clone();
+    mine.last_snapshot = None;
+    crate::controller::context::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
+    let now = Instant::now();
+    SUPERSEDED.record(sbx, now);
+    // The metadata write's version is written over too: seen without this status, it
+    // would start the sandbox again.
+    if let Some(w) = written {
+        SUPERSEDED.record(&w, now);
+    }
+    Ok(())
+}
+
+/// Writes the status and publishes an Event about the transition, both only when the status
+/// changed: a sandbox stuck in one state costs no writes on each retry.
+pub(super) async fn write_transition(
+    ctx: &Context,
+    sbx: &Sandbox,
+    apis: &Apis,
+    old: &SandboxStatus,
+    st: &SandboxStatus,
+    note: Option<Note>,
+) -> Result<(), Error> {
+    if old == st {
+        return Ok(());
+    }
+    if let Some(n) = note {
+        crate::controller::context::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message)
+            .await;
+    }
+    write_status(apis, sbx, st).await
+}
+
+/// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,
+/// while it lives, the finalizer.
+pub(super) async fn apply_metadata(
+    api: &Api<Sandbox>,
+    name: &str,
+    sbx: &Sandbox,
+    finalizer: bool,
+) -> Result<Sandbox, Error> {
+    let finalizers: Vec<&str> = if finalizer {
+        vec![FINALIZER]
+    } else {
+        Vec::new()
+    };
+    let body = serde_json::json!({
+        "apiVersion": Sandbox::api_version(&()),
+        "kind": Sandbox::kind(&()),
+        "metadata": {
+            "name": name,
+            "labels": labels::scope_labels(&sbx.spec.scope),
+            "finalizers": finalizers,
+        },
+    });
+    Ok(api
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?)
+}
+
+/// The merge patch that takes [`FINALIZER`] off `sbx` and leaves every other finalizer,
+/// conditioned on its resourceVersion (a merge patch replaces the whole list); `None` when it
+/// has none.
+pub(super) fn without_finalizer(sbx: &Sandbox) -> Option<serde_json::Value> {
+    let fs = sbx.finalizers();
+    if !fs.iter().any(|f| f == FINALIZER) {
+        return None;
+    }
+    let rest: Vec<&String> = fs.iter().filter(|f| *f != FINALIZER).collect();
+    Some(serde_json::json!({
+        "metadata": {"resourceVersion": sbx.resource_version(), "finalizers": rest},
+    }))
+}
+
+/// The API handles one reconcile needs, in the sandbox's namespace.
+pub struct Apis {
+    /// Sandboxes.
+    pub sandboxes: Api<Sandbox>,
+    /// Pods: the sandbox's, and the helper pods that work on its node.
+    pub pods: Api<Pod>,
+    /// NetworkPolicies: the sandbox's deny-egress policy.
+    pub policies: Api<NetworkPolicy>,
+    /// Services: the one that exposes `spec.ports`.
+    pub services: Api<Service>,
+    /// The metadata write the status writes wait for.
+    pub metadata: MetadataGate,
+}
+
+impl Apis {
+    /// The handles for namespace `ns`, status writes waiting for `metadata`.
+    pub fn new(ctx: &Context, ns: &str, metadata: MetadataGate) -> Self {
+        Apis {
+            sandboxes: Api::namespaced(ctx.client.clone(), ns),
+            pods: Api::namespaced(ctx.client.clone(), ns),
+            policies: Api::namespaced(ctx.client.clone(), ns),
+            services: Api::namespaced(ctx.client.clone(), ns),
+            metadata,
+        }
+    }
+}
+
+/// Deletes an object if it exists. Returns true when it is gone (absent already).
+pub(super) async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    // Read first: deleting an object that is already terminating is a write that changes
+    // nothing, and cleanup polls.
+    match api.get_opt(name).await? {
+        None => return Ok(true),
+        Some(o) if o.meta().deletion_timestamp.is_some() => return Ok(false),
+        Some(_) => {}
+    }
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(either) => Ok(either.is_right()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the pod at once (grace 0), without waiting for its kubelet: the pod is on a lost
+/// node, whose kubelet cannot confirm anything. Conditioned on its UID, so a pod made since
+/// under the same name is never hit. Gone already counts as done.
+pub(super) async fn force_delete(
+    pods: &Api<Pod>,
+    name: &str,
+    uid: Option<String>,
+) -> Result<(), Error> {
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match pods.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_finalizer_comes_off_by_a_conditioned_patch_that_keeps_the_others() {
+        let mut s: Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "resourceVersion": "9",
+                "finalizers": ["example.com/keep", FINALIZER]},
+            "spec": {"image": "i", "scope": {"kind": "Global"}},
+        }))
+        .unwrap();
+        assert_eq!(
+            without_finalizer(&s),
+            Some(serde_json::json!({"metadata": {"resourceVersion": "9",
+                "finalizers": ["example.com/keep"]}}))
+        );
+        s.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+        assert_eq!(without_finalizer(&s), None);
+    }
+
+    #[test]
+    fn a_written_over_version_is_skipped_until_a_newer_one_or_the_bound() {
+        let sbx = |rv: &str| -> Sandbox {
+            let mut s: Sandbox = serde_json::from_value(serde_json::json!({
+                "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+                "metadata": {"name": "s", "uid": "u1", "resourceVersion": rv},
+                "spec": {"image": "i", "scope": {"kind": "Global"}},
+            }))
+            .unwrap();
+            s.metadata.namespace = Some("n".into());
+            s
+        };
+        let reg = Superseded::default();
+        let t = Instant::now();
+        assert!(!reg.is_stale(&sbx("1"), t), "nothing written yet");
+        reg.record(&sbx("1"), t);
+        assert!(reg.is_stale(&sbx("1"), t + Duration::from_millis(10)));
+        assert!(
+            !reg.is_stale(&sbx("2"), t + Duration::from_millis(20)),
+            "newer version"
+        );
+        assert!(
+            !reg.is_stale(&sbx("1"), t + Duration::from_millis(30)),
+            "entry forgotten"
+        );
+        reg.record(&sbx("3"), t);
+        reg.record(&sbx("4"), t);
+        assert!(reg.is_stale(&sbx("3"), t), "every version written over");
+        assert!(reg.is_stale(&sbx("4"), t));
+        assert!(!reg.is_stale(&sbx("4"), t + SUPERSEDED_FOR), "bounded");
+    }
+}
