@@ -1046,7 +1046,7 @@ async fn malformed_and_unresolvable_references_are_refused_visibly() {
             "runtime",
             json!({"runtimeClassName": "no-such-class"}),
             "Ready",
-            "PodRejected",
+            "RuntimeClassNotFound",
         ),
         (
             "snapshot",

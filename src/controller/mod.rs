@@ -10,6 +10,7 @@ pub mod podstate;
 pub mod pool;
 pub mod reasons;
 pub mod restore;
+pub mod runtime;
 pub mod sandbox;
 #[cfg(test)]
 mod scenarios;
