@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase};
+use agentbox_api::crd::{Sandbox, SandboxPhase};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -89,7 +89,7 @@ async fn main() -> Res<()> {
             "metadata": {"name": name},
             "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
                 "containers": [{"name": "sandbox", "image": "docker.io/library/busybox:1.37", "imagePullPolicy": "IfNotPresent",
-                    "command": ["sh", "-c", agentbox::controller::pod::KEEP_ALIVE]}]}
+                    "command": ["sh", "-c", agentbox_operator::controller::pod::KEEP_ALIVE]}]}
         }))?;
         if let Some(spec) = pod.spec.as_mut() {
             spec.runtime_class_name = rc.clone();
@@ -165,11 +165,12 @@ async fn main() -> Res<()> {
     for i in 0..n {
         let name = format!("sbx-{i}");
         let uid = sbxs.get(&name).await?.uid().unwrap_or_default();
-        let dir = std::path::PathBuf::from(agentbox::controller::pod::workspace_host_path(
-            agentbox::config::DEFAULT_NODE_ROOT,
-            &ns,
-            &uid,
-        ));
+        let dir =
+            std::path::PathBuf::from(agentbox_operator::controller::pod::workspace_host_path(
+                agentbox_operator::config::DEFAULT_NODE_ROOT,
+                &ns,
+                &uid,
+            ));
         let t = Instant::now();
         sandbox_delete.push(delete_until_gone(&sbxs, &name).await?);
         until_removed(&dir).await?;

@@ -233,14 +233,14 @@ impl Config {
             .filter(|c| !c.is_empty())
             .map(|c| {
                 let name = c.strip_prefix("CAP_").unwrap_or(c).to_ascii_uppercase();
-                crate::names::is_capability_name(&name)
+                agentbox_api::names::is_capability_name(&name)
                     .then_some(name)
                     .ok_or_else(|| ConfigError::NotACapability(c.to_string()))
             })
             .collect::<Result<_, _>>()?;
         self.default_runtime_class = self.default_runtime_class.trim().to_string();
         if !self.default_runtime_class.is_empty()
-            && !crate::names::is_object_name(&self.default_runtime_class)
+            && !agentbox_api::names::is_object_name(&self.default_runtime_class)
         {
             return Err(ConfigError::NotARuntimeClass(
                 self.default_runtime_class.clone(),

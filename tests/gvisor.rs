@@ -15,9 +15,9 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::client::Workspace;
-use agentbox::crd::{Sandbox, SandboxPhase, SandboxPool, StartBranch};
-use agentbox::exec::{ExecOutput, ExecRequest, SANDBOX_CONTAINER};
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxPool, StartBranch};
+use agentbox_api::exec::{ExecOutput, ExecRequest, SANDBOX_CONTAINER};
+use agentbox_client::client::Workspace;
 use common::pools::{create_pool, create_template, wait_ready, warm_pods};
 use common::{
     TestEnv, condition_message, create_sandbox, kubectl, listing, phase_is, sh, take_snapshot,
@@ -51,7 +51,7 @@ async fn ready(env: &TestEnv, name: &str) -> Sandbox {
 }
 
 async fn run(pods: &Api<Pod>, pod: &str, req: ExecRequest) -> ExecOutput {
-    agentbox::exec::run(pods, pod, SANDBOX_CONTAINER, req)
+    agentbox_api::exec::run(pods, pod, SANDBOX_CONTAINER, req)
         .await
         .expect("exec")
 }
@@ -411,8 +411,8 @@ async fn a_namespace_that_requires_gvisor_refuses_sandboxes_and_pools_that_would
         .items
     {
         let labels = p.metadata.labels.clone().unwrap_or_default();
-        if labels.contains_key(agentbox::labels::SANDBOX)
-            || labels.contains_key(agentbox::labels::POOL)
+        if labels.contains_key(agentbox_api::labels::SANDBOX)
+            || labels.contains_key(agentbox_api::labels::POOL)
         {
             assert_eq!(runtime_of(&p), Some("gvisor"), "{:?}", p.metadata.name);
         }

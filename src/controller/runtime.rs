@@ -10,7 +10,7 @@
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 
-use crate::crd::SandboxSpec;
+use agentbox_api::crd::SandboxSpec;
 
 /// Namespace annotation: the one runtime class every sandbox pod of the namespace must run
 /// under (for example `gvisor`).
