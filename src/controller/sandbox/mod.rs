@@ -265,7 +265,21 @@ async fn write_status(apis: &Apis, sbx: &Sandbox, st: &SandboxStatus) -> Result<
     let written = apis.metadata.landed().await?;
     let mut mine = st.clone();
     mine.last_snapshot = None;
-    super::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
+    match super::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await {
+        // An operator rolled out ahead of its CRDs: the sandbox keeps working, without the
+        // field (and says so in the log), until the CRDs are applied.
+        Err(Error::Kube(kube::Error::Api(s)))
+            if mine.runtime_class_name.is_some() && predates_runtime_class(&s.message) =>
+        {
+            tracing::warn!(
+                "the installed Sandbox CRD has no status.runtimeClassName: apply this \
+                 version's CRDs (crds/agentbox.yaml); written without it"
+            );
+            mine.runtime_class_name = None;
+            super::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
+        }
+        r => r?,
+    }
     let now = Instant::now();
     SUPERSEDED.record(sbx, now);
     // The metadata write's version is written over too: seen without this status, it
@@ -274,6 +288,12 @@ async fn write_status(apis: &Apis, sbx: &Sandbox, st: &SandboxStatus) -> Result<
         SUPERSEDED.record(&w, now);
     }
     Ok(())
+}
+
+/// Whether the API server refused a status write because the installed CRD predates
+/// `status.runtimeClassName` (server-side apply refuses fields its schema does not declare).
+fn predates_runtime_class(message: &str) -> bool {
+    message.contains(".status.runtimeClassName: field not declared in schema")
 }
 
 /// Writes the status and publishes an Event about the transition, both only when the status
@@ -426,6 +446,18 @@ async fn node_health(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_crd_without_status_runtime_class_name_is_told_from_other_refusals() {
+        // The API server's words (seen against a CRD from before the field).
+        let seen = "failed to create typed patch object (/; agentbox.dev/v1alpha1, \
+                    Kind=Sandbox): .status.runtimeClassName: field not declared in schema";
+        assert!(predates_runtime_class(seen));
+        assert!(!predates_runtime_class(
+            "failed to create typed patch object: .status.nodeName: field not declared in schema"
+        ));
+        assert!(!predates_runtime_class("the object has been modified"));
+    }
 
     #[test]
     fn a_snapshot_concerns_the_sandboxes_that_name_it_refused_it_or_wait_in_its_scope() {
