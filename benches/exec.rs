@@ -232,7 +232,11 @@ async fn other_runtime(pods: &Api<Pod>, n: u64) -> Res<()> {
     session.close().await;
     let name = bench_name("exec");
     for (what, key, v) in [
-        ("agentbox exec::run, one-shot `true`", "oneshot_agentbox", &a),
+        (
+            "agentbox exec::run, one-shot `true`",
+            "oneshot_agentbox",
+            &a,
+        ),
         ("persistent session, per command", "session", &s),
     ] {
         let (p50, p95) = stats(v);

@@ -133,7 +133,10 @@ async fn main() -> Res<()> {
         let name = bench_name("lifecycle");
         let (bp50, bp95) = p50_p95(bare);
         let (sp50, sp95) = p50_p95(sandbox);
-        println!("| measure under {} (n={n}) | p50 | p95 |", rc.as_deref().unwrap_or_default());
+        println!(
+            "| measure under {} (n={n}) | p50 | p95 |",
+            rc.as_deref().unwrap_or_default()
+        );
         println!("|---|---|---|");
         println!("| bare pod create → Running (ms) | {bp50:.0} | {bp95:.0} |");
         println!("| Sandbox create → Ready (ms) | {sp50:.0} | {sp95:.0} |");

@@ -259,7 +259,11 @@ fn gvisor_figures_sit_beside_runcs_with_issue_31s_targets() {
     assert_eq!(ready.met, Some(false), "1.6× misses 1.5×");
     let exec = find("gVisor: one-shot exec");
     assert_eq!(exec.met, Some(true), "1.25× is within 1.5×");
-    assert!(find("gVisor: persistent session").agentbox.contains("1.50× runc"));
+    assert!(
+        find("gVisor: persistent session")
+            .agentbox
+            .contains("1.50× runc")
+    );
     assert!(find("gVisor: bare pod").agentbox.contains("1.56× runc"));
     // Without gVisor figures there are no gVisor rows.
     let runc_only = render::parse(&lines[..3].join("\n")).expect("parse");

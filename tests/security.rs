@@ -1180,9 +1180,14 @@ async fn a_non_root_sandbox_owns_its_workspace_and_capabilities_follow_the_allow
     let (_, out) = sh(&env, &pod, "grep NoNewPrivs /proc/self/status").await;
     if common::matrix_runtime_class().is_some() && out.is_empty() {
         let (_, k) = sh(&env, &pod, "dmesg | head -n 1").await;
-        assert!(k.contains("gVisor"), "no NoNewPrivs line, and not gVisor: {k}");
+        assert!(
+            k.contains("gVisor"),
+            "no NoNewPrivs line, and not gVisor: {k}"
+        );
         let p = env.api::<Pod>().get(&pod).await.expect("pod");
-        let sc = p.spec.and_then(|s| s.containers[0].security_context.clone());
+        let sc = p
+            .spec
+            .and_then(|s| s.containers[0].security_context.clone());
         assert_eq!(sc.and_then(|c| c.allow_privilege_escalation), Some(false));
     } else {
         assert!(out.contains('1'), "{out}");
