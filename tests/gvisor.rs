@@ -107,6 +107,13 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
         "runc sandbox sees the host kernel"
     );
     assert!(!seen_r.contains("gVisor"));
+    // A host-kernel interface runc passes through is not there under gVisor: the kernel's
+    // sysctl tree (/proc/sys/kernel/osrelease is the host's release under runc).
+    let (code, release) = sh(&env, &pod_r, "cat /proc/sys/kernel/osrelease").await;
+    assert_eq!(code, Some(0), "{release}");
+    assert!(host.contains(release.trim()), "{release} / {host}");
+    let (code, out) = sh(&env, &pod_g, "cat /proc/sys/kernel/osrelease").await;
+    assert_ne!(code, Some(0), "the host's sysctl under gVisor: {out}");
 
     // Exec: exit codes, stdin, stdout and stderr apart.
     let out = run(
