@@ -18,6 +18,10 @@
 //! `BENCH_GUARD_SECS` of contention (default 10). `PYTHON` names the interpreter with the
 //! `kubernetes` package (`hack/bench` uses its own venv). With `BENCH_RESULTS` set, each figure
 //! is also appended to that file as a JSON line.
+//!
+//! With `BENCH_RUNTIME_CLASS=gvisor` the pod runs under that RuntimeClass and only the
+//! agentbox one-shot exec and the persistent session are measured, under the bench name
+//! `exec_gvisor` (the same keys).
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -37,7 +41,7 @@ use serde_json::json;
 
 mod common;
 
-use common::{Cleanup, emit, env_num, p50_p95, python_samples};
+use common::{Cleanup, bench_name, emit, env_num, p50_p95, python_samples, runtime_class};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -54,7 +58,7 @@ async fn start_pod(client: &Client, ns: &str) -> Res<Api<Pod>> {
     obj.metadata.name = Some(ns.to_string());
     nss.create(&PostParams::default(), &obj).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pod: Pod = serde_json::from_value(json!({
+    let mut pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": POD},
         "spec": {
             "automountServiceAccountToken": false,
@@ -67,6 +71,9 @@ async fn start_pod(client: &Client, ns: &str) -> Res<Api<Pod>> {
             }],
         },
     }))?;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.runtime_class_name = runtime_class();
+    }
     // The namespace's default ServiceAccount appears shortly after the namespace.
     let mut created = pods.create(&PostParams::default(), &pod).await;
     for _ in 0..50 {
@@ -201,6 +208,45 @@ async fn guard_contention(ns: &str, secs: u64) -> Res<(u64, f64)> {
     Ok((n, n as f64 / started.elapsed().as_secs_f64()))
 }
 
+/// Under `BENCH_RUNTIME_CLASS`: the agentbox one-shot exec and the persistent session only,
+/// recorded as `exec_<class>`.
+async fn other_runtime(pods: &Api<Pod>, n: u64) -> Res<()> {
+    let mut a = Vec::new();
+    for _ in 0..n {
+        a.push(exec_true(pods).await?);
+    }
+    let session = Session::new(pods.clone(), POD, SANDBOX_CONTAINER);
+    session.start().await?;
+    for _ in 0..20 {
+        session.run(ExecRequest::argv(["true"])).await?;
+    }
+    let mut s = Vec::new();
+    for _ in 0..n.max(500) {
+        let t = Instant::now();
+        let out = session.run(ExecRequest::argv(["true"])).await?;
+        s.push(t.elapsed());
+        if !out.success() {
+            return Err(format!("session true failed: {out:?}").into());
+        }
+    }
+    session.close().await;
+    let name = bench_name("exec");
+    for (what, key, v) in [
+        (
+            "agentbox exec::run, one-shot `true`",
+            "oneshot_agentbox",
+            &a,
+        ),
+        ("persistent session, per command", "session", &s),
+    ] {
+        let (p50, p95) = stats(v);
+        println!("{what:<58} {p50:>9.2} {p95:>9.2}");
+        emit(&name, &format!("{key}_p50_ms"), p50, "ms", v.len() as u64);
+        emit(&name, &format!("{key}_p95_ms"), p95, "ms", v.len() as u64);
+    }
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Res<()> {
     let n = env_num("BENCH_N", 200);
@@ -219,6 +265,9 @@ async fn main() -> Res<()> {
     for _ in 0..5 {
         exec_true(&pods_default).await?;
         exec_true(&pods_nodelay).await?;
+    }
+    if runtime_class().is_some() {
+        return other_runtime(&pods_nodelay, n).await;
     }
     // Four rounds, so that load drifting on the machine hits every client alike: Rust with
     // both clients (interleaved sample by sample), then a Python process.

@@ -8,6 +8,10 @@
 //! of each, one after another, then watches 60 s of steady state (`BENCH_IDLE_SECS`), then
 //! times the same create → Ready from the Python SDK (`benches/sdk_python.py` with `$PYTHON`).
 //! The audit log is `$AGENTBOX_AUDIT_LOG` (set by `hack/cluster env`).
+//!
+//! With `BENCH_RUNTIME_CLASS=gvisor` the bare pods and the sandboxes (the operator's
+//! `--default-runtime-class`) run under that RuntimeClass, only create → Ready and the bare
+//! pod's → Running are measured, and the figures go under the bench name `lifecycle_gvisor`.
 
 use std::time::{Duration, Instant};
 
@@ -22,8 +26,8 @@ use serde_json::json;
 mod common;
 
 use common::{
-    LEADER_LEASE, OPERATOR_UA, audit_log, delete_until_gone, emit, env_num, p50_p95,
-    python_samples, read_audit,
+    LEADER_LEASE, OPERATOR_UA, audit_log, bench_name, delete_until_gone, emit, env_num, p50_p95,
+    python_samples, read_audit, runtime_class,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -65,7 +69,13 @@ async fn main() -> Res<()> {
     let idle = env_num("BENCH_IDLE_SECS", 60);
     let audit = audit_log()?;
     let client = Client::try_default().await?;
-    let (cleanup, _op) = common::namespace_with_operator(&client, "bench-life").await?;
+    let rc = runtime_class();
+    let (cleanup, _op) = common::namespace_with_operator_args(&client, "bench-life", |_| {
+        rc.iter()
+            .flat_map(|rc| ["--default-runtime-class".to_string(), rc.clone()])
+            .collect()
+    })
+    .await?;
     let ns = cleanup.1.clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
@@ -75,12 +85,15 @@ async fn main() -> Res<()> {
     let mut bare_delete = Vec::new();
     for i in 0..n {
         let name = format!("bare-{i}");
-        let pod: Pod = serde_json::from_value(json!({
+        let mut pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
                 "containers": [{"name": "sandbox", "image": "docker.io/library/busybox:1.37", "imagePullPolicy": "IfNotPresent",
                     "command": ["sh", "-c", agentbox_operator::controller::pod::KEEP_ALIVE]}]}
         }))?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.runtime_class_name = rc.clone();
+        }
         let t = Instant::now();
         pods.create(&PostParams::default(), &pod).await?;
         watch_until(&pods, &name, |p: &Pod| {
@@ -114,6 +127,36 @@ async fn main() -> Res<()> {
         // Let in-flight writes of this start land before the next window opens.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         windows.push((start, Timestamp::now()));
+    }
+    if rc.is_some() {
+        // Under another runtime: create → Ready beside the bare pod's, and nothing else.
+        let name = bench_name("lifecycle");
+        let (bp50, bp95) = p50_p95(bare);
+        let (sp50, sp95) = p50_p95(sandbox);
+        println!(
+            "| measure under {} (n={n}) | p50 | p95 |",
+            rc.as_deref().unwrap_or_default()
+        );
+        println!("|---|---|---|");
+        println!("| bare pod create → Running (ms) | {bp50:.0} | {bp95:.0} |");
+        println!("| Sandbox create → Ready (ms) | {sp50:.0} | {sp95:.0} |");
+        let n64 = n as u64;
+        emit(&name, "bare_ready_p50_ms", bp50, "ms", n64);
+        emit(&name, "bare_ready_p95_ms", bp95, "ms", n64);
+        emit(&name, "sandbox_ready_p50_ms", sp50, "ms", n64);
+        emit(&name, "sandbox_ready_p95_ms", sp95, "ms", n64);
+        let _ = sbxs
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        for _ in 0..600 {
+            if sbxs.list(&ListParams::default()).await?.items.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        drop(_op);
+        drop(cleanup);
+        return Ok(());
     }
     let idle_start = Timestamp::now();
     tokio::time::sleep(Duration::from_secs(idle)).await;

@@ -55,6 +55,13 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_DEFAULT_RUN_AS_USER", default_value_t = 65532, value_parser = clap::value_parser!(i64).range(1..=2147483647))]
     pub default_run_as_user: i64,
 
+    /// RuntimeClass of the pods of sandboxes (cold, from a template, and a pool's warm pods)
+    /// whose spec names none, for example `gvisor`. Empty: those pods name none and run under
+    /// the node's default runtime. A namespace can require one runtime class with the
+    /// annotation `agentbox.dev/required-runtime-class`.
+    #[arg(long, env = "AGENTBOX_DEFAULT_RUNTIME_CLASS", default_value = "")]
+    pub default_runtime_class: String,
+
     /// Capabilities a Sandbox may add to the default set (`securityContext.capabilities.add`),
     /// comma separated, without `CAP_`. Empty: none.
     #[arg(long, env = "AGENTBOX_ALLOWED_CAPABILITIES", value_delimiter = ',')]
@@ -202,6 +209,11 @@ pub enum ConfigError {
     /// An allowed capability is not a capability name.
     #[error("allowed capability {0:?} is not a capability name (like NET_RAW, without CAP_)")]
     NotACapability(String),
+    /// The default runtime class is not a Kubernetes object name.
+    #[error(
+        "default runtime class {0:?} is not a RuntimeClass name (lowercase letters, digits, '-' and '.')"
+    )]
+    NotARuntimeClass(String),
 }
 
 impl Config {
@@ -226,6 +238,14 @@ impl Config {
                     .ok_or_else(|| ConfigError::NotACapability(c.to_string()))
             })
             .collect::<Result<_, _>>()?;
+        self.default_runtime_class = self.default_runtime_class.trim().to_string();
+        if !self.default_runtime_class.is_empty()
+            && !agentbox_api::names::is_object_name(&self.default_runtime_class)
+        {
+            return Err(ConfigError::NotARuntimeClass(
+                self.default_runtime_class.clone(),
+            ));
+        }
         if self.identity.is_empty() {
             let host = std::env::var("HOSTNAME")
                 .or_else(|_| std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()))
@@ -300,6 +320,26 @@ pub fn clean_absolute(what: &'static str, value: &str) -> Result<String, ConfigE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_runtime_class_is_a_runtime_class_name_or_none() {
+        let parse = |v: &str| {
+            let flag = format!("--default-runtime-class={v}");
+            Config::parse_from(["agentbox-operator", flag.as_str()]).validated()
+        };
+        assert_eq!(parse(" gvisor ").unwrap().default_runtime_class, "gvisor");
+        assert_eq!(parse("").unwrap().default_runtime_class, "");
+        let none = Config::parse_from(["agentbox-operator"])
+            .validated()
+            .unwrap();
+        assert_eq!(none.default_runtime_class, "");
+        for bad in ["Gvisor", "a/b", "-x", "runsc_ptrace"] {
+            assert!(
+                matches!(parse(bad), Err(ConfigError::NotARuntimeClass(_))),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn clean_absolute_paths() {

@@ -222,3 +222,54 @@ fn the_go_clients_figures_are_rows_beside_the_rust_clients() {
     // Without Go figures, no Go rows (the committed document has none).
     assert!(!read(DOCUMENT).contains("Go client"));
 }
+
+#[test]
+fn gvisor_figures_sit_beside_runcs_with_issue_31s_targets() {
+    let line = |bench: &str, key: &str, value: f64| {
+        serde_json::json!({"bench": bench, "key": key, "value": value, "unit": "ms", "n": 20})
+            .to_string()
+    };
+    let lines = [
+        line("lifecycle", "sandbox_ready_p50_ms", 1000.0),
+        line("lifecycle", "sandbox_ready_p95_ms", 1200.0),
+        line("lifecycle", "bare_ready_p50_ms", 900.0),
+        line("lifecycle_gvisor", "sandbox_ready_p50_ms", 1600.0),
+        line("lifecycle_gvisor", "sandbox_ready_p95_ms", 1900.0),
+        line("lifecycle_gvisor", "bare_ready_p50_ms", 1400.0),
+        line("lifecycle_gvisor", "bare_ready_p95_ms", 1500.0),
+        line("exec", "oneshot_agentbox_p50_ms", 40.0),
+        line("exec", "oneshot_agentbox_p95_ms", 50.0),
+        line("exec_gvisor", "oneshot_agentbox_p50_ms", 50.0),
+        line("exec_gvisor", "oneshot_agentbox_p95_ms", 70.0),
+        line("exec", "session_p50_ms", 2.0),
+        line("exec", "session_p95_ms", 3.0),
+        line("exec_gvisor", "session_p50_ms", 3.0),
+        line("exec_gvisor", "session_p95_ms", 4.0),
+    ];
+    let data = render::parse(&lines.join("\n")).expect("parse");
+    let rows = render::rows(&data.figures);
+    let find = |prefix: &str| {
+        rows.iter()
+            .find(|r| r.figure.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix}"))
+    };
+    let ready = find("gVisor: create → Ready");
+    assert_eq!(ready.agentbox, "1600 / 1900 ms (1.60× runc)");
+    assert_eq!(ready.baseline, "runc 1000 / 1200 ms");
+    assert_eq!(ready.met, Some(false), "1.6× misses 1.5×");
+    let exec = find("gVisor: one-shot exec");
+    assert_eq!(exec.met, Some(true), "1.25× is within 1.5×");
+    assert!(
+        find("gVisor: persistent session")
+            .agentbox
+            .contains("1.50× runc")
+    );
+    assert!(find("gVisor: bare pod").agentbox.contains("1.56× runc"));
+    // Without gVisor figures there are no gVisor rows.
+    let runc_only = render::parse(&lines[..3].join("\n")).expect("parse");
+    assert!(
+        !render::rows(&runc_only.figures)
+            .iter()
+            .any(|r| r.figure.starts_with("gVisor"))
+    );
+}

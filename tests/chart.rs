@@ -448,10 +448,18 @@ fn watch_namespace_scopes_rbac_to_a_role() {
     let cluster_rules = cr["rules"].as_sequence().unwrap();
     assert_eq!(
         cluster_rules.len(),
-        1,
-        "only nodes (get, list) are cluster-wide"
+        2,
+        "only nodes (get, list) and runtimeclasses (get) are cluster-wide"
     );
     assert_eq!(cluster_rules[0]["resources"][0].as_str(), Some("nodes"));
+    assert_eq!(
+        cluster_rules[1]["resources"][0].as_str(),
+        Some("runtimeclasses")
+    );
+    assert_eq!(
+        cluster_rules[1]["verbs"].as_sequence().map(Vec::len),
+        Some(1)
+    );
     let role = find(&scoped, "Role", "rel-agentbox").expect("Role in the watched namespace");
     assert_eq!(role["metadata"]["namespace"].as_str(), Some("team-a"));
     let lease_role = find(&scoped, "Role", "rel-agentbox-leader-election").expect("lease Role");

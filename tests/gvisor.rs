@@ -4,16 +4,26 @@
 //! kills the command), the file API, a snapshot restored into a new gVisor sandbox of the
 //! scope, suspend and resume — and what holds only under gVisor: the kernel the sandbox sees is
 //! gVisor's, where a runc sandbox of the same test sees the host's.
+//!
+//! And the runtime-class policy: the operator's `--default-runtime-class` reaching cold,
+//! templated and warm pods (and the status and `kubectl get sbx -o wide`), a namespace's
+//! `agentbox.dev/required-runtime-class` refusing sandboxes and pools that would run under
+//! another runtime (in the operator, and at admission through the chart's
+//! ValidatingAdmissionPolicy), and a RuntimeClass that does not exist said at once.
 
 mod common;
 
 use std::time::Duration;
 
-use agentbox_api::crd::{Sandbox, StartBranch};
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxPool, StartBranch};
 use agentbox_api::exec::{ExecOutput, ExecRequest, SANDBOX_CONTAINER};
 use agentbox_client::client::Workspace;
-use common::{TestEnv, create_sandbox, listing, phase_is, sh, take_snapshot};
-use k8s_openapi::api::core::v1::Pod;
+use common::pools::{create_pool, create_template, wait_ready, warm_pods};
+use common::{
+    TestEnv, condition_message, create_sandbox, kubectl, listing, phase_is, sh, take_snapshot,
+    wait_condition,
+};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
@@ -97,6 +107,13 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
         "runc sandbox sees the host kernel"
     );
     assert!(!seen_r.contains("gVisor"));
+    // A host-kernel interface runc passes through is not there under gVisor: the kernel's
+    // sysctl tree (/proc/sys/kernel/osrelease is the host's release under runc).
+    let (code, release) = sh(&env, &pod_r, "cat /proc/sys/kernel/osrelease").await;
+    assert_eq!(code, Some(0), "{release}");
+    assert!(host.contains(release.trim()), "{release} / {host}");
+    let (code, out) = sh(&env, &pod_g, "cat /proc/sys/kernel/osrelease").await;
+    assert_ne!(code, Some(0), "the host's sysctl under gVisor: {out}");
 
     // Exec: exit codes, stdin, stdout and stderr apart.
     let out = run(
@@ -214,4 +231,314 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
     );
 
     common::finish_with_snapshots(env, Some(&dir)).await;
+}
+
+/// The runtime class the pod names.
+fn runtime_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.runtime_class_name.as_deref()
+}
+
+/// Annotates the test's namespace to require runtime class `rc`.
+async fn require(env: &TestEnv, rc: &str) {
+    let nss: Api<Namespace> = Api::all(env.client.clone());
+    nss.patch(
+        &env.ns,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"annotations": {
+            "agentbox.dev/required-runtime-class": rc}}})),
+    )
+    .await
+    .expect("annotate namespace");
+}
+
+fn templated(user: &str, template: &str) -> serde_json::Value {
+    json!({
+        "templateRef": {"name": template},
+        "scope": {"kind": "User", "agent": "gvisor-tests", "user": user},
+    })
+}
+
+#[tokio::test]
+async fn the_operators_default_runtime_class_reaches_cold_templated_and_warm_pods() {
+    let mut env = TestEnv::new("gvisor-default").await;
+    env.start_operator(&["--default-runtime-class", "gvisor"]);
+    let pods = env.api::<Pod>();
+    create_template(&env, "tpl", "a").await;
+    create_pool(&env, "warm", "tpl", 1, "Recreate")
+        .await
+        .expect("create pool");
+    create_sandbox(&env, "cold", spec("alice", None))
+        .await
+        .expect("create cold");
+
+    // A cold sandbox that names no runtime class runs under the operator's default, and says so.
+    let cold = ready(&env, "cold").await;
+    let pod = pods.get(&pod_of(&cold)).await.expect("pod of cold");
+    assert_eq!(runtime_of(&pod), Some("gvisor"));
+    assert_eq!(
+        cold.status
+            .as_ref()
+            .and_then(|s| s.runtime_class_name.as_deref()),
+        Some("gvisor")
+    );
+    let (_, k) = sh(&env, &pod_of(&cold), "dmesg | head -n 1").await;
+    assert!(k.contains("gVisor"), "{k}");
+    let (ok, out, err) = kubectl(&["get", "sbx", "-n", &env.ns, "-o", "wide"], "");
+    assert!(ok, "{err}");
+    let header = out.lines().next().unwrap_or_default();
+    assert!(header.contains("RUNTIME"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("cold "))
+        .unwrap_or_default();
+    assert!(row.split_whitespace().any(|w| w == "gvisor"), "{out}");
+    let (_, narrow, _) = kubectl(&["get", "sbx", "-n", &env.ns], "");
+    assert!(
+        !narrow.contains("RUNTIME"),
+        "priority 1: only with -o wide\n{narrow}"
+    );
+
+    // The pool's warm pods of a template that names none run under it too, and a sandbox of
+    // the template that takes one says so.
+    wait_ready(&env, "warm", 1).await;
+    let warm = warm_pods(&env, "warm").await;
+    assert_eq!(warm.len(), 1);
+    assert_eq!(runtime_of(&warm[0]), Some("gvisor"));
+    let warm_name = kube::ResourceExt::name_any(&warm[0]);
+    create_sandbox(&env, "claimed", templated("bob", "tpl"))
+        .await
+        .expect("create claimed");
+    let claimed = ready(&env, "claimed").await;
+    assert_eq!(pod_of(&claimed), warm_name, "the warm pod was claimed");
+    assert_eq!(
+        claimed
+            .status
+            .as_ref()
+            .and_then(|s| s.runtime_class_name.as_deref()),
+        Some("gvisor")
+    );
+    let (_, k) = sh(&env, &warm_name, "dmesg | head -n 1").await;
+    assert!(k.contains("gVisor"), "{k}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_namespace_that_requires_gvisor_refuses_sandboxes_and_pools_that_would_run_otherwise() {
+    let mut env = TestEnv::new("gvisor-required").await;
+    require(&env, "gvisor").await;
+    // No default: a sandbox that names nothing would run under the node's runtime (runc).
+    env.start_operator(&["--default-runtime-class="]);
+    create_template(&env, "tpl", "a").await;
+    create_pool(&env, "warm", "tpl", 1, "Recreate")
+        .await
+        .expect("create pool");
+    create_sandbox(&env, "plain", spec("alice", None))
+        .await
+        .expect("create plain");
+    create_sandbox(&env, "other", spec("bob", Some("runc")))
+        .await
+        .expect("create other");
+    create_sandbox(&env, "from-tpl", templated("carol", "tpl"))
+        .await
+        .expect("create from-tpl");
+    create_sandbox(&env, "g", spec("dave", Some("gvisor")))
+        .await
+        .expect("create g");
+
+    // What names gVisor runs.
+    let g = ready(&env, "g").await;
+    assert_eq!(
+        g.status
+            .as_ref()
+            .and_then(|s| s.runtime_class_name.as_deref()),
+        Some("gvisor")
+    );
+    // Everything else is refused, visibly, and never started.
+    for (name, runs) in [
+        ("plain", "the node's default runtime"),
+        ("other", "runtime class \"runc\""),
+        ("from-tpl", "the node's default runtime"),
+    ] {
+        let s = wait_condition(&env, name, "Ready", "False", "RuntimeClassRequired").await;
+        let st = s.status.as_ref().expect("status");
+        assert_eq!(st.phase, Some(SandboxPhase::Failed), "{name}");
+        let stalled = s.stalled().expect("Stalled: every client's wait ends");
+        assert_eq!(stalled.reason, "RuntimeClassRequired");
+        let msg = condition_message(&s, "Ready");
+        assert!(
+            msg.contains("agentbox.dev/required-runtime-class") && msg.contains(runs),
+            "{name}: {msg}"
+        );
+        let evs = common::events(&env, name, "RuntimeClassRequired").await;
+        assert!(
+            evs.iter().any(|e| e.type_.as_deref() == Some("Warning")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("agentbox.dev/required-runtime-class"))),
+            "{name}: {evs:?}"
+        );
+        assert!(env.sandbox_pods(name).await.is_empty(), "{name} got a pod");
+    }
+    // The pool keeps no warm pod under runc, and says why.
+    let pool = env
+        .wait_for::<SandboxPool>("warm", 60, |p: Option<&SandboxPool>| {
+            p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == "RuntimeClassRequired")
+            })
+        })
+        .await;
+    let ready_cond = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .cloned()
+        .expect("Ready");
+    assert_eq!(ready_cond.status, "False");
+    assert!(
+        ready_cond
+            .message
+            .contains("agentbox.dev/required-runtime-class"),
+        "{}",
+        ready_cond.message
+    );
+    let evs = common::events(&env, "warm", "RuntimeClassRequired").await;
+    assert!(
+        evs.iter().any(|e| e.type_.as_deref() == Some("Warning")),
+        "{evs:?}"
+    );
+    assert!(warm_pods(&env, "warm").await.is_empty());
+    // Refused means never started: no pod under runc ever existed in the namespace.
+    for p in env
+        .api::<Pod>()
+        .list(&Default::default())
+        .await
+        .expect("pods")
+        .items
+    {
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        if labels.contains_key(agentbox_api::labels::SANDBOX)
+            || labels.contains_key(agentbox_api::labels::POOL)
+        {
+            assert_eq!(runtime_of(&p), Some("gvisor"), "{:?}", p.metadata.name);
+        }
+    }
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_runtime_class_that_does_not_exist_stalls_the_sandbox_at_once_without_a_pod() {
+    let mut env = TestEnv::new("gvisor-missing").await;
+    env.start_operator(&[]);
+    create_sandbox(&env, "nowhere", spec("alice", Some("no-such-class")))
+        .await
+        .expect("create");
+    let s = wait_condition(&env, "nowhere", "Stalled", "True", "RuntimeClassNotFound").await;
+    assert_eq!(
+        s.status.as_ref().and_then(|st| st.phase),
+        Some(SandboxPhase::Pending)
+    );
+    assert!(s.stalled().is_some(), "every client's wait for Ready ends");
+    let msg = condition_message(&s, "Ready");
+    assert!(
+        msg.contains("RuntimeClass \"no-such-class\" does not exist"),
+        "{msg}"
+    );
+    let evs = common::events(&env, "nowhere", "RuntimeClassNotFound").await;
+    assert!(
+        evs.iter().any(|e| e.type_.as_deref() == Some("Warning")),
+        "{evs:?}"
+    );
+    assert!(env.sandbox_pods("nowhere").await.is_empty());
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn the_charts_admission_policy_refuses_at_admission_what_the_namespace_does_not_take() {
+    let env = TestEnv::new("gvisor-vap").await;
+    // The chart's policy, named after and bound to this namespace only (watchNamespace).
+    let rendered = common::helm_template(&[
+        "--show-only",
+        "templates/admissionpolicy.yaml",
+        "--set",
+        &format!("fullnameOverride={}", env.ns),
+        "--set",
+        &format!("watchNamespace={}", env.ns),
+    ])
+    .expect("helm template");
+    let (ok, out, err) = kubectl(&["apply", "-f", "-"], &rendered);
+    assert!(ok, "{out}{err}");
+    require(&env, "gvisor").await;
+    let sandbox = |name: &str, extra: serde_json::Value| {
+        let mut o = json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": name, "namespace": env.ns},
+            "spec": spec(name, None),
+        });
+        if let (Some(s), Some(e)) = (o["spec"].as_object_mut(), extra.as_object()) {
+            s.extend(e.clone());
+        }
+        o.to_string()
+    };
+    // The binding takes effect once the API server has loaded it: until then a create may
+    // pass (deleted again), so try until refused.
+    let mut refused = String::new();
+    for i in 0..300 {
+        let (ok, _, err) = kubectl(
+            &["create", "-f", "-"],
+            &sandbox(&format!("plain-{i}"), json!({})),
+        );
+        if !ok {
+            refused = err;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        refused.contains("agentbox.dev/required-runtime-class")
+            && refused.contains("requires runtime class gvisor")
+            && refused.contains("node default runtime"),
+        "{refused}"
+    );
+    let (ok, _, err) = kubectl(
+        &["create", "-f", "-"],
+        &sandbox("other", json!({"runtimeClassName": "runc"})),
+    );
+    assert!(!ok && err.contains("runtime class runc"), "{err}");
+    let (ok, _, err) = kubectl(
+        &["create", "-f", "-"],
+        &sandbox("g", json!({"runtimeClassName": "gvisor"})),
+    );
+    assert!(ok, "{err}");
+    // A template is checked the same way; a sandbox of a template is left to the template.
+    let tpl = |name: &str, rc: Option<&str>| {
+        let mut o = json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
+            "metadata": {"name": name, "namespace": env.ns},
+            "spec": {"image": common::BASE_IMAGE},
+        });
+        if let Some(rc) = rc {
+            o["spec"]["runtimeClassName"] = json!(rc);
+        }
+        o.to_string()
+    };
+    let (ok, _, err) = kubectl(&["create", "-f", "-"], &tpl("plain", None));
+    assert!(!ok && err.contains("SandboxTemplate"), "{err}");
+    let (ok, _, err) = kubectl(&["create", "-f", "-"], &tpl("g", Some("gvisor")));
+    assert!(ok, "{err}");
+    let mut from_tpl = json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "from-tpl", "namespace": env.ns},
+        "spec": templated("erin", "g"),
+    });
+    from_tpl["spec"]["scope"]["user"] = json!("erin");
+    let (ok, _, err) = kubectl(&["create", "-f", "-"], &from_tpl.to_string());
+    assert!(ok, "{err}");
+    // Writes that leave the spec alone pass (a finalizer's removal on a refused object).
+    let (ok, _, err) = kubectl(&["label", "sbx", "g", "-n", &env.ns, "x=y"], "");
+    assert!(ok, "{err}");
+    let (ok, out, err) = kubectl(&["delete", "-f", "-", "--wait=false"], &rendered);
+    assert!(ok, "{out}{err}");
+    env.finish().await;
 }

@@ -482,6 +482,26 @@ fn check_not_run(cmd: &[String], built: &mut Vec<String>) -> Result<(), String> 
                 None => Ok(()),
             }
         }
+        // A namespace annotation the operator reads, set as documented.
+        "kubectl" if cmd.get(1).map(String::as_str) == Some("annotate") => {
+            let known = [
+                agentbox_operator::controller::runtime::REQUIRED_RUNTIME_CLASS,
+                agentbox_operator::controller::restore_source::ALLOW_CROSS_SCOPE,
+            ];
+            match (cmd.get(2).map(String::as_str), cmd.get(4)) {
+                (Some("namespace"), Some(kv))
+                    if cmd.len() == 5
+                        && kv
+                            .split_once('=')
+                            .is_some_and(|(k, v)| known.contains(&k) && !v.is_empty()) =>
+                {
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "kubectl annotate: only `kubectl annotate namespace NAME KEY=VALUE` with one of {known:?}"
+                )),
+            }
+        }
         "cp" => match cmd.get(1) {
             Some(src) if root.join(src).exists() => Ok(()),
             src => Err(format!("cp: no {src:?}")),

@@ -34,6 +34,23 @@ pub fn env_num(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The runtime class a bench runs its pods and sandboxes under (`BENCH_RUNTIME_CLASS`, e.g.
+/// `gvisor`: hack/bench's gVisor rows); `None`: the node's default runtime (runc).
+pub fn runtime_class() -> Option<String> {
+    std::env::var("BENCH_RUNTIME_CLASS")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// The name a bench records its figures under: `bench`, or `bench_<class>` under
+/// [`runtime_class`] (the report sets the two side by side).
+pub fn bench_name(bench: &str) -> String {
+    match runtime_class() {
+        Some(rc) => format!("{bench}_{rc}"),
+        None => bench.to_string(),
+    }
+}
+
 /// Records one figure as a JSON line in the file `$BENCH_RESULTS` (appended; nothing when
 /// unset): `{"bench", "key", "value", "unit", "n"}`. `hack/bench` builds its table from these
 /// lines only, never from the human-readable output.

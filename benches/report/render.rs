@@ -226,6 +226,81 @@ fn row(figure: String, agentbox: String, baseline: String) -> Row {
     }
 }
 
+/// The rows of one sandboxing runtime (`BENCH_RUNTIME_CLASS=<class>`: benches `lifecycle_<class>`
+/// and `exec_<class>`) beside runc's figures of the same run: create → Ready, one-shot exec
+/// and the session. Issue 31's targets: create → Ready and exec p50 within 1.5× runc's.
+fn runtime_rows(f: &Figures, class: &str, name: &str) -> Vec<Row> {
+    let mut out = Vec::new();
+    let (life, exec) = (format!("lifecycle_{class}"), format!("exec_{class}"));
+    let times = |ours: f64, runc: f64| ours / runc;
+    let l = |k: &str| f.get(&life, k);
+    let rl = |k: &str| f.get("lifecycle", k);
+    if let (Some(s50), Some(s95), Some(r50), Some(r95)) = (
+        l("sandbox_ready_p50_ms"),
+        l("sandbox_ready_p95_ms"),
+        rl("sandbox_ready_p50_ms"),
+        rl("sandbox_ready_p95_ms"),
+    ) {
+        let n = f.n(&life, "sandbox_ready_p50_ms");
+        let x = times(s50, r50);
+        out.push(Row {
+            target: "p50 ≤ 1.5× runc's",
+            met: Some(x <= 1.5),
+            ..row(
+                format!("{name}: create → Ready, p50 / p95 (n={n}, one at a time)"),
+                format!("{s50:.0} / {s95:.0} ms ({x:.2}× runc)"),
+                format!("runc {r50:.0} / {r95:.0} ms"),
+            )
+        });
+    }
+    if let (Some(b50), Some(b95), Some(r50)) = (
+        l("bare_ready_p50_ms"),
+        l("bare_ready_p95_ms"),
+        rl("bare_ready_p50_ms"),
+    ) {
+        let n = f.n(&life, "bare_ready_p50_ms");
+        out.push(row(
+            format!("{name}: bare pod create → Running, p50 / p95 (n={n})"),
+            format!("{b50:.0} / {b95:.0} ms ({:.2}× runc)", times(b50, r50)),
+            format!("runc {r50:.0} ms"),
+        ));
+    }
+    let e = |k: &str| f.get(&exec, k);
+    let re = |k: &str| f.get("exec", k);
+    if let (Some(a50), Some(a95), Some(r50), Some(r95)) = (
+        e("oneshot_agentbox_p50_ms"),
+        e("oneshot_agentbox_p95_ms"),
+        re("oneshot_agentbox_p50_ms"),
+        re("oneshot_agentbox_p95_ms"),
+    ) {
+        let n = f.n(&exec, "oneshot_agentbox_p50_ms");
+        let x = times(a50, r50);
+        out.push(Row {
+            target: "p50 ≤ 1.5× runc's",
+            met: Some(x <= 1.5),
+            ..row(
+                format!("{name}: one-shot exec `true`, p50 / p95 (n={n})"),
+                format!("{a50:.1} / {a95:.1} ms ({x:.2}× runc)"),
+                format!("runc {r50:.1} / {r95:.1} ms"),
+            )
+        });
+    }
+    if let (Some(s50), Some(s95), Some(r50), Some(r95)) = (
+        e("session_p50_ms"),
+        e("session_p95_ms"),
+        re("session_p50_ms"),
+        re("session_p95_ms"),
+    ) {
+        let n = f.n(&exec, "session_p50_ms");
+        out.push(row(
+            format!("{name}: persistent session, per command, p50 / p95 (n={n})"),
+            format!("{s50:.2} / {s95:.2} ms ({:.2}× runc)", times(s50, r50)),
+            format!("runc {r50:.2} / {r95:.2} ms"),
+        ));
+    }
+    out
+}
+
 /// The table's rows, in order, for the figures there are (a bench that did not run leaves
 /// its rows out).
 pub fn rows(f: &Figures) -> Vec<Row> {
@@ -457,6 +532,8 @@ pub fn rows(f: &Figures) -> Vec<Row> {
             "—".into(),
         ));
     }
+
+    out.extend(runtime_rows(f, "gvisor", "gVisor"));
 
     for (store, name) in [
         ("file", "file"),

@@ -96,7 +96,11 @@ node_ready_named() { # name [since]: Ready, and (with since, RFC 3339 UTC, micro
 #   pods stayed Terminating for ever. The wrapper gives the shim a waiter's PID (`runsc wait`).
 # - `runsc kill` of a pod sandbox already gone fails "sandbox is not running", which the shim
 #   does not read as "already exited": StopPodSandbox failed for ever. It succeeds now.
-# (gVisor's containerd-shim-runsc-v1 does these three itself; the wrapper keeps to the packaged
+# - --net-raw: without it runsc removes CAP_NET_RAW from every container, so a Sandbox that the
+#   operator's --allowed-capabilities lets add NET_RAW silently lacked it under gVisor (seen by
+#   tests/security.rs in hack/test's gVisor matrix). Sandboxes drop NET_RAW by default, under
+#   both runtimes; with the flag, gVisor gives a container exactly the capabilities its spec has.
+# (gVisor's containerd-shim-runsc-v1 does the second to fourth itself; the wrapper keeps to the packaged
 # runsc and containerd's own shim, nothing to build.)
 # No runsc on the machine: no handler, nothing changes.
 RUNSC=/usr/bin/runsc
@@ -106,7 +110,7 @@ write_runsc_wrapper() {
   mkdir -p "$N_RUN/runsc" "$N_DIR/runsc-logs"
   # The shim adds --root/--log/--log-format; the flags before them are ours. --debug-log: runsc's
   # own per-command logs, where its refusals are explained.
-  local run="$RUNSC --platform=ptrace --network=host --debug-log=$N_DIR/runsc-logs/"
+  local run="$RUNSC --platform=ptrace --network=host --net-raw --debug-log=$N_DIR/runsc-logs/"
   cat >"$(runsc_wrapper).tmp" <<EOF
 #!/bin/sh
 RUNSC="$run"

@@ -15,6 +15,7 @@ pub mod reasons;
 pub mod refill_delay;
 pub mod restore;
 pub mod restore_source;
+pub mod runtime;
 pub mod sandbox;
 #[cfg(test)]
 mod scenarios;

@@ -73,6 +73,8 @@ pub struct PodConfig<'a> {
     pub helper: Option<HelperImage<'a>>,
     /// Defaults of the sandboxes' security settings.
     pub security: security::Defaults<'a>,
+    /// The runtime class of sandbox pods whose spec names none (`--default-runtime-class`).
+    pub default_runtime_class: Option<&'a str>,
 }
 
 impl<'a> PodConfig<'a> {
@@ -89,6 +91,8 @@ impl<'a> PodConfig<'a> {
                 run_as_non_root: c.run_as_non_root,
                 default_run_as_user: c.default_run_as_user,
             },
+            default_runtime_class: (!c.default_runtime_class.is_empty())
+                .then_some(c.default_runtime_class.as_str()),
         }
     }
 }
@@ -159,7 +163,10 @@ pub fn build_pod_spec(
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(10),
-        runtime_class_name: spec.pod.runtime_class_name.clone(),
+        // The operator's default applies at the one builder, so cold and warm pods of a spec
+        // agree (a warm pod's shape hash covers it).
+        runtime_class_name: super::runtime::effective(spec, cfg.default_runtime_class)
+            .map(String::from),
         node_selector: (!spec.pod.node_selector.is_empty()).then(|| spec.pod.node_selector.clone()),
         tolerations: (!spec.pod.tolerations.is_empty()).then(|| spec.pod.tolerations.clone()),
         security_context: Some(PodSecurityContext {
@@ -530,6 +537,7 @@ pub(super) mod tests {
                 run_as_non_root: false,
                 default_run_as_user: 65532,
             },
+            default_runtime_class: None,
         }
     }
 
@@ -547,6 +555,34 @@ pub(super) mod tests {
         assert_eq!(c.image.as_deref(), Some(HELPER.image));
         assert_eq!(c.command.as_ref().unwrap()[0], agentbox_helper::BIN);
         assert_eq!(c.volume_mounts.as_ref().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn the_operators_default_runtime_class_applies_to_pods_whose_spec_names_none() {
+        let dflt = PodConfig {
+            default_runtime_class: Some("gvisor"),
+            ..cfg("/w")
+        };
+        let rc = |sbx: &Sandbox, c: &PodConfig<'_>| {
+            build_pod(sbx, c, None)
+                .spec
+                .and_then(|s| s.runtime_class_name)
+        };
+        let plain = sandbox(serde_json::json!({}));
+        let kata = sandbox(serde_json::json!({"runtimeClassName": "kata"}));
+        assert_eq!(rc(&plain, &dflt).as_deref(), Some("gvisor"));
+        assert_eq!(rc(&kata, &dflt).as_deref(), Some("kata"));
+        assert_eq!(rc(&plain, &cfg("/w")), None);
+        // The class is part of the pod's spec hash and of a warm pod's shape: a warm pod of
+        // another runtime class is never claimed.
+        let hash = |c: &PodConfig<'_>| {
+            build_pod(&plain, c, None).metadata.annotations.unwrap()[SPEC_HASH].clone()
+        };
+        assert_ne!(hash(&dflt), hash(&cfg("/w")));
+        assert_ne!(
+            shape_hash(&plain.spec, &dflt),
+            shape_hash(&plain.spec, &cfg("/w"))
+        );
     }
 
     #[test]

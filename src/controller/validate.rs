@@ -227,6 +227,7 @@ mod tests {
             run_as_non_root: false,
             default_run_as_user: 65532,
         },
+        default_runtime_class: None,
     };
 
     fn problems(spec: &SandboxSpec, allowed: &[String]) -> Vec<String> {

@@ -1,5 +1,6 @@
 //! A bare sandbox-like pod for the exec and guard tests (no operator needed): the base image,
-//! one container named `sandbox`, a keep-alive command, no service-account token.
+//! one container named `sandbox`, a keep-alive command, no service-account token; under
+//! `AGENTBOX_TEST_RUNTIME_CLASS` (hack/test's gVisor matrix), that RuntimeClass.
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -12,7 +13,7 @@ use kube::runtime::wait::await_condition;
 /// Creates pod `name` in `ns` and waits until it runs.
 pub async fn start(client: &kube::Client, ns: &str, name: &str) -> Api<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let mut pod: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
@@ -28,6 +29,15 @@ pub async fn start(client: &kube::Client, ns: &str, name: &str) -> Api<Pod> {
         },
     }))
     .expect("pod json");
+    // hack/test's gVisor matrix (AGENTBOX_TEST_RUNTIME_CLASS, as tests/common reads it): the
+    // bare pod runs under that RuntimeClass too.
+    if let (Some(spec), Ok(rc)) = (
+        pod.spec.as_mut(),
+        std::env::var("AGENTBOX_TEST_RUNTIME_CLASS"),
+    ) && !rc.trim().is_empty()
+    {
+        spec.runtime_class_name = Some(rc);
+    }
     pods.create(&PostParams::default(), &pod)
         .await
         .expect("create pod");

@@ -201,8 +201,19 @@ pub fn suffix() -> String {
         .collect()
 }
 
+/// The runtime class of hack/test's gVisor matrix (`AGENTBOX_TEST_RUNTIME_CLASS=gvisor`): every
+/// test operator defaults sandboxes to it (`--default-runtime-class`) and every test namespace
+/// requires it (`agentbox.dev/required-runtime-class`), so a sandbox that would run under
+/// another runtime is refused instead of passing on runc. `None`: the node's default runtime.
+pub fn matrix_runtime_class() -> Option<String> {
+    std::env::var("AGENTBOX_TEST_RUNTIME_CLASS")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+}
+
 impl TestEnv {
-    /// Creates namespace `<prefix>-<random>`.
+    /// Creates namespace `<prefix>-<random>` (annotated with the matrix's required runtime
+    /// class, see [`matrix_runtime_class`]).
     pub async fn new(prefix: &str) -> TestEnv {
         let client = Client::try_default()
             .await
@@ -215,6 +226,13 @@ impl TestEnv {
         let nss: Api<Namespace> = Api::all(client.clone());
         let mut obj = Namespace::default();
         obj.metadata.name = Some(ns.clone());
+        if let Some(rc) = matrix_runtime_class() {
+            obj.metadata.annotations = Some(
+                [("agentbox.dev/required-runtime-class".to_string(), rc)]
+                    .into_iter()
+                    .collect(),
+            );
+        }
         nss.create(&PostParams::default(), &obj)
             .await
             .expect("create namespace");
@@ -270,6 +288,17 @@ impl TestEnv {
             .args(
                 (!extra.iter().any(|a| a.starts_with("--helper-image")))
                     .then(|| ["--helper-image".to_string(), helper_image()])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(
+                matrix_runtime_class()
+                    .filter(|_| {
+                        !extra
+                            .iter()
+                            .any(|a| a.starts_with("--default-runtime-class"))
+                    })
+                    .map(|rc| ["--default-runtime-class".to_string(), rc])
                     .into_iter()
                     .flatten(),
             )

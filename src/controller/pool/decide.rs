@@ -25,6 +25,9 @@ pub enum PoolReason {
     TemplateNotFound,
     /// The template makes pods this operator refuses (its configuration does not allow them).
     Invalid,
+    /// The pods would run under a runtime class the namespace does not take (its annotation
+    /// `agentbox.dev/required-runtime-class`).
+    RuntimeClassRequired,
 }
 
 impl PoolReason {
@@ -36,13 +39,17 @@ impl PoolReason {
             PoolReason::Updating => "Updating",
             PoolReason::TemplateNotFound => "TemplateNotFound",
             PoolReason::Invalid => "Invalid",
+            PoolReason::RuntimeClassRequired => crate::controller::runtime::REFUSED,
         }
     }
 
     /// Whether reaching this reason is a problem a user must fix (a Warning Event on the
     /// transition).
     pub fn is_problem(self) -> bool {
-        matches!(self, PoolReason::TemplateNotFound | PoolReason::Invalid)
+        matches!(
+            self,
+            PoolReason::TemplateNotFound | PoolReason::Invalid | PoolReason::RuntimeClassRequired
+        )
     }
 }
 
@@ -60,6 +67,8 @@ pub enum Want {
     Missing(String),
     /// The template makes pods the operator refuses (the problems).
     Invalid(Vec<String>),
+    /// The namespace refuses the runtime class the pods would run under (why).
+    Refused(String),
 }
 
 /// One of the pool's warm pods, as the decision needs it.
@@ -123,7 +132,7 @@ pub fn decide(pool: &SandboxPool, want: &Want, pods: &[WarmPod], now: Timestamp)
             shape_hash,
             generation,
         } => (Some(shape_hash.as_str()), Some(*generation)),
-        Want::Missing(_) | Want::Invalid(_) => (None, None),
+        Want::Missing(_) | Want::Invalid(_) | Want::Refused(_) => (None, None),
     };
     // Ended pods never run again; pods of an unusable template can never be claimed.
     let (dead, live): (Vec<&WarmPod>, Vec<&WarmPod>) =
@@ -173,6 +182,7 @@ pub fn decide(pool: &SandboxPool, want: &Want, pods: &[WarmPod], now: Timestamp)
             PoolReason::Invalid,
             format!("the template's pods are refused: {}", problems.join("; ")),
         ),
+        Want::Refused(why) => (PoolReason::RuntimeClassRequired, why.clone()),
         Want::Pods { .. } if !replaced.is_empty() || old > 0 => (
             PoolReason::Updating,
             format!(
@@ -501,6 +511,39 @@ mod tests {
         assert_eq!(plan.reason.0, PoolReason::Invalid);
         assert!(plan.reason.1.contains("SYS_ADMIN"));
         assert!(PoolReason::Invalid.is_problem() && !PoolReason::Scaling.is_problem());
+    }
+
+    #[test]
+    fn a_runtime_class_the_namespace_refuses_makes_no_warm_pod_and_removes_those_there_are() {
+        let pods = [pod("a", "h", 0, true, true)];
+        let why = "namespace n requires runtime class \"gvisor\" (annotation agentbox.dev/required-runtime-class)";
+        let plan = decide(
+            &pool(2, "Recreate"),
+            &Want::Refused(why.into()),
+            &pods,
+            now(),
+        );
+        assert_eq!(plan.create, 0);
+        assert_eq!(plan.delete, vec!["a".to_string()]);
+        assert_eq!(plan.reason.0, PoolReason::RuntimeClassRequired);
+        assert_eq!(plan.reason.0.as_str(), "RuntimeClassRequired");
+        assert_eq!(plan.reason.1, why);
+        assert!(PoolReason::RuntimeClassRequired.is_problem());
+        let ready = plan
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "RuntimeClassRequired")
+        );
+        assert!(
+            ready
+                .message
+                .contains("agentbox.dev/required-runtime-class")
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 
 use super::pod::{self, CONTAINER, PodConfig};
 use super::podstate::{PodState, observe_pod};
-use super::{noderoot, validate};
+use super::{noderoot, runtime, validate};
 use crate::controller::context::{Context, Error};
 use crate::controller::helper_pod;
 use agentbox_api::crd::{SandboxPool, SandboxTemplate};
@@ -176,6 +176,18 @@ async fn observe_template(
     let problems = validate::problems(&spec, &ctx.config.allowed_host_prefixes, podcfg);
     if !problems.is_empty() {
         return Ok((Want::Invalid(problems), None));
+    }
+    // No warm pod under a runtime class the namespace refuses: none would ever be claimed,
+    // and code must not run there under it.
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let required = runtime::required(namespaces.get_opt(ns).await?.as_ref());
+    if let Some(why) = runtime::refusal(
+        runtime::effective(&spec, podcfg.default_runtime_class),
+        required.as_deref(),
+        ns,
+        "the pool's template",
+    ) {
+        return Ok((Want::Refused(why), None));
     }
     let generation = t.metadata.generation.unwrap_or_default();
     let want = Want::Pods {
@@ -486,6 +498,7 @@ mod tests {
                 run_as_non_root: false,
                 default_run_as_user: 65532,
             },
+            default_runtime_class: None,
         };
         pod::build_warm_pod(pool, &spec, &cfg, "ab12c", 1)
     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -25,12 +26,16 @@ use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
 use crate::controller::{
-    conditions, noderoot, placement, restore_source, service, snapshot, sources,
+    conditions, noderoot, placement, restore_source, runtime, service, snapshot, sources,
 };
 use crate::metrics::{COLD, ExecOp, GuardOp, GuardOutcome, Metrics, WARM};
 use agentbox_api::crd::{Egress, LifecycleMode, Sandbox, SandboxSnapshot, SandboxStatus};
 use agentbox_api::guard::{self, GuardConfig, GuardError, LeaseView};
 use agentbox_api::labels;
+
+/// How soon a sandbox whose RuntimeClass does not exist looks again (RuntimeClasses are not
+/// watched).
+const RUNTIME_CLASS_POLL: Duration = Duration::from_secs(30);
 
 /// Carries out `plan` for `sbx`, as decided from `world`.
 pub async fn act(
@@ -63,7 +68,7 @@ pub async fn act(
                 delete_if_present(&apis.pods, &pod_name).await?;
             }
             write_transition(ctx, sbx, apis, old, &status, note).await?;
-            return Ok(Action::await_change());
+            return Ok(requeue.map_or_else(Action::await_change, Action::requeue));
         }
         Step::ShutDown => {
             // The delete's cleanup (the on-stop snapshot, the workspace) needs the finalizer on.
@@ -383,6 +388,23 @@ async fn create_pod(
                 requeue,
             )
             .await;
+        }
+    }
+    // A runtime class that does not exist would leave the pod refused (or, where the API
+    // server does not check, Pending for ever): said at once, and looked at again.
+    if let Some(rc) = runtime::effective(&sbx.spec, podcfg.default_runtime_class) {
+        let classes: Api<RuntimeClass> = Api::all(ctx.client.clone());
+        match classes.get_opt(rc).await {
+            Ok(Some(_)) => decide::clear_stall(&mut st, runtime::NOT_FOUND),
+            Ok(None) => {
+                let note = decide::runtime_class_missing(&mut st, rc, generation, now);
+                write_transition(ctx, sbx, apis, old, &st, Some(note)).await?;
+                return Ok(Action::requeue(RUNTIME_CLASS_POLL));
+            }
+            // An operator without the right to read RuntimeClasses: the API server's own
+            // refusal of the pod (PodRejected, below) says it instead.
+            Err(kube::Error::Api(s)) if s.code == 403 => {}
+            Err(e) => return Err(e.into()),
         }
     }
     let pin = match pinned_node(ctx, &st, now).await? {

@@ -237,6 +237,7 @@ mod tests {
                 run_as_non_root: false,
                 default_run_as_user: 65532,
             },
+            default_runtime_class: None,
         }
     }
 

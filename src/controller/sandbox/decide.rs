@@ -16,7 +16,7 @@ use crate::controller::conditions::{self, GUARDED, POD_READY, READY, STALLED, WO
 use crate::controller::context::Note;
 use crate::controller::nodeloss::{self, NodeHealth};
 use crate::controller::podstate::{self, PodState};
-use crate::controller::{placement, service, workspace};
+use crate::controller::{placement, runtime, service, workspace};
 use agentbox_api::crd::{
     AbandonedWorkspace, GuardStatus, LifecycleMode, NodeLoss, RestoreRefusal, Sandbox,
     SandboxPhase, SandboxStatus, StartBranch, TemplateUse, WorkspaceStatus,
@@ -101,6 +101,18 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
         let note = Note::new(EventType::Warning, "InvalidSpec", "Validate", &message);
         return plan(Step::Invalid, st, Some(note));
     }
+    if let Some(message) = &w.runtime_refusal {
+        // Refused like an invalid spec (no pod; a running one goes), but looked at again:
+        // the namespace's annotation may change, and it is not watched.
+        runtime_refused(&mut st, message, generation, now);
+        let note = Note::new(EventType::Warning, runtime::REFUSED, "Validate", message);
+        return Plan {
+            requeue: Some(w.recheck),
+            ..plan(Step::Invalid, st, Some(note))
+        };
+    }
+    // Taken now: a refusal of the runtime class is over.
+    clear_stall(&mut st, runtime::REFUSED);
     let mut requeue = None;
     if let Some(at) = sbx.spec.lifecycle.shutdown_time.as_ref() {
         if at.0 <= now {
@@ -253,6 +265,9 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
 /// records the pod (no write of their own), with its endpoints and template.
 pub fn serving(sbx: &Sandbox, st: &mut SandboxStatus, pod: &Pod, template: Option<&TemplateUse>) {
     st.pod_name = Some(pod.name_any());
+    // What the pod runs under, from the pod itself (an adopted warm pod's, a pod made before
+    // the operator's default changed).
+    st.runtime_class_name = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone());
     // Only a directory other than the derived `<nodeRoot>/<ns>/<uid>` (an adopted warm one) is
     // recorded: a cold sandbox's status stays writable against a CRD from before
     // `workspace.hostDir` (an operator rolled out ahead of its CRDs), and says nothing the
@@ -297,6 +312,7 @@ fn no_pod(
 ) {
     st.phase = Some(phase);
     st.pod_name = None;
+    st.runtime_class_name = None;
     set_false(st, reason, &messages, generation, now);
 }
 
@@ -328,6 +344,34 @@ fn invalid(st: &mut SandboxStatus, message: &str, generation: Option<i64>, now: 
         st,
         (SandboxPhase::Failed, "InvalidSpec"),
         messages,
+        generation,
+        now,
+    );
+}
+
+/// Failed for a runtime class the namespace refuses: no pod, and `Stalled` so that every
+/// client's wait for Ready ends with the reason.
+fn runtime_refused(st: &mut SandboxStatus, message: &str, generation: Option<i64>, now: Timestamp) {
+    let messages = [
+        (READY, message),
+        (
+            POD_READY,
+            "no pod for a runtime class the namespace refuses",
+        ),
+    ];
+    no_pod(
+        st,
+        (SandboxPhase::Failed, runtime::REFUSED),
+        messages,
+        generation,
+        now,
+    );
+    conditions::set(
+        &mut st.conditions,
+        STALLED,
+        true,
+        runtime::REFUSED,
+        message,
         generation,
         now,
     );
@@ -384,8 +428,32 @@ pub fn held(
 ) -> Note {
     st.phase = Some(SandboxPhase::Pending);
     st.pod_name = None;
+    st.runtime_class_name = None;
     not_ready(st, reason, message, generation, now);
     Note::new(EventType::Warning, reason, "CreatePod", message)
+}
+
+/// No pod because the runtime class `name` it would run under does not exist: Pending, Ready
+/// False and `Stalled` with reason [`runtime::NOT_FOUND`] (a client's wait for Ready ends with
+/// it), and the Warning Event. It clears when the class exists and the pod is made.
+pub fn runtime_class_missing(
+    st: &mut SandboxStatus,
+    name: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Note {
+    let message = runtime::not_found_message(name);
+    let note = held(st, (runtime::NOT_FOUND, &message), generation, now);
+    conditions::set(
+        &mut st.conditions,
+        STALLED,
+        true,
+        runtime::NOT_FOUND,
+        message,
+        generation,
+        now,
+    );
+    note
 }
 
 /// A Sandbox whose template `name` does not exist: Pending with reason `TemplateNotFound`
@@ -722,6 +790,12 @@ fn stalled_message(message: &str, grace: Duration) -> String {
     )
 }
 
+/// Removes a `Stalled` condition of `reason`, if there is one.
+pub fn clear_stall(st: &mut SandboxStatus, reason: &str) {
+    st.conditions
+        .retain(|c| !(c.type_ == STALLED && c.reason == reason));
+}
+
 /// Removes a `Stalled` condition that a pod problem set (one a refused start set stays).
 pub fn clear_pod_stall(st: &mut SandboxStatus) {
     st.conditions
@@ -899,6 +973,8 @@ mod tests {
             old: SandboxStatus::default(),
             lease: None,
             problems: Vec::new(),
+            runtime_refusal: None,
+            recheck: Duration::from_secs(300),
             pod,
             policy: None,
             pod_state: PodState::Starting,
@@ -1044,6 +1120,80 @@ mod tests {
             (note.reason.as_str(), note.message.as_str()),
             ("InvalidSpec", "a; b")
         );
+    }
+
+    #[test]
+    fn a_runtime_class_the_namespace_refuses_fails_the_sandbox_stalled_and_is_looked_at_again() {
+        let why = "namespace n requires runtime class \"gvisor\" (annotation agentbox.dev/required-runtime-class)";
+        let mut w = world(Some(pod("sbx-uid")));
+        w.runtime_refusal = Some(why.into());
+        let plan = decide(&sandbox(json!({})), &w);
+        // The Invalid step: no pod (a running one is deleted).
+        assert_eq!(plan.step, Step::Invalid);
+        assert_eq!(plan.status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(plan.status.pod_name, None);
+        assert_eq!(reason(&plan.status, READY), "RuntimeClassRequired");
+        let stalled = conditions::get(&plan.status.conditions, STALLED).expect("stalled");
+        assert_eq!(
+            (stalled.status.as_str(), stalled.message.as_str()),
+            ("True", why)
+        );
+        assert_eq!(plan.requeue, Some(Duration::from_secs(300)));
+        let note = plan.note.expect("note");
+        assert_eq!(
+            (note.type_, note.reason.as_str(), note.message.as_str()),
+            (EventType::Warning, "RuntimeClassRequired", why)
+        );
+        // The namespace takes it now: the refusal's stall goes, a pod is made.
+        let mut w = world(None);
+        w.old = plan.status;
+        let plan = decide(&sandbox(json!({})), &w);
+        assert_eq!(plan.step, Step::CreatePod);
+        assert!(conditions::get(&plan.status.conditions, STALLED).is_none());
+    }
+
+    #[test]
+    fn a_missing_runtime_class_holds_the_sandbox_stalled_until_it_exists() {
+        let mut st = SandboxStatus {
+            pod_name: Some("old".into()),
+            runtime_class_name: Some("gvisor".into()),
+            ..Default::default()
+        };
+        let note = runtime_class_missing(&mut st, "no-such", Some(3), t(0));
+        assert_eq!(st.phase, Some(SandboxPhase::Pending));
+        assert_eq!(
+            (st.pod_name.as_ref(), st.runtime_class_name.as_ref()),
+            (None, None)
+        );
+        assert_eq!(reason(&st, READY), "RuntimeClassNotFound");
+        let stalled = conditions::get(&st.conditions, STALLED).expect("stalled");
+        assert_eq!(stalled.status, "True");
+        assert!(
+            stalled
+                .message
+                .contains("RuntimeClass \"no-such\" does not exist")
+        );
+        assert_eq!(
+            (note.type_, note.reason.as_str()),
+            (EventType::Warning, "RuntimeClassNotFound")
+        );
+        clear_stall(&mut st, "RuntimeClassNotFound");
+        assert!(conditions::get(&st.conditions, STALLED).is_none());
+    }
+
+    #[test]
+    fn a_served_sandbox_records_the_runtime_class_its_pod_runs_under() {
+        let sbx = sandbox(json!({}));
+        let mut p = pod("sbx-uid");
+        let mut st = SandboxStatus::default();
+        super::serving(&sbx, &mut st, &p, None);
+        assert_eq!(st.runtime_class_name, None);
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            runtime_class_name: Some("gvisor".into()),
+            ..Default::default()
+        });
+        super::serving(&sbx, &mut st, &p, None);
+        assert_eq!(st.runtime_class_name.as_deref(), Some("gvisor"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use k8s_openapi::api::coordination::v1::Lease;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -17,7 +17,7 @@ use super::write::Apis;
 use crate::controller::context::{Context, Error};
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState};
-use crate::controller::{placement, validate};
+use crate::controller::{placement, runtime, validate};
 use agentbox_api::crd::{Sandbox, SandboxStatus, TemplateUse};
 use agentbox_api::labels;
 
@@ -32,6 +32,12 @@ pub struct World {
     pub lease: Option<Lease>,
     /// Why the operator cannot honour the spec (empty: it can).
     pub problems: Vec<String>,
+    /// Why the namespace refuses the runtime class the pod would run under
+    /// ([`runtime::REQUIRED_RUNTIME_CLASS`]); `None`: it takes it.
+    pub runtime_refusal: Option<String>,
+    /// How soon a refused sandbox is looked at again (the operator's permanent retry): a
+    /// namespace's annotation is not watched.
+    pub recheck: Duration,
     /// The sandbox's pod.
     pub pod: Option<Pod>,
     /// Its deny-egress NetworkPolicy, as read (what `act` makes agree with the spec).
@@ -59,21 +65,30 @@ pub struct Reads {
     lease: Option<Lease>,
     pod: Option<Pod>,
     policy: Option<NetworkPolicy>,
+    namespace: Option<Namespace>,
 }
 
-/// Reads the scope's guard Lease, the sandbox's pod and its NetworkPolicy, side by side. The
-/// pod is read also for an invalid spec: that step deletes it.
+/// Reads the scope's guard Lease, the sandbox's pod, its NetworkPolicy and its Namespace (for
+/// [`runtime::REQUIRED_RUNTIME_CLASS`]), side by side. The pod is read also for an invalid
+/// spec: that step deletes it.
 pub async fn read(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<Reads, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
     let lease_name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
     let policy_name = labels::network_policy_name(&sbx.name_any());
-    let (lease, pod, policy) = tokio::try_join!(
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let (lease, pod, policy, namespace) = tokio::try_join!(
         async { Ok::<_, Error>(leases.get_opt(&lease_name).await?) },
         find_pod(sbx, ctx, &apis.pods),
         async { Ok::<_, Error>(apis.policies.get_opt(&policy_name).await?) },
+        async { Ok::<_, Error>(namespaces.get_opt(&ns).await?) },
     )?;
-    Ok(Reads { lease, pod, policy })
+    Ok(Reads {
+        lease,
+        pod,
+        policy,
+        namespace,
+    })
 }
 
 /// The world of `sbx` (its effective spec), from `reads` and, when its pod is not serving,
@@ -83,9 +98,21 @@ pub async fn observe(
     ctx: &Context,
     podcfg: &PodConfig<'_>,
     template: Option<TemplateUse>,
-    Reads { lease, pod, policy }: Reads,
+    Reads {
+        lease,
+        pod,
+        policy,
+        namespace,
+    }: Reads,
 ) -> Result<World, Error> {
     let problems = validate::problems(&sbx.spec, &ctx.config.allowed_host_prefixes, podcfg);
+    // Judged on the effective spec: a template's runtime class, else the operator's default.
+    let runtime_refusal = runtime::refusal(
+        runtime::effective(&sbx.spec, podcfg.default_runtime_class),
+        runtime::required(namespace.as_ref()).as_deref(),
+        &sbx.namespace().unwrap_or_default(),
+        "this sandbox",
+    );
     let pod_state = pod
         .as_ref()
         .map_or(PodState::Starting, podstate::observe_pod);
@@ -126,6 +153,8 @@ pub async fn observe(
                 .and_then(|a| a.get(SPEC_HASH).cloned())
         }),
         problems,
+        runtime_refusal,
+        recheck: Duration::from_secs(ctx.config.permanent_retry_seconds),
         pod,
         policy,
         template,

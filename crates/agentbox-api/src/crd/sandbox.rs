@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Last-Snapshot","type":"string","priority":1,"description":"Name of the newest Ready snapshot of this sandbox","jsonPath":".status.lastSnapshot.name"}"#,
     printcolumn = r#"{"name":"Template","type":"string","priority":1,"description":"The SandboxTemplate the sandbox is made from","jsonPath":".spec.templateRef.name"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","priority":1,"jsonPath":".status.podName"}"#,
+    printcolumn = r#"{"name":"Runtime","type":"string","priority":1,"description":"RuntimeClass the sandbox's pod runs under (empty: the node's default runtime)","jsonPath":".status.runtimeClassName"}"#,
     printcolumn = r#"{"name":"Idle-Since","type":"date","priority":1,"description":"Since when the sandbox has been idle (Ready, its scope's guard free), with lifecycle.idleTimeout","jsonPath":".status.idleSince"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","description":"Reason of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Message of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#,
@@ -133,8 +134,12 @@ pub struct PodShape {
     pub resources: Option<ResourceRequirements>,
 
     /// RuntimeClass of the sandbox pod, for stronger isolation (for example gVisor or Kata): a
-    /// second kernel boundary between the sandbox's code and the node. Must name a RuntimeClass
-    /// of the cluster; a pod the API server refuses shows as Ready=False, reason PodRejected.
+    /// second kernel boundary between the sandbox's code and the node. Unset: the operator's
+    /// `--default-runtime-class`, else the node's default runtime. Must name a RuntimeClass of
+    /// the cluster: one that does not exist holds the sandbox Pending with Ready False and
+    /// `Stalled`, reason RuntimeClassNotFound. In a namespace annotated
+    /// `agentbox.dev/required-runtime-class`, any other class (or none) is refused: Failed,
+    /// reason RuntimeClassRequired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = crate::crd::object_name())]
@@ -780,6 +785,11 @@ pub struct SandboxStatus {
     /// Node that holds the workspace; the pod is pinned to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// RuntimeClass the sandbox's pod runs under, as the pod names it: the spec's, its
+    /// template's, or the operator's `--default-runtime-class`. Absent: the node's default
+    /// runtime (runc on most clusters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class_name: Option<String>,
     /// Scope key: hex SHA-256 over the scope kind and ids (also the `agentbox.dev/scope-key` label).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope_key: Option<String>,
