@@ -31,11 +31,11 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{
+use agentbox_api::crd::{
     Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot, SandboxTemplate, SnapshotPhase,
 };
-use agentbox::guard::{self, GuardConfig};
-use agentbox::labels;
+use agentbox_api::guard::{self, GuardConfig};
+use agentbox_api::labels;
 use common::pools::{create_pool, create_template};
 use common::store::{Backend, Kind, backend, object_digest, start, upload_alive, upload_forgotten};
 use common::{NODE_ROOT, TestEnv, create_sandbox, sh};
@@ -195,7 +195,9 @@ async fn wait_warm(
     loop {
         let pods = warm_pods(env, pool).await;
         if pods.len() == n
-            && pods.iter().all(agentbox::controller::pool::is_claimable)
+            && pods
+                .iter()
+                .all(agentbox_operator::controller::pool::is_claimable)
             && !pods.iter().any(|p| not.contains(&p.name_any()))
         {
             return Ok(pods);
@@ -297,10 +299,10 @@ exec /bin/busybox sh "$@"
 END
 chmod 0755 /usr/local/bin/sh"#
     );
-    let req = agentbox::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
+    let req = agentbox_api::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
         .stdin(head.to_vec())
         .timeout(Duration::from_secs(60));
-    match agentbox::exec::run(&env.api::<Pod>(), pod, "sandbox", req).await {
+    match agentbox_api::exec::run(&env.api::<Pod>(), pod, "sandbox", req).await {
         Ok(out) if out.success() => Ok(()),
         Ok(out) => Err(format!("planting the shell: {}", out.stderr_str())),
         Err(e) => Err(format!("planting the shell: {e}")),
@@ -576,7 +578,7 @@ async fn tidy_and_check(env: &TestEnv, user: &str, uids: &[String], v: &mut Vec<
     // A deleted sandbox's directory is removed just after the object goes (the sweep; its
     // startup pass when the kill came in between).
     for uid in uids {
-        let dir = agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, uid);
+        let dir = agentbox_operator::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, uid);
         if !until(60, || async { !std::path::Path::new(&dir).exists() }).await {
             v.push(format!("orphaned workspace directory {dir}"));
         }
@@ -895,7 +897,7 @@ async fn refill_trial(env: &mut TestEnv, b: &Backend, i: usize, after: Duration,
     let at_kill = warm_pods(env, &pool).await;
     let ready = at_kill
         .iter()
-        .filter(|p| agentbox::controller::pool::is_claimable(p))
+        .filter(|p| agentbox_operator::controller::pool::is_claimable(p))
         .count();
     t.at_kill = format!("{ready} of {} warm claimable", at_kill.len());
     start(env, b);
@@ -1376,7 +1378,7 @@ async fn a_harness_dying_with_the_guard_is_fenced_out_once_its_lease_expires() {
         std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("harness-{}", env.ns));
     std::fs::create_dir_all(&dir).expect("dir");
     let pidfile = dir.join("cmd.pid");
-    let mut harness = std::process::Command::new(env!("CARGO_BIN_EXE_agentbox"))
+    let mut harness = std::process::Command::new(common::cli_bin("agentbox"))
         .args(["-n", &env.ns, "lock", "h", "--", "sh", "-c"])
         .arg(format!("echo $$ > {}; exec sleep 300", pidfile.display()))
         .stdin(std::process::Stdio::null())
@@ -1441,7 +1443,7 @@ async fn a_harness_dying_with_the_guard_is_fenced_out_once_its_lease_expires() {
     assert!(v.is_empty(), "{v:?}");
 
     // The next harness gets the guard with a higher token still.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentbox"))
+    let out = std::process::Command::new(common::cli_bin("agentbox"))
         .args([
             "-n",
             &env.ns,
