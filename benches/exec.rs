@@ -3,7 +3,9 @@
 //! `eval "$(hack/cluster env)"; cargo bench --bench exec` (release build). In one run, against
 //! one pod in a temporary namespace, it measures one-shot `true`:
 //! - through `agentbox_api::exec::run` with kube's default client and with
-//!   [`agentbox_api::kube_client`] (TCP_NODELAY), interleaved sample by sample;
+//!   [`agentbox_api::kube_client`] (TCP_NODELAY), and through `agentbox_api::exec::run_unwrapped` (the
+//!   same transport and client without the lossless wrapper: plain argv, as before it and as
+//!   `kubectl exec` sends it), interleaved sample by sample;
 //! - through `kubectl exec` (`$KUBECTL`, a process per command);
 //! - through the Python `kubernetes` client in-process (`benches/exec_python.py`; needs
 //!   the `kubernetes` package, skipped with a note if missing);
@@ -95,6 +97,17 @@ async fn start_pod(client: &Client, ns: &str) -> Res<Api<Pod>> {
 async fn exec_true(pods: &Api<Pod>) -> Res<Duration> {
     let t = Instant::now();
     let out = exec::run(pods, POD, SANDBOX_CONTAINER, ExecRequest::argv(["true"])).await?;
+    let d = t.elapsed();
+    if !out.success() {
+        return Err(format!("true failed: {out:?}").into());
+    }
+    Ok(d)
+}
+
+/// `true` as plain argv, without the lossless wrapper (what one-shot exec sent before it).
+async fn exec_true_unwrapped(pods: &Api<Pod>) -> Res<Duration> {
+    let t = Instant::now();
+    let out = exec::run_unwrapped(pods, POD, SANDBOX_CONTAINER, vec!["true".into()]).await?;
     let d = t.elapsed();
     if !out.success() {
         return Err(format!("true failed: {out:?}").into());
@@ -265,13 +278,15 @@ async fn main() -> Res<()> {
     for _ in 0..5 {
         exec_true(&pods_default).await?;
         exec_true(&pods_nodelay).await?;
+        exec_true_unwrapped(&pods_nodelay).await?;
     }
     if runtime_class().is_some() {
         return other_runtime(&pods_nodelay, n).await;
     }
     // Four rounds, so that load drifting on the machine hits every client alike: Rust with
-    // both clients (interleaved sample by sample), then a Python process.
-    let (mut a0, mut a1) = (Vec::new(), Vec::new());
+    // both clients and without the wrapper (interleaved sample by sample), then a Python
+    // process.
+    let (mut a0, mut a1, mut a2) = (Vec::new(), Vec::new(), Vec::new());
     let mut py: Result<Vec<Duration>, String> = Ok(Vec::new());
     let mut sdk: Result<Vec<Duration>, String> = Ok(Vec::new());
     let mut java: Result<Vec<Duration>, String> = Ok(Vec::new());
@@ -280,6 +295,7 @@ async fn main() -> Res<()> {
         for _ in 0..n.div_ceil(rounds) {
             a0.push(exec_true(&pods_default).await?);
             a1.push(exec_true(&pods_nodelay).await?);
+            a2.push(exec_true_unwrapped(&pods_nodelay).await?);
         }
         for (acc, run) in [
             (
@@ -370,6 +386,18 @@ async fn main() -> Res<()> {
         "agentbox exec::run, agentbox_api::kube_client (TCP_NODELAY)",
         "oneshot_agentbox",
         &a1,
+    );
+    row(
+        "agentbox, plain argv without the lossless wrapper (before it)",
+        "oneshot_unwrapped",
+        &a2,
+    );
+    let ((w50, w95), (u50, u95)) = (stats(&a1), stats(&a2));
+    println!(
+        "{:<58} {:>+8.1}% {:>+8.1}%",
+        "  the lossless wrapper's cost (same run, interleaved)",
+        100.0 * (w50 / u50 - 1.0),
+        100.0 * (w95 / u95 - 1.0)
     );
     row("kubectl exec (process per command)", "oneshot_kubectl", &k);
     match py {

@@ -1,15 +1,23 @@
-//! Chaos: the operator SIGKILLed at a random point of create, snapshot, restore, suspend and
-//! delete, then started again (issue 18). Each trial is seeded; its seed, operation and kill
+//! Chaos: the operator SIGKILLed at a random point of create, snapshot, restore, suspend,
+//! delete, the claim of a warm pod, a pool's refill and a snapshot whose `tar` stalls, then
+//! started again (issues 18 and 28). Each trial is seeded; its seed, operation and kill
 //! delay are printed first, so a failure can be replayed with `CHAOS_SEED=<seed>
 //! CHAOS_TRIALS=1`. After every trial the invariants are checked and counted:
 //!
-//! - the Sandbox converges to its spec (Ready, Suspended without a pod, or gone);
+//! - the Sandbox converges to its spec (Ready, Suspended without a pod, or gone), and a pool to
+//!   its replicas of claimable warm pods;
+//! - a pod is adopted by at most one Sandbox, and a Ready Sandbox has exactly one pod, the one
+//!   its status names;
+//! - a snapshot whose `tar` stalls ends Failed with `StreamStalled`, and its scope's guard is
+//!   free (at once, or once a killed holder's Lease expired);
 //! - no Ready snapshot whose object does not match its status (digest, size, manifest), and a
 //!   Failed one has no object;
 //! - no multipart upload the killed operator started is left open;
-//! - once the trial's objects are deleted: no pod, guard Lease or workspace directory left.
+//! - once the trial's objects are deleted: no pod, guard Lease or workspace directory (the
+//!   sandboxes' and the warm pods' `warm-*`) left.
 //!
-//! `CHAOS_TRIALS` (default 5, one per operation, as in `hack/test`; `hack/chaos` runs 50) and `CHAOS_SEED`
+//! `CHAOS_TRIALS` (default 5, as in `hack/test`: consecutive seeds, so five of the eight
+//! operations, which five turning with the seed; `hack/chaos` runs 50) and `CHAOS_SEED`
 //! (default: from the clock) choose the trials; `CHAOS_REPORT=<file>` writes the table.
 //! The store is the s3s-fs server of `hack/s3`, so multipart uploads are part of the test.
 //!
@@ -23,8 +31,12 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase};
+use agentbox_api::crd::{
+    Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot, SandboxTemplate, SnapshotPhase,
+};
+use agentbox_api::guard::{self, GuardConfig};
 use agentbox_api::labels;
+use common::pools::{create_pool, create_template};
 use common::store::{Backend, Kind, backend, object_digest, start, upload_alive, upload_forgotten};
 use common::{NODE_ROOT, TestEnv, create_sandbox, sh};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -52,15 +64,54 @@ enum Op {
     Restore,
     Suspend,
     Delete,
+    /// A templated Sandbox claiming its pool's warm pod.
+    Claim,
+    /// A pool making two warm pods (one lost, one more wanted).
+    PoolRefill,
+    /// A snapshot whose `tar -c` (the sandbox's planted `sh`) sends a header and then nothing.
+    Stall,
 }
 
-const OPS: [Op; 5] = [
+const OPS: [Op; 8] = [
     Op::Create,
     Op::Snapshot,
     Op::Restore,
     Op::Suspend,
     Op::Delete,
+    Op::Claim,
+    Op::PoolRefill,
+    Op::Stall,
 ];
+
+impl Op {
+    /// Its name in the table.
+    fn label(self) -> &'static str {
+        match self {
+            Op::Create => "Create",
+            Op::Snapshot => "Snapshot",
+            Op::Restore => "Restore",
+            Op::Suspend => "Suspend",
+            Op::Delete => "Delete",
+            Op::Claim => "Claim of a warm pod",
+            Op::PoolRefill => "Pool refill",
+            Op::Stall => "Stalled snapshot",
+        }
+    }
+
+    /// Longest delay before the kill: the stalled snapshot's first attempt fails after the
+    /// progress deadline, so its kills land before, during and after that.
+    fn max_kill_ms(self) -> u64 {
+        match self {
+            Op::Stall => MAX_KILL_MS + STALL_SECONDS * 1000,
+            _ => MAX_KILL_MS,
+        }
+    }
+}
+
+/// The progress deadline (`--stream-stall-seconds`) of the kill trials' operators: short, so
+/// that a stalled snapshot fails within the trial. Only time spent waiting for the sandbox
+/// counts (not the store), so the 68 MiB snapshots of the other trials do not trip it.
+const STALL_SECONDS: u64 = 3;
 
 /// Longest delay between starting the operation and the kill: each operation takes about a
 /// second or a few on the local cluster, so kills land before, during and after it.
@@ -105,6 +156,191 @@ fn spec(user: &str) -> serde_json::Value {
 
 fn scope_key(user: &str) -> String {
     labels::scope_key(&serde_json::from_value(spec(user)["scope"].clone()).expect("scope"))
+}
+
+/// A Sandbox of template `tpl` with a file of its own (written into the warm pod it claims),
+/// in the same scope as [`spec`]'s.
+fn templated(user: &str, tpl: &str) -> serde_json::Value {
+    json!({
+        "templateRef": {"name": tpl},
+        "scope": spec(user)["scope"].clone(),
+        "workspace": {"files": [{"path": "task.md", "content": format!("task of {user}\n")}]},
+    })
+}
+
+/// Pool `pool`'s warm pods (labelled warm, not being deleted); empty when the list fails.
+async fn warm_pods(env: &TestEnv, pool: &str) -> Vec<Pod> {
+    let lp =
+        ListParams::default().labels(&format!("{}={pool},{}=true", labels::POOL, labels::WARM));
+    env.api::<Pod>()
+        .list(&lp)
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// Waits (up to `secs`) until pool `pool` has exactly `n` warm pods, all claimable, none named
+/// in `not`; returns them, or None with what it had last.
+async fn wait_warm(
+    env: &TestEnv,
+    pool: &str,
+    n: usize,
+    not: &[String],
+    secs: u64,
+) -> Result<Vec<Pod>, Vec<String>> {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let pods = warm_pods(env, pool).await;
+        if pods.len() == n
+            && pods
+                .iter()
+                .all(agentbox_operator::controller::pool::is_claimable)
+            && !pods.iter().any(|p| not.contains(&p.name_any()))
+        {
+            return Ok(pods);
+        }
+        if Instant::now() > end {
+            return Err(pods.iter().map(|p| p.name_any()).collect());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The template `tpl{i}` and its pool `p{i}` of `n` warm pods, all claimable; returns the
+/// pool's name and its pods.
+async fn warm_pool(env: &TestEnv, i: usize, n: usize) -> Result<(String, Vec<Pod>), String> {
+    let tpl = format!("tpl{i}");
+    let pool = format!("p{i}");
+    create_template(env, &tpl, "chaos").await;
+    create_pool(env, &pool, &tpl, n as i64, "Recreate")
+        .await
+        .map_err(|e| format!("create pool {pool}: {e}"))?;
+    let warm = wait_warm(env, &pool, n, &[], 180)
+        .await
+        .map_err(|had| format!("{pool}: not {n} claimable warm pods before the fault: {had:?}"))?;
+    Ok((pool, warm))
+}
+
+/// A pod is adopted by at most one Sandbox (and has at most one controller), and a Ready
+/// Sandbox has exactly one live pod, the one its status names.
+async fn check_adoptions(env: &TestEnv, v: &mut Vec<String>) {
+    let (pods, sandboxes) = match (
+        env.api::<Pod>().list(&ListParams::default()).await,
+        env.api::<Sandbox>().list(&ListParams::default()).await,
+    ) {
+        (Ok(p), Ok(s)) => (p.items, s.items),
+        (p, s) => {
+            v.push(format!(
+                "listing pods and sandboxes failed: {:?} {:?}",
+                p.err(),
+                s.err()
+            ));
+            return;
+        }
+    };
+    for p in &pods {
+        let owners = p.owner_references();
+        let controllers = owners.iter().filter(|o| o.controller == Some(true)).count();
+        let sandbox_owners = owners.iter().filter(|o| o.kind == "Sandbox").count();
+        if controllers > 1 || sandbox_owners > 1 {
+            v.push(format!(
+                "pod {} has {controllers} controllers and {sandbox_owners} Sandbox owners",
+                p.name_any()
+            ));
+        }
+    }
+    for s in &sandboxes {
+        let name = s.name_any();
+        let st = s.status.clone().unwrap_or_default();
+        if st.phase != Some(SandboxPhase::Ready) {
+            continue;
+        }
+        let live: Vec<String> = pods
+            .iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.labels().get(labels::SANDBOX) == Some(&name)
+            })
+            .map(|p| p.name_any())
+            .collect();
+        if live.len() != 1 || st.pod_name.as_ref() != live.first() {
+            v.push(format!(
+                "Ready sandbox {name} (podName {:?}) has the pods {live:?}",
+                st.pod_name
+            ));
+        }
+    }
+}
+
+/// Replaces `sh` in the sandbox's pod with one whose `tar -c -f -` sends the first header of
+/// an archive that claims a 3 GiB member, then nothing, keeping the exec open (what code in
+/// the sandbox can do; tests/archive.rs's `plant_shell`, which this copies, explains the
+/// exec wrapper's frame it forges). Everything else runs as before.
+async fn plant_stalling_tar(env: &TestEnv, pod: &str) -> Result<(), String> {
+    let head = common::raw_header("big", b'0', 3 << 30, "");
+    let arms =
+        r#"*"tar -""c -f -"*) /bin/busybox cat /tmp/told.tar; exec /bin/busybox sleep 100000;;"#;
+    let script = format!(
+        r#"cat > /tmp/told.tar && mkdir -p /usr/local/bin && cat > /usr/local/bin/sh <<'END'
+#!/bin/busybox sh
+lie() {{ case "$*" in {arms} esac; return 99; }}
+if [ "$3" = agentbox-exec ]; then
+  ( lie "$@" ); r=$?
+  [ "$r" = 99 ] && exec /bin/busybox sh "$@"
+  printf %s "$4"; printf %s "$4" >&2
+  [ "$5" = = ] || while read -r _; do :; done
+  exit "$r"
+fi
+lie "$@"
+exec /bin/busybox sh "$@"
+END
+chmod 0755 /usr/local/bin/sh"#
+    );
+    let req = agentbox_api::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
+        .stdin(head.to_vec())
+        .timeout(Duration::from_secs(60));
+    match agentbox_api::exec::run(&env.api::<Pod>(), pod, "sandbox", req).await {
+        Ok(out) if out.success() => Ok(()),
+        Ok(out) => Err(format!("planting the shell: {}", out.stderr_str())),
+        Err(e) => Err(format!("planting the shell: {e}")),
+    }
+}
+
+/// The reason of a snapshot's Committed condition.
+fn committed_reason(s: &SandboxSnapshot) -> String {
+    s.status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Committed"))
+        .map(|c| c.reason.clone())
+        .unwrap_or_default()
+}
+
+/// Whether a harness gets the scope's guard: at once ("at once"), or once a killed holder's
+/// Lease expired ("after the dead holder's Lease"); None when it cannot.
+async fn guard_free(env: &TestEnv, user: &str) -> Option<&'static str> {
+    let scope = serde_json::from_value(spec(user)["scope"].clone()).expect("scope");
+    let cfg = GuardConfig {
+        holder: "a-harness".into(),
+        ..GuardConfig::default()
+    };
+    // The longest wait: a dead holder's Lease is taken over after a full lease duration
+    // without renewal, seen on the taker's own clock.
+    let expiry = cfg.lease_duration * 2 + Duration::from_secs(5);
+    for (wait, how) in [
+        (Duration::ZERO, "at once"),
+        (expiry, "after the dead holder's Lease"),
+    ] {
+        if let Ok(g) =
+            guard::acquire_scope(env.client.clone(), &env.ns, &scope, &cfg, Some(wait)).await
+        {
+            let _ = g.release().await;
+            return Some(how);
+        }
+    }
+    None
 }
 
 async fn phase(env: &TestEnv, name: &str) -> Option<SandboxPhase> {
@@ -270,6 +506,7 @@ async fn check_snapshot(
 async fn tidy_and_check(env: &TestEnv, user: &str, uids: &[String], v: &mut Vec<String>) {
     let snaps = env.api::<SandboxSnapshot>();
     let sbxs = env.api::<Sandbox>();
+    let pools = env.api::<SandboxPool>();
     let _ = snaps
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await;
@@ -283,6 +520,24 @@ async fn tidy_and_check(env: &TestEnv, user: &str, uids: &[String], v: &mut Vec<
     {
         v.push("snapshots not gone 120 s after delete".into());
     }
+    // Pools before sandboxes (as a harness's teardown would): their warm pods go with them.
+    let _ = pools
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    if !until(120, || async {
+        pools
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await
+    {
+        v.push("pools not gone 120 s after delete".into());
+    }
+    let _ = env
+        .api::<SandboxTemplate>()
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
     let _ = sbxs
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await;
@@ -328,18 +583,31 @@ async fn tidy_and_check(env: &TestEnv, user: &str, uids: &[String], v: &mut Vec<
             v.push(format!("orphaned workspace directory {dir}"));
         }
     }
+    // Any other: a claimed sandbox's (the warm pod's `warm-*`), a pool's.
+    let ns_dir = format!("{NODE_ROOT}/{}", env.ns);
+    if !until(60, || async { common::workspace_names(&ns_dir).is_empty() }).await {
+        v.push(format!(
+            "orphaned workspace directories in {ns_dir}: {:?}",
+            common::workspace_names(&ns_dir)
+        ));
+    }
 }
 
 /// The fault: after `after`, the operator is SIGKILLed and started again; returns the
 /// sandbox's phase at the kill.
 async fn fault(env: &mut TestEnv, b: &Backend, after: Duration, name: &str) -> String {
+    kill(env, after).await;
+    let at_kill = phase_name(env, name).await;
+    start(env, b);
+    at_kill
+}
+
+/// After `after`, SIGKILLs the running operator (the caller starts the next one).
+async fn kill(env: &mut TestEnv, after: Duration) {
     tokio::time::sleep(after).await;
     if let Some(op) = env.operators.last_mut() {
         op.kill();
     }
-    let at_kill = phase_name(env, name).await;
-    start(env, b);
-    at_kill
 }
 
 /// One trial: the operation, the kill after `kill_ms`, the restart, the checks.
@@ -359,9 +627,9 @@ async fn trial(env: &mut TestEnv, b: &Backend, i: usize, t: &mut Trial) {
                 .and_then(|s| s.uid())
         }
     };
-    // Every operation but create starts from a Ready sandbox with a marker file.
+    // Every operation but create and the pool's starts from a Ready sandbox with a marker file.
     let mut marker = String::new();
-    if t.op != Op::Create {
+    if !matches!(t.op, Op::Create | Op::Claim | Op::PoolRefill) {
         match ready_sandbox(env, &name, &user).await {
             Ok(m) => marker = m,
             Err(e) => {
@@ -526,8 +794,188 @@ async fn trial(env: &mut TestEnv, b: &Backend, i: usize, t: &mut Trial) {
                 t.outcome = "stuck".into();
             }
         }
+        Op::Claim => uids.extend(claim_trial(env, b, i, kill_after, t).await),
+        Op::PoolRefill => refill_trial(env, b, i, kill_after, t).await,
+        Op::Stall => stall_trial(env, b, i, kill_after, t).await,
     }
+    let v = &mut t.violations;
     tidy_and_check(env, &user, &uids, v).await;
+}
+
+/// The claim trial: a templated Sandbox `t{i}` created against a pool of one warm pod, the
+/// operator killed mid-claim. It must end Ready on exactly one pod (the warm one, or a cold
+/// start) with its own file, the warm pod adopted by no one else, and the pool refilled with
+/// another. Returns the sandbox's UID.
+async fn claim_trial(
+    env: &mut TestEnv,
+    b: &Backend,
+    i: usize,
+    after: Duration,
+    t: &mut Trial,
+) -> Option<String> {
+    let (name, user) = (format!("t{i}"), format!("u{i}"));
+    let v = &mut t.violations;
+    let (pool, warm) = match warm_pool(env, i, 1).await {
+        Ok(w) => w,
+        Err(e) => {
+            v.push(e);
+            return None;
+        }
+    };
+    let warm_name = warm[0].name_any();
+    let uid = match create_sandbox(env, &name, templated(&user, &format!("tpl{i}"))).await {
+        Ok(s) => s.uid(),
+        Err(e) => {
+            v.push(format!("create {name}: {e}"));
+            return None;
+        }
+    };
+    kill(env, after).await;
+    let adopted_at_kill = env
+        .api::<Pod>()
+        .get_opt(&warm_name)
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|p| p.owner_references().iter().any(|o| o.kind == "Sandbox"));
+    t.at_kill = format!(
+        "{}, warm pod {}",
+        phase_name(env, &name).await,
+        if adopted_at_kill { "adopted" } else { "free" }
+    );
+    start(env, b);
+    if !wait_phase(env, &name, SandboxPhase::Ready, 300).await {
+        v.push(format!("{name} did not become Ready after the restart"));
+        t.outcome = "stuck".into();
+        return uid;
+    }
+    let pod = pod_of(env, &name).await.unwrap_or_default();
+    t.outcome = if pod == warm_name { "adopted" } else { "cold" }.into();
+    let (_, got) = sh(env, &pod, "cat /workspace/task.md 2>/dev/null").await;
+    if got.trim() != format!("task of {user}") {
+        v.push(format!("{name} is Ready without its file (got {got:?})"));
+    }
+    check_adoptions(env, v).await;
+    if let Err(had) = wait_warm(env, &pool, 1, &[pod], 180).await {
+        v.push(format!(
+            "{pool} did not refill to one claimable warm pod after the claim: {had:?}"
+        ));
+    }
+    uid
+}
+
+/// The refill trial: a pool of two loses a warm pod and is scaled to three, the operator is
+/// killed while it makes them; it must converge to exactly three claimable warm pods.
+async fn refill_trial(env: &mut TestEnv, b: &Backend, i: usize, after: Duration, t: &mut Trial) {
+    let v = &mut t.violations;
+    let (pool, warm) = match warm_pool(env, i, 2).await {
+        Ok(w) => w,
+        Err(e) => {
+            v.push(e);
+            return;
+        }
+    };
+    let lost = warm[0].name_any();
+    if let Err(e) = env
+        .api::<Pod>()
+        .delete(&lost, &DeleteParams::default())
+        .await
+    {
+        v.push(format!("delete the warm pod {lost}: {e}"));
+        return;
+    }
+    let patch = json!({"spec": {"replicas": 3}});
+    if let Err(e) = env
+        .api::<SandboxPool>()
+        .patch(&pool, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        v.push(format!("scale {pool}: {e}"));
+        return;
+    }
+    kill(env, after).await;
+    let at_kill = warm_pods(env, &pool).await;
+    let ready = at_kill
+        .iter()
+        .filter(|p| agentbox_operator::controller::pool::is_claimable(p))
+        .count();
+    t.at_kill = format!("{ready} of {} warm claimable", at_kill.len());
+    start(env, b);
+    match wait_warm(env, &pool, 3, &[lost], 180).await {
+        Ok(_) => t.outcome = "3 warm".into(),
+        Err(had) => {
+            v.push(format!(
+                "{pool} did not converge to 3 claimable warm pods: {had:?}"
+            ));
+            t.outcome = "stuck".into();
+        }
+    }
+    check_adoptions(env, v).await;
+}
+
+/// The stalled-stream trial: the sandbox's `tar -c` sends a header and stops, the operator is
+/// killed while the snapshot waits on it (or just before, or after its first attempt failed).
+/// The snapshot must end Failed with `StreamStalled` (an interrupted attempt is taken again and
+/// stalls again: docs/snapshots-and-guards.md), with no object and no upload left open, and
+/// the scope's guard must be free.
+async fn stall_trial(env: &mut TestEnv, b: &Backend, i: usize, after: Duration, t: &mut Trial) {
+    let (name, user) = (format!("t{i}"), format!("u{i}"));
+    let v = &mut t.violations;
+    let pod = pod_of(env, &name).await.unwrap_or_default();
+    if let Err(e) = plant_stalling_tar(env, &pod).await {
+        v.push(e);
+        return;
+    }
+    let snaps = env.api::<SandboxSnapshot>();
+    let snap = format!("s{i}");
+    if let Err(e) = snaps
+        .create(&PostParams::default(), &snapshot_obj(&snap, &name))
+        .await
+    {
+        v.push(format!("create snapshot: {e}"));
+        return;
+    }
+    kill(env, after).await;
+    let st = snaps
+        .get_opt(&snap)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.status);
+    t.at_kill = st
+        .as_ref()
+        .and_then(|s| s.phase)
+        .map_or("Pending".into(), |p| format!("{p:?}"));
+    let upload = st.and_then(|s| s.upload_id);
+    start(env, b);
+    let Some(s) = snapshot_finished(env, &snap, 300).await else {
+        v.push(format!("{snap} never finished after the restart"));
+        t.outcome = "stuck".into();
+        return;
+    };
+    let outcome = check_snapshot(b, env, &s, &user, upload.as_deref(), v).await;
+    let reason = committed_reason(&s);
+    let st = s.status.clone().unwrap_or_default();
+    if st.phase != Some(SnapshotPhase::Failed) || reason != "StreamStalled" {
+        v.push(format!(
+            "{snap} ended {:?}/{reason}, not Failed/StreamStalled",
+            st.phase
+        ));
+    }
+    if st.upload_id.is_some() {
+        v.push(format!(
+            "{snap} still records the upload {:?}",
+            st.upload_id
+        ));
+    }
+    let guard = match guard_free(env, &user).await {
+        Some(how) => how,
+        None => {
+            v.push(format!("{user}'s guard is still kept after {snap} failed"));
+            "kept"
+        }
+    };
+    t.outcome = format!("{outcome} {reason}, guard free {guard}");
 }
 
 /// "a ×2, b ×1" in order of first appearance.
@@ -562,7 +1010,8 @@ fn report(seed: u64, trials: &[Trial], secs: u64) -> String {
         let violations: usize = of.iter().map(|t| t.violations.len()).sum();
         let _ = writeln!(
             md,
-            "| {op:?} | {} | {lo}–{hi} | {at_kill} | {outcomes} | {violations} |",
+            "| {} | {} | {lo}–{hi} | {at_kill} | {outcomes} | {violations} |",
+            op.label(),
             of.len()
         );
     }
@@ -603,19 +1052,22 @@ async fn the_operator_killed_at_random_points_loses_nothing() {
         });
     eprintln!("[chaos] seed {seed}, {n} trials (replay: CHAOS_SEED={seed} CHAOS_TRIALS={n})");
     let mut env = TestEnv::new("chaos").await;
-    let b = backend(Kind::S3, &env.ns);
+    let mut b = backend(Kind::S3, &env.ns);
+    b.flags
+        .push(format!("--stream-stall-seconds={STALL_SECONDS}"));
     start(&mut env, &b);
     let began = Instant::now();
     let mut trials = Vec::new();
     for i in 0..n {
         let trial_seed = seed.wrapping_add(i as u64);
         let mut rng = StdRng::seed_from_u64(trial_seed);
+        let op = OPS[(trial_seed % OPS.len() as u64) as usize];
         let mut t = Trial {
             seed: trial_seed,
             // Consecutive seeds cycle through the operations, so each is tried equally often
             // and a trial replays from its own seed alone.
-            op: OPS[(trial_seed % OPS.len() as u64) as usize],
-            kill_ms: rng.random_range(0..=MAX_KILL_MS),
+            op,
+            kill_ms: rng.random_range(0..=op.max_kill_ms()),
             at_kill: String::new(),
             outcome: String::new(),
             violations: Vec::new(),
@@ -788,8 +1240,9 @@ async fn the_object_store_unreachable_fails_or_waits_and_recovers() {
 }
 
 /// The API server SIGKILLed and restarted (`hack/cluster restart-apiserver`) while sandboxes
-/// start, a snapshot runs and a sandbox is deleted: every object converges, the snapshot tells
-/// the truth, and nothing is left once the objects are deleted.
+/// start, two claim a pool's warm pods (and the pool refills), a snapshot runs and a sandbox is
+/// deleted: every object converges, no pod is adopted twice, the pool refills, the snapshot
+/// tells the truth, and nothing is left once the objects are deleted.
 #[tokio::test]
 async fn the_api_server_restarted_mid_operations_loses_nothing() {
     let _serial = SERIAL.write().await;
@@ -804,9 +1257,19 @@ async fn the_api_server_restarted_mid_operations_loses_nothing() {
         let sbx = env.api::<Sandbox>().get(name).await.expect("get");
         uids.extend(sbx.uid());
     }
-    // Under way at once: two sandboxes starting, a snapshot of a, the deletion of d.
+    // A pool of two warm pods, for the claims below.
+    let (pool, _) = warm_pool(&env, 0, 2)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", env.operator_logs()));
+    // Under way at once: two sandboxes starting, two claiming the pool's warm pods (and the
+    // pool refilling), a snapshot of a, the deletion of d.
     for (name, user) in [("b", "api-b"), ("c", "api-c")] {
         create_sandbox(&env, name, spec(user))
+            .await
+            .expect("create");
+    }
+    for (name, user) in [("e", "api-e"), ("f", "api-f")] {
+        create_sandbox(&env, name, templated(user, "tpl0"))
             .await
             .expect("create");
     }
@@ -841,7 +1304,7 @@ async fn the_api_server_restarted_mid_operations_loses_nothing() {
     eprintln!("[chaos] operator restarts after the API server restart: {restarts}");
 
     let mut v = Vec::new();
-    for name in ["a", "b", "c"] {
+    for name in ["a", "b", "c", "e", "f"] {
         if !wait_phase(&env, name, SandboxPhase::Ready, 300).await {
             v.push(format!("{name} not Ready after the restart"));
         }
@@ -859,6 +1322,26 @@ async fn the_api_server_restarted_mid_operations_loses_nothing() {
     if !until(180, || async { phase(&env, "d").await.is_none() }).await {
         v.push("d not gone after the restart".into());
     }
+    // The claims: each on one pod of its own (a warm one or a cold start) with its file, no
+    // pod adopted twice, and the pool back to two claimable warm pods.
+    let mut claimed = Vec::new();
+    for (name, user) in [("e", "api-e"), ("f", "api-f")] {
+        let Some(pod) = pod_of(&env, name).await else {
+            continue;
+        };
+        let (_, got) = sh(&env, &pod, "cat /workspace/task.md 2>/dev/null").await;
+        if got.trim() != format!("task of {user}") {
+            v.push(format!("{name} is Ready without its file (got {got:?})"));
+        }
+        claimed.push(pod);
+    }
+    eprintln!("[chaos] the claims across the API server restart: pods {claimed:?}");
+    check_adoptions(&env, &mut v).await;
+    if let Err(had) = wait_warm(&env, &pool, 2, &claimed, 180).await {
+        v.push(format!(
+            "{pool} did not refill to two claimable warm pods: {had:?}"
+        ));
+    }
     match snapshot_finished(&env, "s1", 600).await {
         Some(s) => {
             let outcome = check_snapshot(&b, &env, &s, "api-a", None, &mut v).await;
@@ -866,7 +1349,7 @@ async fn the_api_server_restarted_mid_operations_loses_nothing() {
         }
         None => v.push("s1 never finished".into()),
     }
-    for user in ["api-a", "api-b", "api-c", "api-d"] {
+    for user in ["api-a", "api-b", "api-c", "api-d", "api-e", "api-f"] {
         tidy_and_check(&env, user, &uids, &mut v).await;
     }
     let logs = env.operator_logs();

@@ -500,6 +500,26 @@ pub fn rows(f: &Figures) -> Vec<Row> {
             )
         });
     }
+    // The lossless wrapper's cost (issue 28: p50 within 10 % of plain argv in the same run).
+    if let ((Some(a50), Some(a95)), Some((u50, u95))) = (
+        ours,
+        e("oneshot_unwrapped_p50_ms").zip(e("oneshot_unwrapped_p95_ms")),
+    ) {
+        let n = f.n("exec", "oneshot_unwrapped_p50_ms");
+        out.push(Row {
+            target: "p50 within 10 %",
+            met: Some(a50 <= 1.1 * u50),
+            ..row(
+                format!("One-shot exec `true` under the lossless wrapper vs plain argv, p50 / p95 (n={n}, interleaved)"),
+                format!(
+                    "{a50:.1} / {a95:.1} ms ({:+.0} % / {:+.0} %)",
+                    100.0 * (a50 / u50 - 1.0),
+                    100.0 * (a95 / u95 - 1.0)
+                ),
+                format!("plain argv {u50:.1} / {u95:.1} ms"),
+            )
+        });
+    }
     if let (Some(s50), Some(s95)) = (e("session_p50_ms"), e("session_p95_ms")) {
         let n = f.n("exec", "session_p50_ms");
         out.push(Row {

@@ -578,24 +578,7 @@ pub async fn stream(
     // Open with stdin whatever the command reads: the exec's stdin is what the wrapper
     // lingers on until the client has read both trailers.
     let linger = req.stdin_mode() != "=";
-    let ap = AttachParams::default()
-        .container(container)
-        .stdin(true)
-        .stdout(true)
-        .stderr(true);
-    let mut http = kube::core::Request::new(pods.resource_url())
-        .exec(pod, argv, &ap)
-        .map_err(|e| ExecError::Invalid(e.to_string()))?;
-    http.extensions_mut().insert("exec");
-    let conn = pods
-        .clone()
-        .into_client()
-        .connect(http)
-        .await
-        .map_err(|source| ExecError::Connect {
-            pod: pod.to_string(),
-            source,
-        })?;
+    let conn = connect(pods, pod, container, argv, true).await?;
     if !conn.supports_stream_close() {
         // Without a half-close the wrapper's linger could only end with the connection, and
         // the exit status with it.
@@ -606,9 +589,67 @@ pub async fn stream(
         ));
     }
     let (tx, rx) = mpsc::channel(16);
-    let frame = Frame { mark, linger };
+    let frame = Frame {
+        mark,
+        linger,
+        stdin: true,
+    };
     tokio::spawn(drive(conn, req.stdin, req.timeout, frame, tx));
     Ok(ExecStream { rx })
+}
+
+/// Opens the exec connection of `argv` (stdin open or not).
+async fn connect(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    argv: Vec<String>,
+    stdin: bool,
+) -> Result<kube::client::Connection, ExecError> {
+    let ap = AttachParams::default()
+        .container(container)
+        .stdin(stdin)
+        .stdout(true)
+        .stderr(true);
+    let mut http = kube::core::Request::new(pods.resource_url())
+        .exec(pod, argv, &ap)
+        .map_err(|e| ExecError::Invalid(e.to_string()))?;
+    http.extensions_mut().insert("exec");
+    pods.clone()
+        .into_client()
+        .connect(http)
+        .await
+        .map_err(|source| ExecError::Connect {
+            pod: pod.to_string(),
+            source,
+        })
+}
+
+/// Runs `argv` as it is, without [`WRAPPER`]: no trailer, no linger, no stdin, the framing
+/// one-shot execs had before the lossless protocol (and `kubectl exec`'s), over the same
+/// transport. Its output can lose its tail with no error (kubernetes/kubernetes#124571), so
+/// nothing in agentbox uses it: it is here for benches/exec.rs to measure what the wrapper
+/// costs, interleaved with [`run`].
+#[doc(hidden)]
+pub async fn run_unwrapped(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    argv: Vec<String>,
+) -> Result<ExecOutput, ExecError> {
+    if argv.is_empty() {
+        return Err(ExecError::Invalid("empty argv".into()));
+    }
+    let conn = connect(pods, pod, container, argv, false).await?;
+    let (tx, rx) = mpsc::channel(16);
+    // An empty mark: every stream is whole as it is.
+    let frame = Frame {
+        mark: String::new(),
+        linger: false,
+        stdin: false,
+    };
+    tokio::spawn(drive(conn, None, None, frame, tx));
+    collect(ExecStream { rx }, DEFAULT_MAX_OUTPUT).await
 }
 
 /// Runs a command to completion and collects its output (each stream capped at
@@ -619,9 +660,13 @@ pub async fn run(
     container: &str,
     req: ExecRequest,
 ) -> Result<ExecOutput, ExecError> {
-    use futures::StreamExt;
     let cap = req.max_output;
-    let mut s = stream(pods, pod, container, req).await?;
+    collect(stream(pods, pod, container, req).await?, cap).await
+}
+
+/// A stream's output, each stream capped at `cap`, and its exit.
+async fn collect(mut s: ExecStream, cap: usize) -> Result<ExecOutput, ExecError> {
+    use futures::StreamExt;
     let mut out = Capped::new(cap);
     let mut err = Capped::new(cap);
     while let Some(ev) = s.next().await {
@@ -682,6 +727,8 @@ impl Capped {
 struct Frame {
     mark: String,
     linger: bool,
+    /// Whether the exec has a stdin to half-close (only [`run_unwrapped`]'s has none).
+    stdin: bool,
 }
 
 /// Pumps one exec connection: stdin in, stdout/stderr out as events, then the exit status.
@@ -710,7 +757,7 @@ async fn pump(
     let (read_all, all_read) = tokio::sync::oneshot::channel();
     let mut read_all = Some(read_all);
     // stdin runs on its own task so that a slow or never-reading command cannot stall output.
-    let sender = tokio::spawn(send_stdin(sink, stdin, frame.linger, all_read));
+    let sender = tokio::spawn(send_stdin(sink, stdin, frame.linger, frame.stdin, all_read));
     let mut out = Trailer::new(&frame.mark);
     let mut err = Trailer::new(&frame.mark);
     let start = tokio::time::Instant::now();
@@ -792,6 +839,7 @@ async fn send_stdin<S>(
     mut sink: S,
     stdin: Option<Stdin>,
     linger: bool,
+    open: bool,
     all_read: tokio::sync::oneshot::Receiver<()>,
 ) where
     S: futures::Sink<Message> + Unpin,
@@ -841,7 +889,7 @@ async fn send_stdin<S>(
         }
     }
     let close = || Message::Binary(Bytes::from_static(&[CLOSE_CHANNEL, STDIN_CHANNEL]));
-    if (!linger || read) && sink.send(close()).await.is_err() {
+    if open && (!linger || read) && sink.send(close()).await.is_err() {
         return;
     }
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
