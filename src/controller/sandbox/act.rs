@@ -66,7 +66,7 @@ pub async fn act(
         }
         Step::ShutDown => {
             // The delete's cleanup (the on-stop snapshot, the workspace) needs the finalizer on.
-            apis.metadata.landed().await?;
+            apis.metadata.needed(&apis.sandboxes, sbx).await?;
             publish(ctx, sbx, note).await;
             apis.sandboxes
                 .delete(&sbx.name_any(), &DeleteParams::default())
@@ -368,7 +368,7 @@ async fn create_pod(
         let claimed = claimed?;
         ctx.metrics.claimed(claimed.result(), started.elapsed());
         if let claim::Claim::Adopted(pod, shell) = claimed {
-            info!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
+            debug!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
             decide::serving(sbx, &mut st, &pod, world.template.as_ref());
             let state = podstate::observe_pod(&pod);
             let seen = (old, st, world.now);
@@ -400,6 +400,18 @@ async fn create_pod(
     // derived name) when there is none.
     let dir = placement::recorded_in(&st)
         .unwrap_or_else(|| placement::derived_host_dir(sbx, podcfg.node_root));
+    let uid = sbx.uid().unwrap_or_default();
+    if let Some(cache) = ctx.cache.as_ref()
+        && world.pod.is_none()
+        && placement::recorded_pod_name(sbx).is_none()
+        && apis.pods.get_opt(&pod_name).await?.is_some()
+    {
+        // The first start's lookup came from the cache of the operator's pods: a pod of this
+        // name that is not one of them (someone else's) is read from the API server on the
+        // next look, which reports the conflict instead of writing over it.
+        cache.own_pods.wrote(&uid, &pod_name, Instant::now());
+        return Ok(Action::requeue(Duration::ZERO));
+    }
     let desired = pod::build_pod_in(sbx, podcfg, &dir, pin.as_deref());
     let created = apis
         .pods
@@ -420,6 +432,9 @@ async fn create_pod(
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
     created?;
+    if let Some(cache) = ctx.cache.as_ref() {
+        cache.own_pods.wrote(&uid, &pod_name, Instant::now());
+    }
     let msg = match &pin {
         Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
         None => format!("created pod {pod_name}"),

@@ -19,6 +19,7 @@ mod init;
 pub mod observe;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,7 @@ use kube::{Resource, ResourceExt};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::placement;
 use super::pod::PodConfig;
 use super::template::{self, Effective};
 use super::{Context, Error, FIELD_MANAGER};
@@ -58,6 +60,77 @@ pub fn snapshot_concerns(sbx: &Sandbox, name: &str, scope_key: Option<&str>) -> 
     let same_scope =
         scope_key.is_some() && sbx.labels().get(labels::SCOPE_KEY).map(String::as_str) == scope_key;
     named || refused || (same_scope && !ready)
+}
+
+/// The sweep hint for `pod` when it is the pod of a Sandbox that is gone already (no Sandbox
+/// with its controller owner's UID in `sandboxes`) and is being deleted: the garbage
+/// collector's work after a Sandbox deleted before its finalizer went on ([`reconcile`]). Its
+/// directory (a UID or `warm-<suffix>` entry of its namespace's directory) is then no
+/// cleanup's, so it is the sweep's. `None` for any other pod (a Sandbox that still exists
+/// runs its own cleanup, which hints the sweep itself).
+pub fn orphan_sweep_hint(
+    pod: &Pod,
+    node_root: &str,
+    sandboxes: &kube::runtime::reflector::Store<Sandbox>,
+) -> Option<super::sweep::Hint> {
+    pod.metadata.deletion_timestamp.as_ref()?;
+    let ns = pod.namespace()?;
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == Sandbox::kind(&()))?;
+    let live = sandboxes
+        .get(&kube::runtime::reflector::ObjectRef::new(&owner.name).within(&ns))
+        .is_some_and(|s| s.uid().as_deref() == Some(owner.uid.as_str()));
+    if live {
+        return None;
+    }
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let mounted = placement::pod_host_dir(pod)?;
+    let dir = placement::dir_name(&mounted, node_root, &ns)?.to_string();
+    Some(super::sweep::Hint {
+        node,
+        namespace: ns,
+        dir,
+    })
+}
+
+/// UIDs of Sandboxes whose directory this process has left to the sweep (their cleanup did,
+/// or [`orphan_hint`]): a pod event after that hints nothing more.
+static SWEPT: LazyLock<Mutex<std::collections::HashSet<String>>> = LazyLock::new(Default::default);
+
+/// Notes that the directory of the Sandbox with UID `uid` is the sweep's now; whether it was
+/// not yet.
+fn swept(uid: &str) -> bool {
+    SWEPT.lock().is_ok_and(|mut seen| {
+        if seen.len() > 10_000 {
+            seen.clear();
+        }
+        seen.insert(uid.to_string())
+    })
+}
+
+/// Leaves the directory of a gone Sandbox's pod to the sweep ([`orphan_sweep_hint`]), once
+/// per Sandbox. Whether it did.
+pub fn orphan_hint(
+    ctx: &Context,
+    pod: &Pod,
+    sandboxes: &kube::runtime::reflector::Store<Sandbox>,
+) -> bool {
+    let Some(hint) = orphan_sweep_hint(pod, &ctx.config.node_root, sandboxes) else {
+        return false;
+    };
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+        .unwrap_or_default();
+    if !swept(&owner) {
+        return false;
+    }
+    ctx.sweep.add(hint);
+    true
 }
 
 /// Reconciles one Sandbox.
@@ -107,29 +180,33 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         return start(sbx, ctx, MetadataGate::open()).await;
     }
     // One write puts both the finalizer and the scope labels on the Sandbox, so
-    // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too. It runs
-    // beside the start instead of before it (it is most of a warm claim's first 10 ms):
-    // nothing the start reads or decides depends on it, and what the start makes before it
-    // lands is not lost if the Sandbox goes meanwhile (its pod is the Sandbox's, garbage
-    // collected with it; its directory is the sweep's). Every status write waits for it, so
-    // a status the operator wrote always comes with the finalizer on.
-    let (tx, rx) = tokio::sync::watch::channel(None);
-    let written = async {
-        let patched = apply_metadata(&api, &name, &sbx, true).await;
-        let landing = match &patched {
-            Ok(p) => {
-                SUPERSEDED.record(&sbx, Instant::now());
-                Landing::Written(Box::new(p.clone()))
-            }
-            Err(_) => Landing::Failed,
-        };
-        tx.send_replace(Some(landing));
-        patched
+    // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too. It
+    // follows the start instead of preceding it or running beside it (issue 32): nothing the
+    // start reads or decides depends on it, and on a warm claim it was a third write on the
+    // way to Ready, sharing two cores with the adopting patch and the status. A Sandbox
+    // deleted before it lands is gone at once, without the cleanup the finalizer runs: its pod
+    // goes with it (the Sandbox is the pod's controller owner, so the garbage collector
+    // deletes it) and its directory is left to the sweep when that pod is seen going
+    // ([`orphan_hint`]), else by the sweep's next pass (docs/sandboxes.md). The write is a
+    // server-side apply: on a Sandbox deleted meanwhile it would be a create, which the API
+    // server refuses (a Sandbox needs a spec).
+    let gate = MetadataGate::deferred();
+    let started = start(sbx.clone(), ctx.clone(), gate.clone()).await;
+    let written = if gate.pending() {
+        apply_metadata(&api, &name, &sbx, true).await.map(drop)
+    } else {
+        Ok(())
     };
-    let (written, started) = tokio::join!(written, start(sbx.clone(), ctx, MetadataGate(Some(rx))));
-    // The write's own error says more than the start's (which only waited for it).
+    match &written {
+        Ok(()) => SUPERSEDED.record(&sbx, Instant::now()),
+        // The versions the start wrote over are the latest there are: the retry acts on them.
+        Err(_) => SUPERSEDED.forget(&sbx),
+    }
+    // The start's error says more than the metadata write's (which fails too when the
+    // Sandbox went meanwhile).
+    let action = started?;
     written?;
-    started
+    Ok(action)
 }
 
 /// A live Sandbox's reconcile past its metadata: the template and the first reads side by
@@ -139,8 +216,13 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
     let apis = Apis::new(&ctx, &ns, gate);
     // The template and the reads that need only the Sandbox's name, UID, scope and status
     // (none of which a template sets) go side by side: a first start waits for both.
+    // A first start from a template may claim a warm pod: its pools' refills wait until it
+    // is done (`pool::quiet`), so that they do not share the CPUs with it.
+    let _claiming = (sbx.spec.template_ref.is_some()
+        && placement::recorded_pod_name(&sbx).is_none())
+    .then(|| ctx.pool_claims.in_flight());
     let (effective, reads) = tokio::join!(
-        template::effective(&ctx.client, &sbx),
+        template::effective_cached(&ctx, &sbx),
         observe::read(&sbx, &ctx, &apis)
     );
     // From here on the sandbox is its effective spec: with a template, resolved against it.
@@ -160,41 +242,39 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
     act::act(&sbx, &ctx, &apis, &podcfg, world, plan).await
 }
 
-/// How a first reconcile's metadata write ended, for the status writes waiting on it.
-#[derive(Clone)]
-enum Landing {
-    /// Written: the version the API server returned.
-    Written(Box<Sandbox>),
-    /// Failed: the reconcile returns the write's error.
-    Failed,
-}
-
-/// What a reconcile's status writes wait for: its metadata write, when it makes one beside
-/// the start (see [`reconcile`]).
-#[derive(Clone)]
-pub struct MetadataGate(Option<tokio::sync::watch::Receiver<Option<Landing>>>);
+/// When a reconcile's metadata write (finalizer and scope labels) is made: on already (or
+/// not this reconcile's business: the cleanup), or following this reconcile's start
+/// ([`reconcile`]), whose status writes then do not wait for it; a step that needs the
+/// finalizer on makes it first ([`MetadataGate::needed`]). Clones share whether it is made.
+#[derive(Clone, Debug)]
+pub struct MetadataGate(Option<Arc<AtomicBool>>);
 
 impl MetadataGate {
-    /// No metadata write to wait for.
+    /// Nothing to wait for.
     pub fn open() -> Self {
         MetadataGate(None)
     }
 
-    /// Waits for the metadata write; returns the version it wrote (`None`: no write).
-    pub async fn landed(&self) -> Result<Option<Sandbox>, Error> {
-        let Some(rx) = &self.0 else {
-            return Ok(None);
-        };
-        let mut rx = rx.clone();
-        let landing = rx
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| Error::MetadataNotWritten)?
-            .clone();
-        match landing {
-            Some(Landing::Written(s)) => Ok(Some(*s)),
-            _ => Err(Error::MetadataNotWritten),
+    /// The metadata write follows the start.
+    pub fn deferred() -> Self {
+        MetadataGate(Some(Arc::new(AtomicBool::new(false))))
+    }
+
+    /// Whether the metadata write is still to come.
+    fn pending(&self) -> bool {
+        self.0.as_ref().is_some_and(|w| !w.load(Ordering::Acquire))
+    }
+
+    /// Puts the finalizer and scope labels on now when they are still to come: for a step
+    /// whose cleanup needs the finalizer (a shutdown's delete).
+    pub async fn needed(&self, api: &Api<Sandbox>, sbx: &Sandbox) -> Result<(), Error> {
+        if let Some(written) = &self.0
+            && !written.load(Ordering::Acquire)
+        {
+            apply_metadata(api, &sbx.name_any(), sbx, true).await?;
+            written.store(true, Ordering::Release);
         }
+        Ok(())
     }
 }
 
@@ -222,6 +302,13 @@ impl Superseded {
                 e.0.push(rv);
             }
             e.1 = now;
+        }
+    }
+
+    /// Forgets what this process wrote over of the Sandbox `sbx` is a version of.
+    pub fn forget(&self, sbx: &Sandbox) {
+        if let (Some(uid), Ok(mut m)) = (sbx.uid(), self.0.lock()) {
+            m.remove(&uid);
         }
     }
 
@@ -259,19 +346,29 @@ static SUPERSEDED: LazyLock<Superseded> = LazyLock::new(Superseded::default);
 /// Server-side applies the sandbox controller's part of a Sandbox's status and remembers the
 /// version read as written over. Its part is all but `lastSnapshot`, which the snapshot
 /// controller owns under its own field manager (applying a copy read from a lagging cache
-/// would put back an older snapshot).
-/// Waits for the reconcile's metadata write first ([`MetadataGate`]).
+/// would put back an older snapshot). On a first reconcile, whose metadata write follows
+/// ([`MetadataGate::Deferred`]), the version this write returns is written over too: seen
+/// without the finalizer, it would start the sandbox again.
 async fn write_status(apis: &Apis, sbx: &Sandbox, st: &SandboxStatus) -> Result<(), Error> {
-    let written = apis.metadata.landed().await?;
     let mut mine = st.clone();
     mine.last_snapshot = None;
-    super::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
+    let body = serde_json::json!({
+        "apiVersion": Sandbox::api_version(&()),
+        "kind": Sandbox::kind(&()),
+        "status": mine,
+    });
+    let written = apis
+        .sandboxes
+        .patch_status(
+            &sbx.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
     let now = Instant::now();
     SUPERSEDED.record(sbx, now);
-    // The metadata write's version is written over too: seen without this status, it
-    // would start the sandbox again.
-    if let Some(w) = written {
-        SUPERSEDED.record(&w, now);
+    if apis.metadata.pending() {
+        SUPERSEDED.record(&written, now);
     }
     Ok(())
 }
