@@ -115,6 +115,7 @@ pub async fn act(
             let Some(pod) = world.pod.as_ref() else {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             };
+            second_pods(sbx, ctx, apis, pod, old).await?;
             let mut status = status;
             let mut requeue = requeue;
             if !status.abandoned.is_empty()
@@ -149,6 +150,73 @@ pub async fn act(
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         Step::Invalid | Step::ShutDown => Ok(Action::await_change()),
+    }
+}
+
+/// Deletes the pods of `sbx` other than `served`, the one its status names: two operators
+/// starting the same sandbox at once (a leader change) can each adopt a warm pod, or one adopt
+/// and the other make the cold pod, before either sees the other's write; the status names
+/// one, and the other would run until the Sandbox goes. Found in the pod cache (labelled for
+/// the sandbox, controlled by it, not being deleted); each deletion is conditioned on the
+/// pod's UID. Nothing while the status does not name `served` yet.
+async fn second_pods(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    served: &Pod,
+    old: &SandboxStatus,
+) -> Result<(), Error> {
+    let name = served.name_any();
+    if ctx.cache.is_none() || old.pod_name.as_deref() != Some(name.as_str()) {
+        return Ok(());
+    }
+    let label = labels::sandbox_label_value(&sbx.name_any());
+    let ns = sbx.namespace();
+    let others: Vec<std::sync::Arc<Pod>> = ctx
+        .pods
+        .state()
+        .into_iter()
+        .filter(|p| {
+            p.namespace() == ns
+                && p.name_any() != name
+                && p.metadata.deletion_timestamp.is_none()
+                && p.labels().get(labels::SANDBOX) == Some(&label)
+                && placement::controlled_by(p, sbx)
+        })
+        .collect();
+    for other in others {
+        info!(pod = %other.name_any(), "deleting a second pod of the sandbox (its status names {name})");
+        delete_by_uid(&apis.pods, &other.name_any(), other.uid()).await?;
+        // Its directory is no Sandbox's: the sweep's, once the pod has stopped.
+        let node = other.spec.as_ref().and_then(|s| s.node_name.clone());
+        let dir = placement::pod_host_dir(&other);
+        if let (Some(node), Some(dir), Some(ns)) = (node, dir, other.namespace())
+            && placement::recorded_host_dir(sbx).as_deref() != Some(dir.as_str())
+            && let Some(entry) = placement::dir_name(&dir, &ctx.config.node_root, &ns)
+        {
+            ctx.sweep.add(crate::controller::sweep::Hint {
+                node,
+                namespace: ns.clone(),
+                dir: entry.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Deletes pod `name` (its usual grace), conditioned on its UID; gone already counts as done.
+async fn delete_by_uid(pods: &Api<Pod>, name: &str, uid: Option<String>) -> Result<(), Error> {
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match pods.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
