@@ -257,7 +257,7 @@ async fn a_sandbox_deleted_right_after_its_claim_leaves_no_pod_and_no_directory(
     // In the window itself, made by hand: adopted, no status, no finalizer (the operator is
     // stopped), then deleted. The Sandbox goes at once; the garbage collector takes its pod
     // (the Sandbox is its controller owner) and the next operator's sweep its directory.
-    let warm = wait_claimable(&env, "py", 2, &[pod.clone()]).await;
+    let warm = wait_claimable(&env, "py", 2, std::slice::from_ref(&pod)).await;
     env.operators[first].kill();
     create_sandbox(&env, "window", from_template("dave"))
         .await
@@ -359,7 +359,7 @@ async fn a_warm_pod_holds_no_scope_data_before_its_adoption() {
         .and_then(|s| s.pod_name.clone())
         .expect("podName");
     assert!(taken.starts_with("py-warm-"), "{taken}");
-    for p in wait_claimable(&env, "py", 2, &[taken.clone()]).await {
+    for p in wait_claimable(&env, "py", 2, std::slice::from_ref(&taken)).await {
         check(&p);
     }
     let mine = host_dir(&env.api::<Pod>().get(&taken).await.expect("pod"));
