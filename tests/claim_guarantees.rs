@@ -10,10 +10,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use agentbox::controller::pod::PodConfig;
-use agentbox::controller::sandbox::claim;
-use agentbox::crd::{Sandbox, SandboxPhase, SandboxTemplate};
-use agentbox::labels;
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxTemplate};
+use agentbox_api::labels;
+use agentbox_operator::controller::pod::PodConfig;
+use agentbox_operator::controller::sandbox::claim;
 use clap::Parser;
 use common::pools::{create_pool, create_template, entries, host_dir, wait_claimable};
 use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is};
@@ -269,8 +269,8 @@ async fn a_sandbox_deleted_right_after_its_claim_leaves_no_pod_and_no_directory(
         .get("tpl")
         .await
         .expect("template");
-    sbx.spec = agentbox::template::resolve(&template.spec, &sbx.spec);
-    let config = agentbox::config::Config::parse_from(["agentbox-operator"]);
+    sbx.spec = agentbox_api::template::resolve(&template.spec, &sbx.spec);
+    let config = agentbox_operator::config::Config::parse_from(["agentbox-operator"]);
     let podcfg = PodConfig::from_config(&config);
     let shape = claim::shape_hash(&sbx, &podcfg);
     let candidates = claim::candidates(&warm, &env.ns, &shape, NODE_ROOT);

@@ -34,7 +34,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use super::{Error, watch};
-use crate::crd::{SandboxSnapshot, SandboxTemplate};
+use agentbox_api::crd::{SandboxSnapshot, SandboxTemplate};
 
 /// How long a read waits for a cache's first listing.
 pub const SYNC_WAIT: Duration = Duration::from_secs(10);

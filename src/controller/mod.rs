@@ -41,11 +41,11 @@ use rand::Rng;
 use tracing::{Instrument, debug, error, info, warn};
 
 use crate::config::Config;
-use crate::crd::{Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot, SandboxTemplate};
-use crate::guard::{self, Guard, GuardConfig, GuardError};
-use crate::labels;
 use crate::metrics::{GuardOp, GuardOutcome, Metrics};
 use crate::snapshot::store::Store;
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxPool, SandboxSnapshot, SandboxTemplate};
+use agentbox_api::guard::{self, Guard, GuardConfig, GuardError};
+use agentbox_api::labels;
 
 /// Field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "agentbox-operator";
@@ -89,7 +89,7 @@ pub enum Error {
     Kube(#[from] kube::Error),
     /// An exec into the sandbox failed.
     #[error("exec: {0}")]
-    Exec(#[from] crate::exec::ExecError),
+    Exec(#[from] agentbox_api::exec::ExecError),
     /// The finalizer helper failed (wraps the inner error).
     #[error("{0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
@@ -138,7 +138,7 @@ pub enum Error {
     Snapshot(#[source] crate::snapshot::SnapshotError),
     /// The scope's guard could not be taken or was lost.
     #[error("guard: {0}")]
-    Guard(#[source] crate::guard::GuardError),
+    Guard(#[source] agentbox_api::guard::GuardError),
     /// Restoring a workspace from a snapshot failed; the workspace is as it was.
     #[error("restore refused or failed ({reason}): {message}")]
     Restore {
@@ -148,7 +148,7 @@ pub enum Error {
         message: String,
         /// Set when the refusal is permanent: recorded on the Sandbox so the restore is not
         /// attempted again until what it was judged against changes.
-        refusal: Option<Box<crate::crd::RestoreRefusal>>,
+        refusal: Option<Box<agentbox_api::crd::RestoreRefusal>>,
     },
 }
 
@@ -190,7 +190,7 @@ impl Error {
     }
 
     /// The permanent restore refusal this error records, if it is one.
-    pub fn restore_refusal(&self) -> Option<&crate::crd::RestoreRefusal> {
+    pub fn restore_refusal(&self) -> Option<&agentbox_api::crd::RestoreRefusal> {
         match self.root() {
             Error::Restore {
                 refusal: Some(r), ..
@@ -390,7 +390,7 @@ fn counted_phase(sbx: &Sandbox) -> SandboxPhase {
 pub(crate) async fn scope_guard(
     ctx: &Context,
     ns: &str,
-    scope: &crate::crd::Scope,
+    scope: &agentbox_api::crd::Scope,
     op: GuardOp,
 ) -> Result<Guard, GuardError> {
     let gcfg = GuardConfig {
@@ -414,7 +414,7 @@ pub(crate) async fn scope_guard(
 pub(crate) async fn handed_off_hold(
     ctx: &Context,
     sbx: &Sandbox,
-) -> Result<Option<(crate::crd::GuardHold, guard::HandOff)>, Error> {
+) -> Result<Option<(agentbox_api::crd::GuardHold, guard::HandOff)>, Error> {
     let Some(hold) = sbx.spec.lifecycle.guard.clone() else {
         return Ok(None);
     };

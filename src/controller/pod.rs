@@ -22,8 +22,8 @@ use sha2::{Digest, Sha256};
 
 use super::security;
 use crate::config::Config;
-use crate::crd::{Sandbox, SandboxPool, SandboxSpec};
-use crate::labels;
+use agentbox_api::crd::{Sandbox, SandboxPool, SandboxSpec};
+use agentbox_api::labels;
 
 /// The single container of a sandbox pod.
 pub const CONTAINER: &str = "sandbox";
@@ -33,7 +33,7 @@ pub const CONTAINER: &str = "sandbox";
 pub const SPEC_HASH: &str = "agentbox.dev/pod-spec-hash";
 /// The volume holding the workspace.
 pub const WORKSPACE_VOLUME: &str = "workspace";
-pub use crate::remote::KEEP_ALIVE;
+pub use agentbox_api::remote::KEEP_ALIVE;
 
 /// Host directory of a sandbox's workspace: `<nodeRoot>/<namespace>/<uid>`. Always operator
 /// chosen; never derived from user input other than the namespace and the server-set uid.
@@ -1018,7 +1018,7 @@ mod tests {
         p
     }
 
-    fn template() -> crate::crd::SandboxTemplateSpec {
+    fn template() -> agentbox_api::crd::SandboxTemplateSpec {
         serde_json::from_value(serde_json::json!({
             "image": "docker.io/library/busybox:1.37",
             "env": [{"name": "MODE", "value": "tpl"}],
@@ -1040,14 +1040,14 @@ mod tests {
         let mut sbx = Sandbox::new("demo", serde_json::from_value(spec).unwrap());
         sbx.metadata.namespace = Some("team".into());
         sbx.metadata.uid = Some("1234-uid".into());
-        sbx.spec = crate::template::resolve(&template(), &sbx.spec);
+        sbx.spec = agentbox_api::template::resolve(&template(), &sbx.spec);
         sbx
     }
 
     #[test]
     fn a_warm_pod_is_the_cold_pod_of_its_template_but_for_its_directory_and_metadata() {
         let c = cfg("/w");
-        let spec = crate::template::for_pool("tpl", &template());
+        let spec = agentbox_api::template::for_pool("tpl", &template());
         let warm = build_warm_pod(&pool(), &spec, &c, "ab12c", 3);
         let cold = build_pod(&templated(serde_json::json!({})), &c, None);
         let mut warm_spec = warm.spec.clone().unwrap();
@@ -1112,7 +1112,7 @@ mod tests {
     #[test]
     fn the_shape_hash_is_equal_for_a_sandbox_without_pod_shaping_overrides_only() {
         let c = cfg("/w");
-        let pool_hash = shape_hash(&crate::template::for_pool("tpl", &template()), &c);
+        let pool_hash = shape_hash(&agentbox_api::template::for_pool("tpl", &template()), &c);
         let same = |extra: serde_json::Value| shape_hash(&templated(extra).spec, &c) == pool_hash;
         assert!(same(serde_json::json!({})));
         assert!(
@@ -1148,7 +1148,7 @@ mod tests {
         let mut t = template();
         t.pod.image = Some("agentbox/base:v2".into());
         assert_ne!(
-            shape_hash(&crate::template::for_pool("tpl", &t), &c),
+            shape_hash(&agentbox_api::template::for_pool("tpl", &t), &c),
             pool_hash
         );
     }
@@ -1458,7 +1458,7 @@ mod tests {
 
     #[test]
     fn a_pools_prepare_pod_is_the_same_job_owned_by_the_pool_with_its_tolerations() {
-        let mut spec = crate::template::for_pool("tpl", &template());
+        let mut spec = agentbox_api::template::for_pool("tpl", &template());
         spec.pod.tolerations = vec![
             serde_json::from_value(
                 serde_json::json!({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}),

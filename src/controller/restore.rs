@@ -26,13 +26,13 @@ use tracing::info;
 use super::pod::CONTAINER;
 use super::reasons::RestoreReason;
 use super::{Context, Error};
-use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
-use crate::exec::{self, ExecRequest};
-use crate::guard::GuardError;
 use crate::metrics::GuardOp;
 use crate::progress;
-use crate::remote::{self, DISCARD_SCRIPT, EXTRACT_SCRIPT, SWAP_SCRIPT};
 use crate::snapshot::{self, SnapshotError, archive};
+use agentbox_api::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
+use agentbox_api::exec::{self, ExecRequest};
+use agentbox_api::guard::GuardError;
+use agentbox_api::remote::{self, DISCARD_SCRIPT, EXTRACT_SCRIPT, SWAP_SCRIPT};
 
 /// Upper bound on the extracting exec.
 const EXTRACT_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
@@ -358,7 +358,7 @@ fn mount_tops(sbx: &Sandbox) -> Vec<String> {
         .mounts
         .iter()
         .filter_map(|m| {
-            crate::paths::normalize(&m.path)
+            agentbox_api::paths::normalize(&m.path)
                 .split('/')
                 .next()
                 .map(str::to_string)

@@ -23,8 +23,8 @@ use kube::runtime::events::EventType;
 
 use super::reasons::RestoreReason;
 use super::{Context, Error};
-use crate::crd::{RestorePolicy, Sandbox, SandboxSnapshot, SnapshotPhase};
-use crate::{labels, names};
+use agentbox_api::crd::{RestorePolicy, Sandbox, SandboxSnapshot, SnapshotPhase};
+use agentbox_api::{labels, names};
 
 /// Namespace annotation (value `"true"`) that lets Sandboxes of the namespace restore Named
 /// snapshots of other scopes.

@@ -40,7 +40,7 @@ use tracing::{debug, info, warn};
 
 use super::pod::{self, HELPER_LABEL, PodConfig};
 use super::{Context, Error, nodeloss, noderoot, placement};
-use crate::crd::{Sandbox, SandboxPool};
+use agentbox_api::crd::{Sandbox, SandboxPool};
 
 /// How long one round waits for a hinted directory's stopping pod; one still stopping then is
 /// tried again later (see [`hint_retry_delay`]), so other hints do not wait behind it.
@@ -121,9 +121,9 @@ pub fn is_workspace_name(name: &str) -> bool {
 }
 
 /// Whether `name` is a directory the sweep may remove when nothing uses it: a sandbox's
-/// workspace ([`is_workspace_name`]) or a warm pod's ([`crate::labels::is_warm_dir_name`]).
+/// workspace ([`is_workspace_name`]) or a warm pod's ([`agentbox_api::labels::is_warm_dir_name`]).
 pub fn is_sweepable(name: &str) -> bool {
-    is_workspace_name(name) || crate::labels::is_warm_dir_name(name)
+    is_workspace_name(name) || agentbox_api::labels::is_warm_dir_name(name)
 }
 
 /// What the API says is in use in one namespace: the workspace directories of its Sandboxes
@@ -217,7 +217,7 @@ pub fn orphans(listed: &[String], in_use: &InUse) -> Vec<String> {
 pub fn namespace_dirs(listed: &[String], known: &BTreeSet<String>) -> Vec<String> {
     listed
         .iter()
-        .filter(|n| n.len() <= 63 && !n.contains('.') && crate::names::is_object_name(n))
+        .filter(|n| n.len() <= 63 && !n.contains('.') && agentbox_api::names::is_object_name(n))
         .filter(|n| !known.contains(*n))
         .cloned()
         .collect()

@@ -1,7 +1,7 @@
 //! The pool controller: keeps a SandboxPool's warm pods.
 //!
 //! A reconcile observes the pool's template (resolved for a Sandbox without overrides,
-//! [`crate::template::for_pool`], and checked as a sandbox's spec is) and its warm pods, read
+//! [`agentbox_api::template::for_pool`], and checked as a sandbox's spec is) and its warm pods, read
 //! from the API server (not a cache: a pool must not count pods twice or miss ones it just
 //! made) → [`decide`] (pure) → acts: deletes, creates (all at once), prepares the namespace's
 //! directory on a node (once per node and namespace: [`noderoot::prepare`]) before it
@@ -34,11 +34,11 @@ use tracing::{debug, info, warn};
 use super::pod::{self, CONTAINER, PodConfig};
 use super::podstate::{PodState, observe_pod};
 use super::{Context, Error, noderoot, validate};
-use crate::crd::{SandboxPool, SandboxTemplate};
-use crate::exec::ExecRequest;
-use crate::exec::session::Session;
-use crate::labels;
-use crate::remote;
+use agentbox_api::crd::{SandboxPool, SandboxTemplate};
+use agentbox_api::exec::ExecRequest;
+use agentbox_api::exec::session::Session;
+use agentbox_api::labels;
+use agentbox_api::remote;
 use decide::{Plan, Want, WarmPod};
 
 /// How long one write (or the initialising exec) may take before the reconcile gives up on it
@@ -165,13 +165,13 @@ async fn observe_template(
     pool: &SandboxPool,
     ns: &str,
     podcfg: &PodConfig<'_>,
-) -> Result<(Want, Option<(crate::crd::SandboxSpec, i64)>), Error> {
+) -> Result<(Want, Option<(agentbox_api::crd::SandboxSpec, i64)>), Error> {
     let templates: Api<SandboxTemplate> = Api::namespaced(ctx.client.clone(), ns);
     let tname = &pool.spec.template_ref.name;
     let Some(t) = templates.get_opt(tname).await? else {
         return Ok((Want::Missing(tname.clone()), None));
     };
-    let spec = crate::template::for_pool(tname, &t.spec);
+    let spec = agentbox_api::template::for_pool(tname, &t.spec);
     let problems = validate::problems(&spec, &ctx.config.allowed_host_prefixes, podcfg);
     if !problems.is_empty() {
         return Ok((Want::Invalid(problems), None));
@@ -229,7 +229,7 @@ async fn act(
     api: &Api<Pod>,
     pods: &[Pod],
     podcfg: &PodConfig<'_>,
-    resolved: Option<&(crate::crd::SandboxSpec, i64)>,
+    resolved: Option<&(agentbox_api::crd::SandboxSpec, i64)>,
     plan: &Plan,
 ) -> bool {
     let pool_name = pool.name_any();
@@ -473,7 +473,7 @@ mod tests {
     }
 
     fn warm(pool: &SandboxPool) -> Pod {
-        let spec = crate::template::for_pool(
+        let spec = agentbox_api::template::for_pool(
             "tpl",
             &serde_json::from_value(serde_json::json!({"image": "busybox"})).unwrap(),
         );

@@ -1,5 +1,5 @@
 //! Open shells in warm pods, for the claim: a pool opens one persistent shell
-//! ([`crate::exec::session::Session`]) in each warm pod when it initialises it, and a sandbox
+//! ([`agentbox_api::exec::session::Session`]) in each warm pod when it initialises it, and a sandbox
 //! that adopts the pod takes that shell for its start's one command. A command over an open
 //! shell costs a few milliseconds; a new exec (a WebSocket upgrade through the API server and
 //! the kubelet, and a process the runtime starts in the container) costs most of a claim.
@@ -15,7 +15,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use crate::exec::session::Session;
+use agentbox_api::exec::session::Session;
 
 /// The open shells of warm pods, by pod UID.
 #[derive(Default)]

@@ -17,7 +17,7 @@ use super::cleanup::{Removal, remove_directory};
 use crate::controller::nodeloss;
 use crate::controller::pod;
 use crate::controller::{Context, Error};
-use crate::crd::{Sandbox, SandboxStatus};
+use agentbox_api::crd::{Sandbox, SandboxStatus};
 
 /// How often to look at a lost node that has not come back.
 const NODE_DOWN_RETRY: Duration = Duration::from_secs(15);

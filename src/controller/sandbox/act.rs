@@ -26,10 +26,10 @@ use crate::controller::{
     Context, Error, FIELD_MANAGER, conditions, noderoot, placement, selection, service, snapshot,
     sources,
 };
-use crate::crd::{Egress, LifecycleMode, Sandbox, SandboxSnapshot, SandboxStatus};
-use crate::guard::{self, GuardConfig, GuardError, LeaseView};
-use crate::labels;
 use crate::metrics::{COLD, ExecOp, GuardOp, GuardOutcome, Metrics, WARM};
+use agentbox_api::crd::{Egress, LifecycleMode, Sandbox, SandboxSnapshot, SandboxStatus};
+use agentbox_api::guard::{self, GuardConfig, GuardError, LeaseView};
+use agentbox_api::labels;
 
 /// Carries out `plan` for `sbx`, as decided from `world`.
 pub async fn act(
@@ -706,7 +706,10 @@ async fn serve(
 
 /// What a start that adopted a warm pod brings to [`serve`]: the snapshot lookup and the
 /// pool's open shell.
-type Adopted = (init::Lookup, Option<Box<crate::exec::session::Session>>);
+type Adopted = (
+    init::Lookup,
+    Option<Box<agentbox_api::exec::session::Session>>,
+);
 
 /// Observes how long the start that has just become Ready took, by its branch: from the
 /// Sandbox's creation for its first start, else from the creation of the pod made for this one
@@ -754,7 +757,7 @@ fn outcome(
     serving: &Serving,
     result: Result<
         (
-            crate::crd::WorkspaceStatus,
+            agentbox_api::crd::WorkspaceStatus,
             crate::controller::workspace::Decision,
         ),
         Error,
@@ -793,7 +796,10 @@ fn outcome(
 fn container_not_running(e: &Error) -> bool {
     matches!(
         e,
-        Error::Exec(crate::exec::ExecError::Connect { .. } | crate::exec::ExecError::NotStarted(_))
+        Error::Exec(
+            agentbox_api::exec::ExecError::Connect { .. }
+                | agentbox_api::exec::ExecError::NotStarted(_)
+        )
     )
 }
 

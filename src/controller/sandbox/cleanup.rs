@@ -24,9 +24,9 @@ use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig};
 use crate::controller::sweep::Hint;
 use crate::controller::{Context, Error, FIELD_MANAGER, conditions, placement, snapshot};
-use crate::crd::{Sandbox, SandboxPhase};
-use crate::guard::LeaseView;
-use crate::labels;
+use agentbox_api::crd::{Sandbox, SandboxPhase};
+use agentbox_api::guard::LeaseView;
+use agentbox_api::labels;
 
 /// Grace of a deleted sandbox's pod: its workspace is about to be discarded (and the onStop
 /// snapshot, if asked for, is taken), so there is nothing to shut down cleanly for. Not zero:

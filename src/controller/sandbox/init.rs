@@ -12,10 +12,10 @@ use tracing::debug;
 use crate::controller::pod::CONTAINER;
 use crate::controller::workspace::{self, Observed};
 use crate::controller::{Context, Error, restore, selection, sources};
-use crate::crd::{Sandbox, WorkspaceStatus};
-use crate::exec::session::Session;
-use crate::exec::{self, ExecRequest};
-use crate::remote::{self, FilesVia};
+use agentbox_api::crd::{Sandbox, WorkspaceStatus};
+use agentbox_api::exec::session::Session;
+use agentbox_api::exec::{self, ExecRequest};
+use agentbox_api::remote::{self, FilesVia};
 
 /// How long one workspace exec may take before it counts as failed.
 const INIT_TIMEOUT: Duration = Duration::from_secs(120);

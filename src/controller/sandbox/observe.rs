@@ -17,8 +17,8 @@ use super::Apis;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState};
 use crate::controller::{Context, Error, placement, validate};
-use crate::crd::{Sandbox, SandboxStatus, TemplateUse};
-use crate::labels;
+use agentbox_api::crd::{Sandbox, SandboxStatus, TemplateUse};
+use agentbox_api::labels;
 
 /// The world as one reconcile found it.
 #[derive(Clone, Debug)]

@@ -19,8 +19,8 @@ use super::{Context, noderoot};
 
 mod served;
 use crate::config::Config;
-use crate::crd::{Sandbox, SandboxSnapshot};
 use crate::metrics::Metrics;
+use agentbox_api::crd::{Sandbox, SandboxSnapshot};
 
 /// Namespace of every scenario.
 const NS: &str = "n";
@@ -382,7 +382,7 @@ fn adopted(name: &str, spec: Value, status: Value) -> Value {
     let probe: Sandbox =
         serde_json::from_value(sandbox(name, spec.clone(), json!({}), Value::Null))
             .expect("sandbox");
-    let labels = crate::labels::scope_labels(&probe.spec.scope);
+    let labels = agentbox_api::labels::scope_labels(&probe.spec.scope);
     let meta = json!({"finalizers": [super::sandbox::FINALIZER], "labels": labels});
     sandbox(name, spec, meta, status)
 }
@@ -398,7 +398,7 @@ async fn reconcile_sandbox(fake: &Arc<FakeApi>, ctx: &Arc<Context>, name: &str) 
 
 /// The pod name of sandbox `name`.
 fn pod(name: &str) -> String {
-    crate::labels::pod_name(name)
+    agentbox_api::labels::pod_name(name)
 }
 
 fn event_and_status(name: &str) -> Vec<String> {
@@ -433,7 +433,7 @@ async fn a_new_sandbox_gets_its_pod_then_finalizer_and_labels_in_one_write() {
         json!([super::sandbox::FINALIZER])
     );
     assert_eq!(
-        s["metadata"]["labels"][crate::labels::AGENT],
+        s["metadata"]["labels"][agentbox_api::labels::AGENT],
         json!("fresh")
     );
     assert!(s.get("status").is_none_or(Value::is_null));
@@ -901,7 +901,7 @@ async fn the_metadata_write_follows_the_ready_status_and_neither_version_is_star
         serde_json::from_value(fake.get(&format!("{SBX}/meta")).expect("s")).expect("sandbox");
     assert_eq!(
         between.status.as_ref().and_then(|s| s.phase),
-        Some(crate::crd::SandboxPhase::Ready)
+        Some(agentbox_api::crd::SandboxPhase::Ready)
     );
     assert!(
         between.metadata.finalizers.is_none(),
@@ -1181,8 +1181,8 @@ fn host_workspace(name: &str) -> std::path::PathBuf {
     let root =
         std::env::temp_dir().join(format!("agentbox-scenario-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join(crate::remote::STATE_DIR)).expect("state dir");
-    std::fs::write(root.join(crate::remote::MARKER), "pod-uid\n").expect("marker");
+    std::fs::create_dir_all(root.join(agentbox_api::remote::STATE_DIR)).expect("state dir");
+    std::fs::write(root.join(agentbox_api::remote::MARKER), "pod-uid\n").expect("marker");
     std::fs::create_dir_all(root.join("src")).expect("src");
     std::fs::write(root.join("src/main.py"), "print('hi')\n").expect("a file");
     root
@@ -1261,7 +1261,7 @@ async fn a_snapshot_of_a_serving_sandbox_is_taken_under_the_guard_and_committed(
 #[tokio::test]
 async fn a_workspace_without_its_marker_is_never_committed() {
     let root = host_workspace("unmarked");
-    std::fs::remove_file(root.join(crate::remote::MARKER)).expect("marker");
+    std::fs::remove_file(root.join(agentbox_api::remote::MARKER)).expect("marker");
     let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
     let (fake, ctx, store) = serving_sandbox("bare", &root, initialised).await;
     fake.put(
@@ -1318,7 +1318,7 @@ async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_
     let (fake, ctx, _) = serving_sandbox("init", &root, json!({"rootReady": true})).await;
     reconcile_sandbox(&fake, &ctx, "init").await;
     let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
-    let marker = root.join(crate::remote::MARKER).exists();
+    let marker = root.join(agentbox_api::remote::MARKER).exists();
     let _ = std::fs::remove_dir_all(&root);
     assert_eq!(todo.expect("the spec's file written"), "ship it\n");
     assert!(marker, "the marker written");
@@ -1399,7 +1399,7 @@ async fn a_lost_workspace_comes_back_from_the_newest_snapshot_through_branch_b()
     reconcile_sandbox(&fake, &ctx, "rec").await;
     let back = std::fs::read_to_string(root.join("src/main.py"));
     let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
-    let staged: Vec<String> = std::fs::read_dir(root.join(crate::remote::STATE_DIR))
+    let staged: Vec<String> = std::fs::read_dir(root.join(agentbox_api::remote::STATE_DIR))
         .expect("the state directory")
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -1421,11 +1421,11 @@ const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/n/leases";
 
 /// The path of the guard Lease of sandbox `name`'s scope (Agent `name`).
 fn guard_lease(name: &str) -> String {
-    let scope: crate::crd::Scope =
+    let scope: agentbox_api::crd::Scope =
         serde_json::from_value(json!({"kind": "Agent", "agent": name})).expect("scope");
     format!(
         "{LEASES}/{}",
-        crate::labels::lease_name(&crate::labels::scope_key(&scope))
+        agentbox_api::labels::lease_name(&agentbox_api::labels::scope_key(&scope))
     )
 }
 

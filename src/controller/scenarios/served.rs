@@ -2,7 +2,7 @@
 //! pod: kube opens exec as an upgraded connection, which needs a real HTTP connection (a
 //! `tower` service in-process cannot hand one over). Every other request goes to the same
 //! [`FakeApi`] as in-process. An exec runs its argv **on the host** (the pod's scripts are
-//! plain `sh`, see `crate::remote`), speaking the remote-command protocol v5 back: stdout on
+//! plain `sh`, see `agentbox_api::remote`), speaking the remote-command protocol v5 back: stdout on
 //! channel 1, stderr on 2, the exit status as a `Status` on 3, stdin from channel 0 until the
 //! client half-closes it (`[255, 0]`).
 

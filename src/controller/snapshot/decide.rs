@@ -4,7 +4,7 @@
 
 use super::MAX_ATTEMPTS;
 use crate::controller::selection::Age;
-use crate::crd::SnapshotPhase;
+use agentbox_api::crd::SnapshotPhase;
 
 /// What the referenced sandbox looks like to the snapshot controller.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -32,13 +32,13 @@ use tracing::warn;
 use super::conditions;
 use super::podstate;
 use super::{Context, Error};
-use crate::crd::{
-    DeletionPolicy, LifecycleMode, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
-};
-use crate::labels;
-pub use crate::remote::{TAR_SCRIPT, tar_args};
 use crate::snapshot::SnapshotError;
 use crate::snapshot::store::{AbortOutcome, SnapshotKeys, Store, StoreError};
+use agentbox_api::crd::{
+    DeletionPolicy, LifecycleMode, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
+};
+use agentbox_api::labels;
+pub use agentbox_api::remote::{TAR_SCRIPT, tar_args};
 pub use decide::{NotCommitted, Observed, Plan, SandboxState, decide, retention_victims};
 pub use on_stop::{OnStop, on_stop};
 
@@ -119,8 +119,8 @@ async fn observe_sandbox(
     name: &str,
 ) -> Result<(SandboxState, Option<Sandbox>), Error> {
     // A name that is not one would change the request's path (kube does not escape it).
-    if !crate::names::is_object_name(name) {
-        let m = crate::names::refusal("sandboxRef.name", name);
+    if !agentbox_api::names::is_object_name(name) {
+        let m = agentbox_api::names::refusal("sandboxRef.name", name);
         return Ok((SandboxState::InvalidReference(m), None));
     }
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);

@@ -12,11 +12,11 @@ use tracing::{info, warn};
 use super::ON_STOP;
 use crate::controller::podstate;
 use crate::controller::{Context, Error};
-use crate::crd::{
+use agentbox_api::crd::{
     DeletionPolicy, GuardHold, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
     SnapshotPhase,
 };
-use crate::labels;
+use agentbox_api::labels;
 
 /// Outcome of [`on_stop`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,21 +25,23 @@ use super::{
 use crate::controller::pod::CONTAINER;
 use crate::controller::selection::{self, Age, age};
 use crate::controller::{Context, Error, scope_guard};
-use crate::crd::{LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
-use crate::exec::{self, ExecEvent, ExecRequest};
+use agentbox_api::crd::{
+    LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
+};
+use agentbox_api::exec::{self, ExecEvent, ExecRequest};
 
 /// Reason of a snapshot waiting for an unreachable or refusing object store.
 const STORE_UNAVAILABLE: &str = "StoreUnavailable";
 /// Reason of a snapshot whose `spec.guard` hold was not (or no longer) the scope's Lease's.
 pub const GUARD_NOT_HELD: &str = "GuardNotHeld";
-use crate::guard::{Guard, GuardError, HandOff};
-use crate::labels;
 use crate::metrics::{ExecOp, GuardOp, Metrics};
 use crate::progress::Deadline;
-use crate::remote;
 use crate::snapshot::archive::{Refusal, Summary};
 use crate::snapshot::store::{Commit, Manifest, SnapshotKeys, Store};
 use crate::snapshot::{self, SnapshotError};
+use agentbox_api::guard::{Guard, GuardError, HandOff};
+use agentbox_api::labels;
+use agentbox_api::remote;
 
 /// Upper bound on one `tar -c` run.
 const TAR_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
