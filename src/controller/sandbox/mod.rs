@@ -525,6 +525,60 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_pod_of_a_gone_sandbox_leaves_its_directory_to_the_sweep_when_it_goes() {
+        let (store, mut writer) = kube::runtime::reflector::store::<Sandbox>();
+        let pod = |deleting: bool, owner_uid: &str| -> Pod {
+            let mut p: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "py-warm-abcde", "namespace": "team", "uid": "pod-1",
+                    "ownerReferences": [{"apiVersion": "agentbox.dev/v1alpha1",
+                        "kind": "Sandbox", "name": "s", "uid": owner_uid, "controller": true}]},
+                "spec": {"nodeName": "n1", "containers": [], "volumes": [
+                    {"name": crate::controller::pod::WORKSPACE_VOLUME,
+                     "hostPath": {"path": "/w/team/warm-abcde"}}]},
+            }))
+            .unwrap();
+            if deleting {
+                p.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+                );
+            }
+            p
+        };
+        let hint = super::super::sweep::Hint {
+            node: "n1".into(),
+            namespace: "team".into(),
+            dir: "warm-abcde".into(),
+        };
+        assert_eq!(
+            orphan_sweep_hint(&pod(false, "u1"), "/w", &store),
+            None,
+            "not going"
+        );
+        assert_eq!(
+            orphan_sweep_hint(&pod(true, "u1"), "/w", &store),
+            Some(hint.clone()),
+            "its Sandbox is gone"
+        );
+        let sbx: Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "namespace": "team", "uid": "u1"},
+            "spec": {"image": "i", "scope": {"kind": "Global"}},
+        }))
+        .unwrap();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(sbx));
+        assert_eq!(
+            orphan_sweep_hint(&pod(true, "u1"), "/w", &store),
+            None,
+            "its Sandbox exists: its own cleanup hints the sweep"
+        );
+        assert_eq!(
+            orphan_sweep_hint(&pod(true, "u0"), "/w", &store),
+            Some(hint),
+            "a Sandbox of that name made again is another one"
+        );
+    }
+
+    #[test]
     fn a_snapshot_concerns_the_sandboxes_that_name_it_refused_it_or_wait_in_its_scope() {
         let sbx = |snapshot: serde_json::Value, status: serde_json::Value| -> Sandbox {
             serde_json::from_value(serde_json::json!({
