@@ -209,7 +209,7 @@ async fn a_restarted_operator_sweeps_what_a_killed_one_left_and_nothing_else() {
     // No sweep pod left behind by either operator.
     let helpers = ListParams::default().labels(&format!(
         "{} in (list,sweep)",
-        agentbox_operator::controller::pod::HELPER_LABEL
+        agentbox_operator::controller::helper_pod::HELPER_LABEL
     ));
     no_pods_left(&env.api::<Pod>(), &helpers).await;
     env.finish().await;

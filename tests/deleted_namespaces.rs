@@ -116,7 +116,7 @@ async fn directories_of_namespaces_deleted_while_no_operator_ran_are_swept_and_n
     );
     // No helper pod left in the operator's namespace.
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &helpers);
-    let lp = ListParams::default().labels(agentbox_operator::controller::pod::HELPER_LABEL);
+    let lp = ListParams::default().labels(agentbox_operator::controller::helper_pod::HELPER_LABEL);
     let mut left = Vec::new();
     for _ in 0..300 {
         left = pods.list(&lp).await.expect("list").items;

@@ -115,7 +115,7 @@ async fn a_pool_keeps_ready_warm_pods_with_empty_directories_and_scales_both_way
     let helpers: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), &env.ns);
     let prepare_pods = ListParams::default().labels(&format!(
         "{}=prepare",
-        agentbox_operator::controller::pod::HELPER_LABEL
+        agentbox_operator::controller::helper_pod::HELPER_LABEL
     ));
     let mut left = Vec::new();
     for _ in 0..100 {

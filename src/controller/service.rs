@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
 use super::pod::{SPEC_HASH, owned_labels};
-use super::{Error, FIELD_MANAGER};
+use crate::controller::context::{Error, FIELD_MANAGER};
 use agentbox_api::crd::{PortEndpoint, Sandbox, SandboxStatus};
 use agentbox_api::labels;
 

@@ -15,7 +15,7 @@ use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
 use super::workspace::{self, FileEntry, ResolvedProjection};
-use super::{Context, Error};
+use crate::controller::context::{Context, Error};
 use agentbox_api::crd::Sandbox;
 use agentbox_api::names;
 

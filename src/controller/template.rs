@@ -5,7 +5,7 @@
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
-use super::Error;
+use crate::controller::context::Error;
 use agentbox_api::crd::{Sandbox, SandboxTemplate, TemplateUse};
 
 /// The reason a Sandbox waits for its template.

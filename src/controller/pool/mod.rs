@@ -15,8 +15,6 @@
 //! conflict, and the next reconcile sees the claim).
 
 pub mod decide;
-pub mod quiet;
-pub mod shells;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +31,9 @@ use tracing::{debug, info, warn};
 
 use super::pod::{self, CONTAINER, PodConfig};
 use super::podstate::{PodState, observe_pod};
-use super::{Context, Error, noderoot, validate};
+use super::{noderoot, validate};
+use crate::controller::context::{Context, Error};
+use crate::controller::helper_pod;
 use agentbox_api::crd::{SandboxPool, SandboxTemplate};
 use agentbox_api::exec::ExecRequest;
 use agentbox_api::exec::session::Session;
@@ -136,7 +136,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
         let problem = plan.reason.0.is_problem()
             && decide::ready_reason(pool.status.as_ref()) != Some(plan.reason.0.as_str());
         if problem {
-            super::publish(
+            crate::controller::context::publish(
                 &ctx,
                 pool.as_ref(),
                 EventType::Warning,
@@ -147,7 +147,12 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
             .await;
         }
         let api: Api<SandboxPool> = Api::namespaced(ctx.client.clone(), &ns);
-        timed(super::apply_status(&api, &name, &plan.status)).await?;
+        timed(crate::controller::context::apply_status(
+            &api,
+            &name,
+            &plan.status,
+        ))
+        .await?;
     }
     Ok(Action::requeue(if prepared_now {
         // Its pods there are initialised now, not a poll later.
@@ -246,7 +251,7 @@ async fn act(
     let ns = pool.namespace().unwrap_or_default();
     let (ns, pool_name) = (ns.as_str(), pool_name.as_str());
     let prepared = join_all(plan.prepare.iter().map(|node| async move {
-        let desired = || pod::build_pool_prepare_pod(pool, spec, podcfg, node);
+        let desired = || helper_pod::build_pool_prepare_pod(pool, spec, podcfg, node);
         match timed(noderoot::prepare(ctx, api, (ns, node), desired)).await {
             Ok(found) => found.is_some(),
             Err(e) => {
@@ -335,7 +340,7 @@ pub fn hint_removal(ctx: &Context, p: &Pod) {
     ) else {
         return;
     };
-    ctx.sweep.add(super::sweep::Hint {
+    ctx.sweep.add(super::memory::Hint {
         node,
         namespace: ns,
         dir,

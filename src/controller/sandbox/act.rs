@@ -19,12 +19,13 @@ use super::{
     Apis, abandoned, claim, delete_if_present, force_delete, init, node_health, write_status,
     write_transition,
 };
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
+use crate::controller::helper_pod;
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
 use crate::controller::{
-    Context, Error, FIELD_MANAGER, conditions, noderoot, placement, selection, service, snapshot,
-    sources,
+    conditions, noderoot, placement, restore_source, service, snapshot, sources,
 };
 use crate::metrics::{COLD, ExecOp, GuardOp, GuardOutcome, Metrics, WARM};
 use agentbox_api::crd::{Egress, LifecycleMode, Sandbox, SandboxSnapshot, SandboxStatus};
@@ -194,7 +195,7 @@ async fn second_pods(
             && placement::recorded_host_dir(sbx).as_deref() != Some(dir.as_str())
             && let Some(entry) = placement::dir_name(&dir, &ctx.config.node_root, &ns)
         {
-            ctx.sweep.add(crate::controller::sweep::Hint {
+            ctx.sweep.add(crate::controller::memory::Hint {
                 node,
                 namespace: ns.clone(),
                 dir: entry.to_string(),
@@ -240,7 +241,7 @@ async fn suspend(
         write_transition(ctx, sbx, apis, old, &status, note).await?;
         return Ok(true);
     }
-    let handed = crate::controller::handed_off_hold(ctx, sbx).await?;
+    let handed = crate::controller::context::handed_off_hold(ctx, sbx).await?;
     // spec.snapshot.onStop: persist the workspace before its pod goes.
     let hold = handed.as_ref().map(|(h, _)| h.clone());
     if snapshot::on_stop(ctx, sbx, hold).await? == snapshot::OnStop::Wait {
@@ -390,7 +391,8 @@ async fn release(g: guard::Guard, sandbox: &str) {
 /// Publishes `note`, if any, about the sandbox.
 async fn publish(ctx: &Context, sbx: &Sandbox, note: Option<Note>) {
     if let Some(n) = note {
-        crate::controller::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message).await;
+        crate::controller::context::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message)
+            .await;
     }
 }
 
@@ -429,7 +431,7 @@ async fn create_pod(
                     started.elapsed(),
                 )
             },
-            async { (selection::candidate(ctx, sbx).await, started.elapsed()) }
+            async { (restore_source::candidate(ctx, sbx).await, started.elapsed()) }
         );
         // Which of the two the start waited for (a profile's question).
         debug!(sandbox = %sbx.name_any(), "claim answered at {patched:?}, restore lookup at {looked:?}");
@@ -582,7 +584,7 @@ async fn recovery_snapshot(
     if ctx.store.is_none() {
         return Ok(None);
     }
-    let name = match selection::candidate(ctx, sbx).await {
+    let name = match restore_source::candidate(ctx, sbx).await {
         Ok(Some(name)) => name,
         Ok(None) => return Ok(None),
         Err(Error::Kube(e)) => return Err(Error::Kube(e)),
@@ -821,7 +823,7 @@ async fn node_root(
         Some(found) => Some(found),
         None if podcfg.helper.is_none() => None,
         None => match noderoot::prepare(ctx, pods, (&ns, node), || {
-            pod::build_prepare_pod(sbx, podcfg, node)
+            helper_pod::build_prepare_pod(sbx, podcfg, node)
         })
         .await?
         {

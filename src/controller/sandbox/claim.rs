@@ -22,8 +22,9 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use tracing::debug;
 
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
-use crate::controller::{Context, Error, FIELD_MANAGER, placement, pool};
+use crate::controller::{placement, pool};
 use crate::metrics::ClaimResult;
 use agentbox_api::crd::{Sandbox, SandboxPool};
 use agentbox_api::exec::session::Session;

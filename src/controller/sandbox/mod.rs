@@ -34,7 +34,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::placement;
 use super::pod::PodConfig;
 use super::template::{self, Effective};
-use super::{Context, Error, FIELD_MANAGER};
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
 use agentbox_api::crd::{Sandbox, SandboxStatus};
 use agentbox_api::labels;
 pub use decide::{FIRST_STATUS_GRACE, Note, defer_first_status, early_retry};
@@ -72,7 +72,7 @@ pub fn orphan_sweep_hint(
     pod: &Pod,
     node_root: &str,
     sandboxes: &kube::runtime::reflector::Store<Sandbox>,
-) -> Option<super::sweep::Hint> {
+) -> Option<super::memory::Hint> {
     pod.metadata.deletion_timestamp.as_ref()?;
     let ns = pod.namespace()?;
     let owner = pod
@@ -88,7 +88,7 @@ pub fn orphan_sweep_hint(
     let node = pod.spec.as_ref()?.node_name.clone()?;
     let mounted = placement::pod_host_dir(pod)?;
     let dir = placement::dir_name(&mounted, node_root, &ns)?.to_string();
-    Some(super::sweep::Hint {
+    Some(super::memory::Hint {
         node,
         namespace: ns,
         dir,
@@ -387,7 +387,8 @@ async fn write_transition(
         return Ok(());
     }
     if let Some(n) = note {
-        super::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message).await;
+        crate::controller::context::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message)
+            .await;
     }
     write_status(apis, sbx, st).await
 }
@@ -544,7 +545,7 @@ mod tests {
             }
             p
         };
-        let hint = super::super::sweep::Hint {
+        let hint = super::super::memory::Hint {
             node: "n1".into(),
             namespace: "team".into(),
             dir: "warm-abcde".into(),

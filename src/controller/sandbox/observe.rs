@@ -14,9 +14,10 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::Apis;
+use crate::controller::context::{Context, Error};
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState};
-use crate::controller::{Context, Error, placement, validate};
+use crate::controller::{placement, validate};
 use agentbox_api::crd::{Sandbox, SandboxStatus, TemplateUse};
 use agentbox_api::labels;
 

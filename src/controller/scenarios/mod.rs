@@ -15,9 +15,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 
-use super::{Context, noderoot};
+use crate::controller::context::Context;
 
-mod served;
+mod loopback;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use agentbox_api::crd::{Sandbox, SandboxSnapshot};
@@ -320,7 +320,7 @@ async fn served_context(
     fake: Arc<FakeApi>,
     store: Option<crate::snapshot::store::Store>,
 ) -> Arc<Context> {
-    context_on(served::serve(fake).await, store, Vec::new())
+    context_on(loopback::serve(fake).await, store, Vec::new())
 }
 
 fn context_on(
@@ -353,11 +353,11 @@ fn context_on(
         config,
         metrics: Arc::new(Metrics::default()),
         store,
-        node_roots: noderoot::Checks::default(),
-        refusals: super::restore::Refusals::default(),
-        sweep: super::sweep::Hints::default(),
-        shells: super::pool::shells::Shells::default(),
-        pool_claims: super::pool::quiet::Claims::default(),
+        node_roots: super::memory::Checks::default(),
+        refusals: super::memory::Refusals::default(),
+        sweep: super::memory::Hints::default(),
+        shells: super::warm_shells::Shells::default(),
+        pool_claims: super::refill_delay::Claims::default(),
         pods: cache,
         cache: None,
     })
@@ -731,7 +731,7 @@ async fn a_snapshot_without_a_store_fails_once_with_its_reason() {
 /// its container running and ready.
 /// node-1's workspace root as the node-root check leaves it: checked, nosuid and nodev.
 fn node_root_checked(ctx: &Context) {
-    let found = noderoot::Found::Checked {
+    let found = super::memory::Found::Checked {
         nosuid: true,
         nodev: true,
         mount: "/".into(),

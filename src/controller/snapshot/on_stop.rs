@@ -10,8 +10,8 @@ use kube::api::{Api, PostParams};
 use tracing::{info, warn};
 
 use super::ON_STOP;
+use crate::controller::context::{Context, Error};
 use crate::controller::podstate;
-use crate::controller::{Context, Error};
 use agentbox_api::crd::{
     DeletionPolicy, GuardHold, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
     SnapshotPhase,

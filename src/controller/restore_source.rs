@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
 
 use super::reasons::RestoreReason;
-use super::{Context, Error};
+use crate::controller::context::{Context, Error};
 use agentbox_api::crd::{RestorePolicy, Sandbox, SandboxSnapshot, SnapshotPhase};
 use agentbox_api::{labels, names};
 
@@ -154,7 +154,7 @@ pub async fn verify(
     if !announce {
         return Ok(());
     }
-    super::publish(
+    crate::controller::context::publish(
         ctx,
         sbx,
         EventType::Normal,
