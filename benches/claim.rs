@@ -1,11 +1,11 @@
 //! A templated Sandbox claiming a warm pod: create → Ready seen on a watch (opened before the
 //! create), one at a time, against a SandboxPool of `BENCH_POOL` (default 5) warm pods, the
 //! pool refilled to full before each create; the API writes each claim costs the operator and
-//! where the time goes, both from the API server's audit log: the create, the operator's
-//! metadata write (finalizer and labels, made beside the start), the adopting pod patch (its
-//! reaction to the watch event, after one round of reads), and the status write that says
-//! Ready (after the workspace was initialised in the warm container), then Ready on the
-//! client's watch. `BENCH_OPERATOR_BIN` runs another build's operator (an A/B in one session).
+//! where the time goes, both from the API server's audit log: the create, the adopting pod
+//! patch (its reaction to the watch event; what it reads comes from its watch caches), the
+//! status write that says Ready (after the workspace was initialised in the warm container),
+//! then Ready on the client's watch, and the operator's metadata write (finalizer and labels,
+//! made after the Ready status since issue 32). `BENCH_OPERATOR_BIN` runs another build's operator (an A/B in one session).
 //!
 //! `eval "$(hack/cluster env)"; cargo bench --bench claim` (release build). `BENCH_N` claims
 //! (default 50); `BENCH_FILES` small workspace files in each Sandbox's spec (default 0: the
@@ -18,6 +18,15 @@
 //! time and each deleted before the next, alternate between claiming a warm pod and starting
 //! cold (an env override: another pod shape), each restoring that snapshot (branch C, the
 //! default `Latest` policy): create → Ready on a watch.
+//!
+//! `BENCH_BURST=N` (issue 32's throughput figure, N = 100 in `hack/bench`): a pool of N warm
+//! pods, then N templated Sandboxes created at once (each from its own task, over one client);
+//! Ready seen on one watch of the namespace opened before them. Figures: claims per second (N
+//! over first create → last Ready), p50/p95 per claim (its create call → its Ready), how many
+//! adopted a warm pod, pods adopted twice (a pod named by two statuses, or with two controller
+//! owners: must be 0), and the refill: the Sandboxes are deleted once all are Ready (a node
+//! holds 110 pods, not 2N) and the time from the last Ready until the pool has N claimable warm
+//! pods again.
 
 use std::time::{Duration, Instant};
 
@@ -25,10 +34,11 @@ use agentbox_api::crd::{
     Sandbox, SandboxPool, SandboxSnapshot, SandboxTemplate, SnapshotPhase, StartBranch,
 };
 use agentbox_api::labels;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 
 mod common;
@@ -151,6 +161,139 @@ async fn restores(client: &Client, ns: &str, n: usize, size: usize) -> Res<()> {
     Ok(())
 }
 
+/// The burst figures (`BENCH_BURST=N`, see the module's documentation).
+async fn burst(client: &Client, ns: &str, n: usize) -> Res<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    let t_pool = Instant::now();
+    pool_full(&pods, "bench", n).await?;
+    println!(
+        "pool of {n} ready in {:.1} s",
+        t_pool.elapsed().as_secs_f64()
+    );
+    let sandbox = |i: usize| -> Res<Sandbox> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": format!("b-{i}")},
+            "spec": {"templateRef": {"name": "tpl"},
+                "scope": {"kind": "Session", "agent": "bench", "session": format!("b-{i}")}},
+        }))?)
+    };
+    let wp = WatchParams::default().timeout(290);
+    let mut stream = sbxs.watch(&wp, "0").await?.boxed();
+    sbxs.list(&ListParams::default().limit(1)).await?;
+    let t0 = Instant::now();
+    let creates = futures::future::join_all((0..n).map(|i| {
+        let sbxs = sbxs.clone();
+        async move {
+            let s = sandbox(i)?;
+            let sent = t0.elapsed().as_secs_f64() * 1000.0;
+            sbxs.create(&PostParams::default(), &s).await?;
+            Ok::<_, Box<dyn std::error::Error>>((s.name_any(), sent))
+        }
+    }));
+    // The watch is read while the creates go out: its events are not left to queue.
+    let mut ready: std::collections::BTreeMap<String, (f64, String)> = Default::default();
+    let mut sent: std::collections::BTreeMap<String, f64> = Default::default();
+    let watch = async {
+        while ready.len() < n {
+            let Some(ev) = tokio::time::timeout(Duration::from_secs(300), stream.next())
+                .await
+                .map_err(|_| "no Ready within 300 s")?
+            else {
+                return Err::<(), Box<dyn std::error::Error>>("the watch ended".into());
+            };
+            if let WatchEvent::Added(o) | WatchEvent::Modified(o) = ev? {
+                let st = o.status.clone().unwrap_or_default();
+                if st.phase == Some(agentbox_api::crd::SandboxPhase::Ready) {
+                    ready.entry(o.name_any()).or_insert((
+                        t0.elapsed().as_secs_f64() * 1000.0,
+                        st.pod_name.unwrap_or_default(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    };
+    let (created, watched) = tokio::join!(creates, watch);
+    for c in created {
+        let (name, at) = c?;
+        sent.insert(name, at);
+    }
+    watched?;
+    let last = ready.values().map(|(t, _)| *t).fold(0.0, f64::max);
+    let first = sent.values().copied().fold(f64::MAX, f64::min);
+    let per: Vec<f64> = ready
+        .iter()
+        .map(|(name, (t, _))| t - sent.get(name).copied().unwrap_or(first))
+        .collect();
+    let rate = n as f64 / ((last - first) / 1000.0);
+    let warm = ready
+        .values()
+        .filter(|(_, p)| p.starts_with("bench-warm-"))
+        .count();
+    // Adopted twice: a pod two statuses name, or a pod with two controller owners.
+    let mut named: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (_, p) in ready.values() {
+        *named.entry(p.as_str()).or_default() += 1;
+    }
+    let mut twice = named.values().filter(|k| **k > 1).count();
+    for p in pods.list(&ListParams::default()).await?.items {
+        let controllers = p
+            .owner_references()
+            .iter()
+            .filter(|o| o.controller == Some(true))
+            .count();
+        if controllers > 1 {
+            twice += 1;
+        }
+    }
+    // Sandboxes with more than one pod of theirs (two adoptions for one sandbox).
+    let mut extra = 0;
+    for name in ready.keys() {
+        let lp = ListParams::default().labels(&format!("{}={name}", labels::SANDBOX));
+        if pods.list(&lp).await?.items.len() > 1 {
+            extra += 1;
+        }
+    }
+    // The refill: the sandboxes go (the node holds 110 pods), the pool comes back to n.
+    sbxs.delete_collection(&kube::api::DeleteParams::default(), &ListParams::default())
+        .await?;
+    let deleted_at = t0.elapsed().as_secs_f64() * 1000.0;
+    pool_full(&pods, "bench", n).await?;
+    let refilled = t0.elapsed().as_secs_f64() * 1000.0 - last;
+    let (p50, p95) = p50_p95(per);
+    let n64 = n as u64;
+    println!("| burst: {n} creates at once against a pool of {n} | value |");
+    println!("|---|---|");
+    println!("| claims per second (first create → last Ready) | {rate:.1} |");
+    println!(
+        "| per claim, create call → Ready on the watch, p50 / p95 (ms) | {p50:.1} / {p95:.1} |"
+    );
+    println!("| first create → last Ready (ms) | {:.1} |", last - first);
+    println!("| adopted a warm pod | {warm} of {n} |");
+    println!("| pods adopted twice | {twice} |");
+    println!("| sandboxes with more than one pod | {extra} |");
+    println!(
+        "| pool back to {n} claimable, from the last Ready (sandboxes deleted {:.1} s after it) (s) | {:.1} |",
+        (deleted_at - last) / 1000.0,
+        refilled / 1000.0
+    );
+    emit("claim", "claim_burst_per_s", rate, "claims/s", n64);
+    emit("claim", "claim_burst_p50_ms", p50, "ms", n64);
+    emit("claim", "claim_burst_p95_ms", p95, "ms", n64);
+    emit("claim", "claim_burst_warm", warm as f64, "starts", n64);
+    emit(
+        "claim",
+        "claim_burst_adopted_twice",
+        twice as f64,
+        "pods",
+        n64,
+    );
+    emit("claim", "claim_burst_refill_s", refilled / 1000.0, "s", n64);
+    Ok(())
+}
+
 /// Milliseconds between two audit timestamps.
 fn ms(a: Timestamp, b: Timestamp) -> f64 {
     b.duration_since(a).as_secs_f64() * 1000.0
@@ -164,6 +307,8 @@ async fn main() -> Res<()> {
         .map(|f| json!({"path": format!("notes/file-{f}.txt"), "content": format!("file {f}\n")}))
         .collect();
     let restore = env_num("BENCH_RESTORE", 0) == 1;
+    let burst_n = env_num("BENCH_BURST", 0) as usize;
+    let size = if burst_n > 0 { burst_n } else { size };
     let audit = audit_log()?;
     let client = Client::try_default().await?;
     let store = |ns: &str| format!("/var/lib/agentbox/bench-snapshots/{ns}");
@@ -196,6 +341,9 @@ async fn main() -> Res<()> {
         .create(&PostParams::default(), &pool)
         .await?;
 
+    if burst_n > 0 {
+        return burst(&client, &ns, burst_n).await;
+    }
     if restore {
         let result = restores(&client, &ns, n, size).await;
         let _ = std::fs::remove_dir_all(store(&ns));
@@ -263,7 +411,9 @@ async fn main() -> Res<()> {
         let create = writes
             .iter()
             .find(|w| w.verb == "create" && w.resource == "sandboxes" && &w.name == name);
-        let first = mine.iter().find(|w| w.resource == "sandboxes");
+        let first = mine
+            .iter()
+            .find(|w| w.resource == "sandboxes" && w.subresource != "status");
         let patch = mine.iter().find(|w| w.resource == "pods");
         let status = mine
             .iter()
@@ -289,11 +439,11 @@ async fn main() -> Res<()> {
     println!("| create call → its response (ms) | {a:.1} | {b:.1} |");
     let (a, b) = q(&react);
     println!(
-        "| create → operator's metadata write (finalizer, labels; beside the start) (ms) | {a:.1} | {b:.1} |"
+        "| create → operator's metadata write (finalizer, labels; after the Ready status) (ms) | {a:.1} | {b:.1} |"
     );
     let (a, b) = q(&adopt);
     println!(
-        "| create → adopting pod patch (the operator's reaction, one round of reads) (ms) | {a:.1} | {b:.1} |"
+        "| create → adopting pod patch (the operator's reaction; reads from its caches) (ms) | {a:.1} | {b:.1} |"
     );
     let (a, b) = q(&init_status);
     println!(

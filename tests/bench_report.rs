@@ -165,7 +165,9 @@ fn every_footnote_the_code_cites_is_a_note() {
     let notes = render::notes(&read(render::NOTES));
     let cited = citations();
     assert!(
-        cited.iter().any(|(place, _)| place.contains("quiet.rs")),
+        cited
+            .iter()
+            .any(|(place, _)| place.contains("refill_delay.rs")),
         "the pool's quiet beat cites footnote 7: {cited:?}"
     );
     for (place, n) in cited {

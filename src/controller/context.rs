@@ -50,6 +50,9 @@ pub struct Context {
     pub shells: warm_shells::Shells,
     /// When each pool last lost a warm pod to a claim of this process (its refill waits).
     pub pool_claims: refill_delay::Claims,
+    /// The watch caches a first start reads instead of the API server ([`super::cache`]);
+    /// `None` where no watch runs (the scenario tests): reads then go to the API server.
+    pub cache: Option<super::cache::Caches>,
 }
 
 /// Reconcile errors. [`Error::is_permanent`] decides the retry pace.
@@ -100,6 +103,10 @@ pub enum Error {
     /// status cannot be looked for, so nothing is made or adopted until it has.
     #[error("the watch of the operator's pods has not synced within {}s", .0.as_secs())]
     PodCacheNotSynced(Duration),
+    /// A watch cache ([`super::cache`]) has not listed its objects yet: what it holds is not
+    /// read until it has.
+    #[error("the watch of {0} has not synced within {secs}s", secs = .1.as_secs())]
+    CacheNotSynced(&'static str, Duration),
     /// Taking or storing a snapshot failed.
     #[error("snapshot: {0}")]
     Snapshot(#[source] crate::snapshot::SnapshotError),
@@ -149,6 +156,7 @@ impl Error {
             Error::MetadataNotWritten => "metadata_not_written",
             Error::Timeout(_) => "timeout",
             Error::PodCacheNotSynced(_) => "pod_cache_not_synced",
+            Error::CacheNotSynced(..) => "cache_not_synced",
             Error::Snapshot(_) => "snapshot",
             Error::Guard(_) => "guard",
             Error::Restore { .. } => "restore",

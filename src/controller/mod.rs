@@ -1,6 +1,7 @@
 //! Controllers: observe → decide (pure) → act, with status written once, only when it
 //! changed. A folder per controller ([`sandbox`], [`snapshot`]); what both need is beside them.
 
+pub mod cache;
 pub mod conditions;
 pub mod context;
 pub mod helper_pod;
@@ -112,6 +113,7 @@ pub async fn run(
         );
     }
     let (pods, pods_writer) = reflector::store();
+    let (caches, writers) = cache::Caches::new();
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(
@@ -130,10 +132,11 @@ pub async fn run(
         shells: warm_shells::Shells::default(),
         pool_claims: refill_delay::Claims::default(),
         pods,
+        cache: Some(caches),
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     futures::join!(
-        run_sandboxes(ctx.clone(), pods_writer, shutdown.clone()),
+        run_sandboxes(ctx.clone(), (pods_writer, writers), shutdown.clone()),
         run_snapshots(ctx.clone(), shutdown.clone()),
         run_pools(ctx.clone(), shutdown.clone()),
         sweep::run(ctx, shutdown)
@@ -217,7 +220,7 @@ async fn run_snapshots(
 /// whose holder their Guarded condition shows.
 async fn run_sandboxes(
     ctx: Arc<Context>,
-    pods: reflector::store::Writer<Pod>,
+    (pods, writers): (reflector::store::Writer<Pod>, cache::Writers),
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     info!("sandbox controller starting");
@@ -281,20 +284,50 @@ async fn run_sandboxes(
             .map(|s| ObjectRef::from_obj(s.as_ref()))
             .collect::<Vec<_>>()
     };
+    // A pod of a Sandbox that is gone already, seen being deleted (the garbage collector
+    // after a Sandbox deleted before its finalizer was on: see `sandbox::reconcile`), leaves
+    // its directory to the sweep, once per pod.
+    let orphans = controller.store();
+    let orphan_ctx = ctx.clone();
+    let on_pod = move |p: &Pod| {
+        if sandbox::orphan_hint(&orphan_ctx, p, &orphans) {
+            tracing::debug!(pod = %p.name_any(), "a deleted sandbox's pod is going: its directory is left to the sweep");
+        }
+    };
+    // The templates, snapshots, policies and Leases come from the watch caches the first
+    // start reads ([`cache`]); the same watches wake the sandboxes.
+    let cache::Writers {
+        templates,
+        leases,
+        policies,
+        snapshots,
+    } = writers;
+    let wc = watcher::Config::default;
     controller
-        .watches(
-            scoped::<SandboxTemplate>(&ctx.client, &ns),
-            watcher::Config::default(),
+        .watches_stream(
+            cache::reflect(scoped::<SandboxTemplate>(&ctx.client, &ns), wc(), templates),
             template_to_sandboxes,
         )
-        .watches(
-            scoped::<SandboxSnapshot>(&ctx.client, &ns),
-            watcher::Config::default(),
+        .watches_stream(
+            cache::reflect(scoped::<SandboxSnapshot>(&ctx.client, &ns), wc(), snapshots),
             snapshot_to_sandboxes,
         )
-        .owns_stream(managed_pods(&ctx, &ns, owned.clone(), pods))
-        .owns(scoped::<NetworkPolicy>(&ctx.client, &ns), owned.clone())
-        .watches(scoped::<Lease>(&ctx.client, &ns), owned, guard_to_sandboxes)
+        .owns_stream(
+            managed_pods(&ctx, &ns, owned.clone(), pods).inspect(move |p| {
+                if let Ok(p) = p {
+                    on_pod(p);
+                }
+            }),
+        )
+        .owns_stream(cache::reflect(
+            scoped::<NetworkPolicy>(&ctx.client, &ns),
+            owned.clone(),
+            policies,
+        ))
+        .watches_stream(
+            cache::reflect(scoped::<Lease>(&ctx.client, &ns), owned, leases),
+            guard_to_sandboxes,
+        )
         .trigger_backoff(watch::TriggerBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(

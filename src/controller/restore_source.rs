@@ -186,7 +186,17 @@ pub async fn candidate(ctx: &Context, sbx: &Sandbox) -> Result<Option<String>, E
                     names::refusal("snapshot.name", name),
                 ));
             }
-            let snap = snaps.get_opt(name).await?.ok_or_else(|| {
+            // From the snapshot cache when there is one; a miss is read from the API server
+            // (made a moment ago, the watch may not have brought it yet).
+            let cached = match ctx.cache.as_ref() {
+                Some(c) => super::cache::get(&c.snapshots, "SandboxSnapshots", &ns, name).await?,
+                None => None,
+            };
+            let found = match cached {
+                Some(s) => Some(s),
+                None => snaps.get_opt(name).await?,
+            };
+            let snap = found.ok_or_else(|| {
                 refused(
                     RestoreReason::SnapshotNotFound,
                     format!("SandboxSnapshot {name} (snapshot.name) not found"),
@@ -197,7 +207,26 @@ pub async fn candidate(ctx: &Context, sbx: &Sandbox) -> Result<Option<String>, E
         }
         RestorePolicy::Latest => {
             let key = labels::scope_key(&sbx.spec.scope);
-            let recorded = recorded_for(&snaps, &key).await?;
+            // From the snapshot cache when there is one (no LIST on a claim): the recorded
+            // scope key decides, as in the list by field selector. A snapshot that became
+            // Ready in the same instant as the Sandbox's create may not be there yet (see
+            // `cache`).
+            let recorded = match ctx.cache.as_ref() {
+                Some(c) => {
+                    super::cache::synced(&c.snapshots, "SandboxSnapshots").await?;
+                    c.snapshots
+                        .state()
+                        .iter()
+                        .filter(|s| {
+                            s.namespace().as_deref() == Some(ns.as_str())
+                                && s.status.as_ref().and_then(|st| st.scope_key.as_deref())
+                                    == Some(key.as_str())
+                        })
+                        .map(|s| s.as_ref().clone())
+                        .collect()
+                }
+                None => recorded_for(&snaps, &key).await?,
+            };
             Ok(latest(&recorded, &key).map(|s| s.name_any()))
         }
     }

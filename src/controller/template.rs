@@ -31,17 +31,35 @@ pub async fn effective(client: &Client, sbx: &Sandbox) -> Result<Effective, Erro
     let api: Api<SandboxTemplate> = Api::namespaced(client.clone(), &ns);
     Ok(match api.get_opt(&r.name).await? {
         None => Effective::Missing(r.name.clone()),
-        Some(t) => {
-            let used = TemplateUse {
-                name: r.name.clone(),
-                uid: t.uid().unwrap_or_default(),
-                generation: t.metadata.generation.unwrap_or_default(),
-            };
-            let mut resolved = sbx.clone();
-            resolved.spec = agentbox_api::template::resolve(&t.spec, &sbx.spec);
-            Effective::Templated(Box::new(resolved), used)
-        }
+        Some(t) => resolve(sbx, &r.name, &t),
     })
+}
+
+/// Resolves `sbx` against the template it names, read from the operator's template cache
+/// ([`super::cache`]) when it has one; a template the cache does not hold is read from the API
+/// server before the sandbox is told it is missing (created a moment ago, the watch may not
+/// have brought it yet).
+pub async fn effective_cached(ctx: &super::Context, sbx: &Sandbox) -> Result<Effective, Error> {
+    let (Some(cache), Some(r)) = (ctx.cache.as_ref(), sbx.spec.template_ref.as_ref()) else {
+        return effective(&ctx.client, sbx).await;
+    };
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    match super::cache::get(&cache.templates, "SandboxTemplates", &ns, &r.name).await? {
+        Some(t) => Ok(resolve(sbx, &r.name, &t)),
+        None => effective(&ctx.client, sbx).await,
+    }
+}
+
+/// `sbx` resolved against template `t` (named `name`).
+fn resolve(sbx: &Sandbox, name: &str, t: &SandboxTemplate) -> Effective {
+    let used = TemplateUse {
+        name: name.to_string(),
+        uid: t.uid().unwrap_or_default(),
+        generation: t.metadata.generation.unwrap_or_default(),
+    };
+    let mut resolved = sbx.clone();
+    resolved.spec = agentbox_api::template::resolve(&t.spec, &sbx.spec);
+    Effective::Templated(Box::new(resolved), used)
 }
 
 /// `sbx` resolved when its template exists, else as it is (what the deleting and snapshot

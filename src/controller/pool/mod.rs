@@ -96,6 +96,10 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
         debug!(pool = %name, "a claim took a warm pod just now: looking again in {left:?}");
         return Ok(Action::requeue(left));
     }
+    if let Some(left) = ctx.pool_claims.hold_for(Instant::now()) {
+        debug!(pool = %name, "claims in flight: looking again in {left:?}");
+        return Ok(Action::requeue(left));
+    }
     let podcfg = PodConfig::from_config(&ctx.config);
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
 

@@ -72,7 +72,7 @@ pub async fn act(
         }
         Step::ShutDown => {
             // The delete's cleanup (the on-stop snapshot, the workspace) needs the finalizer on.
-            apis.metadata.landed().await?;
+            apis.metadata.needed(&apis.sandboxes, sbx).await?;
             publish(ctx, sbx, note).await;
             apis.sandboxes
                 .delete(&sbx.name_any(), &DeleteParams::default())
@@ -121,6 +121,7 @@ pub async fn act(
             let Some(pod) = world.pod.as_ref() else {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             };
+            second_pods(sbx, ctx, apis, pod, old).await?;
             let mut status = status;
             let mut requeue = requeue;
             if !status.abandoned.is_empty()
@@ -155,6 +156,73 @@ pub async fn act(
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         Step::Invalid | Step::ShutDown => Ok(Action::await_change()),
+    }
+}
+
+/// Deletes the pods of `sbx` other than `served`, the one its status names: two operators
+/// starting the same sandbox at once (a leader change) can each adopt a warm pod, or one adopt
+/// and the other make the cold pod, before either sees the other's write; the status names
+/// one, and the other would run until the Sandbox goes. Found in the pod cache (labelled for
+/// the sandbox, controlled by it, not being deleted); each deletion is conditioned on the
+/// pod's UID. Nothing while the status does not name `served` yet.
+async fn second_pods(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    served: &Pod,
+    old: &SandboxStatus,
+) -> Result<(), Error> {
+    let name = served.name_any();
+    if ctx.cache.is_none() || old.pod_name.as_deref() != Some(name.as_str()) {
+        return Ok(());
+    }
+    let label = labels::sandbox_label_value(&sbx.name_any());
+    let ns = sbx.namespace();
+    let others: Vec<std::sync::Arc<Pod>> = ctx
+        .pods
+        .state()
+        .into_iter()
+        .filter(|p| {
+            p.namespace() == ns
+                && p.name_any() != name
+                && p.metadata.deletion_timestamp.is_none()
+                && p.labels().get(labels::SANDBOX) == Some(&label)
+                && placement::controlled_by(p, sbx)
+        })
+        .collect();
+    for other in others {
+        info!(pod = %other.name_any(), "deleting a second pod of the sandbox (its status names {name})");
+        delete_by_uid(&apis.pods, &other.name_any(), other.uid()).await?;
+        // Its directory is no Sandbox's: the sweep's, once the pod has stopped.
+        let node = other.spec.as_ref().and_then(|s| s.node_name.clone());
+        let dir = placement::pod_host_dir(&other);
+        if let (Some(node), Some(dir), Some(ns)) = (node, dir, other.namespace())
+            && placement::recorded_host_dir(sbx).as_deref() != Some(dir.as_str())
+            && let Some(entry) = placement::dir_name(&dir, &ctx.config.node_root, &ns)
+        {
+            ctx.sweep.add(crate::controller::memory::Hint {
+                node,
+                namespace: ns.clone(),
+                dir: entry.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Deletes pod `name` (its usual grace), conditioned on its UID; gone already counts as done.
+async fn delete_by_uid(pods: &Api<Pod>, name: &str, uid: Option<String>) -> Result<(), Error> {
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match pods.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -375,7 +443,7 @@ async fn create_pod(
         let claimed = claimed?;
         ctx.metrics.claimed(claimed.result(), started.elapsed());
         if let claim::Claim::Adopted(pod, shell) = claimed {
-            info!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
+            debug!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
             decide::serving(sbx, &mut st, &pod, world.template.as_ref());
             let state = podstate::observe_pod(&pod);
             let seen = (old, st, world.now);
@@ -424,6 +492,18 @@ async fn create_pod(
     // derived name) when there is none.
     let dir = placement::recorded_in(&st)
         .unwrap_or_else(|| placement::derived_host_dir(sbx, podcfg.node_root));
+    let uid = sbx.uid().unwrap_or_default();
+    if let Some(cache) = ctx.cache.as_ref()
+        && world.pod.is_none()
+        && placement::recorded_pod_name(sbx).is_none()
+        && apis.pods.get_opt(&pod_name).await?.is_some()
+    {
+        // The first start's lookup came from the cache of the operator's pods: a pod of this
+        // name that is not one of them (someone else's) is read from the API server on the
+        // next look, which reports the conflict instead of writing over it.
+        cache.own_pods.wrote(&uid, &pod_name, Instant::now());
+        return Ok(Action::requeue(Duration::ZERO));
+    }
     let desired = pod::build_pod_in(sbx, podcfg, &dir, pin.as_deref());
     let created = apis
         .pods
@@ -444,6 +524,9 @@ async fn create_pod(
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
     created?;
+    if let Some(cache) = ctx.cache.as_ref() {
+        cache.own_pods.wrote(&uid, &pod_name, Instant::now());
+    }
     let msg = match &pin {
         Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
         None => format!("created pod {pod_name}"),

@@ -20,7 +20,6 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
-use rand::seq::SliceRandom;
 use tracing::debug;
 
 use crate::controller::context::{Context, Error, FIELD_MANAGER};
@@ -147,6 +146,16 @@ pub fn adopt_patch(sbx: &Sandbox, cfg: &PodConfig<'_>, candidate: &Candidate) ->
     })
 }
 
+/// Where a sandbox with UID `uid` starts among `n` candidates (sorted by name): a hash of
+/// its UID, the same in every operator process.
+pub fn start_at(uid: &str, n: usize) -> usize {
+    // FNV-1a: stable across processes and builds (std's hasher is seeded per process).
+    let h = uid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    usize::try_from(h % n.max(1) as u64).unwrap_or(0)
+}
+
 /// What one try to claim came to.
 pub enum Claim {
     /// The pod was adopted (as the API server returned it), with the shell its pool left open
@@ -182,34 +191,75 @@ pub async fn claim(
     let shape = shape_hash(sbx, cfg);
     let cached = ctx.pods.state();
     let mut found = candidates(cached.iter().map(AsRef::as_ref), &ns, &shape, cfg.node_root);
-    // Random among the ready ones: two sandboxes (or operators) starting together rarely try
-    // the same pod first.
-    found.shuffle(&mut rand::rng());
+    // Each sandbox starts at its own place among the ready ones (by its UID): two sandboxes
+    // starting together rarely try the same pod first, and two operators starting the same
+    // sandbox (a leader change) try the same pod first, so one of them adopts it and the
+    // other finds it adopted (below) instead of adopting a second one.
+    let uid = sbx.uid().unwrap_or_default();
+    if !found.is_empty() {
+        let at = start_at(&uid, found.len());
+        found.rotate_left(at);
+    }
     let pp = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
     let mut conflicts = 0;
-    for c in found.iter().take(MAX_TRIES) {
+    let mut tried = 0;
+    for c in &found {
+        if tried == MAX_TRIES {
+            break;
+        }
+        // A pod another start of this process is adopting (or has adopted, and the cache
+        // has not seen it yet) is not tried: its write would only fail.
+        if let Some(cache) = ctx.cache.as_ref()
+            && !cache.taking.take(&c.uid, std::time::Instant::now())
+        {
+            continue;
+        }
+        tried += 1;
         let patch = adopt_patch(sbx, cfg, c);
         // The pool's shell is taken before the write (once the pod is claimed, the pool's next
         // reconcile drops the shells of pods no longer warm) and put back if the write fails.
         let shell = ctx.shells.take_with_pool(&c.uid);
         match pods.patch(&c.name, &pp, &Patch::Merge(&patch)).await {
             Ok(p) => {
+                if let Some(cache) = ctx.cache.as_ref() {
+                    cache.own_pods.wrote(
+                        &sbx.uid().unwrap_or_default(),
+                        &c.name,
+                        std::time::Instant::now(),
+                    );
+                }
                 // Its pool refills a beat later, off this start's remaining steps.
                 ctx.pool_claims
                     .claimed(&format!("{ns}/{}", c.pool), std::time::Instant::now());
                 return Ok(Claim::Adopted(Box::new(p), shell.map(|(_, s)| Box::new(s))));
             }
             Err(e) => {
+                if let Some(cache) = ctx.cache.as_ref() {
+                    cache.taking.release(&c.uid);
+                }
                 if let Some((pool, s)) = shell {
                     ctx.shells.put(&pool, &c.uid, s);
                 }
                 match e {
-                    // Changed or taken since the cache saw it, or gone: the next one.
-                    kube::Error::Api(s) if s.code == 409 || s.code == 404 => {
-                        debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod taken first ({})", s.code);
+                    // Changed or taken since the cache saw it: read again. Adopted for this
+                    // very sandbox (by another operator during a leader change), it is this
+                    // start's pod; else the next one.
+                    kube::Error::Api(s) if s.code == 409 => {
+                        if let Some(p) = pods.get_opt(&c.name).await?
+                            && placement::controlled_by(&p, sbx)
+                        {
+                            debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod adopted for this sandbox by someone else");
+                            return Ok(Claim::Adopted(Box::new(p), None));
+                        }
+                        debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod taken first (409)");
+                        conflicts += 1;
+                    }
+                    // Gone: the next one.
+                    kube::Error::Api(s) if s.code == 404 => {
+                        debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod gone (404)");
                         conflicts += 1;
                     }
                     e => return Err(e.into()),
@@ -326,6 +376,16 @@ mod tests {
                 pool: "py".into(),
             }]
         );
+    }
+
+    #[test]
+    fn a_sandbox_starts_at_the_same_candidate_in_every_process_and_sandboxes_spread() {
+        assert_eq!(start_at("uid-1", 5), start_at("uid-1", 5));
+        assert!(start_at("uid-1", 5) < 5);
+        assert_eq!(start_at("uid-1", 0), 0, "no candidates");
+        let spread: std::collections::BTreeSet<usize> =
+            (0..50).map(|i| start_at(&format!("uid-{i}"), 10)).collect();
+        assert!(spread.len() > 5, "{spread:?}");
     }
 
     #[test]

@@ -100,6 +100,8 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     };
     forget_scope_lease(sbx, ctx).await?;
     if let Some(h) = hint {
+        // Its pod's deletion, seen after the Sandbox is gone, hints nothing more.
+        super::swept(&sbx.uid().unwrap_or_default());
         ctx.sweep.add(h);
     }
     Ok(Cleanup::Done)

@@ -20,17 +20,19 @@ pub mod observe;
 mod write;
 
 pub use write::{Apis, MetadataGate, Superseded};
-use write::{Landing, SUPERSEDED, apply_metadata, without_finalizer, write_transition};
+use write::{SUPERSEDED, apply_metadata, without_finalizer, write_transition};
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::placement;
 use super::pod::PodConfig;
 use super::template::{self, Effective};
 pub use crate::controller::context::Note;
@@ -60,6 +62,77 @@ pub fn snapshot_concerns(sbx: &Sandbox, name: &str, scope_key: Option<&str>) -> 
     let same_scope =
         scope_key.is_some() && sbx.labels().get(labels::SCOPE_KEY).map(String::as_str) == scope_key;
     named || refused || (same_scope && !ready)
+}
+
+/// The sweep hint for `pod` when it is the pod of a Sandbox that is gone already (no Sandbox
+/// with its controller owner's UID in `sandboxes`) and is being deleted: the garbage
+/// collector's work after a Sandbox deleted before its finalizer went on ([`reconcile`]). Its
+/// directory (a UID or `warm-<suffix>` entry of its namespace's directory) is then no
+/// cleanup's, so it is the sweep's. `None` for any other pod (a Sandbox that still exists
+/// runs its own cleanup, which hints the sweep itself).
+pub fn orphan_sweep_hint(
+    pod: &Pod,
+    node_root: &str,
+    sandboxes: &kube::runtime::reflector::Store<Sandbox>,
+) -> Option<super::memory::Hint> {
+    pod.metadata.deletion_timestamp.as_ref()?;
+    let ns = pod.namespace()?;
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == Sandbox::kind(&()))?;
+    let live = sandboxes
+        .get(&kube::runtime::reflector::ObjectRef::new(&owner.name).within(&ns))
+        .is_some_and(|s| s.uid().as_deref() == Some(owner.uid.as_str()));
+    if live {
+        return None;
+    }
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let mounted = placement::pod_host_dir(pod)?;
+    let dir = placement::dir_name(&mounted, node_root, &ns)?.to_string();
+    Some(super::memory::Hint {
+        node,
+        namespace: ns,
+        dir,
+    })
+}
+
+/// UIDs of Sandboxes whose directory this process has left to the sweep (their cleanup did,
+/// or [`orphan_hint`]): a pod event after that hints nothing more.
+static SWEPT: LazyLock<Mutex<std::collections::HashSet<String>>> = LazyLock::new(Default::default);
+
+/// Notes that the directory of the Sandbox with UID `uid` is the sweep's now; whether it was
+/// not yet.
+fn swept(uid: &str) -> bool {
+    SWEPT.lock().is_ok_and(|mut seen| {
+        if seen.len() > 10_000 {
+            seen.clear();
+        }
+        seen.insert(uid.to_string())
+    })
+}
+
+/// Leaves the directory of a gone Sandbox's pod to the sweep ([`orphan_sweep_hint`]), once
+/// per Sandbox. Whether it did.
+pub fn orphan_hint(
+    ctx: &Context,
+    pod: &Pod,
+    sandboxes: &kube::runtime::reflector::Store<Sandbox>,
+) -> bool {
+    let Some(hint) = orphan_sweep_hint(pod, &ctx.config.node_root, sandboxes) else {
+        return false;
+    };
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+        .unwrap_or_default();
+    if !swept(&owner) {
+        return false;
+    }
+    ctx.sweep.add(hint);
+    true
 }
 
 /// Reconciles one Sandbox.
@@ -109,29 +182,33 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         return start(sbx, ctx, MetadataGate::open()).await;
     }
     // One write puts both the finalizer and the scope labels on the Sandbox, so
-    // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too. It runs
-    // beside the start instead of before it (it is most of a warm claim's first 10 ms):
-    // nothing the start reads or decides depends on it, and what the start makes before it
-    // lands is not lost if the Sandbox goes meanwhile (its pod is the Sandbox's, garbage
-    // collected with it; its directory is the sweep's). Every status write waits for it, so
-    // a status the operator wrote always comes with the finalizer on.
-    let (tx, rx) = tokio::sync::watch::channel(None);
-    let written = async {
-        let patched = apply_metadata(&api, &name, &sbx, true).await;
-        let landing = match &patched {
-            Ok(p) => {
-                SUPERSEDED.record(&sbx, Instant::now());
-                Landing::Written(Box::new(p.clone()))
-            }
-            Err(_) => Landing::Failed,
-        };
-        tx.send_replace(Some(landing));
-        patched
+    // `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written sandboxes too. It
+    // follows the start instead of preceding it or running beside it (issue 32): nothing the
+    // start reads or decides depends on it, and on a warm claim it was a third write on the
+    // way to Ready, sharing two cores with the adopting patch and the status. A Sandbox
+    // deleted before it lands is gone at once, without the cleanup the finalizer runs: its pod
+    // goes with it (the Sandbox is the pod's controller owner, so the garbage collector
+    // deletes it) and its directory is left to the sweep when that pod is seen going
+    // ([`orphan_hint`]), else by the sweep's next pass (docs/sandboxes.md). The write is a
+    // server-side apply: on a Sandbox deleted meanwhile it would be a create, which the API
+    // server refuses (a Sandbox needs a spec).
+    let gate = MetadataGate::deferred();
+    let started = start(sbx.clone(), ctx.clone(), gate.clone()).await;
+    let written = if gate.pending() {
+        apply_metadata(&api, &name, &sbx, true).await.map(drop)
+    } else {
+        Ok(())
     };
-    let (written, started) = tokio::join!(written, start(sbx.clone(), ctx, MetadataGate(Some(rx))));
-    // The write's own error says more than the start's (which only waited for it).
+    match &written {
+        Ok(()) => SUPERSEDED.record(&sbx, Instant::now()),
+        // The versions the start wrote over are the latest there are: the retry acts on them.
+        Err(_) => SUPERSEDED.forget(&sbx),
+    }
+    // The start's error says more than the metadata write's (which fails too when the
+    // Sandbox went meanwhile).
+    let action = started?;
     written?;
-    started
+    Ok(action)
 }
 
 /// A live Sandbox's reconcile past its metadata: the template and the first reads side by
@@ -141,8 +218,13 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
     let apis = Apis::new(&ctx, &ns, gate);
     // The template and the reads that need only the Sandbox's name, UID, scope and status
     // (none of which a template sets) go side by side: a first start waits for both.
+    // A first start from a template may claim a warm pod: its pools' refills wait until it
+    // is done (`pool::quiet`), so that they do not share the CPUs with it.
+    let _claiming = (sbx.spec.template_ref.is_some()
+        && placement::recorded_pod_name(&sbx).is_none())
+    .then(|| ctx.pool_claims.in_flight());
     let (effective, reads) = tokio::join!(
-        template::effective(&ctx.client, &sbx),
+        template::effective_cached(&ctx, &sbx),
         observe::read(&sbx, &ctx, &apis)
     );
     // From here on the sandbox is its effective spec: with a template, resolved against it.
@@ -165,6 +247,60 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pod_of_a_gone_sandbox_leaves_its_directory_to_the_sweep_when_it_goes() {
+        let (store, mut writer) = kube::runtime::reflector::store::<Sandbox>();
+        let pod = |deleting: bool, owner_uid: &str| -> Pod {
+            let mut p: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "py-warm-abcde", "namespace": "team", "uid": "pod-1",
+                    "ownerReferences": [{"apiVersion": "agentbox.dev/v1alpha1",
+                        "kind": "Sandbox", "name": "s", "uid": owner_uid, "controller": true}]},
+                "spec": {"nodeName": "n1", "containers": [], "volumes": [
+                    {"name": crate::controller::pod::WORKSPACE_VOLUME,
+                     "hostPath": {"path": "/w/team/warm-abcde"}}]},
+            }))
+            .unwrap();
+            if deleting {
+                p.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+                );
+            }
+            p
+        };
+        let hint = super::super::memory::Hint {
+            node: "n1".into(),
+            namespace: "team".into(),
+            dir: "warm-abcde".into(),
+        };
+        assert_eq!(
+            orphan_sweep_hint(&pod(false, "u1"), "/w", &store),
+            None,
+            "not going"
+        );
+        assert_eq!(
+            orphan_sweep_hint(&pod(true, "u1"), "/w", &store),
+            Some(hint.clone()),
+            "its Sandbox is gone"
+        );
+        let sbx: Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "namespace": "team", "uid": "u1"},
+            "spec": {"image": "i", "scope": {"kind": "Global"}},
+        }))
+        .unwrap();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(sbx));
+        assert_eq!(
+            orphan_sweep_hint(&pod(true, "u1"), "/w", &store),
+            None,
+            "its Sandbox exists: its own cleanup hints the sweep"
+        );
+        assert_eq!(
+            orphan_sweep_hint(&pod(true, "u0"), "/w", &store),
+            Some(hint),
+            "a Sandbox of that name made again is another one"
+        );
+    }
 
     #[test]
     fn a_snapshot_concerns_the_sandboxes_that_name_it_refused_it_or_wait_in_its_scope() {

@@ -77,6 +77,24 @@ pub async fn read(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<Reads, Er
     let lease_name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
     let policy_name = labels::network_policy_name(&sbx.name_any());
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    if let Some(cache) = ctx.cache.as_ref() {
+        // From the watch caches: a first start makes no read of these (see `cache`). A Lease
+        // or policy written a moment ago by someone else comes with its own watch event,
+        // which brings the sandbox back. The Namespace is read (its runtime-class
+        // requirement): a Role watching one namespace may only get it, not watch it.
+        let (lease, pod, policy, namespace) = tokio::try_join!(
+            crate::controller::cache::get(&cache.leases, "Leases", &ns, &lease_name),
+            find_pod(sbx, ctx, &apis.pods),
+            crate::controller::cache::get(&cache.policies, "NetworkPolicies", &ns, &policy_name),
+            async { Ok::<_, Error>(namespaces.get_opt(&ns).await?) },
+        )?;
+        return Ok(Reads {
+            lease,
+            pod,
+            policy,
+            namespace,
+        });
+    }
     let (lease, pod, policy, namespace) = tokio::try_join!(
         async { Ok::<_, Error>(leases.get_opt(&lease_name).await?) },
         find_pod(sbx, ctx, &apis.pods),
@@ -167,9 +185,45 @@ pub async fn observe(
 /// an operator stopped between adopting a warm pod and writing the status. That one is read
 /// again from the API server before anything acts on it, so it is never adopted twice nor
 /// left behind.
+///
+/// With the watch caches ([`crate::controller::cache`]), a sandbox whose status names no pod
+/// (a first start: the claim's hot path) is looked up without a read: a pod this process made
+/// or adopted for it is read from the API server (the cache may trail its own write), else
+/// the complete pod cache says whether any pod has the derived name or is the sandbox's; only
+/// one found there is read again from the API server before anything acts on it. A pod with
+/// the derived name that is not the operator's (not in the cache of managed pods) is found
+/// when a cold start is about to make its pod (`act::create_pod`).
 pub async fn find_pod(sbx: &Sandbox, ctx: &Context, pods: &Api<Pod>) -> Result<Option<Pod>, Error> {
     let recorded = placement::recorded_pod_name(sbx);
     let derived = placement::derived_pod_name(sbx);
+    if recorded.is_none()
+        && let Some(cache) = ctx.cache.as_ref()
+    {
+        let uid = sbx.uid().unwrap_or_default();
+        if let Some(name) = cache.own_pods.of(&uid, std::time::Instant::now())
+            && let Some(p) = pods.get_opt(&name).await?
+        {
+            return Ok(Some(p));
+        }
+        pods_listed(ctx).await?;
+        let cached = ctx.pods.state();
+        let ns = sbx.namespace().unwrap_or_default();
+        if cached
+            .iter()
+            .any(|p| p.name_any() == derived && p.namespace().as_deref() == Some(ns.as_str()))
+        {
+            return Ok(pods.get_opt(&derived).await?);
+        }
+        let Some(name) = placement::find_owned(cached.iter().map(|p| p.as_ref()), sbx)
+            .map(ResourceExt::name_any)
+        else {
+            return Ok(None);
+        };
+        return Ok(pods
+            .get_opt(&name)
+            .await?
+            .filter(|p| placement::controlled_by(p, sbx)));
+    }
     if let Some(name) = &recorded
         && let Some(p) = pods.get_opt(name).await?
     {

@@ -1,9 +1,10 @@
-//! The sandbox controller's writes: the metadata write a first reconcile makes beside the
-//! start (and the gate its status writes wait on), the status and transition writes with the
-//! versions they wrote over, and deletes. `act`, `cleanup` and `abandoned` write through these.
+//! The sandbox controller's writes: the metadata write (finalizer and scope labels) and the
+//! gate that says when it is made, the status and transition writes with the versions they
+//! wrote over, and deletes. `act`, `cleanup` and `abandoned` write through these.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -12,46 +13,43 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
 use super::FINALIZER;
-use crate::controller::context::Note;
-use crate::controller::context::{Context, Error, FIELD_MANAGER};
+use crate::controller::context::{Context, Error, FIELD_MANAGER, Note};
 use agentbox_api::crd::{Sandbox, SandboxStatus};
 use agentbox_api::labels;
 
-/// How a first reconcile's metadata write ended, for the status writes waiting on it.
-#[derive(Clone)]
-pub(super) enum Landing {
-    /// Written: the version the API server returned.
-    Written(Box<Sandbox>),
-    /// Failed: the reconcile returns the write's error.
-    Failed,
-}
-
-/// What a reconcile's status writes wait for: its metadata write, when it makes one beside
-/// the start (see [`reconcile`]).
-#[derive(Clone)]
-pub struct MetadataGate(pub(super) Option<tokio::sync::watch::Receiver<Option<Landing>>>);
+/// When a reconcile's metadata write (finalizer and scope labels) is made: on already (or
+/// not this reconcile's business: the cleanup), or following this reconcile's start
+/// ([`reconcile`]), whose status writes then do not wait for it; a step that needs the
+/// finalizer on makes it first ([`MetadataGate::needed`]). Clones share whether it is made.
+#[derive(Clone, Debug)]
+pub struct MetadataGate(Option<Arc<AtomicBool>>);
 
 impl MetadataGate {
-    /// No metadata write to wait for.
+    /// Nothing to wait for.
     pub fn open() -> Self {
         MetadataGate(None)
     }
 
-    /// Waits for the metadata write; returns the version it wrote (`None`: no write).
-    pub async fn landed(&self) -> Result<Option<Sandbox>, Error> {
-        let Some(rx) = &self.0 else {
-            return Ok(None);
-        };
-        let mut rx = rx.clone();
-        let landing = rx
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| Error::MetadataNotWritten)?
-            .clone();
-        match landing {
-            Some(Landing::Written(s)) => Ok(Some(*s)),
-            _ => Err(Error::MetadataNotWritten),
+    /// The metadata write follows the start.
+    pub fn deferred() -> Self {
+        MetadataGate(Some(Arc::new(AtomicBool::new(false))))
+    }
+
+    /// Whether the metadata write is still to come.
+    pub(super) fn pending(&self) -> bool {
+        self.0.as_ref().is_some_and(|w| !w.load(Ordering::Acquire))
+    }
+
+    /// Puts the finalizer and scope labels on now when they are still to come: for a step
+    /// whose cleanup needs the finalizer (a shutdown's delete).
+    pub async fn needed(&self, api: &Api<Sandbox>, sbx: &Sandbox) -> Result<(), Error> {
+        if let Some(written) = &self.0
+            && !written.load(Ordering::Acquire)
+        {
+            apply_metadata(api, &sbx.name_any(), sbx, true).await?;
+            written.store(true, Ordering::Release);
         }
+        Ok(())
     }
 }
 
@@ -79,6 +77,13 @@ impl Superseded {
                 e.0.push(rv);
             }
             e.1 = now;
+        }
+    }
+
+    /// Forgets what this process wrote over of the Sandbox `sbx` is a version of.
+    pub fn forget(&self, sbx: &Sandbox) {
+        if let (Some(uid), Ok(mut m)) = (sbx.uid(), self.0.lock()) {
+            m.remove(&uid);
         }
     }
 
@@ -116,23 +121,33 @@ pub(super) static SUPERSEDED: LazyLock<Superseded> = LazyLock::new(Superseded::d
 /// Server-side applies the sandbox controller's part of a Sandbox's status and remembers the
 /// version read as written over. Its part is all but `lastSnapshot`, which the snapshot
 /// controller owns under its own field manager (applying a copy read from a lagging cache
-/// would put back an older snapshot).
-/// Waits for the reconcile's metadata write first ([`MetadataGate`]).
+/// would put back an older snapshot). On a first reconcile, whose metadata write follows
+/// ([`MetadataGate::Deferred`]), the version this write returns is written over too: seen
+/// without the finalizer, it would start the sandbox again.
 pub(super) async fn write_status(
     apis: &Apis,
     sbx: &Sandbox,
     st: &SandboxStatus,
 ) -> Result<(), Error> {
-    let written = apis.metadata.landed().await?;
     let mut mine = st.clone();
     mine.last_snapshot = None;
-    crate::controller::context::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
+    let body = serde_json::json!({
+        "apiVersion": Sandbox::api_version(&()),
+        "kind": Sandbox::kind(&()),
+        "status": mine,
+    });
+    let written = apis
+        .sandboxes
+        .patch_status(
+            &sbx.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
     let now = Instant::now();
     SUPERSEDED.record(sbx, now);
-    // The metadata write's version is written over too: seen without this status, it
-    // would start the sandbox again.
-    if let Some(w) = written {
-        SUPERSEDED.record(&w, now);
+    if apis.metadata.pending() {
+        SUPERSEDED.record(&written, now);
     }
     Ok(())
 }
