@@ -33,7 +33,8 @@ use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
-use super::{Error, watch};
+use super::error::Error;
+use super::watch;
 use agentbox_api::crd::{SandboxSnapshot, SandboxTemplate};
 
 /// How long a read waits for a cache's first listing.
