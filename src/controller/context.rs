@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::metrics::{GuardOp, GuardOutcome, Metrics};
 use crate::snapshot::store::Store;
 use agentbox_api::crd::Sandbox;
-use agentbox_api::guard::{self, Guard, GuardConfig, GuardError};
+use agentbox_api::guard::{self, Guard, GuardConfig, GuardError, LeaseView};
 use agentbox_api::labels;
 
 /// Field manager of every server-side apply the operator makes.
@@ -55,6 +55,52 @@ pub struct Context {
     pub cache: Option<super::cache::Caches>,
 }
 
+/// The holder identity under which this operator takes a scope's guard for `what` (a
+/// snapshot, a restore, a suspension): its identity, a slash, and the job.
+pub fn operator_holder(ctx: &Context, what: &str) -> String {
+    format!("{}/{what}", ctx.config.identity)
+}
+
+/// The jobs the operator takes a scope's guard for, as the last part of its holder identities
+/// ([`operator_holder`]).
+const OPERATOR_JOBS: [&str; 5] = [
+    "snapshot",
+    "restore",
+    "idle_suspend",
+    "suspend",
+    "idle-suspend",
+];
+
+/// Whether a guard holder is an operator's (this one's or another's, a killed one's included):
+/// `<identity>/<job>` with one of the operator's jobs. A deleting Sandbox's cleanup waits out
+/// such a hold on its scope's Lease rather than leave the Lease behind.
+pub fn is_operator_holder(holder: &str) -> bool {
+    holder
+        .rsplit_once('/')
+        .is_some_and(|(id, job)| !id.is_empty() && OPERATOR_JOBS.contains(&job))
+}
+
+/// What the last Sandbox of a scope does with the scope's guard Lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseFate {
+    /// Delete it (conditioned on the version read).
+    Delete,
+    /// Leave it: a harness holds the guard.
+    Keep,
+    /// Wait until the operator's hold on it is released or runs out.
+    WaitOut,
+}
+
+/// The fate of a scope's guard Lease as read (pure).
+pub fn lease_fate(view: &LeaseView) -> LeaseFate {
+    match view.holder.as_deref() {
+        None => LeaseFate::Delete,
+        Some(_) if view.expired => LeaseFate::Delete,
+        Some(h) if is_operator_holder(h) => LeaseFate::WaitOut,
+        Some(_) => LeaseFate::Keep,
+    }
+}
+
 /// Takes the scope's guard for `op`, waiting up to [`GUARD_WAIT`], and records the wait.
 pub(crate) async fn scope_guard(
     ctx: &Context,
@@ -63,7 +109,7 @@ pub(crate) async fn scope_guard(
     op: GuardOp,
 ) -> Result<Guard, GuardError> {
     let gcfg = GuardConfig {
-        holder: format!("{}/{}", ctx.config.identity, op.as_str()),
+        holder: operator_holder(ctx, op.as_str()),
         ..GuardConfig::default()
     };
     let started = Instant::now();
@@ -190,5 +236,57 @@ impl Note {
             action,
             message: message.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentbox_api::guard::LeaseView;
+
+    fn view(holder: Option<&str>, expired: bool) -> LeaseView {
+        LeaseView {
+            holder: holder.map(str::to_string),
+            acquired: None,
+            duration: std::time::Duration::from_secs(15),
+            expired,
+            expires_at: None,
+            transitions: 1,
+        }
+    }
+
+    #[test]
+    fn the_last_sandbox_of_a_scope_deletes_a_free_or_lapsed_lease_and_waits_out_an_operators_hold()
+    {
+        assert_eq!(lease_fate(&view(None, false)), LeaseFate::Delete);
+        assert_eq!(
+            lease_fate(&view(Some("harness-7"), true)),
+            LeaseFate::Delete
+        );
+        assert_eq!(
+            lease_fate(&view(Some("op-1/suspend"), true)),
+            LeaseFate::Delete
+        );
+        assert_eq!(lease_fate(&view(Some("harness-7"), false)), LeaseFate::Keep);
+        for job in [
+            "snapshot",
+            "restore",
+            "idle_suspend",
+            "suspend",
+            "idle-suspend",
+        ] {
+            let h = format!("agentbox-operator-5d9f-x2/{job}");
+            assert_eq!(
+                lease_fate(&view(Some(&h), false)),
+                LeaseFate::WaitOut,
+                "{h}"
+            );
+        }
+        // A harness's own names are not the operator's.
+        assert_eq!(
+            lease_fate(&view(Some("user/alice"), false)),
+            LeaseFate::Keep
+        );
+        assert_eq!(lease_fate(&view(Some("/suspend"), false)), LeaseFate::Keep);
     }
 }

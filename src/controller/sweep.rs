@@ -36,6 +36,7 @@ use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::context::{LeaseFate, lease_fate};
 use super::helper_pod::HELPER_LABEL;
 use super::helper_pod::{self, namespace_takes_no_pods};
 use super::memory::Hint;
@@ -43,6 +44,9 @@ use super::pod::{self, PodConfig};
 use super::{nodeloss, placement};
 use crate::controller::context::{Context, Error};
 use agentbox_api::crd::{Sandbox, SandboxPool};
+use agentbox_api::guard::LeaseView;
+use agentbox_api::labels;
+use k8s_openapi::api::coordination::v1::Lease;
 
 /// How long one round waits for a hinted directory's stopping pod; one still stopping then is
 /// tried again later (see [`hint_retry_delay`]), so other hints do not wait behind it.
@@ -358,6 +362,9 @@ async fn pass(ctx: &Context) -> Result<(), Error> {
         namespaces = BTreeSet::from([ctx.config.namespace.clone()]);
     }
     for ns in &namespaces {
+        if let Err(e) = forget_lapsed_leases(ctx, ns).await {
+            warn!(namespace = %ns, "scope Lease sweep: {e}");
+        }
         let before = in_use(ctx, ns).await?;
         for node in &serving {
             if let Err(e) = sweep_node(ctx, node, ns, &before).await {
@@ -370,6 +377,58 @@ async fn pass(ctx: &Context) -> Result<(), Error> {
             if let Err(e) = sweep_deleted_namespaces(ctx, node, &live).await {
                 warn!(node, "workspace sweep of deleted namespaces: {e}");
             }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the scope guard Leases of namespace `ns` whose scope has no Sandbox left and that
+/// nobody holds (free, or lapsed: [`lease_fate`]). A scope's last Sandbox deletes its Lease
+/// itself, but not one a harness held through the deletion and released after it: without
+/// this, such Leases would pile up. Each delete is conditioned on the version read, so a
+/// guard taken meanwhile stays.
+async fn forget_lapsed_leases(ctx: &Context, ns: &str) -> Result<(), Error> {
+    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
+    let scopes: BTreeSet<String> = sandboxes
+        .list_metadata(&ListParams::default().labels(labels::SCOPE_KEY))
+        .await?
+        .items
+        .iter()
+        .filter_map(|s| s.labels().get(labels::SCOPE_KEY).cloned())
+        .collect();
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+    let selector = format!(
+        "{},{}={}",
+        labels::SCOPE_KEY,
+        labels::MANAGED_BY,
+        labels::MANAGER
+    );
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for lease in leases
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items
+    {
+        let orphan = lease
+            .labels()
+            .get(labels::SCOPE_KEY)
+            .is_some_and(|k| !scopes.contains(k));
+        if !orphan || lease_fate(&LeaseView::of(Some(&lease), now)) != LeaseFate::Delete {
+            continue;
+        }
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: lease.metadata.resource_version.clone(),
+                uid: lease.metadata.uid.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match leases.delete(&lease.name_any(), &dp).await {
+            Ok(_) => {
+                info!(namespace = %ns, lease = %lease.name_any(), "scope Lease of no Sandbox deleted")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

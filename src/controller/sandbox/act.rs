@@ -256,7 +256,7 @@ async fn suspend(
         Some(_) => None,
         None => {
             let cfg = GuardConfig {
-                holder: format!("{}/suspend", ctx.config.identity),
+                holder: crate::controller::context::operator_holder(ctx, "suspend"),
                 ..GuardConfig::default()
             };
             let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
@@ -311,7 +311,7 @@ async fn idle_suspend(
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let name = sbx.name_any();
     let cfg = GuardConfig {
-        holder: format!("{}/idle-suspend", ctx.config.identity),
+        holder: crate::controller::context::operator_holder(ctx, "idle-suspend"),
         ..GuardConfig::default()
     };
     let started = Instant::now();

@@ -19,7 +19,7 @@ use super::observe::node_health;
 use super::write::{Apis, delete_if_present, force_delete, write_status, write_transition};
 use super::{FINALIZER, abandoned};
 use crate::controller::context::Note;
-use crate::controller::context::{Context, Error};
+use crate::controller::context::{Context, Error, LeaseFate};
 use crate::controller::memory::Hint;
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::PodConfig;
@@ -98,7 +98,9 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
             })
         }
     };
-    forget_scope_lease(sbx, ctx).await?;
+    if forget_scope_lease(sbx, ctx).await? == Cleanup::Pending {
+        return Ok(Cleanup::Pending);
+    }
     if let Some(h) = hint {
         // Its pod's deletion, seen after the Sandbox is gone, hints nothing more.
         super::swept(&sbx.uid().unwrap_or_default());
@@ -170,8 +172,12 @@ async fn stop_pod(
 
 /// Deletes the scope's guard Lease when this was the last sandbox of the scope in the namespace
 /// and nobody holds the guard, so leases do not pile up. The delete is conditioned on the
-/// resourceVersion read, so a harness taking the guard meanwhile keeps it.
-async fn forget_scope_lease(sbx: &Sandbox, ctx: &Context) -> Result<(), Error> {
+/// resourceVersion read, so a harness taking the guard meanwhile keeps it. A holder whose time
+/// is up has lost the guard (anyone may take it over): its Lease goes too. An operator's hold
+/// that still stands (a suspension or snapshot whose operator was killed holding it) is waited
+/// out ([`Cleanup::Pending`]): nobody else would ever delete that Lease. A harness's hold is
+/// left to the harness; the sweep's pass deletes the Lease once it is released.
+async fn forget_scope_lease(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
     let others = sandboxes
@@ -182,19 +188,17 @@ async fn forget_scope_lease(sbx: &Sandbox, ctx: &Context) -> Result<(), Error> {
         .filter(|o| o.metadata.uid != sbx.metadata.uid)
         .count();
     if others > 0 {
-        return Ok(());
+        return Ok(Cleanup::Done);
     }
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
     let name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
     let Some(lease) = leases.get_opt(&name).await? else {
-        return Ok(());
+        return Ok(Cleanup::Done);
     };
-    // Held, even by a holder whose time is up: that one may still be about to renew.
-    if LeaseView::of(Some(&lease), Timestamp::now())
-        .holder
-        .is_some()
-    {
-        return Ok(());
+    match crate::controller::context::lease_fate(&LeaseView::of(Some(&lease), Timestamp::now())) {
+        LeaseFate::Delete => {}
+        LeaseFate::Keep => return Ok(Cleanup::Done),
+        LeaseFate::WaitOut => return Ok(Cleanup::Pending),
     }
     let dp = DeleteParams {
         preconditions: Some(kube::api::Preconditions {
@@ -204,9 +208,9 @@ async fn forget_scope_lease(sbx: &Sandbox, ctx: &Context) -> Result<(), Error> {
         ..DeleteParams::default()
     };
     match leases.delete(&name, &dp).await {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(Cleanup::Done),
         // Gone already, or changed under us (someone took the guard): leave it.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Cleanup::Done),
         Err(e) => Err(e.into()),
     }
 }
