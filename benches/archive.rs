@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use agentbox::snapshot::archive::{Canonicalizer, Limits};
+use agentbox_operator::snapshot::archive::{Canonicalizer, Limits};
 use bytes::BytesMut;
 
 mod common;

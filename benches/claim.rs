@@ -21,10 +21,10 @@
 
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{
+use agentbox_api::crd::{
     Sandbox, SandboxPool, SandboxSnapshot, SandboxTemplate, SnapshotPhase, StartBranch,
 };
-use agentbox::labels;
+use agentbox_api::labels;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -51,7 +51,7 @@ async fn pool_full(pods: &Api<Pod>, pool: &str, n: usize) -> Res<()> {
             .await?
             .items
             .iter()
-            .filter(|p| agentbox::controller::pool::is_claimable(p))
+            .filter(|p| agentbox_operator::controller::pool::is_claimable(p))
             .count();
         if ready >= n {
             return Ok(());
@@ -84,11 +84,11 @@ async fn restores(client: &Client, ns: &str, n: usize, size: usize) -> Res<()> {
     let snaps: Api<SandboxSnapshot> = Api::namespaced(client.clone(), ns);
     pool_full(&pods, "bench", size).await?;
     let seed = create_until_ready(&sbxs, &restoring("seed", false)?).await?;
-    let wrote = agentbox::exec::run(
+    let wrote = agentbox_api::exec::run(
         &pods,
         &seed.pod,
         "sandbox",
-        agentbox::exec::ExecRequest::shell(
+        agentbox_api::exec::ExecRequest::shell(
             "cd /workspace && mkdir -p notes && for i in 1 2 3; do echo \"note $i\" > notes/n$i.txt; done",
         ),
     )

@@ -2,8 +2,8 @@
 //!
 //! `eval "$(hack/cluster env)"; cargo bench --bench exec` (release build). In one run, against
 //! one pod in a temporary namespace, it measures one-shot `true`:
-//! - through `agentbox::exec::run` with kube's default client and with
-//!   [`agentbox::kube_client`] (TCP_NODELAY), interleaved sample by sample;
+//! - through `agentbox_api::exec::run` with kube's default client and with
+//!   [`agentbox_api::kube_client`] (TCP_NODELAY), interleaved sample by sample;
 //! - through `kubectl exec` (`$KUBECTL`, a process per command);
 //! - through the Python `kubernetes` client in-process (`benches/exec_python.py`; needs
 //!   the `kubernetes` package, skipped with a note if missing);
@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use agentbox::exec::{self, ExecRequest, SANDBOX_CONTAINER, session::Session};
-use agentbox::guard::{self, GuardConfig};
+use agentbox_api::exec::{self, ExecRequest, SANDBOX_CONTAINER, session::Session};
+use agentbox_api::guard::{self, GuardConfig};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Client;
@@ -173,7 +173,7 @@ async fn guard_contention(ns: &str, secs: u64) -> Res<(u64, f64)> {
     let stop = Instant::now() + Duration::from_secs(secs);
     let mut tasks = Vec::new();
     for _ in 0..8 {
-        let client = agentbox::kube_client().await?;
+        let client = agentbox_api::kube_client().await?;
         let total = total.clone();
         let leases: Api<Lease> = Api::namespaced(client, ns);
         tasks.push(tokio::spawn(async move {
@@ -207,7 +207,7 @@ async fn main() -> Res<()> {
     let guard_secs = env_num("BENCH_GUARD_SECS", 10);
     let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
     let default_client = Client::try_default().await?;
-    let nodelay_client = agentbox::kube_client().await?;
+    let nodelay_client = agentbox_api::kube_client().await?;
     let ns = format!("bench-exec-{}", std::process::id());
     let _cleanup = Cleanup(default_client.clone(), ns.clone());
     start_pod(&default_client, &ns).await?;
@@ -318,7 +318,7 @@ async fn main() -> Res<()> {
         &a0,
     );
     row(
-        "agentbox exec::run, agentbox::kube_client (TCP_NODELAY)",
+        "agentbox exec::run, agentbox_api::kube_client (TCP_NODELAY)",
         "oneshot_agentbox",
         &a1,
     );

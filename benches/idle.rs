@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{LifecycleMode, Sandbox, SandboxPhase};
+use agentbox_api::crd::{LifecycleMode, Sandbox, SandboxPhase};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -71,7 +71,7 @@ async fn main() -> Res<()> {
     let timeout = env_num("BENCH_IDLE_TIMEOUT_SECS", 60);
     let rest = env_num("BENCH_IDLE_REST_SECS", 60);
     let audit = audit_log()?;
-    let client = agentbox::kube_client().await?;
+    let client = agentbox_api::kube_client().await?;
     let cleanup = namespace(&client, "bench-idle").await?;
     let ns = cleanup.1.clone();
     let (_op, log) = leading_operator(&client, &ns, IDENTITY).await?;

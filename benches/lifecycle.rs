@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase};
+use agentbox_api::crd::{Sandbox, SandboxPhase};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -79,7 +79,7 @@ async fn main() -> Res<()> {
             "metadata": {"name": name},
             "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
                 "containers": [{"name": "sandbox", "image": "docker.io/library/busybox:1.37", "imagePullPolicy": "IfNotPresent",
-                    "command": ["sh", "-c", agentbox::controller::pod::KEEP_ALIVE]}]}
+                    "command": ["sh", "-c", agentbox_operator::controller::pod::KEEP_ALIVE]}]}
         }))?;
         let t = Instant::now();
         pods.create(&PostParams::default(), &pod).await?;
@@ -125,11 +125,12 @@ async fn main() -> Res<()> {
     for i in 0..n {
         let name = format!("sbx-{i}");
         let uid = sbxs.get(&name).await?.uid().unwrap_or_default();
-        let dir = std::path::PathBuf::from(agentbox::controller::pod::workspace_host_path(
-            agentbox::config::DEFAULT_NODE_ROOT,
-            &ns,
-            &uid,
-        ));
+        let dir =
+            std::path::PathBuf::from(agentbox_operator::controller::pod::workspace_host_path(
+                agentbox_operator::config::DEFAULT_NODE_ROOT,
+                &ns,
+                &uid,
+            ));
         let t = Instant::now();
         sandbox_delete.push(delete_until_gone(&sbxs, &name).await?);
         until_removed(&dir).await?;

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase};
+use agentbox_api::crd::{Sandbox, SandboxPhase};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -81,7 +81,7 @@ async fn main() -> Res<()> {
     let n = env_num("BENCH_SCALE_N", 500) as usize;
     let idle = env_num("BENCH_SCALE_IDLE_SECS", 60);
     let audit = audit_log()?;
-    let client = agentbox::kube_client().await?;
+    let client = agentbox_api::kube_client().await?;
     let cleanup = namespace(&client, "bench-scale").await?;
     let ns = cleanup.1.clone();
     let (op, log) = leading_operator(&client, &ns, IDENTITY).await?;

@@ -24,9 +24,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
-use agentbox::exec::{self, ExecEvent, ExecRequest};
-use agentbox::snapshot::archive::{Canonicalizer, Limits};
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
+use agentbox_api::exec::{self, ExecEvent, ExecRequest};
+use agentbox_operator::snapshot::archive::{Canonicalizer, Limits};
 use bytes::BytesMut;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -48,7 +48,7 @@ fn mib_s(bytes: u64, d: Duration) -> f64 {
 /// when the sandbox was first seen Ready.
 async fn wait_sandbox(api: &Api<Sandbox>, pods: &Api<Pod>, name: &str) -> Res<(Instant, Instant)> {
     let mut pod_ready = None;
-    let pod_name = agentbox::labels::pod_name(name);
+    let pod_name = agentbox_api::labels::pod_name(name);
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
         let s = api.get(name).await?;
@@ -101,7 +101,7 @@ async fn main() -> Res<()> {
     let nss: Api<Namespace> = Api::all(client.clone());
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(client.clone());
-    for crd in agentbox::crd::all() {
+    for crd in agentbox_api::crd::all() {
         crds.patch(
             &crd.name_any(),
             &PatchParams::apply("agentbox-bench").force(),
@@ -294,10 +294,13 @@ async fn raw_stream(c: &Ctx<'_>, keep: bool) -> Res<(u64, Vec<u8>, Duration, u64
     let mut argv = vec![
         "sh".to_string(),
         "-c".into(),
-        agentbox::controller::snapshot::TAR_SCRIPT.into(),
+        agentbox_operator::controller::snapshot::TAR_SCRIPT.into(),
         "sh".into(),
     ];
-    argv.extend(agentbox::controller::snapshot::tar_args("/workspace", &[]));
+    argv.extend(agentbox_operator::controller::snapshot::tar_args(
+        "/workspace",
+        &[],
+    ));
     let t = Instant::now();
     let mut s = exec::stream(c.pods, c.pod, "sandbox", ExecRequest::argv(argv)).await?;
     let mut n = 0u64;

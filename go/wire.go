@@ -46,7 +46,7 @@ const (
 // timeout), then prints MARK on stdout and on stderr and lingers until the client closes
 // stdin, so the exit status goes out only after the client has read both streams whole.
 //
-// It is the protocol's wrapper (Rust: agentbox::remote::WRAPPER), byte for byte:
+// It is the protocol's wrapper (Rust: agentbox_api::remote::WRAPPER), byte for byte:
 // TestWrapperIsTheVectors checks it against the vectors' exec.wrapper.
 const Wrapper = `m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done

@@ -221,7 +221,7 @@ impl Config {
             .filter(|c| !c.is_empty())
             .map(|c| {
                 let name = c.strip_prefix("CAP_").unwrap_or(c).to_ascii_uppercase();
-                crate::names::is_capability_name(&name)
+                agentbox_api::names::is_capability_name(&name)
                     .then_some(name)
                     .ok_or_else(|| ConfigError::NotACapability(c.to_string()))
             })

@@ -1,26 +1,14 @@
-//! agentbox: a Kubernetes operator that gives AI-agent harnesses isolated, recoverable sandboxes.
+//! agentbox-operator: the controllers that reconcile Sandboxes, SandboxSnapshots, templates and
+//! pools, the snapshot store and archive, metrics and the HTTP server.
 //!
-//! The library holds everything; the binaries in `src/bin` are thin wrappers.
+//! The binaries in `src/bin` are thin wrappers. What the operator shares with clients lives in
+//! `agentbox-api`.
 #![forbid(unsafe_code)]
 
-pub mod cli;
-pub mod client;
 pub mod config;
 pub mod controller;
-pub mod crd;
-pub mod exec;
-pub mod guard;
-pub mod kubeclient;
-pub mod labels;
 pub mod metrics;
-pub mod names;
 pub mod operator;
-pub mod paths;
 pub mod progress;
-pub mod remote;
 pub mod server;
 pub mod snapshot;
-pub mod template;
-pub mod vectors;
-
-pub use kubeclient::kube_client;

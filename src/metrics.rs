@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::crd::{SandboxPhase, StartBranch};
+use agentbox_api::crd::{SandboxPhase, StartBranch};
 
 /// Labels naming a controller.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -416,7 +416,7 @@ impl Default for Metrics {
         // Every (purpose, kind) from 0, so a rate or an alert over them has data before
         // the first error.
         for op in [ExecOp::Workspace, ExecOp::Snapshot] {
-            for kind in crate::exec::ExecError::KINDS {
+            for kind in agentbox_api::exec::ExecError::KINDS {
                 let l = ExecLabels {
                     op: op.as_str(),
                     kind,

@@ -12,10 +12,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
-use crate::guard::{self, GuardConfig};
-use crate::labels;
 use crate::metrics::Metrics;
 use crate::server::{self, Health};
+use agentbox_api::guard::{self, GuardConfig};
+use agentbox_api::labels;
 
 /// Why the operator stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +42,11 @@ pub enum OperatorError {
 
 /// Runs the operator until SIGTERM/SIGINT (Ok) or lost leadership (Err).
 pub async fn run(config: Config) -> Result<(), OperatorError> {
-    // kube's default stack with TCP_NODELAY and our User-Agent (see crate::kubeclient).
-    let client = crate::kubeclient::kube_client_as(crate::kubeclient::OPERATOR_USER_AGENT)
-        .await
-        .map_err(OperatorError::Client)?;
+    // kube's default stack with TCP_NODELAY and our User-Agent (see agentbox_api::kubeclient).
+    let client =
+        agentbox_api::kubeclient::kube_client_as(agentbox_api::kubeclient::OPERATOR_USER_AGENT)
+            .await
+            .map_err(OperatorError::Client)?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();

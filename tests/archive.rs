@@ -11,10 +11,10 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::crd::{Sandbox, SandboxSnapshot, Scope, SnapshotPhase};
-use agentbox::guard::{self, GuardConfig};
-use agentbox::labels;
-use agentbox::snapshot::archive::{Canonicalizer, Entry, Kind, Limits};
+use agentbox_api::crd::{Sandbox, SandboxSnapshot, Scope, SnapshotPhase};
+use agentbox_api::guard::{self, GuardConfig};
+use agentbox_api::labels;
+use agentbox_operator::snapshot::archive::{Canonicalizer, Entry, Kind, Limits};
 use bytes::BytesMut;
 use common::{TestEnv, create_sandbox, forge_snapshot, listing, raw, sh};
 use k8s_openapi::api::core::v1::Pod;
@@ -217,9 +217,9 @@ async fn lying_shell(env: &TestEnv, pod: &str, bytes: &[u8]) {
     )
     .await;
     // The container runtime finds it first.
-    let probe = agentbox::exec::ExecRequest::argv(["sh", "-c", "exec tar -c -f - ."])
+    let probe = agentbox_api::exec::ExecRequest::argv(["sh", "-c", "exec tar -c -f - ."])
         .timeout(Duration::from_secs(60));
-    let out = agentbox::exec::run(&env.api::<Pod>(), pod, "sandbox", probe)
+    let out = agentbox_api::exec::run(&env.api::<Pod>(), pod, "sandbox", probe)
         .await
         .expect("exec");
     assert!(
@@ -251,10 +251,10 @@ exec /bin/busybox sh "$@"
 END
 chmod 0755 /usr/local/bin/sh"#
     );
-    let req = agentbox::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
+    let req = agentbox_api::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
         .stdin(bytes.to_vec())
         .timeout(Duration::from_secs(60));
-    let out = agentbox::exec::run(&env.api::<Pod>(), pod, "sandbox", req)
+    let out = agentbox_api::exec::run(&env.api::<Pod>(), pod, "sandbox", req)
         .await
         .expect("exec");
     assert!(out.success(), "{}", out.stderr_str());

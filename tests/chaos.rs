@@ -23,8 +23,8 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase};
-use agentbox::labels;
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase};
+use agentbox_api::labels;
 use common::store::{Backend, Kind, backend, object_digest, start, upload_alive, upload_forgotten};
 use common::{NODE_ROOT, TestEnv, create_sandbox, sh};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -323,7 +323,7 @@ async fn tidy_and_check(env: &TestEnv, user: &str, uids: &[String], v: &mut Vec<
     // A deleted sandbox's directory is removed just after the object goes (the sweep; its
     // startup pass when the kill came in between).
     for uid in uids {
-        let dir = agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, uid);
+        let dir = agentbox_operator::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, uid);
         if !until(60, || async { !std::path::Path::new(&dir).exists() }).await {
             v.push(format!("orphaned workspace directory {dir}"));
         }
@@ -895,7 +895,7 @@ async fn a_harness_dying_with_the_guard_is_fenced_out_once_its_lease_expires() {
         std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("harness-{}", env.ns));
     std::fs::create_dir_all(&dir).expect("dir");
     let pidfile = dir.join("cmd.pid");
-    let mut harness = std::process::Command::new(env!("CARGO_BIN_EXE_agentbox"))
+    let mut harness = std::process::Command::new(common::cli_bin("agentbox"))
         .args(["-n", &env.ns, "lock", "h", "--", "sh", "-c"])
         .arg(format!("echo $$ > {}; exec sleep 300", pidfile.display()))
         .stdin(std::process::Stdio::null())
@@ -960,7 +960,7 @@ async fn a_harness_dying_with_the_guard_is_fenced_out_once_its_lease_expires() {
     assert!(v.is_empty(), "{v:?}");
 
     // The next harness gets the guard with a higher token still.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentbox"))
+    let out = std::process::Command::new(common::cli_bin("agentbox"))
         .args([
             "-n",
             &env.ns,

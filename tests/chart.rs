@@ -705,7 +705,9 @@ fn the_dashboard_and_the_alerts_render_only_when_enabled() {
 
 #[test]
 fn the_dashboard_and_the_alerts_query_only_what_the_operator_registers() {
-    let registered = agentbox::metrics::Metrics::default().sample_names().clone();
+    let registered = agentbox_operator::metrics::Metrics::default()
+        .sample_names()
+        .clone();
     let (dashboard, alerts) = dashboard_and_rules();
     let exprs: Vec<String> = dashboard["panels"]
         .as_array()

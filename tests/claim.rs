@@ -12,10 +12,10 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use agentbox::controller::pod::PodConfig;
-use agentbox::controller::sandbox::claim;
-use agentbox::crd::{Sandbox, SandboxTemplate};
-use agentbox::labels;
+use agentbox_api::crd::{Sandbox, SandboxTemplate};
+use agentbox_api::labels;
+use agentbox_operator::controller::pod::PodConfig;
+use agentbox_operator::controller::sandbox::claim;
 use clap::Parser;
 use common::pools::{create_pool, create_template, entries, host_dir, wait_claimable};
 use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is};
@@ -46,7 +46,7 @@ fn from_template(user: &str, extra: serde_json::Value) -> serde_json::Value {
     spec
 }
 
-fn status(s: &Sandbox) -> agentbox::crd::SandboxStatus {
+fn status(s: &Sandbox) -> agentbox_api::crd::SandboxStatus {
     s.status.clone().expect("status")
 }
 
@@ -182,7 +182,7 @@ async fn a_templated_sandbox_adopts_a_warm_pod_the_pool_refills_and_an_override_
     // A cold start's directory is the derived one, not recorded.
     assert_eq!(status(&bob).workspace.and_then(|w| w.host_dir), None);
     assert_eq!(
-        agentbox::controller::placement::host_dir(&bob, NODE_ROOT),
+        agentbox_operator::controller::placement::host_dir(&bob, NODE_ROOT),
         format!("{NODE_ROOT}/{}/{}", env.ns, bob.uid().expect("uid"))
     );
     assert_eq!(
@@ -254,8 +254,8 @@ async fn an_operator_stopped_right_after_adopting_leaves_a_pod_the_next_one_reco
         .get("tpl")
         .await
         .expect("template");
-    sbx.spec = agentbox::template::resolve(&template.spec, &sbx.spec);
-    let config = agentbox::config::Config::parse_from(["agentbox-operator"]);
+    sbx.spec = agentbox_api::template::resolve(&template.spec, &sbx.spec);
+    let config = agentbox_operator::config::Config::parse_from(["agentbox-operator"]);
     let podcfg = PodConfig::from_config(&config);
     let shape = claim::shape_hash(&sbx, &podcfg);
     let candidates = claim::candidates(&warm, &env.ns, &shape, NODE_ROOT);
@@ -301,11 +301,11 @@ async fn an_operator_stopped_right_after_adopting_leaves_a_pod_the_next_one_reco
 /// The processes of the sandbox container of `pod` that do not descend from its PID 1 (what
 /// the pod runs): what execs left running, as "PID ARGS" lines, but the `ps` that lists them.
 async fn exec_processes(env: &TestEnv, pod: &str) -> Vec<String> {
-    let out = agentbox::exec::run(
+    let out = agentbox_api::exec::run(
         &env.api::<Pod>(),
         pod,
         "sandbox",
-        agentbox::exec::ExecRequest::argv(["ps", "-o", "pid,ppid,args"]),
+        agentbox_api::exec::ExecRequest::argv(["ps", "-o", "pid,ppid,args"]),
     )
     .await
     .expect("exec ps");
@@ -392,7 +392,7 @@ async fn the_pools_shell_runs_the_claims_command_and_then_leaves_the_pod() {
     // Initialised (over the shell): the workspace holds the operator's marker, the sandbox's.
     let dir = recorded_dir(&sbx);
     assert_eq!(
-        std::fs::read_to_string(format!("{dir}/{}", agentbox::remote::MARKER)).ok(),
+        std::fs::read_to_string(format!("{dir}/{}", agentbox_api::remote::MARKER)).ok(),
         sbx.uid(),
         "{:?}",
         entries(&dir)
@@ -424,11 +424,11 @@ async fn a_claimed_sandbox_snapshots_and_the_next_claim_of_its_scope_restores_in
     let a = env.wait_for::<Sandbox>("a", 60, phase_is("Ready")).await;
     let pod_a = status(&a).pod_name.expect("podName");
     assert!(pod_a.starts_with("py-warm-"), "adopted: {pod_a}");
-    let out = agentbox::exec::run(
+    let out = agentbox_api::exec::run(
         &env.api::<Pod>(),
         &pod_a,
         "sandbox",
-        agentbox::exec::ExecRequest::shell(
+        agentbox_api::exec::ExecRequest::shell(
             "set -e; cd /workspace; mkdir -p notes/deep; echo kept > notes/deep/n.txt; \
              head -c 4096 /dev/urandom > blob.bin; ln -s notes/deep link",
         ),
@@ -458,7 +458,7 @@ async fn a_claimed_sandbox_snapshots_and_the_next_claim_of_its_scope_restores_in
     );
     assert_eq!(
         st.workspace.as_ref().and_then(|w| w.last_start_branch),
-        Some(agentbox::crd::StartBranch::C),
+        Some(agentbox_api::crd::StartBranch::C),
         "{st:#?}"
     );
     assert_eq!(st.restored_from.as_deref(), Some("s1"));

@@ -1,4 +1,4 @@
-//! `agentbox::client` and the `agentbox` CLI against the real local cluster, with the operator
+//! `agentbox_client::client` and the `agentbox` CLI against the real local cluster, with the operator
 //! running: get-or-create races, waiting for Ready (and failing fast), exec and files through
 //! the handle, the scope guard's fencing tokens, and the CLI's exit codes and lookups.
 
@@ -7,12 +7,12 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentbox::client::{ClientError, EntryKind, Sandboxes};
-use agentbox::crd::{
+use agentbox_api::crd::{
     DeletionPolicy, Sandbox, SandboxPhase, SandboxSnapshot, SandboxSpec, Scope, ScopeKind,
 };
-use agentbox::exec::ExecRequest;
-use agentbox::guard::GuardConfig;
+use agentbox_api::exec::ExecRequest;
+use agentbox_api::guard::GuardConfig;
+use agentbox_client::client::{ClientError, EntryKind, Sandboxes};
 use common::{TestEnv, cli, output};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams};
@@ -95,7 +95,7 @@ async fn get_or_create_race_wait_ready_exec_files_guard_and_cli() {
     let all = sbxs.list(None).await.expect("list");
     assert_eq!(all.len(), 1, "one sandbox for the scope");
     assert_eq!(
-        agentbox::labels::sandbox_name_for_scope(&sc),
+        agentbox_api::labels::sandbox_name_for_scope(&sc),
         a.name(),
         "deterministic name"
     );
@@ -322,7 +322,7 @@ async fn cli_snapshot_and_restore_into_a_new_sandbox() {
     let (code, shown) = on_tty(
         &format!(
             "{} -n {} snapshot {name} --as s2 --wait",
-            env!("CARGO_BIN_EXE_agentbox"),
+            common::cli_bin("agentbox").display(),
             env.ns
         ),
         "",
@@ -451,7 +451,7 @@ async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
         .current_context
         .expect("a current context");
     let with_copy = |ctx: &str, args: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
+        let mut cmd = Command::new(common::cli_bin("agentbox"));
         cmd.env("KUBECONFIG", "/nonexistent/kubeconfig")
             .args(["-n", &env.ns])
             .args([
@@ -478,7 +478,7 @@ async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
     let _ = std::fs::remove_file(&kubeconfig);
 
     // Completion needs no cluster.
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
+    let mut cmd = Command::new(common::cli_bin("agentbox"));
     cmd.env("KUBECONFIG", "/nonexistent/kubeconfig")
         .args(["completion", "bash"]);
     let (code, out, err) = output(cmd);
@@ -489,7 +489,7 @@ async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
     );
 
     // As a kubectl plugin: kubectl finds kubectl-agentbox on the PATH.
-    let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_kubectl-agentbox"));
+    let plugin = common::cli_bin("kubectl-agentbox");
     let dir = plugin.parent().expect("the plugin's directory");
     let path = std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
@@ -523,7 +523,8 @@ async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
     let src_s = src.to_string_lossy().into_owned();
     let (code, out, err) = cli(&env, &["cp", &src_s, &format!("{name}:up")]);
     assert_eq!((code, out.as_str(), err.as_str()), (Some(0), "", ""));
-    let bin = env!("CARGO_BIN_EXE_agentbox");
+    let bin = common::cli_bin("agentbox");
+    let bin = bin.display();
     let (code, shown) = on_tty(&format!("{bin} -n {} cp {src_s} {name}:up2", env.ns), "");
     assert_eq!(code, Some(0), "{shown}");
     assert!(
@@ -578,7 +579,7 @@ async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_the_cli_suspends_an
         Err(ClientError::Suspended(name)) => assert_eq!(name, h.name()),
         other => panic!("expected Suspended, got {other:?}"),
     }
-    env.wait_for::<agentbox::crd::Sandbox>(h.name(), 120, common::phase_is("Suspended"))
+    env.wait_for::<agentbox_api::crd::Sandbox>(h.name(), 120, common::phase_is("Suspended"))
         .await;
 
     // The harness's usual call brings it back, with its workspace.
@@ -803,7 +804,7 @@ async fn a_missing_image_ends_every_wait_at_its_stall_with_the_reason() {
                 && e.note.as_deref().is_some_and(|n| n.contains("stall grace"))
         });
     assert!(warned, "no Warning Event of the stall");
-    let snaps: kube::Api<agentbox::crd::SandboxSnapshot> =
+    let snaps: kube::Api<agentbox_api::crd::SandboxSnapshot> =
         kube::Api::namespaced(env.client.clone(), &env.ns);
     let left = snaps
         .list(&Default::default())

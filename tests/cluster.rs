@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::exec::{self, ExecRequest, ExitStatus};
+use agentbox_api::exec::{self, ExecRequest, ExitStatus};
 use common::TestEnv;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
@@ -25,7 +25,7 @@ async fn pod_with_hostpath_exec_exit_codes_and_lease_conflict() {
                 "name": "sandbox",
                 "image": common::BASE_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["sh", "-c", agentbox::controller::pod::KEEP_ALIVE],
+                "command": ["sh", "-c", agentbox_operator::controller::pod::KEEP_ALIVE],
                 "volumeMounts": [{"name": "ws", "mountPath": "/workspace"}],
                 "securityContext": {"allowPrivilegeEscalation": false}
             }],

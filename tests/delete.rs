@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use agentbox::crd::Sandbox;
+use agentbox_api::crd::Sandbox;
 use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is, sh};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -25,7 +25,11 @@ fn spec(session: &str) -> serde_json::Value {
 }
 
 fn dir_of(env: &TestEnv, s: &Sandbox) -> String {
-    agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().expect("uid"))
+    agentbox_operator::controller::pod::workspace_host_path(
+        NODE_ROOT,
+        &env.ns,
+        &s.uid().expect("uid"),
+    )
 }
 
 /// The operator's `agentbox_workspaces_swept_total` once it reaches `at_least` (it counts a
@@ -205,7 +209,7 @@ async fn a_restarted_operator_sweeps_what_a_killed_one_left_and_nothing_else() {
     // No sweep pod left behind by either operator.
     let helpers = ListParams::default().labels(&format!(
         "{} in (list,sweep)",
-        agentbox::controller::pod::HELPER_LABEL
+        agentbox_operator::controller::helper_pod::HELPER_LABEL
     ));
     no_pods_left(&env.api::<Pod>(), &helpers).await;
     env.finish().await;

@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use agentbox::crd::Sandbox;
+use agentbox_api::crd::Sandbox;
 use common::{NODE_ROOT, TestEnv, create_sandbox, phase_is};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -51,7 +51,7 @@ async fn directories_of_namespaces_deleted_while_no_operator_ran_are_swept_and_n
         .wait_for::<Sandbox>("s", 120, phase_is("Ready"))
         .await;
     let tenant_ns_dir = format!("{NODE_ROOT}/{}", tenant.ns);
-    let tenant_dir = agentbox::controller::pod::workspace_host_path(
+    let tenant_dir = agentbox_operator::controller::pod::workspace_host_path(
         NODE_ROOT,
         &tenant.ns,
         &s.uid().expect("uid"),
@@ -116,7 +116,7 @@ async fn directories_of_namespaces_deleted_while_no_operator_ran_are_swept_and_n
     );
     // No helper pod left in the operator's namespace.
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &helpers);
-    let lp = ListParams::default().labels(agentbox::controller::pod::HELPER_LABEL);
+    let lp = ListParams::default().labels(agentbox_operator::controller::helper_pod::HELPER_LABEL);
     let mut left = Vec::new();
     for _ in 0..300 {
         left = pods.list(&lp).await.expect("list").items;

@@ -6,8 +6,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agentbox::crd::{Sandbox, SandboxPhase, StartBranch};
-use agentbox::labels;
+use agentbox_api::crd::{Sandbox, SandboxPhase, StartBranch};
+use agentbox_api::labels;
 use common::{TestEnv, phase_is, repo_root, sh};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use agentbox::exec::{
+use agentbox_api::exec::{
     self, ExecError, ExecEvent, ExecRequest, ExitStatus, SANDBOX_CONTAINER, session::Session,
 };
 use futures::StreamExt;

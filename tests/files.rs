@@ -4,8 +4,8 @@
 mod barepod;
 mod common;
 
-use agentbox::client::{ClientError, EntryKind, PathError, Workspace};
-use agentbox::exec::{self, ExecRequest, SANDBOX_CONTAINER};
+use agentbox_api::exec::{self, ExecRequest, SANDBOX_CONTAINER};
+use agentbox_client::client::{ClientError, EntryKind, PathError, Workspace};
 
 #[tokio::test]
 async fn files_are_confined_to_the_workspace() {

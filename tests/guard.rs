@@ -8,8 +8,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use agentbox::exec::{self, ExecRequest, SANDBOX_CONTAINER};
-use agentbox::guard::{self, GuardConfig, GuardError};
+use agentbox_api::exec::{self, ExecRequest, SANDBOX_CONTAINER};
+use agentbox_api::guard::{self, GuardConfig, GuardError};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;

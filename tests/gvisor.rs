@@ -9,9 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::client::Workspace;
-use agentbox::crd::{Sandbox, StartBranch};
-use agentbox::exec::{ExecOutput, ExecRequest, SANDBOX_CONTAINER};
+use agentbox_api::crd::{Sandbox, StartBranch};
+use agentbox_api::exec::{ExecOutput, ExecRequest, SANDBOX_CONTAINER};
+use agentbox_client::client::Workspace;
 use common::{TestEnv, create_sandbox, listing, phase_is, sh, take_snapshot};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -41,7 +41,7 @@ async fn ready(env: &TestEnv, name: &str) -> Sandbox {
 }
 
 async fn run(pods: &Api<Pod>, pod: &str, req: ExecRequest) -> ExecOutput {
-    agentbox::exec::run(pods, pod, SANDBOX_CONTAINER, req)
+    agentbox_api::exec::run(pods, pod, SANDBOX_CONTAINER, req)
         .await
         .expect("exec")
 }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxSnapshot, SnapshotPhase, StartBranch};
+use agentbox_api::crd::{Sandbox, SandboxSnapshot, SnapshotPhase, StartBranch};
 use common::{NODE_ROOT, TestEnv, create_sandbox, helm_bin, phase_is, repo_root, sh, suffix};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -302,7 +302,11 @@ fn sandbox_spec(name: &str) -> serde_json::Value {
 /// Deletes a sandbox and checks that its pods, policy and workspace directory go with it.
 async fn delete_sandbox(env: &TestEnv, s: &Sandbox) {
     let name = s.name_any();
-    let dir = agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap());
+    let dir = agentbox_operator::controller::pod::workspace_host_path(
+        NODE_ROOT,
+        &env.ns,
+        &s.uid().unwrap(),
+    );
     assert!(
         Path::new(&dir).join(".agentbox/marker").exists(),
         "{dir} on the node"
@@ -314,7 +318,7 @@ async fn delete_sandbox(env: &TestEnv, s: &Sandbox) {
     env.wait_gone::<Sandbox>(&name, 120).await;
     // The finalizer does not wait for the sandbox pod (asked to go with a short grace) nor for
     // the workspace directory (the operator's sweep removes it just after): both follow.
-    let pod_name = agentbox::labels::pod_name(&name);
+    let pod_name = agentbox_api::labels::pod_name(&name);
     eventually("the pods of the sandbox to go or finish", 60, || async {
         let pods = env.sandbox_pods(&name).await;
         let done = pods.iter().all(|p| {
@@ -327,7 +331,7 @@ async fn delete_sandbox(env: &TestEnv, s: &Sandbox) {
         done.then_some(())
     })
     .await;
-    let np_name = agentbox::labels::network_policy_name(&name);
+    let np_name = agentbox_api::labels::network_policy_name(&name);
     assert!(
         env.api::<NetworkPolicy>()
             .get_opt(&np_name)
@@ -364,7 +368,7 @@ async fn lifecycle(env: &TestEnv, name: &str, operator_pod: &str) {
     assert_eq!(out, "in-cluster\na=1\ns3cr3t\nlint.sh\n");
     let (code, _) = sh(env, &pod, "exit 7").await;
     assert_eq!(code, Some(7), "the real exit code comes back");
-    let np_name = agentbox::labels::network_policy_name(name);
+    let np_name = agentbox_api::labels::network_policy_name(name);
     assert!(
         env.api::<NetworkPolicy>()
             .get_opt(&np_name)
@@ -544,7 +548,7 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let served_before = crds.get("sandboxes.agentbox.dev").await.unwrap();
-    let ours: Vec<CustomResourceDefinition> = agentbox::crd::all();
+    let ours: Vec<CustomResourceDefinition> = agentbox_api::crd::all();
     assert_ne!(
         served_before.spec.versions[0].schema, ours[0].spec.versions[0].schema,
         "this chart changes the Sandbox CRD, so the upgrade has something to bring"

@@ -7,13 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::client::{SandboxHandle, Sandboxes};
-use agentbox::crd::{
+use agentbox_api::crd::{
     LifecycleMode, Sandbox, SandboxPhase, SandboxSnapshot, SandboxSpec, Scope, ScopeKind,
     SnapshotPhase, StartBranch,
 };
-use agentbox::exec::ExecRequest;
-use agentbox::labels;
+use agentbox_api::exec::ExecRequest;
+use agentbox_api::labels;
+use agentbox_client::client::{SandboxHandle, Sandboxes};
 use common::{TestEnv, create_sandbox, phase_is};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;

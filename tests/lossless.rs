@@ -13,10 +13,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use agentbox::client::Workspace;
-use agentbox::exec::{
+use agentbox_api::exec::{
     self, ExecError, ExecEvent, ExecRequest, ExitStatus, OutputStream, SANDBOX_CONTAINER,
 };
+use agentbox_client::client::Workspace;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::crd::{Sandbox, SandboxSnapshot, SnapshotPhase, StartBranch};
+use agentbox_api::crd::{Sandbox, SandboxSnapshot, SnapshotPhase, StartBranch};
 use common::{TestEnv, create_sandbox, phase_is, sh, snapshot_finished, take_snapshot};
 use kube::api::PostParams;
 use serde_json::json;
@@ -233,7 +233,9 @@ async fn the_metrics_endpoint_exposes_each_series_after_create_snapshot_and_rest
         1.0,
     );
     // Every name exposed is one the operator registers.
-    let names = agentbox::metrics::Metrics::default().sample_names().clone();
+    let names = agentbox_operator::metrics::Metrics::default()
+        .sample_names()
+        .clone();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let name = line.split(['{', ' ']).next().unwrap_or_default();
         assert!(names.contains(name), "{name} not registered");

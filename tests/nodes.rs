@@ -10,8 +10,8 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase, StartBranch};
-use agentbox::exec::{self, ExecRequest};
+use agentbox_api::crd::{Sandbox, SandboxPhase, StartBranch};
+use agentbox_api::exec::{self, ExecRequest};
 use common::TestEnv;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::ResourceExt;
@@ -71,7 +71,7 @@ fn probe_pod(name: &str, node: &str) -> Pod {
                 "name": "sandbox",
                 "image": common::BASE_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["sh", "-c", agentbox::controller::pod::KEEP_ALIVE],
+                "command": ["sh", "-c", agentbox_operator::controller::pod::KEEP_ALIVE],
                 "volumeMounts": [{"name": "root", "mountPath": ROOT_IN_POD}],
                 "securityContext": {"allowPrivilegeEscalation": false}
             }],
@@ -391,7 +391,7 @@ async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_no
         )
         .await
         .expect("drop the node selector");
-    let pod_name = agentbox::labels::pod_name("moved");
+    let pod_name = agentbox_api::labels::pod_name("moved");
     let mut stale_uid = String::new();
     for _ in 0..600 {
         let s = sandboxes.get("moved").await.expect("sandbox");
@@ -459,7 +459,8 @@ async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_no
     assert_eq!(loss.snapshot.as_deref(), Some("before-loss"));
     assert!(loss.lost_seconds.is_some_and(|s| s >= 0), "{loss:?}");
     assert!(loss.not_ready_since.is_some(), "{loss:?}");
-    let dir = agentbox::controller::pod::workspace_host_path(common::NODE_ROOT, &env.ns, &uid);
+    let dir =
+        agentbox_operator::controller::pod::workspace_host_path(common::NODE_ROOT, &env.ns, &uid);
     assert_eq!(
         st.abandoned
             .iter()

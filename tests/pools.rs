@@ -11,8 +11,8 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::crd::{SandboxPool, SandboxTemplate};
-use agentbox::labels;
+use agentbox_api::crd::{SandboxPool, SandboxTemplate};
+use agentbox_api::labels;
 use common::pools::{
     create_pool, create_template, entries, host_dir, names, pool_json, wait_claimable, wait_ready,
     warm_pods,
@@ -79,7 +79,10 @@ fn assert_warm_pod(env: &TestEnv, pool: &SandboxPool, p: &Pod) {
         p.annotations().get(labels::WARM_READY).map(String::as_str),
         Some("true")
     );
-    assert!(agentbox::controller::pool::is_claimable(p), "{name}");
+    assert!(
+        agentbox_operator::controller::pool::is_claimable(p),
+        "{name}"
+    );
     // Its directory on the node: empty but for the state directory, which has no marker.
     assert_eq!(entries(&dir), vec![".agentbox".to_string()], "{dir}");
     assert_eq!(
@@ -112,7 +115,7 @@ async fn a_pool_keeps_ready_warm_pods_with_empty_directories_and_scales_both_way
     let helpers: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), &env.ns);
     let prepare_pods = ListParams::default().labels(&format!(
         "{}=prepare",
-        agentbox::controller::pod::HELPER_LABEL
+        agentbox_operator::controller::helper_pod::HELPER_LABEL
     ));
     let mut left = Vec::new();
     for _ in 0..100 {
@@ -192,7 +195,7 @@ async fn a_pool_keeps_ready_warm_pods_with_empty_directories_and_scales_both_way
         ["NAME", "TEMPLATE", "DESIRED", "READY", "REASON", "AGE"]
     );
     assert_eq!(&rows[1][..5], ["py", "agent", "1", "1", "Ready"]);
-    let listed = agentbox::client::Sandboxes::new(env.client.clone(), env.ns.clone())
+    let listed = agentbox_client::client::Sandboxes::new(env.client.clone(), env.ns.clone())
         .pools()
         .await
         .expect("pools()");
@@ -572,7 +575,10 @@ async fn a_non_root_templates_warm_pods_own_their_workspace_as_a_cold_start_woul
     assert_warm_pod(&env, &pool, p);
     let spec = p.spec.as_ref().expect("pod spec");
     let init = spec.init_containers.as_ref().expect("an init container");
-    assert_eq!(init[0].name, agentbox::controller::pod::OWN_CONTAINER);
+    assert_eq!(
+        init[0].name,
+        agentbox_operator::controller::pod::OWN_CONTAINER
+    );
     // The workspace and the state directory the warm init made are the sandbox user's.
     let dir = host_dir(p);
     for d in [dir.clone(), format!("{dir}/.agentbox/tmp")] {

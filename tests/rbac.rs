@@ -9,9 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::client::Sandboxes;
-use agentbox::crd::{DeletionPolicy, SandboxSpec, Scope, ScopeKind};
-use agentbox::exec::ExecRequest;
+use agentbox_api::crd::{DeletionPolicy, SandboxSpec, Scope, ScopeKind};
+use agentbox_api::exec::ExecRequest;
+use agentbox_client::client::Sandboxes;
 use common::{TestEnv, kubectl};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, ListParams};
@@ -51,7 +51,7 @@ async fn client_with_token(token: &str) -> kube::Client {
         token: Some(token.to_string().into()),
         ..Default::default()
     };
-    agentbox::kubeclient::client_from_config(cfg).expect("client")
+    agentbox_api::kubeclient::client_from_config(cfg).expect("client")
 }
 
 /// Whether an error is the API server's refusal (403 Forbidden), however it is wrapped.
@@ -173,7 +173,7 @@ async fn the_harness_service_account_does_what_a_harness_does_and_nothing_next_d
         panic!("a snapshot next door: not refused");
     };
     assert!(forbidden(&e), "{e}");
-    let Err(e) = agentbox::guard::acquire_scope(
+    let Err(e) = agentbox_api::guard::acquire_scope(
         client.clone(),
         &neighbour.ns,
         &scope,
@@ -186,7 +186,7 @@ async fn the_harness_service_account_does_what_a_harness_does_and_nothing_next_d
     };
     assert!(forbidden(&e), "{e}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &neighbour.ns);
-    let Err(e) = agentbox::exec::run(
+    let Err(e) = agentbox_api::exec::run(
         &pods,
         "sbx-anything",
         "sandbox",

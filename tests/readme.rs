@@ -35,9 +35,9 @@ use common::{TestEnv, kubectl, repo_root};
 mod readme_rust {
     use std::time::Duration;
 
-    use agentbox::client::Sandboxes;
-    use agentbox::crd::{SandboxSpec, Scope, ScopeKind};
-    use agentbox::exec::ExecRequest;
+    use agentbox_api::crd::{SandboxSpec, Scope, ScopeKind};
+    use agentbox_api::exec::ExecRequest;
+    use agentbox_client::client::Sandboxes;
 
     pub async fn turn(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
         // The kubeconfig context's namespace.
@@ -263,7 +263,8 @@ fn is_excerpt(block: &str, file: &str) -> bool {
 }
 
 /// The repository paths a `text` block names: words with a `/` whose first component is an
-/// entry of the repository root (`src/crd/`, `tests/vectors/protocol.json`, `src/exec*.rs`).
+/// entry of the repository root (`src/controller/`, `tests/vectors/protocol.json`,
+/// `crates/agentbox-api/src/exec*.rs`).
 fn named_paths(text: &str) -> Vec<String> {
     let root = repo_root();
     text.split_whitespace()
@@ -357,14 +358,26 @@ fn commands(block: &str) -> Vec<Vec<String>> {
 }
 
 /// The `[[bin]]`/`[[bench]]` targets Cargo.toml declares under `section`.
-fn cargo_targets(section: &str) -> Vec<String> {
-    let toml = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");
-    toml.split(section)
-        .skip(1)
-        .filter_map(|s| {
-            s.lines()
-                .find_map(|l| l.trim().strip_prefix("name = "))
-                .map(|n| n.trim_matches('"').to_string())
+/// The targets of one `section` (`[[bin]]`, `[[bench]]`) in the manifest of the package at
+/// `path`, or of every package of the workspace (what `cargo run --bin` finds) without one.
+fn cargo_targets(section: &str, path: Option<&str>) -> Vec<String> {
+    let packages = match path {
+        Some(p) => vec![p],
+        None => vec![".", "crates/agentbox-api", "crates/agentbox-client"],
+    };
+    packages
+        .into_iter()
+        .flat_map(|p| {
+            let manifest = repo_root().join(p).join("Cargo.toml");
+            let toml = std::fs::read_to_string(&manifest).unwrap_or_default();
+            toml.split(section)
+                .skip(1)
+                .filter_map(|s| {
+                    s.lines()
+                        .find_map(|l| l.trim().strip_prefix("name = "))
+                        .map(|n| n.trim_matches('"').to_string())
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -454,7 +467,7 @@ fn check_not_run(cmd: &[String], built: &mut Vec<String>) -> Result<(), String> 
             } else {
                 ("--bin", "[[bin]]")
             };
-            let targets = cargo_targets(section);
+            let targets = cargo_targets(section, arg("--path").as_deref());
             let named: Vec<&String> = cmd
                 .iter()
                 .enumerate()
@@ -465,7 +478,7 @@ fn check_not_run(cmd: &[String], built: &mut Vec<String>) -> Result<(), String> 
                 return Err(format!("cargo without {flag}"));
             }
             match named.iter().find(|n| !targets.contains(n)) {
-                Some(n) => Err(format!("the crate has no {flag} {n}")),
+                Some(n) => Err(format!("no crate of the workspace has {flag} {n}")),
                 None => Ok(()),
             }
         }
@@ -540,10 +553,16 @@ fn blocks_and_snippets_are_found() {
     assert!(is_excerpt("b\n  c\n", "a\n    b\n      c\nd\n"));
     assert!(!is_excerpt("b\nc\n", "a\n    b\n  c\n"));
     assert_eq!(
-        named_paths("src/crd/ x/y pods/exec `tests/readme.rs`, src/exec*.rs."),
-        ["src/crd/", "tests/readme.rs", "src/exec*.rs"]
+        named_paths(
+            "crates/agentbox-api/src/crd/ x/y pods/exec `tests/readme.rs`, crates/agentbox-api/src/exec*.rs."
+        ),
+        [
+            "crates/agentbox-api/src/crd/",
+            "tests/readme.rs",
+            "crates/agentbox-api/src/exec*.rs"
+        ]
     );
-    assert!(exists("src/exec*.rs") && !exists("src/nothing*.rs"));
+    assert!(exists("crates/agentbox-api/src/exec*.rs") && !exists("src/nothing*.rs"));
 }
 
 /// What can be checked without a cluster: every block is of a kind some test checks, every
@@ -636,10 +655,13 @@ impl Shell {
             std::os::unix::fs::symlink(root.join(d), dir.join(d)).expect("link a directory");
         }
         for (name, target) in [
-            ("agentbox", env!("CARGO_BIN_EXE_agentbox").to_string()),
+            (
+                "agentbox",
+                common::cli_bin("agentbox").display().to_string(),
+            ),
             (
                 "kubectl-agentbox",
-                env!("CARGO_BIN_EXE_kubectl-agentbox").to_string(),
+                common::cli_bin("kubectl-agentbox").display().to_string(),
             ),
             ("kubectl", which(&common::kubectl_bin())),
         ] {

@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::crd::{Sandbox, SandboxPhase, StartBranch};
-use agentbox::labels;
+use agentbox_api::crd::{Sandbox, SandboxPhase, StartBranch};
+use agentbox_api::labels;
 use common::{NODE_ROOT, TestEnv, condition_message, create_sandbox, phase_is, sh, wait_condition};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-fn status(s: &Sandbox) -> &agentbox::crd::SandboxStatus {
+fn status(s: &Sandbox) -> &agentbox_api::crd::SandboxStatus {
     s.status.as_ref().expect("status")
 }
 
@@ -27,7 +27,7 @@ fn branch(s: &Sandbox) -> Option<StartBranch> {
 }
 
 fn workspace_dir(env: &TestEnv, s: &Sandbox) -> String {
-    agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap())
+    agentbox_operator::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap())
 }
 
 async fn merge(env: &TestEnv, name: &str, patch: serde_json::Value) -> Sandbox {
@@ -286,7 +286,7 @@ async fn suspend_deletes_the_pod_keeps_the_workspace_and_resume_reuses_it() {
         None
     );
     let recorded = |s: &Sandbox| {
-        Some(agentbox::controller::placement::host_dir(
+        Some(agentbox_operator::controller::placement::host_dir(
             s,
             common::NODE_ROOT,
         ))
@@ -366,11 +366,11 @@ async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
     );
 
     // A harness used the scope's guard and released it: the idle Lease goes with the sandbox.
-    let guard = agentbox::guard::acquire_scope(
+    let guard = agentbox_api::guard::acquire_scope(
         env.client.clone(),
         &env.ns,
         &sbx.spec.scope,
-        &agentbox::guard::GuardConfig::default(),
+        &agentbox_api::guard::GuardConfig::default(),
         Some(Duration::from_secs(10)),
     )
     .await

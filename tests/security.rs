@@ -10,9 +10,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agentbox::controller::pod::{namespace_host_path, workspace_host_path};
-use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
-use agentbox::labels;
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
+use agentbox_api::labels;
+use agentbox_operator::controller::pod::{namespace_host_path, workspace_host_path};
 use common::{
     NODE_ROOT, TestEnv, condition_message, create_sandbox, phase_is, repo_root, sh,
     snapshot_finished, take_snapshot, wait_condition,
@@ -672,12 +672,12 @@ async fn a_named_restore_of_another_scope_is_refused() {
     // (its timeout would be NotReady).
     let bob = wait_condition(&env, "bob", "Stalled", "True", "CrossScopeRestore").await;
     assert!(bob.stalled().is_some());
-    let mut handle = agentbox::client::Sandboxes::new(env.client.clone(), env.ns.clone())
+    let mut handle = agentbox_client::client::Sandboxes::new(env.client.clone(), env.ns.clone())
         .open("bob")
         .await
         .expect("open bob");
     match handle.wait_ready(std::time::Duration::from_secs(300)).await {
-        Err(agentbox::client::ClientError::Failed { reason, .. }) => {
+        Err(agentbox_client::client::ClientError::Failed { reason, .. }) => {
             assert_eq!(reason, "CrossScopeRestore");
         }
         other => panic!("expected Failed(CrossScopeRestore), got {other:?}"),
@@ -728,7 +728,7 @@ async fn a_relabelled_snapshot_is_not_restored_into_another_scope() {
     let mut env = TestEnv::new("sec-relabel").await;
     let store = start_with_store(&mut env);
     alice_with_a_snapshot(&env).await;
-    let bob_scope: agentbox::crd::Scope = serde_json::from_value(user("bob")).unwrap();
+    let bob_scope: agentbox_api::crd::Scope = serde_json::from_value(user("bob")).unwrap();
     let relabel = json!({"metadata": {"labels": {
         labels::SCOPE_KEY: labels::scope_key(&bob_scope),
         labels::USER: "bob",

@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
-use agentbox::labels;
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxSnapshot, SnapshotPhase, StartBranch};
+use agentbox_api::labels;
 use common::{
     NODE_ROOT, TestEnv, create_sandbox, events, listing, phase_is, raw, raw_header, sh,
     snapshot_finished as finished, take_snapshot,
@@ -54,11 +54,11 @@ async fn ready(env: &TestEnv, name: &str) -> Sandbox {
 }
 
 async fn fill(env: &TestEnv, pod: &str, script: &str) {
-    let out = agentbox::exec::run(
+    let out = agentbox_api::exec::run(
         &env.api::<Pod>(),
         pod,
         "sandbox",
-        agentbox::exec::ExecRequest::shell(script).timeout(Duration::from_secs(300)),
+        agentbox_api::exec::ExecRequest::shell(script).timeout(Duration::from_secs(300)),
     )
     .await
     .expect("exec fill");
@@ -149,8 +149,11 @@ async fn round_trip(kind: Kind) {
     );
     let after = listing(&env, &pod_of(&sb)).await;
     assert_eq!(before, after, "restored workspace differs");
-    let host =
-        agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &sb.uid().unwrap());
+    let host = agentbox_operator::controller::pod::workspace_host_path(
+        NODE_ROOT,
+        &env.ns,
+        &sb.uid().unwrap(),
+    );
     let leftovers: Vec<String> = std::fs::read_dir(format!("{host}/.agentbox"))
         .expect("read .agentbox")
         .flatten()
@@ -201,8 +204,11 @@ async fn lost_workspace(kind: Kind) {
         .expect("pod uid");
 
     // The node loses the workspace, then the pod goes.
-    let host =
-        agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &r.uid().unwrap());
+    let host = agentbox_operator::controller::pod::workspace_host_path(
+        NODE_ROOT,
+        &env.ns,
+        &r.uid().unwrap(),
+    );
     std::fs::remove_dir_all(&host).expect("remove the workspace on the host");
     env.api::<Pod>()
         .delete(&pod, &DeleteParams::default())
@@ -370,8 +376,11 @@ async fn hostile(kind: Kind) {
         assert_ne!(st.phase, Some(SandboxPhase::Ready), "{name}");
         // Nothing was written: the workspace holds at most the operator's own directory, with
         // no staging left behind.
-        let host =
-            agentbox::controller::pod::workspace_host_path(NODE_ROOT, &env.ns, &s.uid().unwrap());
+        let host = agentbox_operator::controller::pod::workspace_host_path(
+            NODE_ROOT,
+            &env.ns,
+            &s.uid().unwrap(),
+        );
         let entries = common::workspace_entries(&s);
         assert!(
             entries.iter().all(|e| e == ".agentbox"),

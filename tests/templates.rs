@@ -6,7 +6,7 @@
 
 mod common;
 
-use agentbox::crd::{Sandbox, SandboxTemplate};
+use agentbox_api::crd::{Sandbox, SandboxTemplate};
 use common::{TestEnv, cli, condition_message, create_sandbox, phase_is, sh, wait_condition};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -367,8 +367,8 @@ async fn overrides_and_bad_templates_are_refused_at_admission_naming_the_field()
 
 #[tokio::test]
 async fn the_client_and_the_cli_create_sandboxes_from_templates() {
-    use agentbox::client::{ClientError, Sandboxes};
-    use agentbox::crd::{Scope, ScopeKind};
+    use agentbox_api::crd::{Scope, ScopeKind};
+    use agentbox_client::client::{ClientError, Sandboxes};
     use std::time::Duration;
     let mut env = TestEnv::new("tpl-client").await;
     env.start_operator(&[]);
@@ -407,7 +407,7 @@ async fn the_client_and_the_cli_create_sandboxes_from_templates() {
         .expect("get_or_create_from_template");
     h.wait_ready(Duration::from_secs(120)).await.expect("Ready");
     let out = h
-        .exec(agentbox::exec::ExecRequest::shell(
+        .exec(agentbox_api::exec::ExecRequest::shell(
             "echo \"$FROM_TEMPLATE\"; cat AGENTS.md",
         ))
         .await

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agentbox::crd::{Sandbox, SandboxPhase};
+use agentbox_api::crd::{Sandbox, SandboxPhase};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -16,7 +16,7 @@ use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 /// The operator's leader-election Lease (its default name) and its User-Agent, by which the
 /// audit log tells its writes from the bench's (both use the same kubeconfig).
 pub const LEADER_LEASE: &str = "agentbox-operator-leader";
-pub const OPERATOR_UA: &str = agentbox::kubeclient::OPERATOR_USER_AGENT;
+pub const OPERATOR_UA: &str = agentbox_api::kubeclient::OPERATOR_USER_AGENT;
 
 /// The repository root, read at run time: the bench binaries may be cached in a target
 /// directory shared by several clones, so the compile-time path can name a clone that is gone.
@@ -155,11 +155,15 @@ impl DeleteAll {
 
 impl Drop for DeleteAll {
     fn drop(&mut self) {
-        let pools: kube::Api<agentbox::crd::SandboxPool> =
+        let pools: kube::Api<agentbox_api::crd::SandboxPool> =
             kube::Api::namespaced(self.client.clone(), &self.ns);
-        let sbxs: kube::Api<agentbox::crd::Sandbox> =
+        let sbxs: kube::Api<agentbox_api::crd::Sandbox> =
             kube::Api::namespaced(self.client.clone(), &self.ns);
-        let ns_dir = format!("{}/{}", agentbox::config::DEFAULT_NODE_ROOT, self.ns);
+        let ns_dir = format!(
+            "{}/{}",
+            agentbox_operator::config::DEFAULT_NODE_ROOT,
+            self.ns
+        );
         tokio::task::block_in_place(|| {
             tokio::runtime::Handle::current().block_on(async move {
                 let lp = kube::api::ListParams::default();
@@ -197,7 +201,7 @@ fn workspace_dirs(ns_dir: &str) -> usize {
                 .filter(|e| {
                     e.file_name()
                         .to_str()
-                        .is_some_and(agentbox::controller::sweep::is_sweepable)
+                        .is_some_and(agentbox_operator::controller::sweep::is_sweepable)
                 })
                 .count()
         })

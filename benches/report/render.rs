@@ -833,7 +833,7 @@ const METHOD: &str = "\
   is Ready (plus 1.5 s), and per minute with nothing changing. The operator runs with leader
   election as deployed; its leader Lease renewals (one per 5 s with the default 15 s lease, the
   same with no sandbox) are counted apart and not in these figures.
-- **Exec**: one-shot `true` in one pod: `agentbox::exec::run` with `agentbox::kube_client`,
+- **Exec**: one-shot `true` in one pod: `agentbox_api::exec::run` with `agentbox_api::kube_client`,
   `kubectl exec` (a process per command, as a harness shelling out would), the Python
   `kubernetes` client in one process (`benches/exec_python.py`, after a warm-up); the persistent
   session runs `true` per command over one exec. Guard: Lease acquire/release, and 8 clients each

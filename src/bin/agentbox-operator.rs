@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = match agentbox::config::Config::parse().validated() {
+    let config = match agentbox_operator::config::Config::parse().validated() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("agentbox-operator: {e}");
@@ -24,7 +24,7 @@ async fn main() -> ExitCode {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
-    match agentbox::operator::run(config).await {
+    match agentbox_operator::operator::run(config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

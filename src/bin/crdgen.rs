@@ -2,6 +2,6 @@
 #![forbid(unsafe_code)]
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    print!("{}", agentbox::crd::render_yaml()?);
+    print!("{}", agentbox_api::crd::render_yaml()?);
     Ok(())
 }

@@ -2,6 +2,6 @@
 #![forbid(unsafe_code)]
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    print!("{}", agentbox::crd::reference::render_markdown()?);
+    print!("{}", agentbox_api::crd::reference::render_markdown()?);
     Ok(())
 }

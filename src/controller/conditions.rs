@@ -15,7 +15,7 @@ pub const GUARDED: &str = "Guarded";
 pub const WORKSPACE_REMOVED: &str = "WorkspaceRemoved";
 
 /// Condition type: the start cannot go on without a change (a permanent refusal).
-pub const STALLED: &str = crate::crd::STALLED;
+pub const STALLED: &str = agentbox_api::crd::STALLED;
 
 /// Removes condition `type_`, if present.
 pub fn remove(conditions: &mut Vec<Condition>, type_: &str) {

@@ -6,119 +6,21 @@
 //! on every sandbox there as the [`CONDITION`] condition, with a Warning Event when it is not
 //! hardened. The check runs beside the sandbox's start, not in its way.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use agentbox_helper::Report;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use tracing::info;
 
-use super::{Context, Error, pod};
+use super::helper_pod;
+use super::helper_pod::helper_outcome;
+use super::memory::Found;
+use crate::controller::context::{Context, Error};
 
 /// Condition type on a Sandbox: its workspace's directory on the node is hardened.
 pub const CONDITION: &str = "NodeRootHardened";
 
-/// What the helper found on one node for one namespace.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
-    /// The directory is now 0700 root's; the mount flags as reported.
-    Checked {
-        /// The mount is `nosuid`.
-        nosuid: bool,
-        /// The mount is `nodev`.
-        nodev: bool,
-        /// Its mount point as the helper saw it.
-        mount: String,
-    },
-    /// The helper failed; its message.
-    Failed(String),
-}
-
-/// How long a failed check stands before the next sandbox there tries again (a helper image
-/// that was missing may have arrived).
-pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(300);
-
-/// Results per (node, namespace), with when they were recorded.
-#[derive(Debug, Default)]
-pub struct Checks(Mutex<HashMap<(String, String), (Found, Instant)>>);
-
-impl Checks {
-    /// The result for a node and namespace, if the helper has reported (a failure only for
-    /// [`RETRY_FAILED_AFTER`]).
-    pub fn get(&self, node: &str, ns: &str, now: Instant) -> Option<Found> {
-        let m = self.0.lock().ok()?;
-        let (found, at) = m.get(&(node.to_string(), ns.to_string()))?;
-        let stale = matches!(found, Found::Failed(_))
-            && now.saturating_duration_since(*at) >= RETRY_FAILED_AFTER;
-        (!stale).then(|| found.clone())
-    }
-
-    /// Records a result.
-    pub fn record(&self, node: &str, ns: &str, found: Found, now: Instant) {
-        if let Ok(mut m) = self.0.lock() {
-            m.insert((node.to_string(), ns.to_string()), (found, now));
-        }
-    }
-
-    /// Forgets the result for a node and namespace: its directory was removed (the namespace
-    /// was deleted), so a namespace of that name made again is prepared again.
-    pub fn forget(&self, node: &str, ns: &str) {
-        if let Ok(mut m) = self.0.lock() {
-            m.remove(&(node.to_string(), ns.to_string()));
-        }
-    }
-}
-
-/// Container waiting reasons that will not go away by themselves.
-const STUCK: [&str; 6] = [
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "ErrImageNeverPull",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-];
-
-/// The outcome of a helper pod: its report once it has succeeded, else what went wrong — the
-/// failure it wrote, or the reason it cannot start (a helper image missing on the node, say).
-/// `None` while it runs.
-pub fn helper_outcome(pod: &Pod) -> Option<Result<Report, String>> {
-    let status = pod.status.as_ref()?;
-    let stuck = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .find_map(|c| c.state.as_ref()?.waiting.as_ref())
-        .filter(|w| STUCK.contains(&w.reason.as_deref().unwrap_or_default()));
-    if let Some(w) = stuck {
-        return Some(Err(format!(
-            "the helper pod cannot start ({}): {}",
-            w.reason.as_deref().unwrap_or_default(),
-            w.message.as_deref().unwrap_or_default()
-        )));
-    }
-    let phase = status.phase.as_deref()?;
-    if !matches!(phase, "Succeeded" | "Failed") {
-        return None;
-    }
-    let message = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
-        .unwrap_or_default();
-    Some(match (phase, Report::parse(&message)) {
-        ("Succeeded", Some(r)) => Ok(r),
-        _ if message.trim().is_empty() => {
-            Err(format!("the helper pod ended {phase} without a report"))
-        }
-        _ => Err(message.trim().to_string()),
-    })
-}
-
-/// The outcome of a prepare pod (see [`helper_outcome`]). `None` while it runs.
+/// The outcome of a prepare pod (see [`helper_outcome`](helper_pod::helper_outcome)). `None` while it runs.
 pub fn read_pod(pod: &Pod) -> Option<Found> {
     Some(match helper_outcome(pod)? {
         Ok(r) if r.get("job") == Some("prepare") => Found::Checked {
@@ -145,7 +47,7 @@ pub async fn prepare(
     (ns, node): (&str, &str),
     desired: impl FnOnce() -> Option<Pod>,
 ) -> Result<Option<Found>, Error> {
-    let name = pod::prepare_pod_name(node);
+    let name = helper_pod::prepare_pod_name(node);
     let Some(p) = pods.get_opt(&name).await? else {
         if let Some(desired) = desired() {
             match pods.create(&PostParams::default(), &desired).await {
@@ -190,7 +92,7 @@ pub async fn prepare(
 /// being deleted (its sandboxes are going too: nothing to report).
 pub fn refused(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422))
-        && !super::sweep::namespace_takes_no_pods(e)
+        && !helper_pod::namespace_takes_no_pods(e)
 }
 
 /// The condition (status, reason, message) for a result.
@@ -247,6 +149,8 @@ pub fn no_helper(node: &str, dir: &str) -> (bool, &'static str, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::memory::{Checks, RETRY_FAILED_AFTER};
+    use agentbox_helper::Report;
 
     fn finished(phase: &str, message: &str) -> Pod {
         serde_json::from_value(serde_json::json!({

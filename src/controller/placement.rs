@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::pod;
-use crate::crd::{Sandbox, SandboxStatus};
-use crate::labels;
+use agentbox_api::crd::{Sandbox, SandboxStatus};
+use agentbox_api::labels;
 
 /// The pod and workspace directory of one sandbox.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::pod::CONTAINER;
-use crate::crd::SandboxStatus;
+use agentbox_api::crd::SandboxStatus;
 
 /// What the sandbox pod is doing, as far as the sandbox cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,7 +313,7 @@ mod tests {
         let mut p = pod(serde_json::json!({}));
         p.metadata.uid = Some("pod-1".into());
         let st = |uid: Option<&str>| SandboxStatus {
-            workspace: Some(crate::crd::WorkspaceStatus {
+            workspace: Some(agentbox_api::crd::WorkspaceStatus {
                 initialized_pod_uid: uid.map(str::to_string),
                 ..Default::default()
             }),
@@ -330,7 +330,7 @@ mod tests {
     #[test]
     fn a_workspace_initialised_through_an_early_exec_is_served_before_the_kubelet_says_running() {
         let st = SandboxStatus {
-            workspace: Some(crate::crd::WorkspaceStatus {
+            workspace: Some(agentbox_api::crd::WorkspaceStatus {
                 initialized_pod_uid: Some("pod-1".into()),
                 ..Default::default()
             }),

@@ -12,8 +12,6 @@
 //!
 //! Any failure leaves the existing workspace as it was and removes the staging directory.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -25,14 +23,14 @@ use tracing::info;
 
 use super::pod::CONTAINER;
 use super::reasons::RestoreReason;
-use super::{Context, Error};
-use crate::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
-use crate::exec::{self, ExecRequest};
-use crate::guard::GuardError;
+use crate::controller::context::{Context, Error};
 use crate::metrics::GuardOp;
 use crate::progress;
-use crate::remote::{self, DISCARD_SCRIPT, EXTRACT_SCRIPT, SWAP_SCRIPT};
 use crate::snapshot::{self, SnapshotError, archive};
+use agentbox_api::crd::{RestoreBasis, RestoreRefusal, Sandbox, SandboxSnapshot};
+use agentbox_api::exec::{self, ExecRequest};
+use agentbox_api::guard::GuardError;
+use agentbox_api::remote::{self, DISCARD_SCRIPT, EXTRACT_SCRIPT, SWAP_SCRIPT};
 
 /// Upper bound on the extracting exec.
 const EXTRACT_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
@@ -76,36 +74,6 @@ impl Judged {
                 message,
                 refused_at: Time(Timestamp::now()),
             })),
-        }
-    }
-}
-
-/// The permanent refusals this process made, by sandbox UID. `status.restoreRefusal` is the
-/// record that outlives the process; this one outlives a status that could not keep it — a
-/// status write that failed, or a cluster whose Sandbox CRD predates the field and prunes it.
-/// Without it such a sandbox would run its refused restore again, guard and exec, on every
-/// event of its scope. An entry goes when a start succeeds or the sandbox is deleted.
-#[derive(Debug, Default)]
-pub struct Refusals(Mutex<HashMap<String, RestoreRefusal>>);
-
-impl Refusals {
-    /// The refusal recorded for sandbox `uid`.
-    pub fn get(&self, uid: &str) -> Option<RestoreRefusal> {
-        // A panic while holding the lock cannot leave a map half-written: use it as it is.
-        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        map.get(uid).cloned()
-    }
-
-    /// Records (`Some`) or forgets (`None`) the refusal of sandbox `uid`.
-    pub fn set(&self, uid: &str, refusal: Option<&RestoreRefusal>) {
-        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        match refusal {
-            Some(r) => {
-                map.insert(uid.to_string(), r.clone());
-            }
-            None => {
-                map.remove(uid);
-            }
         }
     }
 }
@@ -201,7 +169,7 @@ async fn attempt(
         Checked::Go(src) => src,
         Checked::Standing(r) => return Ok(Checked::Standing(r)),
     };
-    let g = super::scope_guard(ctx, &ns, &sbx.spec.scope, GuardOp::Restore)
+    let g = crate::controller::context::scope_guard(ctx, &ns, &sbx.spec.scope, GuardOp::Restore)
         .await
         .map_err(|e| match e {
             GuardError::Timeout { holder, .. } => fail(
@@ -245,7 +213,7 @@ async fn source(
         )
     })?;
     // Checked again here, on the object this restore reads.
-    super::selection::verify(ctx, sbx, &snap, true).await?;
+    super::restore_source::verify(ctx, sbx, &snap, true).await?;
     let st = snap.status.clone().unwrap_or_default();
     let (Some(sha), Some(scope_key), Some(uid)) =
         (st.sha256.clone(), st.scope_key.clone(), snap.uid())
@@ -358,7 +326,7 @@ fn mount_tops(sbx: &Sandbox) -> Vec<String> {
         .mounts
         .iter()
         .filter_map(|m| {
-            crate::paths::normalize(&m.path)
+            agentbox_api::paths::normalize(&m.path)
                 .split('/')
                 .next()
                 .map(str::to_string)
@@ -444,6 +412,7 @@ async fn discard(pods: &Api<Pod>, pod_name: &str, root: &str, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::memory::Refusals;
 
     fn judged() -> Judged {
         Judged(RestoreBasis {

@@ -7,8 +7,8 @@
 //! allowlist holds. A non-root sandbox runs as a uid the operator knows, so its helper can hand
 //! the workspace to it.
 
-use crate::crd::SandboxSpec;
-use crate::names::is_capability_name;
+use agentbox_api::crd::SandboxSpec;
+use agentbox_api::names::is_capability_name;
 
 /// Capabilities a sandbox container keeps by default (Kubernetes names, without `CAP_`).
 pub const DEFAULT_CAPABILITIES: [&str; 7] = [

@@ -15,9 +15,9 @@ use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
 use super::pod::{SPEC_HASH, owned_labels};
-use super::{Error, FIELD_MANAGER};
-use crate::crd::{PortEndpoint, Sandbox, SandboxStatus};
-use crate::labels;
+use crate::controller::context::{Error, FIELD_MANAGER};
+use agentbox_api::crd::{PortEndpoint, Sandbox, SandboxStatus};
+use agentbox_api::labels;
 
 /// Longest Service name (a DNS-1035 label).
 const MAX_SERVICE_NAME: usize = 63;

@@ -15,9 +15,9 @@ use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
 use super::workspace::{self, FileEntry, ResolvedProjection};
-use super::{Context, Error};
-use crate::crd::Sandbox;
-use crate::names;
+use crate::controller::context::{Context, Error};
+use agentbox_api::crd::Sandbox;
+use agentbox_api::names;
 
 /// Label that lets sandboxes read a ConfigMap or Secret (value `"true"`).
 pub const READABLE: &str = "agentbox.dev/sandbox-readable";

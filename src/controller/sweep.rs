@@ -26,7 +26,6 @@
 //! minutes away, and a deleted tenant's files must not wait that long.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use agentbox_helper::Report;
@@ -34,13 +33,16 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::pod::{self, HELPER_LABEL, PodConfig};
-use super::{Context, Error, nodeloss, noderoot, placement};
-use crate::crd::{Sandbox, SandboxPool};
+use super::helper_pod::HELPER_LABEL;
+use super::helper_pod::{self, namespace_takes_no_pods};
+use super::memory::Hint;
+use super::pod::{self, PodConfig};
+use super::{nodeloss, placement};
+use crate::controller::context::{Context, Error};
+use agentbox_api::crd::{Sandbox, SandboxPool};
 
 /// How long one round waits for a hinted directory's stopping pod; one still stopping then is
 /// tried again later (see [`hint_retry_delay`]), so other hints do not wait behind it.
@@ -53,60 +55,6 @@ const HELPER_POLL: Duration = Duration::from_millis(100);
 const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
 /// The first wait before hinted directories whose removal failed are tried again.
 const HINT_RETRY_FIRST: Duration = Duration::from_secs(2);
-
-/// One workspace directory a deletion left to the sweep.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Hint {
-    /// The node it is on.
-    pub node: String,
-    /// The sandbox's (or warm pod's) namespace.
-    pub namespace: String,
-    /// The directory's name: the sandbox's UID, or a warm pod's `warm-<suffix>` (its own, or
-    /// the one a sandbox adopted with it).
-    pub dir: String,
-}
-
-/// The hints deletions leave, and the namespaces they came from (a pass sweeps those too).
-#[derive(Default)]
-pub struct Hints {
-    pending: Mutex<Vec<Hint>>,
-    namespaces: Mutex<BTreeSet<String>>,
-    wake: Notify,
-}
-
-impl Hints {
-    /// Leaves a deleted sandbox's directory to the sweep.
-    pub fn add(&self, hint: Hint) {
-        if let Ok(mut ns) = self.namespaces.lock() {
-            ns.insert(hint.namespace.clone());
-        }
-        if let Ok(mut p) = self.pending.lock() {
-            p.push(hint);
-        }
-        self.wake.notify_one();
-    }
-
-    fn take(&self) -> Vec<Hint> {
-        self.pending
-            .lock()
-            .map(|mut p| std::mem::take(&mut *p))
-            .unwrap_or_default()
-    }
-
-    fn namespaces(&self) -> BTreeSet<String> {
-        self.namespaces
-            .lock()
-            .map(|n| n.clone())
-            .unwrap_or_default()
-    }
-
-    /// Stops sweeping namespace `ns` in every pass: it is gone and its directories with it.
-    fn forget_namespace(&self, ns: &str) {
-        if let Ok(mut n) = self.namespaces.lock() {
-            n.remove(ns);
-        }
-    }
-}
 
 /// Whether `name` is laid out like a workspace directory: a UID as the API server makes them
 /// (8-4-4-4-12 lower-case hex). Anything else in a namespace's directory is not agentbox's to
@@ -121,9 +69,9 @@ pub fn is_workspace_name(name: &str) -> bool {
 }
 
 /// Whether `name` is a directory the sweep may remove when nothing uses it: a sandbox's
-/// workspace ([`is_workspace_name`]) or a warm pod's ([`crate::labels::is_warm_dir_name`]).
+/// workspace ([`is_workspace_name`]) or a warm pod's ([`agentbox_api::labels::is_warm_dir_name`]).
 pub fn is_sweepable(name: &str) -> bool {
-    is_workspace_name(name) || crate::labels::is_warm_dir_name(name)
+    is_workspace_name(name) || agentbox_api::labels::is_warm_dir_name(name)
 }
 
 /// What the API says is in use in one namespace: the workspace directories of its Sandboxes
@@ -217,7 +165,7 @@ pub fn orphans(listed: &[String], in_use: &InUse) -> Vec<String> {
 pub fn namespace_dirs(listed: &[String], known: &BTreeSet<String>) -> Vec<String> {
     listed
         .iter()
-        .filter(|n| n.len() <= 63 && !n.contains('.') && crate::names::is_object_name(n))
+        .filter(|n| n.len() <= 63 && !n.contains('.') && agentbox_api::names::is_object_name(n))
         .filter(|n| !known.contains(*n))
         .cloned()
         .collect()
@@ -454,7 +402,8 @@ async fn sweep_deleted_namespaces(
     // A listing holds as many names as fit in a termination message: list again, leaving out
     // the names seen, until none is left out.
     loop {
-        let Some(list) = pod::build_root_list_pod(helper_ns, &podcfg, node, skip.clone()) else {
+        let Some(list) = helper_pod::build_root_list_pod(helper_ns, &podcfg, node, skip.clone())
+        else {
             return Ok(());
         };
         let report = run_helper(ctx, helper_ns, list).await?;
@@ -497,7 +446,7 @@ async fn prune(ctx: &Context, node: &str, names: Vec<String>) -> Result<Vec<Stri
     let podcfg = PodConfig::from_config(&ctx.config);
     let mut kept = Vec::new();
     for batch in names.chunks(PRUNE_BATCH) {
-        let Some(p) = pod::build_prune_pod(helper_ns, &podcfg, node, batch.to_vec()) else {
+        let Some(p) = helper_pod::build_prune_pod(helper_ns, &podcfg, node, batch.to_vec()) else {
             return Ok(Vec::new());
         };
         let report = run_helper(ctx, helper_ns, p).await?;
@@ -520,7 +469,7 @@ async fn prune(ctx: &Context, node: &str, names: Vec<String>) -> Result<Vec<Stri
 /// was in use before the listing (left out of it); the API is read again after it.
 async fn sweep_node(ctx: &Context, node: &str, ns: &str, before: &InUse) -> Result<(), Error> {
     let podcfg = PodConfig::from_config(&ctx.config);
-    let Some(list) = pod::build_list_pod(ns, &podcfg, node, before.skip()) else {
+    let Some(list) = helper_pod::build_list_pod(ns, &podcfg, node, before.skip()) else {
         return Ok(());
     };
     let report = run_helper(ctx, ns, list).await?;
@@ -549,7 +498,7 @@ async fn remove(ctx: &Context, node: &str, ns: &str, names: Vec<String>) -> Resu
         return Ok(());
     }
     let podcfg = PodConfig::from_config(&ctx.config);
-    let Some(p) = pod::build_sweep_pod(ns, &podcfg, node, names.clone()) else {
+    let Some(p) = helper_pod::build_sweep_pod(ns, &podcfg, node, names.clone()) else {
         return Ok(());
     };
     let report = run_helper(ctx, ns, p).await?;
@@ -579,22 +528,11 @@ async fn in_use(ctx: &Context, ns: &str) -> Result<InUse, Error> {
     Ok(InUse::of(dirs, &pods, &ctx.config.node_root, ns))
 }
 
-/// Selects the sweep's helper pods (both jobs, [`pod::build_list_pod`] and
-/// [`pod::build_sweep_pod`]). The sweep runs one helper pod at a time, so any there when it
+/// Selects the sweep's helper pods (both jobs, [`helper_pod::build_list_pod`] and
+/// [`helper_pod::build_sweep_pod`]). The sweep runs one helper pod at a time, so any there when it
 /// makes one is not this process's.
 fn sweep_jobs() -> String {
     format!("{HELPER_LABEL} in (list,sweep)")
-}
-
-/// Whether the API server refused a pod because its namespace takes no new pods: it is being
-/// deleted (403, NamespaceLifecycle admission) or is gone (404).
-pub fn namespace_takes_no_pods(e: &kube::Error) -> bool {
-    let kube::Error::Api(s) = e else {
-        return false;
-    };
-    let terminating = s.code == 403 && s.message.contains("being terminated");
-    let gone = s.code == 404 && s.details.as_ref().is_some_and(|d| d.kind == "namespaces");
-    terminating || gone
 }
 
 /// Creates the helper pod `desired` (in namespace `ns`, the workspace's), or, when `ns` takes
@@ -624,7 +562,7 @@ async fn create_helper(ctx: &Context, ns: &str, desired: &Pod) -> Result<(Api<Po
     // The helper namespace serves every namespace: only this one's leftovers.
     delete_leftovers(
         &pods,
-        &format!("{},{}={ns}", sweep_jobs(), pod::FOR_NAMESPACE_LABEL),
+        &format!("{},{}={ns}", sweep_jobs(), helper_pod::FOR_NAMESPACE_LABEL),
     )
     .await;
     let mut moved = desired.clone();
@@ -653,7 +591,7 @@ async fn run_helper(ctx: &Context, ns: &str, mut desired: Pod) -> Result<Report,
             let Some(p) = pods.get_opt(&name).await? else {
                 return Ok(Err("it was deleted before it finished".to_string()));
             };
-            if let Some(outcome) = noderoot::helper_outcome(&p) {
+            if let Some(outcome) = helper_pod::helper_outcome(&p) {
                 return Ok::<_, Error>(outcome);
             }
             tokio::time::sleep(HELPER_POLL).await;
@@ -668,7 +606,7 @@ async fn run_helper(ctx: &Context, ns: &str, mut desired: Pod) -> Result<Report,
         Err(_) => format!("it did not finish within {}s", HELPER_TIMEOUT.as_secs()),
     };
     let msg = format!("workspace sweep: the helper pod {name} ({job}) failed: {failed}");
-    super::publish(
+    crate::controller::context::publish(
         ctx,
         &created,
         EventType::Warning,
@@ -700,6 +638,7 @@ async fn delete_leftovers(pods: &Api<Pod>, selector: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::memory::Hints;
 
     const UID_A: &str = "0b6c1f4e-8f3a-4c2d-9e1f-123456789abc";
     const UID_B: &str = "1b6c1f4e-8f3a-4c2d-9e1f-123456789abc";

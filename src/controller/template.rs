@@ -1,12 +1,12 @@
 //! A Sandbox as the controllers work on it: with `spec.templateRef`, its spec resolved against
-//! the SandboxTemplate as it is now ([`crate::template::resolve`]); which template version a
+//! the SandboxTemplate as it is now ([`agentbox_api::template::resolve`]); which template version a
 //! pod was made from is recorded in `status.template` by the sandbox controller.
 
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
-use super::Error;
-use crate::crd::{Sandbox, SandboxTemplate, TemplateUse};
+use crate::controller::context::Error;
+use agentbox_api::crd::{Sandbox, SandboxTemplate, TemplateUse};
 
 /// The reason a Sandbox waits for its template.
 pub const NOT_FOUND: &str = "TemplateNotFound";
@@ -38,7 +38,7 @@ pub async fn effective(client: &Client, sbx: &Sandbox) -> Result<Effective, Erro
                 generation: t.metadata.generation.unwrap_or_default(),
             };
             let mut resolved = sbx.clone();
-            resolved.spec = crate::template::resolve(&t.spec, &sbx.spec);
+            resolved.spec = agentbox_api::template::resolve(&t.spec, &sbx.spec);
             Effective::Templated(Box::new(resolved), used)
         }
     })

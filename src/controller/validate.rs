@@ -3,9 +3,9 @@
 //! capability allowlist and helper image.
 
 use super::pod::PodConfig;
-use crate::crd::{RestorePolicy, SandboxSpec, ScopeKind};
-use crate::names;
-use crate::paths::{self, PathError, is_clean_absolute, is_under};
+use agentbox_api::crd::{RestorePolicy, SandboxSpec, ScopeKind};
+use agentbox_api::names;
+use agentbox_api::paths::{self, PathError, is_clean_absolute, is_under};
 
 /// Every problem with a sandbox spec, as messages a user understands. Empty when valid.
 pub fn problems(
@@ -201,7 +201,7 @@ fn check_relative(what: &str, path: &str, out: &mut Vec<String>) {
         Err(PathError::DotDot(_)) => out.push(format!("{what} {path:?} must not contain '..'")),
         Err(PathError::Reserved(_)) => out.push(format!(
             "{what} {path:?}: {} is reserved for the operator",
-            crate::remote::STATE_DIR
+            agentbox_api::remote::STATE_DIR
         )),
         Err(_) => out.push(format!(
             "{what} {path:?} must be relative to the workspace root"
@@ -214,7 +214,7 @@ mod tests {
     use super::*;
     use crate::controller::pod::HelperImage;
     use crate::controller::security::Defaults;
-    use crate::crd::{HostMount, HostMountType, Scope, WorkspaceFile};
+    use agentbox_api::crd::{HostMount, HostMountType, Scope, WorkspaceFile};
 
     const POD: PodConfig<'static> = PodConfig {
         node_root: "/w",

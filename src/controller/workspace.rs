@@ -7,11 +7,11 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::crd::{StartBranch, WhenLost};
+use agentbox_api::crd::{StartBranch, WhenLost};
 
-pub use crate::paths::normalize;
-use crate::remote::InlineFile;
-pub use crate::remote::{FilesVia, MARKER, STATE_DIR};
+pub use agentbox_api::paths::normalize;
+use agentbox_api::remote::InlineFile;
+pub use agentbox_api::remote::{FilesVia, MARKER, STATE_DIR};
 
 /// A file to write into the workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,7 +161,7 @@ pub fn projection_hash(projections: &[ResolvedProjection]) -> Option<String> {
 }
 
 /// The writes of one initialisation: a tar archive for stdin and the arguments of
-/// [`crate::remote::INIT_SCRIPT`].
+/// [`agentbox_api::remote::INIT_SCRIPT`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Writes {
     /// Projection directories to empty before extraction (they are replaced whole).
@@ -238,11 +238,11 @@ pub fn archive(files: &[FileEntry], mtime: u64) -> std::io::Result<Vec<u8>> {
     b.into_inner()
 }
 
-/// The most file content a start passes inline ([`crate::remote::FilesVia::Inline`]), in
+/// The most file content a start passes inline ([`agentbox_api::remote::FilesVia::Inline`]), in
 /// bytes: each byte may take four in the script, which goes through the shell's stdin.
 pub const INLINE_MAX: usize = 16 * 1024;
 
-/// How the files of `w` reach [`crate::remote::INIT_SCRIPT`]: inline when there is an open
+/// How the files of `w` reach [`agentbox_api::remote::INIT_SCRIPT`]: inline when there is an open
 /// shell to run it in (a claimed warm pod's) and they are small, else as an archive.
 pub fn files_via(w: &Writes, shell: bool) -> FilesVia {
     if w.files.is_empty() {
@@ -254,7 +254,7 @@ pub fn files_via(w: &Writes, shell: bool) -> FilesVia {
     }
 }
 
-/// Arguments of [`crate::remote::INIT_SCRIPT`] for `w`, its files arriving `via`.
+/// Arguments of [`agentbox_api::remote::INIT_SCRIPT`] for `w`, its files arriving `via`.
 pub fn script_args(root: &str, marker: &str, w: &Writes, via: FilesVia) -> Vec<String> {
     let inline: Vec<InlineFile<'_>> = w
         .files
@@ -266,7 +266,7 @@ pub fn script_args(root: &str, marker: &str, w: &Writes, via: FilesVia) -> Vec<S
             data: &f.data,
         })
         .collect();
-    crate::remote::init_args(root, marker, via, (&w.replace_dirs, &w.parents), &inline)
+    agentbox_api::remote::init_args(root, marker, via, (&w.replace_dirs, &w.parents), &inline)
 }
 
 #[cfg(test)]
@@ -471,12 +471,12 @@ mod tests {
         );
     }
 
-    /// Runs [`crate::remote::INIT_SCRIPT`] with the host's `sh` and `tar` on a scratch
+    /// Runs [`agentbox_api::remote::INIT_SCRIPT`] with the host's `sh` and `tar` on a scratch
     /// directory, the files `via` an archive on stdin (none otherwise, as in the pod) or inline.
     fn run_init(root: &std::path::Path, w: &Writes, via: FilesVia) -> bool {
         use std::io::Write as _;
         let mut child = std::process::Command::new("sh")
-            .args(["-c", crate::remote::INIT_SCRIPT, "sh"])
+            .args(["-c", agentbox_api::remote::INIT_SCRIPT, "sh"])
             .args(script_args(&root.to_string_lossy(), "uid-1", w, via))
             .stdin(std::process::Stdio::piped())
             .spawn()

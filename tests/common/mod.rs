@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use agentbox::crd::{Sandbox, SandboxPool, SandboxSnapshot, SnapshotPhase};
+use agentbox_api::crd::{Sandbox, SandboxPool, SandboxSnapshot, SnapshotPhase};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition};
@@ -94,7 +94,7 @@ pub fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
 /// The sandbox base image the test cluster imports.
 pub const BASE_IMAGE: &str = "docker.io/library/busybox:1.37";
 /// Workspaces root the operator uses by default (the test operator runs on the node's host).
-pub const NODE_ROOT: &str = agentbox::config::DEFAULT_NODE_ROOT;
+pub const NODE_ROOT: &str = agentbox_operator::config::DEFAULT_NODE_ROOT;
 
 /// The trusted helper image the test operators run their node-side pods from:
 /// `$AGENTBOX_HELPER_IMAGE`, else the one `hack/cluster up` (hack/helper-image) imports.
@@ -409,7 +409,7 @@ impl TestEnv {
     /// The pods of a sandbox (by label).
     pub async fn sandbox_pods(&self, sandbox: &str) -> Vec<Pod> {
         let lp =
-            ListParams::default().labels(&format!("{}={}", agentbox::labels::SANDBOX, sandbox));
+            ListParams::default().labels(&format!("{}={}", agentbox_api::labels::SANDBOX, sandbox));
         self.api::<Pod>().list(&lp).await.expect("list pods").items
     }
 
@@ -613,11 +613,12 @@ pub async fn create_sandbox(
 
 /// Runs a shell command in a sandbox pod and returns (exit code, stdout).
 pub async fn sh(env: &TestEnv, pod: &str, script: &str) -> (Option<i32>, String) {
-    let out = agentbox::exec::run(
+    let out = agentbox_api::exec::run(
         &env.api::<Pod>(),
         pod,
         "sandbox",
-        agentbox::exec::ExecRequest::argv(["sh", "-c", script]).timeout(Duration::from_secs(60)),
+        agentbox_api::exec::ExecRequest::argv(["sh", "-c", script])
+            .timeout(Duration::from_secs(60)),
     )
     .await
     .expect("exec");
@@ -629,7 +630,7 @@ pub async fn ensure_crds(client: &Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Patch, PatchParams};
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in agentbox::crd::all() {
+    for crd in agentbox_api::crd::all() {
         let name = crd.name_any();
         crds.patch(
             &name,
@@ -660,11 +661,11 @@ pub const LISTING: &str = r#"cd /workspace && find . -path ./.agentbox -prune -o
 done"#;
 
 pub async fn listing(env: &TestEnv, pod: &str) -> String {
-    let out = agentbox::exec::run(
+    let out = agentbox_api::exec::run(
         &env.api::<Pod>(),
         pod,
         "sandbox",
-        agentbox::exec::ExecRequest::shell(LISTING).timeout(Duration::from_secs(300)),
+        agentbox_api::exec::ExecRequest::shell(LISTING).timeout(Duration::from_secs(300)),
     )
     .await
     .expect("exec listing");
@@ -708,13 +709,13 @@ pub fn raw(members: &[(&str, u8, &[u8], &str)]) -> Vec<u8> {
 /// snapshot is created, the object put at its key, and the status patched.
 pub async fn forge_snapshot(
     env: &TestEnv,
-    store: &agentbox::snapshot::store::Store,
+    store: &agentbox_operator::snapshot::store::Store,
     scope_key: &str,
     name: &str,
     bytes: &[u8],
     sha256: &str,
-) -> agentbox::crd::SandboxSnapshot {
-    use agentbox::crd::SandboxSnapshot;
+) -> agentbox_api::crd::SandboxSnapshot {
+    use agentbox_api::crd::SandboxSnapshot;
     use kube::api::{Patch, PatchParams};
     use object_store::ObjectStoreExt;
     let api = env.api::<SandboxSnapshot>();
@@ -766,20 +767,22 @@ pub fn file_store(
     ns: &str,
 ) -> (
     Vec<String>,
-    agentbox::snapshot::store::Store,
+    agentbox_operator::snapshot::store::Store,
     std::path::PathBuf,
 ) {
     let dir = PathBuf::from(format!("/var/lib/agentbox/test-snapshots/{ns}"));
     let url = format!("file://{}", dir.display());
-    let store = agentbox::snapshot::store::Store::new(&agentbox::snapshot::store::StoreConfig {
-        url: url.clone(),
-        prefix: "snaps".into(),
-        s3_endpoint: String::new(),
-        s3_region: String::new(),
-        s3_path_style: false,
-        s3_allow_http: false,
-        s3_sign_payload: false,
-    })
+    let store = agentbox_operator::snapshot::store::Store::new(
+        &agentbox_operator::snapshot::store::StoreConfig {
+            url: url.clone(),
+            prefix: "snaps".into(),
+            s3_endpoint: String::new(),
+            s3_region: String::new(),
+            s3_path_style: false,
+            s3_allow_http: false,
+            s3_sign_payload: false,
+        },
+    )
     .expect("file store");
     let flags = vec![
         "--store-url".into(),
@@ -797,7 +800,7 @@ pub fn workspace_names(ns_dir: &str) -> Vec<String> {
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| agentbox::controller::sweep::is_sweepable(n))
+                .filter(|n| agentbox_operator::controller::sweep::is_sweepable(n))
                 .collect()
         })
         .unwrap_or_default()
@@ -863,7 +866,7 @@ pub async fn wait_no_pods(env: &TestEnv, secs: u64) {
 /// Names at the top of a sandbox's workspace directory (the one its status records, else the
 /// derived one), read on the node (this host).
 pub fn workspace_entries(sbx: &Sandbox) -> Vec<String> {
-    let host = agentbox::controller::placement::host_dir(sbx, NODE_ROOT);
+    let host = agentbox_operator::controller::placement::host_dir(sbx, NODE_ROOT);
     std::fs::read_dir(&host)
         .map(|d| {
             d.flatten()
@@ -952,9 +955,53 @@ pub fn output(mut cmd: Command) -> (Option<i32>, String, String) {
     )
 }
 
+/// The path of one of agentbox-client's binaries (`agentbox`, `kubectl-agentbox`).
+///
+/// Cargo hands an integration test only its own package's binaries (`CARGO_BIN_EXE_*`), and
+/// the CLI is agentbox-client's. With `$AGENTBOX_CLI_BIN` set (hack/test builds the workspace's
+/// binaries first and sets it, as for the Python, Go and Java tests) they are beside it;
+/// otherwise the first call in a test process builds that package's binaries into the target
+/// directory this test binary runs from, with the same profile (a no-op when they are fresh),
+/// so a stale CLI is never tested.
+pub fn cli_bin(name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let profile_dir = BUILT.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("AGENTBOX_CLI_BIN")
+            .map(PathBuf::from)
+            .and_then(|cli| cli.parent().map(PathBuf::from))
+        {
+            return dir;
+        }
+        // <target>/<profile>/deps/<test binary>
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("the test binary runs from <target>/<profile>/deps")
+            .to_path_buf();
+        let target = profile_dir.parent().expect("<target>");
+        let mut build = Command::new(env!("CARGO"));
+        build
+            .args(["build", "--quiet", "--package", "agentbox-client", "--bins"])
+            .arg("--target-dir")
+            .arg(target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.file_name().is_some_and(|p| p == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo build -p agentbox-client");
+        assert!(
+            status.success(),
+            "cargo build -p agentbox-client --bins failed"
+        );
+        profile_dir
+    });
+    profile_dir.join(name)
+}
+
 /// Runs the `agentbox` CLI in the test namespace: (exit code, stdout, stderr).
 pub fn cli(env: &TestEnv, args: &[&str]) -> (Option<i32>, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentbox"));
+    let mut cmd = Command::new(cli_bin("agentbox"));
     cmd.args(["-n", &env.ns]).args(args);
     output(cmd)
 }

@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use agentbox::crd::{SandboxPool, SandboxTemplate};
-use agentbox::labels;
+use agentbox_api::crd::{SandboxPool, SandboxTemplate};
+use agentbox_api::labels;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{ListParams, PostParams};
@@ -91,7 +91,9 @@ pub async fn wait_claimable(env: &TestEnv, pool: &str, n: usize, not: &[String])
     for _ in 0..1200 {
         pods = warm_pods(env, pool).await;
         if pods.len() == n
-            && pods.iter().all(agentbox::controller::pool::is_claimable)
+            && pods
+                .iter()
+                .all(agentbox_operator::controller::pool::is_claimable)
             && !pods.iter().any(|p| not.contains(&p.name_any()))
         {
             return pods;

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agentbox::crd::SandboxSnapshot;
-use agentbox::snapshot::store::Store;
+use agentbox_api::crd::SandboxSnapshot;
+use agentbox_operator::snapshot::store::Store;
 use futures::StreamExt;
 use kube::ResourceExt;
 use object_store::ObjectStoreExt;
@@ -242,7 +242,7 @@ pub fn keys_of(
     b: &Backend,
     env: &TestEnv,
     s: &SandboxSnapshot,
-) -> agentbox::snapshot::store::SnapshotKeys {
+) -> agentbox_operator::snapshot::store::SnapshotKeys {
     let st = s.status.as_ref().expect("status");
     b.store.keys(
         &env.ns,

@@ -75,7 +75,7 @@
   verbs: ["create", "patch"]
 {{- end }}
 
-{{- /* What a harness calls in its namespace, and no more: the Rust client (agentbox::client), the
+{{- /* What a harness calls in its namespace, and no more: the Rust client (agentbox_client::client), the
        Python SDK and the CLI (tests/rbac.rs runs both SDKs with exactly these rules). Used by the
        harness Role (harness.namespaces) and by the `helm test` pod's Role. */}}
 {{- define "agentbox.harnessRules" }}

@@ -1,4 +1,4 @@
-"""The pure parts of exec, mirroring the Rust crate's ``agentbox::exec`` byte for byte (and
+"""The pure parts of exec, mirroring the Rust crate's ``agentbox_api::exec`` byte for byte (and
 checked against its vectors): the remote-command channels, the ``sh`` wrapper every command
 runs under (a trailer that tells the client it has every byte, a linger until the client has
 read it, a workdir, environment and a timeout that really kills), the client's half of the

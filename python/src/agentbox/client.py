@@ -1,6 +1,6 @@
 """The async core: :class:`Sandboxes` (get or create the Sandbox of a scope, open, list) and
 :class:`Sandbox` (wait until Ready, exec, sessions, files, lifecycle, snapshots, the scope's
-guard) — the Python counterpart of the Rust crate's ``agentbox::client``.
+guard) — the Python counterpart of the Rust crate's ``agentbox_client::client``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The execution guard: one ``coordination.k8s.io/v1`` Lease per scope key, the same protocol as
-the Rust crate's ``agentbox::guard`` (checked against its vectors), so Python holders, Rust
+the Rust crate's ``agentbox_api::guard`` (checked against its vectors), so Python holders, Rust
 holders (``agentbox lock``, Rust harnesses) and the operator's snapshots and restores exclude
 each other on one scope.
 

@@ -1,6 +1,6 @@
 """Scope keys, label and annotation keys, and the names agentbox derives for its objects.
 
-The same functions as the Rust crate's ``agentbox::labels``, checked against the vectors it
+The same functions as the Rust crate's ``agentbox_api::labels``, checked against the vectors it
 generates (``tests/vectors/protocol.json``): a Sandbox or Lease named here is the one the
 operator, the CLI and Rust harnesses use for the same scope.
 """

@@ -2,7 +2,7 @@
 tool loops where a new exec per command (a WebSocket upgrade through the API server and the
 kubelet) costs too much.
 
-The framing is the Rust crate's (``agentbox::exec::session``, checked against its vectors):
+The framing is the Rust crate's (``agentbox_api::exec::session``, checked against its vectors):
 each command is one line that runs it in a subshell with stdin from ``/dev/null``, framed by
 sentinels carrying a fresh random nonce — a start sentinel on stdout, the output, then an end
 sentinel with ``$?`` on stdout and one on stderr. State does not carry over between commands

@@ -4,8 +4,8 @@
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controller::conditions;
-use crate::crd::{PoolUpdateStrategy, SandboxPool, SandboxPoolStatus};
-use crate::labels;
+use agentbox_api::crd::{PoolUpdateStrategy, SandboxPool, SandboxPoolStatus};
+use agentbox_api::labels;
 
 /// Condition type: the template the pool names is missing.
 pub const TEMPLATE_NOT_FOUND: &str = "TemplateNotFound";

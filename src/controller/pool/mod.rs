@@ -1,7 +1,7 @@
 //! The pool controller: keeps a SandboxPool's warm pods.
 //!
 //! A reconcile observes the pool's template (resolved for a Sandbox without overrides,
-//! [`crate::template::for_pool`], and checked as a sandbox's spec is) and its warm pods, read
+//! [`agentbox_api::template::for_pool`], and checked as a sandbox's spec is) and its warm pods, read
 //! from the API server (not a cache: a pool must not count pods twice or miss ones it just
 //! made) → [`decide`] (pure) → acts: deletes, creates (all at once), prepares the namespace's
 //! directory on a node (once per node and namespace: [`noderoot::prepare`]) before it
@@ -15,8 +15,6 @@
 //! conflict, and the next reconcile sees the claim).
 
 pub mod decide;
-pub mod quiet;
-pub mod shells;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,12 +31,14 @@ use tracing::{debug, info, warn};
 
 use super::pod::{self, CONTAINER, PodConfig};
 use super::podstate::{PodState, observe_pod};
-use super::{Context, Error, noderoot, validate};
-use crate::crd::{SandboxPool, SandboxTemplate};
-use crate::exec::ExecRequest;
-use crate::exec::session::Session;
-use crate::labels;
-use crate::remote;
+use super::{noderoot, validate};
+use crate::controller::context::{Context, Error};
+use crate::controller::helper_pod;
+use agentbox_api::crd::{SandboxPool, SandboxTemplate};
+use agentbox_api::exec::ExecRequest;
+use agentbox_api::exec::session::Session;
+use agentbox_api::labels;
+use agentbox_api::remote;
 use decide::{Plan, Want, WarmPod};
 
 /// How long one write (or the initialising exec) may take before the reconcile gives up on it
@@ -132,7 +132,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
         let problem = plan.reason.0.is_problem()
             && decide::ready_reason(pool.status.as_ref()) != Some(plan.reason.0.as_str());
         if problem {
-            super::publish(
+            crate::controller::context::publish(
                 &ctx,
                 pool.as_ref(),
                 EventType::Warning,
@@ -143,7 +143,12 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
             .await;
         }
         let api: Api<SandboxPool> = Api::namespaced(ctx.client.clone(), &ns);
-        timed(super::apply_status(&api, &name, &plan.status)).await?;
+        timed(crate::controller::context::apply_status(
+            &api,
+            &name,
+            &plan.status,
+        ))
+        .await?;
     }
     Ok(Action::requeue(if prepared_now {
         // Its pods there are initialised now, not a poll later.
@@ -161,13 +166,13 @@ async fn observe_template(
     pool: &SandboxPool,
     ns: &str,
     podcfg: &PodConfig<'_>,
-) -> Result<(Want, Option<(crate::crd::SandboxSpec, i64)>), Error> {
+) -> Result<(Want, Option<(agentbox_api::crd::SandboxSpec, i64)>), Error> {
     let templates: Api<SandboxTemplate> = Api::namespaced(ctx.client.clone(), ns);
     let tname = &pool.spec.template_ref.name;
     let Some(t) = templates.get_opt(tname).await? else {
         return Ok((Want::Missing(tname.clone()), None));
     };
-    let spec = crate::template::for_pool(tname, &t.spec);
+    let spec = agentbox_api::template::for_pool(tname, &t.spec);
     let problems = validate::problems(&spec, &ctx.config.allowed_host_prefixes, podcfg);
     if !problems.is_empty() {
         return Ok((Want::Invalid(problems), None));
@@ -225,7 +230,7 @@ async fn act(
     api: &Api<Pod>,
     pods: &[Pod],
     podcfg: &PodConfig<'_>,
-    resolved: Option<&(crate::crd::SandboxSpec, i64)>,
+    resolved: Option<&(agentbox_api::crd::SandboxSpec, i64)>,
     plan: &Plan,
 ) -> bool {
     let pool_name = pool.name_any();
@@ -242,7 +247,7 @@ async fn act(
     let ns = pool.namespace().unwrap_or_default();
     let (ns, pool_name) = (ns.as_str(), pool_name.as_str());
     let prepared = join_all(plan.prepare.iter().map(|node| async move {
-        let desired = || pod::build_pool_prepare_pod(pool, spec, podcfg, node);
+        let desired = || helper_pod::build_pool_prepare_pod(pool, spec, podcfg, node);
         match timed(noderoot::prepare(ctx, api, (ns, node), desired)).await {
             Ok(found) => found.is_some(),
             Err(e) => {
@@ -331,7 +336,7 @@ pub fn hint_removal(ctx: &Context, p: &Pod) {
     ) else {
         return;
     };
-    ctx.sweep.add(super::sweep::Hint {
+    ctx.sweep.add(super::memory::Hint {
         node,
         namespace: ns,
         dir,
@@ -469,7 +474,7 @@ mod tests {
     }
 
     fn warm(pool: &SandboxPool) -> Pod {
-        let spec = crate::template::for_pool(
+        let spec = agentbox_api::template::for_pool(
             "tpl",
             &serde_json::from_value(serde_json::json!({"image": "busybox"})).unwrap(),
         );

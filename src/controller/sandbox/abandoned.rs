@@ -8,16 +8,18 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use tracing::info;
 
-use super::Apis;
-use super::cleanup::{Removal, remove_directory};
+use super::{Apis, delete_if_present};
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
+use crate::controller::helper_pod;
 use crate::controller::nodeloss;
-use crate::controller::pod;
-use crate::controller::{Context, Error};
-use crate::crd::{Sandbox, SandboxStatus};
+use crate::controller::placement;
+use crate::controller::pod::PodConfig;
+use agentbox_api::crd::{Sandbox, SandboxStatus};
 
 /// How often to look at a lost node that has not come back.
 const NODE_DOWN_RETRY: Duration = Duration::from_secs(15);
@@ -43,7 +45,7 @@ pub async fn sweep(
     for entry in st.abandoned.clone() {
         let (node, dir) = (entry.node.as_str(), entry.directory.as_str());
         let warn = |msg: String| async move {
-            crate::controller::publish(
+            crate::controller::context::publish(
                 ctx,
                 sbx,
                 EventType::Warning,
@@ -72,11 +74,11 @@ pub async fn sweep(
             }
             continue;
         }
-        let name = pod::abandoned_cleanup_pod_name(sbx, node);
+        let name = helper_pod::abandoned_cleanup_pod_name(sbx, node);
         match remove_directory(sbx, ctx, apis, (node, dir), name).await? {
             Removal::Done => {
                 info!(node, dir, "workspace directory left on a lost node removed");
-                crate::controller::publish(
+                crate::controller::context::publish(
                     ctx,
                     sbx,
                     EventType::Normal,
@@ -108,4 +110,75 @@ pub async fn sweep(
     }
     st.abandoned = kept;
     Ok(again)
+}
+
+/// How far the removal of a workspace directory from a node got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Removal {
+    /// Removed; the cleanup pod is gone too.
+    Done,
+    /// The cleanup pod is on its way or running.
+    Pending,
+    /// This operator has no helper image to remove it with.
+    NoHelper,
+    /// The directory is not an entry of the namespace's workspace directory: not the
+    /// operator's to remove.
+    NotOurs,
+}
+
+/// Removes this sandbox's workspace directory on `node` with the cleanup pod `name` bound
+/// there: started when absent, deleted once it has succeeded (Done), replaced when it failed
+/// (the error says so, with a Warning Event).
+async fn remove_directory(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    (node, dir): (&str, &str),
+    name: String,
+) -> Result<Removal, Error> {
+    let (ns, sandbox) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
+    let podcfg = PodConfig::from_config(&ctx.config);
+    match apis.pods.get_opt(&name).await? {
+        None => {
+            // Only an entry of the namespace's directory is the operator's to remove.
+            let Some(entry) = placement::dir_name(dir, podcfg.node_root, &ns) else {
+                return Ok(Removal::NotOurs);
+            };
+            let Some(desired) =
+                helper_pod::build_cleanup_pod(sbx, &podcfg, (node, entry), name.clone())
+            else {
+                return Ok(Removal::NoHelper);
+            };
+            apis.pods
+                .patch(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&desired),
+                )
+                .await?;
+            Ok(Removal::Pending)
+        }
+        Some(p) => match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => {
+                delete_if_present(&apis.pods, &name).await?;
+                info!(sandbox = %sandbox, namespace = %ns, node = %node, "workspace removed");
+                Ok(Removal::Done)
+            }
+            Some("Failed") => {
+                let msg = format!("removing the workspace on node {node} failed; retrying");
+                crate::controller::context::publish(
+                    ctx,
+                    sbx,
+                    EventType::Warning,
+                    "WorkspaceCleanupFailed",
+                    "DeleteWorkspace",
+                    &msg,
+                )
+                .await;
+                delete_if_present(&apis.pods, &name).await?;
+                Err(Error::Cleanup(msg))
+            }
+            _ => Ok(Removal::Pending),
+        },
+    }
 }

@@ -19,17 +19,18 @@ use super::{
     Apis, abandoned, claim, delete_if_present, force_delete, init, node_health, write_status,
     write_transition,
 };
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
+use crate::controller::helper_pod;
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
 use crate::controller::{
-    Context, Error, FIELD_MANAGER, conditions, noderoot, placement, selection, service, snapshot,
-    sources,
+    conditions, noderoot, placement, restore_source, service, snapshot, sources,
 };
-use crate::crd::{Egress, LifecycleMode, Sandbox, SandboxSnapshot, SandboxStatus};
-use crate::guard::{self, GuardConfig, GuardError, LeaseView};
-use crate::labels;
 use crate::metrics::{COLD, ExecOp, GuardOp, GuardOutcome, Metrics, WARM};
+use agentbox_api::crd::{Egress, LifecycleMode, Sandbox, SandboxSnapshot, SandboxStatus};
+use agentbox_api::guard::{self, GuardConfig, GuardError, LeaseView};
+use agentbox_api::labels;
 
 /// Carries out `plan` for `sbx`, as decided from `world`.
 pub async fn act(
@@ -172,7 +173,7 @@ async fn suspend(
         write_transition(ctx, sbx, apis, old, &status, note).await?;
         return Ok(true);
     }
-    let handed = crate::controller::handed_off_hold(ctx, sbx).await?;
+    let handed = crate::controller::context::handed_off_hold(ctx, sbx).await?;
     // spec.snapshot.onStop: persist the workspace before its pod goes.
     let hold = handed.as_ref().map(|(h, _)| h.clone());
     if snapshot::on_stop(ctx, sbx, hold).await? == snapshot::OnStop::Wait {
@@ -322,7 +323,8 @@ async fn release(g: guard::Guard, sandbox: &str) {
 /// Publishes `note`, if any, about the sandbox.
 async fn publish(ctx: &Context, sbx: &Sandbox, note: Option<Note>) {
     if let Some(n) = note {
-        crate::controller::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message).await;
+        crate::controller::context::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message)
+            .await;
     }
 }
 
@@ -361,7 +363,7 @@ async fn create_pod(
                     started.elapsed(),
                 )
             },
-            async { (selection::candidate(ctx, sbx).await, started.elapsed()) }
+            async { (restore_source::candidate(ctx, sbx).await, started.elapsed()) }
         );
         // Which of the two the start waited for (a profile's question).
         debug!(sandbox = %sbx.name_any(), "claim answered at {patched:?}, restore lookup at {looked:?}");
@@ -499,7 +501,7 @@ async fn recovery_snapshot(
     if ctx.store.is_none() {
         return Ok(None);
     }
-    let name = match selection::candidate(ctx, sbx).await {
+    let name = match restore_source::candidate(ctx, sbx).await {
         Ok(Some(name)) => name,
         Ok(None) => return Ok(None),
         Err(Error::Kube(e)) => return Err(Error::Kube(e)),
@@ -623,7 +625,10 @@ async fn serve(
 
 /// What a start that adopted a warm pod brings to [`serve`]: the snapshot lookup and the
 /// pool's open shell.
-type Adopted = (init::Lookup, Option<Box<crate::exec::session::Session>>);
+type Adopted = (
+    init::Lookup,
+    Option<Box<agentbox_api::exec::session::Session>>,
+);
 
 /// Observes how long the start that has just become Ready took, by its branch: from the
 /// Sandbox's creation for its first start, else from the creation of the pod made for this one
@@ -671,7 +676,7 @@ fn outcome(
     serving: &Serving,
     result: Result<
         (
-            crate::crd::WorkspaceStatus,
+            agentbox_api::crd::WorkspaceStatus,
             crate::controller::workspace::Decision,
         ),
         Error,
@@ -710,7 +715,10 @@ fn outcome(
 fn container_not_running(e: &Error) -> bool {
     matches!(
         e,
-        Error::Exec(crate::exec::ExecError::Connect { .. } | crate::exec::ExecError::NotStarted(_))
+        Error::Exec(
+            agentbox_api::exec::ExecError::Connect { .. }
+                | agentbox_api::exec::ExecError::NotStarted(_)
+        )
     )
 }
 
@@ -732,7 +740,7 @@ async fn node_root(
         Some(found) => Some(found),
         None if podcfg.helper.is_none() => None,
         None => match noderoot::prepare(ctx, pods, (&ns, node), || {
-            pod::build_prepare_pod(sbx, podcfg, node)
+            helper_pod::build_prepare_pod(sbx, podcfg, node)
         })
         .await?
         {

@@ -23,12 +23,13 @@ use kube::{Resource, ResourceExt};
 use rand::seq::SliceRandom;
 use tracing::debug;
 
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
-use crate::controller::{Context, Error, FIELD_MANAGER, placement, pool};
-use crate::crd::{Sandbox, SandboxPool};
-use crate::exec::session::Session;
-use crate::labels;
+use crate::controller::{placement, pool};
 use crate::metrics::ClaimResult;
+use agentbox_api::crd::{Sandbox, SandboxPool};
+use agentbox_api::exec::session::Session;
+use agentbox_api::labels;
 
 /// How many warm pods one start tries to adopt before it starts cold. Each miss is a pod
 /// someone else took a moment ago; trying on would race the same crowd.

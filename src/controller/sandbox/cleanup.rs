@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
@@ -20,13 +20,14 @@ use super::{
     Apis, FINALIZER, abandoned, delete_if_present, force_delete, node_health, write_status,
     write_transition,
 };
+use crate::controller::context::{Context, Error};
+use crate::controller::memory::Hint;
 use crate::controller::nodeloss::NodeHealth;
-use crate::controller::pod::{self, PodConfig};
-use crate::controller::sweep::Hint;
-use crate::controller::{Context, Error, FIELD_MANAGER, conditions, placement, snapshot};
-use crate::crd::{Sandbox, SandboxPhase};
-use crate::guard::LeaseView;
-use crate::labels;
+use crate::controller::pod::PodConfig;
+use crate::controller::{conditions, placement, snapshot};
+use agentbox_api::crd::{Sandbox, SandboxPhase};
+use agentbox_api::guard::LeaseView;
+use agentbox_api::labels;
 
 /// Grace of a deleted sandbox's pod: its workspace is about to be discarded (and the onStop
 /// snapshot, if asked for, is taken), so there is nothing to shut down cleanly for. Not zero:
@@ -50,7 +51,7 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let apis = Apis::new(ctx, &ns, super::MetadataGate::open());
     // spec.snapshot.onStop: persist the workspace before its pod goes.
-    let hold = crate::controller::handed_off_hold(ctx, sbx)
+    let hold = crate::controller::context::handed_off_hold(ctx, sbx)
         .await?
         .map(|(h, _)| h);
     if snapshot::on_stop(ctx, sbx, hold).await? == snapshot::OnStop::Wait {
@@ -74,7 +75,7 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
             let msg = format!(
                 "{why}; its workspace directory {dir} there cannot be removed now (the sweep removes it if node {node} comes back)"
             );
-            crate::controller::publish(
+            crate::controller::context::publish(
                 ctx,
                 sbx,
                 EventType::Warning,
@@ -227,76 +228,6 @@ async fn remove_abandoned(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<C
     } else {
         Cleanup::Done
     })
-}
-
-/// How far the removal of a workspace directory from a node got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Removal {
-    /// Removed; the cleanup pod is gone too.
-    Done,
-    /// The cleanup pod is on its way or running.
-    Pending,
-    /// This operator has no helper image to remove it with.
-    NoHelper,
-    /// The directory is not an entry of the namespace's workspace directory: not the
-    /// operator's to remove.
-    NotOurs,
-}
-
-/// Removes this sandbox's workspace directory on `node` with the cleanup pod `name` bound
-/// there: started when absent, deleted once it has succeeded (Done), replaced when it failed
-/// (the error says so, with a Warning Event).
-pub(super) async fn remove_directory(
-    sbx: &Sandbox,
-    ctx: &Context,
-    apis: &Apis,
-    (node, dir): (&str, &str),
-    name: String,
-) -> Result<Removal, Error> {
-    let (ns, sandbox) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
-    let podcfg = PodConfig::from_config(&ctx.config);
-    match apis.pods.get_opt(&name).await? {
-        None => {
-            // Only an entry of the namespace's directory is the operator's to remove.
-            let Some(entry) = placement::dir_name(dir, podcfg.node_root, &ns) else {
-                return Ok(Removal::NotOurs);
-            };
-            let Some(desired) = pod::build_cleanup_pod(sbx, &podcfg, (node, entry), name.clone())
-            else {
-                return Ok(Removal::NoHelper);
-            };
-            apis.pods
-                .patch(
-                    &name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&desired),
-                )
-                .await?;
-            Ok(Removal::Pending)
-        }
-        Some(p) => match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
-            Some("Succeeded") => {
-                delete_if_present(&apis.pods, &name).await?;
-                info!(sandbox = %sandbox, namespace = %ns, node = %node, "workspace removed");
-                Ok(Removal::Done)
-            }
-            Some("Failed") => {
-                let msg = format!("removing the workspace on node {node} failed; retrying");
-                crate::controller::publish(
-                    ctx,
-                    sbx,
-                    EventType::Warning,
-                    "WorkspaceCleanupFailed",
-                    "DeleteWorkspace",
-                    &msg,
-                )
-                .await;
-                delete_if_present(&apis.pods, &name).await?;
-                Err(Error::Cleanup(msg))
-            }
-            _ => Ok(Removal::Pending),
-        },
-    }
 }
 
 /// Without a helper image the workspace cannot be removed: the sandbox's own image is never run

@@ -16,12 +16,12 @@ use crate::controller::conditions::{self, GUARDED, POD_READY, READY, STALLED, WO
 use crate::controller::nodeloss::{self, NodeHealth};
 use crate::controller::podstate::{self, PodState};
 use crate::controller::{placement, service, workspace};
-use crate::crd::{
+use agentbox_api::crd::{
     AbandonedWorkspace, GuardStatus, LifecycleMode, NodeLoss, RestoreRefusal, Sandbox,
     SandboxPhase, SandboxStatus, StartBranch, TemplateUse, WorkspaceStatus,
 };
-use crate::guard::LeaseView;
-use crate::labels;
+use agentbox_api::guard::LeaseView;
+use agentbox_api::labels;
 
 /// An Event to publish about the sandbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1193,8 +1193,8 @@ mod tests {
         assert!(note.message.contains("Evicted"), "{}", note.message);
     }
 
-    fn template_use(generation: i64) -> crate::crd::TemplateUse {
-        crate::crd::TemplateUse {
+    fn template_use(generation: i64) -> agentbox_api::crd::TemplateUse {
+        agentbox_api::crd::TemplateUse {
             name: "agent".into(),
             uid: "tpl-uid".into(),
             generation,

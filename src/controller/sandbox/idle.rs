@@ -10,8 +10,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::crd::{Sandbox, SandboxPhase, SandboxStatus};
-use crate::guard::LeaseView;
+use agentbox_api::crd::{Sandbox, SandboxPhase, SandboxStatus};
+use agentbox_api::guard::LeaseView;
 
 /// Condition reason (on Ready and PodReady) and Event reason of an idle suspension.
 pub const REASON: &str = "IdleTimeout";

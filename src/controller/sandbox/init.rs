@@ -9,18 +9,19 @@ use kube::ResourceExt;
 use kube::api::Api;
 use tracing::debug;
 
+use crate::controller::context::{Context, Error};
 use crate::controller::pod::CONTAINER;
 use crate::controller::workspace::{self, Observed};
-use crate::controller::{Context, Error, restore, selection, sources};
-use crate::crd::{Sandbox, WorkspaceStatus};
-use crate::exec::session::Session;
-use crate::exec::{self, ExecRequest};
-use crate::remote::{self, FilesVia};
+use crate::controller::{restore, restore_source, sources};
+use agentbox_api::crd::{Sandbox, WorkspaceStatus};
+use agentbox_api::exec::session::Session;
+use agentbox_api::exec::{self, ExecRequest};
+use agentbox_api::remote::{self, FilesVia};
 
 /// How long one workspace exec may take before it counts as failed.
 const INIT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The snapshot a fresh workspace restores ([`selection::candidate`]), looked up ahead.
+/// The snapshot a fresh workspace restores ([`restore_source::candidate`]), looked up ahead.
 pub type Lookup = Result<Option<String>, Error>;
 
 /// What is known of the workspace's marker before the start.
@@ -35,7 +36,7 @@ pub enum Marker {
 }
 
 /// Probes the marker (unless known absent), decides the branch, resolves file sources, and
-/// writes. With `shell` (a claimed warm pod's, [`crate::controller::pool::shells`]), a write
+/// writes. With `shell` (a claimed warm pod's, [`crate::controller::warm_shells`]), a write
 /// without files runs over it instead of a new exec.
 ///
 /// The probe carries no stdin: it is also what finds out whether a starting container runs
@@ -59,7 +60,7 @@ pub async fn init_workspace(
     } else {
         let found = match lookup {
             Some(found) => found,
-            None => selection::candidate(ctx, sbx).await,
+            None => restore_source::candidate(ctx, sbx).await,
         };
         // A snapshot named but not restorable (missing, of another scope) is a failed restore.
         found.inspect_err(|e| {

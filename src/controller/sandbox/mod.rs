@@ -32,9 +32,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::pod::PodConfig;
 use super::template::{self, Effective};
-use super::{Context, Error, FIELD_MANAGER};
-use crate::crd::{Sandbox, SandboxStatus};
-use crate::labels;
+use crate::controller::context::{Context, Error, FIELD_MANAGER};
+use agentbox_api::crd::{Sandbox, SandboxStatus};
+use agentbox_api::labels;
 pub use decide::{FIRST_STATUS_GRACE, Note, defer_first_status, early_retry};
 
 /// Finalizer that keeps a Sandbox until what needs it is done: the onStop snapshot, its pod
@@ -48,13 +48,13 @@ pub const FINALIZER: &str = "agentbox.dev/workspace";
 /// waiting for one, or refused). A Ready sandbox of the scope does not care.
 pub fn snapshot_concerns(sbx: &Sandbox, name: &str, scope_key: Option<&str>) -> bool {
     let policy = &sbx.spec.snapshot;
-    let named =
-        policy.restore == crate::crd::RestorePolicy::Named && policy.name.as_deref() == Some(name);
+    let named = policy.restore == agentbox_api::crd::RestorePolicy::Named
+        && policy.name.as_deref() == Some(name);
     let st = sbx.status.as_ref();
     let refused = st
         .and_then(|s| s.restore_refusal.as_ref())
         .is_some_and(|r| r.basis.snapshot == name);
-    let ready = st.and_then(|s| s.phase) == Some(crate::crd::SandboxPhase::Ready);
+    let ready = st.and_then(|s| s.phase) == Some(agentbox_api::crd::SandboxPhase::Ready);
     let same_scope =
         scope_key.is_some() && sbx.labels().get(labels::SCOPE_KEY).map(String::as_str) == scope_key;
     named || refused || (same_scope && !ready)
@@ -265,7 +265,7 @@ async fn write_status(apis: &Apis, sbx: &Sandbox, st: &SandboxStatus) -> Result<
     let written = apis.metadata.landed().await?;
     let mut mine = st.clone();
     mine.last_snapshot = None;
-    super::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
+    crate::controller::context::apply_status(&apis.sandboxes, &sbx.name_any(), &mine).await?;
     let now = Instant::now();
     SUPERSEDED.record(sbx, now);
     // The metadata write's version is written over too: seen without this status, it
@@ -290,7 +290,8 @@ async fn write_transition(
         return Ok(());
     }
     if let Some(n) = note {
-        super::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message).await;
+        crate::controller::context::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message)
+            .await;
     }
     write_status(apis, sbx, st).await
 }

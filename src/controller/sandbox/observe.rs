@@ -14,11 +14,12 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::Apis;
+use crate::controller::context::{Context, Error};
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::podstate::{self, PodState};
-use crate::controller::{Context, Error, placement, validate};
-use crate::crd::{Sandbox, SandboxStatus, TemplateUse};
-use crate::labels;
+use crate::controller::{placement, validate};
+use agentbox_api::crd::{Sandbox, SandboxStatus, TemplateUse};
+use agentbox_api::labels;
 
 /// The world as one reconcile found it.
 #[derive(Clone, Debug)]

@@ -15,12 +15,12 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 
-use super::{Context, noderoot};
+use crate::controller::context::Context;
 
-mod served;
+mod loopback;
 use crate::config::Config;
-use crate::crd::{Sandbox, SandboxSnapshot};
 use crate::metrics::Metrics;
+use agentbox_api::crd::{Sandbox, SandboxSnapshot};
 
 /// Namespace of every scenario.
 const NS: &str = "n";
@@ -320,7 +320,7 @@ async fn served_context(
     fake: Arc<FakeApi>,
     store: Option<crate::snapshot::store::Store>,
 ) -> Arc<Context> {
-    context_on(served::serve(fake).await, store, Vec::new())
+    context_on(loopback::serve(fake).await, store, Vec::new())
 }
 
 fn context_on(
@@ -353,11 +353,11 @@ fn context_on(
         config,
         metrics: Arc::new(Metrics::default()),
         store,
-        node_roots: noderoot::Checks::default(),
-        refusals: super::restore::Refusals::default(),
-        sweep: super::sweep::Hints::default(),
-        shells: super::pool::shells::Shells::default(),
-        pool_claims: super::pool::quiet::Claims::default(),
+        node_roots: super::memory::Checks::default(),
+        refusals: super::memory::Refusals::default(),
+        sweep: super::memory::Hints::default(),
+        shells: super::warm_shells::Shells::default(),
+        pool_claims: super::refill_delay::Claims::default(),
         pods: cache,
     })
 }
@@ -381,7 +381,7 @@ fn adopted(name: &str, spec: Value, status: Value) -> Value {
     let probe: Sandbox =
         serde_json::from_value(sandbox(name, spec.clone(), json!({}), Value::Null))
             .expect("sandbox");
-    let labels = crate::labels::scope_labels(&probe.spec.scope);
+    let labels = agentbox_api::labels::scope_labels(&probe.spec.scope);
     let meta = json!({"finalizers": [super::sandbox::FINALIZER], "labels": labels});
     sandbox(name, spec, meta, status)
 }
@@ -397,7 +397,7 @@ async fn reconcile_sandbox(fake: &Arc<FakeApi>, ctx: &Arc<Context>, name: &str) 
 
 /// The pod name of sandbox `name`.
 fn pod(name: &str) -> String {
-    crate::labels::pod_name(name)
+    agentbox_api::labels::pod_name(name)
 }
 
 fn event_and_status(name: &str) -> Vec<String> {
@@ -431,7 +431,7 @@ async fn a_new_sandbox_gets_finalizer_and_labels_in_one_write_then_its_pod() {
         json!([super::sandbox::FINALIZER])
     );
     assert_eq!(
-        s["metadata"]["labels"][crate::labels::AGENT],
+        s["metadata"]["labels"][agentbox_api::labels::AGENT],
         json!("fresh")
     );
     assert!(s.get("status").is_none_or(Value::is_null));
@@ -729,7 +729,7 @@ async fn a_snapshot_without_a_store_fails_once_with_its_reason() {
 /// its container running and ready.
 /// node-1's workspace root as the node-root check leaves it: checked, nosuid and nodev.
 fn node_root_checked(ctx: &Context) {
-    let found = noderoot::Found::Checked {
+    let found = super::memory::Found::Checked {
         nosuid: true,
         nodev: true,
         mount: "/".into(),
@@ -1143,8 +1143,8 @@ fn host_workspace(name: &str) -> std::path::PathBuf {
     let root =
         std::env::temp_dir().join(format!("agentbox-scenario-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join(crate::remote::STATE_DIR)).expect("state dir");
-    std::fs::write(root.join(crate::remote::MARKER), "pod-uid\n").expect("marker");
+    std::fs::create_dir_all(root.join(agentbox_api::remote::STATE_DIR)).expect("state dir");
+    std::fs::write(root.join(agentbox_api::remote::MARKER), "pod-uid\n").expect("marker");
     std::fs::create_dir_all(root.join("src")).expect("src");
     std::fs::write(root.join("src/main.py"), "print('hi')\n").expect("a file");
     root
@@ -1223,7 +1223,7 @@ async fn a_snapshot_of_a_serving_sandbox_is_taken_under_the_guard_and_committed(
 #[tokio::test]
 async fn a_workspace_without_its_marker_is_never_committed() {
     let root = host_workspace("unmarked");
-    std::fs::remove_file(root.join(crate::remote::MARKER)).expect("marker");
+    std::fs::remove_file(root.join(agentbox_api::remote::MARKER)).expect("marker");
     let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
     let (fake, ctx, store) = serving_sandbox("bare", &root, initialised).await;
     fake.put(
@@ -1280,7 +1280,7 @@ async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_
     let (fake, ctx, _) = serving_sandbox("init", &root, json!({"rootReady": true})).await;
     reconcile_sandbox(&fake, &ctx, "init").await;
     let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
-    let marker = root.join(crate::remote::MARKER).exists();
+    let marker = root.join(agentbox_api::remote::MARKER).exists();
     let _ = std::fs::remove_dir_all(&root);
     assert_eq!(todo.expect("the spec's file written"), "ship it\n");
     assert!(marker, "the marker written");
@@ -1361,7 +1361,7 @@ async fn a_lost_workspace_comes_back_from_the_newest_snapshot_through_branch_b()
     reconcile_sandbox(&fake, &ctx, "rec").await;
     let back = std::fs::read_to_string(root.join("src/main.py"));
     let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
-    let staged: Vec<String> = std::fs::read_dir(root.join(crate::remote::STATE_DIR))
+    let staged: Vec<String> = std::fs::read_dir(root.join(agentbox_api::remote::STATE_DIR))
         .expect("the state directory")
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -1383,11 +1383,11 @@ const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/n/leases";
 
 /// The path of the guard Lease of sandbox `name`'s scope (Agent `name`).
 fn guard_lease(name: &str) -> String {
-    let scope: crate::crd::Scope =
+    let scope: agentbox_api::crd::Scope =
         serde_json::from_value(json!({"kind": "Agent", "agent": name})).expect("scope");
     format!(
         "{LEASES}/{}",
-        crate::labels::lease_name(&crate::labels::scope_key(&scope))
+        agentbox_api::labels::lease_name(&agentbox_api::labels::scope_key(&scope))
     )
 }
 

@@ -3,8 +3,8 @@
 //! scope's retention removes.
 
 use super::MAX_ATTEMPTS;
-use crate::controller::selection::Age;
-use crate::crd::SnapshotPhase;
+use crate::controller::restore_source::Age;
+use agentbox_api::crd::SnapshotPhase;
 
 /// What the referenced sandbox looks like to the snapshot controller.
 #[derive(Clone, Debug, PartialEq, Eq)]

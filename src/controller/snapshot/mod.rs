@@ -31,14 +31,14 @@ use tracing::warn;
 
 use super::conditions;
 use super::podstate;
-use super::{Context, Error};
-use crate::crd::{
-    DeletionPolicy, LifecycleMode, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
-};
-use crate::labels;
-pub use crate::remote::{TAR_SCRIPT, tar_args};
+use crate::controller::context::{Context, Error};
 use crate::snapshot::SnapshotError;
 use crate::snapshot::store::{AbortOutcome, SnapshotKeys, Store, StoreError};
+use agentbox_api::crd::{
+    DeletionPolicy, LifecycleMode, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
+};
+use agentbox_api::labels;
+pub use agentbox_api::remote::{TAR_SCRIPT, tar_args};
 pub use decide::{NotCommitted, Observed, Plan, SandboxState, decide, retention_victims};
 pub use on_stop::{OnStop, on_stop};
 
@@ -119,8 +119,8 @@ async fn observe_sandbox(
     name: &str,
 ) -> Result<(SandboxState, Option<Sandbox>), Error> {
     // A name that is not one would change the request's path (kube does not escape it).
-    if !crate::names::is_object_name(name) {
-        let m = crate::names::refusal("sandboxRef.name", name);
+    if !agentbox_api::names::is_object_name(name) {
+        let m = agentbox_api::names::refusal("sandboxRef.name", name);
         return Ok((SandboxState::InvalidReference(m), None));
     }
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
@@ -216,7 +216,7 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
                 now,
             );
             if st != old {
-                super::apply_status(&api, &name, &st).await?;
+                crate::controller::context::apply_status(&api, &name, &st).await?;
             }
             Ok(Action::requeue(Duration::from_secs(3)))
         }
@@ -248,8 +248,9 @@ async fn write_failure(
         st.phase = Some(SnapshotPhase::Pending);
     }
     set_committed(&mut st.conditions, false, reason, message, None, now);
-    super::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message).await;
-    super::apply_status(api, &snap.name_any(), &st).await?;
+    crate::controller::context::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message)
+        .await;
+    crate::controller::context::apply_status(api, &snap.name_any(), &st).await?;
     // Counted once recorded: a failed write brings the same failure back.
     ctx.metrics.snapshot_failed(reason);
     Ok(())
@@ -298,7 +299,7 @@ async fn discard_attempt(
             keys.object
         );
         warn!(snapshot = %snap.name_any(), "{msg}");
-        super::publish(
+        crate::controller::context::publish(
             ctx,
             snap,
             EventType::Warning,

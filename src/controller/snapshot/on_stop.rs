@@ -10,13 +10,13 @@ use kube::api::{Api, PostParams};
 use tracing::{info, warn};
 
 use super::ON_STOP;
+use crate::controller::context::{Context, Error};
 use crate::controller::podstate;
-use crate::controller::{Context, Error};
-use crate::crd::{
+use agentbox_api::crd::{
     DeletionPolicy, GuardHold, Sandbox, SandboxRef, SandboxSnapshot, SandboxSnapshotSpec,
     SnapshotPhase,
 };
-use crate::labels;
+use agentbox_api::labels;
 
 /// Outcome of [`on_stop`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,24 +22,26 @@ use super::{
     InFlight, LAST_SNAPSHOT_MANAGER, MAX_ATTEMPTS, discard_attempt, set_committed, snapshot_err,
     write_failure,
 };
+use crate::controller::context::{Context, Error, scope_guard};
 use crate::controller::pod::CONTAINER;
-use crate::controller::selection::{self, Age, age};
-use crate::controller::{Context, Error, scope_guard};
-use crate::crd::{LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase};
-use crate::exec::{self, ExecEvent, ExecRequest};
+use crate::controller::restore_source::{self, Age, age};
+use agentbox_api::crd::{
+    LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
+};
+use agentbox_api::exec::{self, ExecEvent, ExecRequest};
 
 /// Reason of a snapshot waiting for an unreachable or refusing object store.
 const STORE_UNAVAILABLE: &str = "StoreUnavailable";
 /// Reason of a snapshot whose `spec.guard` hold was not (or no longer) the scope's Lease's.
 pub const GUARD_NOT_HELD: &str = "GuardNotHeld";
-use crate::guard::{Guard, GuardError, HandOff};
-use crate::labels;
 use crate::metrics::{ExecOp, GuardOp, Metrics};
 use crate::progress::Deadline;
-use crate::remote;
 use crate::snapshot::archive::{Refusal, Summary};
 use crate::snapshot::store::{Commit, Manifest, SnapshotKeys, Store};
 use crate::snapshot::{self, SnapshotError};
+use agentbox_api::guard::{Guard, GuardError, HandOff};
+use agentbox_api::labels;
+use agentbox_api::remote;
 
 /// Upper bound on one `tar -c` run.
 const TAR_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
@@ -180,7 +182,7 @@ impl Hold {
 }
 
 impl Taking<'_> {
-    /// The scope's guard, waited for up to [`GUARD_WAIT`](crate::controller::GUARD_WAIT); `None` (and the snapshot Pending
+    /// The scope's guard, waited for up to [`GUARD_WAIT`](crate::controller::context::GUARD_WAIT); `None` (and the snapshot Pending
     /// with reason `GuardBusy`) when someone else kept it that long.
     async fn guard(&self, st: &mut SandboxSnapshotStatus) -> Result<Option<Guard>, Error> {
         let scope = &self.sbx.spec.scope;
@@ -191,7 +193,7 @@ impl Taking<'_> {
                 let msg = format!("waiting for the scope's guard (held by {holder})");
                 let now = Timestamp::now();
                 set_committed(&mut st.conditions, false, "GuardBusy", &msg, None, now);
-                crate::controller::apply_status(&self.api, &self.name, &*st).await?;
+                crate::controller::context::apply_status(&self.api, &self.name, &*st).await?;
                 Ok(None)
             }
             Err(e) => Err(Error::Guard(e)),
@@ -225,7 +227,8 @@ impl Taking<'_> {
             Err(e) => return Err(self.store_unavailable(e).await),
         };
         st.upload_id = upload_id.clone();
-        if let Err(e) = crate::controller::apply_status(&self.api, &self.name, &*st).await {
+        if let Err(e) = crate::controller::context::apply_status(&self.api, &self.name, &*st).await
+        {
             if let Some(id) = &upload_id {
                 let _ = self.store.abort_upload(&self.keys, id).await;
             }
@@ -254,7 +257,8 @@ impl Taking<'_> {
             Timestamp::now(),
         );
         if !already
-            && let Err(w) = crate::controller::apply_status(&self.api, &self.name, &pending).await
+            && let Err(w) =
+                crate::controller::context::apply_status(&self.api, &self.name, &pending).await
         {
             warn!(snapshot = %self.name, "recording the store outage: {w}");
         }
@@ -326,7 +330,7 @@ impl Taking<'_> {
             summary.size, summary.members, summary.sha256
         );
         set_committed(&mut st.conditions, true, "Committed", &msg, None, now);
-        crate::controller::apply_status(&self.api, &self.name, &st).await?;
+        crate::controller::context::apply_status(&self.api, &self.name, &st).await?;
         // Counted once the status says Ready: a failed write retakes the snapshot.
         self.ctx.metrics.snapshot_committed(summary.size, took);
         info!(snapshot = %self.name, namespace = %self.ns, "{msg}");
@@ -340,7 +344,8 @@ impl Taking<'_> {
             warn!(snapshot = %self.name, "recording the snapshot on its sandbox: {e}");
         }
         let note = (EventType::Normal, "Committed", "Snapshot", msg.as_str());
-        crate::controller::publish(self.ctx, self.snap, note.0, note.1, note.2, note.3).await;
+        crate::controller::context::publish(self.ctx, self.snap, note.0, note.1, note.2, note.3)
+            .await;
         if let Err(e) = apply_retention(self.ctx, &self.ns, self.sbx, &self.scope_key).await {
             warn!(snapshot = %self.name, "retention: {e}");
         }
@@ -389,7 +394,9 @@ async fn set_last_snapshot(
 ) -> Result<(), Error> {
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
     let status = serde_json::json!({ "lastSnapshot": last });
-    match crate::controller::apply_status_as(&api, sandbox, &status, LAST_SNAPSHOT_MANAGER).await {
+    match crate::controller::context::apply_status_as(&api, sandbox, &status, LAST_SNAPSHOT_MANAGER)
+        .await
+    {
         Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(()),
         r => r,
     }
@@ -542,11 +549,11 @@ async fn apply_retention(
     let api: Api<SandboxSnapshot> = Api::namespaced(ctx.client.clone(), ns);
     // By the recorded scope key, not labels: a snapshot of another scope relabelled into this
     // one is never deleted by this scope's retention.
-    let ready: Vec<Age> = selection::recorded_for(&api, scope_key)
+    let ready: Vec<Age> = restore_source::recorded_for(&api, scope_key)
         .await?
         .iter()
         .filter(|s| s.metadata.deletion_timestamp.is_none())
-        .filter(|s| selection::is_ready_of_scope(s, scope_key))
+        .filter(|s| restore_source::is_ready_of_scope(s, scope_key))
         .map(age)
         .collect();
     for victim in retention_victims(&ready, keep) {

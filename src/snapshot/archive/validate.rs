@@ -17,7 +17,7 @@ use super::parse::{Member, MemberKind};
 use super::{Limits, Refusal};
 
 /// The operator's own directory in a workspace; never restored from an archive.
-const RESERVED: &str = crate::remote::STATE_DIR;
+const RESERVED: &str = agentbox_api::remote::STATE_DIR;
 /// Longest path accepted, in bytes: Linux's `PATH_MAX` less its NUL. `tar -x` could not open
 /// a longer one.
 pub const MAX_PATH_BYTES: usize = 4095;

@@ -10,7 +10,7 @@ import java.util.regex.Pattern;
 
 /**
  * Scope keys, label and annotation keys, and the names agentbox derives for its objects: the
- * Rust crate's {@code agentbox::labels}, checked against its vectors, so a Sandbox or Lease
+ * Rust crate's {@code agentbox_api::labels}, checked against its vectors, so a Sandbox or Lease
  * named here is the one the operator, the CLI, Rust and Python harnesses use for the scope.
  */
 public final class Labels {

@@ -6,7 +6,7 @@ import java.util.List;
 import java.util.stream.Collectors;
 
 /**
- * The persistent session's framing (the Rust crate's {@code agentbox::exec::session}, checked
+ * The persistent session's framing (the Rust crate's {@code agentbox_api::exec::session}, checked
  * against its vectors): each command is one line that runs it in a subshell with stdin from
  * {@code /dev/null}, framed by sentinels carrying a fresh mark — a start sentinel on stdout,
  * the output, then an end sentinel with {@code $?} on stdout and one on stderr.

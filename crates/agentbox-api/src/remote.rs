@@ -1,0 +1,1099 @@
+//! What agentbox runs inside a sandbox's pod, in one place: every shell script, the operator's
+//! (workspace init, snapshot, restore) and the clients' (the exec wrapper, a persistent
+//! session's command line, file operations), and the builders of their arguments. The scripts
+//! use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat`, `head -c`, `readlink -f`, `stat -c`,
+//! `setsid` (and `dd` when present), as busybox has them; the tests below run each with the host's.
+//! Paths are judged before any script runs by [`crate::paths`].
+//!
+//! Everything a script leaves in the workspace lives under [`STATE_DIR`], which the operator
+//! reserves (admission and the archive validator refuse user paths there).
+
+/// The scripts below spell out the operator's state directory; a test checks that they name
+/// this one.
+pub use crate::paths::STATE_DIR;
+/// Marker file, relative to the workspace root. Written last, so it means "initialised".
+pub const MARKER: &str = ".agentbox/marker";
+
+/// The argv that runs `script` with `sh -c`, `$0` = `sh`, then `args` as `$1`...
+pub fn sh<S: Into<String>>(script: &str, args: impl IntoIterator<Item = S>) -> Vec<String> {
+    let mut argv = vec!["sh".to_string(), "-c".into(), script.into(), "sh".into()];
+    argv.extend(args.into_iter().map(Into::into));
+    argv
+}
+
+/// Default entrypoint: stay alive and exit promptly on TERM, since commands arrive by exec.
+pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
+
+/// Probe: prints the marker's content when the workspace is initialised. `$1` is the root.
+pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || true"#;
+
+/// A warm pod's share of initialisation, the part that names no sandbox: the state directory
+/// [`INIT_SCRIPT`] makes, and nothing else (no marker: the marker holds the claiming Sandbox's
+/// UID, so the claim's start finds a fresh root). `$1` is the root. Fails on a directory that
+/// has a marker: a warm pod's directory was never a sandbox's.
+pub const WARM_INIT_SCRIPT: &str = r#"set -eu
+mkdir -p -- "$1/.agentbox/tmp"
+if [ -e "$1/.agentbox/marker" ]; then echo "the warm workspace has a marker" >&2; exit 1; fi
+"#;
+
+/// Initialisation: `$1` root, `$2` marker content, `$3` how files arrive (0: none, no stdin;
+/// 1: an archive on stdin; 2: inline, as the last arguments), `$4` number of directories to
+/// replace, then those directories, then the number of parent directories to create, then
+/// those, then (2) each file as four arguments ([`InlineFile::args`]): its path, the umask that
+/// creates it with its mode, a mode to set afterwards (empty when the umask did), and its
+/// content as a `printf` format. Inline files cost no process but `printf` (a builtin) where
+/// `tar` is one more, which is most of a claim's time with files. The marker is written last,
+/// so a failed run leaves the workspace uninitialised: a marker that exists is replaced
+/// atomically (`mv`), a first one is written in place (no `mv` process on a claim's path: an
+/// interrupted write leaves it empty, which the probe reads as absent, i.e. never initialised).
+pub const INIT_SCRIPT: &str = r#"set -eu
+root="$1"; marker="$2"; files="$3"; n="$4"; shift 4
+cd "$root"
+[ -d .agentbox/tmp ] || mkdir -p .agentbox/tmp
+i=0
+while [ "$i" -lt "$n" ]; do rm -rf -- "./$1"; shift; i=$((i+1)); done
+n="$1"; shift; i=0
+while [ "$i" -lt "$n" ]; do mkdir -p -- "./$1"; shift; i=$((i+1)); done
+if [ "$files" = 1 ]; then tar -x -f -; fi
+while [ "$#" -ge 4 ]; do
+  if [ -e "./$1" ] || [ -h "./$1" ]; then rm -f -- "./$1"; fi
+  umask "$2"; printf "$4" > "./$1"
+  if [ -n "$3" ]; then chmod "$3" "./$1"; fi
+  shift 4
+done
+if [ -e .agentbox/marker ] || [ -h .agentbox/marker ]; then
+  printf '%s' "$marker" > .agentbox/marker.tmp
+  mv -f .agentbox/marker.tmp .agentbox/marker
+else
+  printf '%s' "$marker" > .agentbox/marker
+fi
+"#;
+
+/// How [`INIT_SCRIPT`] gets the workspace's files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilesVia {
+    /// No files.
+    None,
+    /// A tar archive on stdin (an exec: a session command takes no stdin).
+    Archive,
+    /// As arguments ([`InlineFile`]): for small files, over a warm pod's open shell.
+    Inline,
+}
+
+/// A file [`INIT_SCRIPT`] writes from its arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InlineFile<'a> {
+    /// Path relative to the workspace root.
+    pub path: &'a str,
+    /// Permission bits.
+    pub mode: u32,
+    /// Content.
+    pub data: &'a [u8],
+}
+
+impl InlineFile<'_> {
+    /// Its four arguments: path, umask, mode to set afterwards (empty when the umask gives
+    /// it: no `chmod` process), content as a `printf` format ([`printf_format`]).
+    pub fn args(&self) -> [String; 4] {
+        let mode = self.mode & 0o7777;
+        // A new file gets 0666 less the umask: exact for modes without execute or special bits.
+        let umask = 0o777 & !mode;
+        let chmod = if mode & !0o666 == 0 {
+            String::new()
+        } else {
+            format!("{mode:o}")
+        };
+        [
+            self.path.to_string(),
+            format!("{umask:04o}"),
+            chmod,
+            printf_format(self.data),
+        ]
+    }
+}
+
+/// `data` as a `printf` format that prints exactly it: ASCII letters, digits and ` ._/,:=+`
+/// as themselves, every other byte a three-digit octal escape (so no `%`, `\` or leading `-`
+/// is ever read as anything but a byte, and NUL and non-UTF-8 bytes pass).
+pub fn printf_format(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len() * 2);
+    for &b in data {
+        if b.is_ascii_alphanumeric() || b" ._/,:=+".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\{b:03o}"));
+        }
+    }
+    out
+}
+
+/// Arguments of [`INIT_SCRIPT`]: the root, the marker's content, how files arrive, the
+/// directories to replace, the parent directories to create, and (inline) the files.
+pub fn init_args(
+    root: &str,
+    marker: &str,
+    via: FilesVia,
+    (replace_dirs, parents): (&[String], &[String]),
+    inline: &[InlineFile<'_>],
+) -> Vec<String> {
+    let code = match via {
+        FilesVia::None => "0",
+        FilesVia::Archive => "1",
+        FilesVia::Inline => "2",
+    };
+    let mut args = vec![
+        root.to_string(),
+        marker.to_string(),
+        code.to_string(),
+        replace_dirs.len().to_string(),
+    ];
+    args.extend(replace_dirs.iter().cloned());
+    args.push(parents.len().to_string());
+    args.extend(parents.iter().cloned());
+    if via == FilesVia::Inline {
+        args.extend(inline.iter().flat_map(InlineFile::args));
+    }
+    args
+}
+
+/// The `tar -c` script. `$1` root, `$2` number of expanded directories, then those
+/// directories (ancestors of host mounts, listed entry by entry instead of archived whole),
+/// then the excluded paths (host mounts). `.agentbox` is always excluded. busybox tar has no
+/// `--exclude`, so the members are named one by one at the top and in expanded directories.
+pub const TAR_SCRIPT: &str = r#"set -u
+root=$1; n=$2; shift 2
+nl='
+'
+anc=; i=0
+while [ "$i" -lt "$n" ]; do anc="$anc$1$nl"; shift; i=$((i+1)); done
+ex=".agentbox$nl"
+for m in "$@"; do ex="$ex$m$nl"; done
+cd "$root" || exit 1
+# A workspace without its marker was lost or never initialised: archiving it would pass off
+# an empty or partial tree as the sandbox's state.
+[ -f .agentbox/marker ] || { echo "the workspace has no agentbox marker (lost or not initialised)" >&2; exit 1; }
+listed() { case "$nl$2" in *"$nl$1$nl"*) return 0;; esac; return 1; }
+set --
+dirs=$anc
+IFS=$nl
+for d in "" $dirs; do
+  IFS=' 	'
+  p=${d:+$d/}
+  for f in "$p"* "$p".[!.]* "$p"..?*; do
+    { [ -e "$f" ] || [ -L "$f" ]; } || continue
+    listed "$f" "$anc" && continue
+    listed "$f" "$ex" && continue
+    set -- "$@" "./$f"
+  done
+  IFS=$nl
+done
+IFS=' 	'
+# Output still on its way when the exec's process exits can be dropped on the way out
+# (kubernetes/kubernetes#124571: the streaming connection is closed right after the exit
+# status, and a reader slower than tar loses the tail). So the script exits only when the
+# operator ends its stdin, which it does once the archive's end marker has arrived; `read -t`
+# caps the wait should that never come, and shells without `-t` skip it. (A v4 exec cannot end
+# stdin without closing the connection, as for every exec with stdin: snapshots need v5.)
+linger() { while read -r -t 600 _ 2>/dev/null; do :; done; }
+if [ "$#" -eq 0 ]; then head -c 1024 /dev/zero; linger; exit 0; fi
+# busybox tar writes a header, a file's bytes and its padding one write each; read straight
+# from its pipe, a workspace of small files reaches the operator as a message per write. dd
+# gathers the output into 64 KiB writes. sh has no pipefail: tar's exit status comes back
+# through fd 3 (dd's failures show as a cut archive, which the operator refuses).
+if command -v dd >/dev/null 2>&1; then
+  exec 4>&1
+  st=$( { { tar -c -f - "$@" 3>&- 4>&- </dev/null; echo $? >&3; } | dd ibs=131072 obs=65536 2>/dev/null >&4 3>&-; } 3>&1 )
+else
+  tar -c -f - "$@" </dev/null; st=$?
+fi
+# Only a whole archive has an end marker to wait for.
+[ "${st:-1}" = 0 ] && linger
+exit "${st:-1}"
+"#;
+
+/// Arguments of [`TAR_SCRIPT`] for a sandbox: its root, then the ancestors of its host mounts,
+/// then the mounts.
+pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
+    let mounts: Vec<String> = mounts
+        .iter()
+        .map(|m| crate::paths::normalize(m))
+        .filter(|m| !m.is_empty())
+        .collect();
+    let mut ancestors: Vec<String> = mounts
+        .iter()
+        .flat_map(|m| {
+            let parts: Vec<&str> = m.split('/').collect();
+            (1..parts.len()).map(move |i| parts[..i].join("/"))
+        })
+        .collect();
+    ancestors.sort();
+    ancestors.dedup();
+    let mut args = vec![root.to_string(), ancestors.len().to_string()];
+    args.extend(ancestors);
+    args.extend(mounts);
+    args
+}
+
+/// Extraction into a new staging directory: `$1` root, `$2` id; the archive on stdin.
+pub const EXTRACT_SCRIPT: &str = r#"set -eu
+cd "$1"
+mkdir -p .agentbox
+st=".agentbox/staging-$2"
+rm -rf -- "$st"
+mkdir -- "$st"
+tar -x -f - -C "$st"
+"#;
+
+/// Removes a staging directory: `$1` root, `$2` id.
+pub const DISCARD_SCRIPT: &str =
+    r#"cd "$1" && rm -rf -- ".agentbox/staging-$2" ".agentbox/old-$2""#;
+
+/// The swap: `$1` root, `$2` id, then top-level names to leave alone (they hold host mounts).
+/// Undoes its own moves when one fails.
+pub const SWAP_SCRIPT: &str = r#"set -u
+root=$1; id=$2; shift 2
+nl='
+'
+keep=".agentbox$nl"
+for k in "$@"; do keep="$keep$k$nl"; done
+kept() { case "$nl$keep" in *"$nl$1$nl"*) return 0;; esac; return 1; }
+cd "$root" || exit 1
+st=".agentbox/staging-$id"; old=".agentbox/old-$id"
+[ -d "$st" ] || { echo "no staging directory" >&2; exit 1; }
+rm -rf -- "$old"; mkdir -- "$old" || exit 1
+back() {
+  for f in "$old"/* "$old"/.[!.]* "$old"/..?*; do
+    { [ -e "$f" ] || [ -L "$f" ]; } || continue
+    mv -- "$f" ./ || echo "could not move back $f" >&2
+  done
+  rmdir -- "$old" 2>/dev/null
+}
+for f in * .[!.]* ..?*; do
+  { [ -e "$f" ] || [ -L "$f" ]; } || continue
+  kept "$f" && continue
+  mv -- "$f" "$old/" || { echo "moving $f aside failed" >&2; back; exit 1; }
+done
+for f in "$st"/* "$st"/.[!.]* "$st"/..?*; do
+  { [ -e "$f" ] || [ -L "$f" ]; } || continue
+  b=${f##*/}
+  kept "$b" && continue
+  if ! mv -- "$f" "./$b"; then
+    echo "moving $b in failed" >&2
+    for g in * .[!.]* ..?*; do
+      { [ -e "$g" ] || [ -L "$g" ]; } || continue
+      kept "$g" && continue
+      rm -rf -- "$g"
+    done
+    back; exit 1
+  fi
+done
+rm -rf -- "$st" "$old"
+"#;
+
+/// Arguments of [`SWAP_SCRIPT`]: the root, the staging id, then the top-level names to leave
+/// alone.
+pub fn swap_args(root: &str, id: &str, keep: &[String]) -> Vec<String> {
+    let mut args = vec![root.to_string(), id.to_string()];
+    args.extend(keep.iter().cloned());
+    args
+}
+
+// --- file operations of the clients (crates/agentbox-client/src/client/files.rs) -------------------------------------
+
+/// Exit code of the in-pod scripts for "resolves outside the workspace".
+pub const ESCAPES: i32 = 97;
+/// Exit code of the in-pod scripts for "missing or of the wrong type".
+pub const MISSING: i32 = 96;
+
+/// Shared prologue: `$1` root, `$2` path (absolute, from [`confine`]). `confine P` exits
+/// [`ESCAPES`] unless the nearest existing ancestor of P resolves under the resolved root.
+pub const PROLOGUE: &str = r#"R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
+p=$2
+confine() {
+  q=$1
+  while [ ! -e "$q" ] && [ ! -L "$q" ]; do q=$(dirname "$q"); done
+  r=$(readlink -f "$q") || { echo "agentbox: $1: cannot resolve" >&2; exit 97; }
+  [ "$R" = / ] && return 0
+  case "$r/" in "$R"/*) ;; *) echo "agentbox: $1 resolves outside the workspace" >&2; exit 97;; esac
+}
+confine "$p"
+"#;
+
+pub const READ: &str = r#"[ -f "$p" ] || { echo "agentbox: $p: not a regular file" >&2; exit 96; }
+exec cat "$p"
+"#;
+
+pub const WRITE: &str = r#"[ -d "$p" ] && { echo "agentbox: $p is a directory" >&2; exit 96; }
+d=$(dirname "$p")
+mkdir -p "$d" || exit 1
+confine "$p"
+t="$d/.agentbox-write.$$"
+if cat > "$t"; then mv -f "$t" "$p"; else rm -f "$t"; exit 1; fi
+"#;
+
+pub const LIST: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
+cd "$p" || exit 96
+for f in * .*; do
+  case $f in .|..) continue;; esac
+  [ -e "./$f" ] || [ -L "./$f" ] || continue
+  s=$(stat -c '%f %s %Y' "./$f") || continue
+  printf '%s %s\0' "$s" "$f"
+done
+"#;
+
+/// Upload: refuse when a symlink already in the destination tree leads out of the workspace
+/// (tar would write through it), then extract without restoring owners.
+pub const UPLOAD: &str = r#"mkdir -p "$p" || exit 1
+confine "$p"
+find "$p" -type l | while IFS= read -r l; do
+  r=$(readlink -f "$l") || continue
+  [ "$R" = / ] && continue
+  case "$r/" in "$R"/*) ;; *) echo "agentbox: $l resolves outside the workspace" >&2; exit 97;; esac
+done || exit 97
+exec tar -x -o -f - -C "$p"
+"#;
+
+pub const DOWNLOAD: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
+exec tar -c -f - -C "$p" .
+"#;
+
+// --- commands (crates/agentbox-api/src/exec.rs, crates/agentbox-api/src/exec/session.rs) ---------------------------------------------
+
+/// The `sh` wrapper every one-shot exec runs under (docs/protocol.md, "Exec"):
+/// `sh -c WRAPPER agentbox-exec MARK STDIN TIMEOUT WORKDIR N ENV... ARGV...`.
+///
+/// - `MARK`: printed on stdout and on stderr once the command has ended, so the client knows
+///   each stream is whole only when it ends with it (output still on its way when a process
+///   exits can be dropped: kubernetes/kubernetes#124571). Then the wrapper lingers: it exits,
+///   letting the exit status go out, only once the client has half-closed stdin, which it does
+///   after reading both marks. `read -t` bounds the wait should the client vanish; a shell
+///   without `-t` (dash) waits for the EOF the end of the connection gives. An empty `MARK`
+///   (a command in a persistent session, whose shell outlives it) means no trailer, no linger,
+///   and the command is `exec`ed when it has no timeout.
+/// - `STDIN`: `-` the command's stdin is `/dev/null` (the exec's stays open for the linger);
+///   a decimal `K` the command reads exactly the first `K` bytes (`head -c`), then EOF; `=` it
+///   reads the exec's stdin until the client half-closes it, and there is no linger (the
+///   client's EOF is the command's, so it cannot also mean "read").
+/// - `TIMEOUT` (seconds, empty = none): the command runs under `setsid` (its own process
+///   group; it is not a group leader as a child of `&`, so busybox `setsid` does not fork and
+///   the exit code is kept). stdin is passed through fd 3 because a non-interactive shell
+///   points the stdin of `&` commands at /dev/null. The watchdog holds no stdio (or the exec
+///   would stay open until it exits), kills the whole group when the time is up, and is itself
+///   stopped when the command ends, unless members of the group are still alive: those are
+///   killed at the deadline too. `wait`'s stderr is dropped: ash reports a killed job
+///   ("Killed") there, which is not the command's output.
+/// - `WORKDIR` (empty = keep): a failed `cd` is exit code 126.
+/// - `N` `NAME=value` entries, exported.
+///
+/// The command runs as `( exec "$@" )`: a program, never a shell builtin or this script's
+/// function, as when the runtime starts it directly; one it cannot find is exit code 127 with
+/// the shell's message on stderr.
+pub const WRAPPER: &str = r#"m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
+while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
+run() {
+  if [ -n "$d" ]; then cd -- "$d" || return 126; fi
+  if [ -z "$t" ]; then
+    [ -n "$m" ] || exec "$@"
+    ( exec "$@" ); return
+  fi
+  exec 3<&0
+  setsid "$@" <&3 3<&- &
+  p=$!
+  exec 3<&-
+  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
+  w=$!
+  wait $p 2>/dev/null; r=$?
+  kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
+  return $r
+}
+case $i in
+  -) run "$@" </dev/null ;;
+  =) run "$@" ;;
+  *) head -c "$i" | run "$@" ;;
+esac
+r=$?
+[ -n "$m" ] || exit $r
+printf %s "$m"; printf %s "$m" >&2
+[ "$i" = = ] && exit $r
+while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
+[ $s = 2 ] && while read -r _; do :; done
+exit $r
+"#;
+
+/// The line a persistent session writes to its shell for one command (`argv`, already wrapped
+/// by [`WRAPPER`] where needed). `exec` inside the subshell: one fork per command; stdin from
+/// `/dev/null` so that the command cannot eat the following lines. The start sentinel goes out
+/// before the command, the end sentinels (stdout with the exit code, stderr bare) after it,
+/// each carrying `mark` (a fresh nonce).
+pub fn session_line(argv: &[String], mark: &str) -> String {
+    let cmd: Vec<String> = argv.iter().map(|a| sh_quote(a)).collect();
+    framed(&format!("exec {}", cmd.join(" ")), mark)
+}
+
+/// `body` run in a subshell with stdin from `/dev/null`, between the sentinels of `mark`.
+fn framed(body: &str, mark: &str) -> String {
+    format!(
+        "printf '%s+\\n' '{mark}'; ( {body} ) </dev/null; printf '%s%d\\n' '{mark}' \"$?\"; printf '%s\\n' '{mark}' >&2\n"
+    )
+}
+
+/// The line a persistent session writes to run the operator's own `script` with `args` as
+/// its positional parameters, framed as [`session_line`] frames a command: in a subshell of
+/// the session's shell (`eval` of the quoted script), not in a new `sh -c`, so a short script
+/// costs one fork and the processes it starts itself.
+pub fn session_script_line(script: &str, args: &[String], mark: &str) -> String {
+    let args: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
+    framed(
+        &format!("set -- {}; eval {}", args.join(" "), sh_quote(script)),
+        mark,
+    )
+}
+
+/// Single-quotes `s` for `sh`.
+pub fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("agentbox-remote-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    /// Runs `script` with the host's `sh`, `args`, and `stdin`; returns success and stdout.
+    fn run(script: &str, args: Vec<String>, stdin: &[u8]) -> (bool, Vec<u8>, String) {
+        let (code, out, err) = run_argv(&sh(script, args), stdin);
+        (code == 0, out, err)
+    }
+
+    fn path(p: &Path) -> String {
+        p.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn every_script_names_the_one_state_directory() {
+        assert_eq!(MARKER, format!("{STATE_DIR}/marker"));
+        for s in [
+            PROBE_SCRIPT,
+            INIT_SCRIPT,
+            WARM_INIT_SCRIPT,
+            TAR_SCRIPT,
+            EXTRACT_SCRIPT,
+            DISCARD_SCRIPT,
+            SWAP_SCRIPT,
+        ] {
+            assert!(s.contains(STATE_DIR), "{s}");
+        }
+    }
+
+    #[test]
+    fn the_warm_init_makes_the_state_directory_and_no_marker() {
+        let dir = scratch("warm");
+        let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok, "{err}");
+        assert!(dir.join(STATE_DIR).join("tmp").is_dir());
+        assert!(!dir.join(MARKER).exists());
+        let (ok, _, _) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok, "again: a no-op");
+        let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok && out.is_empty(), "a claim's probe finds a fresh root");
+        std::fs::write(dir.join(MARKER), "uid-1").expect("marker");
+        let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(!ok && err.contains("marker"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_probe_prints_the_marker_only_when_there_is_one() {
+        let dir = scratch("probe");
+        let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok && out.is_empty(), "no marker: nothing, and no failure");
+        std::fs::create_dir_all(dir.join(STATE_DIR)).expect("mkdir");
+        std::fs::write(dir.join(MARKER), "uid-1").expect("marker");
+        let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok);
+        assert_eq!(out, b"uid-1");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_first_marker_is_written_in_place_and_one_that_exists_is_replaced_whole() {
+        let dir = scratch("marker");
+        let root = dir.join("ws");
+        std::fs::create_dir_all(root.join(STATE_DIR)).expect("mkdir");
+        let init = |uid: &str| {
+            run(
+                INIT_SCRIPT,
+                init_args(&path(&root), uid, FilesVia::None, (&[], &[]), &[]),
+                b"",
+            )
+        };
+        // An empty marker (a first write interrupted) reads as none: never initialised.
+        std::fs::write(root.join(MARKER), "").expect("empty marker");
+        let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&root)], b"");
+        assert!(ok && out.is_empty());
+        std::fs::remove_file(root.join(MARKER)).expect("rm");
+        let (ok, _, err) = init("uid-1");
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER)).expect("marker"),
+            "uid-1"
+        );
+        // Written again over one that exists: by rename, the old one whole until then.
+        let (ok, _, err) = init("uid-2");
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER)).expect("marker"),
+            "uid-2"
+        );
+        assert!(!root.join(".agentbox/marker.tmp").exists());
+        // A marker planted as a symlink is replaced, its target untouched.
+        let target = dir.join("outside");
+        std::fs::write(&target, "keep").expect("target");
+        std::fs::remove_file(root.join(MARKER)).expect("rm");
+        std::os::unix::fs::symlink(&target, root.join(MARKER)).expect("symlink");
+        let (ok, _, err) = init("uid-3");
+        assert!(ok, "{err}");
+        assert_eq!(std::fs::read_to_string(&target).expect("target"), "keep");
+        assert!(
+            !std::fs::symlink_metadata(root.join(MARKER))
+                .expect("marker")
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER)).expect("marker"),
+            "uid-3"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A tar archive of `files` (name, content).
+    fn archive(files: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, data.as_bytes())
+                .expect("append");
+        }
+        b.into_inner().expect("archive")
+    }
+
+    #[test]
+    fn a_restore_stages_then_swaps_in_leaving_mounts_and_state_alone() {
+        let dir = scratch("restore");
+        std::fs::create_dir_all(dir.join(STATE_DIR)).expect("mkdir");
+        std::fs::write(dir.join(MARKER), "m").expect("marker");
+        std::fs::write(dir.join("old.txt"), "old").expect("old");
+        std::fs::create_dir_all(dir.join("mnt")).expect("mount dir");
+        std::fs::write(dir.join("mnt/host"), "h").expect("host file");
+        let root = path(&dir);
+        let stdin = archive(&[("new.txt", "new"), ("mnt", "not swapped in")]);
+        let (ok, _, err) = run(EXTRACT_SCRIPT, vec![root.clone(), "id1".into()], &stdin);
+        assert!(ok, "{err}");
+        assert!(dir.join(".agentbox/staging-id1/new.txt").is_file());
+        let (ok, _, err) = run(SWAP_SCRIPT, swap_args(&root, "id1", &["mnt".into()]), b"");
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("new.txt")).expect("new"),
+            "new"
+        );
+        assert!(!dir.join("old.txt").exists(), "the old entries go");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("mnt/host")).expect("kept"),
+            "h"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join(MARKER)).expect("marker"),
+            "m"
+        );
+        assert!(!dir.join(".agentbox/staging-id1").exists());
+        assert!(!dir.join(".agentbox/old-id1").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_swap_without_staging_fails_and_discard_removes_what_extract_left() {
+        let dir = scratch("discard");
+        std::fs::write(dir.join("keep.txt"), "k").expect("file");
+        let root = path(&dir);
+        let (ok, _, err) = run(SWAP_SCRIPT, swap_args(&root, "none", &[]), b"");
+        assert!(!ok && err.contains("no staging directory"), "{err}");
+        assert!(dir.join("keep.txt").is_file(), "the workspace is untouched");
+        let stdin = archive(&[("a", "1")]);
+        let (ok, _, err) = run(EXTRACT_SCRIPT, vec![root.clone(), "id2".into()], &stdin);
+        assert!(ok, "{err}");
+        let (ok, _, _) = run(DISCARD_SCRIPT, vec![root, "id2".into()], b"");
+        assert!(ok);
+        assert!(!dir.join(".agentbox/staging-id2").exists());
+        assert!(dir.join("keep.txt").is_file());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tar_args_expand_mount_ancestors() {
+        assert_eq!(tar_args("/workspace", &[]), vec!["/workspace", "0"]);
+        assert_eq!(
+            tar_args("/w", &["data".into(), "./a/b/c/".into()]),
+            vec!["/w", "2", "a", "a/b", "data", "a/b/c"]
+        );
+    }
+
+    /// Runs [`TAR_SCRIPT`] with the host's `sh` and `tar` on a scratch workspace; returns the
+    /// exit status, the member names, and stderr.
+    fn run_tar_script(root: &std::path::Path, mounts: &[String]) -> (bool, Vec<String>, String) {
+        let out = Command::new("sh")
+            .args(["-c", TAR_SCRIPT, "sh"])
+            .args(tar_args(&root.to_string_lossy(), mounts))
+            .output()
+            .expect("run sh");
+        let mut names = Vec::new();
+        if out.status.success() {
+            let mut ar = tar::Archive::new(&out.stdout[..]);
+            for e in ar.entries().expect("entries") {
+                let e = e.expect("entry");
+                names.push(e.path().expect("path").to_string_lossy().into_owned());
+            }
+            names.sort();
+        }
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), names, err)
+    }
+
+    #[test]
+    fn tar_script_keeps_tar_s_exit_status_through_its_dd_stage() {
+        let dir = scratch("status");
+        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
+        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
+        std::fs::write(dir.join("f"), "x").expect("write");
+        // A tar that prints a little and fails, first in PATH.
+        let bin = scratch("status-bin");
+        std::fs::write(bin.join("tar"), "#!/bin/sh\nprintf partial\nexit 3\n").expect("fake tar");
+        Command::new("chmod")
+            .args(["0755", &bin.join("tar").to_string_lossy()])
+            .status()
+            .expect("chmod");
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new("sh")
+            .args(["-c", TAR_SCRIPT, "sh"])
+            .args(tar_args(&dir.to_string_lossy(), &[]))
+            .env("PATH", path)
+            .output()
+            .expect("run sh");
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"partial");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&bin);
+    }
+
+    #[test]
+    fn tar_script_refuses_a_workspace_without_its_marker() {
+        let dir = scratch("nomarker");
+        std::fs::write(dir.join("f"), "x").expect("write");
+        let (ok, _, err) = run_tar_script(&dir, &[]);
+        assert!(!ok, "a workspace without a marker must not be archived");
+        assert!(err.contains("no agentbox marker"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tar_script_archives_all_but_its_own_dir_and_mounts() {
+        let dir = scratch("ok");
+        std::fs::create_dir_all(dir.join(".agentbox")).expect("mkdir");
+        std::fs::write(dir.join(".agentbox/marker"), "m").expect("marker");
+        std::fs::create_dir_all(dir.join("a/mnt")).expect("mkdir");
+        std::fs::write(dir.join("a/mnt/secret"), "s").expect("write");
+        std::fs::write(dir.join("a/keep"), "k").expect("write");
+        std::fs::write(dir.join(".hidden"), "h").expect("write");
+        let (ok, names, err) = run_tar_script(&dir, &["a/mnt".into()]);
+        assert!(ok, "{err}");
+        assert_eq!(names, vec!["./.hidden", "./a/keep"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Runs `argv` on the host with `stdin`; returns the exit code, stdout and stderr.
+    fn run_argv(argv: &[String], stdin: &[u8]) -> (i32, Vec<u8>, String) {
+        use std::io::Write;
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run");
+        if let Some(mut i) = child.stdin.take() {
+            let _ = i.write_all(stdin);
+        }
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), out.stdout, err)
+    }
+
+    #[test]
+    fn a_session_runs_the_init_script_inline_and_keeps_going_after_it() {
+        let root = scratch("session-init");
+        std::fs::create_dir_all(root.join(".agentbox/tmp")).expect("warm state dir");
+        // With a file passed inline, as a claim with files sends it.
+        let file = InlineFile {
+            path: "task.md",
+            mode: 0o644,
+            data: b"it's 100% \\done\n",
+        };
+        let args = init_args(&path(&root), "uid-7", FilesVia::Inline, (&[], &[]), &[file]);
+        // The init, a failing script (set -e inside stops only its subshell), then a plain
+        // command: each framed with its own status, the shell's directory untouched by the
+        // init's `cd`.
+        let lines = [
+            session_script_line(INIT_SCRIPT, &args, "__A_"),
+            session_script_line("set -eu\nfalse\necho never", &[], "__B_"),
+            session_line(&["pwd".to_string()], "__C_"),
+        ]
+        .concat();
+        let (code, out, err) = run_argv(&["sh".to_string()], lines.as_bytes());
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER)).expect("marker"),
+            "uid-7"
+        );
+        assert!(!root.join(".agentbox/marker.tmp").exists());
+        assert_eq!(
+            std::fs::read(root.join("task.md")).expect("the file"),
+            file.data
+        );
+        let out = String::from_utf8_lossy(&out);
+        let here = std::env::current_dir().expect("cwd");
+        assert_eq!(
+            out,
+            format!(
+                "__A_+\n__A_0\n__B_+\n__B_1\n__C_+\n{}\n__C_0\n",
+                here.display()
+            ),
+        );
+        assert_eq!(err, "__A_\n__B_\n__C_\n");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// The argv the clients build for a file script (`sh -c PROLOGUE+script`).
+    fn file_op(script: &str, root: &Path, p: &str) -> Vec<String> {
+        let (argv, _) = crate::files::file_argv(script, &path(root), p).expect("a confined path");
+        argv
+    }
+
+    #[test]
+    fn file_scripts_write_read_and_list_inside_the_workspace() {
+        let root = scratch("files");
+        let (code, _, err) = run_argv(&file_op(WRITE, &root, "a/b/c.txt"), b"hello");
+        assert_eq!(code, 0, "{err}");
+        let (code, out, err) = run_argv(&file_op(READ, &root, "a/b/c.txt"), b"");
+        assert_eq!((code, out.as_slice()), (0, &b"hello"[..]), "{err}");
+        let (code, out, err) = run_argv(&file_op(LIST, &root, "a/b"), b"");
+        assert_eq!(code, 0, "{err}");
+        let entries = crate::files::parse_listing(&out).expect("listing");
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].name, "c.txt");
+        assert_eq!(entries[0].size, 5);
+        // No temporary file is left beside the written one.
+        let names: Vec<_> = std::fs::read_dir(root.join("a/b")).unwrap().collect();
+        assert_eq!(names.len(), 1);
+        let (code, _, _) = run_argv(&file_op(READ, &root, "a/missing"), b"");
+        assert_eq!(code, MISSING);
+        let (code, _, _) = run_argv(&file_op(READ, &root, "a"), b"");
+        assert_eq!(code, MISSING, "a directory is not a regular file");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn file_scripts_refuse_a_symlink_leading_out_of_the_workspace() {
+        let root = scratch("files-escape");
+        let outside = scratch("files-outside");
+        std::fs::write(outside.join("secret"), b"s").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+        let (code, out, _) = run_argv(&file_op(READ, &root, "out/secret"), b"");
+        assert_eq!((code, out.len()), (ESCAPES, 0));
+        let (code, _, _) = run_argv(&file_op(WRITE, &root, "out/new"), b"x");
+        assert_eq!(code, ESCAPES);
+        assert!(!outside.join("new").exists());
+        let (code, _, _) = run_argv(&file_op(UPLOAD, &root, "out"), b"");
+        assert_eq!(code, ESCAPES);
+        // A link that stays inside is followed.
+        std::fs::write(root.join("f"), b"in").unwrap();
+        std::os::unix::fs::symlink(root.join("f"), root.join("g")).unwrap();
+        let (code, out, _) = run_argv(&file_op(READ, &root, "g"), b"");
+        assert_eq!((code, out.as_slice()), (0, &b"in"[..]));
+        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(&outside);
+    }
+
+    #[test]
+    fn upload_and_download_carry_a_directory_as_tar() {
+        let src = scratch("files-src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        std::fs::write(src.join("d/x"), b"xx").unwrap();
+        let (code, tar, err) = run_argv(&file_op(DOWNLOAD, &src, "d"), b"");
+        assert_eq!(code, 0, "{err}");
+        let dst = scratch("files-dst");
+        let (code, _, err) = run_argv(&file_op(UPLOAD, &dst, "e"), &tar);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(std::fs::read(dst.join("e/x")).unwrap(), b"xx");
+        let _ = std::fs::remove_dir_all(&src);
+        let _ = std::fs::remove_dir_all(&dst);
+    }
+
+    /// The shells the wrapper is tried with: busybox's (the sandbox image's), dash and bash
+    /// (other images' `sh`), each that the host has.
+    fn shells() -> Vec<Vec<String>> {
+        let has = |p: &str| {
+            Command::new(p)
+                .arg("-c")
+                .arg("true")
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let mut v = Vec::new();
+        if Command::new("busybox")
+            .args(["sh", "-c", "true"])
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            v.push(vec!["busybox".to_string(), "sh".to_string()]);
+        }
+        for sh in ["dash", "bash"] {
+            if has(sh) {
+                v.push(vec![sh.to_string()]);
+            }
+        }
+        assert!(!v.is_empty(), "no shell to try the wrapper with");
+        v
+    }
+
+    const MK: &str = "__AGENTBOX_00112233445566778899aabbccddeeff_";
+
+    /// `SHELL -c WRAPPER agentbox-exec MARK STDIN TIMEOUT WORKDIR N ENV... ARGV...`.
+    fn wrapped(
+        shell: &[String],
+        (mark, stdin): (&str, &str),
+        timeout: &str,
+        dir: &str,
+        env: &[&str],
+        argv: &[&str],
+    ) -> Vec<String> {
+        let mut v: Vec<String> = shell.to_vec();
+        v.extend(
+            ["-c", WRAPPER, "agentbox-exec", mark, stdin, timeout, dir]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        v.push(env.len().to_string());
+        v.extend(env.iter().chain(argv).map(|s| s.to_string()));
+        v
+    }
+
+    /// `out` without its trailing mark; fails when it does not end with it.
+    fn unmarked(out: &[u8]) -> String {
+        let s = String::from_utf8_lossy(out).into_owned();
+        s.strip_suffix(MK)
+            .unwrap_or_else(|| panic!("no trailer in {s:?}"))
+            .to_string()
+    }
+
+    #[test]
+    fn the_wrapper_sets_workdir_and_env_keeps_the_exit_code_and_ends_both_streams_with_the_mark() {
+        let dir = scratch("wrapper");
+        for sh in shells() {
+            let argv = wrapped(
+                &sh,
+                (MK, "-"),
+                "",
+                &path(&dir),
+                &["A=1 2", "B=x"],
+                &["sh", "-c", "pwd; echo \"$A|$B\"; echo e >&2; exit 7"],
+            );
+            let (code, out, err) = run_argv(&argv, b"");
+            assert_eq!(code, 7, "{sh:?}: {err}");
+            assert_eq!(unmarked(&out), format!("{}\n1 2|x\n", path(&dir)), "{sh:?}");
+            assert_eq!(unmarked(err.as_bytes()), "e\n", "{sh:?}");
+            let (code, out, err) = run_argv(
+                &wrapped(&sh, (MK, "-"), "", "/no/such/dir", &[], &["true"]),
+                b"",
+            );
+            assert_eq!(code, 126, "{sh:?}");
+            assert_eq!(unmarked(&out), "");
+            assert!(
+                unmarked(err.as_bytes()).contains("/no/such/dir"),
+                "{sh:?}: {err}"
+            );
+            // A program that does not exist: 127 and the shell's message, as in any shell; a
+            // name that is a shell builtin or the wrapper's function runs the program.
+            let (code, _, err) = run_argv(
+                &wrapped(&sh, (MK, "-"), "", "", &[], &["agentbox-no-such-program"]),
+                b"",
+            );
+            assert_eq!(code, 127, "{sh:?}");
+            assert!(unmarked(err.as_bytes()).contains("agentbox-no-such-program"));
+            let (code, _, _) = run_argv(&wrapped(&sh, (MK, "-"), "", "", &[], &["run"]), b"");
+            assert_eq!(code, 127, "{sh:?}: `run` is no program here");
+            let (code, out, _) =
+                run_argv(&wrapped(&sh, (MK, "-"), "", "", &[], &["exit", "3"]), b"");
+            assert_eq!(
+                (code, out.is_empty()),
+                (127, false),
+                "{sh:?}: not the builtin"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_wrapper_gives_the_command_the_stdin_its_mode_says() {
+        for sh in shells() {
+            // `-`: nothing; the bytes sent are the linger's.
+            let (code, out, _) = run_argv(&wrapped(&sh, (MK, "-"), "", "", &[], &["cat"]), b"in");
+            assert_eq!((code, unmarked(&out)), (0, String::new()), "{sh:?}");
+            // `K`: exactly the first K bytes, then EOF.
+            let (code, out, _) = run_argv(&wrapped(&sh, (MK, "3"), "", "", &[], &["cat"]), b"abc");
+            assert_eq!((code, unmarked(&out)), (0, "abc".to_string()), "{sh:?}");
+            let (code, out, _) = run_argv(
+                &wrapped(&sh, (MK, "3"), "", "", &[], &["sh", "-c", "cat; echo; cat"]),
+                b"abcdef",
+            );
+            assert_eq!((code, unmarked(&out)), (0, "abc\n".to_string()), "{sh:?}");
+            // `=`: all of it, to the end.
+            let (code, out, _) =
+                run_argv(&wrapped(&sh, (MK, "="), "", "", &[], &["cat"]), b"abcdef");
+            assert_eq!((code, unmarked(&out)), (0, "abcdef".to_string()), "{sh:?}");
+            // With a timeout too (stdin through fd 3).
+            let (code, out, _) = run_argv(&wrapped(&sh, (MK, "2"), "5", "", &[], &["cat"]), b"in");
+            assert_eq!((code, unmarked(&out)), (0, "in".to_string()), "{sh:?}");
+            let (code, out, _) = run_argv(&wrapped(&sh, (MK, "="), "5", "", &[], &["cat"]), b"in");
+            assert_eq!((code, unmarked(&out)), (0, "in".to_string()), "{sh:?}");
+        }
+    }
+
+    #[test]
+    fn the_wrapper_kills_a_command_past_its_timeout_and_still_ends_with_the_mark() {
+        for sh in shells() {
+            let (code, out, _) = run_argv(
+                &wrapped(
+                    &sh,
+                    (MK, "-"),
+                    "0.2",
+                    "",
+                    &[],
+                    &["sh", "-c", "sleep 30; echo late"],
+                ),
+                b"",
+            );
+            assert_eq!(code, 137, "{sh:?}");
+            assert_eq!(unmarked(&out), "", "{sh:?}");
+        }
+    }
+
+    #[test]
+    fn the_wrapper_lingers_until_stdin_ends_except_with_a_stream_or_without_a_mark() {
+        use std::io::{Read, Write};
+        for sh in shells() {
+            for mode in ["-", "2"] {
+                let argv = wrapped(&sh, (MK, mode), "", "", &[], &["echo", "hi"]);
+                let mut child = Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("run");
+                let mut stdin = child.stdin.take().expect("stdin");
+                let input: &[u8] = if mode == "-" { b"" } else { b"ab" };
+                stdin.write_all(input).expect("write");
+                stdin.flush().expect("flush");
+                let mut stdout = child.stdout.take().expect("stdout");
+                let want = format!("hi\n{MK}");
+                let mut got = vec![0u8; want.len()];
+                stdout
+                    .read_exact(&mut got)
+                    .expect("the output and its mark");
+                assert_eq!(String::from_utf8_lossy(&got), want, "{sh:?} {mode}");
+                let mut err = vec![0u8; MK.len()];
+                let mut stderr = child.stderr.take().expect("stderr");
+                stderr.read_exact(&mut err).expect("the stderr mark");
+                // Both marks are out and the command has ended: the wrapper waits for the
+                // client's EOF all the same.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                assert!(
+                    child.try_wait().expect("wait").is_none(),
+                    "{sh:?} {mode}: exited early"
+                );
+                drop(stdin);
+                let st = child.wait().expect("wait");
+                assert_eq!(st.code(), Some(0), "{sh:?} {mode}");
+            }
+            // `=` and an empty mark: no linger (stdin stays open here, and they end anyway).
+            for (mark, mode) in [(MK, "="), ("", "-")] {
+                let argv = wrapped(&sh, (mark, mode), "", "", &["A=1"], &["echo", "hi"]);
+                let mut child = Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("run");
+                let stdin = child.stdin.take();
+                // Bounded, so that a wrapper that lingers fails here rather than hangs.
+                let mut ended = false;
+                for _ in 0..200 {
+                    if child.try_wait().expect("wait").is_some() {
+                        ended = true;
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                assert!(ended, "{sh:?} {mark:?} {mode}: lingered with stdin open");
+                drop(stdin);
+                let out = child.wait_with_output().expect("wait");
+                if mark.is_empty() {
+                    assert_eq!(out.stdout, b"hi\n", "{sh:?}: no trailer");
+                    assert!(out.stderr.is_empty(), "{sh:?}");
+                } else {
+                    assert_eq!(unmarked(&out.stdout), "hi\n", "{sh:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn session_lines_frame_each_command_with_its_nonce() {
+        let mark = "__AGENTBOX_test_";
+        let mut input = session_line(&["echo".into(), "it's".into()], mark);
+        input.push_str(&session_line(
+            &["sh".into(), "-c".into(), "cat; exit 3".into()],
+            mark,
+        ));
+        let (code, out, err) = run_argv(&["sh".to_string()], input.as_bytes());
+        assert_eq!(code, 0);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            format!("{mark}+\nit's\n{mark}0\n{mark}+\n{mark}3\n"),
+            "the second command's stdin is /dev/null, not the following lines"
+        );
+        assert_eq!(err, format!("{mark}\n{mark}\n"));
+    }
+}

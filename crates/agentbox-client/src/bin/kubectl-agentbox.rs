@@ -1,0 +1,8 @@
+//! `kubectl-agentbox`: the `agentbox` CLI under the name kubectl looks for on the PATH, so it
+//! also runs as `kubectl agentbox ...`; all of it is in `agentbox_client::cli`.
+#![forbid(unsafe_code)]
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    agentbox_client::cli::main().await
+}

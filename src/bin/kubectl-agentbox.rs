@@ -1,8 +1,0 @@
-//! `kubectl-agentbox`: the `agentbox` CLI under the name kubectl looks for on the PATH, so it
-//! also runs as `kubectl agentbox ...`; all of it is in `agentbox::cli`.
-#![forbid(unsafe_code)]
-
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    agentbox::cli::main().await
-}

@@ -1,0 +1,683 @@
+//! The helper pods: one job of the trusted node-side helper (agentbox-helper) each, bound to
+//! one node — removing a deleted sandbox's workspace, listing and sweeping a namespace's
+//! directories, pruning the node root, preparing a namespace's directory — their names and
+//! labels, and how their outcome and a refused create are read. The sandbox pod and its
+//! `own-workspace` init container are [`super::pod`]'s.
+
+use std::collections::BTreeMap;
+
+use agentbox_helper::Report;
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, Pod, PodSecurityContext, PodSpec, Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use super::pod::{
+    HelperImage, PREPARE_CAPS, PodConfig, REMOVE_CAPS, helper_container, namespace_host_path,
+    owned_labels, owner_ref, runtime_default,
+};
+use agentbox_api::crd::{Sandbox, SandboxPool, SandboxSpec};
+use agentbox_api::labels;
+
+/// Where helper pods mount the namespace's workspace directory.
+pub const NAMESPACE_MOUNT: &str = "/ns";
+/// Label on helper pods: which job (`remove`, `prepare`).
+pub const HELPER_LABEL: &str = "agentbox.dev/helper";
+
+/// Name of the pod that removes a sandbox's workspace directory from its node.
+pub fn cleanup_pod_name(sbx: &Sandbox) -> String {
+    // Named for this sandbox's uid, not its name: a leftover from an earlier sandbox of the
+    // same name is never taken for this one's.
+    format!("sbx-cleanup-{}", sbx.uid().unwrap_or_default())
+}
+
+/// Name of the pod that removes this sandbox's workspace directory left on the lost `node`:
+/// distinct from [`cleanup_pod_name`], so a deletion's cleanup never takes its completion for
+/// the removal of the directory on the node the sandbox runs on.
+pub fn abandoned_cleanup_pod_name(sbx: &Sandbox, node: &str) -> String {
+    format!(
+        "sbx-cleanup-{}-{}",
+        sbx.uid().unwrap_or_default(),
+        hex::encode(&Sha256::digest(node.as_bytes())[..4])
+    )
+}
+
+/// Name of the pod that prepares and checks a namespace's workspace directory on `node`.
+pub fn prepare_pod_name(node: &str) -> String {
+    format!(
+        "agentbox-prepare-{}",
+        hex::encode(&Sha256::digest(node.as_bytes())[..8])
+    )
+}
+
+/// The host directory a helper pod mounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HelperMount {
+    /// The namespace's workspace directory, read-write at [`NAMESPACE_MOUNT`]: the parent of
+    /// the workspaces a job changes.
+    Namespace,
+    /// The same directory read-only: only to name its entries. Never more than the
+    /// namespace's own directory: helper pods run in the tenant's namespace, where a harness
+    /// may be allowed `pods/exec`, so what one mounts must not reach another namespace's
+    /// workspaces (not even their names).
+    NamespaceReadOnly,
+    /// The node root (every namespace's directory), read-only, to name the namespaces that
+    /// have directories there. Only ever in `--helper-namespace`, the operator's own, where no
+    /// harness may exec.
+    NodeRootReadOnly,
+    /// The node root read-write, to remove a deleted namespace's empty directory. Only ever in
+    /// `--helper-namespace`.
+    NodeRoot,
+}
+
+/// A pod bound directly to `node` (no scheduling: it must run exactly there, even on a
+/// cordoned node) in namespace `ns` that runs one helper job on the directory `mount` names.
+/// It tolerates `tolerations`, nothing more.
+#[allow(clippy::too_many_arguments)]
+fn helper_pod(
+    ns: &str,
+    tolerations: Option<Vec<Toleration>>,
+    cfg: &PodConfig<'_>,
+    helper: &HelperImage<'_>,
+    (name, node, kind): (String, &str, &str),
+    (job, caps, mount): (agentbox_helper::Job, &[&str], HelperMount),
+    labels: BTreeMap<String, String>,
+) -> Pod {
+    // A namespace directory removed by hand must not leave the pod stuck on its mount; an
+    // empty one created here holds nothing (and `prepare` makes it root-only once a sandbox
+    // of the namespace starts on the node).
+    let volume = "namespace";
+    let volume_mount = VolumeMount {
+        name: volume.into(),
+        mount_path: NAMESPACE_MOUNT.into(),
+        read_only: matches!(
+            mount,
+            HelperMount::NamespaceReadOnly | HelperMount::NodeRootReadOnly
+        )
+        .then_some(true),
+        ..Default::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(ns.to_string()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.to_string()),
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            termination_grace_period_seconds: Some(1),
+            tolerations,
+            containers: vec![helper_container(kind, helper, &job, caps, volume_mount)],
+            volumes: Some(vec![Volume {
+                name: volume.into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: match mount {
+                        HelperMount::Namespace | HelperMount::NamespaceReadOnly => {
+                            namespace_host_path(cfg.node_root, ns)
+                        }
+                        HelperMount::NodeRoot | HelperMount::NodeRootReadOnly => {
+                            cfg.node_root.to_string()
+                        }
+                    },
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                ..Default::default()
+            }]),
+            security_context: Some(PodSecurityContext {
+                seccomp_profile: Some(runtime_default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// A helper pod for one of a sandbox's own jobs: in its namespace, with its tolerations, on
+/// the namespace's directory.
+fn sandbox_helper_pod(
+    sbx: &Sandbox,
+    cfg: &PodConfig<'_>,
+    helper: &HelperImage<'_>,
+    (name, node, kind): (String, &str, &str),
+    (job, caps): (agentbox_helper::Job, &[&str]),
+    labels: BTreeMap<String, String>,
+) -> Pod {
+    let tolerations =
+        (!sbx.spec.pod.tolerations.is_empty()).then(|| sbx.spec.pod.tolerations.clone());
+    helper_pod(
+        &sbx.namespace().unwrap_or_default(),
+        tolerations,
+        cfg,
+        helper,
+        (name, node, kind),
+        (job, caps, HelperMount::Namespace),
+        labels,
+    )
+}
+
+/// The pod `name` that removes this sandbox's workspace directory `dir` (an entry of the
+/// namespace's directory, see [`super::placement::dir_name`]; only it) from `node`:
+/// the helper's `remove` job on the namespace's directory, which it needs mounted to unlink the
+/// workspace's entry. `None` without a helper image: the sandbox's own image is never used,
+/// since whatever it calls `rm` is the sandbox author's code.
+pub fn build_cleanup_pod(
+    sbx: &Sandbox,
+    cfg: &PodConfig<'_>,
+    (node, dir): (&str, &str),
+    name: String,
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::Remove {
+        root: NAMESPACE_MOUNT.into(),
+        names: vec![dir.to_string()],
+    };
+    let mut labels = owned_labels(sbx);
+    labels.insert(HELPER_LABEL.into(), "remove".into());
+    // Not owned: a foreground deletion of the sandbox would have the garbage collector remove
+    // it before it ran. The reconciler deletes it once it has succeeded.
+    Some(sandbox_helper_pod(
+        sbx,
+        cfg,
+        helper,
+        (name, node, "remove"),
+        (job, REMOVE_CAPS),
+        labels,
+    ))
+}
+
+/// Name of the orphan sweep's pod on `node` for `job` (`list` or `sweep`), one per node in each
+/// namespace: a pod left by an operator that stopped midway is found again by it.
+pub fn sweep_pod_name(job: &str, node: &str) -> String {
+    format!(
+        "agentbox-{job}-{}",
+        hex::encode(&Sha256::digest(node.as_bytes())[..8])
+    )
+}
+
+/// Label of a sweep pod: the namespace whose workspace directory it works on (it may run in
+/// another, `--helper-namespace`, when that one takes no new pods).
+pub const FOR_NAMESPACE_LABEL: &str = "agentbox.dev/for-namespace";
+
+/// Labels of the orphan sweep's pods (owned by no sandbox: the sweep deletes them itself).
+fn sweep_labels(job: &str, ns: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (HELPER_LABEL.to_string(), job.to_string()),
+        (FOR_NAMESPACE_LABEL.to_string(), ns.to_string()),
+    ])
+}
+
+/// Tolerates every taint: a sweep pod runs only on a node that serves (the sweep checks), and
+/// it must reach the workspaces there whatever the sandboxes tolerated.
+fn tolerate_all() -> Option<Vec<Toleration>> {
+    Some(vec![Toleration {
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }])
+}
+
+/// One of the sweep's pods, in `ns`: bound to `node` and tolerating every taint, named for
+/// its `pod_job` there, running `job` in container `kind` with `caps` on `mount`. `None`
+/// without a helper image.
+fn sweep_pod(
+    ns: &str,
+    cfg: &PodConfig<'_>,
+    (pod_job, node, kind): (&str, &str, &str),
+    (job, caps, mount): (agentbox_helper::Job, &[&str], HelperMount),
+    labels: BTreeMap<String, String>,
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    Some(helper_pod(
+        ns,
+        tolerate_all(),
+        cfg,
+        helper,
+        (sweep_pod_name(pod_job, node), node, kind),
+        (job, caps, mount),
+        labels,
+    ))
+}
+
+/// The pod that names the entries of namespace `ns`'s workspace directory on `node` (the
+/// helper's `list` job, leaving out `skip`), with that directory alone mounted read-only and
+/// no capability. `None` without a helper image.
+pub fn build_list_pod(ns: &str, cfg: &PodConfig<'_>, node: &str, skip: Vec<String>) -> Option<Pod> {
+    let job = agentbox_helper::Job::List {
+        dir: NAMESPACE_MOUNT.into(),
+        skip,
+    };
+    sweep_pod(
+        ns,
+        cfg,
+        ("list", node, "list"),
+        (job, PREPARE_CAPS, HelperMount::NamespaceReadOnly),
+        sweep_labels("list", ns),
+    )
+}
+
+/// The pod that removes the orphaned workspace directories `names` of namespace `ns` from
+/// `node` (the helper's `remove` job). `None` without a helper image.
+pub fn build_sweep_pod(
+    ns: &str,
+    cfg: &PodConfig<'_>,
+    node: &str,
+    names: Vec<String>,
+) -> Option<Pod> {
+    let job = agentbox_helper::Job::Remove {
+        root: NAMESPACE_MOUNT.into(),
+        names,
+    };
+    sweep_pod(
+        ns,
+        cfg,
+        ("sweep", node, "remove"),
+        (job, REMOVE_CAPS, HelperMount::Namespace),
+        sweep_labels("sweep", ns),
+    )
+}
+
+/// Labels of the sweep's pods on the node root itself (no namespace of their own to name).
+fn root_sweep_labels(job: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (HELPER_LABEL.to_string(), job.to_string()),
+    ])
+}
+
+/// The pod, in `helper_ns` (`--helper-namespace`, never a tenant's), that names the entries of
+/// the node root on `node` (the namespaces with a directory there, leaving out `skip`), the
+/// node root mounted read-only and no capability. `None` without a helper image.
+pub fn build_root_list_pod(
+    helper_ns: &str,
+    cfg: &PodConfig<'_>,
+    node: &str,
+    skip: Vec<String>,
+) -> Option<Pod> {
+    let job = agentbox_helper::Job::List {
+        dir: NAMESPACE_MOUNT.into(),
+        skip,
+    };
+    sweep_pod(
+        helper_ns,
+        cfg,
+        ("list-root", node, "list"),
+        (job, PREPARE_CAPS, HelperMount::NodeRootReadOnly),
+        root_sweep_labels("list"),
+    )
+}
+
+/// The pod, in `helper_ns`, that removes the directories `names` (of deleted namespaces) from
+/// the node root on `node` if they are empty (the helper's `prune` job). `None` without a
+/// helper image.
+pub fn build_prune_pod(
+    helper_ns: &str,
+    cfg: &PodConfig<'_>,
+    node: &str,
+    names: Vec<String>,
+) -> Option<Pod> {
+    let job = agentbox_helper::Job::Prune {
+        root: NAMESPACE_MOUNT.into(),
+        names,
+    };
+    sweep_pod(
+        helper_ns,
+        cfg,
+        ("prune", node, "prune"),
+        (job, PREPARE_CAPS, HelperMount::NodeRoot),
+        root_sweep_labels("sweep"),
+    )
+}
+
+/// The pod that makes the namespace's workspace directory on `node` root-only and reports
+/// whether its mount is `nosuid,nodev`. Owned (not as controller) by the sandbox whose start
+/// asked for it, so its completion wakes that sandbox, and it goes with it. `None` without a
+/// helper image.
+pub fn build_prepare_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Option<Pod> {
+    prepare_pod(
+        &sbx.namespace().unwrap_or_default(),
+        &sbx.spec.pod.tolerations,
+        owner_ref(sbx),
+        (cfg, node),
+    )
+}
+
+/// The pod that prepares the namespace's workspace directory on `node` for a pool's warm pods
+/// there ([`build_prepare_pod`]'s job), before any of them can be claimed: so a claimed
+/// workspace is never under a directory other host users can reach. It tolerates what the
+/// pool's pods (`spec`, its template resolved) tolerate. Owned (not as controller) by the
+/// pool, so it goes with it. `None` without a helper image.
+pub fn build_pool_prepare_pod(
+    pool: &SandboxPool,
+    spec: &SandboxSpec,
+    cfg: &PodConfig<'_>,
+    node: &str,
+) -> Option<Pod> {
+    prepare_pod(
+        &pool.namespace().unwrap_or_default(),
+        &spec.pod.tolerations,
+        pool.controller_owner_ref(&()),
+        (cfg, node),
+    )
+}
+
+/// The `prepare` helper pod of namespace `ns` on `node`, whoever asks (one name per node:
+/// the first to ask makes it), owned by `owner` but not as its controller.
+fn prepare_pod(
+    ns: &str,
+    tolerations: &[Toleration],
+    owner: Option<OwnerReference>,
+    (cfg, node): (&PodConfig<'_>, &str),
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let job = agentbox_helper::Job::Prepare {
+        dir: NAMESPACE_MOUNT.into(),
+    };
+    let labels = BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (HELPER_LABEL.to_string(), "prepare".to_string()),
+    ]);
+    let mut pod = helper_pod(
+        ns,
+        (!tolerations.is_empty()).then(|| tolerations.to_vec()),
+        cfg,
+        helper,
+        (prepare_pod_name(node), node, "prepare"),
+        (job, PREPARE_CAPS, HelperMount::Namespace),
+        labels,
+    );
+    pod.metadata.owner_references = owner.map(|mut o| {
+        o.controller = None;
+        o.block_owner_deletion = None;
+        vec![o]
+    });
+    Some(pod)
+}
+
+/// Container waiting reasons that will not go away by themselves.
+const STUCK: [&str; 6] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+/// The outcome of a helper pod: its report once it has succeeded, else what went wrong — the
+/// failure it wrote, or the reason it cannot start (a helper image missing on the node, say).
+/// `None` while it runs.
+pub fn helper_outcome(pod: &Pod) -> Option<Result<Report, String>> {
+    let status = pod.status.as_ref()?;
+    let stuck = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .filter(|w| STUCK.contains(&w.reason.as_deref().unwrap_or_default()));
+    if let Some(w) = stuck {
+        return Some(Err(format!(
+            "the helper pod cannot start ({}): {}",
+            w.reason.as_deref().unwrap_or_default(),
+            w.message.as_deref().unwrap_or_default()
+        )));
+    }
+    let phase = status.phase.as_deref()?;
+    if !matches!(phase, "Succeeded" | "Failed") {
+        return None;
+    }
+    let message = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+        .unwrap_or_default();
+    Some(match (phase, Report::parse(&message)) {
+        ("Succeeded", Some(r)) => Ok(r),
+        _ if message.trim().is_empty() => {
+            Err(format!("the helper pod ended {phase} without a report"))
+        }
+        _ => Err(message.trim().to_string()),
+    })
+}
+
+/// Whether the API server refused a pod because its namespace takes no new pods: it is being
+/// deleted (403, NamespaceLifecycle admission) or is gone (404).
+pub fn namespace_takes_no_pods(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else {
+        return false;
+    };
+    let terminating = s.code == 403 && s.message.contains("being terminated");
+    let gone = s.code == 404 && s.details.as_ref().is_some_and(|d| d.kind == "namespaces");
+    terminating || gone
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::pod::tests::*;
+
+    #[test]
+    fn cleanup_pod_runs_the_helper_on_this_workspace_only() {
+        let sbx = sandbox(serde_json::json!({"tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}
+        ]}));
+        let pod = build_cleanup_pod(
+            &sbx,
+            &cfg("/w"),
+            ("node-a", "1234-uid"),
+            cleanup_pod_name(&sbx),
+        )
+        .unwrap();
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let vols = spec.volumes.unwrap();
+        assert_eq!(vols.len(), 1);
+        assert_eq!(vols[0].host_path.as_ref().unwrap().path, "/w/team");
+        let c = &spec.containers[0];
+        assert_least_privilege(c, REMOVE_CAPS);
+        assert_eq!(
+            agentbox_helper::Job::parse(&c.command.as_ref().unwrap()[1..]).unwrap(),
+            agentbox_helper::Job::Remove {
+                root: NAMESPACE_MOUNT.into(),
+                names: vec!["1234-uid".into()]
+            }
+        );
+        // Exactly the sandbox's tolerations: no blanket "tolerate everything".
+        let tol = spec.tolerations.unwrap();
+        assert_eq!(tol, sbx.spec.pod.tolerations);
+        assert!(
+            build_cleanup_pod(
+                &sandbox(serde_json::json!({})),
+                &cfg("/w"),
+                ("n", "d"),
+                "c".into()
+            )
+            .unwrap()
+            .spec
+            .unwrap()
+            .tolerations
+            .is_none()
+        );
+        // Without a helper image there is no cleanup pod: never the sandbox's own image.
+        let none = PodConfig {
+            helper: None,
+            ..cfg("/w")
+        };
+        assert!(build_cleanup_pod(&sbx, &none, ("node-a", "d"), "c".into()).is_none());
+        // The pod that removes a directory left on a lost node is named for that node.
+        assert_ne!(
+            abandoned_cleanup_pod_name(&sbx, "node-a"),
+            abandoned_cleanup_pod_name(&sbx, "node-b")
+        );
+        assert!(abandoned_cleanup_pod_name(&sbx, "node-a").starts_with(&cleanup_pod_name(&sbx)));
+        assert!(build_prepare_pod(&sbx, &none, "node-a").is_none());
+    }
+
+    #[test]
+    fn sweep_pods_list_read_only_and_remove_only_the_names_given() {
+        let list = build_list_pod("team", &cfg("/w"), "node-a", vec!["u1".into()]).unwrap();
+        let sweep = build_sweep_pod("team", &cfg("/w"), "node-a", vec!["u2".into()]).unwrap();
+        // The sweep's leftover selector (`agentbox.dev/helper in (list,sweep)`, per namespace)
+        // must select both.
+        for (p, job) in [(&list, "list"), (&sweep, "sweep")] {
+            let l = p.metadata.labels.as_ref().unwrap();
+            assert_eq!(l.get(HELPER_LABEL).map(String::as_str), Some(job));
+            assert_eq!(l.get(FOR_NAMESPACE_LABEL).map(String::as_str), Some("team"));
+        }
+        let spec = list.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+        assert_least_privilege(&spec.containers[0], &[]);
+        let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (NAMESPACE_MOUNT, Some(true))
+        );
+        let volumes = spec.volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
+        let hp = volumes[0].host_path.as_ref().unwrap();
+        assert_eq!(
+            hp.path.as_str(),
+            "/w/team",
+            "the namespace's own directory, never the node root: another namespace's \
+             workspace names stay out of reach of whoever may exec into the pod"
+        );
+        let args = &spec.containers[0].command.as_ref().unwrap()[1..];
+        assert_eq!(
+            agentbox_helper::Job::parse(args).unwrap(),
+            agentbox_helper::Job::List {
+                dir: NAMESPACE_MOUNT.into(),
+                skip: vec!["u1".into()]
+            }
+        );
+        assert!(list.metadata.owner_references.is_none());
+
+        let spec = sweep.spec.as_ref().unwrap();
+        assert_least_privilege(&spec.containers[0], REMOVE_CAPS);
+        let hp = spec.volumes.as_ref().unwrap()[0]
+            .host_path
+            .as_ref()
+            .unwrap();
+        assert_eq!(hp.path, "/w/team");
+        let args = &spec.containers[0].command.as_ref().unwrap()[1..];
+        assert_eq!(
+            agentbox_helper::Job::parse(args).unwrap(),
+            agentbox_helper::Job::Remove {
+                root: NAMESPACE_MOUNT.into(),
+                names: vec!["u2".into()]
+            }
+        );
+        assert_ne!(list.metadata.name, sweep.metadata.name);
+        let none = PodConfig {
+            helper: None,
+            ..cfg("/w")
+        };
+        assert!(build_list_pod("team", &none, "n", vec![]).is_none());
+        assert!(build_sweep_pod("team", &none, "n", vec![]).is_none());
+    }
+
+    #[test]
+    fn node_root_pods_run_in_the_helper_namespace_list_read_only_and_only_prune() {
+        let list = build_root_list_pod("ops", &cfg("/w"), "node-a", vec!["team".into()]).unwrap();
+        let prune = build_prune_pod("ops", &cfg("/w"), "node-a", vec!["gone".into()]).unwrap();
+        for (p, read_only, job) in [(&list, Some(true), "list"), (&prune, None, "sweep")] {
+            assert_eq!(p.metadata.namespace.as_deref(), Some("ops"));
+            let l = p.metadata.labels.as_ref().unwrap();
+            assert_eq!(l.get(HELPER_LABEL).map(String::as_str), Some(job));
+            let spec = p.spec.as_ref().unwrap();
+            assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+            assert_least_privilege(&spec.containers[0], &[]);
+            let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+            assert_eq!(
+                (m.mount_path.as_str(), m.read_only),
+                (NAMESPACE_MOUNT, read_only)
+            );
+            let hp = spec.volumes.as_ref().unwrap()[0]
+                .host_path
+                .as_ref()
+                .unwrap();
+            assert_eq!(hp.path, "/w");
+        }
+        let args = |p: &Pod| {
+            p.spec.as_ref().unwrap().containers[0]
+                .command
+                .as_ref()
+                .unwrap()[1..]
+                .to_vec()
+        };
+        assert_eq!(
+            agentbox_helper::Job::parse(&args(&list)).unwrap(),
+            agentbox_helper::Job::List {
+                dir: NAMESPACE_MOUNT.into(),
+                skip: vec!["team".into()]
+            }
+        );
+        assert_eq!(
+            agentbox_helper::Job::parse(&args(&prune)).unwrap(),
+            agentbox_helper::Job::Prune {
+                root: NAMESPACE_MOUNT.into(),
+                names: vec!["gone".into()]
+            },
+            "an empty directory only: never a remove at the node root"
+        );
+    }
+
+    #[test]
+    fn prepare_pod_needs_no_capability_and_is_owned_by_the_asking_sandbox() {
+        let sbx = sandbox(serde_json::json!({}));
+        let pod = build_prepare_pod(&sbx, &cfg("/w"), "node-a").unwrap();
+        assert_eq!(pod.metadata.name, Some(prepare_pod_name("node-a")));
+        assert_ne!(prepare_pod_name("node-a"), prepare_pod_name("node-b"));
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.controller), ("Sandbox", None));
+        let spec = pod.spec.unwrap();
+        assert_least_privilege(&spec.containers[0], PREPARE_CAPS);
+        assert_eq!(
+            spec.volumes.unwrap()[0].host_path.as_ref().unwrap().path,
+            "/w/team"
+        );
+    }
+
+    #[test]
+    fn a_pools_prepare_pod_is_the_same_job_owned_by_the_pool_with_its_tolerations() {
+        let mut spec = agentbox_api::template::for_pool("tpl", &template());
+        spec.pod.tolerations = vec![
+            serde_json::from_value(
+                serde_json::json!({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}),
+            )
+            .unwrap(),
+        ];
+        let pod = build_pool_prepare_pod(&pool(), &spec, &cfg("/w"), "node-a").unwrap();
+        let sbx = build_prepare_pod(&sandbox(serde_json::json!({})), &cfg("/w"), "node-a").unwrap();
+        // One pod per node and namespace, whoever asks: the same name, labels and container.
+        assert_eq!(pod.metadata.name, sbx.metadata.name);
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("team"));
+        assert_eq!(pod.metadata.labels, sbx.metadata.labels);
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("SandboxPool", "pool-uid", None)
+        );
+        let (pspec, sspec) = (pod.spec.unwrap(), sbx.spec.unwrap());
+        assert_eq!(pspec.containers, sspec.containers);
+        assert_eq!(pspec.volumes, sspec.volumes);
+        assert_eq!(pspec.node_name.as_deref(), Some("node-a"));
+        let tolerations = pspec.tolerations.unwrap();
+        assert!(
+            tolerations.iter().any(|t| t.key.as_deref() == Some("gpu")),
+            "{tolerations:?}"
+        );
+        let none = PodConfig {
+            helper: None,
+            ..cfg("/w")
+        };
+        assert!(build_pool_prepare_pod(&pool(), &spec, &none, "node-a").is_none());
+    }
+}
