@@ -414,9 +414,10 @@ async fn restore_against(name: &str, user: &str, arms: &str, bytes: &[u8], reaso
     env.operators[0].terminate();
     forge_snapshot(&env, &store, &key, "later", bytes, &sha).await;
     env.start_operator(&flags);
+    let want = reason.to_string();
     let s = env
-        .wait_for::<Sandbox>("r", 120, |s: Option<&Sandbox>| {
-            refused_reason(s).as_deref() == Some(reason)
+        .wait_for::<Sandbox>("r", 120, move |s: Option<&Sandbox>| {
+            refused_reason(s).as_deref() == Some(want.as_str())
         })
         .await;
     let message = s
