@@ -74,11 +74,16 @@ async fn wait_sandbox(api: &Api<Sandbox>, pods: &Api<Pod>, name: &str) -> Res<(I
 }
 
 fn sandbox(name: &str) -> Res<Sandbox> {
+    sandbox_of(name, "bench")
+}
+
+/// A sandbox of user `user`'s scope (another user's has no snapshot to restore: a cold start).
+fn sandbox_of(name: &str, user: &str) -> Res<Sandbox> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": name},
         "spec": {"image": "docker.io/library/busybox:1.37", "imagePullPolicy": "Never",
-                 "scope": {"kind": "User", "agent": "bench", "user": "bench"}},
+                 "scope": {"kind": "User", "agent": "bench", "user": user}},
     }))?)
 }
 
@@ -365,23 +370,60 @@ async fn take_snapshot(c: &Ctx<'_>) -> Res<Taken> {
     }
 }
 
-/// Restores into a new sandbox of the same scope: its pod running → Ready, the start branch,
-/// and the operator's CPU time meanwhile.
-async fn restore(c: &Ctx<'_>) -> Res<(Duration, Option<StartBranch>, Duration)> {
+/// A sandbox started and seen Ready.
+struct Started {
+    /// Create → Ready.
+    total: Duration,
+    /// Pod running → Ready.
+    after_pod: Duration,
+    /// The start branch it took.
+    branch: Option<StartBranch>,
+    /// The operator's CPU time meanwhile.
+    cpu: Duration,
+}
+
+/// Creates sandbox `name` of user `user`'s scope and waits for it to be Ready: a restore of
+/// the scope's latest snapshot for the source's user, a cold start for any other.
+async fn start(c: &Ctx<'_>, name: &str, user: &str) -> Res<Started> {
     let cpu0 = cpu(c.pid);
+    let t = Instant::now();
     c.sandboxes
-        .create(&PostParams::default(), &sandbox("dst")?)
+        .create(&PostParams::default(), &sandbox_of(name, user)?)
         .await?;
-    let (pod_ready, ready) = wait_sandbox(c.sandboxes, c.pods, "dst").await?;
+    let (pod_ready, ready) = wait_sandbox(c.sandboxes, c.pods, name).await?;
     let spent = cpu(c.pid).saturating_sub(cpu0);
     let branch = c
         .sandboxes
-        .get("dst")
+        .get(name)
         .await?
         .status
         .and_then(|s| s.workspace)
         .and_then(|w| w.last_start_branch);
-    Ok((ready - pod_ready, branch, spent))
+    Ok(Started {
+        total: ready - t,
+        after_pod: ready - pod_ready,
+        branch,
+        cpu: spent,
+    })
+}
+
+/// Restores into a new sandbox of the same scope: its pod running → Ready, the start branch,
+/// and the operator's CPU time meanwhile.
+async fn restore(c: &Ctx<'_>) -> Res<(Duration, Option<StartBranch>, Duration)> {
+    let s = start(c, "dst", "bench").await?;
+    Ok((s.after_pod, s.branch, s.cpu))
+}
+
+/// Deletes sandbox `name` and waits until it is gone (its workspace with it).
+async fn delete_sandbox(c: &Ctx<'_>, name: &str) -> Res<()> {
+    let _ = c.sandboxes.delete(name, &DeleteParams::default()).await;
+    for _ in 0..1200 {
+        if c.sandboxes.get_opt(name).await?.is_none() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("sandbox {name} still there two minutes after its delete").into())
 }
 
 /// Runs a shell script in the source pod; an error if it fails.
@@ -463,14 +505,64 @@ async fn big(c: &Ctx<'_>, store: &str, label: &str, mib: u64) -> Res<()> {
     Ok(())
 }
 
-/// `n` files of a few bytes: snapshot against the raw stream, restore against the image's own
-/// `tar -x` of the same archive in the pod, and the operator's time per member.
+/// The median of `v` (the upper one of an even count).
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// The ways of moving an archive into a pod and extracting it there that the small-file
+/// restore is measured against, each one exec with the archive on its stdin, streamed as a
+/// restore streams it (not through `head -c`): (figure key, what it is, script; `X` is a fresh
+/// directory, `S` a file beside it).
+const TRANSPORTS: [(&str, &str, &str); 3] = [
+    (
+        "stream_tar",
+        "exec stdin straight into `tar -x`",
+        "mkdir X && tar -x -f - -C X",
+    ),
+    ("stream_cat", "exec stdin into `cat > file`", "cat > S"),
+    (
+        "stream_spool",
+        "exec stdin into `cat > file`, then `tar -x -f file`",
+        "mkdir X && cat > S && tar -x -f S -C X && rm -f S",
+    ),
+];
+
+/// Streams `archive` into `script` (of [`TRANSPORTS`]) in the source pod, then removes what
+/// it made; how long the exec took.
+async fn transport(c: &Ctx<'_>, script: &str, archive: &[u8]) -> Res<Duration> {
+    let (x, spool) = (
+        "/workspace/.agentbox/bench-x",
+        "/workspace/.agentbox/bench-spool.tar",
+    );
+    let script = script.replace('X', x).replace('S', spool);
+    let req = ExecRequest::shell(script)
+        .timeout(Duration::from_secs(3600))
+        .stdin_reader(std::io::Cursor::new(archive.to_vec()));
+    let t = Instant::now();
+    let out = exec::run(c.pods, c.pod, "sandbox", req).await?;
+    let took = t.elapsed();
+    if !out.success() {
+        return Err(format!("in the pod: {}", out.stderr_str()).into());
+    }
+    in_pod(c, format!("rm -rf {x} {spool}; sync"), None).await?;
+    Ok(took)
+}
+
+/// `n` files of `BENCH_SMALL_BYTES` bytes (1 KiB): snapshot against the raw stream; restore,
+/// create → Ready, against a cold start plus the image's own `tar -x` of the same archive in
+/// the pod, in the same run; the ways of getting the archive into the pod; the operator's time
+/// per member.
 async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
-    eprintln!("filling the workspace with {n} small files");
+    let bytes = common::env_num("BENCH_SMALL_BYTES", 1024).max(1);
+    let rounds = common::env_num("BENCH_SMALL_ROUNDS", 3).max(1);
+    eprintln!("filling the workspace with {n} files of {bytes} bytes");
+    // One awk process writes them all (a shell loop runs a process per file).
     in_pod(
         c,
         format!(
-            "mkdir -p /workspace/many && cd /workspace/many && i=0; while [ $i -lt {n} ]; do echo \"file $i\" > f$i; i=$((i+1)); done; sync"
+            "mkdir -p /workspace/many && cd /workspace/many && awk -v n={n} -v b={bytes} 'BEGIN {{ pad = \"\"; while (length(pad) < b) pad = pad \"0123456789abcdef\"; for (i = 0; i < n; i++) {{ f = \"f\" i; printf \"%s\", substr(\"file \" i \" \" pad, 1, b) > f; close(f) }} }}' && sync"
         ),
         None,
     )
@@ -479,18 +571,22 @@ async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
     raw_stream(c, false).await?;
     let (raw_bytes, archive, raw, frames) = raw_stream(c, true).await?;
 
-    // The canonicaliser alone, in this process, over the same bytes.
+    // The canonicaliser alone, in this process, over the same bytes; what it writes is what a
+    // restore streams into the pod.
     let t = Instant::now();
     let mut canon = Canonicalizer::snapshot(Limits {
         max_members: 0,
         ..Limits::default()
     });
     let mut out = BytesMut::new();
+    let mut canonical = Vec::with_capacity(archive.len());
     for chunk in archive.chunks(64 << 10) {
         canon.feed(chunk, &mut out)?;
+        canonical.extend_from_slice(&out);
         out.clear();
     }
     let members = canon.finish(&mut out)?.members;
+    canonical.extend_from_slice(&out);
     let in_process = t.elapsed();
 
     // The image's own tar -x of that archive from a file in the pod, onto the workspace's
@@ -499,7 +595,7 @@ async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
     in_pod(
         c,
         "cat > /workspace/.agentbox/bench.tar".into(),
-        Some(archive),
+        Some(canonical.clone()),
     )
     .await?;
     let baseline = || async {
@@ -514,14 +610,46 @@ async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
         Ok::<_, Box<dyn std::error::Error>>(t)
     };
     let before = baseline().await?;
+
+    // The transports, interleaved round by round (the machine's load moves; each figure is
+    // the median of its rounds).
+    let mut moved: Vec<Vec<Duration>> = vec![Vec::new(); TRANSPORTS.len()];
+    for _ in 0..rounds {
+        for (i, (_, _, script)) in TRANSPORTS.iter().enumerate() {
+            moved[i].push(transport(c, script, &canonical).await?);
+        }
+    }
+
     let taken = take_snapshot(c).await?;
-    let (restore_time, branch, restore_cpu) = restore(c).await?;
+    // Restores and cold starts, interleaved: each round a sandbox of the scope (restored from
+    // the snapshot) and one of another user's scope (nothing to restore), both deleted again.
+    let (mut restores, mut colds) = (Vec::new(), Vec::new());
+    let mut first = None;
+    for r in 0..rounds {
+        let cold = start(c, &format!("cold{r}"), "bench-cold").await?;
+        delete_sandbox(c, &format!("cold{r}")).await?;
+        let dst = start(c, &format!("dst{r}"), "bench").await?;
+        delete_sandbox(c, &format!("dst{r}")).await?;
+        colds.push(cold.total);
+        restores.push(dst.total);
+        first.get_or_insert(dst);
+    }
+    let first = first.ok_or("no restore")?;
+    let (restore_time, branch, restore_cpu) = (first.after_pod, first.branch, first.cpu);
+    let restore_total = median(restores.clone());
+    let cold = median(colds.clone());
     let after = baseline().await?;
     in_pod(c, "rm -f /workspace/.agentbox/bench.tar".into(), None).await?;
     let extract = (before + after) / 2;
     let per = |d: Duration| d.as_secs_f64() * 1e6 / taken.members.max(1) as f64;
+    let secs = |v: &[Duration]| {
+        v.iter()
+            .map(|d| format!("{:.2}", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     println!(
-        "store: {store}; {n} small files, archive {:.1} MiB, {} members",
+        "store: {store}; {n} files of {bytes} bytes, archive {:.1} MiB, {} members",
         taken.size as f64 / (1 << 20) as f64,
         taken.members
     );
@@ -543,8 +671,26 @@ async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
         before.as_secs_f64(),
         after.as_secs_f64()
     );
+    for ((key, what, _), d) in TRANSPORTS.iter().zip(&moved) {
+        println!(
+            "transport {key} ({what}): median {:.2}s (rounds: {})",
+            median(d.clone()).as_secs_f64(),
+            secs(d)
+        );
+    }
     println!(
-        "restore (pod running->Ready): {:.2}s = {:.0}% of in-pod tar -x's speed, branch {branch:?}; operator CPU {:.2}s = {:.1} us/member",
+        "cold start (create->Ready): median {:.2}s (rounds: {})",
+        cold.as_secs_f64(),
+        secs(&colds)
+    );
+    println!(
+        "restore (create->Ready): median {:.2}s (rounds: {}) = {:.2}x (cold start + in-pod tar -x)",
+        restore_total.as_secs_f64(),
+        secs(&restores),
+        restore_total.as_secs_f64() / (cold + extract).as_secs_f64()
+    );
+    println!(
+        "restore (pod running->Ready, first round): {:.2}s = {:.0}% of in-pod tar -x's speed, branch {branch:?}; operator CPU {:.2}s = {:.1} us/member",
         restore_time.as_secs_f64(),
         100.0 * extract.as_secs_f64() / restore_time.as_secs_f64(),
         restore_cpu.as_secs_f64(),
@@ -558,11 +704,17 @@ async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
     let fig = |key: &str, value: f64, unit: &str| {
         emit("snapshot", &format!("{store}_small_{key}"), value, unit, n);
     };
+    fig("file_bytes", bytes as f64, "B");
     fig("raw_secs", raw.as_secs_f64(), "s");
     fig("snapshot_secs", taken.total.as_secs_f64(), "s");
     fig("snapshot_cpu_us_per_member", per(taken.cpu), "us");
     fig("extract_secs", extract.as_secs_f64(), "s");
     fig("restore_secs", restore_time.as_secs_f64(), "s");
+    fig("restore_create_secs", restore_total.as_secs_f64(), "s");
+    fig("cold_secs", cold.as_secs_f64(), "s");
+    for ((key, _, _), d) in TRANSPORTS.iter().zip(moved) {
+        fig(&format!("{key}_secs"), median(d).as_secs_f64(), "s");
+    }
     fig("restore_cpu_us_per_member", per(restore_cpu), "us");
     fig(
         "canonicalise_us_per_member",

@@ -378,6 +378,133 @@ async fn a_restore_whose_tar_stops_reading_fails_at_the_deadline_and_frees_the_g
     common::finish_with_snapshots(env, Some(&dir)).await;
 }
 
+/// A restore of `bytes` (a snapshot of one member, as `forge_snapshot` records it) into a
+/// sandbox of user `user` whose `sh` was given `arms` first ([`plant_shell`]), by an operator
+/// with a progress deadline of [`STALL_SECONDS`]; waits until the restore failed with
+/// `reason`, then checks that nothing of it is left: the workspace as it was (empty), no
+/// staging directory and no spool, and the scope's guard free.
+async fn restore_against(name: &str, user: &str, arms: &str, bytes: &[u8], reason: &str) -> String {
+    let mut env = TestEnv::new(name).await;
+    let (flags, store, dir) = common::file_store(&env.ns);
+    let stall = format!("--stream-stall-seconds={STALL_SECONDS}");
+    let mut flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    flags.push(&stall);
+    env.start_operator(&flags);
+    // A restore of a snapshot that does not exist yet (see the stalled restore's test).
+    create_sandbox(&env, "r", restore_named(user, "later"))
+        .await
+        .expect("create");
+    let s = env
+        .wait_for::<Sandbox>("r", 300, |s: Option<&Sandbox>| {
+            refused_reason(s).as_deref() == Some("SnapshotNotFound")
+                && s.and_then(|s| s.status.as_ref())
+                    .is_some_and(|st| st.pod_name.is_some())
+        })
+        .await;
+    let pod = s.status.and_then(|st| st.pod_name).expect("pod");
+    env.wait_for::<Pod>(&pod, 300, |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .and_then(|st| st.phase.as_deref())
+            == Some("Running")
+    })
+    .await;
+    plant_shell(&env, &pod, b"", arms).await;
+    let sha = hex::encode(Sha256::digest(bytes));
+    let key = labels::scope_key(&scope(user));
+    env.operators[0].terminate();
+    forge_snapshot(&env, &store, &key, "later", bytes, &sha).await;
+    env.start_operator(&flags);
+    let want = reason.to_string();
+    let s = env
+        .wait_for::<Sandbox>("r", 120, move |s: Option<&Sandbox>| {
+            refused_reason(s).as_deref() == Some(want.as_str())
+        })
+        .await;
+    let message = s
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "WorkspaceReady"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    // The failed attempt's leftovers went with it (the discard runs before the guard is
+    // released); looked at under the scope's guard, so that no later attempt is under way.
+    let cfg = GuardConfig {
+        holder: "a-harness".into(),
+        ..GuardConfig::default()
+    };
+    let g = guard::acquire_scope(
+        env.client.clone(),
+        &env.ns,
+        &scope(user),
+        &cfg,
+        Some(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the scope's guard is still kept: {e}"));
+    let (_, left) = sh(&env, &pod, "ls -A /workspace /workspace/.agentbox").await;
+    assert!(
+        !left.contains("staging-") && !left.contains("spool-") && !left.contains("old-"),
+        "left behind: {left}"
+    );
+    assert_eq!(listing(&env, &pod).await, "", "the workspace is as it was");
+    g.release().await.expect("release");
+    common::finish_with_snapshots(env, Some(&dir)).await;
+    message
+}
+
+/// Three small members: a snapshot of small files, restored through the spool.
+fn small_archive() -> Vec<u8> {
+    raw(&[
+        ("a", b'0', b"1", ""),
+        ("d/", b'5', b"", ""),
+        ("d/b", b'0', b"2", ""),
+    ])
+}
+
+#[tokio::test]
+async fn a_restore_whose_spool_fills_the_disk_fails_as_disk_full_and_leaves_nothing() {
+    // The spool's `cat` writing where every write fails as on a full disk (ENOSPC).
+    let message = restore_against(
+        "arch-spool-full",
+        "spool-full",
+        r#"*"mkdir -p .agentbox"*"cat > "*) exec /bin/busybox cat > /dev/full;;"#,
+        &small_archive(),
+        "DiskFull",
+    )
+    .await;
+    assert!(
+        message.contains("No space left on device") && message.contains("spool"),
+        "names the cause: {message}"
+    );
+}
+
+#[tokio::test]
+async fn a_restore_whose_spool_stops_reading_fails_at_the_deadline() {
+    let message = restore_against(
+        "arch-spool-stall",
+        "spool-stall",
+        r#"*"mkdir -p .agentbox"*"cat > "*) exec /bin/busybox sleep 100000;;"#,
+        &small_archive(),
+        "StreamStalled",
+    )
+    .await;
+    assert!(message.contains("spool"), "{message}");
+}
+
+#[tokio::test]
+async fn a_restore_whose_spooled_extraction_stops_fails_at_the_deadline() {
+    // The spool is written; the `tar` extracting it never ends (and prints nothing).
+    let message = restore_against(
+        "arch-spool-x-stall",
+        "spool-x-stall",
+        r#"*"tar -x -v -f"*) exec /bin/busybox sleep 100000;;"#,
+        &small_archive(),
+        "StreamStalled",
+    )
+    .await;
+    assert!(message.contains("spooled archive"), "{message}");
+}
+
 #[tokio::test]
 async fn a_refused_snapshot_deleted_or_replaced_is_judged_again_at_once() {
     let mut env = TestEnv::new("arch-rejudge").await;

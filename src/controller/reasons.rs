@@ -26,6 +26,10 @@ pub enum RestoreReason {
     RestoreFailed,
     /// `tar -x` in the pod failed.
     ExtractFailed,
+    /// The workspace's disk filled up while the archive was written into the pod (its spool)
+    /// or extracted; what was written is removed and the workspace is as it was. Tried again
+    /// later: space may be freed.
+    DiskFull,
     /// Swapping the restored workspace in failed (and was undone).
     SwapFailed,
     /// The object store failed.
@@ -52,6 +56,7 @@ impl RestoreReason {
             RestoreReason::GuardBusy => "GuardBusy",
             RestoreReason::RestoreFailed => "RestoreFailed",
             RestoreReason::ExtractFailed => "ExtractFailed",
+            RestoreReason::DiskFull => "DiskFull",
             RestoreReason::SwapFailed => "SwapFailed",
             RestoreReason::StoreError => "StoreError",
             RestoreReason::ArchiveFailed => "ArchiveFailed",
@@ -82,6 +87,7 @@ impl RestoreReason {
                 | RestoreReason::StoreError
                 | RestoreReason::RestoreFailed
                 | RestoreReason::ExtractFailed
+                | RestoreReason::DiskFull
                 | RestoreReason::SwapFailed
                 | RestoreReason::StreamStalled
                 | RestoreReason::SnapshotNotReady
@@ -139,6 +145,7 @@ mod tests {
             StoreError,
             RestoreFailed,
             ExtractFailed,
+            DiskFull,
             SwapFailed,
         ] {
             assert!(!r.is_permanent(), "{r:?}");

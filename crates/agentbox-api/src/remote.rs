@@ -234,8 +234,42 @@ pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
     args
 }
 
-/// Extraction into a new staging directory: `$1` root, `$2` id; the archive on stdin.
+/// The restore's spool, written by [`SPOOL_SCRIPT`] and read by [`EXTRACT_SCRIPT`]: `$2` is
+/// the restore's id. Beside the staging directory, never in it (a member of that name would
+/// land on it), under the state directory that no member can name.
+pub const SPOOL: &str = ".agentbox/spool-$2.tar";
+
+/// Receiving a restore's archive: `$1` root, `$2` id; the archive on stdin, written whole into
+/// the spool file ([`SPOOL`]) before anything is extracted. busybox `tar` reading a pipe takes
+/// a few hundred bytes per read and so wakes the pipe's writer (the container runtime's copy
+/// loop) again and again; `cat` takes what is there and `tar` then reads a file (docs/
+/// benchmarks.md, the transport rows). A failed write (a full disk) removes what was written.
+pub const SPOOL_SCRIPT: &str = r#"set -eu
+cd "$1"
+mkdir -p .agentbox
+sp=".agentbox/spool-$2.tar"
+rm -f -- "$sp"
+cat > "$sp" || { r=$?; rm -f -- "$sp"; exit "$r"; }
+"#;
+
+/// Extraction of the spool ([`SPOOL`], written by [`SPOOL_SCRIPT`]) into a new staging
+/// directory: `$1` root, `$2` id. The spool goes however it ends. `-v` lists each member as
+/// it is extracted: the operator's progress deadline counts that output, so a `tar` that
+/// stops is caught as a stream that stops reading is.
 pub const EXTRACT_SCRIPT: &str = r#"set -eu
+cd "$1"
+st=".agentbox/staging-$2"; sp=".agentbox/spool-$2.tar"
+trap 'rm -f -- "$sp"' EXIT
+[ -f "$sp" ] || { echo "no spooled archive" >&2; exit 1; }
+rm -rf -- "$st"
+mkdir -- "$st"
+tar -x -v -f "$sp" -C "$st"
+"#;
+
+/// Extraction into a new staging directory straight from stdin: `$1` root, `$2` id; the
+/// archive on stdin. For archives whose members are large (a pipe costs nothing per byte,
+/// only per read), where a spool would only write everything twice.
+pub const EXTRACT_STREAM_SCRIPT: &str = r#"set -eu
 cd "$1"
 mkdir -p .agentbox
 st=".agentbox/staging-$2"
@@ -244,9 +278,9 @@ mkdir -- "$st"
 tar -x -f - -C "$st"
 "#;
 
-/// Removes a staging directory: `$1` root, `$2` id.
+/// Removes a staging directory and the restore's spool: `$1` root, `$2` id.
 pub const DISCARD_SCRIPT: &str =
-    r#"cd "$1" && rm -rf -- ".agentbox/staging-$2" ".agentbox/old-$2""#;
+    r#"cd "$1" && rm -rf -- ".agentbox/staging-$2" ".agentbox/old-$2" ".agentbox/spool-$2.tar""#;
 
 /// The swap: `$1` root, `$2` id, then top-level names to leave alone (they hold host mounts).
 /// Undoes its own moves when one fails.
@@ -486,7 +520,9 @@ mod tests {
             INIT_SCRIPT,
             WARM_INIT_SCRIPT,
             TAR_SCRIPT,
+            SPOOL_SCRIPT,
             EXTRACT_SCRIPT,
+            EXTRACT_STREAM_SCRIPT,
             DISCARD_SCRIPT,
             SWAP_SCRIPT,
         ] {
@@ -600,9 +636,23 @@ mod tests {
         std::fs::write(dir.join("mnt/host"), "h").expect("host file");
         let root = path(&dir);
         let stdin = archive(&[("new.txt", "new"), ("mnt", "not swapped in")]);
-        let (ok, _, err) = run(EXTRACT_SCRIPT, vec![root.clone(), "id1".into()], &stdin);
+        let (ok, _, err) = run(SPOOL_SCRIPT, vec![root.clone(), "id1".into()], &stdin);
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read(dir.join(".agentbox/spool-id1.tar")).expect("spool"),
+            stdin
+        );
+        let (ok, out, err) = run(EXTRACT_SCRIPT, vec![root.clone(), "id1".into()], b"");
         assert!(ok, "{err}");
         assert!(dir.join(".agentbox/staging-id1/new.txt").is_file());
+        assert!(
+            String::from_utf8_lossy(&out).contains("new.txt"),
+            "the member list is the extraction's progress: {out:?}"
+        );
+        assert!(
+            !dir.join(".agentbox/spool-id1.tar").exists(),
+            "the extraction removes the spool"
+        );
         let (ok, _, err) = run(SWAP_SCRIPT, swap_args(&root, "id1", &["mnt".into()]), b"");
         assert!(ok, "{err}");
         assert_eq!(
@@ -632,12 +682,85 @@ mod tests {
         assert!(!ok && err.contains("no staging directory"), "{err}");
         assert!(dir.join("keep.txt").is_file(), "the workspace is untouched");
         let stdin = archive(&[("a", "1")]);
-        let (ok, _, err) = run(EXTRACT_SCRIPT, vec![root.clone(), "id2".into()], &stdin);
+        let (ok, _, err) = run(
+            EXTRACT_STREAM_SCRIPT,
+            vec![root.clone(), "id2".into()],
+            &stdin,
+        );
+        assert!(ok, "{err}");
+        assert!(dir.join(".agentbox/staging-id2/a").is_file());
+        // A spool written and never extracted (the digest did not match, or it stalled).
+        let (ok, _, err) = run(SPOOL_SCRIPT, vec![root.clone(), "id2".into()], &stdin);
         assert!(ok, "{err}");
         let (ok, _, _) = run(DISCARD_SCRIPT, vec![root, "id2".into()], b"");
         assert!(ok);
         assert!(!dir.join(".agentbox/staging-id2").exists());
+        assert!(!dir.join(".agentbox/spool-id2.tar").exists());
         assert!(dir.join("keep.txt").is_file());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_spool_on_a_full_disk_fails_with_the_reason_and_leaves_nothing() {
+        let dir = scratch("spool-full");
+        std::fs::write(dir.join("keep.txt"), "k").expect("file");
+        let root = path(&dir);
+        // The image's `cat`, first in PATH, writing where the kernel answers every write with
+        // ENOSPC: the real error of a full disk, from the real `cat`.
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).expect("bin");
+        let real = String::from_utf8(
+            Command::new("sh")
+                .args(["-c", "command -v cat"])
+                .output()
+                .expect("which cat")
+                .stdout,
+        )
+        .expect("utf-8");
+        std::fs::write(
+            bin.join("cat"),
+            format!("#!/bin/sh\nexec {} \"$@\" > /dev/full\n", real.trim()),
+        )
+        .expect("planted cat");
+        let mut perms = std::fs::metadata(bin.join("cat"))
+            .expect("meta")
+            .permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(bin.join("cat"), perms).expect("chmod");
+        let path_var = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new("sh")
+            .args(["-c", SPOOL_SCRIPT, "sh", &root, "id3"])
+            .env("PATH", &path_var)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                let mut stdin = c.stdin.take().expect("stdin");
+                // The writer may see the pipe close once `cat` fails.
+                let _ = stdin.write_all(&archive(&[("a", "1")]));
+                drop(stdin);
+                c.wait_with_output()
+            })
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains("No space left on device"), "{err}");
+        assert!(!dir.join(".agentbox/spool-id3.tar").exists(), "removed");
+        assert!(!dir.join(".agentbox/staging-id3").exists());
+        // Nothing to extract then, and the extraction says so.
+        let (ok, _, err) = run(EXTRACT_SCRIPT, vec![root, "id3".into()], b"");
+        assert!(!ok && err.contains("no spooled archive"), "{err}");
+        assert!(!dir.join(".agentbox/staging-id3").exists());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("keep.txt")).expect("kept"),
+            "k"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
