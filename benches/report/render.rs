@@ -669,9 +669,11 @@ pub fn rows(f: &Figures) -> Vec<Row> {
     // Issue 32's target: a restore of many small files at in-pod speed, as a harness sees
     // it (create → Ready), against a cold start and the in-pod `tar -x` of the same run.
     let size = sm("file_bytes").map_or(String::new(), |b| format!(" of {b:.0} B"));
-    if let (Some(x), Some(cold), Some(restore)) =
-        (sm("extract_secs"), sm("cold_secs"), sm("restore_create_secs"))
-    {
+    if let (Some(x), Some(cold), Some(restore)) = (
+        sm("extract_secs"),
+        sm("cold_secs"),
+        sm("restore_create_secs"),
+    ) {
         let floor = cold + x;
         out.push(Row {
             target: "≤ 1.5 × (cold start + in-pod `tar -x`)",
