@@ -68,6 +68,8 @@ async fn files_are_confined_to_the_workspace() {
     assert!(out.status.success(), "{}", out.stderr_str());
     let escapes =
         |r: Result<_, ClientError>| matches!(r, Err(ClientError::Path(PathError::Escapes(_))));
+    let escapes_ref =
+        |r: &Result<(), ClientError>| matches!(r, Err(ClientError::Path(PathError::Escapes(_))));
     assert!(escapes(ws.read_file("pw").await.map(|_| ())));
     assert!(escapes(ws.read_file("out/passwd").await.map(|_| ())));
     assert!(escapes(ws.write_file("out/evil", "x").await));
@@ -76,8 +78,10 @@ async fn files_are_confined_to_the_workspace() {
     assert!(escapes(ws.write_file("dangling", "x").await));
     let tmp = std::env::temp_dir().join(format!("agentbox-files-{}", env.ns));
     std::fs::create_dir_all(&tmp).expect("tmp");
-    assert!(escapes(ws.upload_dir(&tmp, "out/up").await));
-    assert!(escapes(ws.download_dir("out", &tmp.join("dl")).await));
+    let up = ws.upload_dir(&tmp, "out/up").await;
+    assert!(escapes_ref(&up), "{up:?}");
+    let down = ws.download_dir("out", &tmp.join("dl")).await;
+    assert!(escapes_ref(&down), "{down:?}");
     // Nothing was written outside.
     let out = exec::run(
         &pods,

@@ -141,6 +141,14 @@ impl Workspace {
                 local.display()
             )));
         }
+        // The destination is confined first by a command without stdin. The upload script
+        // confines it again (a symlink may appear in between), but with a streamed stdin the
+        // wrapper exits without its linger, so an upload refused at once may lose its trailer
+        // (kubernetes/kubernetes#124571) and end in a transport error instead of the refusal
+        // (seen once in CI, on a loaded machine); this check reports the refusal itself.
+        let (confine, p) = self.file_req(":", remote)?;
+        let out = self.exec_raw(confine).await?;
+        check(&p, &out.status, &out.stderr)?;
         let (req, p) = self.file_req(UPLOAD, remote)?;
         let (reader, writer) = tokio::io::duplex(256 << 10);
         let src = local.to_path_buf();
