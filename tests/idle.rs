@@ -185,6 +185,17 @@ async fn an_idle_sandbox_suspends_itself_costs_nothing_and_get_or_create_brings_
     env.wait_gone::<Pod>(&first_pod, 60).await;
     assert_eq!(idle_suspensions(&env).await, 1.0);
 
+    // The suspension's own last writes (its guard released, the Guarded condition that
+    // follows) can land after the pod is gone: later under gVisor, where a pod takes longer to
+    // stop (seen in CI's gVisor lane). The quiet window starts once three seconds pass
+    // without an operator write, waiting at most a minute for that.
+    for _ in 0..20 {
+        let mark = Timestamp::now();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        if operator_writes_since(&env, mark).is_empty() {
+            break;
+        }
+    }
     // Suspended, nothing changes: no writes at all.
     let quiet_from = Timestamp::now();
     tokio::time::sleep(Duration::from_secs(20)).await;
