@@ -209,13 +209,14 @@ async fn archives_that_disagree_between_parsers_are_refused_or_restored_as_liste
 /// runs everything else as before. (Its own text spells the pattern in two pieces, or
 /// installing the next one would be taken for the operator's script.)
 async fn lying_shell(env: &TestEnv, pod: &str, bytes: &[u8]) {
-    plant_shell(
+    common::plant_shell(
         env,
         pod,
         bytes,
         r#"*"tar -""c -f -"*) exec /bin/busybox cat /tmp/told.tar;;"#,
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     // The container runtime finds it first.
     let probe = agentbox_api::exec::ExecRequest::argv(["sh", "-c", "exec tar -c -f - ."])
         .timeout(Duration::from_secs(60));
@@ -226,38 +227,6 @@ async fn lying_shell(env: &TestEnv, pod: &str, bytes: &[u8]) {
         out.stdout == bytes,
         "the lying shell is not the one exec runs"
     );
-}
-
-/// Replaces `sh` in the sandbox as [`lying_shell`] does, with `case` arms of its own (`$*`
-/// is what the shell was asked to run; `/tmp/told.tar` holds `bytes`); everything else runs
-/// as before. Asked to run the exec wrapper (`sh -c WRAPPER agentbox-exec MARK STDIN ...`),
-/// it forges the wrapper's frame around its lie (the mark is in its arguments: code in the
-/// sandbox can always do that), so what reaches the operator is judged by the archive's rules,
-/// not cut short by a missing trailer.
-async fn plant_shell(env: &TestEnv, pod: &str, bytes: &[u8], arms: &str) {
-    let script = format!(
-        r#"cat > /tmp/told.tar && mkdir -p /usr/local/bin && cat > /usr/local/bin/sh <<'END'
-#!/bin/busybox sh
-lie() {{ case "$*" in {arms} esac; return 99; }}
-if [ "$3" = agentbox-exec ]; then
-  ( lie "$@" ); r=$?
-  [ "$r" = 99 ] && exec /bin/busybox sh "$@"
-  printf %s "$4"; printf %s "$4" >&2
-  [ "$5" = = ] || while read -r _; do :; done
-  exit "$r"
-fi
-lie "$@"
-exec /bin/busybox sh "$@"
-END
-chmod 0755 /usr/local/bin/sh"#
-    );
-    let req = agentbox_api::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
-        .stdin(bytes.to_vec())
-        .timeout(Duration::from_secs(60));
-    let out = agentbox_api::exec::run(&env.api::<Pod>(), pod, "sandbox", req)
-        .await
-        .expect("exec");
-    assert!(out.success(), "{}", out.stderr_str());
 }
 
 /// The scope's guard can be taken (within `wait`): nobody keeps it.
@@ -294,13 +263,14 @@ async fn a_snapshot_whose_tar_stalls_fails_at_the_deadline_and_frees_the_guard()
     // left open: without a progress deadline, the operator waits out the 4-hour timeout
     // holding the scope's guard.
     let head = common::raw_header("big", b'0', 3 << 30, "");
-    plant_shell(
+    common::plant_shell(
         &env,
         &pod,
         &head,
         r#"*"tar -""c -f -"*) /bin/busybox cat /tmp/told.tar; exec /bin/busybox sleep 100000;;"#,
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let snap = take(&env, "stalled", "s").await;
     let st = snap.status.as_ref().expect("status");
     assert_eq!(st.phase, Some(SnapshotPhase::Failed), "{st:?}");
@@ -350,13 +320,14 @@ async fn a_restore_whose_tar_stops_reading_fails_at_the_deadline_and_frees_the_g
     })
     .await;
     // `tar -x` that never reads: the operator's writes into its stdin stop moving.
-    plant_shell(
+    common::plant_shell(
         &env,
         &pod,
         b"",
         r#"*"tar -""x -f -"*) exec /bin/busybox sleep 100000;;"#,
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     // 4 MiB, more than the pipes between the operator and the pod's `tar` can hold.
     let big = vec![b'x'; 4 << 20];
     let bytes = raw(&[("big", b'0', &big, "")]);
@@ -379,7 +350,7 @@ async fn a_restore_whose_tar_stops_reading_fails_at_the_deadline_and_frees_the_g
 }
 
 /// A restore of `bytes` (a snapshot of one member, as `forge_snapshot` records it) into a
-/// sandbox of user `user` whose `sh` was given `arms` first ([`plant_shell`]), by an operator
+/// sandbox of user `user` whose `sh` was given `arms` first ([`common::plant_shell`]), by an operator
 /// with a progress deadline of [`STALL_SECONDS`]; waits until the restore failed with
 /// `reason`, then checks that nothing of it is left: the workspace as it was (empty), no
 /// staging directory and no spool, and the scope's guard free.
@@ -408,7 +379,9 @@ async fn restore_against(name: &str, user: &str, arms: &str, bytes: &[u8], reaso
             == Some("Running")
     })
     .await;
-    plant_shell(&env, &pod, b"", arms).await;
+    common::plant_shell(&env, &pod, b"", arms)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let sha = hex::encode(Sha256::digest(bytes));
     let key = labels::scope_key(&scope(user));
     env.operators[0].terminate();

@@ -277,36 +277,12 @@ async fn check_adoptions(env: &TestEnv, v: &mut Vec<String>) {
 
 /// Replaces `sh` in the sandbox's pod with one whose `tar -c -f -` sends the first header of
 /// an archive that claims a 3 GiB member, then nothing, keeping the exec open (what code in
-/// the sandbox can do; tests/archive.rs's `plant_shell`, which this copies, explains the
-/// exec wrapper's frame it forges). Everything else runs as before.
+/// the sandbox can do: [`common::plant_shell`]). Everything else runs as before.
 async fn plant_stalling_tar(env: &TestEnv, pod: &str) -> Result<(), String> {
     let head = common::raw_header("big", b'0', 3 << 30, "");
     let arms =
         r#"*"tar -""c -f -"*) /bin/busybox cat /tmp/told.tar; exec /bin/busybox sleep 100000;;"#;
-    let script = format!(
-        r#"cat > /tmp/told.tar && mkdir -p /usr/local/bin && cat > /usr/local/bin/sh <<'END'
-#!/bin/busybox sh
-lie() {{ case "$*" in {arms} esac; return 99; }}
-if [ "$3" = agentbox-exec ]; then
-  ( lie "$@" ); r=$?
-  [ "$r" = 99 ] && exec /bin/busybox sh "$@"
-  printf %s "$4"; printf %s "$4" >&2
-  [ "$5" = = ] || while read -r _; do :; done
-  exit "$r"
-fi
-lie "$@"
-exec /bin/busybox sh "$@"
-END
-chmod 0755 /usr/local/bin/sh"#
-    );
-    let req = agentbox_api::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
-        .stdin(head.to_vec())
-        .timeout(Duration::from_secs(60));
-    match agentbox_api::exec::run(&env.api::<Pod>(), pod, "sandbox", req).await {
-        Ok(out) if out.success() => Ok(()),
-        Ok(out) => Err(format!("planting the shell: {}", out.stderr_str())),
-        Err(e) => Err(format!("planting the shell: {e}")),
-    }
+    common::plant_shell(env, pod, &head, arms).await
 }
 
 /// The reason of a snapshot's Committed condition.

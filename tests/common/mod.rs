@@ -1061,3 +1061,36 @@ pub fn condition_message(s: &Sandbox, type_: &str) -> String {
         .map(|c| c.message.clone())
         .unwrap_or_default()
 }
+
+/// Replaces `sh` in the sandbox as [`lying_shell`] does, with `case` arms of its own (`$*`
+/// is what the shell was asked to run; `/tmp/told.tar` holds `bytes`); everything else runs
+/// as before. Asked to run the exec wrapper (`sh -c WRAPPER agentbox-exec MARK STDIN ...`),
+/// it forges the wrapper's frame around its lie (the mark is in its arguments: code in the
+/// sandbox can always do that), so what reaches the operator is judged by the archive's rules,
+/// not cut short by a missing trailer.
+pub async fn plant_shell(env: &TestEnv, pod: &str, bytes: &[u8], arms: &str) -> Result<(), String> {
+    let script = format!(
+        r#"cat > /tmp/told.tar && mkdir -p /usr/local/bin && cat > /usr/local/bin/sh <<'END'
+#!/bin/busybox sh
+lie() {{ case "$*" in {arms} esac; return 99; }}
+if [ "$3" = agentbox-exec ]; then
+  ( lie "$@" ); r=$?
+  [ "$r" = 99 ] && exec /bin/busybox sh "$@"
+  printf %s "$4"; printf %s "$4" >&2
+  [ "$5" = = ] || while read -r _; do :; done
+  exit "$r"
+fi
+lie "$@"
+exec /bin/busybox sh "$@"
+END
+chmod 0755 /usr/local/bin/sh"#
+    );
+    let req = agentbox_api::exec::ExecRequest::argv(["/bin/busybox", "sh", "-c", script.as_str()])
+        .stdin(bytes.to_vec())
+        .timeout(Duration::from_secs(60));
+    match agentbox_api::exec::run(&env.api::<Pod>(), pod, "sandbox", req).await {
+        Ok(out) if out.success() => Ok(()),
+        Ok(out) => Err(format!("planting the shell: {}", out.stderr_str())),
+        Err(e) => Err(format!("planting the shell: {e}")),
+    }
+}
