@@ -16,13 +16,20 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Literal, Union
+from typing import IO, Any, Literal, Union
 
 import aiohttp
 
 from . import _wire
-from ._kube import Kube, pod_exec_path
-from .errors import ExecError, ProtocolError, TransportError
+from ._kube import Kube, pod_exec_path, pod_path
+from .errors import (
+    ApiError,
+    CommandNotStartedError,
+    ExecError,
+    NotFoundError,
+    ProtocolError,
+    TransportError,
+)
 
 __all__ = [
     "CommandError",
@@ -159,9 +166,33 @@ async def _connect(
         ("stderr", "true"),
     ]
     query.extend(("command", a) for a in argv)
-    return await kube.ws_connect(
-        pod_exec_path(namespace, pod), query, _wire.PROTOCOLS, f"pod {namespace}/{pod} (exec)"
-    )
+    try:
+        return await kube.ws_connect(
+            pod_exec_path(namespace, pod), query, _wire.PROTOCOLS, f"pod {namespace}/{pod} (exec)"
+        )
+    except ApiError as e:
+        if e.status != 400:
+            raise
+        # The handshake's 400 carries no body here; the usual cause is a pod that is not
+        # running yet ("does not have a host assigned": a replacement pod still Pending). Ask
+        # the pod, so that case reads as a command that never started, which callers may retry.
+        found = await kube.get_opt(pod_path(namespace, pod))
+        if found is None:
+            raise NotFoundError(f"pod {namespace}/{pod} (exec) not found") from e
+        why = not_running(found)
+        if why is None:
+            raise
+        raise CommandNotStartedError(f"pod {namespace}/{pod} {why}") from e
+
+
+def not_running(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod cannot run a command yet (pure): ``None`` when it is running, else what it is
+    (not yet on a node, or in a phase other than Running).
+    """
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return "is not on a node yet"
+    phase = (pod.get("status") or {}).get("phase") or "Unknown"
+    return None if phase == "Running" else f"is {phase}, not Running"
 
 
 def _next_chunk(it: Iterator[bytes]) -> bytes | None:

@@ -13,8 +13,15 @@ import aiohttp
 import pytest
 
 from agentbox import _wire
-from agentbox.errors import InvalidRequestError, OutputCutError, TransportError
-from agentbox.exec import CommandError, ExecResult, ExecStream, Exit, Output, _events
+from agentbox.errors import (
+    ApiError,
+    CommandNotStartedError,
+    InvalidRequestError,
+    NotFoundError,
+    OutputCutError,
+    TransportError,
+)
+from agentbox.exec import CommandError, ExecResult, ExecStream, Exit, Output, _connect, _events
 from agentbox.session import Framer, command_line, sh_quote
 
 
@@ -322,3 +329,41 @@ def test_capped_output_keeps_the_frame_bounded() -> None:
     assert f.feed(b"END\n") == ("", b"")
     assert bytes(f.out.buf) == b"aaaa" and f.out.truncated
     assert len(f.buf) < 10
+
+
+class RefusingKube:
+    """A Kube whose exec handshake is refused with a 400 and whose pod is ``pod``."""
+
+    def __init__(self, pod: dict[str, Any] | None) -> None:
+        self.pod = pod
+
+    async def ws_connect(self, *args: Any) -> Any:
+        raise ApiError(400, "", "pod ns/p (exec): Invalid response status")
+
+    async def get_opt(self, path: str) -> dict[str, Any] | None:
+        assert path == "/api/v1/namespaces/ns/pods/p"
+        return self.pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "error", "says"),
+    [
+        # A replacement pod not yet scheduled or started: the command never started.
+        ({"spec": {}, "status": {"phase": "Pending"}}, CommandNotStartedError, "not on a node"),
+        (
+            {"spec": {"nodeName": "n"}, "status": {"phase": "Pending"}},
+            CommandNotStartedError,
+            "Pending",
+        ),
+        # Gone meanwhile: as a 404 on the handshake.
+        (None, NotFoundError, "not found"),
+        # A running pod refusing the exec: the API's refusal, as it came.
+        ({"spec": {"nodeName": "n"}, "status": {"phase": "Running"}}, ApiError, "400"),
+    ],
+)
+async def test_a_refused_exec_handshake_says_whether_the_pod_was_not_running(
+    pod: dict[str, Any] | None, error: type[Exception], says: str
+) -> None:
+    kube: Any = RefusingKube(pod)
+    with pytest.raises(error, match=says):
+        await _connect(kube, "ns", "p", "sandbox", ["true"], stdin=False)
