@@ -19,6 +19,9 @@
 //! cold (an env override: another pod shape), each restoring that snapshot (branch C, the
 //! default `Latest` policy): create → Ready on a watch.
 //!
+//! `BENCH_RUNTIME_CLASS=gvisor` (issue 31): the warm pods run under that RuntimeClass (the
+//! operator's `--default-runtime-class`) and the figures go under the bench name `claim_gvisor`.
+//!
 //! `BENCH_BURST=N` (issue 32's throughput figure, N = 100 in `hack/bench`): a pool of N warm
 //! pods, then N templated Sandboxes created at once (each from its own task, over one client);
 //! Ready seen on one watch of the namespace opened before them. Figures: claims per second (N
@@ -44,8 +47,8 @@ use serde_json::json;
 mod common;
 
 use common::{
-    OPERATOR_UA, Seen, audit_log, create_until_ready, delete_until_gone, emit, env_num, p50_p95,
-    read_audit,
+    OPERATOR_UA, Seen, audit_log, bench_name, create_until_ready, delete_until_gone, emit, env_num,
+    p50_p95, read_audit, runtime_class,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -312,12 +315,19 @@ async fn main() -> Res<()> {
     let audit = audit_log()?;
     let client = Client::try_default().await?;
     let store = |ns: &str| format!("/var/lib/agentbox/bench-snapshots/{ns}");
+    // Under BENCH_RUNTIME_CLASS the operator's default runtime class puts the warm pods (and
+    // so every claim) under it; the figures go under `claim_<class>`.
+    let rc = runtime_class();
+    let bench = bench_name("claim");
     let (cleanup, _op) = common::namespace_with_operator_args(&client, "bench-claim", |ns| {
+        let mut args = Vec::new();
         if restore {
-            vec!["--store-url".into(), format!("file://{}", store(ns))]
-        } else {
-            Vec::new()
+            args.extend(["--store-url".into(), format!("file://{}", store(ns))]);
         }
+        if let Some(rc) = &rc {
+            args.extend(["--default-runtime-class".into(), rc.clone()]);
+        }
+        args
     })
     .await?;
     let ns = cleanup.1.clone();
@@ -464,52 +474,40 @@ async fn main() -> Res<()> {
     } else {
         format!("_{nfiles}files")
     };
-    emit(
-        "claim",
-        &format!("claim_ready{with}_p50_ms"),
-        p50,
-        "ms",
-        n64,
-    );
-    emit(
-        "claim",
-        &format!("claim_ready{with}_p95_ms"),
-        p95,
-        "ms",
-        n64,
-    );
+    emit(&bench, &format!("claim_ready{with}_p50_ms"), p50, "ms", n64);
+    emit(&bench, &format!("claim_ready{with}_p95_ms"), p95, "ms", n64);
     let (s50, s95) = q(&total_server);
     let server = total_server.len() as u64;
     emit(
-        "claim",
+        &bench,
         &format!("claim_status_server{with}_p50_ms"),
         s50,
         "ms",
         server,
     );
     emit(
-        "claim",
+        &bench,
         &format!("claim_status_server{with}_p95_ms"),
         s95,
         "ms",
         server,
     );
     emit(
-        "claim",
+        &bench,
         &format!("claim_writes{with}_p50"),
         w50,
         "writes",
         n64,
     );
     emit(
-        "claim",
+        &bench,
         &format!("claim_writes{with}_max"),
         wmax,
         "writes",
         n64,
     );
     emit(
-        "claim",
+        &bench,
         &format!("claim_warm_starts{with}"),
         warm as f64,
         "starts",

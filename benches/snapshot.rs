@@ -12,6 +12,8 @@
 //!
 //! `BENCH_STORE=s3` uses the S3-compatible s3s-fs server of `hack/s3` instead of a `file://`
 //! store, `BENCH_STORE=s3-minio` its MinIO server, `BENCH_STORE=s3-moto` its moto server.
+//! `BENCH_RUNTIME_CLASS=gvisor` (issue 31) runs the sandboxes under that RuntimeClass and
+//! records the figures under the bench name `snapshot_gvisor`.
 //! With `BENCH_RESULTS` set, each figure is also appended to that file as a JSON line.
 //!
 //! `BENCH_SMALL_FILES=N` measures a workspace of N files of a few bytes instead (what
@@ -36,7 +38,7 @@ use serde_json::json;
 
 mod common;
 
-use common::{Operator, emit, proc_kib, repo_root};
+use common::{Operator, bench_name, emit, proc_kib, repo_root, runtime_class};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -144,6 +146,11 @@ async fn run(client: &Client, ns: &str, mib: u64, small: u64) -> Res<()> {
             "--restore-max-members",
             &(small + 1000).max(100_000).to_string(),
         ]);
+    // Under BENCH_RUNTIME_CLASS every sandbox runs under it (the operator's default runtime
+    // class) and the figures go under `snapshot_<class>`.
+    if let Some(rc) = runtime_class() {
+        cmd.args(["--default-runtime-class", &rc]);
+    }
     let store_kind = std::env::var("BENCH_STORE").unwrap_or_default();
     // The S3-compatible servers of hack/s3: its env variable for the endpoint, the label.
     let s3 = match store_kind.as_str() {
@@ -493,7 +500,13 @@ async fn big(c: &Ctx<'_>, store: &str, label: &str, mib: u64) -> Res<()> {
         peak.saturating_sub(idle_rss) as f64 / 1024.0
     );
     let fig = |key: &str, value: f64, unit: &str| {
-        emit("snapshot", &format!("{store}_{key}"), value, unit, mib);
+        emit(
+            &bench_name("snapshot"),
+            &format!("{store}_{key}"),
+            value,
+            unit,
+            mib,
+        );
     };
     fig("raw_mib_s", raw_rate, "MiB/s");
     fig("snapshot_mib_s", snap_rate, "MiB/s");
@@ -702,7 +715,13 @@ async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
         in_process.as_secs_f64() * 1e6 / members.max(1) as f64
     );
     let fig = |key: &str, value: f64, unit: &str| {
-        emit("snapshot", &format!("{store}_small_{key}"), value, unit, n);
+        emit(
+            &bench_name("snapshot"),
+            &format!("{store}_small_{key}"),
+            value,
+            unit,
+            n,
+        );
     };
     fig("file_bytes", bytes as f64, "B");
     fig("raw_secs", raw.as_secs_f64(), "s");

@@ -247,6 +247,16 @@ fn gvisor_figures_sit_beside_runcs_with_issue_31s_targets() {
         line("exec", "session_p95_ms", 3.0),
         line("exec_gvisor", "session_p50_ms", 3.0),
         line("exec_gvisor", "session_p95_ms", 4.0),
+        line("claim", "claim_ready_p50_ms", 30.0),
+        line("claim", "claim_ready_p95_ms", 40.0),
+        line("claim_gvisor", "claim_ready_p50_ms", 45.0),
+        line("claim_gvisor", "claim_ready_p95_ms", 60.0),
+        line("snapshot", "file_snapshot_mib_s", 200.0),
+        line("snapshot_gvisor", "file_snapshot_mib_s", 90.0),
+        line("snapshot", "file_restore_mib_s", 100.0),
+        line("snapshot_gvisor", "file_restore_mib_s", 60.0),
+        line("snapshot", "file_small_restore_secs", 1.0),
+        line("snapshot_gvisor", "file_small_restore_secs", 2.5),
     ];
     let data = render::parse(&lines.join("\n")).expect("parse");
     let rows = render::rows(&data.figures);
@@ -267,6 +277,30 @@ fn gvisor_figures_sit_beside_runcs_with_issue_31s_targets() {
             .contains("1.50× runc")
     );
     assert!(find("gVisor: bare pod").agentbox.contains("1.56× runc"));
+    let claim = find("gVisor: warm claim");
+    assert_eq!(claim.agentbox, "45.0 / 60.0 ms (1.50× runc)");
+    assert_eq!(claim.baseline, "runc 30.0 / 40.0 ms");
+    let snapshot = find("gVisor: snapshot of");
+    assert_eq!(snapshot.agentbox, "90.0 MiB/s (45% of runc's)");
+    assert_eq!(snapshot.met, Some(false), "45% misses 50%");
+    assert_eq!(
+        find("gVisor: restore of").met,
+        Some(true),
+        "60% is at least 50%"
+    );
+    let small = find("gVisor: 20 small files, restore");
+    assert_eq!(small.agentbox, "2.50 s (40% of runc's throughput)");
+    assert_eq!(
+        small.met,
+        Some(false),
+        "2.5× the time is 40% of the throughput"
+    );
+    // A side without its runc figure gets no row.
+    assert!(
+        !rows
+            .iter()
+            .any(|r| r.figure.starts_with("gVisor: 20 small files, snapshot"))
+    );
     // Without gVisor figures there are no gVisor rows.
     let runc_only = render::parse(&lines[..3].join("\n")).expect("parse");
     assert!(

@@ -298,6 +298,58 @@ fn runtime_rows(f: &Figures, class: &str, name: &str) -> Vec<Row> {
             format!("runc {r50:.2} / {r95:.2} ms"),
         ));
     }
+    let claim = format!("claim_{class}");
+    let (c, rcl) = (|k: &str| f.get(&claim, k), |k: &str| f.get("claim", k));
+    if let (Some(c50), Some(c95), Some(r50), Some(r95)) = (
+        c("claim_ready_p50_ms"),
+        c("claim_ready_p95_ms"),
+        rcl("claim_ready_p50_ms"),
+        rcl("claim_ready_p95_ms"),
+    ) {
+        let n = f.n(&claim, "claim_ready_p50_ms");
+        out.push(row(
+            format!("{name}: warm claim, create → Ready, p50 / p95 (n={n}, pool of 5)"),
+            format!("{c50:.1} / {c95:.1} ms ({:.2}× runc)", times(c50, r50)),
+            format!("runc {r50:.1} / {r95:.1} ms"),
+        ));
+    }
+    // Throughput: at least half of runc's (issue 31), for 1 GiB and for many small files.
+    let snap = format!("snapshot_{class}");
+    let (s, rs) = (|k: &str| f.get(&snap, k), |k: &str| f.get("snapshot", k));
+    for (key, what) in [
+        ("file_snapshot_mib_s", "snapshot"),
+        ("file_restore_mib_s", "restore"),
+    ] {
+        if let (Some(v), Some(r)) = (s(key), rs(key)) {
+            let mib = f.n(&snap, key);
+            out.push(Row {
+                target: "≥ 50% of runc's throughput",
+                met: Some(v >= 0.5 * r),
+                ..row(
+                    format!("{name}: {what} of {mib} MiB, file store"),
+                    format!("{v:.1} MiB/s ({:.0}% of runc's)", 100.0 * v / r),
+                    format!("runc {r:.1} MiB/s"),
+                )
+            });
+        }
+    }
+    for (key, what) in [
+        ("file_small_snapshot_secs", "snapshot, create → Ready"),
+        ("file_small_restore_secs", "restore, pod running → Ready"),
+    ] {
+        if let (Some(v), Some(r)) = (s(key), rs(key)) {
+            let files = f.n(&snap, key);
+            out.push(Row {
+                target: "≥ 50% of runc's throughput",
+                met: Some(v <= 2.0 * r),
+                ..row(
+                    format!("{name}: {files} small files, {what}"),
+                    format!("{v:.2} s ({:.0}% of runc's throughput)", 100.0 * r / v),
+                    format!("runc {r:.2} s"),
+                )
+            });
+        }
+    }
     out
 }
 
