@@ -150,7 +150,7 @@ impl Drop for Cleanup {
 }
 
 /// Deletes the namespace's SandboxPools and Sandboxes when dropped, waits (up to 2 min) until
-/// they are gone and then (up to 1 min) until the operator's sweep has removed their workspace
+/// they are gone and then (up to 3 min) until the operator's sweep has removed their workspace
 /// directories from the node (the bench runs on the node). Declared after the operator, it
 /// drops first, also after a failure: the finalizers and the sweep need the operator, a failed
 /// run must not leave its namespace stuck Terminating, and a directory whose operator stopped
@@ -198,13 +198,15 @@ impl Drop for DeleteAll {
                         _ => break,
                     }
                 }
-                for _ in 0..120 {
+                // Three minutes: twenty pods deleted at once stop slowly on two cores, and the
+                // sweep tries again on a backoff (one minute left 19 of 20 behind once).
+                for _ in 0..360 {
                     if workspace_dirs(&ns_dir) == 0 {
                         return;
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                eprintln!("workspace directories still in {ns_dir} after a minute");
+                eprintln!("workspace directories still in {ns_dir} after three minutes");
             })
         });
     }

@@ -241,10 +241,21 @@ async fn suspend(
     old: &SandboxStatus,
     (status, note): (SandboxStatus, Option<Note>),
 ) -> Result<bool, Error> {
-    if apis.pods.get_opt(pod_name).await?.is_none() {
-        // Gone already: nothing to stop, no guard to take.
-        write_transition(ctx, sbx, apis, old, &status, note).await?;
-        return Ok(true);
+    match apis.pods.get_opt(pod_name).await? {
+        None => {
+            // Gone already: nothing to stop, no guard to take.
+            write_transition(ctx, sbx, apis, old, &status, note).await?;
+            return Ok(true);
+        }
+        Some(p) if p.metadata.deletion_timestamp.is_some() => {
+            // Going already (asked to under the guard by an earlier look): its going brings
+            // the next look. Taking the guard again here wrote the Lease twice per look, and
+            // each write, a watched Lease event, brought another look: ~20–90 Lease writes
+            // per suspension until the pod was gone (hack/bench's idle figures).
+            write_transition(ctx, sbx, apis, old, &status, note).await?;
+            return Ok(false);
+        }
+        Some(_) => {}
     }
     let handed = crate::controller::context::handed_off_hold(ctx, sbx).await?;
     // spec.snapshot.onStop: persist the workspace before its pod goes.

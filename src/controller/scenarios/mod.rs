@@ -512,6 +512,44 @@ async fn suspending_deletes_the_pod_then_records_suspended_once() {
     assert!(s["status"].get("podName").is_none_or(Value::is_null));
 }
 
+#[tokio::test]
+async fn a_suspension_whose_pod_is_already_going_takes_no_guard_and_writes_no_lease() {
+    let fake = Arc::new(FakeApi::default());
+    let ctx = context(fake.clone());
+    let spec = json!({"lifecycle": {"mode": "Suspended"}});
+    fake.put(
+        &format!("{SBX}/going"),
+        adopted(
+            "going",
+            spec,
+            json!({"phase": "Ready", "podName": pod("going")}),
+        ),
+    );
+    // Asked to go by an earlier look (under the guard), its kubelet still stopping it.
+    fake.put(
+        &format!("{PODS}/{}", pod("going")),
+        json!({"metadata": {"name": pod("going"),
+            "deletionTimestamp": "2026-11-27T04:00:00Z"}}),
+    );
+    // Each look used to take and release the guard (two Lease writes, each a watched event
+    // that brought the next look) until the pod was gone.
+    for _ in 0..3 {
+        reconcile_sandbox(&fake, &ctx, "going").await;
+    }
+    let writes = fake.writes();
+    assert!(
+        !writes
+            .iter()
+            .any(|w| w.contains("/leases") || w.starts_with("DELETE")),
+        "{writes:?}"
+    );
+    let statuses = writes.iter().filter(|w| w.contains("/status")).count();
+    assert!(
+        statuses <= 1,
+        "the status is written once at most: {writes:?}"
+    );
+}
+
 /// A Lease of the sandbox's scope, held by `holder` (renewed just now) with `token`.
 fn held_lease(name: &str, holder: &str, token: i64) -> Value {
     let lease = guard_lease(name);
