@@ -221,12 +221,14 @@ async fn guard_contention(ns: &str, secs: u64) -> Res<(u64, f64)> {
     Ok((n, n as f64 / started.elapsed().as_secs_f64()))
 }
 
-/// Under `BENCH_RUNTIME_CLASS`: the agentbox one-shot exec and the persistent session only,
-/// recorded as `exec_<class>`.
+/// Under `BENCH_RUNTIME_CLASS`: the agentbox one-shot exec (beside the plain argv without the
+/// lossless wrapper, interleaved: what the runtime costs per exec apart from the wrapper's
+/// own processes) and the persistent session only, recorded as `exec_<class>`.
 async fn other_runtime(pods: &Api<Pod>, n: u64) -> Res<()> {
-    let mut a = Vec::new();
+    let (mut a, mut u) = (Vec::new(), Vec::new());
     for _ in 0..n {
         a.push(exec_true(pods).await?);
+        u.push(exec_true_unwrapped(pods).await?);
     }
     let session = Session::new(pods.clone(), POD, SANDBOX_CONTAINER);
     session.start().await?;
@@ -249,6 +251,11 @@ async fn other_runtime(pods: &Api<Pod>, n: u64) -> Res<()> {
             "agentbox exec::run, one-shot `true`",
             "oneshot_agentbox",
             &a,
+        ),
+        (
+            "plain argv without the lossless wrapper",
+            "oneshot_unwrapped",
+            &u,
         ),
         ("persistent session, per command", "session", &s),
     ] {

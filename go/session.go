@@ -144,8 +144,18 @@ func (b *Sandbox) Session(cwd string) *Session {
 
 var errNotStarted = errors.New("the command did not start")
 
+// sessionShell is the argv of a session's shell: sh started in cwd, so that a command
+// without its own Workdir needs no wrapper (no extra sh per command); a cwd it cannot enter
+// ends it at once, saying why on stderr.
+func sessionShell(cwd string) []string {
+	if cwd == "" {
+		return []string{"sh"}
+	}
+	return []string{"sh", "-c", `cd -- "$1" || { printf 'agentbox: cannot enter the session directory %s\n' "$1" >&2; exit 1; }; exec sh`, "sh", cwd}
+}
+
 func (s *Session) spawn(ctx context.Context) (*shell, error) {
-	conn, err := s.sb.sbs.Client.ws.dial(ctx, s.sb.Namespace(), s.sb.PodName(), SandboxContainer, []string{"sh"})
+	conn, err := s.sb.sbs.Client.ws.dial(ctx, s.sb.Namespace(), s.sb.PodName(), SandboxContainer, sessionShell(s.cwd))
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +212,8 @@ func (s *Session) Exec(ctx context.Context, argv []string, opts ExecOptions) (*E
 	if opts.Stdin != nil {
 		return nil, invalidf("a session command reads no stdin; use Sandbox.Exec")
 	}
-	f := opts.frame(argv, s.cwd)
+	// The shell already runs in s.cwd: only a Workdir of the command's own is sent.
+	f := opts.frame(argv, "")
 	args, err := SessionArgv(f)
 	if err != nil {
 		return nil, err
@@ -298,6 +309,9 @@ func (s *Session) runOnce(ctx context.Context, line, mark string, timeout *time.
 	}
 	died := func() error {
 		if out.AwaitingStart() {
+			if why := strings.TrimSpace(string(errF.Out())); why != "" {
+				return fmt.Errorf("%w: the shell exited: %s", errNotStarted, why)
+			}
 			return fmt.Errorf("%w: the shell exited", errNotStarted)
 		}
 		return fmt.Errorf("%w: the shell exited while a command ran; it may have run in part", ErrSession)

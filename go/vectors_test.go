@@ -493,3 +493,19 @@ func TestSessionCommandLine(t *testing.T) {
 		}
 	}
 }
+
+func TestSessionShellArgv(t *testing.T) {
+	for _, c := range cases("session", "shell_argv") {
+		wd, _ := c["workdir"].(string)
+		got := sessionShell(wd)
+		want := c["argv"].([]any)
+		if len(got) != len(want) {
+			t.Fatalf("%q: got %q want %q", wd, got, want)
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Errorf("%q: got %q want %q", wd, got, want)
+			}
+		}
+	}
+}

@@ -454,6 +454,20 @@ while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
 exit $r
 "#;
 
+/// What a persistent session's shell starts with when the session has a directory (`$1`): the
+/// shell runs there, so a command without a workdir of its own needs no [`WRAPPER`] (no extra
+/// `sh` per command). A directory it cannot enter ends it at once, saying so on stderr.
+pub const SESSION_SHELL: &str = r#"cd -- "$1" || { printf 'agentbox: cannot enter the session directory %s\n' "$1" >&2; exit 1; }; exec sh"#;
+
+/// The argv of a persistent session's shell: `sh`, or [`SESSION_SHELL`] in `workdir`
+/// (vectors: `session.shell_argv`).
+pub fn session_shell_argv(workdir: Option<&str>) -> Vec<String> {
+    match workdir {
+        Some(dir) => sh(SESSION_SHELL, [dir]),
+        None => vec!["sh".to_string()],
+    }
+}
+
 /// The line a persistent session writes to its shell for one command (`argv`, already wrapped
 /// by [`WRAPPER`] where needed). `exec` inside the subshell: one fork per command; stdin from
 /// `/dev/null` so that the command cannot eat the following lines. The start sentinel goes out

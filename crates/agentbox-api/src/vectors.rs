@@ -528,7 +528,11 @@ fn session_vectors() -> Value {
         framer_case(Some("M+\n"), "M", 100, &["stray output only"]),
         framer_case(Some("M+\n"), "M", 100, &["M+\nout\nM", "7"]),
     ];
-    json!({"command_lines": lines, "framing": framing})
+    let shells: Vec<Value> = [None, Some("/workspace"), Some("/a b/it's")]
+        .into_iter()
+        .map(|w| json!({"workdir": w, "argv": crate::remote::session_shell_argv(w)}))
+        .collect();
+    json!({"command_lines": lines, "framing": framing, "shell_argv": shells})
 }
 
 fn file_vectors() -> Value {

@@ -170,6 +170,10 @@ func TestSession(t *testing.T) {
 			t.Fatalf("%d: %+v %v", i, r, err)
 		}
 	}
+	// The shell runs in the workspace root: a command without a Workdir of its own is there.
+	if r, err := s.Run(ctx, "pwd", agentbox.ExecOptions{}); err != nil || string(r.Stdout) != sbx.WorkspaceRoot()+"\n" {
+		t.Fatalf("pwd: %+v %v", r, err)
+	}
 	r, err := s.Run(ctx, `echo "$A"; pwd`, agentbox.ExecOptions{Env: map[string]string{"A": "a b"}, Workdir: "/tmp"})
 	if err != nil || string(r.Stdout) != "a b\n/tmp\n" {
 		t.Fatalf("env/workdir: %q %v", r.Stdout, err)
@@ -189,6 +193,13 @@ func TestSession(t *testing.T) {
 	}
 	if r, err := s.Run(ctx, "echo new", agentbox.ExecOptions{}); err != nil || string(r.Stdout) != "new\n" {
 		t.Fatalf("new shell: %+v %v", r, err)
+	}
+	// A session in a directory that does not exist fails its command, saying which.
+	bad := sbx.Session("/no/such/dir")
+	defer bad.Close()
+	_, err = bad.Run(ctx, "true", agentbox.ExecOptions{})
+	if !errors.Is(err, agentbox.ErrSession) || !strings.Contains(err.Error(), "cannot enter the session directory /no/such/dir") {
+		t.Fatalf("a missing session directory: %v", err)
 	}
 }
 

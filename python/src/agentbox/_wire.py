@@ -179,6 +179,24 @@ def remote_argv(
     return out
 
 
+#: What a persistent session's shell starts with when the session has a directory (``$1``):
+#: the shell runs there, so a command without a ``cwd`` of its own needs no wrapper (no extra
+#: ``sh`` per command). A directory it cannot enter ends it at once, saying so on stderr.
+SESSION_SHELL = (
+    'cd -- "$1" || { printf \'agentbox: cannot enter the session directory %s\\n\' "$1" >&2; '
+    "exit 1; }; exec sh"
+)
+
+
+def session_shell_argv(workdir: str | None) -> list[str]:
+    """The argv of a persistent session's shell (pure; vectors: ``session.shell_argv``):
+    ``sh``, or :data:`SESSION_SHELL` in ``workdir``.
+    """
+    if workdir is None:
+        return ["sh"]
+    return ["sh", "-c", SESSION_SHELL, "sh", workdir]
+
+
 def session_argv(
     argv: Sequence[str],
     timeout: float | None = None,

@@ -152,7 +152,14 @@ class Session:
                 self._shell = await self._spawn()
 
     async def _spawn(self) -> _Shell:
-        ws = await _connect(await self._kube(), self._ns, self._pod, self._container, ["sh"], True)
+        ws = await _connect(
+            await self._kube(),
+            self._ns,
+            self._pod,
+            self._container,
+            _wire.session_shell_argv(self._cwd),
+            True,
+        )
         return _Shell(ws)
 
     async def run(
@@ -172,7 +179,8 @@ class Session:
         argv = _wire.command_argv(command)
         _wire.validate(argv, timeout, env, max_output)
         mark = f"__AGENTBOX_{secrets.token_hex(16)}_"
-        line = command_line(_wire.session_argv(argv, timeout, cwd or self._cwd, env), mark)
+        # The shell already runs in the session's cwd: only a command's own cwd is sent.
+        line = command_line(_wire.session_argv(argv, timeout, cwd, env), mark)
         async with self._lock:
             for attempt in (1, 2):
                 try:
@@ -276,17 +284,19 @@ class Session:
                         sh.err_pending += data[1:]
                 elif ch == _wire.STATUS_CHANNEL:
                     await sh.ws.close()
-                    self._died(out)
+                    self._died(out, err)
             elif msg.type in CLOSED or msg.type == aiohttp.WSMsgType.ERROR:
-                self._died(out)
+                self._died(out, err)
             else:
                 raise ProtocolError(f"unexpected message from the shell: {msg.type!r}")
         return code
 
     @staticmethod
-    def _died(out: Framer) -> None:
+    def _died(out: Framer, err: Framer) -> None:
         if out.awaiting_start:
-            raise _NotStartedError("the shell exited")
+            # What the shell said before it went (a session directory it cannot enter).
+            said = bytes(err.out.buf).decode(errors="replace").strip()
+            raise _NotStartedError(f"the shell exited: {said}" if said else "the shell exited")
         raise SessionError("the shell exited while a command ran; it may have run in part")
 
     async def close(self) -> None:

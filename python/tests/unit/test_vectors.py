@@ -316,3 +316,8 @@ def test_micro_time_round_trips() -> None:
     assert guard.micro_time(t) == "2027-01-15T08:00:30.123456Z"
     assert guard.parse_time("2027-01-15T08:00:30.123456Z") == t
     assert guard.parse_time("2027-01-15T09:00:30.1234567+01:00") == t
+
+
+@pytest.mark.parametrize("case", VECTORS["session"]["shell_argv"], ids=lambda c: str(c["workdir"]))
+def test_session_shell_argv(case: dict[str, Any]) -> None:
+    assert _wire.session_shell_argv(case["workdir"]) == case["argv"]

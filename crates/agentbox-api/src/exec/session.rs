@@ -68,7 +68,8 @@ impl Session {
         }
     }
 
-    /// Run commands in `dir` unless the request names its own workdir.
+    /// Run commands in `dir` unless the request names its own workdir: the shell starts
+    /// there ([`crate::remote::session_shell_argv`]), so such commands need no wrapper.
     pub fn with_workdir(mut self, dir: impl Into<String>) -> Self {
         self.workdir = Some(dir.into());
         self
@@ -102,7 +103,11 @@ impl Session {
             .max_stderr_buf_size(PIPE_BUF);
         let mut proc = self
             .pods
-            .exec(&self.pod, ["sh"], &ap)
+            .exec(
+                &self.pod,
+                crate::remote::session_shell_argv(self.workdir.as_deref()),
+                &ap,
+            )
             .await
             .map_err(|source| ExecError::Connect {
                 pod: self.pod.clone(),
@@ -127,14 +132,11 @@ impl Session {
     /// Runs one command in the shell. stdin is not supported here (use
     /// [`crate::exec::run`]); the timeout kills the command's process group as in one-shot
     /// exec.
-    pub async fn run(&self, mut req: ExecRequest) -> Result<ExecOutput, ExecError> {
+    pub async fn run(&self, req: ExecRequest) -> Result<ExecOutput, ExecError> {
         if req.stdin.is_some() {
             return Err(ExecError::Invalid(
                 "session commands take no stdin; use a one-shot exec".into(),
             ));
-        }
-        if req.workdir.is_none() {
-            req.workdir.clone_from(&self.workdir);
         }
         let mark = new_mark();
         let line = command_line(&req, &mark)?;
@@ -237,7 +239,19 @@ impl Session {
                 read_frame(&mut sh.stdout, &mut sh.out_pending, &mut out),
                 read_frame(&mut sh.stderr, &mut sh.err_pending, &mut err),
             );
-            // stdout knows whether the command started; its verdict comes first.
+            // stdout knows whether the command started; its verdict comes first, with what
+            // the shell said on stderr before it went (a session directory it cannot enter).
+            let o = o.map_err(|f| match f {
+                Failure::NotStarted(why) => {
+                    let said = String::from_utf8_lossy(&err.out.buf).trim().to_string();
+                    Failure::NotStarted(if said.is_empty() {
+                        why
+                    } else {
+                        format!("{why}: {said}")
+                    })
+                }
+                other => other,
+            });
             Ok::<_, Failure>((o?, e?))
         };
         let started = tokio::time::Instant::now();

@@ -34,8 +34,8 @@ public final class Session implements AutoCloseable {
     if (o.stdinBytes != null || o.stdinStream != null) {
       throw new InvalidRequestException("a session command takes no stdin; use Sandbox.exec");
     }
-    String wd = o.workdir != null ? o.workdir : workdir;
-    List<String> argv = Wire.sessionArgv(o.argv, o.timeoutMs, wd, o.env);
+    // The shell already runs in the session's workdir: only a command's own is sent.
+    List<String> argv = Wire.sessionArgv(o.argv, o.timeoutMs, o.workdir, o.env);
     String mark = Wire.newMark();
     String line = SessionFrames.commandLine(argv, mark);
     ExecResult r;
@@ -91,7 +91,8 @@ public final class Session implements AutoCloseable {
 
   private ExecResult once(String line, String mark, ExecOptions o) throws NotStarted {
     if (shell == null) {
-      shell = Exec.connect(kube, namespace, pod, Wire.SANDBOX_CONTAINER, List.of("sh"));
+      shell = Exec.connect(
+          kube, namespace, pod, Wire.SANDBOX_CONTAINER, Wire.sessionShellArgv(workdir));
     }
     byte[] l = line.getBytes(StandardCharsets.UTF_8);
     try {
@@ -138,7 +139,7 @@ public final class Session implements AutoCloseable {
       }
       byte[] data = Exec.payloadOf(ev);
       if (data == null) {
-        died(out);
+        died(out, err);
       }
       if (data.length < 1) {
         continue;
@@ -166,7 +167,7 @@ public final class Session implements AutoCloseable {
           errPending = concat(errPending, p);
         }
       } else if (ch == Wire.STATUS_CHANNEL) {
-        died(out);
+        died(out, err);
       }
     }
     Integer exit;
@@ -182,9 +183,11 @@ public final class Session implements AutoCloseable {
         err.out().truncated(), timedOut, message);
   }
 
-  private static void died(SessionFrames.Framer out) throws NotStarted {
+  private static void died(SessionFrames.Framer out, SessionFrames.Framer err) throws NotStarted {
     if (out.awaitingStart()) {
-      throw new NotStarted("the shell exited");
+      // What the shell said before it went (a session directory it cannot enter).
+      String said = new String(err.out().bytes(), StandardCharsets.UTF_8).strip();
+      throw new NotStarted(said.isEmpty() ? "the shell exited" : "the shell exited: " + said);
     }
     throw new SessionException("the shell exited while a command ran; it may have run in part");
   }

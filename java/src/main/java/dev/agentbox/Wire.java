@@ -182,6 +182,25 @@ public final class Wire {
   }
 
   /**
+   * What a persistent session's shell starts with when the session has a directory ({@code $1}):
+   * the shell runs there, so a command without a workdir of its own needs no wrapper (no extra
+   * {@code sh} per command). A directory it cannot enter ends it at once, saying so on stderr.
+   */
+  public static final String SESSION_SHELL = "cd -- \"$1\" || { printf 'agentbox: cannot enter"
+      + " the session directory %s\\n' \"$1\" >&2; exit 1; }; exec sh";
+
+  /**
+   * The argv of a persistent session's shell (vectors: {@code session.shell_argv}): {@code sh},
+   * or {@link #SESSION_SHELL} in {@code workdir} (null: none).
+   */
+  public static List<String> sessionShellArgv(String workdir) {
+    if (workdir == null) {
+      return List.of("sh");
+    }
+    return List.of("sh", "-c", SESSION_SHELL, "sh", workdir);
+  }
+
+  /**
    * The argv of a command inside a persistent session: the command itself when it needs no
    * settings, else the wrapper with an empty mark (no trailer, no linger: the session's shell
    * stays alive between commands, so nothing is cut) and the command's stdin {@code -}.

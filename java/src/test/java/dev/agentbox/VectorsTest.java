@@ -276,6 +276,13 @@ class VectorsTest {
   }
 
   @TestFactory
+  Stream<DynamicTest> sessionShellArgv() {
+    return list(m(V, "session"), "shell_argv").stream().map(c -> dynamicTest(
+        String.valueOf(c.get("workdir")),
+        () -> assertEquals(c.get("argv"), Wire.sessionShellArgv((String) c.get("workdir")))));
+  }
+
+  @TestFactory
   Stream<DynamicTest> sessionCommandLine() {
     return list(m(V, "session"), "command_lines").stream().map(c -> dynamicTest(
         name(String.join(" ", req(m(c, "request")).argv())), () -> {
