@@ -146,12 +146,12 @@ var errNotStarted = errors.New("the command did not start")
 
 // sessionShell is the argv of a session's shell: sh started in cwd, so that a command
 // without its own Workdir needs no wrapper (no extra sh per command); a cwd it cannot enter
-// ends it at once, saying why on stderr.
+// ends it at once (sh says why on stderr).
 func sessionShell(cwd string) []string {
 	if cwd == "" {
 		return []string{"sh"}
 	}
-	return []string{"sh", "-c", `cd -- "$1" || { printf 'agentbox: cannot enter the session directory %s\n' "$1" >&2; exit 1; }; exec sh`, "sh", cwd}
+	return []string{"sh", "-c", `cd -- "$1" && exec sh`, "sh", cwd}
 }
 
 func (s *Session) spawn(ctx context.Context) (*shell, error) {
@@ -309,10 +309,15 @@ func (s *Session) runOnce(ctx context.Context, line, mark string, timeout *time.
 	}
 	died := func() error {
 		if out.AwaitingStart() {
-			if why := strings.TrimSpace(string(errF.Out())); why != "" {
-				return fmt.Errorf("%w: the shell exited: %s", errNotStarted, why)
+			// Named here: what the shell said on stderr may be cut by its exit.
+			why := "the shell exited"
+			if s.cwd != "" {
+				why += " (started in " + s.cwd + ")"
 			}
-			return fmt.Errorf("%w: the shell exited", errNotStarted)
+			if said := strings.TrimSpace(string(errF.Out())); said != "" {
+				why += ": " + said
+			}
+			return fmt.Errorf("%w: %s", errNotStarted, why)
 		}
 		return fmt.Errorf("%w: the shell exited while a command ran; it may have run in part", ErrSession)
 	}

@@ -282,6 +282,12 @@ async fn persistent_session_frames_a_thousand_commands() {
     assert_eq!(out.status, ExitStatus::Code(5));
     let out = session.run(ExecRequest::argv(["pwd"])).await.expect("pwd");
     assert_eq!(out.stdout_str(), "/tmp\n");
+    // A session in a directory that does not exist fails its command, naming it.
+    let lost = Session::new(pods.clone(), "box", SANDBOX_CONTAINER).with_workdir("/no/such/dir");
+    match lost.run(ExecRequest::argv(["true"])).await {
+        Err(ExecError::Session(m)) => assert!(m.contains("/no/such/dir"), "{m}"),
+        other => panic!("a missing session directory: {other:?}"),
+    }
     // A command reading stdin gets EOF instead of the following commands.
     let out = session.run(ExecRequest::argv(["cat"])).await.expect("cat");
     assert!(out.stdout.is_empty() && out.status.success());

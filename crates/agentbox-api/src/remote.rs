@@ -456,8 +456,8 @@ exit $r
 
 /// What a persistent session's shell starts with when the session has a directory (`$1`): the
 /// shell runs there, so a command without a workdir of its own needs no [`WRAPPER`] (no extra
-/// `sh` per command). A directory it cannot enter ends it at once, saying so on stderr.
-pub const SESSION_SHELL: &str = r#"cd -- "$1" || { printf 'agentbox: cannot enter the session directory %s\n' "$1" >&2; exit 1; }; exec sh"#;
+/// `sh` per command). A directory it cannot enter ends it at once (sh says why on stderr).
+pub const SESSION_SHELL: &str = r#"cd -- "$1" && exec sh"#;
 
 /// The argv of a persistent session's shell: `sh`, or [`SESSION_SHELL`] in `workdir`
 /// (vectors: `session.shell_argv`).

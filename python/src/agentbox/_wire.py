@@ -181,11 +181,8 @@ def remote_argv(
 
 #: What a persistent session's shell starts with when the session has a directory (``$1``):
 #: the shell runs there, so a command without a ``cwd`` of its own needs no wrapper (no extra
-#: ``sh`` per command). A directory it cannot enter ends it at once, saying so on stderr.
-SESSION_SHELL = (
-    'cd -- "$1" || { printf \'agentbox: cannot enter the session directory %s\\n\' "$1" >&2; '
-    "exit 1; }; exec sh"
-)
+#: ``sh`` per command). A directory it cannot enter ends it at once (sh says why on stderr).
+SESSION_SHELL = 'cd -- "$1" && exec sh'
 
 
 def session_shell_argv(workdir: str | None) -> list[str]:

@@ -284,19 +284,20 @@ class Session:
                         sh.err_pending += data[1:]
                 elif ch == _wire.STATUS_CHANNEL:
                     await sh.ws.close()
-                    self._died(out, err)
+                    self._died(out, err, self._cwd)
             elif msg.type in CLOSED or msg.type == aiohttp.WSMsgType.ERROR:
-                self._died(out, err)
+                self._died(out, err, self._cwd)
             else:
                 raise ProtocolError(f"unexpected message from the shell: {msg.type!r}")
         return code
 
     @staticmethod
-    def _died(out: Framer, err: Framer) -> None:
+    def _died(out: Framer, err: Framer, cwd: str | None) -> None:
         if out.awaiting_start:
-            # What the shell said before it went (a session directory it cannot enter).
+            # The directory named here: what the shell said on stderr may be cut by its exit.
+            why = "the shell exited" + (f" (started in {cwd})" if cwd else "")
             said = bytes(err.out.buf).decode(errors="replace").strip()
-            raise _NotStartedError(f"the shell exited: {said}" if said else "the shell exited")
+            raise _NotStartedError(f"{why}: {said}" if said else why)
         raise SessionError("the shell exited while a command ran; it may have run in part")
 
     async def close(self) -> None:

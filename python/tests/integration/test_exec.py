@@ -102,6 +102,10 @@ async def test_a_persistent_session_runs_commands_with_their_own_codes(
         with pytest.raises(agentbox.SessionError):
             await s.run("kill -9 $PPID")
         assert (await s.run("echo back")).stdout == b"back\n"
+    # A session in a directory that does not exist fails its command, naming it.
+    async with ready.session(cwd="/no/such/dir") as lost:
+        with pytest.raises(agentbox.SessionError, match="/no/such/dir"):
+            await lost.run("true")
 
 
 async def test_concurrent_execs(ready: agentbox.Sandbox) -> None:

@@ -239,16 +239,18 @@ impl Session {
                 read_frame(&mut sh.stdout, &mut sh.out_pending, &mut out),
                 read_frame(&mut sh.stderr, &mut sh.err_pending, &mut err),
             );
-            // stdout knows whether the command started; its verdict comes first, with what
-            // the shell said on stderr before it went (a session directory it cannot enter).
+            // stdout knows whether the command started; its verdict comes first, naming the
+            // session's directory (what the shell said on stderr may be cut by its exit).
             let o = o.map_err(|f| match f {
-                Failure::NotStarted(why) => {
+                Failure::NotStarted(mut why) => {
+                    if let Some(dir) = &self.workdir {
+                        why = format!("{why} (started in {dir})");
+                    }
                     let said = String::from_utf8_lossy(&err.out.buf).trim().to_string();
-                    Failure::NotStarted(if said.is_empty() {
-                        why
-                    } else {
-                        format!("{why}: {said}")
-                    })
+                    if !said.is_empty() {
+                        why = format!("{why}: {said}");
+                    }
+                    Failure::NotStarted(why)
                 }
                 other => other,
             });

@@ -256,7 +256,12 @@ public final class Sandbox {
 
   /** A persistent shell (commands run in the workspace root unless told otherwise). */
   public Session session() {
-    return new Session(kube(), namespace(), podName(), workspaceRoot());
+    return session(workspaceRoot());
+  }
+
+  /** A persistent shell whose commands run in {@code workdir} unless told otherwise. */
+  public Session session(String workdir) {
+    return new Session(kube(), namespace(), podName(), workdir);
   }
 
   // ---- files ----

@@ -139,7 +139,7 @@ public final class Session implements AutoCloseable {
       }
       byte[] data = Exec.payloadOf(ev);
       if (data == null) {
-        died(out, err);
+        died(out, err, workdir);
       }
       if (data.length < 1) {
         continue;
@@ -167,7 +167,7 @@ public final class Session implements AutoCloseable {
           errPending = concat(errPending, p);
         }
       } else if (ch == Wire.STATUS_CHANNEL) {
-        died(out, err);
+        died(out, err, workdir);
       }
     }
     Integer exit;
@@ -183,11 +183,13 @@ public final class Session implements AutoCloseable {
         err.out().truncated(), timedOut, message);
   }
 
-  private static void died(SessionFrames.Framer out, SessionFrames.Framer err) throws NotStarted {
+  private static void died(SessionFrames.Framer out, SessionFrames.Framer err, String workdir)
+      throws NotStarted {
     if (out.awaitingStart()) {
-      // What the shell said before it went (a session directory it cannot enter).
+      // The directory named here: what the shell said on stderr may be cut by its exit.
+      String why = "the shell exited" + (workdir == null ? "" : " (started in " + workdir + ")");
       String said = new String(err.out().bytes(), StandardCharsets.UTF_8).strip();
-      throw new NotStarted(said.isEmpty() ? "the shell exited" : "the shell exited: " + said);
+      throw new NotStarted(said.isEmpty() ? why : why + ": " + said);
     }
     throw new SessionException("the shell exited while a command ran; it may have run in part");
   }

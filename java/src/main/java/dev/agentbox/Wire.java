@@ -184,10 +184,9 @@ public final class Wire {
   /**
    * What a persistent session's shell starts with when the session has a directory ({@code $1}):
    * the shell runs there, so a command without a workdir of its own needs no wrapper (no extra
-   * {@code sh} per command). A directory it cannot enter ends it at once, saying so on stderr.
+   * {@code sh} per command). A directory it cannot enter ends it at once (sh says why on stderr).
    */
-  public static final String SESSION_SHELL = "cd -- \"$1\" || { printf 'agentbox: cannot enter"
-      + " the session directory %s\\n' \"$1\" >&2; exit 1; }; exec sh";
+  public static final String SESSION_SHELL = "cd -- \"$1\" && exec sh";
 
   /**
    * The argv of a persistent session's shell (vectors: {@code session.shell_argv}): {@code sh},

@@ -125,6 +125,12 @@ class ClusterTest {
       assertEquals("v\n", r.stdoutText());
       assertThrows(ExecTimeoutException.class, () -> s.run(ExecOptions.shell("sleep 30").timeout(Duration.ofMillis(500))));
       assertEquals("after\n", s.run("echo after").stdoutText());
+      assertEquals(ready.workspaceRoot() + "\n", s.run("pwd").stdoutText());
+    }
+    // A session in a directory that does not exist fails its command, naming it.
+    try (Session lost = ready.session("/no/such/dir")) {
+      SessionException e = assertThrows(SessionException.class, () -> lost.run("true"));
+      assertTrue(e.getMessage().contains("/no/such/dir"), e.getMessage());
     }
   }
 
