@@ -91,13 +91,28 @@ fn a_new_run_replaces_the_figures_and_keeps_every_note() {
 
 #[test]
 fn a_row_carries_the_marker_of_the_note_its_figures_come_from() {
-    let data = render::parse(&read(render::LAST_RUN)).expect("the last run's data");
+    // The last run's figures, the delete rows' said to come from note ¹.
+    let provenance = serde_json::json!({"note": "¹", "rows": ["Delete → gone"]});
+    let data = render::parse(&format!("{}\n{provenance}\n", read(render::LAST_RUN)))
+        .expect("the last run's data");
     let doc = render::document(&data, &read(render::NOTES)).expect("the document");
     let row = doc
         .lines()
         .find(|l| l.starts_with("| Delete → gone"))
         .expect("the delete row");
     assert!(row.contains(" ¹ |"), "{row}");
+    let plain = render::document(
+        &render::parse(&read(render::LAST_RUN)).expect("parse"),
+        &read(render::NOTES),
+    )
+    .expect("the document");
+    assert!(
+        plain
+            .lines()
+            .filter(|l| l.starts_with("| Delete → gone"))
+            .all(|l| !l.contains(" ¹ |")),
+        "without the provenance line, no marker"
+    );
     // A provenance that names a note or a row that is not there is refused.
     let refusal = |note: &str, row: &str| {
         let line = serde_json::json!({"note": note, "rows": [row]});
@@ -221,8 +236,12 @@ fn the_go_clients_figures_are_rows_beside_the_rust_clients() {
         .find(|l| l.starts_with("| Go client: persistent session"))
         .expect("the Go session row");
     assert!(row.contains("| 1.50 ms | Rust session "), "{row}");
-    // Without Go figures, no Go rows (the committed document has none).
-    assert!(!read(DOCUMENT).contains("Go client"));
+    // Without Go figures, no Go rows.
+    let last = read(render::LAST_RUN);
+    let no_go: Vec<&str> = last.lines().filter(|l| !l.contains("_go_sdk_")).collect();
+    let data = render::parse(&no_go.join("\n")).expect("parse");
+    let doc = render::document(&data, &read(render::NOTES)).expect("the document");
+    assert!(!doc.contains("Go client"));
 }
 
 #[test]
