@@ -88,6 +88,9 @@ class Env:
     sandboxes: agentbox.Sandboxes
     store: Path
     operators: list[Operator] = field(default_factory=list)
+    #: Flags every operator of this module gets besides the usual ones (a module's
+    #: ``OPERATOR_ARGS``).
+    operator_args: tuple[str, ...] = ()
 
     def start_operator(self) -> Operator:
         """Starts an operator for the namespace (file:// store under /var/lib/agentbox)."""
@@ -114,6 +117,7 @@ class Env:
                 f"file://{self.store}",
                 "--store-prefix",
                 "snaps",
+                *self.operator_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -159,20 +163,31 @@ async def ensure_crds(kube: Kube) -> None:
 
 @pytest.fixture(scope="module")
 async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
-    """A namespace with its own operator, torn down at the end of the module."""
+    """A namespace with its own operator, torn down at the end of the module. A module may set
+    ``OPERATOR_ARGS`` (more operator flags) and ``NAMESPACE_ANNOTATIONS`` (on its namespace).
+    """
     if not os.environ.get("KUBECONFIG"):
         pytest.fail('no cluster: run `eval "$(hack/cluster env)"` or use hack/test')
     kube = Kube(await load_api_client())
     await ensure_crds(kube)
     module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
     ns = f"py-{module}-{secrets.token_hex(3)}"
-    await kube.call("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    annotations = dict(getattr(request.module, "NAMESPACE_ANNOTATIONS", {}))
+    await kube.call(
+        "POST", "/api/v1/namespaces", body={"metadata": {"name": ns, "annotations": annotations}}
+    )
     # Pods need the namespace's default ServiceAccount, made by the controller-manager.
     for _ in range(100):
         if await kube.get_opt(f"/api/v1/namespaces/{ns}/serviceaccounts/default") is not None:
             break
         await asyncio.sleep(0.1)
-    e = Env(ns, kube, agentbox.Sandboxes(ns, api_client=kube.api_client), STORE_ROOT / ns)
+    e = Env(
+        ns,
+        kube,
+        agentbox.Sandboxes(ns, api_client=kube.api_client),
+        STORE_ROOT / ns,
+        operator_args=tuple(getattr(request.module, "OPERATOR_ARGS", ())),
+    )
     e.start_operator()
     try:
         yield e

@@ -36,6 +36,11 @@ def test_quickstart_runs(env: Env) -> None:
 
 
 async def test_the_openai_agents_example_runs(env: Env) -> None:
+    await check_the_openai_agents_example(env)
+
+
+async def check_the_openai_agents_example(env: Env) -> None:
+    """Runs examples/python/openai_agents_agent.py and checks what it printed and left."""
     lines = run_example(env, "openai_agents_agent.py").splitlines()
     # The second run's own exec_command read what the first wrote: the tool output is real.
     assert "run 1: Saved. | ship it" in lines, lines
@@ -48,6 +53,11 @@ async def test_the_openai_agents_example_runs(env: Env) -> None:
 
 
 async def test_the_agentscope_example_runs(env: Env) -> None:
+    check_the_agentscope_example(env)
+
+
+def check_the_agentscope_example(env: Env) -> None:
+    """Runs examples/python/agentscope_agent.py and checks what it printed."""
     lines = run_example(env, "agentscope_agent.py").splitlines()
     # Each answer quotes what the agent's tool printed: the Write tool's own success message.
     assert lines[0].startswith(
