@@ -221,15 +221,8 @@ async fn guard_contention(ns: &str, secs: u64) -> Res<(u64, f64)> {
     Ok((n, n as f64 / started.elapsed().as_secs_f64()))
 }
 
-/// Under `BENCH_RUNTIME_CLASS`: the agentbox one-shot exec (beside the plain argv without the
-/// lossless wrapper, interleaved: what the runtime costs per exec apart from the wrapper's
-/// own processes) and the persistent session only, recorded as `exec_<class>`.
-async fn other_runtime(pods: &Api<Pod>, n: u64) -> Res<()> {
-    let (mut a, mut u) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        a.push(exec_true(pods).await?);
-        u.push(exec_true_unwrapped(pods).await?);
-    }
+/// `true` per command in one persistent session: 20 to warm up, then `n` (at least 500).
+async fn session_samples(pods: &Api<Pod>, n: u64) -> Res<Vec<Duration>> {
     let session = Session::new(pods.clone(), POD, SANDBOX_CONTAINER);
     session.start().await?;
     for _ in 0..20 {
@@ -245,6 +238,19 @@ async fn other_runtime(pods: &Api<Pod>, n: u64) -> Res<()> {
         }
     }
     session.close().await;
+    Ok(s)
+}
+
+/// Under `BENCH_RUNTIME_CLASS`: the agentbox one-shot exec (beside the plain argv without the
+/// lossless wrapper, interleaved: what the runtime costs per exec apart from the wrapper's
+/// own processes) and the persistent session only, recorded as `exec_<class>`.
+async fn other_runtime(pods: &Api<Pod>, n: u64) -> Res<()> {
+    let (mut a, mut u) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        a.push(exec_true(pods).await?);
+        u.push(exec_true_unwrapped(pods).await?);
+    }
+    let s = session_samples(pods, n).await?;
     let name = bench_name("exec");
     for (what, key, v) in [
         (
@@ -327,21 +333,7 @@ async fn main() -> Res<()> {
         k.push(kubectl_exec(&kubectl, &ns)?);
     }
 
-    let session = Session::new(pods_nodelay.clone(), POD, SANDBOX_CONTAINER);
-    session.start().await?;
-    for _ in 0..20 {
-        session.run(ExecRequest::argv(["true"])).await?;
-    }
-    let mut s = Vec::new();
-    for _ in 0..n.max(500) {
-        let t = Instant::now();
-        let out = session.run(ExecRequest::argv(["true"])).await?;
-        s.push(t.elapsed());
-        if !out.success() {
-            return Err(format!("session true failed: {out:?}").into());
-        }
-    }
-    session.close().await;
+    let s = session_samples(&pods_nodelay, n).await?;
     let sdk_session = python_samples(
         "sdk_python.py",
         &[

@@ -17,7 +17,9 @@ use super::decide::{self, Init, Plan, Serving, Step};
 use super::idle::{self, Idle};
 use super::observe::World;
 use super::observe::node_health;
-use super::write::{Apis, delete_if_present, force_delete, write_status, write_transition};
+use super::write::{
+    Apis, delete_by_uid, delete_if_present, force_delete, write_status, write_transition,
+};
 use super::{abandoned, claim, init};
 use crate::controller::context::Note;
 use crate::controller::context::{Context, Error, FIELD_MANAGER};
@@ -192,7 +194,7 @@ async fn second_pods(
         .collect();
     for other in others {
         info!(pod = %other.name_any(), "deleting a second pod of the sandbox (its status names {name})");
-        delete_by_uid(&apis.pods, &other.name_any(), other.uid()).await?;
+        delete_by_uid(&apis.pods, &other.name_any(), other.uid(), None).await?;
         // Its directory is no Sandbox's: the sweep's, once the pod has stopped.
         let node = other.spec.as_ref().and_then(|s| s.node_name.clone());
         let dir = placement::pod_host_dir(&other);
@@ -208,22 +210,6 @@ async fn second_pods(
         }
     }
     Ok(())
-}
-
-/// Deletes pod `name` (its usual grace), conditioned on its UID; gone already counts as done.
-async fn delete_by_uid(pods: &Api<Pod>, name: &str, uid: Option<String>) -> Result<(), Error> {
-    let dp = DeleteParams {
-        preconditions: Some(kube::api::Preconditions {
-            uid,
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match pods.delete(name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Suspends: takes the on-stop snapshot the spec asks for, deletes the pod, records the

@@ -271,8 +271,20 @@ pub(super) async fn force_delete(
     name: &str,
     uid: Option<String>,
 ) -> Result<(), Error> {
+    delete_by_uid(pods, name, uid, Some(0)).await
+}
+
+/// Deletes pod `name` with `grace` seconds (`None`: its usual grace), conditioned on its UID
+/// (a pod made since under the same name is never hit); gone, or another pod by now, counts
+/// as done.
+pub(super) async fn delete_by_uid(
+    pods: &Api<Pod>,
+    name: &str,
+    uid: Option<String>,
+    grace: Option<u32>,
+) -> Result<(), Error> {
     let dp = DeleteParams {
-        grace_period_seconds: Some(0),
+        grace_period_seconds: grace,
         preconditions: Some(kube::api::Preconditions {
             uid,
             resource_version: None,
