@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use super::observe::find_pod;
 use super::observe::node_health;
-use super::write::{Apis, delete_if_present, force_delete, write_status, write_transition};
+use super::write::{Apis, Writer, delete_if_present, force_delete, write_status};
 use super::{FINALIZER, abandoned};
 use crate::controller::context::Note;
 use crate::controller::context::{Context, Error, LeaseFate};
@@ -266,7 +266,8 @@ async fn no_helper_for_cleanup(
         action: "DeleteWorkspace",
         message: msg.clone(),
     };
-    if let Err(e) = write_transition(ctx, sbx, apis, &old, &st, Some(note)).await {
+    let writer = Writer { sbx, ctx, apis };
+    if let Err(e) = writer.transition(&old, &st, Some(note)).await {
         warn!(sandbox = %sbx.name_any(), "could not record the stuck cleanup: {e}");
     }
     Error::NoHelper(msg)

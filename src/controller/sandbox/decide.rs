@@ -45,14 +45,27 @@ pub enum Step {
     Serve,
     /// The pod's node is lost (not ready past the node-loss grace, or gone): give its
     /// workspace up, force-delete the pod, start again elsewhere from a snapshot.
-    NodeLost {
-        /// The lost node.
-        node: String,
-        /// Since when it was not ready (`None`: the Node object is gone).
-        since: Option<Timestamp>,
-        /// Why it counts as lost.
-        why: String,
-    },
+    NodeLost(Lost),
+}
+
+/// A node judged lost, as a step and a status record it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lost {
+    /// The lost node.
+    pub node: String,
+    /// Since when it was not ready (`None`: the Node object is gone).
+    pub since: Option<Timestamp>,
+    /// Why it counts as lost.
+    pub why: String,
+}
+
+/// What a condition written now is stamped with: the generation it was decided for, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// The Sandbox's `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Now.
+    pub now: Timestamp,
 }
 
 /// A [`Step`] with the status it leads to.
@@ -135,11 +148,11 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
     {
         match nodeloss::judge(node, seen.as_ref(), now, w.node_loss_grace) {
             NodeHealth::Lost { since, why } => {
-                let step = Step::NodeLost {
+                let step = Step::NodeLost(Lost {
                     node: node.clone(),
                     since,
                     why,
-                };
+                });
                 return Plan {
                     step,
                     status: st,
@@ -491,11 +504,12 @@ pub struct Recovery {
 /// returns the one Warning Event that says so.
 pub fn node_lost(
     st: &mut SandboxStatus,
-    (node, since, why): (&str, Option<Timestamp>, &str),
+    lost: &Lost,
     dir: &str,
     recovery: &Recovery,
-    (generation, now): (Option<i64>, Timestamp),
+    Stamp { generation, now }: Stamp,
 ) -> Note {
+    let (node, since, why) = (lost.node.as_str(), lost.since, lost.why.as_str());
     st.node_name = None;
     st.pod_name = None;
     // The directory is given up with its node: the next pod, elsewhere, gets a fresh one.
@@ -563,9 +577,8 @@ fn is_derived(sbx: &Sandbox, dir: &str) -> bool {
 pub fn pod_created(
     old: &SandboxStatus,
     st: &mut SandboxStatus,
-    (pod_name, _host_dir): (&str, &str),
-    generation: Option<i64>,
-    now: Timestamp,
+    pod_name: &str,
+    Stamp { generation, now }: Stamp,
 ) -> bool {
     if old.phase.is_none() {
         return false;
@@ -692,7 +705,7 @@ pub fn served(
     st: &mut SandboxStatus,
     pod: &Serving,
     init: Init,
-    (generation, now): (Option<i64>, Timestamp),
+    Stamp { generation, now }: Stamp,
 ) -> Served {
     let mut out = Served::default();
     // A stall of the pod's is about the pod as it is now: it goes once the problem does.
@@ -710,7 +723,7 @@ pub fn served(
             pod_starting(st, generation, now);
         }
         (PodState::Ready | PodState::Starting, init) => {
-            out = running(st, pod, init, (generation, now));
+            out = running(st, pod, init, Stamp { generation, now });
         }
         (PodState::Problem { reason, message }, _) => {
             st.phase = Some(SandboxPhase::Pending);
@@ -807,7 +820,7 @@ fn running(
     st: &mut SandboxStatus,
     pod: &Serving,
     init: Init,
-    (generation, now): (Option<i64>, Timestamp),
+    Stamp { generation, now }: Stamp,
 ) -> Served {
     let mut out = Served::default();
     conditions::set(
@@ -830,7 +843,7 @@ fn running(
                 pod,
                 workspace,
                 &decision,
-                (generation, now),
+                Stamp { generation, now },
             ));
         }
         Init::Failed {
@@ -887,7 +900,7 @@ fn initialised(
     pod: &Serving,
     workspace: WorkspaceStatus,
     decision: &workspace::Decision,
-    (generation, now): (Option<i64>, Timestamp),
+    Stamp { generation, now }: Stamp,
 ) -> Note {
     let host_dir = st.workspace.as_ref().and_then(|w| w.host_dir.clone());
     st.workspace = Some(WorkspaceStatus {
@@ -1018,7 +1031,7 @@ mod tests {
         w.node = Some(("n2".into(), Some(not_ready_node(t(0)))));
         let plan = decide(&sandbox(json!({})), &w);
         match plan.step {
-            Step::NodeLost { node, since, .. } => {
+            Step::NodeLost(Lost { node, since, .. }) => {
                 assert_eq!((node.as_str(), since), ("n2", Some(t(0))));
             }
             other => panic!("{other:?}"),
@@ -1026,7 +1039,7 @@ mod tests {
         w.node = Some(("n2".into(), None));
         assert!(matches!(
             decide(&sandbox(json!({})), &w).step,
-            Step::NodeLost { since: None, .. }
+            Step::NodeLost(Lost { since: None, .. })
         ));
         // Not ours: never force-deleted for a node loss.
         w.pod = Some(pod("someone-else"));
@@ -1046,10 +1059,17 @@ mod tests {
         };
         let note = node_lost(
             &mut st,
-            ("n2", Some(t(0)), "node n2 has not been ready"),
+            &Lost {
+                node: "n2".into(),
+                since: Some(t(0)),
+                why: "node n2 has not been ready".into(),
+            },
             "/root/n/sbx-uid",
             &recovery,
-            (Some(3), t(60)),
+            Stamp {
+                generation: Some(3),
+                now: t(60),
+            },
         );
         assert_eq!(
             (st.node_name.as_deref(), st.pod_name.as_deref()),
@@ -1082,20 +1102,34 @@ mod tests {
         // Again (a repeat after a failed delete): one entry per node.
         node_lost(
             &mut st,
-            ("n2", Some(t(0)), "x"),
+            &Lost {
+                node: "n2".into(),
+                since: Some(t(0)),
+                why: "x".into(),
+            },
             "/root/n/sbx-uid",
             &recovery,
-            (Some(3), t(61)),
+            Stamp {
+                generation: Some(3),
+                now: t(61),
+            },
         );
         assert_eq!(st.abandoned.len(), 1);
         // Without a snapshot it says plainly that the workspace is lost.
         let mut st = SandboxStatus::default();
         let note = node_lost(
             &mut st,
-            ("n2", None, "node n2 no longer exists"),
+            &Lost {
+                node: "n2".into(),
+                since: None,
+                why: "node n2 no longer exists".into(),
+            },
             "/d",
             &Recovery { snapshot: None },
-            (None, t(0)),
+            Stamp {
+                generation: None,
+                now: t(0),
+            },
         );
         assert!(
             note.message.contains("workspace is lost"),
@@ -1267,9 +1301,11 @@ mod tests {
         assert!(pod_created(
             &w2.old,
             &mut st,
-            ("s-sandbox", "/w/n/sbx-uid"),
-            Some(5),
-            t(1)
+            "s-sandbox",
+            Stamp {
+                generation: Some(5),
+                now: t(1)
+            }
         ));
         let plan = decide(&running, &w2);
         assert_eq!(plan.step, Step::CreatePod);
@@ -1421,7 +1457,10 @@ mod tests {
             &mut st,
             &serving(PodState::Ready, false),
             ran(),
-            (Some(1), t(0)),
+            Stamp {
+                generation: Some(1),
+                now: t(0),
+            },
         );
         assert_eq!(st.phase, Some(SandboxPhase::Ready));
         assert!(conditions::is_true(&st.conditions, READY));
@@ -1452,7 +1491,10 @@ mod tests {
             &mut st,
             &serving(PodState::Ready, false),
             init,
-            (None, t(0)),
+            Stamp {
+                generation: None,
+                now: t(0),
+            },
         );
         assert_eq!(st.phase, Some(SandboxPhase::Initializing));
         assert_eq!(reason(&st, WORKSPACE_READY), "SourceMissing");
@@ -1475,7 +1517,16 @@ mod tests {
             permanent: true,
         };
         let pod = serving(PodState::Ready, false);
-        served(&old, &mut st, &pod, refused, (Some(3), t(0)));
+        served(
+            &old,
+            &mut st,
+            &pod,
+            refused,
+            Stamp {
+                generation: Some(3),
+                now: t(0),
+            },
+        );
         let stalled = conditions::get(&st.conditions, STALLED).expect("stalled");
         assert_eq!(
             (stalled.status.as_str(), stalled.reason.as_str()),
@@ -1495,7 +1546,16 @@ mod tests {
         );
         // The start goes through (the namespace consented): no longer stalled.
         let before = st.clone();
-        served(&before, &mut st, &pod, ran(), (Some(3), t(1)));
+        served(
+            &before,
+            &mut st,
+            &pod,
+            ran(),
+            Stamp {
+                generation: Some(3),
+                now: t(1),
+            },
+        );
         assert_eq!(st.phase, Some(SandboxPhase::Ready));
         assert!(conditions::get(&st.conditions, STALLED).is_none());
     }
@@ -1504,7 +1564,16 @@ mod tests {
     fn an_early_exec_that_finds_no_container_keeps_the_pod_starting_and_retries_soon() {
         let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
         let pod = serving(PodState::Starting, true);
-        let out = served(&old, &mut st, &pod, Init::NotAnswering, (None, t(0)));
+        let out = served(
+            &old,
+            &mut st,
+            &pod,
+            Init::NotAnswering,
+            Stamp {
+                generation: None,
+                now: t(0),
+            },
+        );
         assert!(out.starting);
         assert_eq!(out.retry, Some(Duration::from_millis(100)));
         assert_eq!(reason(&st, READY), "PodStarting");
@@ -1514,7 +1583,16 @@ mod tests {
     fn a_starting_pod_without_early_exec_is_pending() {
         let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
         let pod = serving(PodState::Starting, false);
-        let out = served(&old, &mut st, &pod, Init::Skipped, (None, t(0)));
+        let out = served(
+            &old,
+            &mut st,
+            &pod,
+            Init::Skipped,
+            Stamp {
+                generation: None,
+                now: t(0),
+            },
+        );
         assert!(out.starting && out.retry.is_none());
         assert_eq!(st.phase, Some(SandboxPhase::Pending));
     }
@@ -1531,7 +1609,10 @@ mod tests {
             &mut st,
             &serving(problem.clone(), false),
             Init::Skipped,
-            (None, t(0)),
+            Stamp {
+                generation: None,
+                now: t(0),
+            },
         );
         assert_eq!(out.problem.unwrap().reason, "ErrImagePull");
         assert_eq!(reason(&st, POD_READY), "ErrImagePull");
@@ -1541,7 +1622,10 @@ mod tests {
             &mut st,
             &serving(problem, false),
             Init::Skipped,
-            (None, t(1)),
+            Stamp {
+                generation: None,
+                now: t(1),
+            },
         );
         assert_eq!(out.problem, None, "same reason again: no second Event");
         assert_eq!(old, st, "and no status change");
@@ -1610,7 +1694,10 @@ mod tests {
             &mut st,
             &stuck("ErrImagePull", 5),
             Init::Skipped,
-            (Some(3), t(0)),
+            Stamp {
+                generation: Some(3),
+                now: t(0),
+            },
         );
         assert_eq!(stalled_reason(&st), None);
         assert_eq!(out.retry, Some(Duration::from_secs(15)));
@@ -1627,7 +1714,10 @@ mod tests {
             &mut st,
             &stuck("ImagePullBackOff", 21),
             Init::Skipped,
-            (Some(3), t(21)),
+            Stamp {
+                generation: Some(3),
+                now: t(21),
+            },
         );
         let c = conditions::get(&st.conditions, STALLED)
             .expect("stalled")
@@ -1665,7 +1755,10 @@ mod tests {
             &mut st,
             &stuck("ImagePullBackOff", 60),
             Init::Skipped,
-            (Some(3), t(60)),
+            Stamp {
+                generation: Some(3),
+                now: t(60),
+            },
         );
         assert_eq!((before, out.problem), (st.clone(), None));
     }
@@ -1679,7 +1772,10 @@ mod tests {
             &mut st,
             &stuck("Unschedulable", 30),
             Init::Skipped,
-            (Some(3), t(0)),
+            Stamp {
+                generation: Some(3),
+                now: t(0),
+            },
         );
         assert_eq!(stalled_reason(&st).as_deref(), Some("Unschedulable"));
         let before = st.clone();
@@ -1688,7 +1784,10 @@ mod tests {
             &mut st,
             &serving(PodState::Starting, false),
             Init::Skipped,
-            (Some(3), t(1)),
+            Stamp {
+                generation: Some(3),
+                now: t(1),
+            },
         );
         assert!(out.starting);
         assert_eq!(stalled_reason(&st), None, "scheduled: no longer stalled");
@@ -1697,7 +1796,10 @@ mod tests {
             &mut st,
             &stuck("ErrImageNeverPull", 30),
             Init::Skipped,
-            (Some(3), t(2)),
+            Stamp {
+                generation: Some(3),
+                now: t(2),
+            },
         );
         let before = st.clone();
         served(
@@ -1705,7 +1807,10 @@ mod tests {
             &mut st,
             &serving(PodState::Ready, false),
             ran(),
-            (Some(3), t(3)),
+            Stamp {
+                generation: Some(3),
+                now: t(3),
+            },
         );
         assert_eq!(
             (stalled_reason(&st), st.phase),
@@ -1717,14 +1822,20 @@ mod tests {
             &mut st,
             &stuck("InvalidImageName", 30),
             Init::Skipped,
-            (Some(3), t(4)),
+            Stamp {
+                generation: Some(3),
+                now: t(4),
+            },
         );
         served(
             &old,
             &mut st,
             &stuck("InvalidImageName", 1),
             Init::Skipped,
-            (Some(3), t(5)),
+            Stamp {
+                generation: Some(3),
+                now: t(5),
+            },
         );
         assert_eq!(stalled_reason(&st), None);
         served(
@@ -1732,14 +1843,20 @@ mod tests {
             &mut st,
             &stuck("InvalidImageName", 30),
             Init::Skipped,
-            (Some(3), t(6)),
+            Stamp {
+                generation: Some(3),
+                now: t(6),
+            },
         );
         served(
             &old,
             &mut st,
             &stuck("CrashLoopBackOff", 300),
             Init::Skipped,
-            (Some(3), t(7)),
+            Stamp {
+                generation: Some(3),
+                now: t(7),
+            },
         );
         assert_eq!(stalled_reason(&st), None);
         // A start refused for its own reason is not the pod's to clear.
@@ -1759,7 +1876,10 @@ mod tests {
             &mut refused,
             &serving(PodState::Starting, false),
             Init::Skipped,
-            (Some(3), t(1)),
+            Stamp {
+                generation: Some(3),
+                now: t(1),
+            },
         );
         assert_eq!(
             stalled_reason(&refused).as_deref(),
@@ -1800,7 +1920,15 @@ mod tests {
         let old = SandboxStatus::default();
         let mut st = old.clone();
         assert!(
-            !pod_created(&old, &mut st, ("p", "/w/n/sbx-uid"), None, t(0)),
+            !pod_created(
+                &old,
+                &mut st,
+                "p",
+                Stamp {
+                    generation: None,
+                    now: t(0)
+                }
+            ),
             "brand new: no write"
         );
         assert_eq!(st, old);
@@ -1812,9 +1940,11 @@ mod tests {
         assert!(pod_created(
             &old,
             &mut st,
-            ("p", "/w/n/sbx-uid"),
-            None,
-            t(0)
+            "p",
+            Stamp {
+                generation: None,
+                now: t(0)
+            }
         ));
         assert_eq!(st.phase, Some(SandboxPhase::Pending));
         assert_eq!(st.pod_name.as_deref(), Some("p"));

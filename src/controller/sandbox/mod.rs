@@ -13,14 +13,18 @@ mod abandoned;
 mod act;
 pub mod claim;
 mod cleanup;
+mod create;
 pub mod decide;
 pub mod idle;
 mod init;
+mod lost;
 pub mod observe;
+mod serve;
+mod suspend;
 mod write;
 
 pub use write::{Apis, MetadataGate, Superseded};
-use write::{SUPERSEDED, apply_metadata, without_finalizer, write_transition};
+use write::{SUPERSEDED, Writer, apply_metadata, without_finalizer};
 
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
@@ -233,7 +237,12 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
         Effective::Templated(resolved, used) => (Arc::new(*resolved), Some(used)),
         Effective::Missing(name) => {
             let (old, st, note) = decide::template_missing(&sbx, &name, Timestamp::now());
-            write_transition(&ctx, &sbx, &apis, &old, &st, Some(note)).await?;
+            let writer = Writer {
+                sbx: &sbx,
+                ctx: &ctx,
+                apis: &apis,
+            };
+            writer.transition(&old, &st, Some(note)).await?;
             // The template's watch brings the sandbox back when it is created.
             return Ok(Action::await_change());
         }
@@ -241,7 +250,13 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
     let podcfg = PodConfig::from_config(&ctx.config);
     let world = observe::observe(&sbx, &ctx, &podcfg, template, reads?).await?;
     let plan = decide::decide(&sbx, &world);
-    act::act(&sbx, &ctx, &apis, &podcfg, world, plan).await
+    let hands = act::Act {
+        sbx: &sbx,
+        ctx: &ctx,
+        apis: &apis,
+        podcfg: &podcfg,
+    };
+    hands.act(world, plan).await
 }
 
 #[cfg(test)]

@@ -118,12 +118,57 @@ impl Superseded {
 
 pub(super) static SUPERSEDED: LazyLock<Superseded> = LazyLock::new(Superseded::default);
 
-/// Server-side applies the sandbox controller's part of a Sandbox's status and remembers the
-/// version read as written over. Its part is all but `lastSnapshot`, which the snapshot
-/// controller owns under its own field manager (applying a copy read from a lagging cache
-/// would put back an older snapshot). On a first reconcile, whose metadata write follows
-/// ([`MetadataGate::Deferred`]), the version this write returns is written over too: seen
-/// without the finalizer, it would start the sandbox again.
+/// One Sandbox's status and Events in one reconcile: what `act`'s steps, `cleanup` and
+/// `abandoned` write through.
+#[derive(Clone, Copy)]
+pub(super) struct Writer<'a> {
+    /// The Sandbox as read (its version is the one the status writes over).
+    pub sbx: &'a Sandbox,
+    /// The operator's context (the Event recorder).
+    pub ctx: &'a Context,
+    /// The namespace's API handles.
+    pub apis: &'a Apis,
+}
+
+impl Writer<'_> {
+    /// Server-side applies the sandbox controller's part of the status and remembers the
+    /// version read as written over. Its part is all but `lastSnapshot`, which the snapshot
+    /// controller owns under its own field manager (applying a copy read from a lagging cache
+    /// would put back an older snapshot). On a first reconcile, whose metadata write follows
+    /// ([`MetadataGate::deferred`]), the version this write returns is written over too: seen
+    /// without the finalizer, it would start the sandbox again.
+    pub async fn status(&self, st: &SandboxStatus) -> Result<(), Error> {
+        write_status(self.apis, self.sbx, st).await
+    }
+
+    /// Writes the status and publishes an Event about the transition, both only when the
+    /// status changed: a sandbox stuck in one state costs no writes on each retry.
+    pub async fn transition(
+        &self,
+        old: &SandboxStatus,
+        st: &SandboxStatus,
+        note: Option<Note>,
+    ) -> Result<(), Error> {
+        if old == st {
+            return Ok(());
+        }
+        self.publish(note).await;
+        self.status(st).await
+    }
+
+    /// Publishes `note`, if any, about the sandbox.
+    pub async fn publish(&self, note: Option<Note>) {
+        if let Some(n) = note {
+            crate::controller::context::publish(
+                self.ctx, self.sbx, n.type_, &n.reason, n.action, &n.message,
+            )
+            .await;
+        }
+    }
+}
+
+/// [`Writer::status`] of `sbx` (also of a version other than the reconciled one: the idle
+/// suspension's, written over the version its mode change returned).
 pub(super) async fn write_status(
     apis: &Apis,
     sbx: &Sandbox,
@@ -150,26 +195,6 @@ pub(super) async fn write_status(
         SUPERSEDED.record(&written, now);
     }
     Ok(())
-}
-
-/// Writes the status and publishes an Event about the transition, both only when the status
-/// changed: a sandbox stuck in one state costs no writes on each retry.
-pub(super) async fn write_transition(
-    ctx: &Context,
-    sbx: &Sandbox,
-    apis: &Apis,
-    old: &SandboxStatus,
-    st: &SandboxStatus,
-    note: Option<Note>,
-) -> Result<(), Error> {
-    if old == st {
-        return Ok(());
-    }
-    if let Some(n) = note {
-        crate::controller::context::publish(ctx, sbx, n.type_, &n.reason, n.action, &n.message)
-            .await;
-    }
-    write_status(apis, sbx, st).await
 }
 
 /// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,

@@ -1,0 +1,403 @@
+//! The serve step: the pod is ours and current (or a warm pod adopted just now). Its node's
+//! workspace directory checked, the workspace initialised when the container runs (or may
+//! already answer exec), the status written once, Ready recorded.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use tracing::{debug, info};
+
+use super::act::Act;
+use super::decide::{self, Init, Serving, Stamp};
+use super::idle::{self, Idle};
+use super::observe::World;
+use super::write::delete_by_uid;
+use super::{abandoned, init};
+use crate::controller::context::{Error, Note};
+use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
+use crate::controller::{conditions, helper_pod, noderoot, placement, pod};
+use crate::metrics::{COLD, ExecOp, Metrics, WARM};
+use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
+use agentbox_api::exec::session::Session;
+use agentbox_api::guard::LeaseView;
+use agentbox_api::labels;
+
+/// What a start that adopted a warm pod brings to [`Act::serve`]: the snapshot lookup made
+/// beside the adoption, and the shell its pool left open in the pod.
+pub(super) struct Adopted {
+    /// The restore's snapshot lookup.
+    pub lookup: init::Lookup,
+    /// The pool's open shell, if it left one.
+    pub shell: Option<Box<Session>>,
+}
+
+/// The pod to serve, as found.
+pub(super) struct Found<'p> {
+    /// The pod.
+    pub pod: &'p Pod,
+    /// Its state.
+    pub state: PodState,
+    /// The scope's guard Lease, as seen (for the idle clock).
+    pub guard: &'p LeaseView,
+    /// A warm pod adopted just now, whose directory has no marker.
+    pub adopted: Option<Adopted>,
+}
+
+/// The status as read, the one the step builds on, and when.
+pub(super) struct Seen<'o> {
+    /// The status as read.
+    pub old: &'o SandboxStatus,
+    /// The planned status the serve step completes.
+    pub status: SandboxStatus,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// `requeue`, or `d` if that is sooner.
+fn sooner(requeue: Option<Duration>, d: Duration) -> Option<Duration> {
+    Some(requeue.map_or(d, |r| r.min(d)))
+}
+
+impl Act<'_> {
+    /// The serve step on the pod that observe found: a second pod of the sandbox goes, the
+    /// directories on nodes that came back are removed, then [`Act::serve`].
+    pub(super) async fn serve_found(
+        &self,
+        world: &World,
+        mut status: SandboxStatus,
+        mut requeue: Option<Duration>,
+    ) -> Result<Action, Error> {
+        let Some(pod) = world.pod.as_ref() else {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        };
+        self.second_pods(pod, &world.old).await?;
+        if !status.abandoned.is_empty()
+            && let Some(d) =
+                abandoned::sweep(self.sbx, self.ctx, self.apis, &mut status, false).await?
+        {
+            requeue = sooner(requeue, d);
+        }
+        let found = Found {
+            pod,
+            state: world.pod_state.clone(),
+            guard: &LeaseView::of(world.lease.as_ref(), world.now),
+            adopted: None,
+        };
+        let seen = Seen {
+            old: &world.old,
+            status,
+            now: world.now,
+        };
+        self.serve(found, seen, requeue).await
+    }
+
+    /// Serves `found`: the node's workspace directory checked, the workspace initialised when
+    /// the container runs (or may already answer exec), the idle clock kept, the status
+    /// written once (not before [`decide::defer_first_status`] allows), Ready recorded.
+    pub(super) async fn serve(
+        &self,
+        found: Found<'_>,
+        seen: Seen<'_>,
+        mut requeue: Option<Duration>,
+    ) -> Result<Action, Error> {
+        let Seen {
+            old,
+            status: mut st,
+            now,
+        } = seen;
+        let (sbx, pod) = (self.sbx, found.pod);
+        let was_adopted = found.adopted.is_some();
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            if let Some(wait) = self.node_root(&node, old, &mut st, now).await? {
+                requeue = sooner(requeue, wait);
+            }
+            st.node_name = Some(node);
+        }
+        let serving = self.serving(pod, found.state, now);
+        let (init, error) = self.initialise(&serving, pod, &st, found.adopted).await;
+        let stamp = Stamp {
+            generation: sbx.metadata.generation,
+            now,
+        };
+        let out = decide::served(old, &mut st, &serving, init, stamp);
+        if let (Some(note), Some(e)) = (out.failed, error) {
+            self.writer().transition(old, &st, Some(note)).await?;
+            return Err(e);
+        }
+        if let Some(retry) = out.retry {
+            requeue = sooner(requeue, retry);
+        }
+        self.writer().publish(out.problem).await;
+        let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
+        if idleness != Idle::Off {
+            debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
+        }
+        match idleness {
+            Idle::Suspend => return self.idle_suspend(st).await,
+            Idle::Wait(d) | Idle::Busy(Some(d)) => requeue = sooner(requeue, d),
+            Idle::Busy(None) | Idle::Off => {}
+        }
+        if let Some(wait) = decide::defer_first_status(old.phase, out.starting, serving.age) {
+            return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
+        }
+        if old != &st {
+            self.writer().status(&st).await?;
+        }
+        if out.started.is_some() {
+            record_ready(&self.ctx.metrics, sbx, pod, old, &st);
+        }
+        if decide::announce_start(was_adopted, &st) {
+            self.writer().publish(out.started).await;
+        }
+        Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+    }
+
+    /// What `pod` looks like to the serve step. The kubelet reports a started container on
+    /// its next relist, up to a second later; exec reaches the container runtime directly. So
+    /// a bound pod whose container answers exec is initialised and served at once instead of
+    /// after that report.
+    fn serving(&self, pod: &Pod, state: PodState, now: Timestamp) -> Serving {
+        let problem_for = match &state {
+            PodState::Problem { reason, .. } => podstate::problem_since(pod, reason)
+                .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or_default()),
+            _ => None,
+        };
+        Serving {
+            early: state == PodState::Starting && may_answer_exec(pod),
+            state,
+            age: pod_age(pod, now),
+            uid: pod.uid().unwrap_or_default(),
+            problem_for,
+            stall_grace: Duration::from_secs(self.ctx.config.stall_grace_seconds),
+        }
+    }
+
+    /// Initialises the workspace in `pod` when the serve step does and it was not initialised
+    /// in this pod yet: the [`Init`] outcome, and the error to report when it failed. The
+    /// operator's own record of a permanent refusal follows (it outlives a status that could
+    /// not keep it).
+    async fn initialise(
+        &self,
+        serving: &Serving,
+        pod: &Pod,
+        st: &SandboxStatus,
+        adopted: Option<Adopted>,
+    ) -> (Init, Option<Error>) {
+        if !serving.initialises() || podstate::initialised_in(st, pod) {
+            return (Init::Skipped, None);
+        }
+        let ws = st.workspace.clone().unwrap_or_default();
+        // An adopted warm pod's directory has no marker, and its pool left a shell open in
+        // it for this start's command.
+        let (marker, shell) = match adopted {
+            Some(a) => (init::Marker::Absent(a.lookup), a.shell),
+            None => (init::Marker::Probe, None),
+        };
+        let target = (&self.apis.pods, &*pod.name_any());
+        let how = (&ws, marker, shell.as_deref());
+        let result = init::init_workspace(self.sbx, self.ctx, target, how).await;
+        // The shell's stdin closes and it exits: nothing of the pool's stays in the pod.
+        drop(shell);
+        let (init, error) = outcome(self.sbx, &self.ctx.metrics, serving, result);
+        let uid = self.sbx.uid().unwrap_or_default();
+        match &init {
+            Init::Ran { .. } => self.ctx.refusals.set(&uid, None),
+            Init::Failed {
+                refusal: Some(r), ..
+            } => self.ctx.refusals.set(&uid, Some(r)),
+            Init::Failed { .. } | Init::Skipped | Init::NotAnswering => {}
+        }
+        (init, error)
+    }
+
+    /// Deletes the pods of the sandbox other than `served`, the one its status names: two
+    /// operators starting the same sandbox at once (a leader change) can each adopt a warm
+    /// pod, or one adopt and the other make the cold pod, before either sees the other's
+    /// write; the status names one, and the other would run until the Sandbox goes. Found in
+    /// the pod cache (labelled for the sandbox, controlled by it, not being deleted); each
+    /// deletion is conditioned on the pod's UID. Nothing while the status does not name
+    /// `served` yet.
+    async fn second_pods(&self, served: &Pod, old: &SandboxStatus) -> Result<(), Error> {
+        let (sbx, ctx) = (self.sbx, self.ctx);
+        let name = served.name_any();
+        if ctx.cache.is_none() || old.pod_name.as_deref() != Some(name.as_str()) {
+            return Ok(());
+        }
+        let label = labels::sandbox_label_value(&sbx.name_any());
+        let ns = sbx.namespace();
+        let others: Vec<std::sync::Arc<Pod>> = ctx
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.namespace() == ns
+                    && p.name_any() != name
+                    && p.metadata.deletion_timestamp.is_none()
+                    && p.labels().get(labels::SANDBOX) == Some(&label)
+                    && placement::controlled_by(p, sbx)
+            })
+            .collect();
+        for other in others {
+            info!(pod = %other.name_any(), "deleting a second pod of the sandbox (its status names {name})");
+            delete_by_uid(&self.apis.pods, &other.name_any(), other.uid(), None).await?;
+            // Its directory is no Sandbox's: the sweep's, once the pod has stopped.
+            let node = other.spec.as_ref().and_then(|s| s.node_name.clone());
+            let dir = placement::pod_host_dir(&other);
+            if let (Some(node), Some(dir), Some(ns)) = (node, dir, other.namespace())
+                && placement::recorded_host_dir(sbx).as_deref() != Some(dir.as_str())
+                && let Some(entry) = placement::dir_name(&dir, &ctx.config.node_root, &ns)
+            {
+                ctx.sweep.add(crate::controller::memory::Hint {
+                    node,
+                    namespace: ns.clone(),
+                    dir: entry.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the [`noderoot::CONDITION`] of a sandbox on `node`: from this process's record of
+    /// the namespace's directory there, else by starting (or reading, then deleting) the
+    /// helper pod that prepares it. Returns when to look again while that pod runs. A Warning
+    /// Event goes out when the condition turns False.
+    async fn node_root(
+        &self,
+        node: &str,
+        old: &SandboxStatus,
+        st: &mut SandboxStatus,
+        now: Timestamp,
+    ) -> Result<Option<Duration>, Error> {
+        let (sbx, ctx, podcfg) = (self.sbx, self.ctx, self.podcfg);
+        let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+        let dir = pod::namespace_host_path(podcfg.node_root, &ns);
+        let found = match ctx.node_roots.get(node, &ns, Instant::now()) {
+            Some(found) => Some(found),
+            None if podcfg.helper.is_none() => None,
+            None => match noderoot::prepare(ctx, &self.apis.pods, (&ns, node), || {
+                helper_pod::build_prepare_pod(sbx, podcfg, node)
+            })
+            .await?
+            {
+                Some(found) => Some(found),
+                None => return Ok(Some(Duration::from_secs(2))),
+            },
+        };
+        let (ok, reason, message) = match &found {
+            Some(f) => noderoot::condition(f, node, &dir),
+            None => noderoot::no_helper(node, &dir),
+        };
+        let was = conditions::get(&old.conditions, noderoot::CONDITION)
+            .map(|c| (c.status == "True", c.reason.clone()));
+        let generation = sbx.metadata.generation;
+        let cond = &mut st.conditions;
+        conditions::set(
+            cond,
+            noderoot::CONDITION,
+            ok,
+            reason,
+            &message,
+            generation,
+            now,
+        );
+        if !ok && was != Some((false, reason.to_string())) {
+            let note = Note {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: reason.to_string(),
+                action: "PrepareNode",
+                message,
+            };
+            self.writer().publish(Some(note)).await;
+        }
+        Ok(None)
+    }
+}
+
+/// Observes how long the start that has just become Ready took, by its branch: from the
+/// Sandbox's creation for its first start, else from the creation of the pod made for this one
+/// (a resume or a recovery). Called after the Ready status was written, so once per start.
+fn record_ready(
+    metrics: &Metrics,
+    sbx: &Sandbox,
+    pod: &Pod,
+    old: &SandboxStatus,
+    st: &SandboxStatus,
+) {
+    let Some(branch) = st.workspace.as_ref().and_then(|w| w.last_start_branch) else {
+        return;
+    };
+    let first = old
+        .workspace
+        .as_ref()
+        .is_none_or(|w| w.initialized_pod_uid.is_none());
+    let since = if first {
+        sbx.metadata.creation_timestamp.as_ref()
+    } else {
+        pod.metadata.creation_timestamp.as_ref()
+    };
+    let Some(since) = since else {
+        return;
+    };
+    let took = Timestamp::now().duration_since(since.0);
+    // A clock behind the API server's could make it negative: count that as instant.
+    let took = Duration::try_from(took).unwrap_or_default();
+    // A pool's pod keeps its pool label when a sandbox adopts it.
+    let start = if pod.labels().contains_key(labels::POOL) {
+        WARM
+    } else {
+        COLD
+    };
+    metrics.became_ready(branch, start, took);
+}
+
+/// The [`Init`] outcome of an initialisation, and the error to report when it failed; its exec
+/// errors are counted in `metrics`. An early try whose container does not run yet is neither a
+/// failure nor an exec error: the pod is still starting.
+fn outcome(
+    sbx: &Sandbox,
+    metrics: &Metrics,
+    serving: &Serving,
+    result: Result<(WorkspaceStatus, crate::controller::workspace::Decision), Error>,
+) -> (Init, Option<Error>) {
+    match result {
+        Ok((workspace, decision)) => (
+            Init::Ran {
+                workspace,
+                decision,
+            },
+            None,
+        ),
+        Err(e) if serving.early && container_not_running(&e) => {
+            debug!(sandbox = %sbx.name_any(), "the container does not answer exec yet: {e}");
+            (Init::NotAnswering, None)
+        }
+        Err(e) => {
+            if let Error::Exec(x) = e.root() {
+                metrics.exec_failed(ExecOp::Workspace, x.kind());
+            }
+            let (reason, message) = e.reason_and_message();
+            let init = Init::Failed {
+                reason: reason.to_string(),
+                message,
+                refusal: e.restore_refusal().cloned(),
+                permanent: e.is_permanent(),
+            };
+            (init, Some(e))
+        }
+    }
+}
+
+/// Whether an initialisation failed only because the container does not run yet (exec could
+/// not reach it), as opposed to a failure inside a running container.
+fn container_not_running(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Exec(
+            agentbox_api::exec::ExecError::Connect { .. }
+                | agentbox_api::exec::ExecError::NotStarted(_)
+        )
+    )
+}
