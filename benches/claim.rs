@@ -136,7 +136,7 @@ async fn restores(client: &Client, ns: &str, n: usize, size: usize) -> Res<()> {
         let seen = create_until_ready(&sbxs, &restoring(&name, cold)?).await?;
         let st = sbxs.get(&name).await?.status.unwrap_or_default();
         let branch = st.workspace.as_ref().and_then(|w| w.last_start_branch);
-        if st.restored_from.as_deref() != Some("small") || branch != Some(StartBranch::C) {
+        if st.restored_from.as_deref() != Some("small") || branch != Some(StartBranch::Restored) {
             return Err(format!(
                 "{name}: restored from {:?}, branch {branch:?}",
                 st.restored_from

@@ -194,10 +194,10 @@ impl ExecOp {
 /// restored from a snapshot), `fresh` (D, initialised from the spec).
 pub fn branch_label(b: StartBranch) -> &'static str {
     match b {
-        StartBranch::A => "reattached",
-        StartBranch::B => "recovered",
-        StartBranch::C => "restored",
-        StartBranch::D => "fresh",
+        StartBranch::Reattached => "reattached",
+        StartBranch::Recovered => "recovered",
+        StartBranch::Restored => "restored",
+        StartBranch::Fresh => "fresh",
     }
 }
 
@@ -741,9 +741,9 @@ mod tests {
         m.claimed(ClaimResult::Miss, Duration::from_millis(1));
         m.claimed(ClaimResult::Conflict, Duration::from_millis(9));
         m.claimed(ClaimResult::Claimed, Duration::from_millis(5));
-        m.became_ready(StartBranch::D, WARM, Duration::from_millis(20));
-        m.became_ready(StartBranch::D, COLD, Duration::from_millis(700));
-        m.became_ready(StartBranch::C, COLD, Duration::from_millis(900));
+        m.became_ready(StartBranch::Fresh, WARM, Duration::from_millis(20));
+        m.became_ready(StartBranch::Fresh, COLD, Duration::from_millis(700));
+        m.became_ready(StartBranch::Restored, COLD, Duration::from_millis(900));
         let text = m.render();
         has(&text, r#"agentbox_pool_claims_total{result="claimed"} 2"#);
         has(&text, r#"agentbox_pool_claims_total{result="miss"} 1"#);
@@ -757,9 +757,9 @@ mod tests {
     #[test]
     fn starts_are_observed_by_branch_and_start() {
         let m = Metrics::default();
-        m.became_ready(StartBranch::D, COLD, Duration::from_millis(1500));
-        m.became_ready(StartBranch::D, COLD, Duration::from_millis(500));
-        m.became_ready(StartBranch::C, COLD, Duration::from_secs(4));
+        m.became_ready(StartBranch::Fresh, COLD, Duration::from_millis(1500));
+        m.became_ready(StartBranch::Fresh, COLD, Duration::from_millis(500));
+        m.became_ready(StartBranch::Restored, COLD, Duration::from_secs(4));
         let text = m.render();
         has(
             &text,
@@ -783,10 +783,10 @@ mod tests {
     #[test]
     fn every_branch_has_its_own_label() {
         let all = [
-            StartBranch::A,
-            StartBranch::B,
-            StartBranch::C,
-            StartBranch::D,
+            StartBranch::Reattached,
+            StartBranch::Recovered,
+            StartBranch::Restored,
+            StartBranch::Fresh,
         ];
         let labels: BTreeSet<_> = all.into_iter().map(branch_label).collect();
         assert_eq!(labels.len(), 4);

@@ -150,13 +150,13 @@ async fn every_example_applies_and_becomes_ready() {
         assert!(out.contains(want), "files-example: {want:?} not in {out:?}");
     }
 
-    // Restore Latest with no snapshot of the scope yet: a fresh start (branch D), files written.
+    // Restore Latest with no snapshot of the scope yet: a fresh start (branch Fresh), files written.
     let s = ready(&env, "restore-example").await;
     let st = s.status.clone().unwrap_or_default();
     assert_eq!(st.phase, Some(SandboxPhase::Ready));
     assert_eq!(
         st.workspace.as_ref().and_then(|w| w.last_start_branch),
-        Some(StartBranch::D)
+        Some(StartBranch::Fresh)
     );
     assert_eq!(st.restored_from, None);
     run(&env, &s, "test -f /workspace/README.md").await;

@@ -183,7 +183,7 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
     let before = listing(&env, &pod_g).await;
     assert!(before.contains("L ./d/l e/f"), "{before}");
 
-    // A snapshot, restored into a new gVisor sandbox of the same scope (branch C).
+    // A snapshot, restored into a new gVisor sandbox of the same scope (branch Restored).
     take_snapshot(&env, "s1", "g", "Delete").await;
     create_sandbox(&env, "g2", spec("alice", Some("gvisor")))
         .await
@@ -192,7 +192,7 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
     let st = g2.status.as_ref().expect("status");
     assert_eq!(
         st.workspace.as_ref().and_then(|w| w.last_start_branch),
-        Some(StartBranch::C),
+        Some(StartBranch::Restored),
         "{g2:#?}"
     );
     assert_eq!(st.restored_from.as_deref(), Some("s1"));

@@ -217,7 +217,7 @@ async fn an_idle_sandbox_suspends_itself_costs_nothing_and_get_or_create_brings_
     assert_eq!(back.sandbox().spec.lifecycle.mode, LifecycleMode::Running);
     assert_eq!(
         st.workspace.and_then(|w| w.last_start_branch),
-        Some(StartBranch::A),
+        Some(StartBranch::Reattached),
         "the workspace was kept"
     );
     assert_eq!(condition(back.sandbox(), "Ready").reason, "Ready");

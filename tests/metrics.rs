@@ -132,7 +132,7 @@ async fn the_metrics_endpoint_exposes_each_series_after_create_snapshot_and_rest
         .await
         .expect("create a");
     let a = env.wait_for::<Sandbox>("a", 300, phase_is("Ready")).await;
-    assert_eq!(branch(&a), Some(StartBranch::D));
+    assert_eq!(branch(&a), Some(StartBranch::Fresh));
     let pod_a = a
         .status
         .as_ref()
@@ -154,7 +154,7 @@ async fn the_metrics_endpoint_exposes_each_series_after_create_snapshot_and_rest
         .await
         .expect("create b");
     let b = env.wait_for::<Sandbox>("b", 300, phase_is("Ready")).await;
-    assert_eq!(branch(&b), Some(StartBranch::C), "{b:#?}");
+    assert_eq!(branch(&b), Some(StartBranch::Restored), "{b:#?}");
 
     // A failure of each: a snapshot of no sandbox, a restore of no snapshot.
     failed_snapshot(&env).await;

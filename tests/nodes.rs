@@ -2,7 +2,7 @@
 //! this binary only): each node has a workspace root of its own, the same kind of mount on both
 //! (nosuid,nodev, root-only), and `hack/cluster stop-node` / `start-node` lose a node abruptly
 //! (it goes NotReady/unreachable) and bring it back Ready with its state. A Sandbox on a node
-//! that is lost is recovered on the other one from its snapshot (branch B), and what it left on
+//! that is lost is recovered on the other one from its snapshot (branch Recovered), and what it left on
 //! the lost node is removed when that node returns.
 
 mod common;
@@ -450,7 +450,7 @@ async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_no
     let st = recovered.status.clone().expect("status");
     assert_eq!(
         st.workspace.as_ref().and_then(|w| w.last_start_branch),
-        Some(StartBranch::B),
+        Some(StartBranch::Recovered),
         "{st:#?}"
     );
     assert_eq!(st.restored_from.as_deref(), Some("before-loss"));

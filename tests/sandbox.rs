@@ -108,7 +108,7 @@ async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
     let sbx = env
         .wait_for::<Sandbox>("files", 120, phase_is("Ready"))
         .await;
-    assert_eq!(branch(&sbx), Some(StartBranch::D));
+    assert_eq!(branch(&sbx), Some(StartBranch::Fresh));
     let st = status(&sbx);
     let pod = st.pod_name.clone().unwrap();
     let node = st.node_name.clone().unwrap();
@@ -199,7 +199,7 @@ async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
         .await
         .unwrap();
     let sbx = wait_ready_in_new_pod(&env, "files", &first_uid).await;
-    assert_eq!(branch(&sbx), Some(StartBranch::A));
+    assert_eq!(branch(&sbx), Some(StartBranch::Reattached));
     assert_eq!(status(&sbx).node_name.as_deref(), Some(node.as_str()));
     let c = status(&sbx)
         .conditions
@@ -326,7 +326,7 @@ async fn suspend_deletes_the_pod_keeps_the_workspace_and_resume_reuses_it() {
     )
     .await;
     let sbx = wait_ready_in_new_pod(&env, "s", &pod_uid(&sbx)).await;
-    assert_eq!(branch(&sbx), Some(StartBranch::A));
+    assert_eq!(branch(&sbx), Some(StartBranch::Reattached));
     assert_eq!(recorded(&sbx).as_deref(), Some(dir.as_str()));
     assert_eq!(sh(&env, &pod, "cat plan.md").await.1, "v1\nedit\n");
     env.finish().await;
@@ -600,7 +600,7 @@ async fn shutdown_time_deletes_the_sandbox_and_spec_changes_replace_the_pod() {
     let sbx = env.wait_for::<Sandbox>("t", 120, phase_is("Ready")).await;
     let pod = status(&sbx).pod_name.clone().unwrap();
     sh(&env, &pod, "echo work > work.txt").await;
-    // Changing the environment needs a new pod; the workspace stays (branch A).
+    // Changing the environment needs a new pod; the workspace stays (branch Reattached).
     merge(
         &env,
         "t",
@@ -608,7 +608,7 @@ async fn shutdown_time_deletes_the_sandbox_and_spec_changes_replace_the_pod() {
     )
     .await;
     let sbx = wait_ready_in_new_pod(&env, "t", &pod_uid(&sbx)).await;
-    assert_eq!(branch(&sbx), Some(StartBranch::A));
+    assert_eq!(branch(&sbx), Some(StartBranch::Reattached));
     assert_eq!(
         sh(&env, &pod, "echo $MODE; cat work.txt").await.1,
         "two\nwork\n"

@@ -709,7 +709,7 @@ async fn a_named_restore_of_another_scope_is_refused() {
     .await
     .unwrap();
     let carol = ready(&env, "carol").await;
-    assert_eq!(branch(&carol), Some(StartBranch::C));
+    assert_eq!(branch(&carol), Some(StartBranch::Restored));
     let (_, out) = sh(&env, &pod_of(&carol), "cat diary.txt").await;
     assert_eq!(out, "alice's diary\n");
     let evs = common::events(&env, "carol", "CrossScopeRestore").await;
@@ -753,7 +753,7 @@ async fn a_relabelled_snapshot_is_not_restored_into_another_scope() {
     let bob = ready(&env, "bob").await;
     assert_eq!(
         branch(&bob),
-        Some(StartBranch::D),
+        Some(StartBranch::Fresh),
         "a fresh start, not alice's snapshot"
     );
     let (_, out) = sh(&env, &pod_of(&bob), "ls -A").await;
@@ -769,7 +769,7 @@ async fn a_relabelled_snapshot_is_not_restored_into_another_scope() {
         .await
         .unwrap();
     let alice2 = ready(&env, "alice-2").await;
-    assert_eq!(branch(&alice2), Some(StartBranch::C));
+    assert_eq!(branch(&alice2), Some(StartBranch::Restored));
     assert_eq!(
         alice2
             .status

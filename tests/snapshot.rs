@@ -1,6 +1,6 @@
 //! Snapshots against the real local cluster, each scenario against a `file://` store and an
 //! S3-compatible server on loopback (`hack/s3`, started here when not running): round trip
-//! into a new sandbox (branch C), recovery of a lost workspace (branch B), hostile archives,
+//! into a new sandbox (branch Restored), recovery of a lost workspace (branch Recovered), hostile archives,
 //! an operator killed mid-upload, retention, deletion policies and onStop.
 
 mod common;
@@ -135,12 +135,12 @@ async fn round_trip(kind: Kind) {
         s.status.as_ref().and_then(|st| st.completed_at.as_ref())
     );
 
-    // A new sandbox of the same user scope restores the newest snapshot: branch C.
+    // A new sandbox of the same user scope restores the newest snapshot: branch Restored.
     create_sandbox(&env, "b", spec("alice", json!({})))
         .await
         .expect("create b");
     let sb = ready(&env, "b").await;
-    assert_eq!(branch(&sb), Some(StartBranch::C), "{sb:#?}");
+    assert_eq!(branch(&sb), Some(StartBranch::Restored), "{sb:#?}");
     assert_eq!(
         sb.status
             .as_ref()
@@ -226,7 +226,7 @@ async fn lost_workspace(kind: Kind) {
             })
         })
         .await;
-    assert_eq!(branch(&back), Some(StartBranch::B), "{back:#?}");
+    assert_eq!(branch(&back), Some(StartBranch::Recovered), "{back:#?}");
     let (code, out) = sh(
         &env,
         &pod_of(&back),

@@ -65,13 +65,13 @@ pub struct Decision {
     pub message: String,
 }
 
-/// Decides the start branch (A: reuse, B: recover a lost workspace, C: restore into a fresh one,
-/// D: fresh). Where a snapshot would be restored but none exists, the start falls back to D and
-/// the message says why.
+/// Decides the start branch (Reattached: reuse, Recovered: a lost workspace restored,
+/// Restored: a fresh one restored, Fresh). Where a snapshot would be restored but none exists,
+/// the start falls back to Fresh and the message says why.
 pub fn decide(o: Observed<'_>) -> Decision {
     if o.marker_present {
         return Decision {
-            branch: StartBranch::A,
+            branch: StartBranch::Reattached,
             restore: None,
             all_files: false,
             reason: "WorkspaceReused",
@@ -81,14 +81,14 @@ pub fn decide(o: Observed<'_>) -> Decision {
     let restorable = o.snapshot.filter(|_| o.can_restore);
     match (o.root_was_ready, restorable) {
         (true, Some(snap)) => Decision {
-            branch: StartBranch::B,
+            branch: StartBranch::Recovered,
             restore: Some(snap.to_string()),
             all_files: false,
             reason: "WorkspaceRecovered",
             message: format!("workspace was lost; restored from snapshot {snap}"),
         },
         (false, Some(snap)) => Decision {
-            branch: StartBranch::C,
+            branch: StartBranch::Restored,
             restore: Some(snap.to_string()),
             all_files: true,
             reason: "WorkspaceRestored",
@@ -108,7 +108,7 @@ pub fn decide(o: Observed<'_>) -> Decision {
                 (false, _, _) => String::new(),
             };
             Decision {
-                branch: StartBranch::D,
+                branch: StartBranch::Fresh,
                 restore: None,
                 all_files: true,
                 reason: if lost {
@@ -123,14 +123,14 @@ pub fn decide(o: Observed<'_>) -> Decision {
 }
 
 /// Why a start is refused: the workspace was lost (`root_was_ready`), there is nothing to
-/// restore (`decision` is branch D), and the sandbox's `snapshot.whenLost` is `Fail`. `None`:
+/// restore (`decision` is branch Fresh), and the sandbox's `snapshot.whenLost` is `Fail`. `None`:
 /// the start goes ahead.
 pub fn refused_when_lost(
     decision: &Decision,
     root_was_ready: bool,
     policy: WhenLost,
 ) -> Option<String> {
-    (decision.branch == StartBranch::D && root_was_ready && policy == WhenLost::Fail).then(|| {
+    (decision.branch == StartBranch::Fresh && root_was_ready && policy == WhenLost::Fail).then(|| {
         format!(
             "{}; not started, since snapshot.whenLost is Fail: take or name a snapshot, or set whenLost to StartFresh",
             decision.message.trim_end_matches("; fresh workspace initialised from the spec")
@@ -194,7 +194,7 @@ pub fn plan_writes(
         .cloned()
         .collect();
     let mut replace_dirs = Vec::new();
-    if decision.all_files || decision.branch == StartBranch::B || projections_changed {
+    if decision.all_files || decision.branch == StartBranch::Recovered || projections_changed {
         for p in projections {
             replace_dirs.push(p.dir.clone());
             for (k, v) in &p.entries {
@@ -284,22 +284,28 @@ mod tests {
 
     #[test]
     fn the_four_branches() {
-        assert_eq!(obs(true, true, Some("s"), true).branch, StartBranch::A);
-        assert_eq!(obs(true, false, None, false).branch, StartBranch::A);
+        assert_eq!(
+            obs(true, true, Some("s"), true).branch,
+            StartBranch::Reattached
+        );
+        assert_eq!(
+            obs(true, false, None, false).branch,
+            StartBranch::Reattached
+        );
         let b = obs(false, true, Some("s1"), true);
         assert_eq!(
             (b.branch, b.restore.as_deref(), b.all_files),
-            (StartBranch::B, Some("s1"), false)
+            (StartBranch::Recovered, Some("s1"), false)
         );
         let c = obs(false, false, Some("s1"), true);
         assert_eq!(
             (c.branch, c.restore.as_deref(), c.all_files),
-            (StartBranch::C, Some("s1"), true)
+            (StartBranch::Restored, Some("s1"), true)
         );
         let d = obs(false, false, None, true);
         assert_eq!(
             (d.branch, d.restore, d.all_files),
-            (StartBranch::D, None, true)
+            (StartBranch::Fresh, None, true)
         );
         assert_eq!(d.reason, "WorkspaceInitialized");
     }
@@ -324,11 +330,11 @@ mod tests {
     #[test]
     fn lost_workspace_without_snapshot_falls_back_to_d_and_says_so() {
         let d = obs(false, true, None, true);
-        assert_eq!(d.branch, StartBranch::D);
+        assert_eq!(d.branch, StartBranch::Fresh);
         assert_eq!(d.reason, "WorkspaceReinitialized");
         assert!(d.message.contains("no snapshot"), "{}", d.message);
         let d = obs(false, true, Some("s9"), false);
-        assert_eq!(d.branch, StartBranch::D);
+        assert_eq!(d.branch, StartBranch::Fresh);
         assert!(d.message.contains("cannot restore"), "{}", d.message);
     }
 

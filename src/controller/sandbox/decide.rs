@@ -300,8 +300,8 @@ pub fn serving(sbx: &Sandbox, st: &mut SandboxStatus, pod: &Pod, template: Optio
 
 /// Whether a start may adopt a warm pod instead of making one: only a sandbox's first start,
 /// from a template, whose workspace is nowhere yet. A resume (the workspace kept on its node,
-/// `status.workspace.hostDir`), a start after the pod was lost (branch A reuses the directory)
-/// and a recovery from a lost node (branch B restores what the status says was ready) all
+/// `status.workspace.hostDir`), a start after the pod was lost (branch Reattached reuses the directory)
+/// and a recovery from a lost node (branch Recovered restores what the status says was ready) all
 /// start cold, where the workspace is or was.
 pub fn may_claim(sbx: &Sandbox, old: &SandboxStatus) -> bool {
     sbx.spec.template_ref.is_some()
@@ -690,13 +690,13 @@ pub struct Served {
 }
 
 /// Whether a start that has just become Ready is announced with an Event. A claimed warm
-/// pod's fresh start (branch D: nothing restored) is not: it is the hot path of a harness's
+/// pod's fresh start (branch Fresh: nothing restored) is not: it is the hot path of a harness's
 /// request and an Event is one more API write, while the status already says the same (Ready,
 /// and `WorkspaceReady`'s message names the branch). Every other start is (a restore into a
 /// warm pod, and any cold start).
 pub fn announce_start(adopted: bool, st: &SandboxStatus) -> bool {
     let branch = st.workspace.as_ref().and_then(|w| w.last_start_branch);
-    !(adopted && branch == Some(StartBranch::D))
+    !(adopted && branch == Some(StartBranch::Fresh))
 }
 
 /// The status of a served pod, from its state and the outcome of initialising it.
@@ -1470,7 +1470,7 @@ mod tests {
         let started = out.started.unwrap();
         assert_eq!(started.reason, "WorkspaceInitialized");
         assert!(
-            started.message.starts_with("start branch D"),
+            started.message.starts_with("start branch Fresh"),
             "{}",
             started.message
         );
@@ -1983,7 +1983,7 @@ mod tests {
             ..Default::default()
         });
         assert!(!may_claim(&templated, &kept));
-        // After a node loss: branch B restores what was ready.
+        // After a node loss: branch Recovered restores what was ready.
         let lost = with(WorkspaceStatus {
             root_ready: true,
             ..Default::default()
@@ -2076,10 +2076,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(!announce_start(true, &with(StartBranch::D)));
-        assert!(announce_start(true, &with(StartBranch::C)));
-        assert!(announce_start(false, &with(StartBranch::D)));
-        assert!(announce_start(false, &with(StartBranch::C)));
+        assert!(!announce_start(true, &with(StartBranch::Fresh)));
+        assert!(announce_start(true, &with(StartBranch::Restored)));
+        assert!(announce_start(false, &with(StartBranch::Fresh)));
+        assert!(announce_start(false, &with(StartBranch::Restored)));
         assert!(announce_start(true, &SandboxStatus::default()));
     }
 }

@@ -105,6 +105,7 @@ pub fn render_yaml() -> Result<String, serde_yaml::Error> {
 
 #[cfg(test)]
 mod tests {
+    use super::StartBranch;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
     /// The OpenAPI schema of a CRD's version, as the API server validates objects with it.
@@ -127,6 +128,24 @@ mod tests {
         }
         serde_json::json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
                "metadata": {"name": "s"}, "spec": spec})
+    }
+
+    #[test]
+    fn start_branches_are_named_and_the_letters_of_older_statuses_still_read() {
+        let named = serde_json::to_value(StartBranch::Reattached).unwrap();
+        assert_eq!(named, serde_json::json!("Reattached"));
+        for (old, new) in [
+            ("A", StartBranch::Reattached),
+            ("B", StartBranch::Recovered),
+            ("C", StartBranch::Restored),
+            ("D", StartBranch::Fresh),
+        ] {
+            let read: StartBranch = serde_json::from_value(serde_json::json!(old)).unwrap();
+            assert_eq!(read, new, "{old}");
+            let again: StartBranch =
+                serde_json::from_value(serde_json::to_value(new).unwrap()).unwrap();
+            assert_eq!(again, new);
+        }
     }
 
     #[test]

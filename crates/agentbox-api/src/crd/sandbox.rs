@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope.kind"}"#,
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.lifecycle.mode"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#,
-    printcolumn = r#"{"name":"Start","type":"string","description":"Start branch of the last workspace initialisation (A reuse, B recover, C restore, D fresh)","jsonPath":".status.workspace.lastStartBranch"}"#,
+    printcolumn = r#"{"name":"Start","type":"string","description":"Start branch of the last workspace initialisation: Reattached, Recovered (a lost workspace restored), Restored (a fresh one restored) or Fresh","jsonPath":".status.workspace.lastStartBranch"}"#,
     printcolumn = r#"{"name":"Snapshot","type":"date","description":"When the newest Ready snapshot of this sandbox was taken","jsonPath":".status.lastSnapshot.completedAt"}"#,
     printcolumn = r#"{"name":"Last-Snapshot","type":"string","priority":1,"description":"Name of the newest Ready snapshot of this sandbox","jsonPath":".status.lastSnapshot.name"}"#,
     printcolumn = r#"{"name":"Template","type":"string","priority":1,"description":"The SandboxTemplate the sandbox is made from","jsonPath":".spec.templateRef.name"}"#,
@@ -604,7 +604,7 @@ pub struct SnapshotPolicy {
     pub retention: Option<Retention>,
     /// What a start does when the workspace was lost (its node lost, its directory gone) and
     /// there is no snapshot to restore: `StartFresh` (the default: a fresh workspace from the
-    /// spec, branch D, the loss stated in WorkspaceReady and an Event) or `Fail` (no start:
+    /// spec, branch Fresh, the loss stated in WorkspaceReady and an Event) or `Fail` (no start:
     /// WorkspaceReady and Ready False with reason `WorkspaceLost` until a snapshot exists or
     /// the policy changes).
     #[serde(default)]
@@ -616,7 +616,7 @@ pub struct SnapshotPolicy {
     Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
 )]
 pub enum WhenLost {
-    /// A fresh workspace from the spec (branch D), the loss reported.
+    /// A fresh workspace from the spec (branch Fresh), the loss reported.
     #[default]
     StartFresh,
     /// No start: the sandbox reports the loss and waits for a snapshot or a policy change.
@@ -989,17 +989,22 @@ impl SandboxPhase {
     }
 }
 
-/// The start branch taken when a workspace was initialised.
+/// The start branch taken when a workspace was initialised. (Statuses written before these
+/// names said `A`, `B`, `C`, `D`; they are still read.)
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 pub enum StartBranch {
     /// Marker present: the workspace was reused; only ephemeral files were re-applied.
-    A,
+    #[serde(alias = "A")]
+    Reattached,
     /// The workspace was ready before but is gone: restored from the latest snapshot.
-    B,
+    #[serde(alias = "B")]
+    Recovered,
     /// Fresh workspace restored from a snapshot, then all files written.
-    C,
+    #[serde(alias = "C")]
+    Restored,
     /// Fresh workspace, nothing to restore: all files written.
-    D,
+    #[serde(alias = "D")]
+    Fresh,
 }
 
 /// Workspace state.
