@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
+use super::placement::NodeDir;
 use super::pod::{
     HelperImage, PREPARE_CAPS, PodConfig, REMOVE_CAPS, helper_container, namespace_host_path,
     owned_labels, owner_ref, runtime_default,
@@ -72,19 +73,43 @@ enum HelperMount {
     NodeRoot,
 }
 
-/// A pod bound directly to `node` (no scheduling: it must run exactly there, even on a
-/// cordoned node) in namespace `ns` that runs one helper job on the directory `mount` names.
-/// It tolerates `tolerations`, nothing more.
-#[allow(clippy::too_many_arguments)]
+/// One helper pod's work: where it runs, what it runs and with which rights.
+struct Work<'a> {
+    /// The pod's name.
+    name: String,
+    /// The node it is bound to.
+    node: &'a str,
+    /// Its container's name (the job's kind: `prepare`, `list`, `remove`, `prune`).
+    kind: &'a str,
+    /// The helper's job.
+    job: agentbox_helper::Job,
+    /// The capabilities the job needs, and no more.
+    caps: &'a [&'a str],
+    /// The directory it mounts.
+    mount: HelperMount,
+    /// Its labels.
+    labels: BTreeMap<String, String>,
+}
+
+/// A pod bound directly to `work.node` (no scheduling: it must run exactly there, even on a
+/// cordoned node) in namespace `ns` that runs one helper job on the directory its mount
+/// names. It tolerates `tolerations`, nothing more.
 fn helper_pod(
     ns: &str,
     tolerations: Option<Vec<Toleration>>,
     cfg: &PodConfig<'_>,
     helper: &HelperImage<'_>,
-    (name, node, kind): (String, &str, &str),
-    (job, caps, mount): (agentbox_helper::Job, &[&str], HelperMount),
-    labels: BTreeMap<String, String>,
+    work: Work<'_>,
 ) -> Pod {
+    let Work {
+        name,
+        node,
+        kind,
+        job,
+        caps,
+        mount,
+        labels,
+    } = work;
     // A namespace directory removed by hand must not leave the pod stuck on its mount; an
     // empty one created here holds nothing (and `prepare` makes it root-only once a sandbox
     // of the namespace starts on the node).
@@ -145,34 +170,26 @@ fn sandbox_helper_pod(
     sbx: &Sandbox,
     cfg: &PodConfig<'_>,
     helper: &HelperImage<'_>,
-    (name, node, kind): (String, &str, &str),
-    (job, caps): (agentbox_helper::Job, &[&str]),
-    labels: BTreeMap<String, String>,
+    work: Work<'_>,
 ) -> Pod {
     let tolerations =
         (!sbx.spec.pod.tolerations.is_empty()).then(|| sbx.spec.pod.tolerations.clone());
-    helper_pod(
-        &sbx.namespace().unwrap_or_default(),
-        tolerations,
-        cfg,
-        helper,
-        (name, node, kind),
-        (job, caps, HelperMount::Namespace),
-        labels,
-    )
+    let ns = sbx.namespace().unwrap_or_default();
+    helper_pod(&ns, tolerations, cfg, helper, work)
 }
 
-/// The pod `name` that removes this sandbox's workspace directory `dir` (an entry of the
-/// namespace's directory, see [`super::placement::dir_name`]; only it) from `node`:
+/// The pod `name` that removes this sandbox's workspace directory `at.dir` (an entry of the
+/// namespace's directory, see [`super::placement::dir_name`]; only it) from `at.node`:
 /// the helper's `remove` job on the namespace's directory, which it needs mounted to unlink the
 /// workspace's entry. `None` without a helper image: the sandbox's own image is never used,
 /// since whatever it calls `rm` is the sandbox author's code.
 pub fn build_cleanup_pod(
     sbx: &Sandbox,
     cfg: &PodConfig<'_>,
-    (node, dir): (&str, &str),
+    at: NodeDir<'_>,
     name: String,
 ) -> Option<Pod> {
+    let (node, dir) = (at.node, at.dir);
     let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::Remove {
         root: NAMESPACE_MOUNT.into(),
@@ -182,14 +199,16 @@ pub fn build_cleanup_pod(
     labels.insert(HELPER_LABEL.into(), "remove".into());
     // Not owned: a foreground deletion of the sandbox would have the garbage collector remove
     // it before it ran. The reconciler deletes it once it has succeeded.
-    Some(sandbox_helper_pod(
-        sbx,
-        cfg,
-        helper,
-        (name, node, "remove"),
-        (job, REMOVE_CAPS),
+    let work = Work {
+        name,
+        node,
+        kind: "remove",
+        job,
+        caps: REMOVE_CAPS,
+        mount: HelperMount::Namespace,
         labels,
-    ))
+    };
+    Some(sandbox_helper_pod(sbx, cfg, helper, work))
 }
 
 /// Name of the orphan sweep's pod on `node` for `job` (`list` or `sweep`), one per node in each
@@ -223,26 +242,11 @@ fn tolerate_all() -> Option<Vec<Toleration>> {
     }])
 }
 
-/// One of the sweep's pods, in `ns`: bound to `node` and tolerating every taint, named for
-/// its `pod_job` there, running `job` in container `kind` with `caps` on `mount`. `None`
-/// without a helper image.
-fn sweep_pod(
-    ns: &str,
-    cfg: &PodConfig<'_>,
-    (pod_job, node, kind): (&str, &str, &str),
-    (job, caps, mount): (agentbox_helper::Job, &[&str], HelperMount),
-    labels: BTreeMap<String, String>,
-) -> Option<Pod> {
+/// One of the sweep's pods, in `ns`: `work` (named for its job on its node: see
+/// [`sweep_pod_name`]), tolerating every taint. `None` without a helper image.
+fn sweep_pod(ns: &str, cfg: &PodConfig<'_>, work: Work<'_>) -> Option<Pod> {
     let helper = cfg.helper.as_ref()?;
-    Some(helper_pod(
-        ns,
-        tolerate_all(),
-        cfg,
-        helper,
-        (sweep_pod_name(pod_job, node), node, kind),
-        (job, caps, mount),
-        labels,
-    ))
+    Some(helper_pod(ns, tolerate_all(), cfg, helper, work))
 }
 
 /// The pod that names the entries of namespace `ns`'s workspace directory on `node` (the
@@ -253,13 +257,16 @@ pub fn build_list_pod(ns: &str, cfg: &PodConfig<'_>, node: &str, skip: Vec<Strin
         dir: NAMESPACE_MOUNT.into(),
         skip,
     };
-    sweep_pod(
-        ns,
-        cfg,
-        ("list", node, "list"),
-        (job, PREPARE_CAPS, HelperMount::NamespaceReadOnly),
-        sweep_labels("list", ns),
-    )
+    let work = Work {
+        name: sweep_pod_name("list", node),
+        node,
+        kind: "list",
+        job,
+        caps: PREPARE_CAPS,
+        mount: HelperMount::NamespaceReadOnly,
+        labels: sweep_labels("list", ns),
+    };
+    sweep_pod(ns, cfg, work)
 }
 
 /// The pod that removes the orphaned workspace directories `names` of namespace `ns` from
@@ -274,13 +281,16 @@ pub fn build_sweep_pod(
         root: NAMESPACE_MOUNT.into(),
         names,
     };
-    sweep_pod(
-        ns,
-        cfg,
-        ("sweep", node, "remove"),
-        (job, REMOVE_CAPS, HelperMount::Namespace),
-        sweep_labels("sweep", ns),
-    )
+    let work = Work {
+        name: sweep_pod_name("sweep", node),
+        node,
+        kind: "remove",
+        job,
+        caps: REMOVE_CAPS,
+        mount: HelperMount::Namespace,
+        labels: sweep_labels("sweep", ns),
+    };
+    sweep_pod(ns, cfg, work)
 }
 
 /// Labels of the sweep's pods on the node root itself (no namespace of their own to name).
@@ -304,13 +314,16 @@ pub fn build_root_list_pod(
         dir: NAMESPACE_MOUNT.into(),
         skip,
     };
-    sweep_pod(
-        helper_ns,
-        cfg,
-        ("list-root", node, "list"),
-        (job, PREPARE_CAPS, HelperMount::NodeRootReadOnly),
-        root_sweep_labels("list"),
-    )
+    let work = Work {
+        name: sweep_pod_name("list-root", node),
+        node,
+        kind: "list",
+        job,
+        caps: PREPARE_CAPS,
+        mount: HelperMount::NodeRootReadOnly,
+        labels: root_sweep_labels("list"),
+    };
+    sweep_pod(helper_ns, cfg, work)
 }
 
 /// The pod, in `helper_ns`, that removes the directories `names` (of deleted namespaces) from
@@ -326,13 +339,16 @@ pub fn build_prune_pod(
         root: NAMESPACE_MOUNT.into(),
         names,
     };
-    sweep_pod(
-        helper_ns,
-        cfg,
-        ("prune", node, "prune"),
-        (job, PREPARE_CAPS, HelperMount::NodeRoot),
-        root_sweep_labels("sweep"),
-    )
+    let work = Work {
+        name: sweep_pod_name("prune", node),
+        node,
+        kind: "prune",
+        job,
+        caps: PREPARE_CAPS,
+        mount: HelperMount::NodeRoot,
+        labels: root_sweep_labels("sweep"),
+    };
+    sweep_pod(helper_ns, cfg, work)
 }
 
 /// The pod that makes the namespace's workspace directory on `node` root-only and reports
@@ -344,7 +360,8 @@ pub fn build_prepare_pod(sbx: &Sandbox, cfg: &PodConfig<'_>, node: &str) -> Opti
         &sbx.namespace().unwrap_or_default(),
         &sbx.spec.pod.tolerations,
         owner_ref(sbx),
-        (cfg, node),
+        cfg,
+        node,
     )
 }
 
@@ -363,7 +380,8 @@ pub fn build_pool_prepare_pod(
         &pool.namespace().unwrap_or_default(),
         &spec.pod.tolerations,
         pool.controller_owner_ref(&()),
-        (cfg, node),
+        cfg,
+        node,
     )
 }
 
@@ -373,7 +391,8 @@ fn prepare_pod(
     ns: &str,
     tolerations: &[Toleration],
     owner: Option<OwnerReference>,
-    (cfg, node): (&PodConfig<'_>, &str),
+    cfg: &PodConfig<'_>,
+    node: &str,
 ) -> Option<Pod> {
     let helper = cfg.helper.as_ref()?;
     let job = agentbox_helper::Job::Prepare {
@@ -383,15 +402,17 @@ fn prepare_pod(
         (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
         (HELPER_LABEL.to_string(), "prepare".to_string()),
     ]);
-    let mut pod = helper_pod(
-        ns,
-        (!tolerations.is_empty()).then(|| tolerations.to_vec()),
-        cfg,
-        helper,
-        (prepare_pod_name(node), node, "prepare"),
-        (job, PREPARE_CAPS, HelperMount::Namespace),
+    let work = Work {
+        name: prepare_pod_name(node),
+        node,
+        kind: "prepare",
+        job,
+        caps: PREPARE_CAPS,
+        mount: HelperMount::Namespace,
         labels,
-    );
+    };
+    let tolerations = (!tolerations.is_empty()).then(|| tolerations.to_vec());
+    let mut pod = helper_pod(ns, tolerations, cfg, helper, work);
     pod.metadata.owner_references = owner.map(|mut o| {
         o.controller = None;
         o.block_owner_deletion = None;
@@ -471,7 +492,10 @@ mod tests {
         let pod = build_cleanup_pod(
             &sbx,
             &cfg("/w"),
-            ("node-a", "1234-uid"),
+            NodeDir {
+                node: "node-a",
+                dir: "1234-uid",
+            },
             cleanup_pod_name(&sbx),
         )
         .unwrap();
@@ -497,7 +521,10 @@ mod tests {
             build_cleanup_pod(
                 &sandbox(serde_json::json!({})),
                 &cfg("/w"),
-                ("n", "d"),
+                NodeDir {
+                    node: "n",
+                    dir: "d"
+                },
                 "c".into()
             )
             .unwrap()
@@ -511,7 +538,18 @@ mod tests {
             helper: None,
             ..cfg("/w")
         };
-        assert!(build_cleanup_pod(&sbx, &none, ("node-a", "d"), "c".into()).is_none());
+        assert!(
+            build_cleanup_pod(
+                &sbx,
+                &none,
+                NodeDir {
+                    node: "node-a",
+                    dir: "d"
+                },
+                "c".into()
+            )
+            .is_none()
+        );
         // The pod that removes a directory left on a lost node is named for that node.
         assert_ne!(
             abandoned_cleanup_pod_name(&sbx, "node-a"),

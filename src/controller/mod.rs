@@ -137,7 +137,7 @@ pub async fn run(
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     futures::join!(
-        run_sandboxes(ctx.clone(), (pods_writer, writers), shutdown.clone()),
+        run_sandboxes(ctx.clone(), pods_writer, writers, shutdown.clone()),
         run_snapshots(ctx.clone(), shutdown.clone()),
         run_pools(ctx.clone(), shutdown.clone()),
         sweep::run(ctx, shutdown)
@@ -221,7 +221,8 @@ async fn run_snapshots(
 /// whose holder their Guarded condition shows.
 async fn run_sandboxes(
     ctx: Arc<Context>,
-    (pods, writers): (reflector::store::Writer<Pod>, cache::Writers),
+    pods: reflector::store::Writer<Pod>,
+    writers: cache::Writers,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     info!("sandbox controller starting");

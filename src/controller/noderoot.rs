@@ -44,7 +44,8 @@ pub fn read_pod(pod: &Pod) -> Option<Found> {
 pub async fn prepare(
     ctx: &Context,
     pods: &Api<Pod>,
-    (ns, node): (&str, &str),
+    ns: &str,
+    node: &str,
     desired: impl FnOnce() -> Option<Pod>,
 ) -> Result<Option<Found>, Error> {
     let name = helper_pod::prepare_pod_name(node);

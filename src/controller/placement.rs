@@ -15,6 +15,15 @@ use super::pod;
 use agentbox_api::crd::{Sandbox, SandboxStatus};
 use agentbox_api::labels;
 
+/// A workspace directory on a node: what a cleanup removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeDir<'a> {
+    /// The node.
+    pub node: &'a str,
+    /// The directory there.
+    pub dir: &'a str,
+}
+
 /// The pod and workspace directory of one sandbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {

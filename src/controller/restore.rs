@@ -161,7 +161,7 @@ pub async fn restore(
     pod_name: &str,
     snapshot_name: &str,
 ) -> Result<(), Error> {
-    match attempt(ctx, sbx, (pods, pod_name), snapshot_name).await {
+    match attempt(ctx, sbx, pods, pod_name, snapshot_name).await {
         Ok(Checked::Go((staged, took))) => {
             ctx.metrics.restored(staged.size, took);
             Ok(())
@@ -198,7 +198,8 @@ enum Checked<T> {
 async fn attempt(
     ctx: &Context,
     sbx: &Sandbox,
-    (pods, pod_name): (&Api<Pod>, &str),
+    pods: &Api<Pod>,
+    pod_name: &str,
     snapshot_name: &str,
 ) -> Result<Checked<(archive::Summary, Duration)>, Error> {
     let store = ctx
@@ -223,7 +224,8 @@ async fn attempt(
     let result = g
         .run(stage_and_swap(
             sbx,
-            (pods, pod_name),
+            pods,
+            pod_name,
             store,
             snapshot_name,
             &src,
@@ -309,7 +311,8 @@ async fn source(
 /// removes the staging directory and leaves the workspace as it was.
 async fn stage_and_swap(
     sbx: &Sandbox,
-    (pods, pod_name): (&Api<Pod>, &str),
+    pods: &Api<Pod>,
+    pod_name: &str,
     store: &snapshot::store::Store,
     snapshot_name: &str,
     src: &Source,

@@ -170,8 +170,36 @@ pub fn decide(pool: &SandboxPool, want: &Want, pods: &[WarmPod], now: Timestamp)
         .collect();
 
     let ready = kept.iter().filter(|p| p.ready()).count();
-    let old = kept.iter().filter(|p| stale(p)).count();
-    plan.reason = match want {
+    let counts = Counts {
+        desired,
+        kept: kept.len(),
+        ready,
+        older: replaced.len() + kept.iter().filter(|p| stale(p)).count(),
+        recreate,
+    };
+    plan.reason = reason(want, &counts, &kept, &plan);
+    plan.status = status(pool, &plan.reason, kept.len(), ready, generation, now);
+    plan
+}
+
+/// The pool's warm pods, counted for its reason.
+struct Counts {
+    /// `spec.replicas`.
+    desired: usize,
+    /// Pods kept (not deleted by this plan).
+    kept: usize,
+    /// Kept pods ready to be claimed.
+    ready: usize,
+    /// Pods of an older template version, replaced or kept.
+    older: usize,
+    /// Whether older pods are replaced (`Recreate`) rather than kept until deleted.
+    recreate: bool,
+}
+
+/// Why the pool is as it is, and what it says of it.
+fn reason(want: &Want, c: &Counts, kept: &[&WarmPod], plan: &Plan) -> (PoolReason, String) {
+    let (ready, desired) = (c.ready, c.desired);
+    match want {
         Want::Missing(name) => (
             PoolReason::TemplateNotFound,
             format!(
@@ -183,19 +211,19 @@ pub fn decide(pool: &SandboxPool, want: &Want, pods: &[WarmPod], now: Timestamp)
             format!("the template's pods are refused: {}", problems.join("; ")),
         ),
         Want::Refused(why) => (PoolReason::RuntimeClassRequired, why.clone()),
-        Want::Pods { .. } if !replaced.is_empty() || old > 0 => (
+        Want::Pods { .. } if c.older > 0 => (
             PoolReason::Updating,
             format!(
                 "{} warm pod(s) of an older template version {}",
-                replaced.len() + old,
-                if recreate {
+                c.older,
+                if c.recreate {
                     "being replaced"
                 } else {
                     "kept until deleted (OnDelete)"
                 }
             ),
         ),
-        Want::Pods { .. } if ready == desired && kept.len() == desired && plan.create == 0 => (
+        Want::Pods { .. } if ready == desired && c.kept == desired && plan.create == 0 => (
             PoolReason::Ready,
             format!("{ready} of {desired} warm pods ready"),
         ),
@@ -216,9 +244,7 @@ pub fn decide(pool: &SandboxPool, want: &Want, pods: &[WarmPod], now: Timestamp)
             }
             (PoolReason::Scaling, message)
         }
-    };
-    plan.status = status(pool, &plan.reason, kept.len(), ready, generation, now);
-    plan
+    }
 }
 
 /// The pool's status with `kept` warm pods, `ready` of them ready.

@@ -264,7 +264,7 @@ async fn act(
     let (ns, pool_name) = (ns.as_str(), pool_name.as_str());
     let prepared = join_all(plan.prepare.iter().map(|node| async move {
         let desired = || helper_pod::build_pool_prepare_pod(pool, spec, podcfg, node);
-        match timed(noderoot::prepare(ctx, api, (ns, node), desired)).await {
+        match timed(noderoot::prepare(ctx, api, ns, node, desired)).await {
             Ok(found) => found.is_some(),
             Err(e) => {
                 warn!(pool = %pool_name, node = %node, "preparing the namespace's directory: {e}; the next reconcile retries");

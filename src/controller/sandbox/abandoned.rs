@@ -17,9 +17,9 @@ use super::write::{Apis, delete_if_present};
 use crate::controller::context::{Context, Error, FIELD_MANAGER};
 use crate::controller::helper_pod;
 use crate::controller::nodeloss;
-use crate::controller::placement;
+use crate::controller::placement::{self, NodeDir};
 use crate::controller::pod::PodConfig;
-use agentbox_api::crd::{Sandbox, SandboxStatus};
+use agentbox_api::crd::{AbandonedWorkspace, Sandbox, SandboxStatus};
 
 /// How often to look at a lost node that has not come back.
 const NODE_DOWN_RETRY: Duration = Duration::from_secs(15);
@@ -37,79 +37,74 @@ pub async fn sweep(
     st: &mut SandboxStatus,
     deleting: bool,
 ) -> Result<Option<Duration>, Error> {
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
     let mut again: Option<Duration> = None;
-    let mut sooner = |d: Duration| again = Some(again.map_or(d, |a: Duration| a.min(d)));
     let mut kept = Vec::new();
     // `st.abandoned` is replaced only when every entry had its turn: an error leaves it whole.
     for entry in st.abandoned.clone() {
-        let (node, dir) = (entry.node.as_str(), entry.directory.as_str());
-        let warn = |msg: String| async move {
-            crate::controller::context::publish(
-                ctx,
-                sbx,
-                EventType::Warning,
-                "AbandonedWorkspaceKept",
-                "DeleteWorkspace",
-                &msg,
-            )
-            .await;
-        };
-        let Some(n) = nodes.get_opt(node).await? else {
-            warn(format!(
-                "node {node} is gone; the workspace directory {dir} left there cannot be removed"
-            ))
-            .await;
-            continue;
-        };
-        if !nodeloss::is_serving(&n) {
-            if deleting {
-                warn(format!(
-                    "node {node} is still down; the workspace directory {dir} left there is not removed"
-                ))
-                .await;
-            } else {
-                sooner(NODE_DOWN_RETRY);
-                kept.push(entry);
-            }
-            continue;
-        }
-        let name = helper_pod::abandoned_cleanup_pod_name(sbx, node);
-        match remove_directory(sbx, ctx, apis, (node, dir), name).await? {
-            Removal::Done => {
-                info!(node, dir, "workspace directory left on a lost node removed");
-                crate::controller::context::publish(
-                    ctx,
-                    sbx,
-                    EventType::Normal,
-                    "AbandonedWorkspaceRemoved",
-                    "DeleteWorkspace",
-                    &format!(
-                        "node {node} is back; the workspace directory {dir} left there was removed"
-                    ),
-                )
-                .await;
-            }
-            Removal::Pending => {
-                sooner(CLEANUP_RETRY);
-                kept.push(entry);
-            }
-            Removal::NotOurs => {
-                warn(format!(
-                    "the directory {dir} recorded on node {node} is not a workspace directory of this namespace; it is not removed"
-                ))
-                .await;
-            }
-            Removal::NoHelper => {
-                warn(format!(
-                    "the workspace directory {dir} left on node {node} cannot be removed: this operator has no helper image (--helper-image); remove it by hand"
-                ))
-                .await;
-            }
+        if let Some(d) = sweep_one(sbx, ctx, apis, &entry, deleting).await? {
+            again = Some(again.map_or(d, |a: Duration| a.min(d)));
+            kept.push(entry);
         }
     }
     st.abandoned = kept;
     Ok(again)
+}
+
+/// Works on one entry of `status.abandoned` ([`sweep`]): when to look at it again if it stays.
+async fn sweep_one(
+    sbx: &Sandbox,
+    ctx: &Context,
+    apis: &Apis,
+    entry: &AbandonedWorkspace,
+    deleting: bool,
+) -> Result<Option<Duration>, Error> {
+    let (node, dir) = (entry.node.as_str(), entry.directory.as_str());
+    let publish = |type_, reason: &'static str, msg: String| async move {
+        crate::controller::context::publish(ctx, sbx, type_, reason, "DeleteWorkspace", &msg).await;
+    };
+    let warn = |msg: String| publish(EventType::Warning, "AbandonedWorkspaceKept", msg);
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let Some(n) = nodes.get_opt(node).await? else {
+        warn(format!(
+            "node {node} is gone; the workspace directory {dir} left there cannot be removed"
+        ))
+        .await;
+        return Ok(None);
+    };
+    if !nodeloss::is_serving(&n) {
+        if !deleting {
+            return Ok(Some(NODE_DOWN_RETRY));
+        }
+        warn(format!(
+            "node {node} is still down; the workspace directory {dir} left there is not removed"
+        ))
+        .await;
+        return Ok(None);
+    }
+    let name = helper_pod::abandoned_cleanup_pod_name(sbx, node);
+    match remove_directory(sbx, ctx, apis, NodeDir { node, dir }, name).await? {
+        Removal::Done => {
+            info!(node, dir, "workspace directory left on a lost node removed");
+            let msg = format!(
+                "node {node} is back; the workspace directory {dir} left there was removed"
+            );
+            publish(EventType::Normal, "AbandonedWorkspaceRemoved", msg).await;
+        }
+        Removal::Pending => return Ok(Some(CLEANUP_RETRY)),
+        Removal::NotOurs => {
+            warn(format!(
+                "the directory {dir} recorded on node {node} is not a workspace directory of this namespace; it is not removed"
+            ))
+            .await;
+        }
+        Removal::NoHelper => {
+            warn(format!(
+                "the workspace directory {dir} left on node {node} cannot be removed: this operator has no helper image (--helper-image); remove it by hand"
+            ))
+            .await;
+        }
+    }
+    Ok(None)
 }
 
 /// How far the removal of a workspace directory from a node got.
@@ -133,9 +128,10 @@ async fn remove_directory(
     sbx: &Sandbox,
     ctx: &Context,
     apis: &Apis,
-    (node, dir): (&str, &str),
+    at: NodeDir<'_>,
     name: String,
 ) -> Result<Removal, Error> {
+    let (node, dir) = (at.node, at.dir);
     let (ns, sandbox) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
     let podcfg = PodConfig::from_config(&ctx.config);
     match apis.pods.get_opt(&name).await? {
@@ -144,9 +140,12 @@ async fn remove_directory(
             let Some(entry) = placement::dir_name(dir, podcfg.node_root, &ns) else {
                 return Ok(Removal::NotOurs);
             };
-            let Some(desired) =
-                helper_pod::build_cleanup_pod(sbx, &podcfg, (node, entry), name.clone())
-            else {
+            let Some(desired) = helper_pod::build_cleanup_pod(
+                sbx,
+                &podcfg,
+                NodeDir { node, dir: entry },
+                name.clone(),
+            ) else {
                 return Ok(Removal::NoHelper);
             };
             apis.pods

@@ -200,10 +200,6 @@ pub async fn claim(
         let at = start_at(&uid, found.len());
         found.rotate_left(at);
     }
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
     let mut conflicts = 0;
     let mut tried = 0;
     for c in &found {
@@ -218,56 +214,76 @@ pub async fn claim(
             continue;
         }
         tried += 1;
-        let patch = adopt_patch(sbx, cfg, c);
-        // The pool's shell is taken before the write (once the pod is claimed, the pool's next
-        // reconcile drops the shells of pods no longer warm) and put back if the write fails.
-        let shell = ctx.shells.take_with_pool(&c.uid);
-        match pods.patch(&c.name, &pp, &Patch::Merge(&patch)).await {
-            Ok(p) => {
-                if let Some(cache) = ctx.cache.as_ref() {
-                    cache.own_pods.wrote(
-                        &sbx.uid().unwrap_or_default(),
-                        &c.name,
-                        std::time::Instant::now(),
-                    );
-                }
-                // Its pool refills a beat later, off this start's remaining steps.
-                ctx.pool_claims
-                    .claimed(&format!("{ns}/{}", c.pool), std::time::Instant::now());
-                return Ok(Claim::Adopted(Box::new(p), shell.map(|(_, s)| Box::new(s))));
-            }
-            Err(e) => {
-                if let Some(cache) = ctx.cache.as_ref() {
-                    cache.taking.release(&c.uid);
-                }
-                if let Some((pool, s)) = shell {
-                    ctx.shells.put(&pool, &c.uid, s);
-                }
-                match e {
-                    // Changed or taken since the cache saw it: read again. Adopted for this
-                    // very sandbox (by another operator during a leader change), it is this
-                    // start's pod; else the next one.
-                    kube::Error::Api(s) if s.code == 409 => {
-                        if let Some(p) = pods.get_opt(&c.name).await?
-                            && placement::controlled_by(&p, sbx)
-                        {
-                            debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod adopted for this sandbox by someone else");
-                            return Ok(Claim::Adopted(Box::new(p), None));
-                        }
-                        debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod taken first (409)");
-                        conflicts += 1;
-                    }
-                    // Gone: the next one.
-                    kube::Error::Api(s) if s.code == 404 => {
-                        debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod gone (404)");
-                        conflicts += 1;
-                    }
-                    e => return Err(e.into()),
-                }
-            }
+        match adopt(sbx, ctx, pods, cfg, c).await? {
+            Some(claimed) => return Ok(claimed),
+            None => conflicts += 1,
         }
     }
     Ok(Claim::Miss { conflicts })
+}
+
+/// Tries to adopt the candidate `c` by the conditional patch: the claim when it is this
+/// sandbox's now, `None` when someone else took it first or it went.
+async fn adopt(
+    sbx: &Sandbox,
+    ctx: &Context,
+    pods: &Api<Pod>,
+    cfg: &PodConfig<'_>,
+    c: &Candidate,
+) -> Result<Option<Claim>, Error> {
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let patch = adopt_patch(sbx, cfg, c);
+    // The pool's shell is taken before the write (once the pod is claimed, the pool's next
+    // reconcile drops the shells of pods no longer warm) and put back if the write fails.
+    let shell = ctx.shells.take_with_pool(&c.uid);
+    let e = match pods.patch(&c.name, &pp, &Patch::Merge(&patch)).await {
+        Ok(p) => {
+            let now = std::time::Instant::now();
+            if let Some(cache) = ctx.cache.as_ref() {
+                cache
+                    .own_pods
+                    .wrote(&sbx.uid().unwrap_or_default(), &c.name, now);
+            }
+            // Its pool refills a beat later, off this start's remaining steps.
+            let ns = sbx.namespace().unwrap_or_default();
+            ctx.pool_claims.claimed(&format!("{ns}/{}", c.pool), now);
+            return Ok(Some(Claim::Adopted(
+                Box::new(p),
+                shell.map(|(_, s)| Box::new(s)),
+            )));
+        }
+        Err(e) => e,
+    };
+    if let Some(cache) = ctx.cache.as_ref() {
+        cache.taking.release(&c.uid);
+    }
+    if let Some((pool, s)) = shell {
+        ctx.shells.put(&pool, &c.uid, s);
+    }
+    match e {
+        // Changed or taken since the cache saw it: read again. Adopted for this very sandbox
+        // (by another operator during a leader change), it is this start's pod; else the
+        // next one.
+        kube::Error::Api(s) if s.code == 409 => {
+            if let Some(p) = pods.get_opt(&c.name).await?
+                && placement::controlled_by(&p, sbx)
+            {
+                debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod adopted for this sandbox by someone else");
+                return Ok(Some(Claim::Adopted(Box::new(p), None)));
+            }
+            debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod taken first (409)");
+            Ok(None)
+        }
+        // Gone: the next one.
+        kube::Error::Api(s) if s.code == 404 => {
+            debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod gone (404)");
+            Ok(None)
+        }
+        e => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use crate::controller::context::Note;
 use crate::controller::context::{Context, Error, LeaseFate};
 use crate::controller::memory::Hint;
 use crate::controller::nodeloss::NodeHealth;
+use crate::controller::placement::NodeDir;
 use crate::controller::pod::PodConfig;
 use crate::controller::{conditions, placement, snapshot};
 use agentbox_api::crd::{Sandbox, SandboxPhase};
@@ -87,7 +88,11 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
         }
         Some((node, _)) => {
             if PodConfig::from_config(&ctx.config).helper.is_none() {
-                return Err(no_helper_for_cleanup(sbx, ctx, &apis, (&node, &dir)).await);
+                let at = NodeDir {
+                    node: &node,
+                    dir: &dir,
+                };
+                return Err(no_helper_for_cleanup(sbx, ctx, &apis, at).await);
             }
             // Only an entry of the namespace's directory is the operator's to remove (a
             // status naming anything else is not followed).
@@ -243,8 +248,9 @@ async fn no_helper_for_cleanup(
     sbx: &Sandbox,
     ctx: &Context,
     apis: &Apis,
-    (node, dir): (&str, &str),
+    at: NodeDir<'_>,
 ) -> Error {
+    let (node, dir) = (at.node, at.dir);
     let msg = format!(
         "workspace directory {dir} on node {node} cannot be removed: this operator has no helper image (--helper-image). The Sandbox stays until an operator with one removes it; to let it go anyway, remove the finalizer {FINALIZER} and the directory by hand"
     );

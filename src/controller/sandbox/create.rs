@@ -14,7 +14,7 @@ use tracing::{debug, info};
 
 use super::act::Act;
 use super::claim;
-use super::decide;
+use super::decide::{self, Stamp};
 use super::observe::World;
 use super::serve::{Adopted, Found, Seen};
 use crate::controller::context::{Error, FIELD_MANAGER, Note};
@@ -77,7 +77,11 @@ impl Act<'_> {
         if let Error::SourceMissing(_) | Error::SourceNotReadable(_) = e {
             let (reason, message) = e.reason_and_message();
             let generation = self.sbx.metadata.generation;
-            let note = decide::held(st, (reason, &message), generation, Timestamp::now());
+            let stamp = Stamp {
+                generation,
+                now: Timestamp::now(),
+            };
+            let note = decide::held(st, reason, &message, stamp);
             self.writer().transition(old, st, Some(note)).await?;
         }
         Err(e)
@@ -178,7 +182,7 @@ impl Act<'_> {
             // Refused by the API server: an unknown RuntimeClass, a policy (Pod Security
             // admission, a quota), a field it rejects. Say so instead of retrying blindly.
             let msg = format!("the API server refused the sandbox pod: {}", s.message);
-            let note = decide::held(&mut st, ("PodRejected", &msg), generation, now);
+            let note = decide::held(&mut st, "PodRejected", &msg, Stamp { generation, now });
             self.writer().transition(old, &st, Some(note)).await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
@@ -199,7 +203,7 @@ impl Act<'_> {
             message: msg,
         };
         self.writer().publish(Some(note)).await;
-        if decide::pod_created(old, &mut st, &pod_name, decide::Stamp { generation, now }) {
+        if decide::pod_created(old, &mut st, &pod_name, Stamp { generation, now }) {
             self.writer().status(&st).await?;
         }
         Ok(Action::requeue(Duration::from_secs(10)))

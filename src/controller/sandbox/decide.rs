@@ -84,45 +84,11 @@ pub struct Plan {
 
 /// Decides what a reconcile does with a live (not deleting) Sandbox.
 pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
-    let generation = sbx.metadata.generation;
     let now = w.now;
-    let mut st = w.old.clone();
-    st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
-    st.observed_generation = generation;
     let view = LeaseView::of(w.lease.as_ref(), now);
-    let (guard, held, reason, message) = guarded(&view);
-    st.guard = guard;
-    conditions::set(
-        &mut st.conditions,
-        GUARDED,
-        held,
-        reason,
-        message,
-        generation,
-        now,
-    );
-    let plan = |step, status, note| Plan {
-        step,
-        status,
-        note,
-        requeue: None,
-    };
-
-    if !w.problems.is_empty() {
-        let message = w.problems.join("; ");
-        invalid(&mut st, &message, generation, now);
-        let note = Note::new(EventType::Warning, "InvalidSpec", "Validate", &message);
-        return plan(Step::Invalid, st, Some(note));
-    }
-    if let Some(message) = &w.runtime_refusal {
-        // Refused like an invalid spec (no pod; a running one goes), but looked at again:
-        // the namespace's annotation may change, and it is not watched.
-        runtime_refused(&mut st, message, generation, now);
-        let note = Note::new(EventType::Warning, runtime::REFUSED, "Validate", message);
-        return Plan {
-            requeue: Some(w.recheck),
-            ..plan(Step::Invalid, st, Some(note))
-        };
+    let mut st = observed(sbx, w, &view);
+    if let Some(refused) = refusal(sbx, w, &mut st) {
+        return refused;
     }
     // Taken now: a refusal of the runtime class is over.
     clear_stall(&mut st, runtime::REFUSED);
@@ -135,37 +101,33 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
                 "Delete",
                 "shutdownTime passed; deleting the sandbox",
             );
-            return plan(Step::ShutDown, st, Some(note));
+            return Plan {
+                step: Step::ShutDown,
+                status: st,
+                note: Some(note),
+                requeue: None,
+            };
         }
         let secs = at.0.as_second().saturating_sub(now.as_second()).max(1);
         requeue = Some(Duration::from_secs(secs as u64));
     }
     // Exposed ports: where each is reached (with the pod's IP once there is a pod to serve).
     st.endpoints = service::endpoints(sbx, None);
-    if sbx.spec.lifecycle.mode != LifecycleMode::Suspended
-        && let (Some(pod), Some((node, seen))) = (&w.pod, &w.node)
-        && placement::controlled_by(pod, sbx)
-    {
-        match nodeloss::judge(node, seen.as_ref(), now, w.node_loss_grace) {
-            NodeHealth::Lost { since, why } => {
-                let step = Step::NodeLost(Lost {
-                    node: node.clone(),
-                    since,
-                    why,
-                });
-                return Plan {
-                    step,
-                    status: st,
-                    note: None,
-                    requeue,
-                };
-            }
-            // Look again the moment the grace runs out.
-            NodeHealth::Suspect { remaining, .. } => {
-                requeue = Some(requeue.map_or(remaining, |r: Duration| r.min(remaining)));
-            }
-            NodeHealth::Alive => {}
+    match node_of_pod(sbx, w) {
+        Some(NodeHealth::Lost { since, why }) => {
+            let node = w.node.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
+            return Plan {
+                step: Step::NodeLost(Lost { node, since, why }),
+                status: st,
+                note: None,
+                requeue,
+            };
         }
+        // Look again the moment the grace runs out.
+        Some(NodeHealth::Suspect { remaining, .. }) => {
+            requeue = Some(requeue.map_or(remaining, |r: Duration| r.min(remaining)));
+        }
+        Some(NodeHealth::Alive) | None => {}
     }
     let (step, note) = pod_step(sbx, w, &mut st);
     if step != Step::Serve {
@@ -182,6 +144,66 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
         note,
         requeue,
     }
+}
+
+/// The status as observed: the scope key, the generation and the guard's holder and
+/// condition, on the status as read.
+fn observed(sbx: &Sandbox, w: &World, view: &LeaseView) -> SandboxStatus {
+    let generation = sbx.metadata.generation;
+    let mut st = w.old.clone();
+    st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
+    st.observed_generation = generation;
+    let (guard, held, reason, message) = guarded(view);
+    st.guard = guard;
+    let cond = &mut st.conditions;
+    conditions::set(cond, GUARDED, held, reason, message, generation, w.now);
+    st
+}
+
+/// The plan of a spec that cannot be honoured (its problems) or a runtime the namespace
+/// refuses, if either.
+fn refusal(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> Option<Plan> {
+    let (generation, now) = (sbx.metadata.generation, w.now);
+    if !w.problems.is_empty() {
+        let message = w.problems.join("; ");
+        invalid(st, &message, generation, now);
+        let note = Note::new(EventType::Warning, "InvalidSpec", "Validate", &message);
+        return Some(Plan {
+            step: Step::Invalid,
+            status: st.clone(),
+            note: Some(note),
+            requeue: None,
+        });
+    }
+    let message = w.runtime_refusal.as_ref()?;
+    // Refused like an invalid spec (no pod; a running one goes), but looked at again: the
+    // namespace's annotation may change, and it is not watched.
+    runtime_refused(st, message, generation, now);
+    let note = Note::new(EventType::Warning, runtime::REFUSED, "Validate", message);
+    Some(Plan {
+        step: Step::Invalid,
+        status: st.clone(),
+        note: Some(note),
+        requeue: Some(w.recheck),
+    })
+}
+
+/// How the node of the sandbox's own pod fares, when the sandbox runs and has a pod of its
+/// own on a node.
+fn node_of_pod(sbx: &Sandbox, w: &World) -> Option<NodeHealth> {
+    if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
+        return None;
+    }
+    let (pod, (node, seen)) = (w.pod.as_ref()?, w.node.as_ref()?);
+    if !placement::controlled_by(pod, sbx) {
+        return None;
+    }
+    Some(nodeloss::judge(
+        node,
+        seen.as_ref(),
+        w.now,
+        w.node_loss_grace,
+    ))
 }
 
 /// The scope's execution guard as the Sandbox reports it: holder and since when, whether it is
@@ -318,7 +340,8 @@ pub fn may_claim(sbx: &Sandbox, old: &SandboxStatus) -> bool {
 /// messages (in the order given).
 fn no_pod(
     st: &mut SandboxStatus,
-    (phase, reason): (SandboxPhase, &str),
+    phase: SandboxPhase,
+    reason: &str,
     messages: [(&str, &str); 2],
     generation: Option<i64>,
     now: Timestamp,
@@ -355,7 +378,8 @@ fn invalid(st: &mut SandboxStatus, message: &str, generation: Option<i64>, now: 
     let messages = [(READY, message), (POD_READY, "no pod for an invalid spec")];
     no_pod(
         st,
-        (SandboxPhase::Failed, "InvalidSpec"),
+        SandboxPhase::Failed,
+        "InvalidSpec",
         messages,
         generation,
         now,
@@ -374,7 +398,8 @@ fn runtime_refused(st: &mut SandboxStatus, message: &str, generation: Option<i64
     ];
     no_pod(
         st,
-        (SandboxPhase::Failed, runtime::REFUSED),
+        SandboxPhase::Failed,
+        runtime::REFUSED,
         messages,
         generation,
         now,
@@ -406,7 +431,8 @@ fn suspended(st: &mut SandboxStatus, generation: Option<i64>, now: Timestamp, id
     ];
     no_pod(
         st,
-        (SandboxPhase::Suspended, reason),
+        SandboxPhase::Suspended,
+        reason,
         messages,
         generation,
         now,
@@ -433,12 +459,8 @@ pub fn idle_suspended(
 
 /// No pod for now (its sources are missing, or the API server refused it): Pending, PodReady
 /// and Ready False with `reason`, and the Warning Event that goes with it.
-pub fn held(
-    st: &mut SandboxStatus,
-    (reason, message): (&str, &str),
-    generation: Option<i64>,
-    now: Timestamp,
-) -> Note {
+pub fn held(st: &mut SandboxStatus, reason: &str, message: &str, stamp: Stamp) -> Note {
+    let Stamp { generation, now } = stamp;
     st.phase = Some(SandboxPhase::Pending);
     st.pod_name = None;
     st.runtime_class_name = None;
@@ -456,7 +478,7 @@ pub fn runtime_class_missing(
     now: Timestamp,
 ) -> Note {
     let message = runtime::not_found_message(name);
-    let note = held(st, (runtime::NOT_FOUND, &message), generation, now);
+    let note = held(st, runtime::NOT_FOUND, &message, Stamp { generation, now });
     conditions::set(
         &mut st.conditions,
         STALLED,
@@ -481,11 +503,15 @@ pub fn template_missing(
     st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
     st.observed_generation = sbx.metadata.generation;
     let message = crate::controller::template::missing_message(name);
+    let stamp = Stamp {
+        generation: sbx.metadata.generation,
+        now,
+    };
     let note = held(
         &mut st,
-        (crate::controller::template::NOT_FOUND, &message),
-        sbx.metadata.generation,
-        now,
+        crate::controller::template::NOT_FOUND,
+        &message,
+        stamp,
     );
     (old, st, note)
 }
@@ -2002,7 +2028,11 @@ mod tests {
             pod_name: Some("p".into()),
             ..Default::default()
         };
-        let note = held(&mut st, ("PodRejected", "refused"), None, t(0));
+        let stamp = Stamp {
+            generation: None,
+            now: t(0),
+        };
+        let note = held(&mut st, "PodRejected", "refused", stamp);
         assert_eq!(st.pod_name, None);
         assert_eq!(st.phase, Some(SandboxPhase::Pending));
         assert_eq!((note.type_, note.action), (EventType::Warning, "CreatePod"));

@@ -35,6 +35,16 @@ pub enum Marker {
     Absent(Lookup),
 }
 
+/// What a start brings to the workspace's initialisation.
+pub struct Start<'a> {
+    /// The workspace status so far.
+    pub ws: &'a WorkspaceStatus,
+    /// What is known of the marker.
+    pub marker: Marker,
+    /// A claimed warm pod's open shell, if its pool left one.
+    pub shell: Option<&'a Session>,
+}
+
 /// Probes the marker (unless known absent), decides the branch, resolves file sources, and
 /// writes. With `shell` (a claimed warm pod's, [`crate::controller::warm_shells`]), a write
 /// without files runs over it instead of a new exec.
@@ -44,9 +54,11 @@ pub enum Marker {
 pub async fn init_workspace(
     sbx: &Sandbox,
     ctx: &Context,
-    (pods, pod_name): (&Api<Pod>, &str),
-    (ws, marker, shell): (&WorkspaceStatus, Marker, Option<&Session>),
+    pods: &Api<Pod>,
+    pod_name: &str,
+    start: Start<'_>,
 ) -> Result<(WorkspaceStatus, workspace::Decision), Error> {
+    let Start { ws, marker, shell } = start;
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let uid = sbx.uid().unwrap_or_default();
     let t0 = std::time::Instant::now();
@@ -94,12 +106,8 @@ pub async fn init_workspace(
     let prepared = t0.elapsed();
     if !writes.is_empty() || !marker_present {
         let via = workspace::files_via(&writes, shell.is_some());
-        run_script(
-            (pods, pod_name, shell),
-            workspace::script_args(&root, &uid, &writes, via),
-            (&writes, via),
-        )
-        .await?;
+        let args = workspace::script_args(&root, &uid, &writes, via);
+        run_script(pods, pod_name, shell, args, &writes, via).await?;
     }
     debug!(
         sandbox = %sbx.name_any(),
@@ -140,9 +148,12 @@ async fn probe(pods: &Api<Pod>, pod_name: &str, root: &str) -> Result<bool, Erro
 /// Runs the workspace script, with the archive of `writes` on stdin when its files go `via`
 /// one; over `shell` when there is one and no archive (a session command takes no stdin).
 async fn run_script(
-    (pods, pod_name, shell): (&Api<Pod>, &str, Option<&Session>),
+    pods: &Api<Pod>,
+    pod_name: &str,
+    shell: Option<&Session>,
     args: Vec<String>,
-    (writes, via): (&workspace::Writes, FilesVia),
+    writes: &workspace::Writes,
+    via: FilesVia,
 ) -> Result<(), Error> {
     let out = match shell {
         // Inline in the shell: its one fork and the script's `mv`, where `sh -c` under the

@@ -196,9 +196,14 @@ impl Act<'_> {
             Some(a) => (init::Marker::Absent(a.lookup), a.shell),
             None => (init::Marker::Probe, None),
         };
-        let target = (&self.apis.pods, &*pod.name_any());
-        let how = (&ws, marker, shell.as_deref());
-        let result = init::init_workspace(self.sbx, self.ctx, target, how).await;
+        let start = init::Start {
+            ws: &ws,
+            marker,
+            shell: shell.as_deref(),
+        };
+        let pod_name = pod.name_any();
+        let result =
+            init::init_workspace(self.sbx, self.ctx, &self.apis.pods, &pod_name, start).await;
         // The shell's stdin closes and it exits: nothing of the pool's stays in the pod.
         drop(shell);
         let (init, error) = outcome(self.sbx, &self.ctx.metrics, serving, result);
@@ -277,7 +282,7 @@ impl Act<'_> {
         let found = match ctx.node_roots.get(node, &ns, Instant::now()) {
             Some(found) => Some(found),
             None if podcfg.helper.is_none() => None,
-            None => match noderoot::prepare(ctx, &self.apis.pods, (&ns, node), || {
+            None => match noderoot::prepare(ctx, &self.apis.pods, &ns, node, || {
                 helper_pod::build_prepare_pod(sbx, podcfg, node)
             })
             .await?

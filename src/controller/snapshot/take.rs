@@ -91,27 +91,9 @@ pub(super) async fn take(
         store.delete_snapshot(&t.keys).await.map_err(snapshot_err)?;
         st.upload_id = None;
     }
-    let g = match &snap.spec.guard {
-        Some(hold) => {
-            let leases = Api::namespaced(ctx.client.clone(), &t.ns);
-            let lease = labels::lease_name(&t.scope_key);
-            let h = HandOff::new(leases, &lease, &hold.holder, hold.token);
-            match h.check().await {
-                Ok(()) => Hold::HandedOff(h),
-                Err(e @ GuardError::NotHeld { .. }) => {
-                    // The harness let go before the snapshot could start: taking it now could
-                    // capture someone else's work. Nothing was uploaded.
-                    let msg = format!("the guard hold this snapshot names is not held: {e}");
-                    write_failure(ctx, snap, &t.api, st, GUARD_NOT_HELD, &msg, true).await?;
-                    return Ok(Action::await_change());
-                }
-                Err(e) => return Err(Error::Guard(e)),
-            }
-        }
-        None => match t.guard(&mut st).await? {
-            Some(g) => Hold::Own(g),
-            None => return Ok(Action::requeue(Duration::from_secs(5))),
-        },
+    let g = match t.hold(&mut st).await? {
+        Ok(g) => g,
+        Err(action) => return Ok(action),
     };
     let _flight = InFlight::new(&uid);
     let attempts = st.attempts.unwrap_or(0) + 1;
@@ -138,6 +120,36 @@ pub(super) async fn take(
             let final_ = handed_off && matches!(e, SnapshotError::Guard(_));
             t.failed(st, e, attempts, final_, upload_id.as_deref())
                 .await
+        }
+    }
+}
+
+impl Taking<'_> {
+    /// The guard to take the snapshot under: the harness's hold handed over in `spec.guard`
+    /// (checked), else the operator's own. `Err` with what to do when there is none now: the
+    /// handed-over hold went (the snapshot failed for good, recorded; nothing was uploaded),
+    /// or the scope's guard is busy (look again).
+    async fn hold(&self, st: &mut SandboxSnapshotStatus) -> Result<Result<Hold, Action>, Error> {
+        let Some(hold) = &self.snap.spec.guard else {
+            return Ok(match self.guard(st).await? {
+                Some(g) => Ok(Hold::Own(g)),
+                None => Err(Action::requeue(Duration::from_secs(5))),
+            });
+        };
+        let leases = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let lease = labels::lease_name(&self.scope_key);
+        let h = HandOff::new(leases, &lease, &hold.holder, hold.token);
+        match h.check().await {
+            Ok(()) => Ok(Ok(Hold::HandedOff(h))),
+            Err(e @ GuardError::NotHeld { .. }) => {
+                // The harness let go before the snapshot could start: taking it now could
+                // capture someone else's work.
+                let msg = format!("the guard hold this snapshot names is not held: {e}");
+                let (ctx, snap, failed) = (self.ctx, self.snap, st.clone());
+                write_failure(ctx, snap, &self.api, failed, GUARD_NOT_HELD, &msg, true).await?;
+                Ok(Err(Action::await_change()))
+            }
+            Err(e) => Err(Error::Guard(e)),
         }
     }
 }
@@ -276,12 +288,7 @@ impl Taking<'_> {
         let pod_name = crate::controller::placement::pod_name(self.sbx);
         let ctx = self.ctx;
         let upload = stream_to_store(
-            ctx,
-            self.sbx,
-            (&self.ns, &pod_name),
-            self.store,
-            &self.keys,
-            upload_id,
+            ctx, self.sbx, &self.ns, &pod_name, self.store, &self.keys, upload_id,
         );
         let (summary, commit) = g
             .run(upload)
@@ -407,7 +414,8 @@ async fn set_last_snapshot(
 async fn stream_to_store(
     ctx: &Context,
     sbx: &Sandbox,
-    (ns, pod): (&str, &str),
+    ns: &str,
+    pod: &str,
     store: &Store,
     keys: &SnapshotKeys,
     upload_id: Option<&MultipartId>,
