@@ -12,3 +12,5 @@ pub mod operator;
 pub mod progress;
 pub mod server;
 pub mod snapshot;
+#[cfg(test)]
+mod test_support;

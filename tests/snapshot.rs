@@ -267,12 +267,12 @@ async fn lost_workspace(kind: Kind) {
 }
 
 #[tokio::test]
-async fn a_lost_workspace_comes_back_through_branch_b_file() {
+async fn a_lost_workspace_comes_back_recovered_file() {
     lost_workspace(Kind::File).await;
 }
 
 #[tokio::test]
-async fn a_lost_workspace_comes_back_through_branch_b_s3() {
+async fn a_lost_workspace_comes_back_recovered_s3() {
     lost_workspace(Kind::S3).await;
 }
 

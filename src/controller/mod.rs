@@ -19,8 +19,6 @@ pub mod restore;
 pub mod restore_source;
 pub mod runtime;
 pub mod sandbox;
-#[cfg(test)]
-mod scenarios;
 pub mod security;
 pub mod service;
 pub mod snapshot;

@@ -5,7 +5,7 @@
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
-use crate::controller::context::Error;
+use crate::controller::context::{Context, Error};
 use agentbox_api::crd::{Sandbox, SandboxTemplate, TemplateUse};
 
 /// The reason a Sandbox waits for its template.
@@ -39,7 +39,7 @@ pub async fn effective(client: &Client, sbx: &Sandbox) -> Result<Effective, Erro
 /// ([`super::cache`]) when it has one; a template the cache does not hold is read from the API
 /// server before the sandbox is told it is missing (created a moment ago, the watch may not
 /// have brought it yet).
-pub async fn effective_cached(ctx: &super::Context, sbx: &Sandbox) -> Result<Effective, Error> {
+pub async fn effective_cached(ctx: &Context, sbx: &Sandbox) -> Result<Effective, Error> {
     let (Some(cache), Some(r)) = (ctx.cache.as_ref(), sbx.spec.template_ref.as_ref()) else {
         return effective(&ctx.client, sbx).await;
     };

@@ -14,10 +14,11 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
+use super::abandoned;
 use super::observe::find_pod;
 use super::observe::node_health;
 use super::write::{Apis, Writer, delete_if_present, force_delete, write_status};
-use super::{FINALIZER, abandoned};
+use super::write::{FINALIZER, MetadataGate};
 use crate::controller::context::Note;
 use crate::controller::context::{Context, Error, LeaseFate};
 use crate::controller::memory::Hint;
@@ -49,7 +50,7 @@ pub enum Cleanup {
 pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let apis = Apis::new(ctx, &ns, super::MetadataGate::open());
+    let apis = Apis::new(ctx, &ns, MetadataGate::open());
     // spec.snapshot.onStop: persist the workspace before its pod goes.
     let hold = crate::controller::context::handed_off_hold(ctx, sbx)
         .await?
@@ -108,7 +109,7 @@ pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     }
     if let Some(h) = hint {
         // Its pod's deletion, seen after the Sandbox is gone, hints nothing more.
-        super::swept(&sbx.uid().unwrap_or_default());
+        super::orphan::swept(&sbx.uid().unwrap_or_default());
         ctx.sweep.add(h);
     }
     Ok(Cleanup::Done)

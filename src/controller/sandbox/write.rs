@@ -12,10 +12,14 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
-use super::FINALIZER;
 use crate::controller::context::{Context, Error, FIELD_MANAGER, Note};
 use agentbox_api::crd::{Sandbox, SandboxStatus};
 use agentbox_api::labels;
+
+/// Finalizer that keeps a Sandbox until what needs it is done: the onStop snapshot, its pod
+/// asked to go, directories on lost nodes, and its workspace handed to the sweep (which
+/// removes the directory just after; without a helper image the finalizer stays).
+pub const FINALIZER: &str = "agentbox.dev/workspace";
 
 /// When a reconcile's metadata write (finalizer and scope labels) is made: on already (or
 /// not this reconcile's business: the cleanup), or following this reconcile's start

@@ -2,9 +2,11 @@
 //! attempts, its sandbox and whether this process is uploading it; and which snapshots a
 //! scope's retention removes.
 
-use super::MAX_ATTEMPTS;
 use crate::controller::restore_source::Age;
 use agentbox_api::crd::SnapshotPhase;
+
+/// Attempts before an interrupted or failing snapshot is marked Failed.
+pub const MAX_ATTEMPTS: i32 = 3;
 
 /// What the referenced sandbox looks like to the snapshot controller.
 #[derive(Clone, Debug, PartialEq, Eq)]

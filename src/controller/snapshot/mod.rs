@@ -13,6 +13,8 @@
 
 mod decide;
 mod on_stop;
+#[cfg(test)]
+mod scenarios;
 mod take;
 
 use std::collections::HashSet;
@@ -39,8 +41,10 @@ use agentbox_api::crd::{
 };
 use agentbox_api::labels;
 pub use agentbox_api::remote::{TAR_SCRIPT, tar_args};
-pub use decide::{NotCommitted, Observed, Plan, SandboxState, decide, retention_victims};
-pub use on_stop::{OnStop, on_stop};
+pub use decide::{
+    MAX_ATTEMPTS, NotCommitted, Observed, Plan, SandboxState, decide, retention_victims,
+};
+pub use on_stop::{ON_STOP, OnStop, on_stop};
 
 /// Finalizer that removes a snapshot's object (policy `Delete`) before the resource goes.
 pub const FINALIZER: &str = "agentbox.dev/snapshot-object";
@@ -61,13 +65,10 @@ pub(crate) fn set_committed(
         conditions::set(conds, type_, status, reason, message, generation, now);
     }
 }
-/// Attempts before an interrupted or failing snapshot is marked Failed.
-pub const MAX_ATTEMPTS: i32 = 3;
+
 /// Field manager of the Sandbox's `status.lastSnapshot`, the one Sandbox field this controller
 /// writes (the sandbox controller applies the rest of the status under its own manager).
 pub const LAST_SNAPSHOT_MANAGER: &str = "agentbox-operator-snapshots";
-/// Label on snapshots taken by `spec.snapshot.onStop`.
-pub const ON_STOP: &str = "agentbox.dev/on-stop";
 
 /// Snapshots this process is uploading right now (by UID). A `Running` snapshot not in this
 /// set was interrupted.

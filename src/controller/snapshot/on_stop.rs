@@ -9,7 +9,6 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use tracing::{info, warn};
 
-use super::ON_STOP;
 use crate::controller::context::{Context, Error};
 use crate::controller::podstate;
 use agentbox_api::crd::{
@@ -17,6 +16,9 @@ use agentbox_api::crd::{
     SnapshotPhase,
 };
 use agentbox_api::labels;
+
+/// Label on snapshots taken by `spec.snapshot.onStop`.
+pub const ON_STOP: &str = "agentbox.dev/on-stop";
 
 /// Outcome of [`on_stop`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

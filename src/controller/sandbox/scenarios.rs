@@ -1,412 +1,14 @@
-//! The controllers against an in-process fake API server: a reconcile runs for real (its
-//! requests, its order of writes, its decisions) in milliseconds, with no cluster. The fake
-//! keeps objects by path and answers GET (an object, a list, or 404), PATCH (merge of the
-//! body; `/status` merges the status), POST (create), DELETE (pods and objects with
-//! finalizers get a deletionTimestamp and stay, the rest go) and the JSON patches of kube's
-//! finalizer helper; it records every request so a scenario can assert which writes a
-//! transition costs, in which order.
+//! The sandbox controller's scenarios: its reconciles against the fake API server
+//! ([`crate::test_support`]), each asserting what a transition writes, in which order.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use clap::Parser;
-use kube::client::Body;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 
 use crate::controller::context::Context;
-
-mod loopback;
-use crate::config::Config;
-use crate::metrics::Metrics;
-use agentbox_api::crd::{Sandbox, SandboxSnapshot};
-
-/// Namespace of every scenario.
-const NS: &str = "n";
-const SBX: &str = "/apis/agentbox.dev/v1alpha1/namespaces/n/sandboxes";
-const SNAPS: &str = "/apis/agentbox.dev/v1alpha1/namespaces/n/sandboxsnapshots";
-const PODS: &str = "/api/v1/namespaces/n/pods";
-const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/n/events";
-
-/// The fake API server's state.
-#[derive(Default)]
-struct FakeApi {
-    objects: Mutex<BTreeMap<String, Value>>,
-    requests: Mutex<Vec<(String, String)>>,
-    version: Mutex<u64>,
-    /// Someone else's write that lands just before the request `"METHOD path"`: the object
-    /// to store and where (a race lost by the reconcile).
-    first: Mutex<Option<(String, String, Value)>>,
-    /// Requests `"METHOD path"` that reach the fake only after a delay (a slow write).
-    slow: Mutex<BTreeMap<String, std::time::Duration>>,
-    /// Requests `"METHOD path"` answered with this error code instead.
-    failing: Mutex<BTreeMap<String, u16>>,
-}
-
-fn status_body(code: u16, reason: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": if code < 300 { "Success" } else { "Failure" },
-        "message": reason, "reason": reason, "code": code})
-}
-
-/// Merges `patch` into `target` (objects key by key, everything else replaced).
-fn merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                merge(t.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (t, p) => *t = p.clone(),
-    }
-}
-
-impl FakeApi {
-    fn put(&self, path: &str, obj: Value) {
-        let mut obj = obj;
-        obj["metadata"]["resourceVersion"] = json!(self.next_version());
-        self.objects
-            .lock()
-            .expect("objects")
-            .insert(path.to_string(), obj);
-    }
-
-    fn get(&self, path: &str) -> Option<Value> {
-        self.objects.lock().expect("objects").get(path).cloned()
-    }
-
-    fn next_version(&self) -> String {
-        let mut v = self.version.lock().expect("version");
-        *v += 1;
-        v.to_string()
-    }
-
-    /// The writes so far: method and path, in order.
-    fn writes(&self) -> Vec<String> {
-        self.requests
-            .lock()
-            .expect("requests")
-            .iter()
-            .filter(|(m, _)| m != "GET")
-            .map(|(m, p)| format!("{m} {p}"))
-            .collect()
-    }
-
-    /// Whether a request `"METHOD path"` was made.
-    fn requested(&self, what: &str) -> bool {
-        self.requests
-            .lock()
-            .expect("requests")
-            .iter()
-            .any(|(m, p)| format!("{m} {p}") == what)
-    }
-
-    fn requests(&self) -> usize {
-        self.requests.lock().expect("requests").len()
-    }
-
-    fn record(&self, method: &str, path: &str) {
-        self.requests
-            .lock()
-            .expect("requests")
-            .push((method.to_string(), path.to_string()));
-    }
-
-    fn answer(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
-        self.record(method, path);
-        if let Some(code) = self
-            .failing
-            .lock()
-            .expect("failing")
-            .get(&format!("{method} {path}"))
-        {
-            return (*code, status_body(*code, "InternalError"));
-        }
-        let raced = {
-            let mut first = self.first.lock().expect("first");
-            match first.take() {
-                Some((when, at, obj)) if when == format!("{method} {path}") => Some((at, obj)),
-                other => {
-                    *first = other;
-                    None
-                }
-            }
-        };
-        if let Some((at, obj)) = raced {
-            self.put(&at, obj);
-        }
-        let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        match method {
-            "GET" => self.read(path),
-            "POST" => {
-                let name = body["metadata"]["name"]
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| self.next_version());
-                let at = format!("{path}/{name}");
-                // Creates are conditional (the guard relies on it); events may repeat.
-                if !path.starts_with(EVENTS) && self.get(&at).is_some() {
-                    return (409, status_body(409, "AlreadyExists"));
-                }
-                self.put(&at, body);
-                (201, self.get(&at).unwrap_or_default())
-            }
-            "PUT" => self.replace(path, body),
-            "PATCH" => self.patch(path, &body),
-            "DELETE" => self.delete(path, &body),
-            _ => (405, status_body(405, "MethodNotAllowed")),
-        }
-    }
-
-    fn read(&self, path: &str) -> (u16, Value) {
-        if let Some(o) = self.get(path) {
-            return (200, o);
-        }
-        // A collection: the objects right below it.
-        let prefix = format!("{path}/");
-        let objects = self.objects.lock().expect("objects");
-        let items: Vec<Value> = objects
-            .iter()
-            .filter(|(k, _)| k.strip_prefix(&prefix).is_some_and(|r| !r.contains('/')))
-            .map(|(_, v)| v.clone())
-            .collect();
-        let collections = [SBX, SNAPS, PODS];
-        if collections.contains(&path) {
-            return (
-                200,
-                json!({"apiVersion": "v1", "kind": "List",
-                "metadata": {"resourceVersion": "1"}, "items": items}),
-            );
-        }
-        (404, status_body(404, "NotFound"))
-    }
-
-    fn patch(&self, path: &str, body: &Value) -> (u16, Value) {
-        if let Some(base) = path.strip_suffix("/status") {
-            let Some(mut obj) = self.get(base) else {
-                return (404, status_body(404, "NotFound"));
-            };
-            obj["status"] = body["status"].clone();
-            self.put(base, obj);
-            return (200, self.get(base).unwrap_or_default());
-        }
-        let mut obj = self.get(path).unwrap_or_else(|| json!({"metadata": {}}));
-        // A resourceVersion in a merge patch is a precondition, as on the API server.
-        let rv = &body["metadata"]["resourceVersion"];
-        if rv.is_string() && rv != &obj["metadata"]["resourceVersion"] {
-            return (409, status_body(409, "Conflict"));
-        }
-        match body {
-            // kube's finalizer helper: JSON patches of metadata.finalizers.
-            Value::Array(ops) => {
-                for op in ops {
-                    let p = op["path"].as_str().unwrap_or_default();
-                    match (op["op"].as_str(), p) {
-                        (Some("add"), "/metadata/finalizers") => {
-                            obj["metadata"]["finalizers"] = op["value"].clone();
-                        }
-                        (Some("add"), "/metadata/finalizers/-") => {
-                            let f = &mut obj["metadata"]["finalizers"];
-                            if let Some(a) = f.as_array_mut() {
-                                a.push(op["value"].clone());
-                            }
-                        }
-                        (Some("remove"), p) if p.starts_with("/metadata/finalizers/") => {
-                            obj["metadata"]["finalizers"] = json!([]);
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            body => {
-                let mut body = body.clone();
-                // An apply owns the whole list it names.
-                if let Some(f) = body["metadata"].get("finalizers").cloned() {
-                    obj["metadata"]["finalizers"] = f;
-                    body["metadata"]
-                        .as_object_mut()
-                        .map(|m| m.remove("finalizers"));
-                }
-                merge(&mut obj, &body);
-            }
-        }
-        self.put(path, obj);
-        (200, self.get(path).unwrap_or_default())
-    }
-
-    /// A replace: refused (409) when the body's resourceVersion is not the stored one.
-    fn replace(&self, path: &str, body: Value) -> (u16, Value) {
-        let Some(cur) = self.get(path) else {
-            return (404, status_body(404, "NotFound"));
-        };
-        let rv = &body["metadata"]["resourceVersion"];
-        if !rv.is_null() && rv != &cur["metadata"]["resourceVersion"] {
-            return (409, status_body(409, "Conflict"));
-        }
-        self.put(path, body);
-        (200, self.get(path).unwrap_or_default())
-    }
-
-    fn delete(&self, path: &str, options: &Value) -> (u16, Value) {
-        let Some(mut obj) = self.get(path) else {
-            return (404, status_body(404, "NotFound"));
-        };
-        let expected_uid = &options["preconditions"]["uid"];
-        if !expected_uid.is_null() && obj["metadata"]["uid"] != *expected_uid {
-            return (409, status_body(409, "Conflict"));
-        }
-        let has_finalizers = obj["metadata"]["finalizers"]
-            .as_array()
-            .is_some_and(|f| !f.is_empty());
-        // A pod goes at once only when forced (grace 0); otherwise its kubelet would finish it.
-        let forced = options["gracePeriodSeconds"] == json!(0);
-        if has_finalizers || (path.starts_with(PODS) && !forced) {
-            obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-            self.put(path, obj);
-            return (200, self.get(path).unwrap_or_default());
-        }
-        self.objects.lock().expect("objects").remove(path);
-        (200, status_body(200, "Deleted"))
-    }
-}
-
-/// A Context whose client talks to `fake`; no store, no helper image.
-fn context(fake: Arc<FakeApi>) -> Arc<Context> {
-    context_with(fake, None)
-}
-
-/// A Context whose client talks to `fake` in-process, with `store`; no helper image.
-fn context_with(fake: Arc<FakeApi>, store: Option<crate::snapshot::store::Store>) -> Arc<Context> {
-    context_with_pods(fake, store, Vec::new())
-}
-
-/// [`context_with`], whose watch of managed pods has seen `pods`.
-fn context_with_pods(
-    fake: Arc<FakeApi>,
-    store: Option<crate::snapshot::store::Store>,
-    pods: Vec<k8s_openapi::api::core::v1::Pod>,
-) -> Arc<Context> {
-    let svc = tower::service_fn(move |req: http::Request<Body>| {
-        let fake = fake.clone();
-        async move {
-            let method = req.method().to_string();
-            let path = req.uri().path().to_string();
-            let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
-            let delay = fake
-                .slow
-                .lock()
-                .expect("slow")
-                .get(&format!("{method} {path}"))
-                .copied();
-            if let Some(d) = delay {
-                tokio::time::sleep(d).await;
-            }
-            let (code, body) = fake.answer(&method, &path, &bytes);
-            let resp = http::Response::builder()
-                .status(code)
-                .header("content-type", "application/json")
-                .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
-                .expect("response");
-            Ok::<_, std::convert::Infallible>(resp)
-        }
-    });
-    context_on(kube::Client::new(svc, NS), store, pods)
-}
-
-/// A Context whose client talks to `fake` served over loopback HTTP, so that exec works (see
-/// [`served`]), with `store`; no helper image.
-async fn served_context(
-    fake: Arc<FakeApi>,
-    store: Option<crate::snapshot::store::Store>,
-) -> Arc<Context> {
-    context_on(loopback::serve(fake).await, store, Vec::new())
-}
-
-fn context_on(
-    client: kube::Client,
-    store: Option<crate::snapshot::store::Store>,
-    pods: Vec<k8s_openapi::api::core::v1::Pod>,
-) -> Arc<Context> {
-    let (cache, mut writer) = kube::runtime::reflector::store();
-    for p in pods {
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(p));
-    }
-    let config = Config::parse_from([
-        "agentbox-operator",
-        "--helper-image",
-        "",
-        "--store-url",
-        "",
-        "--namespace",
-        NS,
-    ]);
-    Arc::new(Context {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "agentbox-operator".into(),
-                instance: None,
-            },
-        ),
-        client,
-        config,
-        metrics: Arc::new(Metrics::default()),
-        store,
-        node_roots: super::memory::Checks::default(),
-        refusals: super::memory::Refusals::default(),
-        sweep: super::memory::Hints::default(),
-        shells: super::warm_shells::Shells::default(),
-        pool_claims: super::refill_delay::Claims::default(),
-        pods: cache,
-        cache: None,
-    })
-}
-
-fn sandbox(name: &str, spec: Value, meta: Value, status: Value) -> Value {
-    let mut s = json!({
-        "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "generation": 1},
-        "spec": {"image": "busybox", "scope": {"kind": "Agent", "agent": name}},
-    });
-    merge(&mut s["spec"], &spec);
-    merge(&mut s["metadata"], &meta);
-    if !status.is_null() {
-        s["status"] = status;
-    }
-    s
-}
-
-/// A sandbox as the operator left it after its first reconcile: finalizer and scope labels.
-fn adopted(name: &str, spec: Value, status: Value) -> Value {
-    let probe: Sandbox =
-        serde_json::from_value(sandbox(name, spec.clone(), json!({}), Value::Null))
-            .expect("sandbox");
-    let labels = agentbox_api::labels::scope_labels(&probe.spec.scope);
-    let meta = json!({"finalizers": [super::sandbox::FINALIZER], "labels": labels});
-    sandbox(name, spec, meta, status)
-}
-
-/// Stores `obj` at `path` and reconciles what the fake now holds there.
-async fn reconcile_sandbox(fake: &Arc<FakeApi>, ctx: &Arc<Context>, name: &str) -> Action {
-    let obj: Sandbox =
-        serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("stored")).expect("sbx");
-    super::sandbox::reconcile(Arc::new(obj), ctx.clone())
-        .await
-        .expect("reconcile")
-}
-
-/// The pod name of sandbox `name`.
-fn pod(name: &str) -> String {
-    agentbox_api::labels::pod_name(name)
-}
-
-fn event_and_status(name: &str) -> Vec<String> {
-    vec![
-        format!("POST {EVENTS}"),
-        format!("PATCH {SBX}/{name}/status"),
-    ]
-}
+use crate::test_support::*;
+use agentbox_api::crd::Sandbox;
 
 #[tokio::test]
 async fn a_new_sandbox_gets_its_pod_then_finalizer_and_labels_in_one_write() {
@@ -428,10 +30,7 @@ async fn a_new_sandbox_gets_its_pod_then_finalizer_and_labels_in_one_write() {
          before the pod reports"
     );
     let s = fake.get(&format!("{SBX}/fresh")).expect("sandbox");
-    assert_eq!(
-        s["metadata"]["finalizers"],
-        json!([super::sandbox::FINALIZER])
-    );
+    assert_eq!(s["metadata"]["finalizers"], json!([super::FINALIZER]));
     assert_eq!(
         s["metadata"]["labels"][agentbox_api::labels::AGENT],
         json!("fresh")
@@ -466,12 +65,12 @@ async fn a_version_this_process_wrote_over_is_skipped_without_a_request() {
     );
     let read: Sandbox =
         serde_json::from_value(fake.get(&format!("{SBX}/stale")).expect("s")).expect("sandbox");
-    super::sandbox::reconcile(Arc::new(read.clone()), ctx.clone())
+    super::reconcile(Arc::new(read.clone()), ctx.clone())
         .await
         .expect("reconcile");
     let seen = fake.requests();
     // The cache hands the same (now written-over) version again.
-    let action = super::sandbox::reconcile(Arc::new(read), ctx.clone())
+    let action = super::reconcile(Arc::new(read), ctx.clone())
         .await
         .expect("reconcile");
     assert_eq!(fake.requests(), seen, "no request for a superseded version");
@@ -620,7 +219,7 @@ async fn suspending_a_sandbox_served_before_the_kubelet_says_running_takes_its_o
     // Initialised through an early exec: the kubelet has not reported the container running.
     let mut p = current_pod(&ctx, "early", &fake);
     p["status"] = json!({"phase": "Pending", "containerStatuses": [{
-        "name": super::pod::CONTAINER, "ready": false, "restartCount": 0, "image": "busybox",
+        "name": crate::controller::pod::CONTAINER, "ready": false, "restartCount": 0, "image": "busybox",
         "imageID": "", "state": {"waiting": {"reason": "ContainerCreating"}}}]});
     fake.put(&format!("{PODS}/{}", pod("early")), p);
     node_root_checked(&ctx);
@@ -727,80 +326,6 @@ async fn a_pod_of_another_owner_fails_the_sandbox_with_a_name_conflict() {
         .cloned()
         .unwrap_or_default();
     assert_eq!(ready["reason"], json!("PodNameConflict"), "{}", s["status"]);
-}
-
-#[tokio::test]
-async fn a_snapshot_without_a_store_fails_once_with_its_reason() {
-    let fake = Arc::new(FakeApi::default());
-    let ctx = context(fake.clone());
-    let snap = json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
-        "metadata": {"name": "s1", "namespace": NS, "uid": "snap-uid"},
-        "spec": {"sandboxRef": {"name": "missing"}}});
-    fake.put(&format!("{SNAPS}/s1"), snap);
-    let read = |fake: &FakeApi| -> Arc<SandboxSnapshot> {
-        Arc::new(
-            serde_json::from_value(fake.get(&format!("{SNAPS}/s1")).expect("s")).expect("snap"),
-        )
-    };
-    // First the finalizer, alone.
-    super::snapshot::reconcile(read(&fake), ctx.clone())
-        .await
-        .expect("reconcile");
-    assert_eq!(fake.writes(), vec![format!("PATCH {SNAPS}/s1")]);
-    super::snapshot::reconcile(read(&fake), ctx.clone())
-        .await
-        .expect("reconcile");
-    let writes = fake.writes();
-    assert_eq!(
-        writes[1..],
-        [format!("POST {EVENTS}"), format!("PATCH {SNAPS}/s1/status")]
-    );
-    let s = fake.get(&format!("{SNAPS}/s1")).expect("snapshot");
-    assert_eq!(s["status"]["phase"], json!("Failed"));
-    assert_eq!(s["status"]["conditions"][0]["reason"], json!("NoStore"));
-    // Failed is final: nothing more.
-    super::snapshot::reconcile(read(&fake), ctx.clone())
-        .await
-        .expect("reconcile");
-    assert_eq!(fake.writes().len(), 3);
-}
-
-/// A pod of sandbox `name` as the operator would make it now, owned by it, on node `node-1`,
-/// its container running and ready.
-/// node-1's workspace root as the node-root check leaves it: checked, nosuid and nodev.
-fn node_root_checked(ctx: &Context) {
-    let found = super::memory::Found::Checked {
-        nosuid: true,
-        nodev: true,
-        mount: "/".into(),
-    };
-    ctx.node_roots
-        .record("node-1", NS, found, std::time::Instant::now());
-}
-
-fn current_pod(ctx: &Context, name: &str, fake: &FakeApi) -> Value {
-    let sbx: Sandbox =
-        serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("stored")).expect("sbx");
-    let podcfg = super::pod::PodConfig::from_config(&ctx.config);
-    let mut p = serde_json::to_value(super::pod::build_pod(&sbx, &podcfg, None)).expect("pod");
-    p["metadata"]["uid"] = json!("pod-uid");
-    p["spec"]["nodeName"] = json!("node-1");
-    p["status"] = json!({"phase": "Running", "containerStatuses": [{
-        "name": super::pod::CONTAINER, "ready": true, "restartCount": 0, "image": "busybox",
-        "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]});
-    fake.put(&node_path("node-1"), node("node-1", "True"));
-    p
-}
-
-fn node_path(name: &str) -> String {
-    format!("/api/v1/nodes/{name}")
-}
-
-/// A Node whose Ready condition is `ready` (since long ago).
-fn node(name: &str, ready: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-        "status": {"conditions": [{"type": "Ready", "status": ready,
-            "lastTransitionTime": "2020-01-01T00:00:00Z"}]}})
 }
 
 #[tokio::test]
@@ -957,15 +482,12 @@ async fn the_metadata_write_follows_the_ready_status_and_neither_version_is_star
     );
     let s = fake.get(&format!("{SBX}/meta")).expect("sandbox");
     assert_eq!(s["status"]["phase"], json!("Ready"));
-    assert_eq!(
-        s["metadata"]["finalizers"],
-        json!([super::sandbox::FINALIZER])
-    );
+    assert_eq!(s["metadata"]["finalizers"], json!([super::FINALIZER]));
     // The version the status write made (Ready, no finalizer yet) and the one read are
     // written over: a lagging cache that hands either back costs no request.
     let seen = fake.requests();
     for stale in [read, between] {
-        let action = super::sandbox::reconcile(Arc::new(stale), ctx.clone())
+        let action = super::reconcile(Arc::new(stale), ctx.clone())
             .await
             .expect("reconcile");
         assert_eq!(
@@ -990,7 +512,7 @@ async fn a_failed_metadata_write_after_the_status_is_the_error_and_is_made_again
         .insert(format!("PATCH {SBX}/nometa"), 500);
     let obj: Sandbox =
         serde_json::from_value(fake.get(&format!("{SBX}/nometa")).expect("s")).expect("sandbox");
-    let err = super::sandbox::reconcile(Arc::new(obj), ctx.clone())
+    let err = super::reconcile(Arc::new(obj), ctx.clone())
         .await
         .expect_err("the metadata write failed");
     assert_eq!(err.kind(), "kube", "the write's own error: {err}");
@@ -1010,10 +532,7 @@ async fn a_failed_metadata_write_after_the_status_is_the_error_and_is_made_again
     assert_eq!(fake.writes().len(), 3, "{:?}", fake.writes());
     assert_eq!(fake.writes()[2], format!("PATCH {SBX}/nometa"));
     let s = fake.get(&format!("{SBX}/nometa")).expect("sandbox");
-    assert_eq!(
-        s["metadata"]["finalizers"],
-        json!([super::sandbox::FINALIZER])
-    );
+    assert_eq!(s["metadata"]["finalizers"], json!([super::FINALIZER]));
 }
 
 #[tokio::test]
@@ -1030,9 +549,9 @@ async fn a_pod_adopted_before_the_status_said_so_is_found_and_recorded_with_its_
     let dir = format!("{}/{NS}/warm-abcde", probe.config.node_root);
     let sbx: Sandbox =
         serde_json::from_value(fake.get(&format!("{SBX}/adp")).expect("stored")).expect("sbx");
-    let podcfg = super::pod::PodConfig::from_config(&probe.config);
+    let podcfg = crate::controller::pod::PodConfig::from_config(&probe.config);
     let mut p = current_pod(&probe, "adp", &fake);
-    let built = super::pod::build_pod_in(&sbx, &podcfg, &dir, None);
+    let built = crate::controller::pod::build_pod_in(&sbx, &podcfg, &dir, None);
     p["metadata"] = serde_json::to_value(built.metadata).expect("meta");
     p["metadata"]["name"] = json!("pool-warm-abcde");
     p["metadata"]["uid"] = json!("pod-uid");
@@ -1066,7 +585,7 @@ async fn a_changed_spec_replaces_the_pod_without_a_status_write() {
         adopted("chg", json!({}), json!({"phase": "Ready"})),
     );
     let mut p = current_pod(&ctx, "chg", &fake);
-    p["metadata"]["annotations"][super::pod::SPEC_HASH] = json!("an-older-spec");
+    p["metadata"]["annotations"][crate::controller::pod::SPEC_HASH] = json!("an-older-spec");
     fake.put(&format!("{PODS}/{}", pod("chg")), p);
     let action = reconcile_sandbox(&fake, &ctx, "chg").await;
     assert_eq!(
@@ -1143,212 +662,6 @@ async fn a_first_reconcile_deletes_a_shut_down_sandbox_only_once_its_finalizer_i
 }
 
 #[tokio::test]
-async fn a_snapshot_of_a_sandbox_without_a_pod_waits_pending_and_writes_once() {
-    let fake = Arc::new(FakeApi::default());
-    let store = crate::snapshot::store::Store::memory("");
-    let ctx = context_with(fake.clone(), Some(store));
-    fake.put(
-        &format!("{SBX}/idle"),
-        adopted("idle", json!({}), Value::Null),
-    );
-    let snap = json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
-        "metadata": {"name": "s2", "namespace": NS, "uid": "snap-2",
-            "finalizers": [super::snapshot::FINALIZER]},
-        "spec": {"sandboxRef": {"name": "idle"}}});
-    fake.put(&format!("{SNAPS}/s2"), snap);
-    let read = |fake: &FakeApi| -> Arc<SandboxSnapshot> {
-        Arc::new(
-            serde_json::from_value(fake.get(&format!("{SNAPS}/s2")).expect("s")).expect("snap"),
-        )
-    };
-    let action = super::snapshot::reconcile(read(&fake), ctx.clone())
-        .await
-        .expect("reconcile");
-    assert_eq!(fake.writes(), vec![format!("PATCH {SNAPS}/s2/status")]);
-    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(3)));
-    let s = fake.get(&format!("{SNAPS}/s2")).expect("snapshot");
-    assert_eq!(s["status"]["phase"], json!("Pending"));
-    assert_eq!(
-        s["status"]["conditions"][0]["reason"],
-        json!("SandboxNotReady")
-    );
-    super::snapshot::reconcile(read(&fake), ctx.clone())
-        .await
-        .expect("reconcile");
-    assert_eq!(fake.writes().len(), 1, "waiting again costs no write");
-}
-
-fn snapshot_of(name: &str, sandbox: &str, status: Value) -> Value {
-    let mut s = json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
-        "metadata": {"name": name, "namespace": NS, "uid": format!("snap-{name}"),
-            "finalizers": [super::snapshot::FINALIZER]},
-        "spec": {"sandboxRef": {"name": sandbox}}});
-    if !status.is_null() {
-        s["status"] = status;
-    }
-    s
-}
-
-fn stored_snapshot(fake: &FakeApi, name: &str) -> Arc<SandboxSnapshot> {
-    let v = fake.get(&format!("{SNAPS}/{name}")).expect("stored");
-    Arc::new(serde_json::from_value(v).expect("a snapshot"))
-}
-
-#[tokio::test]
-async fn a_finished_snapshot_costs_no_request() {
-    let fake = Arc::new(FakeApi::default());
-    let ctx = context_with(
-        fake.clone(),
-        Some(crate::snapshot::store::Store::memory("")),
-    );
-    for (name, phase) in [("done", "Ready"), ("gave-up", "Failed")] {
-        fake.put(
-            &format!("{SNAPS}/{name}"),
-            snapshot_of(name, "gone", json!({"phase": phase})),
-        );
-        let action = super::snapshot::reconcile(stored_snapshot(&fake, name), ctx.clone())
-            .await
-            .expect("reconcile");
-        assert_eq!(action, Action::await_change());
-    }
-    assert_eq!(fake.requests(), 0);
-}
-
-/// A workspace on the host, initialised as the operator leaves one: its marker and a file.
-fn host_workspace(name: &str) -> std::path::PathBuf {
-    let root =
-        std::env::temp_dir().join(format!("agentbox-scenario-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join(agentbox_api::remote::STATE_DIR)).expect("state dir");
-    std::fs::write(root.join(agentbox_api::remote::MARKER), "pod-uid\n").expect("marker");
-    std::fs::create_dir_all(root.join("src")).expect("src");
-    std::fs::write(root.join("src/main.py"), "print('hi')\n").expect("a file");
-    root
-}
-
-#[tokio::test]
-async fn a_snapshot_of_a_serving_sandbox_is_taken_under_the_guard_and_committed() {
-    let root = host_workspace("take");
-    let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
-    let (fake, ctx, store) = serving_sandbox("busy", &root, initialised).await;
-    fake.put(
-        &format!("{SNAPS}/s1"),
-        snapshot_of("s1", "busy", Value::Null),
-    );
-
-    let action = super::snapshot::reconcile(stored_snapshot(&fake, "s1"), ctx.clone())
-        .await
-        .expect("reconcile");
-    let _ = std::fs::remove_dir_all(&root);
-
-    let s = fake.get(&format!("{SNAPS}/s1")).expect("snapshot");
-    assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
-    assert_eq!(condition(&s, "Ready")["status"], json!("True"));
-    // src/ and src/main.py; the operator's state directory is not archived.
-    assert_eq!(s["status"]["members"], json!(2), "{s:#}");
-    // The object holds exactly what the status says.
-    let key = s["status"]["objectKey"].as_str().expect("an object key");
-    use object_store::ObjectStoreExt;
-    let bytes = store
-        .inner()
-        .get(&object_store::path::Path::from(key))
-        .await
-        .expect("the object")
-        .bytes()
-        .await
-        .expect("its bytes");
-    assert_eq!(s["status"]["sizeBytes"], json!(bytes.len()));
-    use sha2::Digest;
-    assert_eq!(
-        s["status"]["sha256"],
-        json!(hex::encode(sha2::Sha256::digest(&bytes)))
-    );
-    // The sandbox records its newest snapshot.
-    let sbx = fake.get(&format!("{SBX}/busy")).expect("sandbox");
-    assert_eq!(sbx["status"]["lastSnapshot"]["name"], json!("s1"));
-    // Labels, the guard, one status write before the stream and one after it (the guard
-    // released between them), the sandbox's record, one Event.
-    let lease = format!(
-        "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/agentbox-guard-{}",
-        s["status"]["scopeKey"].as_str().expect("scope key")
-    );
-    assert_eq!(
-        fake.writes(),
-        vec![
-            format!("PATCH {SNAPS}/s1"),
-            "POST /apis/coordination.k8s.io/v1/namespaces/n/leases".to_string(),
-            format!("PATCH {SNAPS}/s1/status"),
-            format!("PUT {lease}"),
-            format!("PATCH {SNAPS}/s1/status"),
-            format!("PATCH {SBX}/busy/status"),
-            format!("POST {EVENTS}"),
-        ]
-    );
-    assert!(fake.requested(&format!("GET {PODS}/{}/exec", pod("busy"))));
-    let held = fake.get(&lease).expect("the lease");
-    assert!(
-        held["spec"]["holderIdentity"]
-            .as_str()
-            .unwrap_or("")
-            .is_empty(),
-        "released: {held:#}"
-    );
-    assert_eq!(action, Action::await_change());
-}
-
-#[tokio::test]
-async fn a_workspace_without_its_marker_is_never_committed() {
-    let root = host_workspace("unmarked");
-    std::fs::remove_file(root.join(agentbox_api::remote::MARKER)).expect("marker");
-    let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
-    let (fake, ctx, store) = serving_sandbox("bare", &root, initialised).await;
-    fake.put(
-        &format!("{SNAPS}/s2"),
-        snapshot_of("s2", "bare", Value::Null),
-    );
-    let _ = super::snapshot::reconcile(stored_snapshot(&fake, "s2"), ctx.clone()).await;
-    let _ = std::fs::remove_dir_all(&root);
-    let s = fake.get(&format!("{SNAPS}/s2")).expect("snapshot");
-    assert_ne!(s["status"]["phase"], json!("Ready"), "{s:#}");
-    assert!(s["status"]["sha256"].is_null(), "{s:#}");
-    assert_eq!(s["status"]["attempts"], json!(1));
-    // Nothing is left in the store: no object, no unfinished upload.
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    let left: Vec<_> = store
-        .inner()
-        .list(None)
-        .try_collect()
-        .await
-        .expect("a listing");
-    assert!(left.is_empty(), "{left:?}");
-    let sbx = fake.get(&format!("{SBX}/bare")).expect("sandbox");
-    assert!(sbx["status"]["lastSnapshot"].is_null());
-}
-
-/// A served context, a sandbox `name` whose workspace root is `root` on the host, its pod
-/// running, the node root checked: what the sandbox controller needs to reach its init step.
-async fn serving_sandbox(
-    name: &str,
-    root: &std::path::Path,
-    workspace: Value,
-) -> (Arc<FakeApi>, Arc<Context>, crate::snapshot::store::Store) {
-    let fake = Arc::new(FakeApi::default());
-    let store = crate::snapshot::store::Store::memory("");
-    let ctx = served_context(fake.clone(), Some(store.clone())).await;
-    let spec = json!({"workspace": {"root": root.to_string_lossy(),
-        "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]}});
-    let status = json!({"phase": "Pending", "podName": pod(name), "workspace": workspace});
-    fake.put(&format!("{SBX}/{name}"), adopted(name, spec, status));
-    fake.put(
-        &format!("{PODS}/{}", pod(name)),
-        current_pod(&ctx, name, &fake),
-    );
-    node_root_checked(&ctx);
-    (fake, ctx, store)
-}
-
-#[tokio::test]
 async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_it_was_lost() {
     let root = std::env::temp_dir().join(format!("agentbox-scenario-init-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
@@ -1399,17 +712,8 @@ fn assert_started(fake: &FakeApi, name: &str, branch: &str, reason: &str) {
     assert_eq!(condition(&s, "WorkspaceReady")["reason"], json!(reason));
 }
 
-/// The condition `type_` of an object's status.
-fn condition(obj: &Value, type_: &str) -> Value {
-    obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .cloned()
-        .unwrap_or_else(|| panic!("no {type_} condition in {obj:#}"))
-}
-
 #[tokio::test]
-async fn a_lost_workspace_comes_back_from_the_newest_snapshot_through_branch_b() {
+async fn a_lost_workspace_comes_back_from_the_newest_snapshot_as_recovered() {
     let root = host_workspace("recover");
     let initialised = json!({"rootReady": true, "initializedPodUid": "pod-uid"});
     let (fake, ctx, _) = serving_sandbox("rec", &root, initialised).await;
@@ -1417,7 +721,7 @@ async fn a_lost_workspace_comes_back_from_the_newest_snapshot_through_branch_b()
         &format!("{SNAPS}/s1"),
         snapshot_of("s1", "rec", Value::Null),
     );
-    super::snapshot::reconcile(stored_snapshot(&fake, "s1"), ctx.clone())
+    crate::controller::snapshot::reconcile(stored_snapshot(&fake, "s1"), ctx.clone())
         .await
         .expect("the snapshot");
     assert_eq!(
@@ -1624,7 +928,7 @@ async fn a_sandbox_changed_since_it_was_read_is_not_suspended_and_the_guard_goes
     let mut newer = fake.get(&format!("{SBX}/moved")).expect("stored");
     newer["metadata"]["annotations"] = json!({"touched": "yes"});
     fake.put(&format!("{SBX}/moved"), newer);
-    super::sandbox::reconcile(Arc::new(read), ctx.clone())
+    super::reconcile(Arc::new(read), ctx.clone())
         .await
         .expect("reconcile");
     let lease = guard_lease("moved");
@@ -1653,7 +957,7 @@ fn waiting_pod(ctx: &Context, name: &str, fake: &FakeApi, reason: &str, age: i64
         "conditions": [{"type": "PodScheduled", "status": "True",
             "lastTransitionTime": created.to_string()}],
         "containerStatuses": [{
-        "name": super::pod::CONTAINER, "ready": false, "restartCount": 0, "image": "nope",
+        "name": crate::controller::pod::CONTAINER, "ready": false, "restartCount": 0, "image": "nope",
         "imageID": "", "state": {"waiting": {"reason": reason,
             "message": format!("{reason}: pull access denied for nope")}}}]});
     p
