@@ -16,88 +16,33 @@ mod on_stop;
 #[cfg(test)]
 mod scenarios;
 mod take;
+mod write;
 
-use std::collections::HashSet;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use tracing::warn;
 
-use super::conditions;
 use super::podstate;
 use crate::controller::context::{Context, Error};
-use crate::snapshot::SnapshotError;
-use crate::snapshot::store::{AbortOutcome, SnapshotKeys, Store, StoreError};
-use agentbox_api::crd::{
-    DeletionPolicy, LifecycleMode, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
-};
+use crate::snapshot::store::SnapshotKeys;
+use agentbox_api::crd::{DeletionPolicy, LifecycleMode, Sandbox, SandboxSnapshot, SnapshotPhase};
 use agentbox_api::labels;
 pub use agentbox_api::remote::{TAR_SCRIPT, tar_args};
 pub use decide::{
     MAX_ATTEMPTS, NotCommitted, Observed, Plan, SandboxState, decide, retention_victims,
 };
 pub use on_stop::{ON_STOP, OnStop, on_stop};
+pub use write::{COMMITTED, LAST_SNAPSHOT_MANAGER, set_committed};
+use write::{discard_attempt, in_flight, snapshot_err, write_failure};
 
 /// Finalizer that removes a snapshot's object (policy `Delete`) before the resource goes.
 pub const FINALIZER: &str = "agentbox.dev/snapshot-object";
-/// Condition type on a SandboxSnapshot: its object is committed and verified.
-pub const COMMITTED: &str = "Committed";
-
-/// Sets the Committed condition and `Ready`, its twin (the condition every agentbox kind has,
-/// so `kubectl wait --for=condition=Ready` works on snapshots too).
-pub(crate) fn set_committed(
-    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: Timestamp,
-) {
-    for type_ in [COMMITTED, conditions::READY] {
-        conditions::set(conds, type_, status, reason, message, generation, now);
-    }
-}
-
-/// Field manager of the Sandbox's `status.lastSnapshot`, the one Sandbox field this controller
-/// writes (the sandbox controller applies the rest of the status under its own manager).
-pub const LAST_SNAPSHOT_MANAGER: &str = "agentbox-operator-snapshots";
-
-/// Snapshots this process is uploading right now (by UID). A `Running` snapshot not in this
-/// set was interrupted.
-static IN_FLIGHT: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Default::default);
-
-fn in_flight(uid: &str) -> bool {
-    IN_FLIGHT.lock().map(|s| s.contains(uid)).unwrap_or(false)
-}
-
-/// Marks a UID in flight until dropped.
-struct InFlight(String);
-
-impl InFlight {
-    fn new(uid: &str) -> Self {
-        if let Ok(mut s) = IN_FLIGHT.lock() {
-            s.insert(uid.to_string());
-        }
-        InFlight(uid.to_string())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if let Ok(mut s) = IN_FLIGHT.lock() {
-            s.remove(&self.0);
-        }
-    }
-}
-
 /// Reconciles one SandboxSnapshot.
 pub async fn reconcile(snap: Arc<SandboxSnapshot>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = snap.namespace().ok_or(Error::NotNamespaced)?;
@@ -230,33 +175,6 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
     }
 }
 
-/// Records a failed attempt: Failed when `give_up`, else Pending for another attempt; the
-/// Committed condition and a Warning Event carry the reason.
-async fn write_failure(
-    ctx: &Context,
-    snap: &SandboxSnapshot,
-    api: &Api<SandboxSnapshot>,
-    mut st: SandboxSnapshotStatus,
-    reason: &'static str,
-    message: &str,
-    give_up: bool,
-) -> Result<(), Error> {
-    let now = Timestamp::now();
-    if give_up {
-        st.phase = Some(SnapshotPhase::Failed);
-        st.completed_at = Some(Time(now));
-    } else {
-        st.phase = Some(SnapshotPhase::Pending);
-    }
-    set_committed(&mut st.conditions, false, reason, message, None, now);
-    crate::controller::context::publish(ctx, snap, EventType::Warning, reason, "Snapshot", message)
-        .await;
-    crate::controller::context::apply_status(api, &snap.name_any(), &st).await?;
-    // Counted once recorded: a failed write brings the same failure back.
-    ctx.metrics.snapshot_failed(reason);
-    Ok(())
-}
-
 /// Whether the cached snapshot is the API server's current version (a fresh read), so a
 /// decision to take or fail it does not rest on a status this process already replaced.
 async fn is_current(api: &Api<SandboxSnapshot>, snap: &SandboxSnapshot) -> Result<bool, Error> {
@@ -273,44 +191,6 @@ fn keys_of(ctx: &Context, snap: &SandboxSnapshot) -> Option<SnapshotKeys> {
         .and_then(|s| s.scope_key.clone())
         .or_else(|| snap.labels().get(labels::SCOPE_KEY).cloned())?;
     Some(store.keys(&snap.namespace()?, &scope_key, &snap.uid()?))
-}
-
-fn snapshot_err(e: impl Into<SnapshotError>) -> Error {
-    Error::Snapshot(e.into())
-}
-
-/// Removes what an unfinished attempt may have left: its multipart upload (by the id recorded
-/// in the status; its parts are not objects and would stay in the bucket) and the temporary
-/// object or staged files. An abort the store refuses is said in a Warning Event and not
-/// retried (see [`AbortOutcome::Refused`]): the snapshot goes on.
-async fn discard_attempt(
-    ctx: &Context,
-    snap: &SandboxSnapshot,
-    store: &Store,
-    keys: &SnapshotKeys,
-    upload_id: Option<&str>,
-) -> Result<(), StoreError> {
-    if let Some(id) = upload_id
-        && let AbortOutcome::Refused(why) = store.abort_upload(keys, id).await?
-    {
-        let msg = format!(
-            "the store refused to abort multipart upload {id} of {}: {why}; if that upload \
-             still exists, its parts stay in the bucket until removed (a lifecycle rule with \
-             AbortIncompleteMultipartUpload removes them)",
-            keys.object
-        );
-        warn!(snapshot = %snap.name_any(), "{msg}");
-        crate::controller::context::publish(
-            ctx,
-            snap,
-            EventType::Warning,
-            "UploadAbortRefused",
-            "Cleanup",
-            &msg,
-        )
-        .await;
-    }
-    store.delete_temp(keys).await
 }
 
 /// Deleting a snapshot: with `Delete`, its objects go first; with `Retain`, only what an

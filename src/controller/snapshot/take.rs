@@ -17,10 +17,10 @@ use kube::runtime::events::EventType;
 use object_store::MultipartId;
 use tracing::{info, warn};
 
+use super::decide::MAX_ATTEMPTS;
 use super::decide::retention_victims;
-use super::{
-    InFlight, LAST_SNAPSHOT_MANAGER, MAX_ATTEMPTS, discard_attempt, set_committed, snapshot_err,
-    write_failure,
+use super::write::{
+    InFlight, LAST_SNAPSHOT_MANAGER, discard_attempt, set_committed, snapshot_err, write_failure,
 };
 use crate::controller::context::{Context, Error, scope_guard};
 use crate::controller::pod::CONTAINER;
