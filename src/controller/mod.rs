@@ -26,6 +26,7 @@ pub mod sources;
 pub mod sweep;
 pub mod template;
 pub mod validate;
+pub mod wake;
 pub mod warm_shells;
 pub mod watch;
 pub mod workspace;
@@ -39,7 +40,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use rand::Rng;
@@ -231,59 +232,13 @@ async fn run_sandboxes(
         scoped::<Sandbox>(&ctx.client, &ns),
         watcher::Config::default(),
     );
-    // A scope's guard Lease changing holder updates the Guarded condition of the sandboxes of
-    // that scope (renewals keep the holder, so they cost no status write).
-    let sandbox_store = controller.store();
     let counted = controller.store();
     ctx.metrics.count_phases_from(Box::new(move || {
         counted.state().iter().map(|s| counted_phase(s)).collect()
     }));
-    let guard_to_sandboxes = move |lease: Lease| {
-        let key = lease.labels().get(labels::SCOPE_KEY).cloned();
-        let ns = lease.namespace();
-        sandbox_store
-            .state()
-            .into_iter()
-            .filter(|s| {
-                key.is_some()
-                    && s.labels().get(labels::SCOPE_KEY) == key.as_ref()
-                    && s.namespace() == ns
-            })
-            .map(|s| ObjectRef::from_obj(s.as_ref()))
-            .collect::<Vec<_>>()
-    };
-    // A template created or edited brings back the sandboxes that name it (one waiting for
-    // it starts; the others keep their pods, see `template`).
-    let template_store = controller.store();
-    let template_to_sandboxes = move |t: SandboxTemplate| {
-        let (name, ns) = (t.name_any(), t.namespace());
-        template_store
-            .state()
-            .into_iter()
-            .filter(|s| {
-                s.namespace() == ns && s.spec.template_ref.as_ref().is_some_and(|r| r.name == name)
-            })
-            .map(|s| ObjectRef::from_obj(s.as_ref()))
-            .collect::<Vec<_>>()
-    };
-    // A snapshot created, changed or deleted brings back the sandboxes whose start it may
-    // decide (see `sandbox::snapshot_concerns`), so that a refused restore is judged again at
-    // once, not at the next slow poll.
-    let snapshot_store = controller.store();
-    let snapshot_to_sandboxes = move |snap: SandboxSnapshot| {
-        let (name, ns) = (snap.name_any(), snap.namespace());
-        let key = snap
-            .labels()
-            .get(labels::SCOPE_KEY)
-            .cloned()
-            .or_else(|| snap.status.as_ref().and_then(|s| s.scope_key.clone()));
-        snapshot_store
-            .state()
-            .into_iter()
-            .filter(|s| s.namespace() == ns && sandbox::snapshot_concerns(s, &name, key.as_deref()))
-            .map(|s| ObjectRef::from_obj(s.as_ref()))
-            .collect::<Vec<_>>()
-    };
+    let guard_to_sandboxes = wake::by_scope(controller.store());
+    let template_to_sandboxes = wake::by_template(controller.store());
+    let snapshot_to_sandboxes = wake::by_snapshot(controller.store());
     // A pod of a Sandbox that is gone already, seen being deleted (the garbage collector
     // after a Sandbox deleted before its finalizer was on: see `sandbox::reconcile`), leaves
     // its directory to the sweep, once per pod.

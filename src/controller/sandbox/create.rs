@@ -12,11 +12,12 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use tracing::{debug, info};
 
-use super::act::Act;
 use super::claim;
 use super::decide::{self, Stamp};
+use super::hands::Hands;
 use super::observe::World;
 use super::serve::{Adopted, Found, Seen};
+use super::{lost, serve};
 use crate::controller::context::{Error, FIELD_MANAGER, Note};
 use crate::controller::{placement, pod, podstate, restore_source, runtime, sources};
 use agentbox_api::crd::SandboxStatus;
@@ -26,186 +27,182 @@ use agentbox_api::guard::LeaseView;
 /// watched).
 const RUNTIME_CLASS_POLL: Duration = Duration::from_secs(30);
 
-impl Act<'_> {
-    /// No pod: checks the sources the environment names, then adopts a warm pod when this
-    /// start may ([`decide::may_claim`]) and one fits, and serves it at once; else pins the
-    /// pod to the workspace's node if it still exists, and applies the pod.
-    pub(super) async fn create_pod(
-        &self,
-        world: &World,
-        mut st: SandboxStatus,
-        requeue: Option<Duration>,
-    ) -> Result<Action, Error> {
-        let old = &world.old;
-        self.check_sources(old, &mut st).await?;
-        if decide::may_claim(self.sbx, old)
-            && let Some((pod, adopted)) = self.claim_warm().await?
-        {
-            debug!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
-            decide::serving(self.sbx, &mut st, &pod, world.template.as_ref());
-            let found = Found {
-                state: podstate::observe_pod(&pod),
-                pod: &pod,
-                guard: &LeaseView::of(world.lease.as_ref(), world.now),
-                adopted: Some(adopted),
-            };
-            let seen = Seen {
-                old,
-                status: st,
-                now: world.now,
-            };
-            return self.serve(found, seen, requeue).await;
-        }
-        if let Some(wait) = self.check_runtime_class(old, &mut st).await? {
-            return Ok(Action::requeue(wait));
-        }
-        let pin = self.pin(&mut st).await?;
-        self.apply_pod(world, st, pin).await
-    }
-
-    /// The kubelet reads what the environment names on the operator's word: only objects
-    /// that opted in, checked before each pod is made (a running pod keeps what it got). A
-    /// source missing or not readable is recorded before its error goes back.
-    async fn check_sources(
-        &self,
-        old: &SandboxStatus,
-        st: &mut SandboxStatus,
-    ) -> Result<(), Error> {
-        let Err(e) = sources::check_env(self.sbx, self.ctx).await else {
-            return Ok(());
+/// No pod: checks the sources the environment names, then adopts a warm pod when this
+/// start may ([`decide::may_claim`]) and one fits, and serves it at once; else pins the
+/// pod to the workspace's node if it still exists, and applies the pod.
+pub(super) async fn create_pod(
+    h: &Hands<'_>,
+    world: &World,
+    mut st: SandboxStatus,
+    requeue: Option<Duration>,
+) -> Result<Action, Error> {
+    let old = &world.old;
+    check_sources(h, old, &mut st).await?;
+    if decide::may_claim(h.sbx, old)
+        && let Some((pod, adopted)) = claim_warm(h).await?
+    {
+        debug!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
+        decide::serving(h.sbx, &mut st, &pod, world.template.as_ref());
+        let found = Found {
+            state: podstate::observe_pod(&pod),
+            pod: &pod,
+            guard: &LeaseView::of(world.lease.as_ref(), world.now),
+            adopted: Some(adopted),
         };
-        if let Error::SourceMissing(_) | Error::SourceNotReadable(_) = e {
-            let (reason, message) = e.reason_and_message();
-            let generation = self.sbx.metadata.generation;
-            let stamp = Stamp {
-                generation,
-                now: Timestamp::now(),
-            };
-            let note = decide::held(st, reason, &message, stamp);
-            self.writer().transition(old, st, Some(note)).await?;
-        }
-        Err(e)
-    }
-
-    /// Adopts a warm pod that fits, if one does: the pod as the adopting write returned it,
-    /// with the restore's snapshot lookup (made beside the adopting write, as it needs no pod:
-    /// one read wasted when no warm pod is taken) and the shell its pool left open in it.
-    async fn claim_warm(&self) -> Result<Option<(Box<Pod>, Adopted)>, Error> {
-        let started = Instant::now();
-        let ((claimed, patched), (lookup, looked)) = tokio::join!(
-            async {
-                let pods = &self.apis.pods;
-                let claimed = claim::claim(self.sbx, self.ctx, pods, self.podcfg).await;
-                (claimed, started.elapsed())
-            },
-            async {
-                let lookup = restore_source::candidate(self.ctx, self.sbx).await;
-                (lookup, started.elapsed())
-            }
-        );
-        // Which of the two the start waited for (a profile's question).
-        debug!(sandbox = %self.sbx.name_any(), "claim answered at {patched:?}, restore lookup at {looked:?}");
-        let claimed = claimed?;
-        self.ctx
-            .metrics
-            .claimed(claimed.result(), started.elapsed());
-        Ok(match claimed {
-            claim::Claim::Adopted(pod, shell) => Some((pod, Adopted { lookup, shell })),
-            claim::Claim::Miss { .. } => None,
-        })
-    }
-
-    /// A runtime class that does not exist would leave the pod refused (or, where the API
-    /// server does not check, Pending for ever): said at once, and looked at again after the
-    /// returned wait.
-    async fn check_runtime_class(
-        &self,
-        old: &SandboxStatus,
-        st: &mut SandboxStatus,
-    ) -> Result<Option<Duration>, Error> {
-        let Some(rc) = runtime::effective(&self.sbx.spec, self.podcfg.default_runtime_class) else {
-            return Ok(None);
+        let seen = Seen {
+            old,
+            status: st,
+            now: world.now,
         };
-        let classes: Api<RuntimeClass> = Api::all(self.ctx.client.clone());
-        match classes.get_opt(rc).await {
-            Ok(Some(_)) => decide::clear_stall(st, runtime::NOT_FOUND),
-            Ok(None) => {
-                let generation = self.sbx.metadata.generation;
-                let note = decide::runtime_class_missing(st, rc, generation, Timestamp::now());
-                self.writer().transition(old, st, Some(note)).await?;
-                return Ok(Some(RUNTIME_CLASS_POLL));
-            }
-            // An operator without the right to read RuntimeClasses: the API server's own
-            // refusal of the pod (PodRejected) says it instead.
-            Err(kube::Error::Api(s)) if s.code == 403 => {}
-            Err(e) => return Err(e.into()),
-        }
-        Ok(None)
+        return serve::serve(h, found, seen, requeue).await;
     }
+    if let Some(wait) = check_runtime_class(h, old, &mut st).await? {
+        return Ok(Action::requeue(wait));
+    }
+    let pin = lost::pin(h, &mut st).await?;
+    apply_pod(h, world, st, pin).await
+}
 
-    /// Applies the sandbox's own pod, on `pin`'s node if any, mounting the workspace's
-    /// directory (kept across a suspend or a pod's loss; the derived one when there is none).
-    async fn apply_pod(
-        &self,
-        world: &World,
-        mut st: SandboxStatus,
-        pin: Option<String>,
-    ) -> Result<Action, Error> {
-        let (sbx, old) = (self.sbx, &world.old);
-        let (generation, now) = (sbx.metadata.generation, Timestamp::now());
-        // A pod the operator makes has the derived name, whatever pod the sandbox had before.
-        let pod_name = placement::derived_pod_name(sbx);
-        let dir = placement::recorded_in(&st)
-            .unwrap_or_else(|| placement::derived_host_dir(sbx, self.podcfg.node_root));
-        let uid = sbx.uid().unwrap_or_default();
-        if let Some(cache) = self.ctx.cache.as_ref()
-            && world.pod.is_none()
-            && placement::recorded_pod_name(sbx).is_none()
-            && self.apis.pods.get_opt(&pod_name).await?.is_some()
-        {
-            // The first start's lookup came from the cache of the operator's pods: a pod of
-            // this name that is not one of them (someone else's) is read from the API server
-            // on the next look, which reports the conflict instead of writing over it.
-            cache.own_pods.wrote(&uid, &pod_name, Instant::now());
-            return Ok(Action::requeue(Duration::ZERO));
-        }
-        let desired = pod::build_pod_in(sbx, self.podcfg, &dir, pin.as_deref());
-        let pp = PatchParams::apply(FIELD_MANAGER).force();
-        let created = self
-            .apis
-            .pods
-            .patch(&pod_name, &pp, &Patch::Apply(&desired))
-            .await;
-        if let Err(kube::Error::Api(s)) = &created
-            && matches!(s.code, 400 | 403 | 422)
-        {
-            // Refused by the API server: an unknown RuntimeClass, a policy (Pod Security
-            // admission, a quota), a field it rejects. Say so instead of retrying blindly.
-            let msg = format!("the API server refused the sandbox pod: {}", s.message);
-            let note = decide::held(&mut st, "PodRejected", &msg, Stamp { generation, now });
-            self.writer().transition(old, &st, Some(note)).await?;
-            return Ok(Action::requeue(Duration::from_secs(60)));
-        }
-        created?;
-        if let Some(cache) = self.ctx.cache.as_ref() {
-            cache.own_pods.wrote(&uid, &pod_name, Instant::now());
-        }
-        let msg = match &pin {
-            Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
-            None => format!("created pod {pod_name}"),
+/// The kubelet reads what the environment names on the operator's word: only objects
+/// that opted in, checked before each pod is made (a running pod keeps what it got). A
+/// source missing or not readable is recorded before its error goes back.
+async fn check_sources(
+    h: &Hands<'_>,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+) -> Result<(), Error> {
+    let Err(e) = sources::check_env(h.sbx, h.ctx).await else {
+        return Ok(());
+    };
+    if let Error::SourceMissing(_) | Error::SourceNotReadable(_) = e {
+        let (reason, message) = e.reason_and_message();
+        let generation = h.sbx.metadata.generation;
+        let stamp = Stamp {
+            generation,
+            now: Timestamp::now(),
         };
-        // The reconcile span names the sandbox and its namespace.
-        info!("{msg}");
-        let note = Note {
-            type_: kube::runtime::events::EventType::Normal,
-            reason: "PodCreated".into(),
-            action: "CreatePod",
-            message: msg,
-        };
-        self.writer().publish(Some(note)).await;
-        if decide::pod_created(old, &mut st, &pod_name, Stamp { generation, now }) {
-            self.writer().status(&st).await?;
-        }
-        Ok(Action::requeue(Duration::from_secs(10)))
+        let note = decide::held(st, reason, &message, stamp);
+        h.writer().transition(old, st, Some(note)).await?;
     }
+    Err(e)
+}
+
+/// Adopts a warm pod that fits, if one does: the pod as the adopting write returned it,
+/// with the restore's snapshot lookup (made beside the adopting write, as it needs no pod:
+/// one read wasted when no warm pod is taken) and the shell its pool left open in it.
+async fn claim_warm(h: &Hands<'_>) -> Result<Option<(Box<Pod>, Adopted)>, Error> {
+    let started = Instant::now();
+    let ((claimed, patched), (lookup, looked)) = tokio::join!(
+        async {
+            let pods = &h.apis.pods;
+            let claimed = claim::claim(h.sbx, h.ctx, pods, h.podcfg).await;
+            (claimed, started.elapsed())
+        },
+        async {
+            let lookup = restore_source::candidate(h.ctx, h.sbx).await;
+            (lookup, started.elapsed())
+        }
+    );
+    // Which of the two the start waited for (a profile's question).
+    debug!(sandbox = %h.sbx.name_any(), "claim answered at {patched:?}, restore lookup at {looked:?}");
+    let claimed = claimed?;
+    h.ctx.metrics.claimed(claimed.result(), started.elapsed());
+    Ok(match claimed {
+        claim::Claim::Adopted(pod, shell) => Some((pod, Adopted { lookup, shell })),
+        claim::Claim::Miss { .. } => None,
+    })
+}
+
+/// A runtime class that does not exist would leave the pod refused (or, where the API
+/// server does not check, Pending for ever): said at once, and looked at again after the
+/// returned wait.
+async fn check_runtime_class(
+    h: &Hands<'_>,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+) -> Result<Option<Duration>, Error> {
+    let Some(rc) = runtime::effective(&h.sbx.spec, h.podcfg.default_runtime_class) else {
+        return Ok(None);
+    };
+    let classes: Api<RuntimeClass> = Api::all(h.ctx.client.clone());
+    match classes.get_opt(rc).await {
+        Ok(Some(_)) => decide::clear_stall(st, runtime::NOT_FOUND),
+        Ok(None) => {
+            let generation = h.sbx.metadata.generation;
+            let note = decide::runtime_class_missing(st, rc, generation, Timestamp::now());
+            h.writer().transition(old, st, Some(note)).await?;
+            return Ok(Some(RUNTIME_CLASS_POLL));
+        }
+        // An operator without the right to read RuntimeClasses: the API server's own
+        // refusal of the pod (PodRejected) says it instead.
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(None)
+}
+
+/// Applies the sandbox's own pod, on `pin`'s node if any, mounting the workspace's
+/// directory (kept across a suspend or a pod's loss; the derived one when there is none).
+async fn apply_pod(
+    h: &Hands<'_>,
+    world: &World,
+    mut st: SandboxStatus,
+    pin: Option<String>,
+) -> Result<Action, Error> {
+    let (sbx, old) = (h.sbx, &world.old);
+    let (generation, now) = (sbx.metadata.generation, Timestamp::now());
+    // A pod the operator makes has the derived name, whatever pod the sandbox had before.
+    let pod_name = placement::derived_pod_name(sbx);
+    let dir = placement::recorded_in(&st)
+        .unwrap_or_else(|| placement::derived_host_dir(sbx, h.podcfg.node_root));
+    let uid = sbx.uid().unwrap_or_default();
+    if let Some(cache) = h.ctx.cache.as_ref()
+        && world.pod.is_none()
+        && placement::recorded_pod_name(sbx).is_none()
+        && h.apis.pods.get_opt(&pod_name).await?.is_some()
+    {
+        // The first start's lookup came from the cache of the operator's pods: a pod of
+        // this name that is not one of them (someone else's) is read from the API server
+        // on the next look, which reports the conflict instead of writing over it.
+        cache.own_pods.wrote(&uid, &pod_name, Instant::now());
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    let desired = pod::build_pod_in(sbx, h.podcfg, &dir, pin.as_deref());
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let created = h
+        .apis
+        .pods
+        .patch(&pod_name, &pp, &Patch::Apply(&desired))
+        .await;
+    if let Err(kube::Error::Api(s)) = &created
+        && matches!(s.code, 400 | 403 | 422)
+    {
+        // Refused by the API server: an unknown RuntimeClass, a policy (Pod Security
+        // admission, a quota), a field it rejects. Say so instead of retrying blindly.
+        let msg = format!("the API server refused the sandbox pod: {}", s.message);
+        let note = decide::held(&mut st, "PodRejected", &msg, Stamp { generation, now });
+        h.writer().transition(old, &st, Some(note)).await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+    created?;
+    if let Some(cache) = h.ctx.cache.as_ref() {
+        cache.own_pods.wrote(&uid, &pod_name, Instant::now());
+    }
+    let msg = match &pin {
+        Some(n) => format!("created pod {pod_name} on node {n}, where the workspace is"),
+        None => format!("created pod {pod_name}"),
+    };
+    // The reconcile span names the sandbox and its namespace.
+    info!("{msg}");
+    let note = Note {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: "PodCreated".into(),
+        action: "CreatePod",
+        message: msg,
+    };
+    h.writer().publish(Some(note)).await;
+    if decide::pod_created(old, &mut st, &pod_name, Stamp { generation, now }) {
+        h.writer().status(&st).await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(10)))
 }

@@ -15,6 +15,7 @@ pub mod claim;
 mod cleanup;
 mod create;
 pub mod decide;
+mod hands;
 pub mod idle;
 mod init;
 mod lost;
@@ -177,13 +178,13 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
     let podcfg = PodConfig::from_config(&ctx.config);
     let world = observe::observe(&sbx, &ctx, &podcfg, template, reads?).await?;
     let plan = decide::decide(&sbx, &world);
-    let hands = act::Act {
+    let hands = hands::Hands {
         sbx: &sbx,
         ctx: &ctx,
         apis: &apis,
         podcfg: &podcfg,
     };
-    hands.act(world, plan).await
+    act::act(&hands, world, plan).await
 }
 
 #[cfg(test)]

@@ -10,10 +10,11 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::{debug, info};
 
-use super::act::Act;
 use super::decide::{self, Init, Serving, Stamp};
+use super::hands::Hands;
 use super::idle::{self, Idle};
 use super::observe::World;
+use super::suspend;
 use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
@@ -61,264 +62,260 @@ fn sooner(requeue: Option<Duration>, d: Duration) -> Option<Duration> {
     Some(requeue.map_or(d, |r| r.min(d)))
 }
 
-impl Act<'_> {
-    /// The serve step on the pod that observe found: a second pod of the sandbox goes, the
-    /// directories on nodes that came back are removed, then [`Act::serve`].
-    pub(super) async fn serve_found(
-        &self,
-        world: &World,
-        mut status: SandboxStatus,
-        mut requeue: Option<Duration>,
-    ) -> Result<Action, Error> {
-        let Some(pod) = world.pod.as_ref() else {
-            return Ok(Action::requeue(Duration::from_secs(1)));
-        };
-        self.second_pods(pod, &world.old).await?;
-        if !status.abandoned.is_empty()
-            && let Some(d) =
-                abandoned::sweep(self.sbx, self.ctx, self.apis, &mut status, false).await?
+/// The serve step on the pod that observe found: a second pod of the sandbox goes, the
+/// directories on nodes that came back are removed, then [`Act::serve`].
+pub(super) async fn serve_found(
+    h: &Hands<'_>,
+    world: &World,
+    mut status: SandboxStatus,
+    mut requeue: Option<Duration>,
+) -> Result<Action, Error> {
+    let Some(pod) = world.pod.as_ref() else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    second_pods(h, pod, &world.old).await?;
+    if !status.abandoned.is_empty()
+        && let Some(d) = abandoned::sweep(h.sbx, h.ctx, h.apis, &mut status, false).await?
+    {
+        requeue = sooner(requeue, d);
+    }
+    let found = Found {
+        pod,
+        state: world.pod_state.clone(),
+        guard: &LeaseView::of(world.lease.as_ref(), world.now),
+        adopted: None,
+    };
+    let seen = Seen {
+        old: &world.old,
+        status,
+        now: world.now,
+    };
+    serve(h, found, seen, requeue).await
+}
+
+/// Serves `found`: the node's workspace directory checked, the workspace initialised when
+/// the container runs (or may already answer exec), the idle clock kept, the status
+/// written once (not before [`decide::defer_first_status`] allows), Ready recorded.
+pub(super) async fn serve(
+    h: &Hands<'_>,
+    found: Found<'_>,
+    seen: Seen<'_>,
+    mut requeue: Option<Duration>,
+) -> Result<Action, Error> {
+    let Seen {
+        old,
+        status: mut st,
+        now,
+    } = seen;
+    let (sbx, pod) = (h.sbx, found.pod);
+    let was_adopted = found.adopted.is_some();
+    if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+        if let Some(wait) = node_root(h, &node, old, &mut st, now).await? {
+            requeue = sooner(requeue, wait);
+        }
+        st.node_name = Some(node);
+    }
+    let serving = serving(h, pod, found.state, now);
+    let (init, error) = initialise(h, &serving, pod, &st, found.adopted).await;
+    let stamp = Stamp {
+        generation: sbx.metadata.generation,
+        now,
+    };
+    let out = decide::served(old, &mut st, &serving, init, stamp);
+    if let (Some(note), Some(e)) = (out.failed, error) {
+        h.writer().transition(old, &st, Some(note)).await?;
+        return Err(e);
+    }
+    if let Some(retry) = out.retry {
+        requeue = sooner(requeue, retry);
+    }
+    h.writer().publish(out.problem).await;
+    let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
+    if idleness != Idle::Off {
+        debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
+    }
+    match idleness {
+        Idle::Suspend => return suspend::idle_suspend(h, st).await,
+        Idle::Wait(d) | Idle::Busy(Some(d)) => requeue = sooner(requeue, d),
+        Idle::Busy(None) | Idle::Off => {}
+    }
+    if let Some(wait) = decide::defer_first_status(old.phase, out.starting, serving.age) {
+        return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
+    }
+    if old != &st {
+        h.writer().status(&st).await?;
+    }
+    if out.started.is_some() {
+        record_ready(&h.ctx.metrics, sbx, pod, old, &st);
+    }
+    if decide::announce_start(was_adopted, &st) {
+        h.writer().publish(out.started).await;
+    }
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// What `pod` looks like to the serve step. The kubelet reports a started container on
+/// its next relist, up to a second later; exec reaches the container runtime directly. So
+/// a bound pod whose container answers exec is initialised and served at once instead of
+/// after that report.
+fn serving(h: &Hands<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving {
+    let problem_for = match &state {
+        PodState::Problem { reason, .. } => podstate::problem_since(pod, reason)
+            .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or_default()),
+        _ => None,
+    };
+    Serving {
+        early: state == PodState::Starting && may_answer_exec(pod),
+        state,
+        age: pod_age(pod, now),
+        uid: pod.uid().unwrap_or_default(),
+        problem_for,
+        stall_grace: Duration::from_secs(h.ctx.config.stall_grace_seconds),
+    }
+}
+
+/// Initialises the workspace in `pod` when the serve step does and it was not initialised
+/// in this pod yet: the [`Init`] outcome, and the error to report when it failed. The
+/// operator's own record of a permanent refusal follows (it outlives a status that could
+/// not keep it).
+async fn initialise(
+    h: &Hands<'_>,
+    serving: &Serving,
+    pod: &Pod,
+    st: &SandboxStatus,
+    adopted: Option<Adopted>,
+) -> (Init, Option<Error>) {
+    if !serving.initialises() || podstate::initialised_in(st, pod) {
+        return (Init::Skipped, None);
+    }
+    let ws = st.workspace.clone().unwrap_or_default();
+    // An adopted warm pod's directory has no marker, and its pool left a shell open in
+    // it for this start's command.
+    let (marker, shell) = match adopted {
+        Some(a) => (init::Marker::Absent(a.lookup), a.shell),
+        None => (init::Marker::Probe, None),
+    };
+    let start = init::Start {
+        ws: &ws,
+        marker,
+        shell: shell.as_deref(),
+    };
+    let pod_name = pod.name_any();
+    let result = init::init_workspace(h.sbx, h.ctx, &h.apis.pods, &pod_name, start).await;
+    // The shell's stdin closes and it exits: nothing of the pool's stays in the pod.
+    drop(shell);
+    let (init, error) = outcome(h.sbx, &h.ctx.metrics, serving, result);
+    let uid = h.sbx.uid().unwrap_or_default();
+    match &init {
+        Init::Ran { .. } => h.ctx.refusals.set(&uid, None),
+        Init::Failed {
+            refusal: Some(r), ..
+        } => h.ctx.refusals.set(&uid, Some(r)),
+        Init::Failed { .. } | Init::Skipped | Init::NotAnswering => {}
+    }
+    (init, error)
+}
+
+/// Deletes the pods of the sandbox other than `served`, the one its status names: two
+/// operators starting the same sandbox at once (a leader change) can each adopt a warm
+/// pod, or one adopt and the other make the cold pod, before either sees the other's
+/// write; the status names one, and the other would run until the Sandbox goes. Found in
+/// the pod cache (labelled for the sandbox, controlled by it, not being deleted); each
+/// deletion is conditioned on the pod's UID. Nothing while the status does not name
+/// `served` yet.
+async fn second_pods(h: &Hands<'_>, served: &Pod, old: &SandboxStatus) -> Result<(), Error> {
+    let (sbx, ctx) = (h.sbx, h.ctx);
+    let name = served.name_any();
+    if ctx.cache.is_none() || old.pod_name.as_deref() != Some(name.as_str()) {
+        return Ok(());
+    }
+    let label = labels::sandbox_label_value(&sbx.name_any());
+    let ns = sbx.namespace();
+    let others: Vec<std::sync::Arc<Pod>> = ctx
+        .pods
+        .state()
+        .into_iter()
+        .filter(|p| {
+            p.namespace() == ns
+                && p.name_any() != name
+                && p.metadata.deletion_timestamp.is_none()
+                && p.labels().get(labels::SANDBOX) == Some(&label)
+                && placement::controlled_by(p, sbx)
+        })
+        .collect();
+    for other in others {
+        info!(pod = %other.name_any(), "deleting a second pod of the sandbox (its status names {name})");
+        delete_by_uid(&h.apis.pods, &other.name_any(), other.uid(), None).await?;
+        // Its directory is no Sandbox's: the sweep's, once the pod has stopped.
+        let node = other.spec.as_ref().and_then(|s| s.node_name.clone());
+        let dir = placement::pod_host_dir(&other);
+        if let (Some(node), Some(dir), Some(ns)) = (node, dir, other.namespace())
+            && placement::recorded_host_dir(sbx).as_deref() != Some(dir.as_str())
+            && let Some(entry) = placement::dir_name(&dir, &ctx.config.node_root, &ns)
         {
-            requeue = sooner(requeue, d);
-        }
-        let found = Found {
-            pod,
-            state: world.pod_state.clone(),
-            guard: &LeaseView::of(world.lease.as_ref(), world.now),
-            adopted: None,
-        };
-        let seen = Seen {
-            old: &world.old,
-            status,
-            now: world.now,
-        };
-        self.serve(found, seen, requeue).await
-    }
-
-    /// Serves `found`: the node's workspace directory checked, the workspace initialised when
-    /// the container runs (or may already answer exec), the idle clock kept, the status
-    /// written once (not before [`decide::defer_first_status`] allows), Ready recorded.
-    pub(super) async fn serve(
-        &self,
-        found: Found<'_>,
-        seen: Seen<'_>,
-        mut requeue: Option<Duration>,
-    ) -> Result<Action, Error> {
-        let Seen {
-            old,
-            status: mut st,
-            now,
-        } = seen;
-        let (sbx, pod) = (self.sbx, found.pod);
-        let was_adopted = found.adopted.is_some();
-        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-            if let Some(wait) = self.node_root(&node, old, &mut st, now).await? {
-                requeue = sooner(requeue, wait);
-            }
-            st.node_name = Some(node);
-        }
-        let serving = self.serving(pod, found.state, now);
-        let (init, error) = self.initialise(&serving, pod, &st, found.adopted).await;
-        let stamp = Stamp {
-            generation: sbx.metadata.generation,
-            now,
-        };
-        let out = decide::served(old, &mut st, &serving, init, stamp);
-        if let (Some(note), Some(e)) = (out.failed, error) {
-            self.writer().transition(old, &st, Some(note)).await?;
-            return Err(e);
-        }
-        if let Some(retry) = out.retry {
-            requeue = sooner(requeue, retry);
-        }
-        self.writer().publish(out.problem).await;
-        let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
-        if idleness != Idle::Off {
-            debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
-        }
-        match idleness {
-            Idle::Suspend => return self.idle_suspend(st).await,
-            Idle::Wait(d) | Idle::Busy(Some(d)) => requeue = sooner(requeue, d),
-            Idle::Busy(None) | Idle::Off => {}
-        }
-        if let Some(wait) = decide::defer_first_status(old.phase, out.starting, serving.age) {
-            return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
-        }
-        if old != &st {
-            self.writer().status(&st).await?;
-        }
-        if out.started.is_some() {
-            record_ready(&self.ctx.metrics, sbx, pod, old, &st);
-        }
-        if decide::announce_start(was_adopted, &st) {
-            self.writer().publish(out.started).await;
-        }
-        Ok(requeue.map_or_else(Action::await_change, Action::requeue))
-    }
-
-    /// What `pod` looks like to the serve step. The kubelet reports a started container on
-    /// its next relist, up to a second later; exec reaches the container runtime directly. So
-    /// a bound pod whose container answers exec is initialised and served at once instead of
-    /// after that report.
-    fn serving(&self, pod: &Pod, state: PodState, now: Timestamp) -> Serving {
-        let problem_for = match &state {
-            PodState::Problem { reason, .. } => podstate::problem_since(pod, reason)
-                .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or_default()),
-            _ => None,
-        };
-        Serving {
-            early: state == PodState::Starting && may_answer_exec(pod),
-            state,
-            age: pod_age(pod, now),
-            uid: pod.uid().unwrap_or_default(),
-            problem_for,
-            stall_grace: Duration::from_secs(self.ctx.config.stall_grace_seconds),
+            ctx.sweep.add(crate::controller::memory::Hint {
+                node,
+                namespace: ns.clone(),
+                dir: entry.to_string(),
+            });
         }
     }
+    Ok(())
+}
 
-    /// Initialises the workspace in `pod` when the serve step does and it was not initialised
-    /// in this pod yet: the [`Init`] outcome, and the error to report when it failed. The
-    /// operator's own record of a permanent refusal follows (it outlives a status that could
-    /// not keep it).
-    async fn initialise(
-        &self,
-        serving: &Serving,
-        pod: &Pod,
-        st: &SandboxStatus,
-        adopted: Option<Adopted>,
-    ) -> (Init, Option<Error>) {
-        if !serving.initialises() || podstate::initialised_in(st, pod) {
-            return (Init::Skipped, None);
-        }
-        let ws = st.workspace.clone().unwrap_or_default();
-        // An adopted warm pod's directory has no marker, and its pool left a shell open in
-        // it for this start's command.
-        let (marker, shell) = match adopted {
-            Some(a) => (init::Marker::Absent(a.lookup), a.shell),
-            None => (init::Marker::Probe, None),
-        };
-        let start = init::Start {
-            ws: &ws,
-            marker,
-            shell: shell.as_deref(),
-        };
-        let pod_name = pod.name_any();
-        let result =
-            init::init_workspace(self.sbx, self.ctx, &self.apis.pods, &pod_name, start).await;
-        // The shell's stdin closes and it exits: nothing of the pool's stays in the pod.
-        drop(shell);
-        let (init, error) = outcome(self.sbx, &self.ctx.metrics, serving, result);
-        let uid = self.sbx.uid().unwrap_or_default();
-        match &init {
-            Init::Ran { .. } => self.ctx.refusals.set(&uid, None),
-            Init::Failed {
-                refusal: Some(r), ..
-            } => self.ctx.refusals.set(&uid, Some(r)),
-            Init::Failed { .. } | Init::Skipped | Init::NotAnswering => {}
-        }
-        (init, error)
-    }
-
-    /// Deletes the pods of the sandbox other than `served`, the one its status names: two
-    /// operators starting the same sandbox at once (a leader change) can each adopt a warm
-    /// pod, or one adopt and the other make the cold pod, before either sees the other's
-    /// write; the status names one, and the other would run until the Sandbox goes. Found in
-    /// the pod cache (labelled for the sandbox, controlled by it, not being deleted); each
-    /// deletion is conditioned on the pod's UID. Nothing while the status does not name
-    /// `served` yet.
-    async fn second_pods(&self, served: &Pod, old: &SandboxStatus) -> Result<(), Error> {
-        let (sbx, ctx) = (self.sbx, self.ctx);
-        let name = served.name_any();
-        if ctx.cache.is_none() || old.pod_name.as_deref() != Some(name.as_str()) {
-            return Ok(());
-        }
-        let label = labels::sandbox_label_value(&sbx.name_any());
-        let ns = sbx.namespace();
-        let others: Vec<std::sync::Arc<Pod>> = ctx
-            .pods
-            .state()
-            .into_iter()
-            .filter(|p| {
-                p.namespace() == ns
-                    && p.name_any() != name
-                    && p.metadata.deletion_timestamp.is_none()
-                    && p.labels().get(labels::SANDBOX) == Some(&label)
-                    && placement::controlled_by(p, sbx)
-            })
-            .collect();
-        for other in others {
-            info!(pod = %other.name_any(), "deleting a second pod of the sandbox (its status names {name})");
-            delete_by_uid(&self.apis.pods, &other.name_any(), other.uid(), None).await?;
-            // Its directory is no Sandbox's: the sweep's, once the pod has stopped.
-            let node = other.spec.as_ref().and_then(|s| s.node_name.clone());
-            let dir = placement::pod_host_dir(&other);
-            if let (Some(node), Some(dir), Some(ns)) = (node, dir, other.namespace())
-                && placement::recorded_host_dir(sbx).as_deref() != Some(dir.as_str())
-                && let Some(entry) = placement::dir_name(&dir, &ctx.config.node_root, &ns)
-            {
-                ctx.sweep.add(crate::controller::memory::Hint {
-                    node,
-                    namespace: ns.clone(),
-                    dir: entry.to_string(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Sets the [`noderoot::CONDITION`] of a sandbox on `node`: from this process's record of
-    /// the namespace's directory there, else by starting (or reading, then deleting) the
-    /// helper pod that prepares it. Returns when to look again while that pod runs. A Warning
-    /// Event goes out when the condition turns False.
-    async fn node_root(
-        &self,
-        node: &str,
-        old: &SandboxStatus,
-        st: &mut SandboxStatus,
-        now: Timestamp,
-    ) -> Result<Option<Duration>, Error> {
-        let (sbx, ctx, podcfg) = (self.sbx, self.ctx, self.podcfg);
-        let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
-        let dir = pod::namespace_host_path(podcfg.node_root, &ns);
-        let found = match ctx.node_roots.get(node, &ns, Instant::now()) {
+/// Sets the [`noderoot::CONDITION`] of a sandbox on `node`: from this process's record of
+/// the namespace's directory there, else by starting (or reading, then deleting) the
+/// helper pod that prepares it. Returns when to look again while that pod runs. A Warning
+/// Event goes out when the condition turns False.
+async fn node_root(
+    h: &Hands<'_>,
+    node: &str,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+    now: Timestamp,
+) -> Result<Option<Duration>, Error> {
+    let (sbx, ctx, podcfg) = (h.sbx, h.ctx, h.podcfg);
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let dir = pod::namespace_host_path(podcfg.node_root, &ns);
+    let found = match ctx.node_roots.get(node, &ns, Instant::now()) {
+        Some(found) => Some(found),
+        None if podcfg.helper.is_none() => None,
+        None => match noderoot::prepare(ctx, &h.apis.pods, &ns, node, || {
+            helper_pod::build_prepare_pod(sbx, podcfg, node)
+        })
+        .await?
+        {
             Some(found) => Some(found),
-            None if podcfg.helper.is_none() => None,
-            None => match noderoot::prepare(ctx, &self.apis.pods, &ns, node, || {
-                helper_pod::build_prepare_pod(sbx, podcfg, node)
-            })
-            .await?
-            {
-                Some(found) => Some(found),
-                None => return Ok(Some(Duration::from_secs(2))),
-            },
+            None => return Ok(Some(Duration::from_secs(2))),
+        },
+    };
+    let (ok, reason, message) = match &found {
+        Some(f) => noderoot::condition(f, node, &dir),
+        None => noderoot::no_helper(node, &dir),
+    };
+    let was = conditions::get(&old.conditions, noderoot::CONDITION)
+        .map(|c| (c.status == "True", c.reason.clone()));
+    let generation = sbx.metadata.generation;
+    let cond = &mut st.conditions;
+    conditions::set(
+        cond,
+        noderoot::CONDITION,
+        ok,
+        reason,
+        &message,
+        generation,
+        now,
+    );
+    if !ok && was != Some((false, reason.to_string())) {
+        let note = Note {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: reason.to_string(),
+            action: "PrepareNode",
+            message,
         };
-        let (ok, reason, message) = match &found {
-            Some(f) => noderoot::condition(f, node, &dir),
-            None => noderoot::no_helper(node, &dir),
-        };
-        let was = conditions::get(&old.conditions, noderoot::CONDITION)
-            .map(|c| (c.status == "True", c.reason.clone()));
-        let generation = sbx.metadata.generation;
-        let cond = &mut st.conditions;
-        conditions::set(
-            cond,
-            noderoot::CONDITION,
-            ok,
-            reason,
-            &message,
-            generation,
-            now,
-        );
-        if !ok && was != Some((false, reason.to_string())) {
-            let note = Note {
-                type_: kube::runtime::events::EventType::Warning,
-                reason: reason.to_string(),
-                action: "PrepareNode",
-                message,
-            };
-            self.writer().publish(Some(note)).await;
-        }
-        Ok(None)
+        h.writer().publish(Some(note)).await;
     }
+    Ok(None)
 }
 
 /// Observes how long the start that has just become Ready took, by its branch: from the

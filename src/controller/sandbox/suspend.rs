@@ -8,8 +8,8 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use tracing::{debug, info, warn};
 
-use super::act::{Act, Transition};
 use super::decide;
+use super::hands::{Hands, Transition};
 use super::idle;
 use super::write::{SUPERSEDED, delete_if_present, write_status};
 use crate::controller::context::{self, Error, FIELD_MANAGER};
@@ -18,169 +18,164 @@ use crate::metrics::{GuardOp, GuardOutcome};
 use agentbox_api::crd::{LifecycleMode, SandboxStatus};
 use agentbox_api::guard::{self, GuardConfig, GuardError};
 
-impl Act<'_> {
-    /// Suspends: takes the on-stop snapshot the spec asks for, deletes the pod, records the
-    /// transition. Whether the pod is gone (false: it still terminates, the snapshot runs, or
-    /// a harness holds the scope's guard).
-    ///
-    /// Never under a harness at work: the pod goes under the hold the harness handed over in
-    /// `spec.lifecycle.guard` (it keeps the guard until the sandbox is Suspended, so nobody
-    /// starts work in between), else under the operator's own guard, not waited for (a
-    /// harness at work keeps its pod until it lets go; its release, a watched Lease event,
-    /// brings the next look).
-    pub(super) async fn suspend(
-        &self,
-        old: &SandboxStatus,
-        pod_name: &str,
-        t: Transition,
-    ) -> Result<bool, Error> {
-        match self.apis.pods.get_opt(pod_name).await? {
-            None => {
-                // Gone already: nothing to stop, no guard to take.
-                self.writer().transition(old, &t.status, t.note).await?;
-                return Ok(true);
-            }
-            Some(p) if p.metadata.deletion_timestamp.is_some() => {
-                // Going already (asked to under the guard by an earlier look): its going
-                // brings the next look. Taking the guard again here wrote the Lease twice per
-                // look, and each write, a watched Lease event, brought another look: ~20–90
-                // Lease writes per suspension until the pod was gone (hack/bench's idle
-                // figures).
-                self.writer().transition(old, &t.status, t.note).await?;
-                return Ok(false);
-            }
-            Some(_) => {}
+/// Suspends: takes the on-stop snapshot the spec asks for, deletes the pod, records the
+/// transition. Whether the pod is gone (false: it still terminates, the snapshot runs, or
+/// a harness holds the scope's guard).
+///
+/// Never under a harness at work: the pod goes under the hold the harness handed over in
+/// `spec.lifecycle.guard` (it keeps the guard until the sandbox is Suspended, so nobody
+/// starts work in between), else under the operator's own guard, not waited for (a
+/// harness at work keeps its pod until it lets go; its release, a watched Lease event,
+/// brings the next look).
+pub(super) async fn suspend(
+    h: &Hands<'_>,
+    old: &SandboxStatus,
+    pod_name: &str,
+    t: Transition,
+) -> Result<bool, Error> {
+    match h.apis.pods.get_opt(pod_name).await? {
+        None => {
+            // Gone already: nothing to stop, no guard to take.
+            h.writer().transition(old, &t.status, t.note).await?;
+            return Ok(true);
         }
-        let handed = context::handed_off_hold(self.ctx, self.sbx).await?;
-        // spec.snapshot.onStop: persist the workspace before its pod goes.
-        let hold = handed.as_ref().map(|(h, _)| h.clone());
-        if snapshot::on_stop(self.ctx, self.sbx, hold).await? == snapshot::OnStop::Wait {
+        Some(p) if p.metadata.deletion_timestamp.is_some() => {
+            // Going already (asked to under the guard by an earlier look): its going
+            // brings the next look. Taking the guard again here wrote the Lease twice per
+            // look, and each write, a watched Lease event, brought another look: ~20–90
+            // Lease writes per suspension until the pod was gone (hack/bench's idle
+            // figures).
+            h.writer().transition(old, &t.status, t.note).await?;
             return Ok(false);
         }
-        let own = match &handed {
-            Some(_) => None,
-            None => match self.take_guard("suspend", None).await? {
-                Some(g) => Some(g),
-                None => return Ok(false),
-            },
-        };
-        let pods = &self.apis.pods;
-        let deleted = match (&handed, &own) {
-            (Some((_, h)), _) => h.run(delete_if_present(pods, pod_name)).await,
-            (None, Some(g)) => g.run(delete_if_present(pods, pod_name)).await,
-            (None, None) => Ok(delete_if_present(pods, pod_name).await),
-        };
-        if let Some(g) = own {
-            release(g, &self.sbx.name_any()).await;
-        }
-        let gone = match deleted {
-            Ok(r) => r?,
-            // The hold went while the pod was being deleted: look again (the next look takes
-            // the operator's own guard).
-            Err(e) => {
-                debug!(sandbox = %self.sbx.name_any(), "the guard went during the suspension: {e}");
-                return Ok(false);
-            }
-        };
-        self.writer().transition(old, &t.status, t.note).await?;
-        Ok(gone)
+        Some(_) => {}
     }
+    let handed = context::handed_off_hold(h.ctx, h.sbx).await?;
+    // spec.snapshot.onStop: persist the workspace before its pod goes.
+    let hold = handed.as_ref().map(|(h, _)| h.clone());
+    if snapshot::on_stop(h.ctx, h.sbx, hold).await? == snapshot::OnStop::Wait {
+        return Ok(false);
+    }
+    let own = match &handed {
+        Some(_) => None,
+        None => match take_guard(h, "suspend", None).await? {
+            Some(g) => Some(g),
+            None => return Ok(false),
+        },
+    };
+    let pods = &h.apis.pods;
+    let deleted = match (&handed, &own) {
+        (Some((_, h)), _) => h.run(delete_if_present(pods, pod_name)).await,
+        (None, Some(g)) => g.run(delete_if_present(pods, pod_name)).await,
+        (None, None) => Ok(delete_if_present(pods, pod_name).await),
+    };
+    if let Some(g) = own {
+        release(g, &h.sbx.name_any()).await;
+    }
+    let gone = match deleted {
+        Ok(r) => r?,
+        // The hold went while the pod was being deleted: look again (the next look takes
+        // the operator's own guard).
+        Err(e) => {
+            debug!(sandbox = %h.sbx.name_any(), "the guard went during the suspension: {e}");
+            return Ok(false);
+        }
+    };
+    h.writer().transition(old, &t.status, t.note).await?;
+    Ok(gone)
+}
 
-    /// The scope's guard for the operator's `purpose`, not waited for: `None` when someone
-    /// holds it (their release, a watched Lease event, brings the next look). The outcome is
-    /// counted under `counted`, if given.
-    async fn take_guard(
-        &self,
-        purpose: &str,
-        counted: Option<GuardOp>,
-    ) -> Result<Option<guard::Guard>, Error> {
-        let cfg = GuardConfig {
-            holder: context::operator_holder(self.ctx, purpose),
-            ..GuardConfig::default()
+/// The scope's guard for the operator's `purpose`, not waited for: `None` when someone
+/// holds it (their release, a watched Lease event, brings the next look). The outcome is
+/// counted under `counted`, if given.
+async fn take_guard(
+    h: &Hands<'_>,
+    purpose: &str,
+    counted: Option<GuardOp>,
+) -> Result<Option<guard::Guard>, Error> {
+    let cfg = GuardConfig {
+        holder: context::operator_holder(h.ctx, purpose),
+        ..GuardConfig::default()
+    };
+    let ns = h.sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let scope = &h.sbx.spec.scope;
+    let client = h.ctx.client.clone();
+    let started = Instant::now();
+    let taken = guard::acquire_scope(client, &ns, scope, &cfg, Some(Duration::ZERO)).await;
+    if let Some(op) = counted {
+        let outcome = match &taken {
+            Ok(_) => GuardOutcome::Acquired,
+            Err(GuardError::Timeout { .. }) => GuardOutcome::Busy,
+            Err(_) => GuardOutcome::Error,
         };
-        let ns = self.sbx.namespace().ok_or(Error::NotNamespaced)?;
-        let scope = &self.sbx.spec.scope;
-        let client = self.ctx.client.clone();
-        let started = Instant::now();
-        let taken = guard::acquire_scope(client, &ns, scope, &cfg, Some(Duration::ZERO)).await;
-        if let Some(op) = counted {
-            let outcome = match &taken {
-                Ok(_) => GuardOutcome::Acquired,
-                Err(GuardError::Timeout { .. }) => GuardOutcome::Busy,
-                Err(_) => GuardOutcome::Error,
-            };
-            let waited = started.elapsed();
-            self.ctx.metrics.guard_waited(op, outcome, waited);
-        }
-        match taken {
-            Ok(g) => Ok(Some(g)),
-            Err(GuardError::Timeout { holder, .. }) => {
-                debug!(sandbox = %self.sbx.name_any(), %holder, "{purpose} waits for the scope's guard");
-                Ok(None)
-            }
-            Err(e) => Err(Error::Guard(e)),
-        }
+        let waited = started.elapsed();
+        h.ctx.metrics.guard_waited(op, outcome, waited);
     }
+    match taken {
+        Ok(g) => Ok(Some(g)),
+        Err(GuardError::Timeout { holder, .. }) => {
+            debug!(sandbox = %h.sbx.name_any(), %holder, "{purpose} waits for the scope's guard");
+            Ok(None)
+        }
+        Err(e) => Err(Error::Guard(e)),
+    }
+}
 
-    /// Suspends a sandbox whose idle timeout has passed, without ever suspending one under a
-    /// harness: takes the scope's guard (not waiting: a harness that holds or takes it first
-    /// keeps its sandbox), then, under it, sets `spec.lifecycle.mode: Suspended` with the
-    /// resourceVersion read as precondition (a sandbox changed since — resumed, edited — is
-    /// looked at again instead), writes the idle suspension's status and Event, and releases
-    /// the guard. A harness that asks for the guard meanwhile gets it afterwards and finds the
-    /// sandbox Suspended, which `get_or_create` resumes. The suspend step that the mode change
-    /// brings takes the on-stop snapshot and deletes the pod, as for any suspend.
-    pub(super) async fn idle_suspend(&self, mut st: SandboxStatus) -> Result<Action, Error> {
-        let (sbx, name) = (self.sbx, self.sbx.name_any());
-        let Some(g) = self
-            .take_guard("idle-suspend", Some(GuardOp::IdleSuspend))
-            .await?
-        else {
-            // A harness got there first: not idle. Its release brings the next look; the
-            // requeue is the fallback.
-            return Ok(Action::requeue(Duration::from_secs(5)));
-        };
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": sbx.resource_version()},
-            "spec": {"lifecycle": {"mode": LifecycleMode::Suspended}},
-        });
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        };
-        let written = g
-            .run(self.apis.sandboxes.patch(&name, &pp, &Patch::Merge(&patch)))
-            .await
-            .map_err(Error::Guard)
-            .and_then(|r| r.map_err(Error::from));
-        let updated = match written {
-            Ok(u) => u,
-            Err(e) => {
-                release(g, &name).await;
-                if let Error::Kube(kube::Error::Api(s)) = &e
-                    && s.code == 409
-                {
-                    // Changed since it was read: the newer version's event brings a fresh look.
-                    debug!(sandbox = %name, "the sandbox changed as its idle timeout passed; looking again");
-                    return Ok(Action::requeue(Duration::from_millis(500)));
-                }
-                return Err(e);
+/// Suspends a sandbox whose idle timeout has passed, without ever suspending one under a
+/// harness: takes the scope's guard (not waiting: a harness that holds or takes it first
+/// keeps its sandbox), then, under it, sets `spec.lifecycle.mode: Suspended` with the
+/// resourceVersion read as precondition (a sandbox changed since — resumed, edited — is
+/// looked at again instead), writes the idle suspension's status and Event, and releases
+/// the guard. A harness that asks for the guard meanwhile gets it afterwards and finds the
+/// sandbox Suspended, which `get_or_create` resumes. The suspend step that the mode change
+/// brings takes the on-stop snapshot and deletes the pod, as for any suspend.
+pub(super) async fn idle_suspend(h: &Hands<'_>, mut st: SandboxStatus) -> Result<Action, Error> {
+    let (sbx, name) = (h.sbx, h.sbx.name_any());
+    let Some(g) = take_guard(h, "idle-suspend", Some(GuardOp::IdleSuspend)).await? else {
+        // A harness got there first: not idle. Its release brings the next look; the
+        // requeue is the fallback.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    };
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": sbx.resource_version()},
+        "spec": {"lifecycle": {"mode": LifecycleMode::Suspended}},
+    });
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let written = g
+        .run(h.apis.sandboxes.patch(&name, &pp, &Patch::Merge(&patch)))
+        .await
+        .map_err(Error::Guard)
+        .and_then(|r| r.map_err(Error::from));
+    let updated = match written {
+        Ok(u) => u,
+        Err(e) => {
+            release(g, &name).await;
+            if let Error::Kube(kube::Error::Api(s)) = &e
+                && s.code == 409
+            {
+                // Changed since it was read: the newer version's event brings a fresh look.
+                debug!(sandbox = %name, "the sandbox changed as its idle timeout passed; looking again");
+                return Ok(Action::requeue(Duration::from_millis(500)));
             }
-        };
-        SUPERSEDED.record(sbx, Instant::now());
-        let timeout = idle::timeout(sbx).unwrap_or_default();
-        let generation = updated.metadata.generation;
-        let note = decide::idle_suspended(&mut st, timeout, generation, Timestamp::now());
-        info!("{}", note.message);
-        self.ctx.metrics.idle_suspended();
-        self.writer().publish(Some(note)).await;
-        // Written over the version the mode change returned, so that version, seen without
-        // this status, is not acted on as a plain suspend.
-        let status = write_status(self.apis, &updated, &st).await;
-        release(g, &name).await;
-        status?;
-        Ok(Action::await_change())
-    }
+            return Err(e);
+        }
+    };
+    SUPERSEDED.record(sbx, Instant::now());
+    let timeout = idle::timeout(sbx).unwrap_or_default();
+    let generation = updated.metadata.generation;
+    let note = decide::idle_suspended(&mut st, timeout, generation, Timestamp::now());
+    info!("{}", note.message);
+    h.ctx.metrics.idle_suspended();
+    h.writer().publish(Some(note)).await;
+    // Written over the version the mode change returned, so that version, seen without
+    // this status, is not acted on as a plain suspend.
+    let status = write_status(h.apis, &updated, &st).await;
+    release(g, &name).await;
+    status?;
+    Ok(Action::await_change())
 }
 
 /// Releases a guard the operator took; a failure only delays others until it expires.
