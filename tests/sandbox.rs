@@ -62,7 +62,7 @@ fn pod_uid(s: &Sandbox) -> String {
 }
 
 #[tokio::test]
-async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
+async fn files_fresh_then_pod_restart_reattaches_with_workspace_intact() {
     let mut env = TestEnv::new("sbx-files").await;
     env.start_operator(&[]);
     let cms = env.api::<ConfigMap>();
@@ -181,7 +181,7 @@ async fn files_branch_d_then_pod_restart_is_branch_a_with_workspace_intact() {
         .collect();
     assert_eq!(
         &row[..6],
-        ["files", "Ready", "Session", "Running", node.as_str(), "D"],
+        ["files", "Ready", "Session", "Running", node.as_str(), "Fresh"],
         "{table}"
     );
 
