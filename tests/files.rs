@@ -155,6 +155,24 @@ async fn files_are_confined_to_the_workspace() {
         matches!(&failed, Err(ClientError::Remote { .. })),
         "{failed:?}"
     );
+    // The same upload into a directory holding a symlink that leads out: refused by the
+    // script's symlink check, after it read the stream (it hung there too).
+    let out = exec::run(
+        &pods,
+        "box",
+        SANDBOX_CONTAINER,
+        ExecRequest::shell("mkdir -p /workspace/esc && ln -s /etc /workspace/esc/out"),
+    )
+    .await
+    .expect("esc");
+    assert!(out.status.success(), "{}", out.stderr_str());
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        ws.upload_dir(&many, "esc"),
+    )
+    .await
+    .expect("a refusal is reported, not waited on");
+    assert!(escapes_ref(&refused), "{refused:?}");
     assert_eq!(
         ws.read_file("tree/sub/deeper/data.bin")
             .await

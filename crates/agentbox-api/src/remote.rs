@@ -395,10 +395,16 @@ done
 /// among the user's files; snapshots leave that directory out. It is removed however the
 /// script ends (extracted, tar failed, interrupted by a signal it can catch); only a SIGKILL
 /// leaves it behind. A spool that cannot be written whole (a full disk, a file size limit) is
-/// removed before anything is extracted, the rest of the stream is read and dropped (so the
-/// client gets the exit status and the message rather than a broken stream), and the script
-/// exits [`SPOOL_FAILED`] with the writer's own error and a line that names the spool.
-pub const UPLOAD: &str = r#"mkdir -p "$p" || exit 1
+/// removed before anything is extracted, and the script exits [`SPOOL_FAILED`] with the
+/// writer's own error and a line that names the spool.
+///
+/// Whatever ends the script, the rest of its stdin is read and dropped first (the `EXIT`
+/// trap): a script that exits with the client's stream unread leaves the client waiting
+/// forever on an exec whose stdin no one reads (seen with an upload refused by the symlink
+/// check, and with `tar -x` failing midway when it read the stream itself). So a refusal
+/// costs the transfer, and is reported.
+pub const UPLOAD: &str = r#"trap 'cat >/dev/null' EXIT
+mkdir -p "$p" || exit 1
 confine "$p"
 find "$p" -type l | while IFS= read -r l; do
   r=$(readlink -f "$l") || continue
@@ -406,20 +412,17 @@ find "$p" -type l | while IFS= read -r l; do
   case "$r/" in "$R"/*) ;; *) echo "agentbox: $l resolves outside the workspace" >&2; exit 97;; esac
 done || exit 97
 s="${R%/}/.agentbox/tmp"
-mkdir -p "$s" || { echo "agentbox: cannot make $s for the upload's spool" >&2; cat >/dev/null; exit 95; }
+mkdir -p "$s" || { echo "agentbox: cannot make $s for the upload's spool" >&2; exit 95; }
 confine "$s/upload"
 sp="$s/upload-$$.tar"
-trap 'rm -f -- "$sp"' EXIT
+trap 'rm -f -- "$sp"; cat >/dev/null' EXIT
 trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
 if ! cat > "$sp"; then
   rm -f -- "$sp"
   echo "agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted" >&2
-  cat >/dev/null
   exit 95
 fi
-tar -x -o -f "$sp" -C "$p"; r=$?
-rm -f -- "$sp"
-exit "$r"
+tar -x -o -f "$sp" -C "$p"
 "#;
 
 pub const DOWNLOAD: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
@@ -1165,14 +1168,30 @@ mod tests {
             assert!(spools(&root).is_empty(), "{what}");
             let _ = std::fs::remove_dir_all(&root);
 
+            // A destination holding a symlink that leads out is refused before anything is
+            // spooled, and the stream is still read whole (the client is not left waiting).
+            let root = scratch("upload-link-escape");
+            let outside = scratch("upload-link-outside");
+            std::fs::create_dir_all(root.join("dst")).unwrap();
+            std::os::unix::fs::symlink(&outside, root.join("dst/out")).unwrap();
+            let (code, err, wrote) = upload_run(&root, "dst", &tar, None, bin);
+            assert_eq!(code, ESCAPES, "{what}: {err}");
+            assert!(wrote, "the script stopped reading its stdin: {what}: {err}");
+            assert!(tree(&outside).is_empty(), "{what}");
+            assert!(spools(&root).is_empty(), "{what}");
+            for d in [root, outside] {
+                let _ = std::fs::remove_dir_all(d);
+            }
+
             // A state directory that leads out of the workspace is refused before anything
             // is written there.
             let root = scratch("upload-state-escape");
             let outside = scratch("upload-state-outside");
             std::fs::create_dir_all(root.join(".agentbox")).unwrap();
             std::os::unix::fs::symlink(&outside, root.join(".agentbox/tmp")).unwrap();
-            let (code, err, _) = upload_run(&root, "dst", &tar, None, bin);
+            let (code, err, wrote) = upload_run(&root, "dst", &tar, None, bin);
             assert_eq!(code, ESCAPES, "{what}: {err}");
+            assert!(wrote, "the script stopped reading its stdin: {what}: {err}");
             assert!(tree(&outside).is_empty(), "{what}");
             assert!(tree(&root.join("dst")).is_empty(), "{what}");
             for d in [root, outside] {

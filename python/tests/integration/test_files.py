@@ -89,6 +89,21 @@ async def test_a_symlink_out_of_the_workspace_is_refused_in_the_pod(
     assert (await ready.exec("test -e /etc/owned")).exit_code == 1
 
 
+async def test_an_upload_into_a_tree_with_a_symlink_leading_out_is_refused_not_hung(
+    ready: agentbox.Sandbox, tmp_dir: Path
+) -> None:
+    """The upload script's symlink check refuses the destination after reading the stream
+    whole: with 8 MiB unread, the exec was left waiting for ever."""
+    await ready.exec("mkdir -p esc && ln -sfn /etc esc/out")
+    for i in range(8):
+        (tmp_dir / f"d{i}").mkdir()
+        (tmp_dir / f"d{i}" / "blob").write_bytes(bytes([i]) * (1 << 20))
+    with pytest.raises(agentbox.PathError) as e:
+        await asyncio.wait_for(ready.upload_dir(tmp_dir, "esc"), 60)
+    assert e.value.reason == "Escapes"
+    assert (await ready.exec("test -e /etc/d0")).exit_code == 1
+
+
 async def test_directories_go_up_and_down_as_tar(ready: agentbox.Sandbox, tmp_dir: Path) -> None:
     src = tmp_dir / "src"
     (src / "pkg").mkdir(parents=True)

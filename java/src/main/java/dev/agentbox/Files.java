@@ -66,7 +66,8 @@ public final class Files {
           + "done\n";
 
   static final String UPLOAD =
-      "mkdir -p \"$p\" || exit 1\n"
+      "trap 'cat >/dev/null' EXIT\n"
+          + "mkdir -p \"$p\" || exit 1\n"
           + "confine \"$p\"\n"
           + "find \"$p\" -type l | while IFS= read -r l; do\n"
           + "  r=$(readlink -f \"$l\") || continue\n"
@@ -74,20 +75,17 @@ public final class Files {
           + "  case \"$r/\" in \"$R\"/*) ;; *) echo \"agentbox: $l resolves outside the workspace\" >&2; exit 97;; esac\n"
           + "done || exit 97\n"
           + "s=\"${R%/}/.agentbox/tmp\"\n"
-          + "mkdir -p \"$s\" || { echo \"agentbox: cannot make $s for the upload's spool\" >&2; cat >/dev/null; exit 95; }\n"
+          + "mkdir -p \"$s\" || { echo \"agentbox: cannot make $s for the upload's spool\" >&2; exit 95; }\n"
           + "confine \"$s/upload\"\n"
           + "sp=\"$s/upload-$$.tar\"\n"
-          + "trap 'rm -f -- \"$sp\"' EXIT\n"
+          + "trap 'rm -f -- \"$sp\"; cat >/dev/null' EXIT\n"
           + "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM\n"
           + "if ! cat > \"$sp\"; then\n"
           + "  rm -f -- \"$sp\"\n"
           + "  echo \"agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted\" >&2\n"
-          + "  cat >/dev/null\n"
           + "  exit 95\n"
           + "fi\n"
-          + "tar -x -o -f \"$sp\" -C \"$p\"; r=$?\n"
-          + "rm -f -- \"$sp\"\n"
-          + "exit \"$r\"\n";
+          + "tar -x -o -f \"$sp\" -C \"$p\"\n";
 
   static final String DOWNLOAD =
       "[ -d \"$p\" ] || { echo \"agentbox: $p: not a directory\" >&2; exit 96; }\n"
