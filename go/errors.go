@@ -54,6 +54,10 @@ var (
 	ErrFileTooLarge = errors.New("agentbox: file too large")
 	// ErrRemote: a file script failed in the pod (RemoteError has its exit code).
 	ErrRemote = errors.New("agentbox: remote error")
+	// ErrUploadSpool: a directory upload's archive could not be written to its spool in the
+	// pod, most often because the workspace's disk is full; nothing was extracted (a
+	// RemoteError with ExitSpoolFailed, so also ErrRemote).
+	ErrUploadSpool = errors.New("agentbox: upload could not be spooled (is the workspace's disk full?)")
 )
 
 func invalidf(format string, a ...any) error {
@@ -198,8 +202,13 @@ type RemoteError struct {
 }
 
 func (e *RemoteError) Error() string {
+	if e.ExitCode == ExitSpoolFailed {
+		return fmt.Sprintf("%v: %s", ErrUploadSpool, e.Stderr)
+	}
 	return fmt.Sprintf("agentbox: remote command exited %d: %s", e.ExitCode, e.Stderr)
 }
 
-// Is matches ErrRemote.
-func (e *RemoteError) Is(t error) bool { return t == ErrRemote }
+// Is matches ErrRemote, and ErrUploadSpool for an upload whose spool failed.
+func (e *RemoteError) Is(t error) bool {
+	return t == ErrRemote || (t == ErrUploadSpool && e.ExitCode == ExitSpoolFailed)
+}

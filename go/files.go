@@ -22,6 +22,9 @@ const (
 	ExitEscapes = 97
 	// ExitMissing is their exit code for "missing or of the wrong type".
 	ExitMissing = 96
+	// ExitSpoolFailed is the upload script's exit code for "the archive could not be written
+	// to its spool" (a full disk, most often): nothing was extracted, no spool is left.
+	ExitSpoolFailed = 95
 	// ReadCap is the largest file ReadFile returns by default.
 	ReadCap = 64 << 20
 	// FilesArgv0 is argv[0] of the file scripts.
@@ -295,7 +298,10 @@ func (b *Sandbox) Mkdir(ctx context.Context, path string) error {
 
 // UploadDir copies the local directory local into the workspace directory remote (created if
 // missing; existing files overwritten) as a tar stream built on the fly. Symlinks are sent as
-// symlinks, never followed.
+// symlinks, never followed. In the pod the stream is spooled to a file under the workspace's
+// .agentbox state directory and extracted from there, so the workspace's disk needs room for
+// the archive beside its files while the upload lasts; a spool that cannot be written (a full
+// disk) is a *RemoteError that Is ErrUploadSpool, with nothing extracted.
 func (b *Sandbox) UploadDir(ctx context.Context, local, remote string) error {
 	if st, err := os.Stat(local); err != nil || !st.IsDir() {
 		return invalidf("%s is not a directory", local)

@@ -33,14 +33,26 @@ for f in * .*; do
   printf '%s %s\0' "$s" "$f"
 done
 `
-	ScriptUpload = `mkdir -p "$p" || exit 1
+	ScriptUpload = `trap 'cat >/dev/null' EXIT
+mkdir -p "$p" || exit 1
 confine "$p"
 find "$p" -type l | while IFS= read -r l; do
   r=$(readlink -f "$l") || continue
   [ "$R" = / ] && continue
   case "$r/" in "$R"/*) ;; *) echo "agentbox: $l resolves outside the workspace" >&2; exit 97;; esac
 done || exit 97
-exec tar -x -o -f - -C "$p"
+s="${R%/}/.agentbox/tmp"
+mkdir -p "$s" || { echo "agentbox: cannot make $s for the upload's spool" >&2; exit 95; }
+confine "$s/upload"
+sp="$s/upload-$$.tar"
+trap 'rm -f -- "$sp"; cat >/dev/null' EXIT
+trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
+if ! cat > "$sp"; then
+  rm -f -- "$sp"
+  echo "agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted" >&2
+  exit 95
+fi
+tar -x -o -f "$sp" -C "$p"
 `
 	ScriptDownload = `[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
 exec tar -c -f - -C "$p" .

@@ -248,8 +248,24 @@ func TestFileScriptsAreTheRustOnes(t *testing.T) {
 	if !reflect.DeepEqual(got, v["scripts"]) || v["prologue"] != FilesPrologue || v["argv0"] != FilesArgv0 {
 		t.Fatal("the file scripts differ from the vectors'")
 	}
-	if num(v["exit_escapes"]) != ExitEscapes || num(v["exit_missing"]) != ExitMissing || num(v["read_cap"]) != ReadCap {
+	if num(v["exit_escapes"]) != ExitEscapes || num(v["exit_missing"]) != ExitMissing || num(v["exit_spool_failed"]) != ExitSpoolFailed || num(v["read_cap"]) != ReadCap {
 		t.Fatal("the file constants differ from the vectors'")
+	}
+}
+
+func TestAFailedUploadSpoolIsItsOwnError(t *testing.T) {
+	r := &ExecResult{ExitCode: ExitSpoolFailed, Stderr: []byte("cat: write error: No space left on device\n")}
+	err := checkFile("/workspace/src", r)
+	var re *RemoteError
+	if !errors.Is(err, ErrUploadSpool) || !errors.Is(err, ErrRemote) || !errors.As(err, &re) || re.ExitCode != ExitSpoolFailed {
+		t.Fatalf("got %v", err)
+	}
+	if !strings.Contains(err.Error(), "disk full") || !strings.Contains(err.Error(), "No space left on device") {
+		t.Fatalf("the message names no cause: %v", err)
+	}
+	other := checkFile("/workspace/src", &ExecResult{ExitCode: 1})
+	if errors.Is(other, ErrUploadSpool) || !errors.Is(other, ErrRemote) {
+		t.Fatalf("exit 1: %v", other)
 	}
 }
 

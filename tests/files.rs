@@ -114,6 +114,65 @@ async fn files_are_confined_to_the_workspace() {
     std::fs::write(src.join("sub/deeper/data.bin"), &blob).expect("write");
     std::os::unix::fs::symlink("../top.txt", src.join("sub/link")).expect("symlink");
     ws.upload_dir(&src, "tree").await.expect("upload");
+    // Through a spool in the state directory, gone once extracted.
+    let spools = exec::run(
+        &pods,
+        "box",
+        SANDBOX_CONTAINER,
+        ExecRequest::shell("ls -A /workspace/.agentbox/tmp"),
+    )
+    .await
+    .expect("ls");
+    assert!(spools.status.success(), "{}", spools.stderr_str());
+    assert_eq!(spools.stdout_str(), "");
+    // A tar that fails midway (every top-level directory of the archive is a file in the
+    // destination) is reported, not waited on: the archive is read whole into the spool first,
+    // so no stream is left unread however early tar stops (straight into `tar -x`, an upload
+    // of more than the pipes hold hung there).
+    let many = tmp.join("many");
+    for i in 0..8 {
+        std::fs::create_dir_all(many.join(format!("d{i}"))).expect("mkdir");
+        std::fs::write(many.join(format!("d{i}/blob")), vec![i as u8; 1 << 20]).expect("write");
+    }
+    let out = exec::run(
+        &pods,
+        "box",
+        SANDBOX_CONTAINER,
+        ExecRequest::shell(
+            "mkdir -p /workspace/clash && cd /workspace/clash && touch d0 d1 d2 d3 d4 d5 d6 d7",
+        ),
+    )
+    .await
+    .expect("clash");
+    assert!(out.status.success(), "{}", out.stderr_str());
+    let failed = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        ws.upload_dir(&many, "clash"),
+    )
+    .await
+    .expect("a failed extraction is reported, not waited on");
+    assert!(
+        matches!(&failed, Err(ClientError::Remote { .. })),
+        "{failed:?}"
+    );
+    // The same upload into a directory holding a symlink that leads out: refused by the
+    // script's symlink check, after it read the stream (it hung there too).
+    let out = exec::run(
+        &pods,
+        "box",
+        SANDBOX_CONTAINER,
+        ExecRequest::shell("mkdir -p /workspace/esc && ln -s /etc /workspace/esc/out"),
+    )
+    .await
+    .expect("esc");
+    assert!(out.status.success(), "{}", out.stderr_str());
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        ws.upload_dir(&many, "esc"),
+    )
+    .await
+    .expect("a refusal is reported, not waited on");
+    assert!(escapes_ref(&refused), "{refused:?}");
     assert_eq!(
         ws.read_file("tree/sub/deeper/data.bin")
             .await
@@ -135,6 +194,102 @@ async fn files_are_confined_to_the_workspace() {
         std::fs::read_link(dst.join("sub/link")).expect("link"),
         std::path::PathBuf::from("../top.txt")
     );
+    let _ = std::fs::remove_dir_all(&tmp);
+    env.finish().await;
+}
+
+/// A directory upload spools its archive in the pod before extracting it: on a workspace whose
+/// disk is too small for the archive (a 1 MiB memory-backed emptyDir, a real ENOSPC), the
+/// upload fails with `UploadSpool` naming the cause, extracts nothing and leaves no spool; the
+/// disk is free again afterwards, and an upload that fits goes through the spool and leaves
+/// none behind.
+#[tokio::test]
+async fn an_upload_to_a_full_disk_fails_cleanly_and_extracts_nothing() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::PostParams;
+    let env = common::TestEnv::new("files-full").await;
+    let pods: kube::Api<Pod> = env.api();
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "small"},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": SANDBOX_CONTAINER,
+                "image": common::BASE_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"],
+                "volumeMounts": [{"name": "small", "mountPath": "/small"}],
+            }],
+            "volumes": [{"name": "small", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
+        },
+    }))
+    .expect("pod json");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        kube::runtime::wait::await_condition(
+            pods.clone(),
+            "small",
+            kube::runtime::conditions::is_pod_running(),
+        ),
+    )
+    .await
+    .expect("pod running in time")
+    .expect("pod watch");
+    // Under runc even in hack/test's gVisor matrix: the size of a memory-backed emptyDir is
+    // the kernel's tmpfs limit there, which is what this test needs.
+    let ws = Workspace::new(pods.clone(), "small", SANDBOX_CONTAINER, "/small");
+
+    let tmp = std::env::temp_dir().join(format!("agentbox-files-full-{}", env.ns));
+    let big = tmp.join("big");
+    std::fs::create_dir_all(big.join("d")).expect("mkdir");
+    std::fs::write(big.join("a.txt"), "first").expect("write");
+    std::fs::write(big.join("d/blob"), vec![7u8; 2 << 20]).expect("write");
+    let r = ws.upload_dir(&big, "dst").await;
+    let Err(ClientError::UploadSpool(msg)) = &r else {
+        panic!("not an UploadSpool error: {r:?}");
+    };
+    assert!(
+        msg.contains("No space left on device") && msg.contains("spool"),
+        "{msg}"
+    );
+    assert!(r.unwrap_err().to_string().contains("disk full"));
+    let left = |script: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let out = exec::run(
+                &pods,
+                "small",
+                SANDBOX_CONTAINER,
+                ExecRequest::shell(script),
+            )
+            .await
+            .expect("exec");
+            assert!(out.status.success(), "{}", out.stderr_str());
+            out.stdout_str().trim().to_string()
+        }
+    };
+    // Nothing extracted (the destination was made, empty), no spool left.
+    assert_eq!(
+        left("ls -A /small/dst; ls -A /small/.agentbox/tmp").await,
+        ""
+    );
+
+    // The disk is free again: an upload that fits goes through.
+    let fits = tmp.join("fits");
+    std::fs::create_dir_all(fits.join("d")).expect("mkdir");
+    std::fs::write(fits.join("d/small.bin"), vec![1u8; 100 << 10]).expect("write");
+    ws.upload_dir(&fits, "dst").await.expect("upload that fits");
+    assert_eq!(
+        ws.read_file("dst/d/small.bin").await.expect("read"),
+        vec![1u8; 100 << 10]
+    );
+    assert_eq!(left("ls -A /small/.agentbox/tmp").await, "");
     let _ = std::fs::remove_dir_all(&tmp);
     env.finish().await;
 }

@@ -595,6 +595,7 @@ fn file_vectors() -> Value {
         "scripts": scripts.iter().map(|(n, s)| (n.to_string(), json!(s))).collect::<serde_json::Map<_, _>>(),
         "exit_escapes": crate::remote::ESCAPES,
         "exit_missing": crate::remote::MISSING,
+        "exit_spool_failed": crate::remote::SPOOL_FAILED,
         "read_cap": 64u64 << 20,
         "requests": reqs,
         "listings": listings,

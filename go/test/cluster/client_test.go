@@ -272,6 +272,10 @@ func TestFiles(t *testing.T) {
 	if got, err := sbx.ReadFile(ctx, "up/d/e/f.txt"); err != nil || string(got) != "deep" {
 		t.Fatalf("uploaded: %q %v", got, err)
 	}
+	// Through a spool in the state directory, removed once extracted.
+	if r, err := sbx.Exec(ctx, []string{"ls", "-A", sbx.WorkspaceRoot() + "/.agentbox/tmp"}, agentbox.ExecOptions{}); err != nil || r.ExitCode != 0 || len(r.Stdout) != 0 {
+		t.Fatalf("spools left: %+v %v", r, err)
+	}
 	dst := t.TempDir()
 	if err := sbx.DownloadDir(ctx, "up", dst); err != nil {
 		t.Fatal(err)

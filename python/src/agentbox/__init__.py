@@ -44,6 +44,7 @@ from .errors import (
     SessionError,
     SnapshotFailedError,
     TransportError,
+    UploadSpoolError,
 )
 from .exec import (
     CommandError,
@@ -136,6 +137,7 @@ __all__ = [
     "SnapshotPolicy",
     "TemplateRef",
     "TransportError",
+    "UploadSpoolError",
     "WorkspaceFile",
     "WorkspaceSpec",
     "__version__",

@@ -40,6 +40,7 @@ __all__ = [
     "SessionError",
     "SnapshotFailedError",
     "TransportError",
+    "UploadSpoolError",
 ]
 
 
@@ -208,6 +209,19 @@ class RemoteError(AgentboxError):
         self.exit_code = exit_code
         #: What it printed on stderr.
         self.stderr = stderr
+
+
+class UploadSpoolError(RemoteError):
+    """A directory upload's archive could not be written to its spool in the pod, most often
+    because the workspace's disk is full (``stderr`` has the pod's own words): nothing was
+    extracted and no spool is left.
+    """
+
+    def __init__(self, exit_code: int | None, stderr: str) -> None:
+        super().__init__(exit_code, stderr)
+        self.args = (
+            "the upload could not be spooled in the pod (is the workspace's disk full?): " + stderr,
+        )
 
 
 class FileTooLargeError(AgentboxError):

@@ -28,6 +28,7 @@ from .errors import (
     ProtocolError,
     RemoteError,
     RemoteFileNotFoundError,
+    UploadSpoolError,
 )
 from .exec import ExecResult, Output, StdinSource
 
@@ -37,6 +38,9 @@ __all__ = ["DirEntry", "confine"]
 ESCAPES = 97
 #: Exit code of the in-pod scripts for "missing or of the wrong type".
 MISSING = 96
+#: Exit code of the upload script for "the archive could not be written to its spool" (a
+#: full disk, most often): nothing was extracted and no spool is left.
+SPOOL_FAILED = 95
 #: Largest file :meth:`agentbox.Sandbox.read` returns by default.
 READ_CAP = 64 << 20
 #: argv[0] of the file scripts.
@@ -76,14 +80,26 @@ for f in * .*; do
 done
 """
 
-UPLOAD = """mkdir -p "$p" || exit 1
+UPLOAD = """trap 'cat >/dev/null' EXIT
+mkdir -p "$p" || exit 1
 confine "$p"
 find "$p" -type l | while IFS= read -r l; do
   r=$(readlink -f "$l") || continue
   [ "$R" = / ] && continue
   case "$r/" in "$R"/*) ;; *) echo "agentbox: $l resolves outside the workspace" >&2; exit 97;; esac
 done || exit 97
-exec tar -x -o -f - -C "$p"
+s="${R%/}/.agentbox/tmp"
+mkdir -p "$s" || { echo "agentbox: cannot make $s for the upload's spool" >&2; exit 95; }
+confine "$s/upload"
+sp="$s/upload-$$.tar"
+trap 'rm -f -- "$sp"; cat >/dev/null' EXIT
+trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
+if ! cat > "$sp"; then
+  rm -f -- "$sp"
+  echo "agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted" >&2
+  exit 95
+fi
+tar -x -o -f "$sp" -C "$p"
 """
 
 DOWNLOAD = """[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
@@ -208,6 +224,8 @@ def check(path: str, result: ExecResult) -> None:
         raise PathError(path, "Escapes", f"path {path!r} resolves outside the workspace (symlink)")
     if result.exit_code == MISSING:
         raise RemoteFileNotFoundError(msg)
+    if result.exit_code == SPOOL_FAILED:
+        raise UploadSpoolError(result.exit_code, msg)
     raise RemoteError(result.exit_code, msg)
 
 
@@ -288,7 +306,11 @@ class Workspace:
     async def upload_dir(self, local: str | os.PathLike[str], remote: str) -> None:
         """Copies the local directory ``local`` into the workspace directory ``remote``
         (created if missing; existing files overwritten) as a tar stream built on the fly, so
-        memory stays flat. Symlinks are sent as symlinks, never followed.
+        memory stays flat. Symlinks are sent as symlinks, never followed. In the pod the stream
+        is spooled to a file under the workspace's ``.agentbox`` state directory and extracted
+        from there, so the workspace's disk needs room for the archive beside its files while
+        the upload lasts; a spool that cannot be written (a full disk) raises
+        :class:`UploadSpoolError`, with nothing extracted.
         """
         src = Path(local)
         if not src.is_dir():  # noqa: ASYNC240 (one stat, before anything starts)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import agentbox
 from agentbox import _wire, files, guard, labels
 from agentbox.errors import (
     CommandNotStartedError,
@@ -19,6 +20,7 @@ from agentbox.errors import (
     ProtocolError,
     SessionError,
 )
+from agentbox.exec import ExecResult
 from agentbox.scope import Scope
 from agentbox.session import Framer, command_line
 
@@ -223,8 +225,23 @@ def test_file_scripts_are_the_rust_ones() -> None:
     assert (
         v["exit_escapes"],
         v["exit_missing"],
+        v["exit_spool_failed"],
         v["read_cap"],
-    ) == (files.ESCAPES, files.MISSING, files.READ_CAP)
+    ) == (files.ESCAPES, files.MISSING, files.SPOOL_FAILED, files.READ_CAP)
+
+
+def test_a_failed_upload_spool_is_its_own_error() -> None:
+    def result(code: int) -> ExecResult:
+        return ExecResult(code, b"", b"cat: write error: No space left on device\n")
+
+    with pytest.raises(agentbox.UploadSpoolError) as e:
+        files.check("/workspace/src", result(files.SPOOL_FAILED))
+    assert isinstance(e.value, agentbox.RemoteError)
+    assert e.value.exit_code == files.SPOOL_FAILED
+    assert "disk full" in str(e.value) and "No space left on device" in str(e.value)
+    with pytest.raises(agentbox.RemoteError) as other:
+        files.check("/workspace/src", result(1))
+    assert not isinstance(other.value, agentbox.UploadSpoolError)
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ pub use agentbox_api::files::{DirEntry, EntryKind};
 use agentbox_api::files::{file_argv, parse_listing};
 pub use agentbox_api::paths::{PathError, confine};
 
-use agentbox_api::remote::{DOWNLOAD, ESCAPES, LIST, MISSING, READ, UPLOAD, WRITE};
+use agentbox_api::remote::{DOWNLOAD, ESCAPES, LIST, MISSING, READ, SPOOL_FAILED, UPLOAD, WRITE};
 
 /// Maps a file script's exit to an error.
 fn check(path: &str, status: &ExitStatus, stderr: &[u8]) -> Result<(), ClientError> {
@@ -31,6 +31,7 @@ fn check(path: &str, status: &ExitStatus, stderr: &[u8]) -> Result<(), ClientErr
         Some(0) => Ok(()),
         Some(ESCAPES) => Err(ClientError::Path(PathError::Escapes(path.to_string()))),
         Some(MISSING) => Err(ClientError::NotFound(msg())),
+        Some(SPOOL_FAILED) => Err(ClientError::UploadSpool(msg())),
         _ => Err(ClientError::Remote {
             status: status.clone(),
             stderr: msg(),
@@ -122,7 +123,11 @@ impl Workspace {
 
     /// Uploads the local directory `local` into the workspace directory `remote` (created if
     /// missing; existing files are overwritten). The tar stream is built on the fly, so memory
-    /// stays flat whatever the size. Symlinks are sent as symlinks, never followed.
+    /// stays flat here whatever the size; in the pod it is spooled to a file beside the
+    /// workspace (under its `.agentbox` state directory) and extracted from there, so the
+    /// workspace's disk needs room for the archive as well as its files while the upload lasts
+    /// ([`UPLOAD`]). A spool that cannot be written is [`ClientError::UploadSpool`], with
+    /// nothing extracted. Symlinks are sent as symlinks, never followed.
     pub async fn upload_dir(&self, local: &Path, remote: &str) -> Result<(), ClientError> {
         self.upload_dir_counted(local, remote, |_| {}).await
     }

@@ -132,6 +132,11 @@ pub enum ClientError {
         /// What it said.
         stderr: String,
     },
+    /// A directory upload's archive could not be written to its spool in the pod (most often
+    /// the workspace's disk is full), with what the pod said: nothing was extracted and no
+    /// spool is left ([`agentbox_api::remote::UPLOAD`]).
+    #[error("the upload could not be spooled in the pod (is the workspace's disk full?): {0}")]
+    UploadSpool(String),
     /// Unexpected output from the pod.
     #[error("protocol: {0}")]
     Protocol(String),

@@ -21,6 +21,11 @@ public final class Files {
   public static final int ESCAPES = 97;
   /** Exit code of the in-pod scripts for "missing or of the wrong type". */
   public static final int MISSING = 96;
+  /**
+   * Exit code of the upload script for "the archive could not be written to its spool" (a full
+   * disk, most often): nothing was extracted and no spool is left.
+   */
+  public static final int SPOOL_FAILED = 95;
   /** Largest file a read returns by default. */
   public static final int READ_CAP = 64 << 20;
   /** argv[0] of the file scripts. */
@@ -61,14 +66,26 @@ public final class Files {
           + "done\n";
 
   static final String UPLOAD =
-      "mkdir -p \"$p\" || exit 1\n"
+      "trap 'cat >/dev/null' EXIT\n"
+          + "mkdir -p \"$p\" || exit 1\n"
           + "confine \"$p\"\n"
           + "find \"$p\" -type l | while IFS= read -r l; do\n"
           + "  r=$(readlink -f \"$l\") || continue\n"
           + "  [ \"$R\" = / ] && continue\n"
           + "  case \"$r/\" in \"$R\"/*) ;; *) echo \"agentbox: $l resolves outside the workspace\" >&2; exit 97;; esac\n"
           + "done || exit 97\n"
-          + "exec tar -x -o -f - -C \"$p\"\n";
+          + "s=\"${R%/}/.agentbox/tmp\"\n"
+          + "mkdir -p \"$s\" || { echo \"agentbox: cannot make $s for the upload's spool\" >&2; exit 95; }\n"
+          + "confine \"$s/upload\"\n"
+          + "sp=\"$s/upload-$$.tar\"\n"
+          + "trap 'rm -f -- \"$sp\"; cat >/dev/null' EXIT\n"
+          + "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM\n"
+          + "if ! cat > \"$sp\"; then\n"
+          + "  rm -f -- \"$sp\"\n"
+          + "  echo \"agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted\" >&2\n"
+          + "  exit 95\n"
+          + "fi\n"
+          + "tar -x -o -f \"$sp\" -C \"$p\"\n";
 
   static final String DOWNLOAD =
       "[ -d \"$p\" ] || { echo \"agentbox: $p: not a directory\" >&2; exit 96; }\n"
@@ -217,6 +234,9 @@ public final class Files {
     }
     if (code != null && code == MISSING) {
       throw new RemoteFileNotFoundException(msg);
+    }
+    if (code != null && code == SPOOL_FAILED) {
+      throw new UploadSpoolException(code, msg);
     }
     throw new RemoteException(code, msg);
   }

@@ -350,7 +350,11 @@ public final class Sandbox {
    * Extracts a tar stream into the workspace directory {@code remote} (created if missing,
    * existing files overwritten), streamed from {@code tar} until its end: the in-pod script
    * refuses a directory that resolves outside the workspace and symlinks already there that
-   * lead out. Build the archive with any tar library or {@code tar -c}.
+   * lead out. Build the archive with any tar library or {@code tar -c}. In the pod the stream is
+   * spooled to a file under the workspace's {@code .agentbox} state directory and extracted from
+   * there, so the workspace's disk needs room for the archive beside its files while the upload
+   * lasts; a spool that cannot be written (a full disk) is an {@link UploadSpoolException}, with
+   * nothing extracted.
    */
   public void uploadTar(String remote, java.io.InputStream tar) {
     Files.Request r = Files.fileArgv(Files.UPLOAD, workspaceRoot(), remote);

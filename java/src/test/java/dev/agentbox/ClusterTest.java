@@ -171,6 +171,8 @@ class ClusterTest {
     assertTrue(tar.size() > 300_000, "a tar of the tree: " + tar.size());
     ready.uploadTar("copy", new java.io.ByteArrayInputStream(tar.toByteArray()));
     assertEquals(0, ready.exec("diff -r /workspace/tree /workspace/copy").exitCode());
+    // Through a spool in the state directory, removed once extracted.
+    assertEquals("", ready.exec("ls -A /workspace/.agentbox/tmp").stdoutText());
     assertThrows(RemoteFileNotFoundException.class, () -> ready.downloadTar("no-such-dir", new java.io.ByteArrayOutputStream()));
     ready.rm("copy", true);
   }

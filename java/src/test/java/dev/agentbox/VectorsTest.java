@@ -346,7 +346,22 @@ class VectorsTest {
         "upload", Files.UPLOAD, "download", Files.DOWNLOAD), m(f, "scripts"));
     assertEquals(Files.ESCAPES, i(f, "exit_escapes"));
     assertEquals(Files.MISSING, i(f, "exit_missing"));
+    assertEquals(Files.SPOOL_FAILED, i(f, "exit_spool_failed"));
     assertEquals(Files.READ_CAP, i(f, "read_cap"));
+  }
+
+  @Test
+  void aFailedUploadSpoolIsItsOwnException() {
+    byte[] err = "cat: write error: No space left on device\n".getBytes(StandardCharsets.UTF_8);
+    UploadSpoolException e = assertThrows(UploadSpoolException.class, () -> Files.check("/workspace/src",
+        new ExecResult(Files.SPOOL_FAILED, new byte[0], err, false, false, false, "")));
+    assertEquals(Files.SPOOL_FAILED, e.exitCode());
+    assertTrue(e instanceof RemoteException);
+    assertTrue(e.getMessage().contains("disk full") && e.getMessage().contains("No space left on device"),
+        e.getMessage());
+    RemoteException other = assertThrows(RemoteException.class, () -> Files.check("/workspace/src",
+        new ExecResult(1, new byte[0], err, false, false, false, "")));
+    assertFalse(other instanceof UploadSpoolException);
   }
 
   static String script(String name) {
