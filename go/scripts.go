@@ -3,7 +3,8 @@ package agentbox
 // The shared in-pod file scripts, byte for byte the other clients' (vectors: files.scripts).
 const (
 	// FilesPrologue resolves the root and confines $p: the nearest existing ancestor must resolve under the root.
-	FilesPrologue = `R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
+	FilesPrologue = `trap 'cat >/dev/null 2>&1' EXIT
+R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
 p=$2
 confine() {
   q=$1

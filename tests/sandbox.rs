@@ -181,7 +181,14 @@ async fn files_fresh_then_pod_restart_reattaches_with_workspace_intact() {
         .collect();
     assert_eq!(
         &row[..6],
-        ["files", "Ready", "Session", "Running", node.as_str(), "Fresh"],
+        [
+            "files",
+            "Ready",
+            "Session",
+            "Running",
+            node.as_str(),
+            "Fresh"
+        ],
         "{table}"
     );
 

@@ -345,7 +345,13 @@ pub const SPOOL_FAILED: i32 = 95;
 
 /// Shared prologue: `$1` root, `$2` path (absolute, from [`confine`]). `confine P` exits
 /// [`ESCAPES`] unless the nearest existing ancestor of P resolves under the resolved root.
-pub const PROLOGUE: &str = r#"R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
+///
+/// Its first line: whatever ends a script (a refusal before it read its stdin, say), the rest
+/// of its stdin is read and dropped, as [`UPLOAD`] does: an exec whose process exits with a
+/// large stdin unread can leave the client waiting for ever to send it (a `write_file` of a
+/// directory's path). Scripts without stdin read an empty one.
+pub const PROLOGUE: &str = r#"trap 'cat >/dev/null 2>&1' EXIT
+R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
 p=$2
 confine() {
   q=$1
@@ -1099,6 +1105,39 @@ mod tests {
         let out = child.wait_with_output().expect("wait");
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         (out.status.code().unwrap_or(-1), err, wrote)
+    }
+
+    #[test]
+    fn a_file_script_that_refuses_reads_its_stdin_first() {
+        use std::io::Write;
+        // A write onto a directory's path, and one outside the workspace: both refused
+        // before `cat` reads anything, with more stdin than a pipe holds. Unread, the
+        // client's send would fail here (and, through an exec, wait for ever).
+        let root = scratch("files-refuse");
+        std::fs::create_dir_all(root.join("dir")).unwrap();
+        let outside = scratch("files-refuse-outside");
+        std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+        let data = vec![b'x'; 1 << 20];
+        for (path, code) in [("dir", MISSING), ("out/x", ESCAPES)] {
+            let argv = file_op(WRITE, &root, path);
+            let mut child = Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("run");
+            let mut i = child.stdin.take().unwrap();
+            let wrote = i.write_all(&data).is_ok();
+            drop(i);
+            let out = child.wait_with_output().expect("wait");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code), "{path}: {err}");
+            assert!(wrote, "{path}: the script exited with its stdin unread");
+        }
+        assert!(!outside.join("x").exists());
+        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(&outside);
     }
 
     #[test]

@@ -46,7 +46,8 @@ READ_CAP = 64 << 20
 #: argv[0] of the file scripts.
 ARGV0 = "agentbox-files"
 
-PROLOGUE = """R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
+PROLOGUE = """trap 'cat >/dev/null 2>&1' EXIT
+R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
 p=$2
 confine() {
   q=$1

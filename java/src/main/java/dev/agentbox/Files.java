@@ -32,7 +32,8 @@ public final class Files {
   public static final String ARGV0 = "agentbox-files";
 
   static final String PROLOGUE =
-      "R=$(readlink -f \"$1\") || { echo \"agentbox: workspace root $1 is missing\" >&2; exit 96; }\n"
+      "trap 'cat >/dev/null 2>&1' EXIT\n"
+          + "R=$(readlink -f \"$1\") || { echo \"agentbox: workspace root $1 is missing\" >&2; exit 96; }\n"
           + "p=$2\n"
           + "confine() {\n"
           + "  q=$1\n"
