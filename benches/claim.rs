@@ -30,6 +30,20 @@
 //! owners: must be 0), and the refill: the Sandboxes are deleted once all are Ready (a node
 //! holds 110 pods, not 2N) and the time from the last Ready until the pool has N claimable warm
 //! pods again.
+//!
+//! `BENCH_PEER_AGENT_SANDBOX=<path>` (issue 32, measured beside the peer): the path of a built
+//! kubernetes-sigs/agent-sandbox controller (`hack/agent-sandbox build` prints it; its CRDs are
+//! read from `crds/` beside its `bin/`, or from `BENCH_PEER_AGENT_SANDBOX_CRDS`). The plain
+//! claim figures then run interleaved with its warm-pool claim in one run: its CRDs installed,
+//! its controller started out of cluster, a SandboxWarmPool of `BENCH_POOL` sandboxes whose
+//! template has the agentbox warm pod's shape (image, command, resources, security context,
+//! runtime class), and per round one agentbox claim then one SandboxClaim, each against a pool
+//! refilled to full and timed the same way (create → Ready on a watch opened before the
+//! create). Each claim is deleted, its pod gone, before the next (2n claims would not fit on a
+//! node beside the pools otherwise), on both sides. Figures `claim_peer_*` beside `claim_*`,
+//! and the writes its controller made per claim window from the audit log. Unset, or with
+//! `BENCH_FILES` (the peer has no workspace files), the peer column is skipped, said so on
+//! stdout, and nothing is emitted for it. See benches/peer/mod.rs.
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +59,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 mod common;
+mod peer;
 
 use common::{
     OPERATOR_UA, Seen, audit_log, bench_name, create_until_ready, delete_until_gone, emit, env_num,
@@ -360,6 +375,41 @@ async fn main() -> Res<()> {
         return result;
     }
 
+    // The peer beside (BENCH_PEER_AGENT_SANDBOX): its pool's pods copy a warm pod of ours.
+    let mut peer = match peer::config() {
+        Err(why) => {
+            println!("agent-sandbox column skipped: {why} (see benches/claim.rs)");
+            None
+        }
+        Ok(_) if !files.is_empty() => {
+            println!(
+                "agent-sandbox column skipped: BENCH_FILES is set and the peer has no workspace files"
+            );
+            None
+        }
+        Ok(cfg) => {
+            pool_full(&pods, "bench", size).await?;
+            let lp = ListParams::default().labels(&format!(
+                "{}=bench,{}=true",
+                labels::POOL,
+                labels::WARM
+            ));
+            let warm_pod = pods
+                .list(&lp)
+                .await?
+                .items
+                .into_iter()
+                .find(agentbox_operator::controller::pool::is_claimable)
+                .ok_or("no claimable warm pod to copy the shape of")?;
+            let shape = peer::pod_template(&warm_pod)?;
+            println!(
+                "agent-sandbox pod shape (from {}): {shape}",
+                warm_pod.name_any()
+            );
+            Some(peer::Peer::start(&client, &cfg, shape, size).await?)
+        }
+    };
+
     let (mut ready, mut created, mut warm, mut windows) =
         (Vec::new(), Vec::new(), 0usize, Vec::new());
     for i in 0..n {
@@ -387,7 +437,13 @@ async fn main() -> Res<()> {
         created.push(create_rtt);
         // Let in-flight writes of this start land before the next window opens.
         tokio::time::sleep(Duration::from_millis(1000)).await;
-        windows.push((name, pod, start, Timestamp::now()));
+        windows.push((name.clone(), pod.clone(), start, Timestamp::now()));
+        if let Some(peer) = peer.as_mut() {
+            // Room on the node for 2n claims: this one goes (its pod too) before the peer's.
+            delete_until_gone(&sbxs, &name).await?;
+            peer::pod_gone(&pods, &pod).await?;
+            peer.claim(i).await?;
+        }
     }
 
     // From the audit log: per claim, the operator's writes on the sandbox, its pod and its
@@ -447,6 +503,9 @@ async fn main() -> Res<()> {
     println!("| Sandbox create → Ready on a watch, warm (ms) | {p50:.1} | {p95:.1} |");
     let (a, b) = p50_p95(created);
     println!("| create call → its response (ms) | {a:.1} | {b:.1} |");
+    for row in peer.iter().flat_map(|p| p.rows()) {
+        println!("{row}");
+    }
     let (a, b) = q(&react);
     println!(
         "| create → operator's metadata write (finalizer, labels; after the Ready status) (ms) | {a:.1} | {b:.1} |"
@@ -466,6 +525,13 @@ async fn main() -> Res<()> {
     println!("operator writes per claim (sandbox, its pod, its Events): {per_claim:?}");
     println!("first claim's writes: {kinds:?}");
     println!("pool refill writes in each window: {refill:?}");
+    // The peer's count takes in its pool's refill (its writes are not told apart by object):
+    // ours with the refill too, to set beside it.
+    let all: Vec<f64> = per_claim.iter().zip(&refill).map(|(a, b)| a + b).collect();
+    println!("operator writes per claim window, the refill included: {all:?}");
+    if let Some(peer) = &peer {
+        peer.report(&audit, &bench);
+    }
     let n64 = n as u64;
     // Keys of a run with files name them, so both runs' figures sit side by side in a report
     // (hack/bench runs both).
@@ -506,6 +572,15 @@ async fn main() -> Res<()> {
         "writes",
         n64,
     );
+    if !all.is_empty() {
+        emit(
+            &bench,
+            &format!("claim_writes_all{with}_p50"),
+            p50_p95(all).0,
+            "writes",
+            n64,
+        );
+    }
     emit(
         &bench,
         &format!("claim_warm_starts{with}"),

@@ -328,3 +328,68 @@ fn gvisor_figures_sit_beside_runcs_with_issue_31s_targets() {
             .any(|r| r.figure.starts_with("gVisor"))
     );
 }
+
+#[test]
+fn the_peers_claim_sits_beside_agentboxs_or_says_it_was_not_measured() {
+    let line = |key: &str, value: f64| {
+        serde_json::json!({"bench": "claim", "key": key, "value": value, "unit": "ms", "n": 20})
+            .to_string()
+    };
+    let ours = [
+        line("claim_ready_p50_ms", 30.0),
+        line("claim_ready_p95_ms", 40.0),
+        line("claim_warm_starts", 20.0),
+        line("claim_writes_all_p50", 9.0),
+    ];
+    let find = |rows: &[render::Row], prefix: &str| {
+        rows.iter()
+            .position(|r| r.figure.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix}"))
+    };
+    // Without the peer: one row that says why, next to the claim row, with no figure of its own.
+    let alone = render::rows(&render::parse(&ours.join("\n")).expect("parse").figures);
+    let at = find(&alone, "Claim beside agent-sandbox");
+    assert_eq!(
+        alone[at].baseline,
+        "not measured (BENCH_PEER_AGENT_SANDBOX unset)"
+    );
+    assert_eq!(alone[at].agentbox, "—");
+    assert_eq!(alone[at].met, None);
+    assert_eq!(at, find(&alone, "Claim: templated create → Ready") + 1);
+    assert!(!alone.iter().any(|r| {
+        r.figure
+            .starts_with("Claim beside agent-sandbox: API writes")
+    }));
+
+    // Measured: agentbox's claim beside the peer's from the same run, and the writes.
+    let mut both = ours.to_vec();
+    both.extend([
+        line("claim_peer_ready_p50_ms", 32.0),
+        line("claim_peer_ready_p95_ms", 41.0),
+        line("claim_peer_warm_starts", 20.0),
+        line("claim_peer_writes_p50", 18.0),
+    ]);
+    let rows = render::rows(&render::parse(&both.join("\n")).expect("parse").figures);
+    let peer = &rows[find(&rows, "Claim beside agent-sandbox (")];
+    assert_eq!(peer.agentbox, "30.0 / 40.0 ms");
+    assert_eq!(peer.baseline, "agent-sandbox 32.0 / 41.0 ms");
+    assert!(
+        peer.figure.contains("(n=20 each; 20 warm)"),
+        "{}",
+        peer.figure
+    );
+    assert_eq!(peer.met, Some(true));
+    let writes = &rows[find(&rows, "Claim beside agent-sandbox: API writes")];
+    assert_eq!(
+        (writes.agentbox.as_str(), writes.baseline.as_str()),
+        ("9", "agent-sandbox 18")
+    );
+
+    // Behind the peer at p95 is not below it.
+    both.push(line("claim_peer_ready_p95_ms", 39.0));
+    let rows = render::rows(&render::parse(&both.join("\n")).expect("parse").figures);
+    assert_eq!(
+        rows[find(&rows, "Claim beside agent-sandbox (")].met,
+        Some(false)
+    );
+}

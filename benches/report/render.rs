@@ -438,6 +438,7 @@ pub fn rows(f: &Figures) -> Vec<Row> {
             )
         });
     }
+    out.extend(peer_rows(f));
     if let (Some(s50), Some(s95)) = (
         c("claim_status_server_p50_ms"),
         c("claim_status_server_p95_ms"),
@@ -839,6 +840,49 @@ pub fn rows(f: &Figures) -> Vec<Row> {
 
 /// Issue 16's idle target: Ready sandboxes with a 60 s idle timeout all Suspended within 90 s,
 /// then no writes.
+/// The peer beside agentbox's claim (issue 32, `BENCH_PEER_AGENT_SANDBOX`): agent-sandbox's
+/// warm-pool claim interleaved with agentbox's in the claim bench's run, and the writes each
+/// controller made per claim; when the run had no peer, one row that says so (with a claim
+/// figure to set it beside).
+fn peer_rows(f: &Figures) -> Vec<Row> {
+    let c = |k: &str| f.get("claim", k);
+    let (Some(c50), Some(c95)) = (c("claim_ready_p50_ms"), c("claim_ready_p95_ms")) else {
+        return Vec::new();
+    };
+    let figure = "Claim beside agent-sandbox (kubernetes-sigs/agent-sandbox): its SandboxClaim on \
+         a SandboxWarmPool of the same size, image and pod shape, interleaved with agentbox's \
+         claims (above) in the same run, create → Ready on a watch, p50 / p95";
+    let (Some(p50), Some(p95)) = (c("claim_peer_ready_p50_ms"), c("claim_peer_ready_p95_ms"))
+    else {
+        return vec![row(
+            figure.into(),
+            "—".into(),
+            "not measured (BENCH_PEER_AGENT_SANDBOX unset)".into(),
+        )];
+    };
+    let n = f.n("claim", "claim_peer_ready_p50_ms");
+    let warm = c("claim_peer_warm_starts").map_or(String::new(), |w| format!("; {w:.0} warm"));
+    let mut out = vec![Row {
+        target: "below agent-sandbox",
+        met: Some(c50 < p50 && c95 < p95),
+        ..row(
+            format!("{figure} (n={n} each{warm})"),
+            format!("{c50:.1} / {c95:.1} ms"),
+            format!("agent-sandbox {p50:.1} / {p95:.1} ms"),
+        )
+    }];
+    if let (Some(ours), Some(theirs)) = (c("claim_writes_all_p50"), c("claim_peer_writes_p50")) {
+        out.push(row(
+            format!(
+                "Claim beside agent-sandbox: API writes by the controller per claim, its pool's refill included, p50 (n={n}, audit log)"
+            ),
+            format!("{ours:.0}"),
+            format!("agent-sandbox {theirs:.0}"),
+        ));
+    }
+    out
+}
+
 fn idle_rows(f: &Figures) -> Vec<Row> {
     let mut out = Vec::new();
     let i = |k: &str| f.get("idle", k);
@@ -1073,6 +1117,13 @@ const METHOD: &str = "\
   slows down as tens of thousands of files come and go; the mean is the baseline); operator
   CPU is its `utime + stime` over the snapshot and over the restore, divided by the members. The canonicaliser figures are `benches/archive.rs`: parsing,
   the rules, the re-encoding and SHA-256 in one process, no I/O.
+- **Claim beside agent-sandbox** (when `BENCH_PEER_AGENT_SANDBOX` names its built controller,
+  `hack/agent-sandbox build`): its CRDs installed and its controller run out of cluster; a
+  SandboxWarmPool as large as the SandboxPool, its template the agentbox warm pod's image,
+  command, resources and security context; per round one agentbox claim, then one
+  SandboxClaim, each against its pool refilled to full, create → Ready (the claim's `Ready`
+  condition) on a watch opened before the create; each claim deleted and its pod gone before
+  the next, on both sides (`benches/claim.rs`, `benches/peer/mod.rs`).
 - **Scale**: Suspended sandboxes (no pods) created 16 requests in flight against a freshly
   started operator; reconciled = phase Suspended with `observedGeneration` current, seen on a
   watch; then a window at rest (RSS and CPU from `/proc/<pid>`, writes from the audit log), then
