@@ -193,12 +193,7 @@ impl ExecOp {
 /// `recovered` (B, a lost workspace restored from a snapshot), `restored` (C, a fresh one
 /// restored from a snapshot), `fresh` (D, initialised from the spec).
 pub fn branch_label(b: StartBranch) -> &'static str {
-    match b {
-        StartBranch::Reattached => "reattached",
-        StartBranch::Recovered => "recovered",
-        StartBranch::Restored => "restored",
-        StartBranch::Fresh => "fresh",
-    }
+    b.label()
 }
 
 /// The `start` label of a start whose pod was made for it.

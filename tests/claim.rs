@@ -444,7 +444,7 @@ async fn a_claimed_sandbox_snapshots_and_the_next_claim_of_its_scope_restores_in
     common::store::check_committed(&b, &env, &s).await;
 
     // The next sandbox of the scope claims a warm pod too and restores the snapshot into its
-    // directory (branch Restored), the spec's files written over it.
+    // directory (branch C), the spec's files written over it.
     wait_claimable(&env, "py", 2, std::slice::from_ref(&pod_a)).await;
     create_sandbox(&env, "b", from_template("erin", json!({})))
         .await

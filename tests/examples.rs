@@ -150,7 +150,7 @@ async fn every_example_applies_and_becomes_ready() {
         assert!(out.contains(want), "files-example: {want:?} not in {out:?}");
     }
 
-    // Restore Latest with no snapshot of the scope yet: a fresh start (branch Fresh), files written.
+    // Restore Latest with no snapshot of the scope yet: a fresh start (branch D), files written.
     let s = ready(&env, "restore-example").await;
     let st = s.status.clone().unwrap_or_default();
     assert_eq!(st.phase, Some(SandboxPhase::Ready));

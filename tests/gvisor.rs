@@ -183,7 +183,7 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
     let before = listing(&env, &pod_g).await;
     assert!(before.contains("L ./d/l e/f"), "{before}");
 
-    // A snapshot, restored into a new gVisor sandbox of the same scope (branch Restored).
+    // A snapshot, restored into a new gVisor sandbox of the same scope (branch C).
     take_snapshot(&env, "s1", "g", "Delete").await;
     create_sandbox(&env, "g2", spec("alice", Some("gvisor")))
         .await

@@ -345,7 +345,7 @@ async fn delete_sandbox(env: &TestEnv, s: &Sandbox) {
 /// The Sandbox lifecycle against the in-cluster operator (`operator_pod`, checked through the
 /// Events' reporting instance): create → Ready (files from inline content, a ConfigMap and a
 /// Secret, a projection, egress denied) → exec → snapshot into the file store → delete (pod,
-/// policy, workspace directory gone) → create again: restored from the snapshot (branch Restored) →
+/// policy, workspace directory gone) → create again: restored from the snapshot (branch C) →
 /// delete → delete the snapshot (its object goes, policy Delete).
 async fn lifecycle(env: &TestEnv, name: &str, operator_pod: &str) {
     create_sandbox(env, name, sandbox_spec(name))
@@ -429,7 +429,7 @@ async fn lifecycle(env: &TestEnv, name: &str, operator_pod: &str) {
     delete_sandbox(env, &s).await;
 
     // The same scope again, in a new Sandbox: a fresh workspace restored from the snapshot
-    // (branch Restored). A new name: re-using the old one currently meets the old Sandbox's leftover
+    // (branch C). A new name: re-using the old one currently meets the old Sandbox's leftover
     // cleanup pod (see delete_sandbox), which the operator mistakes for the new one's, so the
     // new workspace directory would stay on the node (reported to the lead).
     let again = format!("{name}-again");

@@ -2,7 +2,7 @@
 //! this binary only): each node has a workspace root of its own, the same kind of mount on both
 //! (nosuid,nodev, root-only), and `hack/cluster stop-node` / `start-node` lose a node abruptly
 //! (it goes NotReady/unreachable) and bring it back Ready with its state. A Sandbox on a node
-//! that is lost is recovered on the other one from its snapshot (branch Recovered), and what it left on
+//! that is lost is recovered on the other one from its snapshot (branch B), and what it left on
 //! the lost node is removed when that node returns.
 
 mod common;

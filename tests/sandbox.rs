@@ -181,14 +181,7 @@ async fn files_fresh_then_pod_restart_reattaches_with_workspace_intact() {
         .collect();
     assert_eq!(
         &row[..6],
-        [
-            "files",
-            "Ready",
-            "Session",
-            "Running",
-            node.as_str(),
-            "Fresh"
-        ],
+        ["files", "Ready", "Session", "Running", node.as_str(), "D"],
         "{table}"
     );
 
@@ -607,7 +600,7 @@ async fn shutdown_time_deletes_the_sandbox_and_spec_changes_replace_the_pod() {
     let sbx = env.wait_for::<Sandbox>("t", 120, phase_is("Ready")).await;
     let pod = status(&sbx).pod_name.clone().unwrap();
     sh(&env, &pod, "echo work > work.txt").await;
-    // Changing the environment needs a new pod; the workspace stays (branch Reattached).
+    // Changing the environment needs a new pod; the workspace stays (branch A).
     merge(
         &env,
         "t",

@@ -1,6 +1,6 @@
 //! Snapshots against the real local cluster, each scenario against a `file://` store and an
 //! S3-compatible server on loopback (`hack/s3`, started here when not running): round trip
-//! into a new sandbox (branch Restored), recovery of a lost workspace (branch Recovered), hostile archives,
+//! into a new sandbox (branch C), recovery of a lost workspace (branch B), hostile archives,
 //! an operator killed mid-upload, retention, deletion policies and onStop.
 
 mod common;
@@ -135,7 +135,7 @@ async fn round_trip(kind: Kind) {
         s.status.as_ref().and_then(|st| st.completed_at.as_ref())
     );
 
-    // A new sandbox of the same user scope restores the newest snapshot: branch Restored.
+    // A new sandbox of the same user scope restores the newest snapshot: branch C.
     create_sandbox(&env, "b", spec("alice", json!({})))
         .await
         .expect("create b");

@@ -123,7 +123,7 @@ pub fn decide(o: Observed<'_>) -> Decision {
 }
 
 /// Why a start is refused: the workspace was lost (`root_was_ready`), there is nothing to
-/// restore (`decision` is branch Fresh), and the sandbox's `snapshot.whenLost` is `Fail`. `None`:
+/// restore (`decision` is branch D), and the sandbox's `snapshot.whenLost` is `Fail`. `None`:
 /// the start goes ahead.
 pub fn refused_when_lost(
     decision: &Decision,

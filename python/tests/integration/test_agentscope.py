@@ -85,7 +85,7 @@ async def test_users_get_their_own_workspaces_and_the_builtin_tools_run_in_them(
         assert state != ToolResultState.ERROR and "ship it" in out, out
         await alice.sandbox.refresh()
         assert alice.sandbox.status["workspace"]["initializedPodUid"] != old_pod_uid
-        assert alice.sandbox.status["workspace"]["lastStartBranch"] == "Reattached"
+        assert alice.sandbox.status["workspace"]["lastStartBranch"] == "A"
 
     # Closed: suspended, workspace kept. A new manager (another process, another day) maps the
     # same user and agent to the same scope, resumes the Sandbox, and the file is there.

@@ -59,7 +59,7 @@ async def test_suspend_is_reported_resume_waits_and_delete_removes(env: Env) -> 
     await wait_suspended(sbx)
     await sbx.wait_ready(120, resume=True)
     assert await sbx.read("keep.txt") == b"kept\n"
-    assert (sbx.status.get("workspace") or {}).get("lastStartBranch") == "Reattached"
+    assert (sbx.status.get("workspace") or {}).get("lastStartBranch") == "A"
     # Suspended again, the harness's usual get_or_create brings it back.
     await sbx.suspend()
     await wait_suspended(sbx)
@@ -96,7 +96,7 @@ async def test_an_idle_sandbox_suspends_itself_and_get_or_create_brings_it_back(
     await back.wait_ready(120)
     assert back.phase == "Ready"
     assert back.obj["spec"]["lifecycle"]["mode"] == "Running"
-    assert (back.status.get("workspace") or {}).get("lastStartBranch") == "Reattached"
+    assert (back.status.get("workspace") or {}).get("lastStartBranch") == "A"
     async with env.sandboxes.guard(scope, wait=30):
         assert await back.read("kept.txt") == b"kept\n"
     await back.delete(wait=True)

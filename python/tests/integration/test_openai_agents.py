@@ -109,7 +109,7 @@ async def test_a_resumed_run_sees_the_file_reattached_after_pod_loss_and_after_s
     assert (snap.sandbox, snap.phase) == (sbx.name, "Ready")
     first_uid = sbx.obj["metadata"]["uid"]
 
-    # Resumed: the same Sandbox, reattached (start branch Reattached, nothing copied).
+    # Resumed: the same Sandbox, reattached (start branch A, nothing copied).
     exec_turn(model, "cat notes.txt && echo second >> notes.txt", 2)
     r2 = await Runner.run(agent, r1.to_state(), run_config=config)
     assert "first-run" in tool_output(r2)
@@ -136,7 +136,7 @@ async def test_a_resumed_run_sees_the_file_reattached_after_pod_loss_and_after_s
     sbx = await sandbox_of(env, r4)
     assert sbx.obj["metadata"]["uid"] != first_uid
     assert sbx.status.get("restoredFrom") == last
-    assert sbx.status["workspace"]["lastStartBranch"] == "Restored"
+    assert sbx.status["workspace"]["lastStartBranch"] == "C"
     model.assert_complete()
 
 

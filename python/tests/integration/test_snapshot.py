@@ -1,5 +1,5 @@
 """Snapshots from Python: take one, list the scope's lineage, restore into a new sandbox of
-the scope (deleted and created again: branch Restored, from the latest), into an existing sandbox by
+the scope (deleted and created again: branch C, from the latest), into an existing sandbox by
 name (Sandbox.restore), and into another scope (create_restored)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ async def test_snapshot_then_restore_into_a_new_sandbox_of_the_scope(env: Env) -
     again = await env.sandboxes.get_or_create(scope, SPEC)
     await again.wait_ready(120)
     assert await again.read("work/state.txt") == b"two\n"
-    assert again.status["workspace"]["lastStartBranch"] == "Restored"
+    assert again.status["workspace"]["lastStartBranch"] == "C"
     assert again.status["restoredFrom"] == second.name
 
     # Back to the first one, in place: the sandbox is re-created from it.

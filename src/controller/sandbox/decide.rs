@@ -322,8 +322,8 @@ pub fn serving(sbx: &Sandbox, st: &mut SandboxStatus, pod: &Pod, template: Optio
 
 /// Whether a start may adopt a warm pod instead of making one: only a sandbox's first start,
 /// from a template, whose workspace is nowhere yet. A resume (the workspace kept on its node,
-/// `status.workspace.hostDir`), a start after the pod was lost (branch Reattached reuses the directory)
-/// and a recovery from a lost node (branch Recovered restores what the status says was ready) all
+/// `status.workspace.hostDir`), a start after the pod was lost (branch A reuses the directory)
+/// and a recovery from a lost node (branch B restores what the status says was ready) all
 /// start cold, where the workspace is or was.
 pub fn may_claim(sbx: &Sandbox, old: &SandboxStatus) -> bool {
     sbx.spec.template_ref.is_some()
@@ -716,7 +716,7 @@ pub struct Served {
 }
 
 /// Whether a start that has just become Ready is announced with an Event. A claimed warm
-/// pod's fresh start (branch Fresh: nothing restored) is not: it is the hot path of a harness's
+/// pod's fresh start (branch D: nothing restored) is not: it is the hot path of a harness's
 /// request and an Event is one more API write, while the status already says the same (Ready,
 /// and `WorkspaceReady`'s message names the branch). Every other start is (a restore into a
 /// warm pod, and any cold start).
@@ -947,7 +947,8 @@ fn initialised(
         generation,
         now,
     );
-    let note = format!("start branch {:?}: {}", decision.branch, decision.message);
+    let (letter, label) = (decision.branch.letter(), decision.branch.label());
+    let note = format!("start branch {letter} ({label}): {}", decision.message);
     Note::new(EventType::Normal, decision.reason, "InitWorkspace", &note)
 }
 
@@ -1496,7 +1497,7 @@ mod tests {
         let started = out.started.unwrap();
         assert_eq!(started.reason, "WorkspaceInitialized");
         assert!(
-            started.message.starts_with("start branch Fresh"),
+            started.message.starts_with("start branch D"),
             "{}",
             started.message
         );
@@ -2009,7 +2010,7 @@ mod tests {
             ..Default::default()
         });
         assert!(!may_claim(&templated, &kept));
-        // After a node loss: branch Recovered restores what was ready.
+        // After a node loss: branch B restores what was ready.
         let lost = with(WorkspaceStatus {
             root_ready: true,
             ..Default::default()

@@ -674,9 +674,9 @@ async fn a_prepared_root_without_its_marker_starts_fresh_from_the_spec_and_says_
     assert_eq!(todo.expect("the spec's file written"), "ship it\n");
     assert!(marker, "the marker written");
     assert!(fake.requested(&format!("GET {PODS}/{}/exec", pod("init"))));
-    // No snapshot to restore: branch Fresh, reported as a loss, since the root had been
+    // No snapshot to restore: branch D, reported as a loss, since the root had been
     // prepared before.
-    assert_started(&fake, "init", "Fresh", "WorkspaceReinitialized");
+    assert_started(&fake, "init", "D", "WorkspaceReinitialized");
     let status_writes = fake
         .writes()
         .iter()
@@ -699,7 +699,7 @@ async fn a_workspace_initialised_by_an_earlier_pod_is_reattached_as_it_is() {
     let kept = std::fs::read_to_string(root.join("src/main.py"));
     let _ = std::fs::remove_dir_all(&root);
     assert_eq!(kept.expect("the file"), "edited\n", "the workspace is kept");
-    assert_started(&fake, "again", "Reattached", "WorkspaceReused");
+    assert_started(&fake, "again", "A", "WorkspaceReused");
 }
 
 /// The sandbox `name` is Ready, initialised in the current pod, through `branch` for `reason`.
@@ -748,12 +748,9 @@ async fn a_lost_workspace_comes_back_from_the_newest_snapshot_as_recovered() {
         .filter(|n| n.starts_with("staging-") || n.starts_with("old-"))
         .collect();
     let _ = std::fs::remove_dir_all(&root);
-    assert_started(&fake, "rec", "Recovered", "WorkspaceRecovered");
+    assert_started(&fake, "rec", "B", "WorkspaceRecovered");
     assert_eq!(back.expect("restored"), "print('hi')\n");
-    assert!(
-        todo.is_err(),
-        "branch Recovered writes only the ephemeral files"
-    );
+    assert!(todo.is_err(), "branch B writes only the ephemeral files");
     assert!(
         staged.is_empty(),
         "nothing of the restore is left behind: {staged:?}"

@@ -131,20 +131,19 @@ mod tests {
     }
 
     #[test]
-    fn start_branches_are_named_and_the_letters_of_older_statuses_still_read() {
-        let named = serde_json::to_value(StartBranch::Reattached).unwrap();
-        assert_eq!(named, serde_json::json!("Reattached"));
-        for (old, new) in [
+    fn start_branches_are_named_in_code_and_written_as_the_status_letters() {
+        for (letter, branch) in [
             ("A", StartBranch::Reattached),
             ("B", StartBranch::Recovered),
             ("C", StartBranch::Restored),
             ("D", StartBranch::Fresh),
         ] {
-            let read: StartBranch = serde_json::from_value(serde_json::json!(old)).unwrap();
-            assert_eq!(read, new, "{old}");
-            let again: StartBranch =
-                serde_json::from_value(serde_json::to_value(new).unwrap()).unwrap();
-            assert_eq!(again, new);
+            assert_eq!(
+                serde_json::to_value(branch).unwrap(),
+                serde_json::json!(letter)
+            );
+            let read: StartBranch = serde_json::from_value(serde_json::json!(letter)).unwrap();
+            assert_eq!(read, branch, "{letter}");
         }
     }
 

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Scope","type":"string","jsonPath":".spec.scope.kind"}"#,
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.lifecycle.mode"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#,
-    printcolumn = r#"{"name":"Start","type":"string","description":"Start branch of the last workspace initialisation: Reattached, Recovered (a lost workspace restored), Restored (a fresh one restored) or Fresh","jsonPath":".status.workspace.lastStartBranch"}"#,
+    printcolumn = r#"{"name":"Start","type":"string","description":"Start branch of the last workspace initialisation (A reattached, B recovered, C restored, D fresh)","jsonPath":".status.workspace.lastStartBranch"}"#,
     printcolumn = r#"{"name":"Snapshot","type":"date","description":"When the newest Ready snapshot of this sandbox was taken","jsonPath":".status.lastSnapshot.completedAt"}"#,
     printcolumn = r#"{"name":"Last-Snapshot","type":"string","priority":1,"description":"Name of the newest Ready snapshot of this sandbox","jsonPath":".status.lastSnapshot.name"}"#,
     printcolumn = r#"{"name":"Template","type":"string","priority":1,"description":"The SandboxTemplate the sandbox is made from","jsonPath":".spec.templateRef.name"}"#,
@@ -604,7 +604,7 @@ pub struct SnapshotPolicy {
     pub retention: Option<Retention>,
     /// What a start does when the workspace was lost (its node lost, its directory gone) and
     /// there is no snapshot to restore: `StartFresh` (the default: a fresh workspace from the
-    /// spec, branch Fresh, the loss stated in WorkspaceReady and an Event) or `Fail` (no start:
+    /// spec, branch D, the loss stated in WorkspaceReady and an Event) or `Fail` (no start:
     /// WorkspaceReady and Ready False with reason `WorkspaceLost` until a snapshot exists or
     /// the policy changes).
     #[serde(default)]
@@ -616,7 +616,7 @@ pub struct SnapshotPolicy {
     Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
 )]
 pub enum WhenLost {
-    /// A fresh workspace from the spec (branch Fresh), the loss reported.
+    /// A fresh workspace from the spec (branch D), the loss reported.
     #[default]
     StartFresh,
     /// No start: the sandbox reports the loss and waits for a snapshot or a policy change.
@@ -989,22 +989,47 @@ impl SandboxPhase {
     }
 }
 
-/// The start branch taken when a workspace was initialised. (Statuses written before these
-/// names said `A`, `B`, `C`, `D`; they are still read.)
+/// The start branch taken when a workspace was initialised: `A` reattached (the workspace was
+/// still there), `B` recovered (a lost workspace restored from a snapshot), `C` restored (a
+/// fresh one restored from a snapshot), `D` fresh (initialised from the spec). The letters are
+/// the status's words, kept so that CRDs of an earlier chart (Helm does not upgrade them) and
+/// the operators that wrote them agree with this one.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 pub enum StartBranch {
-    /// Marker present: the workspace was reused; only ephemeral files were re-applied.
-    #[serde(alias = "A")]
+    /// `A`: marker present: the workspace was reused; only ephemeral files were re-applied.
+    #[serde(rename = "A")]
     Reattached,
-    /// The workspace was ready before but is gone: restored from the latest snapshot.
-    #[serde(alias = "B")]
+    /// `B`: the workspace was ready before but is gone: restored from the latest snapshot.
+    #[serde(rename = "B")]
     Recovered,
-    /// Fresh workspace restored from a snapshot, then all files written.
-    #[serde(alias = "C")]
+    /// `C`: fresh workspace restored from a snapshot, then all files written.
+    #[serde(rename = "C")]
     Restored,
-    /// Fresh workspace, nothing to restore: all files written.
-    #[serde(alias = "D")]
+    /// `D`: fresh workspace, nothing to restore: all files written.
+    #[serde(rename = "D")]
     Fresh,
+}
+
+impl StartBranch {
+    /// Its letter, as the status says it.
+    pub fn letter(self) -> &'static str {
+        match self {
+            StartBranch::Reattached => "A",
+            StartBranch::Recovered => "B",
+            StartBranch::Restored => "C",
+            StartBranch::Fresh => "D",
+        }
+    }
+
+    /// Its name in words (the metrics' `branch` label).
+    pub fn label(self) -> &'static str {
+        match self {
+            StartBranch::Reattached => "reattached",
+            StartBranch::Recovered => "recovered",
+            StartBranch::Restored => "restored",
+            StartBranch::Fresh => "fresh",
+        }
+    }
 }
 
 /// Workspace state.

@@ -39,8 +39,8 @@ How the framework's session contract maps onto agentbox:
   a plain tar stream (``workspace_persistence="tar"`` makes ``persist_workspace`` return one, for
   a snapshot store of the user's own).
 - ``resume`` reattaches to the same Sandbox when it exists (its workspace is still on its node:
-  start branch Reattached, nothing copied), and otherwise creates it again restored from the last
-  snapshot this session persisted (start branch Restored, restored by the operator before Ready).
+  start branch A, nothing copied), and otherwise creates it again restored from the last
+  snapshot this session persisted (start branch C, restored by the operator before Ready).
 - ``delete`` (the Runner calls it after every run) suspends the Sandbox by default, under the
   scope's guard (left to another run that holds it: that run is at work there): the pod
   goes, the workspace stays on its node, and the next run's ``resume`` reattaches in about a
