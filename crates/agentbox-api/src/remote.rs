@@ -454,8 +454,11 @@ exec tar -c -f - -C "$p" .
 ///   and the command is `exec`ed when it has no timeout.
 /// - `STDIN`: `-` the command's stdin is `/dev/null` (the exec's stays open for the linger);
 ///   a decimal `K` the command reads exactly the first `K` bytes (`head -c`), then EOF; `=` it
-///   reads the exec's stdin until the client half-closes it, and there is no linger (the
-///   client's EOF is the command's, so it cannot also mean "read").
+///   reads the exec's stdin until the client half-closes it. With `K` or `=`, what the
+///   command left unread is read and dropped after the marks, until the client half-closes
+///   (which it does once it has both marks): a command that exits without reading its stdin
+///   left the exec's stdin unread, and the client waiting for ever to send the rest
+///   (`agentbox exec -i … -- sh -c 'exit 3' < 8 MB` hung).
 /// - `TIMEOUT` (seconds, empty = none): the command runs under `setsid` (its own process
 ///   group; it is not a group leader as a child of `&`, so busybox `setsid` does not fork and
 ///   the exit code is kept). stdin is passed through fd 3 because a non-interactive shell
@@ -496,7 +499,7 @@ esac
 r=$?
 [ -n "$m" ] || exit $r
 printf %s "$m"; printf %s "$m" >&2
-[ "$i" = = ] && exit $r
+[ "$i" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }
 while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
 [ $s = 2 ] && while read -r _; do :; done
 exit $r
@@ -1304,6 +1307,31 @@ mod tests {
     }
 
     #[test]
+    fn a_command_that_leaves_its_stdin_unread_has_it_read_after_the_marks() {
+        use std::io::Write;
+        let data = vec![b'x'; 1 << 20];
+        for sh in shells() {
+            for mode in ["=".to_string(), data.len().to_string()] {
+                let argv = wrapped(&sh, (MK, &mode), "", "", &[], &["sh", "-c", "exit 3"]);
+                let mut child = Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("run");
+                let mut i = child.stdin.take().unwrap();
+                let wrote = i.write_all(&data).is_ok();
+                drop(i);
+                let out = child.wait_with_output().expect("wait");
+                assert_eq!(out.status.code(), Some(3), "{sh:?} {mode}");
+                assert_eq!(unmarked(&out.stdout), "", "{sh:?} {mode}");
+                assert!(wrote, "{sh:?} {mode}: the wrapper left its stdin unread");
+            }
+        }
+    }
+
+    #[test]
     fn the_wrapper_sets_workdir_and_env_keeps_the_exit_code_and_ends_both_streams_with_the_mark() {
         let dir = scratch("wrapper");
         for sh in shells() {
@@ -1396,10 +1424,11 @@ mod tests {
     }
 
     #[test]
-    fn the_wrapper_lingers_until_stdin_ends_except_with_a_stream_or_without_a_mark() {
+    fn the_wrapper_lingers_until_stdin_ends_except_without_a_mark() {
         use std::io::{Read, Write};
         for sh in shells() {
-            for mode in ["-", "2"] {
+            // A stream (`=`) too: what the command left unread is read until the client's EOF.
+            for mode in ["-", "2", "="] {
                 let argv = wrapped(&sh, (MK, mode), "", "", &[], &["echo", "hi"]);
                 let mut child = Command::new(&argv[0])
                     .args(&argv[1..])
@@ -1433,8 +1462,8 @@ mod tests {
                 let st = child.wait().expect("wait");
                 assert_eq!(st.code(), Some(0), "{sh:?} {mode}");
             }
-            // `=` and an empty mark: no linger (stdin stays open here, and they end anyway).
-            for (mark, mode) in [(MK, "="), ("", "-")] {
+            // An empty mark: no linger (stdin stays open here, and it ends anyway).
+            for (mark, mode) in [("", "-")] {
                 let argv = wrapped(&sh, (mark, mode), "", "", &["A=1"], &["echo", "hi"]);
                 let mut child = Command::new(&argv[0])
                     .args(&argv[1..])

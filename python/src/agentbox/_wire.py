@@ -75,7 +75,7 @@ esac
 r=$?
 [ -n "$m" ] || exit $r
 printf %s "$m"; printf %s "$m" >&2
-[ "$i" = = ] && exit $r
+[ "$i" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }
 while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
 [ $s = 2 ] && while read -r _; do :; done
 exit $r

@@ -40,13 +40,18 @@ final class Exec {
   static final class Conn implements AutoCloseable {
     final WebSocket ws;
     final LinkedBlockingQueue<Object> events;
+    /** Whether stdin is half-closed: no stdin frame may follow the close. */
+    private boolean stdinClosed;
 
     Conn(WebSocket ws, LinkedBlockingQueue<Object> events) {
       this.ws = ws;
       this.events = events;
     }
 
-    void send(int channel, byte[] data, int off, int len) {
+    synchronized void send(int channel, byte[] data, int off, int len) {
+      if (channel == Wire.STDIN_CHANNEL && stdinClosed) {
+        throw new TransportException("exec: stdin is closed (the command has ended)");
+      }
       byte[] frame = new byte[len + 1];
       frame[0] = (byte) channel;
       System.arraycopy(data, off, frame, 1, len);
@@ -55,7 +60,11 @@ final class Exec {
       }
     }
 
-    void halfCloseStdin() {
+    synchronized void halfCloseStdin() {
+      if (stdinClosed) {
+        return;
+      }
+      stdinClosed = true;
       ws.send(ByteBuffer.wrap(new byte[] {(byte) Wire.CLOSE_CHANNEL, (byte) Wire.STDIN_CHANNEL}));
     }
 
@@ -304,8 +313,10 @@ final class Exec {
         }
         return o.check ? r.check() : r;
       }
-      if (!closedStdin && !mode.equals(Wire.STDIN_STREAM) && outT.complete() && errT.complete()) {
-        // Both streams are whole: the wrapper's linger may end now.
+      if (!closedStdin && outT.complete() && errT.complete()) {
+        // Both streams are whole: the command has ended. Stdin is half-closed now, also a
+        // stream's: the wrapper's linger ends, and what the command left unread, which the
+        // wrapper reads and drops, stops coming.
         c.halfCloseStdin();
         closedStdin = true;
       }

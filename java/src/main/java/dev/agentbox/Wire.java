@@ -85,7 +85,7 @@ public final class Wire {
           + "r=$?\n"
           + "[ -n \"$m\" ] || exit $r\n"
           + "printf %s \"$m\"; printf %s \"$m\" >&2\n"
-          + "[ \"$i\" = = ] && exit $r\n"
+          + "[ \"$i\" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }\n"
           + "while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done\n"
           + "[ $s = 2 ] && while read -r _; do :; done\n"
           + "exit $r\n";
