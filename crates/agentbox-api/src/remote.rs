@@ -921,6 +921,13 @@ mod tests {
 
     /// Runs `argv` on the host with `stdin`; returns the exit code, stdout and stderr.
     fn run_argv(argv: &[String], stdin: &[u8]) -> (i32, Vec<u8>, String) {
+        let (code, out, err, _) = run_fed(argv, stdin);
+        (code, out, err)
+    }
+
+    /// [`run_argv`], and whether all of `stdin` was taken (a script that exits with its stdin
+    /// unread fails the write).
+    fn run_fed(argv: &[String], stdin: &[u8]) -> (i32, Vec<u8>, String, bool) {
         use std::io::Write;
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
@@ -929,12 +936,13 @@ mod tests {
             .stderr(Stdio::piped())
             .spawn()
             .expect("run");
-        if let Some(mut i) = child.stdin.take() {
-            let _ = i.write_all(stdin);
-        }
+        let wrote = child
+            .stdin
+            .take()
+            .is_some_and(|mut i| i.write_all(stdin).is_ok());
         let out = child.wait_with_output().expect("wait");
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        (out.status.code().unwrap_or(-1), out.stdout, err)
+        (out.status.code().unwrap_or(-1), out.stdout, err, wrote)
     }
 
     #[test]
@@ -1112,7 +1120,6 @@ mod tests {
 
     #[test]
     fn a_file_script_that_refuses_reads_its_stdin_first() {
-        use std::io::Write;
         // A write onto a directory's path, and one outside the workspace: both refused
         // before `cat` reads anything, with more stdin than a pipe holds. Unread, the
         // client's send would fail here (and, through an exec, wait for ever).
@@ -1122,20 +1129,8 @@ mod tests {
         std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
         let data = vec![b'x'; 1 << 20];
         for (path, code) in [("dir", MISSING), ("out/x", ESCAPES)] {
-            let argv = file_op(WRITE, &root, path);
-            let mut child = Command::new(&argv[0])
-                .args(&argv[1..])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("run");
-            let mut i = child.stdin.take().unwrap();
-            let wrote = i.write_all(&data).is_ok();
-            drop(i);
-            let out = child.wait_with_output().expect("wait");
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(code), "{path}: {err}");
+            let (got, _, err, wrote) = run_fed(&file_op(WRITE, &root, path), &data);
+            assert_eq!(got, code, "{path}: {err}");
             assert!(wrote, "{path}: the script exited with its stdin unread");
         }
         assert!(!outside.join("x").exists());
@@ -1308,24 +1303,13 @@ mod tests {
 
     #[test]
     fn a_command_that_leaves_its_stdin_unread_has_it_read_after_the_marks() {
-        use std::io::Write;
         let data = vec![b'x'; 1 << 20];
         for sh in shells() {
             for mode in ["=".to_string(), data.len().to_string()] {
                 let argv = wrapped(&sh, (MK, &mode), "", "", &[], &["sh", "-c", "exit 3"]);
-                let mut child = Command::new(&argv[0])
-                    .args(&argv[1..])
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("run");
-                let mut i = child.stdin.take().unwrap();
-                let wrote = i.write_all(&data).is_ok();
-                drop(i);
-                let out = child.wait_with_output().expect("wait");
-                assert_eq!(out.status.code(), Some(3), "{sh:?} {mode}");
-                assert_eq!(unmarked(&out.stdout), "", "{sh:?} {mode}");
+                let (code, out, _, wrote) = run_fed(&argv, &data);
+                assert_eq!(code, 3, "{sh:?} {mode}");
+                assert_eq!(unmarked(&out), "", "{sh:?} {mode}");
                 assert!(wrote, "{sh:?} {mode}: the wrapper left its stdin unread");
             }
         }
