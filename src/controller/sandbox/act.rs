@@ -1,9 +1,9 @@
 //! Carries out a [`Plan`]: the writes and execs of one reconcile of a live Sandbox. [`act`]
 //! is the driver: one arm per [`Step`], the short ones here, the long ones each in the module
 //! named for it (`create`: a pod made or a warm one claimed; `serve`: the pod initialised and
-//! reported; `suspend`; `lost`: a node's loss), each given the reconcile's [`Hands`]. Each
-//! step ends in at most one status write, made only when the status changed, with the Event
-//! that goes with it.
+//! reported; `suspend`; `lost`: a node's loss), each given the Sandbox and the reconcile's
+//! [`Hands`] (what it works with, apart from what it works on). Each step ends in at most
+//! one status write, made only when the status changed, with the Event that goes with it.
 
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ fn then(requeue: Option<Duration>) -> Action {
 }
 
 /// Carries out `plan`, as decided from `world`.
-pub async fn act(h: &Hands<'_>, world: World, plan: Plan) -> Result<Action, Error> {
+pub async fn act(h: &Hands<'_>, sbx: &Sandbox, world: World, plan: Plan) -> Result<Action, Error> {
     let Plan {
         step,
         status,
@@ -42,36 +42,36 @@ pub async fn act(h: &Hands<'_>, world: World, plan: Plan) -> Result<Action, Erro
     let pod_name = world
         .pod
         .as_ref()
-        .map_or_else(|| placement::pod_name(h.sbx), |p| p.name_any());
+        .map_or_else(|| placement::pod_name(sbx), |p| p.name_any());
     match step {
-        Step::Invalid => return refuse(h, &world, &pod_name, t, requeue).await,
-        Step::ShutDown => return shut_down(h, t.note).await,
-        _ => expose(h, &world).await?,
+        Step::Invalid => return refuse(h, sbx, &world, &pod_name, t, requeue).await,
+        Step::ShutDown => return shut_down(h, sbx, t.note).await,
+        _ => expose(h, sbx, &world).await?,
     }
     let old = &world.old;
     match step {
-        Step::Suspend => match suspend::suspend(h, old, &pod_name, t).await? {
+        Step::Suspend => match suspend::suspend(h, sbx, old, &pod_name, t).await? {
             true => Ok(then(requeue)),
             false => Ok(Action::requeue(Duration::from_secs(2))),
         },
-        Step::CreatePod => create::create_pod(h, &world, t.status, requeue).await,
+        Step::CreatePod => create::create_pod(h, sbx, &world, t.status, requeue).await,
         Step::AwaitPodGone => {
             if old != &t.status {
-                h.writer().status(&t.status).await?;
+                h.writer(sbx).status(&t.status).await?;
             }
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         Step::PodNameConflict => {
-            h.writer().transition(old, &t.status, t.note).await?;
+            h.writer(sbx).transition(old, &t.status, t.note).await?;
             Ok(Action::requeue(Duration::from_secs(60)))
         }
         Step::ReplacePod => {
-            h.writer().publish(t.note).await;
+            h.writer(sbx).publish(t.note).await;
             delete_if_present(&h.apis.pods, &pod_name).await?;
             Ok(Action::requeue(Duration::from_secs(1)))
         }
-        Step::Serve => serve::serve_found(h, &world, t.status, requeue).await,
-        Step::NodeLost(lost) => lost::node_lost(h, &world, &pod_name, t.status, &lost).await,
+        Step::Serve => serve::serve_found(h, sbx, &world, t.status, requeue).await,
+        Step::NodeLost(lost) => lost::node_lost(h, sbx, &world, &pod_name, t.status, &lost).await,
         Step::Invalid | Step::ShutDown => Ok(Action::await_change()),
     }
 }
@@ -79,40 +79,39 @@ pub async fn act(h: &Hands<'_>, world: World, plan: Plan) -> Result<Action, Erro
 /// The spec cannot be honoured: a pod of ours goes, the refusal is recorded.
 async fn refuse(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     world: &World,
     pod_name: &str,
     t: Transition,
     requeue: Option<Duration>,
 ) -> Result<Action, Error> {
-    if world
-        .pod
-        .as_ref()
-        .is_some_and(|p| placement::controlled_by(p, h.sbx))
-    {
+    if world.pod_ours {
         delete_if_present(&h.apis.pods, pod_name).await?;
     }
-    h.writer().transition(&world.old, &t.status, t.note).await?;
+    h.writer(sbx)
+        .transition(&world.old, &t.status, t.note)
+        .await?;
     Ok(then(requeue))
 }
 
 /// `shutdownTime` has passed: the Sandbox deletes ith.
-async fn shut_down(h: &Hands<'_>, note: Option<Note>) -> Result<Action, Error> {
+async fn shut_down(h: &Hands<'_>, sbx: &Sandbox, note: Option<Note>) -> Result<Action, Error> {
     // The delete's cleanup (the on-stop snapshot, the workspace) needs the finalizer on.
-    h.apis.metadata.needed(&h.apis.sandboxes, h.sbx).await?;
-    h.writer().publish(note).await;
+    h.apis.metadata.needed(&h.apis.sandboxes, sbx).await?;
+    h.writer(sbx).publish(note).await;
     h.apis
         .sandboxes
-        .delete(&h.sbx.name_any(), &DeleteParams::default())
+        .delete(&sbx.name_any(), &DeleteParams::default())
         .await?;
     Ok(Action::await_change())
 }
 
 /// What the spec exposes: the deny-egress policy and the Service of `spec.ports` (where
 /// each port is reached is in the planned status).
-async fn expose(h: &Hands<'_>, world: &World) -> Result<(), Error> {
-    ensure_network_policy(h.sbx, &h.apis.policies, world.policy.as_ref()).await?;
-    if service::ensure(&h.apis.services, h.sbx, &world.old).await? > 0 {
-        debug!(sandbox = %h.sbx.name_any(), "applied the Service of spec.ports");
+async fn expose(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error> {
+    ensure_network_policy(sbx, &h.apis.policies, world.policy.as_ref()).await?;
+    if service::ensure(&h.apis.services, sbx, &world.old).await? > 0 {
+        debug!(sandbox = %sbx.name_any(), "applied the Service of spec.ports");
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use super::serve::{Adopted, Found, Seen};
 use super::{lost, serve};
 use crate::controller::context::{Error, FIELD_MANAGER, Note};
 use crate::controller::{placement, pod, podstate, restore_source, runtime, sources};
-use agentbox_api::crd::SandboxStatus;
+use agentbox_api::crd::{Sandbox, SandboxStatus};
 use agentbox_api::guard::LeaseView;
 
 /// How soon a sandbox whose RuntimeClass does not exist looks again (RuntimeClasses are not
@@ -32,17 +32,18 @@ const RUNTIME_CLASS_POLL: Duration = Duration::from_secs(30);
 /// pod to the workspace's node if it still exists, and applies the pod.
 pub(super) async fn create_pod(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     world: &World,
     mut st: SandboxStatus,
     requeue: Option<Duration>,
 ) -> Result<Action, Error> {
     let old = &world.old;
-    check_sources(h, old, &mut st).await?;
-    if decide::may_claim(h.sbx, old)
-        && let Some((pod, adopted)) = claim_warm(h).await?
+    check_sources(h, sbx, old, &mut st).await?;
+    if decide::may_claim(sbx, old)
+        && let Some((pod, adopted)) = claim_warm(h, sbx).await?
     {
         debug!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
-        decide::serving(h.sbx, &mut st, &pod, world.template.as_ref());
+        decide::serving(sbx, &mut st, &pod, world.template.as_ref());
         let found = Found {
             state: podstate::observe_pod(&pod),
             pod: &pod,
@@ -54,13 +55,13 @@ pub(super) async fn create_pod(
             status: st,
             now: world.now,
         };
-        return serve::serve(h, found, seen, requeue).await;
+        return serve::serve(h, sbx, found, seen, requeue).await;
     }
-    if let Some(wait) = check_runtime_class(h, old, &mut st).await? {
+    if let Some(wait) = check_runtime_class(h, sbx, old, &mut st).await? {
         return Ok(Action::requeue(wait));
     }
-    let pin = lost::pin(h, &mut st).await?;
-    apply_pod(h, world, st, pin).await
+    let pin = lost::pin(h, sbx, &mut st).await?;
+    apply_pod(h, sbx, world, st, pin).await
 }
 
 /// The kubelet reads what the environment names on the operator's word: only objects
@@ -68,21 +69,22 @@ pub(super) async fn create_pod(
 /// source missing or not readable is recorded before its error goes back.
 async fn check_sources(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     old: &SandboxStatus,
     st: &mut SandboxStatus,
 ) -> Result<(), Error> {
-    let Err(e) = sources::check_env(h.sbx, h.ctx).await else {
+    let Err(e) = sources::check_env(sbx, h.ctx).await else {
         return Ok(());
     };
     if let Error::SourceMissing(_) | Error::SourceNotReadable(_) = e {
         let (reason, message) = e.reason_and_message();
-        let generation = h.sbx.metadata.generation;
+        let generation = sbx.metadata.generation;
         let stamp = Stamp {
             generation,
             now: Timestamp::now(),
         };
         let note = decide::held(st, reason, &message, stamp);
-        h.writer().transition(old, st, Some(note)).await?;
+        h.writer(sbx).transition(old, st, Some(note)).await?;
     }
     Err(e)
 }
@@ -90,21 +92,21 @@ async fn check_sources(
 /// Adopts a warm pod that fits, if one does: the pod as the adopting write returned it,
 /// with the restore's snapshot lookup (made beside the adopting write, as it needs no pod:
 /// one read wasted when no warm pod is taken) and the shell its pool left open in it.
-async fn claim_warm(h: &Hands<'_>) -> Result<Option<(Box<Pod>, Adopted)>, Error> {
+async fn claim_warm(h: &Hands<'_>, sbx: &Sandbox) -> Result<Option<(Box<Pod>, Adopted)>, Error> {
     let started = Instant::now();
     let ((claimed, patched), (lookup, looked)) = tokio::join!(
         async {
             let pods = &h.apis.pods;
-            let claimed = claim::claim(h.sbx, h.ctx, pods, h.podcfg).await;
+            let claimed = claim::claim(sbx, h.ctx, pods, h.podcfg).await;
             (claimed, started.elapsed())
         },
         async {
-            let lookup = restore_source::candidate(h.ctx, h.sbx).await;
+            let lookup = restore_source::candidate(h.ctx, sbx).await;
             (lookup, started.elapsed())
         }
     );
     // Which of the two the start waited for (a profile's question).
-    debug!(sandbox = %h.sbx.name_any(), "claim answered at {patched:?}, restore lookup at {looked:?}");
+    debug!(sandbox = %sbx.name_any(), "claim answered at {patched:?}, restore lookup at {looked:?}");
     let claimed = claimed?;
     h.ctx.metrics.claimed(claimed.result(), started.elapsed());
     Ok(match claimed {
@@ -118,19 +120,20 @@ async fn claim_warm(h: &Hands<'_>) -> Result<Option<(Box<Pod>, Adopted)>, Error>
 /// returned wait.
 async fn check_runtime_class(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     old: &SandboxStatus,
     st: &mut SandboxStatus,
 ) -> Result<Option<Duration>, Error> {
-    let Some(rc) = runtime::effective(&h.sbx.spec, h.podcfg.default_runtime_class) else {
+    let Some(rc) = runtime::effective(&sbx.spec, h.podcfg.default_runtime_class) else {
         return Ok(None);
     };
     let classes: Api<RuntimeClass> = Api::all(h.ctx.client.clone());
     match classes.get_opt(rc).await {
         Ok(Some(_)) => decide::clear_stall(st, runtime::NOT_FOUND),
         Ok(None) => {
-            let generation = h.sbx.metadata.generation;
+            let generation = sbx.metadata.generation;
             let note = decide::runtime_class_missing(st, rc, generation, Timestamp::now());
-            h.writer().transition(old, st, Some(note)).await?;
+            h.writer(sbx).transition(old, st, Some(note)).await?;
             return Ok(Some(RUNTIME_CLASS_POLL));
         }
         // An operator without the right to read RuntimeClasses: the API server's own
@@ -145,11 +148,12 @@ async fn check_runtime_class(
 /// directory (kept across a suspend or a pod's loss; the derived one when there is none).
 async fn apply_pod(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     world: &World,
     mut st: SandboxStatus,
     pin: Option<String>,
 ) -> Result<Action, Error> {
-    let (sbx, old) = (h.sbx, &world.old);
+    let old = &world.old;
     let (generation, now) = (sbx.metadata.generation, Timestamp::now());
     // A pod the operator makes has the derived name, whatever pod the sandbox had before.
     let pod_name = placement::derived_pod_name(sbx);
@@ -181,7 +185,7 @@ async fn apply_pod(
         // admission, a quota), a field it rejects. Say so instead of retrying blindly.
         let msg = format!("the API server refused the sandbox pod: {}", s.message);
         let note = decide::held(&mut st, "PodRejected", &msg, Stamp { generation, now });
-        h.writer().transition(old, &st, Some(note)).await?;
+        h.writer(sbx).transition(old, &st, Some(note)).await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
     created?;
@@ -200,9 +204,9 @@ async fn apply_pod(
         action: "CreatePod",
         message: msg,
     };
-    h.writer().publish(Some(note)).await;
+    h.writer(sbx).publish(Some(note)).await;
     if decide::pod_created(old, &mut st, &pod_name, Stamp { generation, now }) {
-        h.writer().status(&st).await?;
+        h.writer(sbx).status(&st).await?;
     }
     Ok(Action::requeue(Duration::from_secs(10)))
 }

@@ -151,7 +151,7 @@ pub fn decide(sbx: &Sandbox, w: &World) -> Plan {
 fn observed(sbx: &Sandbox, w: &World, view: &LeaseView) -> SandboxStatus {
     let generation = sbx.metadata.generation;
     let mut st = w.old.clone();
-    st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
+    st.scope_key = Some(w.scope_key.clone());
     st.observed_generation = generation;
     let (guard, held, reason, message) = guarded(view);
     st.guard = guard;
@@ -194,8 +194,8 @@ fn node_of_pod(sbx: &Sandbox, w: &World) -> Option<NodeHealth> {
     if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
         return None;
     }
-    let (pod, (node, seen)) = (w.pod.as_ref()?, w.node.as_ref()?);
-    if !placement::controlled_by(pod, sbx) {
+    let (node, seen) = w.node.as_ref()?;
+    if !w.pod_ours {
         return None;
     }
     Some(nodeloss::judge(
@@ -261,7 +261,7 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
         );
         return (Step::AwaitPodGone, None);
     }
-    if !placement::controlled_by(pod, sbx) {
+    if !w.pod_ours {
         let msg = format!(
             "a pod named {} exists and does not belong to this sandbox",
             pod.name_any()
@@ -1009,6 +1009,10 @@ mod tests {
 
     fn world(pod: Option<Pod>) -> World {
         World {
+            scope_key: labels::scope_key(&sandbox(json!({})).spec.scope),
+            pod_ours: pod
+                .as_ref()
+                .is_some_and(|p| placement::controlled_by(p, &sandbox(json!({})))),
             now: t(0),
             old: SandboxStatus::default(),
             lease: None,
@@ -1069,7 +1073,11 @@ mod tests {
             Step::NodeLost(Lost { since: None, .. })
         ));
         // Not ours: never force-deleted for a node loss.
-        w.pod = Some(pod("someone-else"));
+        w = World {
+            node: w.node.clone(),
+            now: w.now,
+            ..world(Some(pod("someone-else")))
+        };
         assert_eq!(decide(&sandbox(json!({})), &w).step, Step::PodNameConflict);
     }
 

@@ -5,12 +5,11 @@ use crate::controller::context::{Context, Note};
 use crate::controller::pod::PodConfig;
 use agentbox_api::crd::{Sandbox, SandboxStatus};
 
-/// One reconcile's hands: the sandbox (its effective spec), the operator's context, the
-/// namespace's API handles and the pod settings. Every step of [`super::act`] takes them.
+/// One reconcile's hands, what it works with: the operator's context, the namespace's API
+/// handles and the pod settings. Every step of [`super::act`] takes them beside the Sandbox
+/// it works on, which travels on its own so that a helper that needs no sandbox gets none.
 #[derive(Clone, Copy)]
 pub(super) struct Hands<'a> {
-    /// The Sandbox, with its template applied.
-    pub sbx: &'a Sandbox,
     /// The operator's context.
     pub ctx: &'a Context,
     /// The namespace's API handles.
@@ -20,10 +19,10 @@ pub(super) struct Hands<'a> {
 }
 
 impl<'a> Hands<'a> {
-    /// Where the status and Events go.
-    pub fn writer(&self) -> Writer<'a> {
+    /// Where `sbx`'s status and Events go.
+    pub fn writer(&self, sbx: &'a Sandbox) -> Writer<'a> {
         Writer {
-            sbx: self.sbx,
+            sbx,
             ctx: self.ctx,
             apis: self.apis,
         }

@@ -17,12 +17,13 @@ use super::write::force_delete;
 use crate::controller::context::{Error, Note};
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::{placement, restore_source};
-use agentbox_api::crd::{SandboxSnapshot, SandboxStatus};
+use agentbox_api::crd::{Sandbox, SandboxSnapshot, SandboxStatus};
 
 /// The pod's node is lost: records the loss once (a repeat, after a failed force-delete,
 /// only deletes), then force-deletes the pod.
 pub(super) async fn node_lost(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     world: &World,
     pod_name: &str,
     mut st: SandboxStatus,
@@ -32,9 +33,9 @@ pub(super) async fn node_lost(
     let recorded = old.node_loss.as_ref().is_some_and(|l| l.node == lost.node)
         && old.abandoned.iter().any(|a| a.node == lost.node);
     if !recorded {
-        let dir = placement::host_dir_with(h.sbx, world.pod.as_ref(), h.podcfg.node_root);
-        let note = lose_node(h, &mut st, lost, &dir).await?;
-        h.writer().transition(old, &st, Some(note)).await?;
+        let dir = placement::host_dir_with(sbx, world.pod.as_ref(), h.podcfg.node_root);
+        let note = lose_node(h, sbx, &mut st, lost, &dir).await?;
+        h.writer(sbx).transition(old, &st, Some(note)).await?;
     }
     let uid = world.pod.as_ref().and_then(|p| p.uid());
     force_delete(&h.apis.pods, pod_name, uid).await?;
@@ -45,7 +46,11 @@ pub(super) async fn node_lost(
 /// ready for less than the grace), or anywhere (`None`) when there is no workspace on a
 /// node yet or its node is lost — then the workspace is given up in `st` first and the
 /// next start is B (restore) or D (fresh), on another node.
-pub(super) async fn pin(h: &Hands<'_>, st: &mut SandboxStatus) -> Result<Option<String>, Error> {
+pub(super) async fn pin(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    st: &mut SandboxStatus,
+) -> Result<Option<String>, Error> {
     let Some(node) = st.node_name.clone() else {
         return Ok(None);
     };
@@ -54,10 +59,10 @@ pub(super) async fn pin(h: &Hands<'_>, st: &mut SandboxStatus) -> Result<Option<
         NodeHealth::Lost { since, why } => (since, why),
     };
     let dir = placement::recorded_in(st)
-        .unwrap_or_else(|| placement::derived_host_dir(h.sbx, h.podcfg.node_root));
+        .unwrap_or_else(|| placement::derived_host_dir(sbx, h.podcfg.node_root));
     let lost = Lost { node, since, why };
-    let note = lose_node(h, st, &lost, &dir).await?;
-    h.writer().publish(Some(note)).await;
+    let note = lose_node(h, sbx, st, &lost, &dir).await?;
+    h.writer(sbx).publish(Some(note)).await;
     Ok(None)
 }
 
@@ -65,15 +70,16 @@ pub(super) async fn pin(h: &Hands<'_>, st: &mut SandboxStatus) -> Result<Option<
 /// with what the recovery will restore; counts the loss. Returns the Event that says so.
 async fn lose_node(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     st: &mut SandboxStatus,
     lost: &Lost,
     dir: &str,
 ) -> Result<Note, Error> {
     let recovery = decide::Recovery {
-        snapshot: recovery_snapshot(h).await?,
+        snapshot: recovery_snapshot(h, sbx).await?,
     };
     let stamp = Stamp {
-        generation: h.sbx.metadata.generation,
+        generation: sbx.metadata.generation,
         now: Timestamp::now(),
     };
     let note = decide::node_lost(st, lost, dir, &recovery, stamp);
@@ -85,8 +91,11 @@ async fn lose_node(
 /// The snapshot a recovery will restore (what the restore policy points at) and when it
 /// completed. `None` without a store or a snapshot; a refused one (a named snapshot gone,
 /// of another scope) is left to the restore to report.
-async fn recovery_snapshot(h: &Hands<'_>) -> Result<Option<(String, Timestamp)>, Error> {
-    let (ctx, sbx) = (h.ctx, h.sbx);
+async fn recovery_snapshot(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+) -> Result<Option<(String, Timestamp)>, Error> {
+    let (ctx, sbx) = (h.ctx, sbx);
     if ctx.store.is_none() {
         return Ok(None);
     }

@@ -179,12 +179,11 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
     let world = observe::observe(&sbx, &ctx, &podcfg, template, reads?).await?;
     let plan = decide::decide(&sbx, &world);
     let hands = hands::Hands {
-        sbx: &sbx,
         ctx: &ctx,
         apis: &apis,
         podcfg: &podcfg,
     };
-    act::act(&hands, world, plan).await
+    act::act(&hands, &sbx, world, plan).await
 }
 
 #[cfg(test)]

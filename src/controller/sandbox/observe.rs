@@ -24,6 +24,10 @@ use agentbox_api::labels;
 /// The world as one reconcile found it.
 #[derive(Clone, Debug)]
 pub struct World {
+    /// The key of the sandbox's scope (`labels::scope_key`), worked out once.
+    pub scope_key: String,
+    /// Whether [`World::pod`] is the sandbox's own: controlled by it.
+    pub pod_ours: bool,
     /// When it looked.
     pub now: Timestamp,
     /// The Sandbox's status as read.
@@ -62,6 +66,7 @@ pub struct World {
 /// The reads that need only the Sandbox's name, UID, scope and status, none of which its
 /// template sets: made beside the template's read.
 pub struct Reads {
+    scope_key: String,
     lease: Option<Lease>,
     pod: Option<Pod>,
     policy: Option<NetworkPolicy>,
@@ -74,7 +79,8 @@ pub struct Reads {
 pub async fn read(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<Reads, Error> {
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-    let lease_name = labels::lease_name(&labels::scope_key(&sbx.spec.scope));
+    let scope_key = labels::scope_key(&sbx.spec.scope);
+    let lease_name = labels::lease_name(&scope_key);
     let policy_name = labels::network_policy_name(&sbx.name_any());
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
     if let Some(cache) = ctx.cache.as_ref() {
@@ -92,6 +98,7 @@ pub async fn read(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<Reads, Er
             cached_namespace(&namespaces, &ns),
         )?;
         return Ok(Reads {
+            scope_key,
             lease,
             pod,
             policy,
@@ -105,6 +112,7 @@ pub async fn read(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<Reads, Er
         async { Ok::<_, Error>(namespaces.get_opt(&ns).await?) },
     )?;
     Ok(Reads {
+        scope_key,
         lease,
         pod,
         policy,
@@ -129,6 +137,7 @@ pub async fn observe(
     podcfg: &PodConfig<'_>,
     template: Option<TemplateUse>,
     Reads {
+        scope_key,
         lease,
         pod,
         policy,
@@ -164,6 +173,10 @@ pub async fn observe(
         _ => None,
     };
     Ok(World {
+        scope_key,
+        pod_ours: pod
+            .as_ref()
+            .is_some_and(|p| placement::controlled_by(p, sbx)),
         now: Timestamp::now(),
         old: sbx.status.clone().unwrap_or_default(),
         lease,

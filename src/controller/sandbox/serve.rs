@@ -66,6 +66,7 @@ fn sooner(requeue: Option<Duration>, d: Duration) -> Option<Duration> {
 /// directories on nodes that came back are removed, then [`Act::serve`].
 pub(super) async fn serve_found(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     world: &World,
     mut status: SandboxStatus,
     mut requeue: Option<Duration>,
@@ -73,9 +74,9 @@ pub(super) async fn serve_found(
     let Some(pod) = world.pod.as_ref() else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
-    second_pods(h, pod, &world.old).await?;
+    second_pods(h, sbx, pod, &world.old).await?;
     if !status.abandoned.is_empty()
-        && let Some(d) = abandoned::sweep(h.sbx, h.ctx, h.apis, &mut status, false).await?
+        && let Some(d) = abandoned::sweep(sbx, h.ctx, h.apis, &mut status, false).await?
     {
         requeue = sooner(requeue, d);
     }
@@ -90,7 +91,7 @@ pub(super) async fn serve_found(
         status,
         now: world.now,
     };
-    serve(h, found, seen, requeue).await
+    serve(h, sbx, found, seen, requeue).await
 }
 
 /// Serves `found`: the node's workspace directory checked, the workspace initialised when
@@ -98,6 +99,7 @@ pub(super) async fn serve_found(
 /// written once (not before [`decide::defer_first_status`] allows), Ready recorded.
 pub(super) async fn serve(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     found: Found<'_>,
     seen: Seen<'_>,
     mut requeue: Option<Duration>,
@@ -107,35 +109,35 @@ pub(super) async fn serve(
         status: mut st,
         now,
     } = seen;
-    let (sbx, pod) = (h.sbx, found.pod);
+    let pod = found.pod;
     let was_adopted = found.adopted.is_some();
     if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-        if let Some(wait) = node_root(h, &node, old, &mut st, now).await? {
+        if let Some(wait) = node_root(h, sbx, &node, old, &mut st, now).await? {
             requeue = sooner(requeue, wait);
         }
         st.node_name = Some(node);
     }
     let serving = serving(h, pod, found.state, now);
-    let (init, error) = initialise(h, &serving, pod, &st, found.adopted).await;
+    let (init, error) = initialise(h, sbx, &serving, pod, &st, found.adopted).await;
     let stamp = Stamp {
         generation: sbx.metadata.generation,
         now,
     };
     let out = decide::served(old, &mut st, &serving, init, stamp);
     if let (Some(note), Some(e)) = (out.failed, error) {
-        h.writer().transition(old, &st, Some(note)).await?;
+        h.writer(sbx).transition(old, &st, Some(note)).await?;
         return Err(e);
     }
     if let Some(retry) = out.retry {
         requeue = sooner(requeue, retry);
     }
-    h.writer().publish(out.problem).await;
+    h.writer(sbx).publish(out.problem).await;
     let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
     if idleness != Idle::Off {
         debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
     }
     match idleness {
-        Idle::Suspend => return suspend::idle_suspend(h, st).await,
+        Idle::Suspend => return suspend::idle_suspend(h, sbx, st).await,
         Idle::Wait(d) | Idle::Busy(Some(d)) => requeue = sooner(requeue, d),
         Idle::Busy(None) | Idle::Off => {}
     }
@@ -143,13 +145,13 @@ pub(super) async fn serve(
         return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
     }
     if old != &st {
-        h.writer().status(&st).await?;
+        h.writer(sbx).status(&st).await?;
     }
     if out.started.is_some() {
         record_ready(&h.ctx.metrics, sbx, pod, old, &st);
     }
     if decide::announce_start(was_adopted, &st) {
-        h.writer().publish(out.started).await;
+        h.writer(sbx).publish(out.started).await;
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
@@ -180,6 +182,7 @@ fn serving(h: &Hands<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving
 /// not keep it).
 async fn initialise(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     serving: &Serving,
     pod: &Pod,
     st: &SandboxStatus,
@@ -201,11 +204,11 @@ async fn initialise(
         shell: shell.as_deref(),
     };
     let pod_name = pod.name_any();
-    let result = init::init_workspace(h.sbx, h.ctx, &h.apis.pods, &pod_name, start).await;
+    let result = init::init_workspace(sbx, h.ctx, &h.apis.pods, &pod_name, start).await;
     // The shell's stdin closes and it exits: nothing of the pool's stays in the pod.
     drop(shell);
-    let (init, error) = outcome(h.sbx, &h.ctx.metrics, serving, result);
-    let uid = h.sbx.uid().unwrap_or_default();
+    let (init, error) = outcome(sbx, &h.ctx.metrics, serving, result);
+    let uid = sbx.uid().unwrap_or_default();
     match &init {
         Init::Ran { .. } => h.ctx.refusals.set(&uid, None),
         Init::Failed {
@@ -223,8 +226,13 @@ async fn initialise(
 /// the pod cache (labelled for the sandbox, controlled by it, not being deleted); each
 /// deletion is conditioned on the pod's UID. Nothing while the status does not name
 /// `served` yet.
-async fn second_pods(h: &Hands<'_>, served: &Pod, old: &SandboxStatus) -> Result<(), Error> {
-    let (sbx, ctx) = (h.sbx, h.ctx);
+async fn second_pods(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    served: &Pod,
+    old: &SandboxStatus,
+) -> Result<(), Error> {
+    let ctx = h.ctx;
     let name = served.name_any();
     if ctx.cache.is_none() || old.pod_name.as_deref() != Some(name.as_str()) {
         return Ok(());
@@ -269,12 +277,13 @@ async fn second_pods(h: &Hands<'_>, served: &Pod, old: &SandboxStatus) -> Result
 /// Event goes out when the condition turns False.
 async fn node_root(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     node: &str,
     old: &SandboxStatus,
     st: &mut SandboxStatus,
     now: Timestamp,
 ) -> Result<Option<Duration>, Error> {
-    let (sbx, ctx, podcfg) = (h.sbx, h.ctx, h.podcfg);
+    let (ctx, podcfg) = (h.ctx, h.podcfg);
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let dir = pod::namespace_host_path(podcfg.node_root, &ns);
     let found = match ctx.node_roots.get(node, &ns, Instant::now()) {
@@ -313,7 +322,7 @@ async fn node_root(
             action: "PrepareNode",
             message,
         };
-        h.writer().publish(Some(note)).await;
+        h.writer(sbx).publish(Some(note)).await;
     }
     Ok(None)
 }

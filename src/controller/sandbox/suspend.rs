@@ -15,7 +15,7 @@ use super::write::{SUPERSEDED, delete_if_present, write_status};
 use crate::controller::context::{self, Error, FIELD_MANAGER};
 use crate::controller::snapshot;
 use crate::metrics::{GuardOp, GuardOutcome};
-use agentbox_api::crd::{LifecycleMode, SandboxStatus};
+use agentbox_api::crd::{LifecycleMode, Sandbox, SandboxStatus};
 use agentbox_api::guard::{self, GuardConfig, GuardError};
 
 /// Suspends: takes the on-stop snapshot the spec asks for, deletes the pod, records the
@@ -29,6 +29,7 @@ use agentbox_api::guard::{self, GuardConfig, GuardError};
 /// brings the next look).
 pub(super) async fn suspend(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     old: &SandboxStatus,
     pod_name: &str,
     t: Transition,
@@ -36,7 +37,7 @@ pub(super) async fn suspend(
     match h.apis.pods.get_opt(pod_name).await? {
         None => {
             // Gone already: nothing to stop, no guard to take.
-            h.writer().transition(old, &t.status, t.note).await?;
+            h.writer(sbx).transition(old, &t.status, t.note).await?;
             return Ok(true);
         }
         Some(p) if p.metadata.deletion_timestamp.is_some() => {
@@ -45,20 +46,20 @@ pub(super) async fn suspend(
             // look, and each write, a watched Lease event, brought another look: ~20–90
             // Lease writes per suspension until the pod was gone (hack/bench's idle
             // figures).
-            h.writer().transition(old, &t.status, t.note).await?;
+            h.writer(sbx).transition(old, &t.status, t.note).await?;
             return Ok(false);
         }
         Some(_) => {}
     }
-    let handed = context::handed_off_hold(h.ctx, h.sbx).await?;
+    let handed = context::handed_off_hold(h.ctx, sbx).await?;
     // spec.snapshot.onStop: persist the workspace before its pod goes.
     let hold = handed.as_ref().map(|(h, _)| h.clone());
-    if snapshot::on_stop(h.ctx, h.sbx, hold).await? == snapshot::OnStop::Wait {
+    if snapshot::on_stop(h.ctx, sbx, hold).await? == snapshot::OnStop::Wait {
         return Ok(false);
     }
     let own = match &handed {
         Some(_) => None,
-        None => match take_guard(h, "suspend", None).await? {
+        None => match take_guard(h, sbx, "suspend", None).await? {
             Some(g) => Some(g),
             None => return Ok(false),
         },
@@ -70,18 +71,18 @@ pub(super) async fn suspend(
         (None, None) => Ok(delete_if_present(pods, pod_name).await),
     };
     if let Some(g) = own {
-        release(g, &h.sbx.name_any()).await;
+        release(g, &sbx.name_any()).await;
     }
     let gone = match deleted {
         Ok(r) => r?,
         // The hold went while the pod was being deleted: look again (the next look takes
         // the operator's own guard).
         Err(e) => {
-            debug!(sandbox = %h.sbx.name_any(), "the guard went during the suspension: {e}");
+            debug!(sandbox = %sbx.name_any(), "the guard went during the suspension: {e}");
             return Ok(false);
         }
     };
-    h.writer().transition(old, &t.status, t.note).await?;
+    h.writer(sbx).transition(old, &t.status, t.note).await?;
     Ok(gone)
 }
 
@@ -90,6 +91,7 @@ pub(super) async fn suspend(
 /// counted under `counted`, if given.
 async fn take_guard(
     h: &Hands<'_>,
+    sbx: &Sandbox,
     purpose: &str,
     counted: Option<GuardOp>,
 ) -> Result<Option<guard::Guard>, Error> {
@@ -97,8 +99,8 @@ async fn take_guard(
         holder: context::operator_holder(h.ctx, purpose),
         ..GuardConfig::default()
     };
-    let ns = h.sbx.namespace().ok_or(Error::NotNamespaced)?;
-    let scope = &h.sbx.spec.scope;
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let scope = &sbx.spec.scope;
     let client = h.ctx.client.clone();
     let started = Instant::now();
     let taken = guard::acquire_scope(client, &ns, scope, &cfg, Some(Duration::ZERO)).await;
@@ -114,7 +116,7 @@ async fn take_guard(
     match taken {
         Ok(g) => Ok(Some(g)),
         Err(GuardError::Timeout { holder, .. }) => {
-            debug!(sandbox = %h.sbx.name_any(), %holder, "{purpose} waits for the scope's guard");
+            debug!(sandbox = %sbx.name_any(), %holder, "{purpose} waits for the scope's guard");
             Ok(None)
         }
         Err(e) => Err(Error::Guard(e)),
@@ -129,9 +131,13 @@ async fn take_guard(
 /// the guard. A harness that asks for the guard meanwhile gets it afterwards and finds the
 /// sandbox Suspended, which `get_or_create` resumes. The suspend step that the mode change
 /// brings takes the on-stop snapshot and deletes the pod, as for any suspend.
-pub(super) async fn idle_suspend(h: &Hands<'_>, mut st: SandboxStatus) -> Result<Action, Error> {
-    let (sbx, name) = (h.sbx, h.sbx.name_any());
-    let Some(g) = take_guard(h, "idle-suspend", Some(GuardOp::IdleSuspend)).await? else {
+pub(super) async fn idle_suspend(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    mut st: SandboxStatus,
+) -> Result<Action, Error> {
+    let name = sbx.name_any();
+    let Some(g) = take_guard(h, sbx, "idle-suspend", Some(GuardOp::IdleSuspend)).await? else {
         // A harness got there first: not idle. Its release brings the next look; the
         // requeue is the fallback.
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -169,7 +175,7 @@ pub(super) async fn idle_suspend(h: &Hands<'_>, mut st: SandboxStatus) -> Result
     let note = decide::idle_suspended(&mut st, timeout, generation, Timestamp::now());
     info!("{}", note.message);
     h.ctx.metrics.idle_suspended();
-    h.writer().publish(Some(note)).await;
+    h.writer(sbx).publish(Some(note)).await;
     // Written over the version the mode change returned, so that version, seen without
     // this status, is not acted on as a plain suspend.
     let status = write_status(h.apis, &updated, &st).await;
