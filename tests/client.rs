@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agentbox_api::crd::{
@@ -194,6 +194,39 @@ async fn get_or_create_race_wait_ready_exec_files_guard_and_cli() {
     assert_eq!(out.trim(), a.workspace_root());
     let (code, _, err) = cli(&env, &["exec", "--lock", &name, "--", "true"]);
     assert_eq!(code, Some(0), "{err}");
+    // `exec -i` ends when the command does, its local stdin still open (a terminal nobody
+    // types into, a pipe whose writer lives on): it does not wait for that stdin's EOF.
+    let mut child = Command::new(common::cli_bin("agentbox"))
+        .args(["-n", &env.ns, "exec", "-i", &name, "--", "echo", "done"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the CLI");
+    let held_open = child.stdin.take();
+    // A bound on the wait, so that a CLI that hangs fails the test instead of holding it.
+    let bound = Instant::now() + Duration::from_secs(120);
+    let exited = loop {
+        if let Some(status) = child.try_wait().expect("wait for the CLI") {
+            break Some(status);
+        }
+        if Instant::now() > bound {
+            child.kill().expect("kill the CLI");
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(held_open);
+    let out = child.wait_with_output().expect("the CLI's output");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "exec -i with its stdin open: {exited:?} {stdout:?} {stderr}"
+    );
+    assert_eq!(stdout, "done\n", "{stderr}");
 
     // get / list find it (the Sandbox carries its scope labels).
     let (code, out, err) = cli(&env, &["get", &name]);

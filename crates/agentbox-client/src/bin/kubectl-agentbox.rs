@@ -2,7 +2,6 @@
 //! also runs as `kubectl agentbox ...`; all of it is in `agentbox_client::cli`.
 #![forbid(unsafe_code)]
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    agentbox_client::cli::main().await
+fn main() -> std::process::ExitCode {
+    agentbox_client::cli::entry()
 }

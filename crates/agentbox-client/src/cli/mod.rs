@@ -241,6 +241,27 @@ where
     Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
 }
 
+/// The binaries' `main`: [`main`] on a runtime of its own, which the process does not wait
+/// for once the command is done. A read of local stdin (`exec -i`) blocks a thread of the
+/// runtime's blocking pool until the next input or EOF, and dropping the runtime waits for
+/// it: a command that had finished would hang the CLI until its stdin closed (`(sleep 20) |
+/// agentbox exec -i ... -- true` took 20 s).
+pub fn entry() -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentbox: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = rt.block_on(main());
+    rt.shutdown_background();
+    code
+}
+
 /// Parses the command line, runs the subcommand, and prints a failure as one line.
 pub async fn main() -> ExitCode {
     let cli = match parse_from(std::env::args_os()) {

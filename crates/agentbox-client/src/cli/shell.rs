@@ -46,10 +46,8 @@ fn terminal_size() -> Option<TerminalSize> {
     Some(TerminalSize { width, height })
 }
 
-/// Local stdin in chunks as they are read, from a plain thread. Tokio's stdin reads on its
-/// blocking pool, and the runtime waits for that read when `main` returns: after the remote
-/// shell exits, the CLI would hang until the next key press. A detached thread does not hold
-/// the process; its channel closes at stdin's EOF.
+/// Local stdin in chunks as they are read, from a plain thread that does not hold the process
+/// (see [`super::entry`]); its channel closes at stdin's EOF.
 fn stdin_chunks() -> tokio::sync::mpsc::Receiver<Vec<u8>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     std::thread::spawn(move || {
