@@ -404,7 +404,9 @@ done
 /// (`.agentbox/tmp/upload-PID.tar`, made when missing and confined like the destination), never
 /// among the user's files; snapshots leave that directory out. It is removed however the
 /// script ends (extracted, tar failed, interrupted by a signal it can catch); only a SIGKILL
-/// leaves it behind. A spool that cannot be written whole (a full disk, a file size limit) is
+/// leaves it behind, and the next upload removes a spool nobody has written for an hour (a
+/// live upload's is written to as it arrives, and `tar` holds it open once it reads it, so
+/// removing it then takes nothing from that upload). A spool that cannot be written whole (a full disk, a file size limit) is
 /// removed before anything is extracted, and the script exits [`SPOOL_FAILED`] with the
 /// writer's own error and a line that names the spool.
 ///
@@ -424,6 +426,7 @@ done || exit 97
 s="${R%/}/.agentbox/tmp"
 mkdir -p "$s" || { echo "agentbox: cannot make $s for the upload's spool" >&2; exit 95; }
 confine "$s/upload"
+find "$s" -maxdepth 1 -name 'upload-*.tar' -mmin +60 -exec rm -f -- {} + 2>/dev/null || :
 sp="$s/upload-$$.tar"
 trap 'rm -f -- "$sp"; cat >/dev/null' EXIT
 trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
@@ -1082,6 +1085,11 @@ mod tests {
         Some(dir)
     }
 
+    /// The host's own tools (`None`), then busybox's first on the `PATH`, where it is installed.
+    fn toolsets(busybox: Option<&Path>) -> Vec<Option<&Path>> {
+        std::iter::once(None).chain(busybox.map(Some)).collect()
+    }
+
     /// The upload argv for `dest` under `root`, run by `sh -c` with a file size limit of
     /// `fsize` 512-byte blocks (SIGXFSZ ignored, so a write past it fails with EFBIG as a write
     /// to a full disk fails with ENOSPC), with `bin` first on the `PATH` when given.
@@ -1166,11 +1174,7 @@ mod tests {
         ];
         let tar = archive(&files);
         let bb = busybox_path();
-        let mut tools: Vec<Option<&Path>> = vec![None];
-        if let Some(b) = bb.as_deref() {
-            tools.push(Some(b));
-        }
-        for bin in tools {
+        for bin in toolsets(bb.as_deref()) {
             let what = format!("{bin:?}");
             // Whole: extracted, and the spool is gone.
             let root = scratch("upload-ok");
@@ -1299,6 +1303,36 @@ mod tests {
         s.strip_suffix(MK)
             .unwrap_or_else(|| panic!("no trailer in {s:?}"))
             .to_string()
+    }
+
+    #[test]
+    fn an_upload_removes_the_spools_nobody_has_written_for_an_hour() {
+        // One left by an upload that was SIGKILLed two hours ago, one of an upload under way.
+        let tar = archive(&[("a.txt", b"a")]);
+        let bb = busybox_path();
+        for bin in toolsets(bb.as_deref()) {
+            let what = format!("{bin:?}");
+            let root = scratch("upload-stale");
+            let tmp = root.join(".agentbox/tmp");
+            std::fs::create_dir_all(&tmp).unwrap();
+            let (stale, live) = (
+                tmp.join("upload-4000001.tar"),
+                tmp.join("upload-4000002.tar"),
+            );
+            std::fs::write(&stale, b"left behind").unwrap();
+            std::fs::write(&live, b"arriving").unwrap();
+            let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+            std::fs::File::options()
+                .write(true)
+                .open(&stale)
+                .and_then(|f| f.set_modified(two_hours_ago))
+                .unwrap();
+            let (code, err, _) = upload_run(&root, "dst", &tar, None, bin);
+            assert_eq!(code, 0, "{what}: {err}");
+            assert_eq!(std::fs::read(root.join("dst/a.txt")).unwrap(), b"a");
+            assert_eq!(spools(&root), vec!["upload-4000002.tar"], "{what}");
+            let _ = std::fs::remove_dir_all(&root);
+        }
     }
 
     #[test]

@@ -92,6 +92,7 @@ done || exit 97
 s="${R%/}/.agentbox/tmp"
 mkdir -p "$s" || { echo "agentbox: cannot make $s for the upload's spool" >&2; exit 95; }
 confine "$s/upload"
+find "$s" -maxdepth 1 -name 'upload-*.tar' -mmin +60 -exec rm -f -- {} + 2>/dev/null || :
 sp="$s/upload-$$.tar"
 trap 'rm -f -- "$sp"; cat >/dev/null' EXIT
 trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM

@@ -78,6 +78,7 @@ public final class Files {
           + "s=\"${R%/}/.agentbox/tmp\"\n"
           + "mkdir -p \"$s\" || { echo \"agentbox: cannot make $s for the upload's spool\" >&2; exit 95; }\n"
           + "confine \"$s/upload\"\n"
+          + "find \"$s\" -maxdepth 1 -name 'upload-*.tar' -mmin +60 -exec rm -f -- {} + 2>/dev/null || :\n"
           + "sp=\"$s/upload-$$.tar\"\n"
           + "trap 'rm -f -- \"$sp\"; cat >/dev/null' EXIT\n"
           + "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM\n"
