@@ -94,7 +94,7 @@ async fn refuse(
     Ok(then(requeue))
 }
 
-/// `shutdownTime` has passed: the Sandbox deletes ith.
+/// `shutdownTime` has passed: the Sandbox deletes itself.
 async fn shut_down(h: &Hands<'_>, sbx: &Sandbox, note: Option<Note>) -> Result<Action, Error> {
     // The delete's cleanup (the on-stop snapshot, the workspace) needs the finalizer on.
     h.apis.metadata.needed(&h.apis.sandboxes, sbx).await?;
