@@ -291,6 +291,11 @@ failSwapOn: false
 oomScoreAdj: 0
 protectKernelDefaults: false
 resolvConf: $CONF/resolv.conf
+# No DNS server runs here. Without a clusterDNS the kubelet writes a MissingClusterDNS Warning
+# Event on every sync of every ClusterFirst pod (a claim's adopting patch is one): an API write
+# no real cluster makes, on the claim's path. Loopback in the pod's own network namespace has
+# nothing listening, so lookups still fail at once.
+clusterDNS: [127.0.0.1]
 clusterDomain: cluster.local
 podLogsDir: $N_PODLOGS
 imageGCHighThresholdPercent: 100
