@@ -228,10 +228,38 @@ async fn run_sandboxes(
     let ns = ctx.config.namespace.clone();
     let owned =
         watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
-    let controller = Controller::new(
-        scoped::<Sandbox>(&ctx.client, &ns),
-        watcher::Config::default(),
-    );
+    // The Sandboxes' own watch, kept here (not by `Controller::new`) so that a new Sandbox's
+    // event starts its first reconcile at once, ahead of the controller's queue
+    // ([`sandbox::first_start`]).
+    let first_starts = Arc::new(sandbox::first_start::FirstStarts::default());
+    let (reader, writer) = reflector::store();
+    let offer = (first_starts.clone(), ctx.clone());
+    let sandboxes = reflector::reflector(
+        writer,
+        watcher(
+            scoped::<Sandbox>(&ctx.client, &ns),
+            watcher::Config::default(),
+        )
+        .backoff(watch::TriggerBackoff::default()),
+    )
+    .applied_objects()
+    .inspect(move |s| {
+        if let Ok(sbx) = s {
+            let (starts, ctx) = (&offer.0, offer.1.clone());
+            starts.offer(sbx, || {
+                let sbx = Arc::new(sbx.clone());
+                async move {
+                    // The controller's reconcile of the same event follows it and retries a
+                    // failure (its error policy); counted here as the controller counts its own.
+                    let metrics = ctx.metrics.clone();
+                    if let Err(e) = traced("sandbox", sbx, ctx, sandbox::reconcile).await {
+                        metrics.failed("sandbox", e.kind());
+                    }
+                }
+            });
+        }
+    });
+    let controller = Controller::for_stream(sandboxes, reader);
     let counted = controller.store();
     ctx.metrics.count_phases_from(Box::new(move || {
         counted.state().iter().map(|s| counted_phase(s)).collect()
@@ -286,7 +314,14 @@ async fn run_sandboxes(
         .trigger_backoff(watch::TriggerBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(
-            |sbx, ctx| traced("sandbox", sbx, ctx, sandbox::reconcile),
+            move |sbx, ctx| {
+                let starts = first_starts.clone();
+                async move {
+                    let uid = sbx.uid().unwrap_or_default();
+                    let work = traced("sandbox", sbx, ctx, sandbox::reconcile);
+                    starts.serialised(&uid, work).await
+                }
+            },
             error_policy,
             ctx,
         )

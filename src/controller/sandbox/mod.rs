@@ -15,6 +15,7 @@ pub mod claim;
 mod cleanup;
 mod create;
 pub mod decide;
+pub mod first_start;
 mod hands;
 pub mod idle;
 mod init;
