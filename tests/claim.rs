@@ -349,8 +349,8 @@ async fn exec_processes(env: &TestEnv, pod: &str) -> Vec<String> {
 async fn the_pools_shell_runs_the_claims_command_and_then_leaves_the_pod() {
     let mut env = TestEnv::new("claim-shell").await;
     let op = env.start_operator(&[]);
-    // No files in the template or the sandbox: the claim's one command goes over the shell the
-    // pool left open.
+    // A file in the sandbox and none in the template: the claim's one command goes over the
+    // shell the pool left open. (A claim with nothing to write runs none: see the end.)
     let t: SandboxTemplate = serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
         "metadata": {"name": "bare"},
@@ -377,7 +377,8 @@ async fn the_pools_shell_runs_the_claims_command_and_then_leaves_the_pod() {
         &env,
         "s",
         json!({"templateRef": {"name": "bare"},
-               "scope": {"kind": "User", "agent": "coder", "user": "dave"}}),
+               "scope": {"kind": "User", "agent": "coder", "user": "dave"},
+               "workspace": {"files": [{"path": "task.md", "content": "t\n"}]}}),
     )
     .await
     .expect("create sandbox");
@@ -389,7 +390,8 @@ async fn the_pools_shell_runs_the_claims_command_and_then_leaves_the_pod() {
         "the claim's command went over a new exec:\n{}",
         env.operator_logs()
     );
-    // Initialised (over the shell): the workspace holds the operator's marker, the sandbox's.
+    // Initialised (over the shell): the workspace holds its file and the operator's marker,
+    // the sandbox's (over the pool's).
     let dir = recorded_dir(&sbx);
     assert_eq!(
         std::fs::read_to_string(format!("{dir}/{}", agentbox_api::remote::MARKER)).ok(),
@@ -397,17 +399,58 @@ async fn the_pools_shell_runs_the_claims_command_and_then_leaves_the_pod() {
         "{:?}",
         entries(&dir)
     );
+    assert_eq!(
+        std::fs::read_to_string(format!("{dir}/task.md"))
+            .ok()
+            .as_deref(),
+        Some("t\n")
+    );
     // And nothing of the pool's stays in the sandbox's pod.
+    assert_nothing_left(&env, &pod).await;
+
+    // The refill, claimed by a sandbox with nothing to write: no command runs, the pool's
+    // marker stands as its workspace's (it is initialised: a restart reattaches it), and the
+    // pool's shell leaves that pod too.
+    let refill = wait_claimable(&env, "pb", 1, std::slice::from_ref(&pod)).await;
+    let second = refill[0].name_any();
+    create_sandbox(
+        &env,
+        "bare",
+        json!({"templateRef": {"name": "bare"},
+               "scope": {"kind": "User", "agent": "coder", "user": "erin"}}),
+    )
+    .await
+    .expect("create sandbox");
+    let bare = env.wait_for::<Sandbox>("bare", 60, phase_is("Ready")).await;
+    assert_eq!(status(&bare).pod_name, Some(second.clone()), "adopted");
+    let dir = recorded_dir(&bare);
+    assert_eq!(
+        std::fs::read_to_string(format!("{dir}/{}", agentbox_api::remote::MARKER)).ok(),
+        Some(agentbox_api::remote::WARM_MARKER.to_string()),
+        "{:?}",
+        entries(&dir)
+    );
+    let log = std::fs::read_to_string(&env.operators[op].log).expect("operator log");
+    assert!(
+        log.contains("the pool's marker stands: no workspace command"),
+        "{}",
+        env.operator_logs()
+    );
+    assert_nothing_left(&env, &second).await;
+    env.finish().await;
+}
+
+/// Waits (up to 30 s) until no process of an exec is left in `pod` ([`exec_processes`]).
+async fn assert_nothing_left(env: &TestEnv, pod: &str) {
     let mut left = Vec::new();
     for _ in 0..60 {
-        left = exec_processes(&env, &pod).await;
+        left = exec_processes(env, pod).await;
         if left.is_empty() {
-            break;
+            return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
-    assert!(left.is_empty(), "still in the claimed pod: {left:?}");
-    env.finish().await;
+    panic!("still in the claimed pod: {left:?}");
 }
 
 #[tokio::test]

@@ -79,15 +79,24 @@ fn assert_warm_pod(env: &TestEnv, pool: &SandboxPool, p: &Pod) {
         p.annotations().get(labels::WARM_READY).map(String::as_str),
         Some("true")
     );
+    assert_eq!(
+        p.annotations().get(labels::WARM_MARKED).map(String::as_str),
+        Some("true")
+    );
     assert!(
         agentbox_operator::controller::pool::is_claimable(p),
         "{name}"
     );
-    // Its directory on the node: empty but for the state directory, which has no marker.
+    // Its directory on the node: empty but for the state directory, whose marker is the
+    // pool's, naming no sandbox.
     assert_eq!(entries(&dir), vec![".agentbox".to_string()], "{dir}");
     assert_eq!(
         entries(&format!("{dir}/.agentbox")),
-        vec!["tmp".to_string()]
+        vec!["marker".to_string(), "tmp".to_string()]
+    );
+    assert_eq!(
+        std::fs::read_to_string(format!("{dir}/{}", agentbox_api::remote::MARKER)).ok(),
+        Some(agentbox_api::remote::WARM_MARKER.to_string())
     );
 }
 

@@ -44,6 +44,11 @@ pub const POD_SHAPE_HASH: &str = "agentbox.dev/pod-shape-hash";
 /// scope-free part of a start) and its container answered exec; see
 /// the operator's `controller::pool::is_claimable`.
 pub const WARM_READY: &str = "agentbox.dev/warm-ready";
+/// Annotation on a warm pod, set with [`WARM_READY`]: `"true"` when its pool's initialisation
+/// wrote the pool's marker (`remote::WARM_MARKER`) in its directory, so that a claim with
+/// nothing to write runs no command. A warm pod without it (made by an operator before it)
+/// gets the claiming sandbox's marker written, as before.
+pub const WARM_MARKED: &str = "agentbox.dev/warm-marked";
 /// Annotation on a warm pod: `metadata.generation` of the template it was made from.
 pub const TEMPLATE_GENERATION: &str = "agentbox.dev/template-generation";
 /// Prefix of a warm pod's workspace directory name (`warm-<5 lowercase alphanumerics>`).

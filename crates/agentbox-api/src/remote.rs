@@ -27,13 +27,27 @@ pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & w
 /// Probe: prints the marker's content when the workspace is initialised. `$1` is the root.
 pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || true"#;
 
+/// The marker a warm pod's pool writes ([`WARM_INIT_SCRIPT`]), naming no sandbox. It counts as
+/// a sandbox's marker only once the sandbox's status has recorded its workspace ready
+/// (`workspace.rootReady`, written with Ready after the start's command): a claim with nothing
+/// to restore or write runs no command and leaves it as its workspace's, while a start that
+/// stopped between the adoption and that status finds the workspace uninitialised.
+pub const WARM_MARKER: &str = "warm";
+
 /// A warm pod's share of initialisation, the part that names no sandbox: the state directory
-/// [`INIT_SCRIPT`] makes, and nothing else (no marker: the marker holds the claiming Sandbox's
-/// UID, so the claim's start finds a fresh root). `$1` is the root. Fails on a directory that
-/// has a marker: a warm pod's directory was never a sandbox's.
+/// [`INIT_SCRIPT`] makes and the pool's marker ([`WARM_MARKER`]), nothing of any scope. `$1` is
+/// the root. Fails on a directory that has a marker of its own (a sandbox's, or a link): a warm
+/// pod's directory was never a sandbox's. Run again, it finds its own marker and succeeds.
 pub const WARM_INIT_SCRIPT: &str = r#"set -eu
 mkdir -p -- "$1/.agentbox/tmp"
-if [ -e "$1/.agentbox/marker" ]; then echo "the warm workspace has a marker" >&2; exit 1; fi
+m="$1/.agentbox/marker"
+if [ -h "$m" ]; then echo "the warm workspace has a marker" >&2; exit 1; fi
+if [ -s "$m" ]; then
+  w=; IFS= read -r w < "$m" || :
+  if [ "$w" != warm ]; then echo "the warm workspace has a marker" >&2; exit 1; fi
+else
+  printf warm > "$m"
+fi
 "#;
 
 /// Initialisation: `$1` root, `$2` marker content, `$3` how files arrive (0: none, no stdin;
@@ -599,17 +613,33 @@ mod tests {
     }
 
     #[test]
-    fn the_warm_init_makes_the_state_directory_and_no_marker() {
+    fn the_warm_init_makes_the_state_directory_and_the_pools_marker() {
         let dir = scratch("warm");
         let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
         assert!(ok, "{err}");
         assert!(dir.join(STATE_DIR).join("tmp").is_dir());
-        assert!(!dir.join(MARKER).exists());
-        let (ok, _, _) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
-        assert!(ok, "again: a no-op");
+        assert_eq!(
+            std::fs::read_to_string(dir.join(MARKER)).expect("marker"),
+            WARM_MARKER
+        );
+        let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok, "again: a no-op ({err})");
         let (ok, out, _) = run(PROBE_SCRIPT, vec![path(&dir)], b"");
-        assert!(ok && out.is_empty(), "a claim's probe finds a fresh root");
+        assert!(ok && out == WARM_MARKER.as_bytes(), "{out:?}");
+        // An empty one (a write cut short) is written again.
+        std::fs::write(dir.join(MARKER), "").expect("empty marker");
+        let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join(MARKER)).expect("marker"),
+            WARM_MARKER
+        );
+        // A sandbox's marker, or a link, is refused.
         std::fs::write(dir.join(MARKER), "uid-1").expect("marker");
+        let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(!ok && err.contains("marker"), "{err}");
+        std::fs::remove_file(dir.join(MARKER)).expect("rm");
+        std::os::unix::fs::symlink("/etc/hostname", dir.join(MARKER)).expect("link");
         let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
         assert!(!ok && err.contains("marker"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);

@@ -387,7 +387,7 @@ async fn initialise(ctx: &Context, pool: &str, api: &Api<Pod>, p: &Pod, root: &s
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": p.metadata.resource_version,
-            "annotations": {labels::WARM_READY: "true"},
+            "annotations": {labels::WARM_READY: "true", labels::WARM_MARKED: "true"},
         }
     });
     let r = timed(async {

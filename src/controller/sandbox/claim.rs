@@ -59,6 +59,8 @@ pub struct Candidate {
     pub host_dir: String,
     /// The SandboxPool that controls it, by name.
     pub pool: String,
+    /// Whether its pool wrote the pool's marker in its directory ([`labels::WARM_MARKED`]).
+    pub marked: bool,
 }
 
 /// Whether `pod` is a warm pod ready to be claimed ([`pool::is_claimable`]) and controlled by a
@@ -107,6 +109,8 @@ pub fn candidates<'a>(
                 uid: p.uid().unwrap_or_default(),
                 host_dir: mounted.clone(),
                 pool,
+                marked: p.annotations().get(labels::WARM_MARKED).map(String::as_str)
+                    == Some("true"),
             })
         })
         .filter(|c| !c.resource_version.is_empty())
@@ -129,6 +133,7 @@ pub fn adopt_patch(sbx: &Sandbox, cfg: &PodConfig<'_>, candidate: &Candidate) ->
     labels.insert(labels::MANAGED_BY.into(), labels::MANAGER.into());
     let mut annotations = serde_json::Map::new();
     annotations.insert(labels::WARM_READY.into(), serde_json::Value::Null);
+    annotations.insert(labels::WARM_MARKED.into(), serde_json::Value::Null);
     for (k, v) in labels::scope_annotations(&sbx.spec.scope) {
         annotations.insert(k, v.into());
     }
@@ -159,8 +164,9 @@ pub fn start_at(uid: &str, n: usize) -> usize {
 /// What one try to claim came to.
 pub enum Claim {
     /// The pod was adopted (as the API server returned it), with the shell its pool left open
-    /// in it, if one was.
-    Adopted(Box<Pod>, Option<Box<Session>>),
+    /// in it, if one was, and whether its directory holds its pool's marker
+    /// ([`Candidate::marked`]; `false` when not known).
+    Adopted(Box<Pod>, Option<Box<Session>>, bool),
     /// No warm pod was taken: none fitted, or every one tried was taken by someone else first
     /// (`conflicts` of them).
     Miss {
@@ -253,6 +259,7 @@ async fn adopt(
             return Ok(Some(Claim::Adopted(
                 Box::new(p),
                 shell.map(|(_, s)| Box::new(s)),
+                c.marked,
             )));
         }
         Err(e) => e,
@@ -272,7 +279,8 @@ async fn adopt(
                 && placement::controlled_by(&p, sbx)
             {
                 debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod adopted for this sandbox by someone else");
-                return Ok(Some(Claim::Adopted(Box::new(p), None)));
+                // What the other start wrote is not known: the marker is written again.
+                return Ok(Some(Claim::Adopted(Box::new(p), None, false)));
             }
             debug!(sandbox = %sbx.name_any(), pod = %c.name, "warm pod taken first (409)");
             Ok(None)
@@ -390,8 +398,16 @@ mod tests {
                 uid: "uid-aaaaa".into(),
                 host_dir: "/w/team/warm-aaaaa".into(),
                 pool: "py".into(),
+                marked: false,
             }]
         );
+        // Its pool's marker is known from the pool's annotation.
+        let mut marked = warm("kkkkk", &shape);
+        marked
+            .annotations_mut()
+            .insert(labels::WARM_MARKED.into(), "true".into());
+        let found = candidates(&[marked], "team", &shape, NODE_ROOT);
+        assert!(found[0].marked);
     }
 
     #[test]
@@ -426,6 +442,7 @@ mod tests {
             uid: "uid-aaaaa".into(),
             host_dir: "/w/team/warm-aaaaa".into(),
             pool: "py".into(),
+            marked: true,
         };
         let p = adopt_patch(&sbx, &cfg(), &c);
         let meta = &p["metadata"];
@@ -442,6 +459,7 @@ mod tests {
         assert_eq!(meta["labels"][labels::SANDBOX], json!("s"));
         assert_eq!(meta["labels"][labels::SCOPE], json!("user"));
         assert_eq!(meta["annotations"][labels::WARM_READY], json!(null));
+        assert_eq!(meta["annotations"][labels::WARM_MARKED], json!(null));
         assert_eq!(
             meta["annotations"][labels::USER_ID],
             json!("alice@example.com")

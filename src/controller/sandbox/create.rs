@@ -110,7 +110,14 @@ async fn claim_warm(h: &Hands<'_>, sbx: &Sandbox) -> Result<Option<(Box<Pod>, Ad
     let claimed = claimed?;
     h.ctx.metrics.claimed(claimed.result(), started.elapsed());
     Ok(match claimed {
-        claim::Claim::Adopted(pod, shell) => Some((pod, Adopted { lookup, shell })),
+        claim::Claim::Adopted(pod, shell, marked) => Some((
+            pod,
+            Adopted {
+                lookup,
+                shell,
+                marked,
+            },
+        )),
         claim::Claim::Miss { .. } => None,
     })
 }

@@ -29,10 +29,16 @@ pub type Lookup = Result<Option<String>, Error>;
 pub enum Marker {
     /// Nothing: probe it.
     Probe,
-    /// It is absent: a warm pod adopted just now (its pool's scope-free initialisation
-    /// refuses a directory with a marker), so the probe's exec is saved; with the snapshot
-    /// lookup made beside the adopting write.
-    Absent(Lookup),
+    /// No sandbox's marker: a warm pod adopted just now (its pool's scope-free initialisation
+    /// refuses a directory with a sandbox's marker), so the probe's exec is saved; with the
+    /// snapshot lookup made beside the adopting write.
+    Absent {
+        /// The snapshot lookup.
+        lookup: Lookup,
+        /// The directory holds its pool's marker ([`remote::WARM_MARKER`]): with nothing to
+        /// restore or write, it stands as this workspace's and no command runs.
+        warm: bool,
+    },
 }
 
 /// What a start brings to the workspace's initialisation.
@@ -62,9 +68,12 @@ pub async fn init_workspace(
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let uid = sbx.uid().unwrap_or_default();
     let t0 = std::time::Instant::now();
-    let (marker_present, lookup) = match marker {
-        Marker::Absent(lookup) => (false, Some(lookup)),
-        Marker::Probe => (probe(pods, pod_name, &root).await?, None),
+    let (marker_present, lookup, warm) = match marker {
+        Marker::Absent { lookup, warm } => (false, Some(lookup), warm),
+        Marker::Probe => {
+            let found = probe(pods, pod_name, &root).await?;
+            (marked(&found, ws.root_ready), None, false)
+        }
     };
     let probed = t0.elapsed();
     let snapshot = if marker_present {
@@ -104,7 +113,14 @@ pub async fn init_workspace(
     let writes =
         workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
     let prepared = t0.elapsed();
-    if !writes.is_empty() || !marker_present {
+    if warm && decision.restore.is_none() && writes.is_empty() {
+        // The pool's marker stands as this fresh workspace's (see `marked`): nothing runs on
+        // the claim's path.
+        debug!(
+            pod = pod_name,
+            "the pool's marker stands: no workspace command"
+        );
+    } else if !writes.is_empty() || !marker_present {
         let via = workspace::files_via(&writes, shell.is_some());
         let args = workspace::script_args(&root, &uid, &writes, via);
         run_script(pods, pod_name, shell, args, &writes, via).await?;
@@ -124,8 +140,8 @@ pub async fn init_workspace(
     Ok((new_ws, decision))
 }
 
-/// Whether the workspace at `root` in the pod has its marker.
-async fn probe(pods: &Api<Pod>, pod_name: &str, root: &str) -> Result<bool, Error> {
+/// The content of the marker of the workspace at `root` in the pod (empty: none).
+async fn probe(pods: &Api<Pod>, pod_name: &str, root: &str) -> Result<Vec<u8>, Error> {
     let probe = exec::run(
         pods,
         pod_name,
@@ -142,7 +158,16 @@ async fn probe(pods: &Api<Pod>, pod_name: &str, root: &str) -> Result<bool, Erro
             String::from_utf8_lossy(&probe.stderr).trim()
         )));
     }
-    Ok(!probe.stdout.is_empty())
+    Ok(probe.stdout)
+}
+
+/// Whether the marker content the probe `found` says the workspace is initialised, for a
+/// sandbox whose status has (`root_ready`) or has not recorded its workspace ready. The pool's
+/// marker ([`remote::WARM_MARKER`]) counts only once that status went out: it is written with
+/// Ready, after the start's command (or, when a claim had nothing to write, instead of it), so
+/// a start that stopped between the adoption and that status initialises the workspace again.
+pub fn marked(found: &[u8], root_ready: bool) -> bool {
+    !found.is_empty() && (found != remote::WARM_MARKER.as_bytes() || root_ready)
 }
 
 /// Runs the workspace script, with the archive of `writes` on stdin when its files go `via`
@@ -187,4 +212,27 @@ async fn run_script(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pools_marker_counts_only_once_the_status_recorded_the_workspace_ready() {
+        assert!(!marked(b"", false) && !marked(b"", true), "no marker");
+        assert!(
+            marked(b"uid-1", false) && marked(b"uid-1", true),
+            "a sandbox's"
+        );
+        let warm = remote::WARM_MARKER.as_bytes();
+        assert!(
+            !marked(warm, false),
+            "adopted, stopped before Ready: initialise"
+        );
+        assert!(
+            marked(warm, true),
+            "claimed with nothing to write, Ready: reattach"
+        );
+    }
 }

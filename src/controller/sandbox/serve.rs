@@ -27,12 +27,15 @@ use agentbox_api::guard::LeaseView;
 use agentbox_api::labels;
 
 /// What a start that adopted a warm pod brings to [`Act::serve`]: the snapshot lookup made
-/// beside the adoption, and the shell its pool left open in the pod.
+/// beside the adoption, the shell its pool left open in the pod, and whether its pool marked
+/// the directory.
 pub(super) struct Adopted {
     /// The restore's snapshot lookup.
     pub lookup: init::Lookup,
     /// The pool's open shell, if it left one.
     pub shell: Option<Box<Session>>,
+    /// Whether the directory holds its pool's marker (`remote::WARM_MARKER`).
+    pub marked: bool,
 }
 
 /// The pod to serve, as found.
@@ -43,7 +46,7 @@ pub(super) struct Found<'p> {
     pub state: PodState,
     /// The scope's guard Lease, as seen (for the idle clock).
     pub guard: &'p LeaseView,
-    /// A warm pod adopted just now, whose directory has no marker.
+    /// A warm pod adopted just now, whose directory has no sandbox's marker.
     pub adopted: Option<Adopted>,
 }
 
@@ -192,10 +195,16 @@ async fn initialise(
         return (Init::Skipped, None);
     }
     let ws = st.workspace.clone().unwrap_or_default();
-    // An adopted warm pod's directory has no marker, and its pool left a shell open in
-    // it for this start's command.
+    // An adopted warm pod's directory has no marker of a sandbox (its pool's, or none), and
+    // its pool left a shell open in it for this start's command.
     let (marker, shell) = match adopted {
-        Some(a) => (init::Marker::Absent(a.lookup), a.shell),
+        Some(a) => (
+            init::Marker::Absent {
+                lookup: a.lookup,
+                warm: a.marked,
+            },
+            a.shell,
+        ),
         None => (init::Marker::Probe, None),
     };
     let start = init::Start {
