@@ -3,7 +3,8 @@
 //! pool refilled to full before each create; the API writes each claim costs the operator and
 //! where the time goes, both from the API server's audit log: the create, the adopting pod
 //! patch (its reaction to the watch event; what it reads comes from its watch caches), the
-//! status write that says Ready (after the workspace was initialised in the warm container),
+//! status write that says Ready (after the workspace's command in the warm container, when it
+//! has one: a claim with nothing to write runs none),
 //! then Ready on the client's watch, and the operator's metadata write (finalizer and labels,
 //! made after the Ready status since issue 32). `BENCH_OPERATOR_BIN` runs another build's operator (an A/B in one session).
 //!
@@ -37,8 +38,8 @@
 //! claim figures then run interleaved with its warm-pool claim in one run: its CRDs installed,
 //! its controller started out of cluster, a SandboxWarmPool of `BENCH_POOL` sandboxes whose
 //! template has the agentbox warm pod's shape (image, command, resources, security context,
-//! runtime class), and per round one agentbox claim then one SandboxClaim, each against a pool
-//! refilled to full and timed the same way (create → Ready on a watch opened before the
+//! runtime class), and per round one agentbox claim then one SandboxClaim, each with both pools
+//! refilled to full (neither claims while a refill of either starts a pod) and timed the same way (create → Ready on a watch opened before the
 //! create). Each claim is deleted, its pod gone, before the next (2n claims would not fit on a
 //! node beside the pools otherwise), on both sides. Figures `claim_peer_*` beside `claim_*`,
 //! and the writes its controller made per claim window from the audit log. Unset, or with
@@ -413,7 +414,12 @@ async fn main() -> Res<()> {
     let (mut ready, mut created, mut warm, mut windows) =
         (Vec::new(), Vec::new(), 0usize, Vec::new());
     for i in 0..n {
+        // Both pools full before either side's claim: neither claims while the other's refill
+        // still starts a pod on the same two cores.
         pool_full(&pods, "bench", size).await?;
+        if let Some(peer) = peer.as_mut() {
+            peer.pool_full(Duration::from_secs(120)).await?;
+        }
         let name = format!("c-{i}");
         let mut spec = json!({"templateRef": {"name": "tpl"},
             "scope": {"kind": "Session", "agent": "bench", "session": name}});
@@ -442,6 +448,7 @@ async fn main() -> Res<()> {
             // Room on the node for 2n claims: this one goes (its pod too) before the peer's.
             delete_until_gone(&sbxs, &name).await?;
             peer::pod_gone(&pods, &pod).await?;
+            pool_full(&pods, "bench", size).await?;
             peer.claim(i).await?;
         }
     }
@@ -516,7 +523,7 @@ async fn main() -> Res<()> {
     );
     let (a, b) = q(&init_status);
     println!(
-        "| pod patch → Ready status write (exec init in the warm pod) (ms) | {a:.1} | {b:.1} |"
+        "| pod patch → Ready status write (the workspace's command in the warm pod, if any) (ms) | {a:.1} | {b:.1} |"
     );
     let (a, b) = q(&total_server);
     println!("| create → Ready status write, server side (ms) | {a:.1} | {b:.1} |");

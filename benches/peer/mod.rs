@@ -308,7 +308,7 @@ impl Peer {
 
     /// Waits until the pool has `size` Ready sandboxes of its own (not terminating); fails if
     /// the controller exited.
-    async fn pool_full(&mut self, limit: Duration) -> Res<()> {
+    pub async fn pool_full(&mut self, limit: Duration) -> Res<()> {
         let t = Instant::now();
         loop {
             let ready = self
