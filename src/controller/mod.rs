@@ -250,7 +250,8 @@ async fn run_sandboxes(
                 let sbx = Arc::new(sbx.clone());
                 async move {
                     // The controller's reconcile of the same event follows it and retries a
-                    // failure (its error policy); counted here as the controller counts its own.
+                    // failure (at once, or after the short requeue of a version this one wrote
+                    // over); the failure is counted here as the controller counts its own.
                     let metrics = ctx.metrics.clone();
                     if let Err(e) = traced("sandbox", sbx, ctx, sandbox::reconcile).await {
                         metrics.failed("sandbox", e.kind());

@@ -11,7 +11,7 @@
 //! serialises the two by the Sandbox's UID ([`FirstStarts::serialised`], which the controller's
 //! reconcile goes through too), so they never run side by side. Whichever comes second sees the
 //! version the first wrote over ([`super::Superseded`]) and only requeues; after a failed first
-//! start it runs as the retry, with the controller's error policy. The first starts in flight
+//! start it is the retry (at once, or after that short requeue when the failed start wrote). The first starts in flight
 //! are bounded ([`MAX_IN_FLIGHT`]): beyond that a new Sandbox waits for the controller's queue,
 //! as before.
 
