@@ -39,9 +39,10 @@
 //! its controller started out of cluster, a SandboxWarmPool of `BENCH_POOL` sandboxes whose
 //! template has the agentbox warm pod's shape (image, command, resources, security context,
 //! runtime class), and per round one agentbox claim then one SandboxClaim, each with both pools
-//! refilled to full (neither claims while a refill of either starts a pod) and timed the same way (create → Ready on a watch opened before the
-//! create). Each claim is deleted, its pod gone, before the next (2n claims would not fit on a
-//! node beside the pools otherwise), on both sides. Figures `claim_peer_*` beside `claim_*`,
+//! refilled to full (neither claims while a refill of either starts a pod) and timed the same
+//! way (create → Ready on a watch opened before the create). Each claim is deleted, its pod
+//! gone, before the next (2n claims would not fit on a node beside the pools otherwise), on
+//! both sides. Figures `claim_peer_*` beside `claim_*`,
 //! and the writes its controller made per claim window from the audit log. Unset, or with
 //! `BENCH_FILES` (the peer has no workspace files), the peer column is skipped, said so on
 //! stdout, and nothing is emitted for it. See benches/peer/mod.rs.

@@ -36,12 +36,15 @@ pub const WARM_MARKER: &str = "warm";
 
 /// A warm pod's share of initialisation, the part that names no sandbox: the state directory
 /// [`INIT_SCRIPT`] makes and the pool's marker ([`WARM_MARKER`]), nothing of any scope. `$1` is
-/// the root. Fails on a directory that has a marker of its own (a sandbox's, or a link): a warm
-/// pod's directory was never a sandbox's. Run again, it finds its own marker and succeeds.
+/// the root. Fails on a directory that has a marker of its own (a sandbox's, a link, anything
+/// but a regular file: writing into a FIFO would block): a warm pod's directory was never a
+/// sandbox's. Run again, it finds its own marker and succeeds.
 pub const WARM_INIT_SCRIPT: &str = r#"set -eu
 mkdir -p -- "$1/.agentbox/tmp"
 m="$1/.agentbox/marker"
-if [ -h "$m" ]; then echo "the warm workspace has a marker" >&2; exit 1; fi
+if [ -h "$m" ] || { [ -e "$m" ] && [ ! -f "$m" ]; }; then
+  echo "the warm workspace has a marker" >&2; exit 1
+fi
 if [ -s "$m" ]; then
   w=; IFS= read -r w < "$m" || :
   if [ "$w" != warm ]; then echo "the warm workspace has a marker" >&2; exit 1; fi
@@ -640,6 +643,15 @@ mod tests {
         assert!(!ok && err.contains("marker"), "{err}");
         std::fs::remove_file(dir.join(MARKER)).expect("rm");
         std::os::unix::fs::symlink("/etc/hostname", dir.join(MARKER)).expect("link");
+        let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
+        assert!(!ok && err.contains("marker"), "{err}");
+        // A FIFO is refused too, not written into (which would block).
+        std::fs::remove_file(dir.join(MARKER)).expect("rm");
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.join(MARKER))
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
         let (ok, _, err) = run(WARM_INIT_SCRIPT, vec![path(&dir)], b"");
         assert!(!ok && err.contains("marker"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
