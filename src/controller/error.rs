@@ -46,6 +46,11 @@ pub enum Error {
     /// labels), which failed: the reconcile returns that write's own error instead.
     #[error("the Sandbox's finalizer and scope labels were not written")]
     MetadataNotWritten,
+    /// A status write that would have named this pod as the sandbox's found the Sandbox
+    /// changed since it was read: another writer (an operator during a leader change) may
+    /// have named its own. The reconcile looks again; a pod the status does not name goes.
+    #[error("the Sandbox changed before its status named pod {0}; looking again")]
+    PodNamedElsewhere(String),
     /// A write did not finish in time.
     #[error("a write to the API server did not finish within {}s", .0.as_secs())]
     Timeout(Duration),
@@ -105,6 +110,7 @@ impl Error {
             Error::NotNamespaced => "not_namespaced",
             Error::MetadataNotWritten => "metadata_not_written",
             Error::Timeout(_) => "timeout",
+            Error::PodNamedElsewhere(_) => "pod_named_elsewhere",
             Error::PodCacheNotSynced(_) => "pod_cache_not_synced",
             Error::CacheNotSynced(..) => "cache_not_synced",
             Error::Snapshot(_) => "snapshot",
@@ -164,6 +170,9 @@ pub fn retry_after(err: &Error, jitter: f64, permanent: Duration) -> Duration {
             ..
         } => 30.0,
         e if e.is_permanent() => permanent.as_secs_f64().max(1.0),
+        // The other writer's status is on its way through the watch, which brings the
+        // sandbox back sooner; this is the fallback.
+        Error::PodNamedElsewhere(_) => 0.5,
         _ => 5.0,
     };
     Duration::from_secs_f64(base * (1.0 + jitter.clamp(0.0, 1.0) * 0.5))

@@ -180,25 +180,64 @@ pub(super) async fn write_status(
 ) -> Result<(), Error> {
     let mut mine = st.clone();
     mine.last_snapshot = None;
-    let body = serde_json::json!({
+    let named = apis.named.lock().ok().and_then(|n| n.clone());
+    let condition = naming_precondition(sbx, st, named.as_deref());
+    let mut body = serde_json::json!({
         "apiVersion": Sandbox::api_version(&()),
         "kind": Sandbox::kind(&()),
         "status": mine,
     });
-    let written = apis
+    if let Some(rv) = condition {
+        // Server-side apply takes a resourceVersion in the object as a precondition.
+        body["metadata"] = serde_json::json!({"resourceVersion": rv});
+    }
+    let written = match apis
         .sandboxes
         .patch_status(
             &sbx.name_any(),
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&body),
         )
-        .await?;
+        .await
+    {
+        Ok(w) => w,
+        Err(kube::Error::Api(e)) if e.code == 409 && condition.is_some() => {
+            return Err(Error::PodNamedElsewhere(
+                st.pod_name.clone().unwrap_or_default(),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if let (Some(pod), Ok(mut n)) = (&st.pod_name, apis.named.lock()) {
+        *n = Some(pod.clone());
+    }
     let now = Instant::now();
     SUPERSEDED.record(sbx, now);
     if apis.metadata.pending() {
         SUPERSEDED.record(&written, now);
     }
     Ok(())
+}
+
+/// The resourceVersion a status write is conditioned on: the version read, when the write
+/// names a pod that neither that version's status nor an earlier write of this reconcile
+/// named. Two operators starting one sandbox at once (a leader change) can each adopt a
+/// warm pod, or one adopt and the other make the cold pod; unconditioned, the later status
+/// write would name its own pod over a Ready status that named the other, and the pod the
+/// first named (that a harness may be running in) would be deleted as the second. With the
+/// precondition only one write names a pod; the other gets a conflict and its pod goes as
+/// the second ([`super::serve`]).
+pub(super) fn naming_precondition<'a>(
+    read: &'a Sandbox,
+    st: &SandboxStatus,
+    named: Option<&str>,
+) -> Option<&'a str> {
+    let pod = st.pod_name.as_deref()?;
+    let was = read.status.as_ref().and_then(|s| s.pod_name.as_deref());
+    if was == Some(pod) || named == Some(pod) {
+        return None;
+    }
+    read.metadata.resource_version.as_deref()
 }
 
 /// Server-side applies the metadata the operator owns on a Sandbox: its scope labels and,
@@ -258,6 +297,8 @@ pub struct Apis {
     pub services: Api<Service>,
     /// The metadata write the status writes wait for.
     pub metadata: MetadataGate,
+    /// The pod a status write of this reconcile has named ([`naming_precondition`]).
+    named: Mutex<Option<String>>,
 }
 
 impl Apis {
@@ -269,6 +310,7 @@ impl Apis {
             policies: Api::namespaced(ctx.client.clone(), ns),
             services: Api::namespaced(ctx.client.clone(), ns),
             metadata,
+            named: Mutex::new(None),
         }
     }
 }
@@ -347,6 +389,47 @@ mod tests {
         );
         s.metadata.finalizers = Some(vec!["example.com/keep".into()]);
         assert_eq!(without_finalizer(&s), None);
+    }
+
+    #[test]
+    fn only_a_write_that_names_a_new_pod_is_conditioned_on_the_version_read() {
+        let read = |pod: Option<&str>| -> Sandbox {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+                "metadata": {"name": "s", "resourceVersion": "7"},
+                "spec": {"image": "i", "scope": {"kind": "Global"}},
+                "status": {"podName": pod},
+            }))
+            .unwrap()
+        };
+        let naming = |pod: Option<&str>| SandboxStatus {
+            pod_name: pod.map(String::from),
+            ..SandboxStatus::default()
+        };
+        // A claim's or a cold start's first naming of its pod.
+        assert_eq!(
+            naming_precondition(&read(None), &naming(Some("warm-a")), None),
+            Some("7")
+        );
+        // Another pod than the one read: a pod found again after the named one went.
+        assert_eq!(
+            naming_precondition(&read(Some("warm-a")), &naming(Some("warm-b")), None),
+            Some("7")
+        );
+        // The pod the status names already, or none: nothing to lose to another writer.
+        assert_eq!(
+            naming_precondition(&read(Some("warm-a")), &naming(Some("warm-a")), None),
+            None
+        );
+        assert_eq!(
+            naming_precondition(&read(Some("warm-a")), &naming(None), None),
+            None
+        );
+        // This reconcile's own write named it: its next status write builds on that one.
+        assert_eq!(
+            naming_precondition(&read(None), &naming(Some("warm-a")), Some("warm-a")),
+            None
+        );
     }
 
     #[test]
