@@ -42,6 +42,9 @@ pub(crate) struct FakeApi {
     pub(crate) first: Mutex<Option<(String, String, Value)>>,
     /// Requests `"METHOD path"` that reach the fake only after a delay (a slow write).
     pub(crate) slow: Mutex<BTreeMap<String, std::time::Duration>>,
+    /// Requests `"METHOD path"` that wait until the test closes their semaphore
+    /// ([`FakeApi::hold`]): a write still on its way, for as long as the test needs.
+    pub(crate) held: Mutex<BTreeMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Requests `"METHOD path"` answered with this error code instead.
     pub(crate) failing: Mutex<BTreeMap<String, u16>>,
 }
@@ -93,6 +96,16 @@ impl FakeApi {
             .filter(|(m, _)| m != "GET")
             .map(|(m, p)| format!("{m} {p}"))
             .collect()
+    }
+
+    /// Holds requests `"METHOD path"` until the returned semaphore is closed.
+    pub(crate) fn hold(&self, what: &str) -> Arc<tokio::sync::Semaphore> {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        self.held
+            .lock()
+            .expect("held")
+            .insert(what.to_string(), gate.clone());
+        gate
     }
 
     /// Whether a request `"METHOD path"` was made.
@@ -306,6 +319,16 @@ pub(crate) fn context_with_pods(
                 .copied();
             if let Some(d) = delay {
                 tokio::time::sleep(d).await;
+            }
+            let gate = fake
+                .held
+                .lock()
+                .expect("held")
+                .get(&format!("{method} {path}"))
+                .cloned();
+            if let Some(gate) = gate {
+                // Closed: the test lets it through (no permit is ever added).
+                let _ = gate.acquire().await;
             }
             let (code, body) = fake.answer(&method, &path, &bytes);
             let resp = http::Response::builder()

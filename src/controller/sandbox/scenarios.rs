@@ -450,16 +450,16 @@ async fn the_metadata_write_follows_the_ready_status_and_neither_version_is_star
     let ctx = first_reconcile_of_a_serving_sandbox(&fake, "meta");
     let read: Sandbox =
         serde_json::from_value(fake.get(&format!("{SBX}/meta")).expect("s")).expect("sandbox");
-    fake.slow.lock().expect("slow").insert(
-        format!("PATCH {SBX}/meta"),
-        std::time::Duration::from_millis(300),
-    );
+    let metadata = fake.hold(&format!("PATCH {SBX}/meta"));
     let running = tokio::spawn({
         let (fake, ctx) = (fake.clone(), ctx.clone());
         async move { reconcile_sandbox(&fake, &ctx, "meta").await }
     });
-    // The version between the two writes: Ready, without the finalizer.
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    // The version between the two writes (the metadata write held): Ready, without the
+    // finalizer.
+    while !fake.requested(&format!("PATCH {SBX}/meta/status")) {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     let between: Sandbox =
         serde_json::from_value(fake.get(&format!("{SBX}/meta")).expect("s")).expect("sandbox");
     assert_eq!(
@@ -471,6 +471,7 @@ async fn the_metadata_write_follows_the_ready_status_and_neither_version_is_star
         "{:?}",
         between.metadata
     );
+    metadata.close();
     running.await.expect("reconcile");
     // Nothing between the start and the Ready status: the finalizer and labels come after it.
     assert_eq!(
