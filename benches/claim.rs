@@ -414,6 +414,7 @@ async fn main() -> Res<()> {
 
     let (mut ready, mut created, mut warm, mut windows) =
         (Vec::new(), Vec::new(), 0usize, Vec::new());
+    let mut quiets = Vec::new();
     for i in 0..n {
         // Both pools full before either side's claim: neither claims while the other's refill
         // still starts a pod on the same two cores.
@@ -431,6 +432,7 @@ async fn main() -> Res<()> {
             "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": name},
             "spec": spec,
         }))?;
+        quiets.push(common::quiet().await.as_secs_f64() * 1000.0);
         let start = Timestamp::now();
         let Seen {
             ready: took,
@@ -529,6 +531,10 @@ async fn main() -> Res<()> {
     let (a, b) = q(&total_server);
     println!("| create → Ready status write, server side (ms) | {a:.1} | {b:.1} |");
     println!();
+    let (a, b) = q(&quiets);
+    println!(
+        "wait for a quiet machine before each claim (BENCH_QUIET_IDLE, benches/common), p50 / p95: {a:.0} / {b:.0} ms"
+    );
     println!("starts that adopted a warm pod: {warm} of {n}");
     println!("operator writes per claim (sandbox, its pod, its Events): {per_claim:?}");
     println!("first claim's writes: {kinds:?}");

@@ -71,6 +71,51 @@ pub fn emit(bench: &str, key: &str, value: f64, unit: &str, n: u64) {
     }
 }
 
+/// The machine's CPU time so far from `/proc/stat`: (idle, all), in clock ticks.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let idle = ticks.get(3)? + ticks.get(4).copied().unwrap_or(0);
+    Some((idle, ticks.iter().sum()))
+}
+
+/// Waits until the machine is quiet (the CPUs at least `BENCH_QUIET_IDLE` percent idle, 80
+/// by default, over 200 ms; 0 turns the wait off), for at most 5 s; returns how long it
+/// waited. A claim bench starts each claim on a quiet machine: the cluster runs on these two
+/// cores, and the last claim's teardown or a pool's refill (the kubelet, the container
+/// runtime, the other side's controller) would otherwise share them with it.
+pub async fn quiet() -> Duration {
+    const SPAN: Duration = Duration::from_millis(200);
+    const MOST: Duration = Duration::from_secs(5);
+    let want = env_num("BENCH_QUIET_IDLE", 80) as f64 / 100.0;
+    let started = Instant::now();
+    if want <= 0.0 {
+        return Duration::ZERO;
+    }
+    let Some(mut before) = cpu_ticks() else {
+        return Duration::ZERO;
+    };
+    while started.elapsed() < MOST {
+        tokio::time::sleep(SPAN).await;
+        let Some(now) = cpu_ticks() else {
+            break;
+        };
+        let (idle, all) = (now.0 - before.0, now.1 - before.1);
+        if all > 0 && idle as f64 / all as f64 >= want {
+            break;
+        }
+        before = now;
+    }
+    started.elapsed()
+}
+
 /// (p50, p95) of the samples, nearest rank.
 pub fn p50_p95(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);

@@ -367,6 +367,7 @@ impl Peer {
             .timeout(120);
         let mut stream = self.claims.watch(&wp, "0").await?.boxed();
         self.claims.get_opt(&name).await?;
+        common::quiet().await;
         let t = Instant::now();
         self.claims.create(&PostParams::default(), &claim).await?;
         let created = t.elapsed().as_secs_f64() * 1000.0;
