@@ -8,6 +8,11 @@
 //! then Ready on the client's watch, and the operator's metadata write (finalizer and labels,
 //! made after the Ready status since issue 32). `BENCH_OPERATOR_BIN` runs another build's operator (an A/B in one session).
 //!
+//! Each claim (and each of the peer's, and each of the floor's in benches/claim_floor.rs)
+//! starts on a quiet machine (`common::quiet`: the CPUs 80 % idle over 200 ms, at most 5 s;
+//! `BENCH_QUIET_IDLE` sets the percentage, 0 turns the wait off): the cluster shares the two
+//! cores with the last claim's teardown and the pools' refills.
+//!
 //! `eval "$(hack/cluster env)"; cargo bench --bench claim` (release build). `BENCH_N` claims
 //! (default 50); `BENCH_FILES` small workspace files in each Sandbox's spec (default 0: the
 //! issue's second figure is with 3). The audit log is `$AGENTBOX_AUDIT_LOG` (set by
@@ -350,7 +355,7 @@ async fn main() -> Res<()> {
     let ns = cleanup.1.clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
-    let _delete_all = common::DeleteAll::of(&client, &ns);
+    let delete_all = common::DeleteAll::of(&client, &ns);
     let tpl: SandboxTemplate = serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
         "metadata": {"name": "tpl"},
@@ -373,6 +378,8 @@ async fn main() -> Res<()> {
     }
     if restore {
         let result = restores(&client, &ns, n, size).await;
+        // The snapshot's finalizer removes its object from the store: before the store goes.
+        drop(delete_all);
         let _ = std::fs::remove_dir_all(store(&ns));
         return result;
     }

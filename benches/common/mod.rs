@@ -194,9 +194,9 @@ impl Drop for Cleanup {
     }
 }
 
-/// Deletes the namespace's SandboxPools and Sandboxes when dropped, waits (up to 2 min) until
-/// they are gone and then (up to 3 min) until the operator's sweep has removed their workspace
-/// directories from the node (the bench runs on the node). Declared after the operator, it
+/// Deletes the namespace's SandboxSnapshots, SandboxPools and Sandboxes when dropped, waits (up
+/// to 2 min each) until they are gone and then ([`swept`]) until the operator's sweep has
+/// removed their workspace directories from the node. Declared after the operator, it
 /// drops first, also after a failure: the finalizers and the sweep need the operator, a failed
 /// run must not leave its namespace stuck Terminating, and a directory whose operator stopped
 /// first would stay on the node.
@@ -221,14 +221,23 @@ impl Drop for DeleteAll {
             kube::Api::namespaced(self.client.clone(), &self.ns);
         let sbxs: kube::Api<agentbox_api::crd::Sandbox> =
             kube::Api::namespaced(self.client.clone(), &self.ns);
-        let ns_dir = format!(
-            "{}/{}",
-            agentbox_operator::config::DEFAULT_NODE_ROOT,
-            self.ns
-        );
+        let snaps: kube::Api<agentbox_api::crd::SandboxSnapshot> =
+            kube::Api::namespaced(self.client.clone(), &self.ns);
+        let ns = self.ns.clone();
         tokio::task::block_in_place(|| {
             tokio::runtime::Handle::current().block_on(async move {
                 let lp = kube::api::ListParams::default();
+                // Snapshots first: their finalizer removes the stored object, and one left
+                // with it holds the namespace Terminating once the operator has stopped.
+                let _ = snaps.delete_collection(&Default::default(), &lp).await;
+                for _ in 0..240 {
+                    match snaps.list_metadata(&lp).await {
+                        Ok(s) if !s.items.is_empty() => {
+                            tokio::time::sleep(Duration::from_millis(500)).await
+                        }
+                        _ => break,
+                    }
+                }
                 let _ = pools.delete_collection(&Default::default(), &lp).await;
                 let _ = sbxs.delete_collection(&Default::default(), &lp).await;
                 for _ in 0..240 {
@@ -243,18 +252,26 @@ impl Drop for DeleteAll {
                         _ => break,
                     }
                 }
-                // Three minutes: twenty pods deleted at once stop slowly on two cores, and the
-                // sweep tries again on a backoff (one minute left 19 of 20 behind once).
-                for _ in 0..360 {
-                    if workspace_dirs(&ns_dir) == 0 {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                eprintln!("workspace directories still in {ns_dir} after three minutes");
+                swept(&ns).await;
             })
         });
     }
+}
+
+/// Waits (up to 3 min) until the operator's sweep has removed the workspace directories of
+/// namespace `ns` from the node (the bench runs on the node): the sandboxes are gone, and a
+/// directory whose operator stopped first would stay behind.
+pub async fn swept(ns: &str) {
+    let ns_dir = format!("{}/{ns}", agentbox_operator::config::DEFAULT_NODE_ROOT);
+    // Three minutes: twenty pods deleted at once stop slowly on two cores, and the sweep
+    // tries again on a backoff (one minute left 19 of 20 behind once).
+    for _ in 0..360 {
+        if workspace_dirs(&ns_dir) == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("workspace directories still in {ns_dir} after three minutes");
 }
 
 /// How many entries of `ns_dir` are named like a workspace (none when it does not exist).
