@@ -49,6 +49,11 @@ pub(crate) struct FakeApi {
     pub(crate) failing: Mutex<BTreeMap<String, u16>>,
 }
 
+/// The entry of a request `"METHOD path"` in one of the fake's maps.
+fn entry<T: Clone>(map: &Mutex<BTreeMap<String, T>>, what: &str) -> Option<T> {
+    map.lock().expect("fake's map").get(what).cloned()
+}
+
 pub(crate) fn status_body(code: u16, reason: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": if code < 300 { "Success" } else { "Failure" },
@@ -311,22 +316,11 @@ pub(crate) fn context_with_pods(
             let method = req.method().to_string();
             let path = req.uri().path().to_string();
             let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
-            let delay = fake
-                .slow
-                .lock()
-                .expect("slow")
-                .get(&format!("{method} {path}"))
-                .copied();
-            if let Some(d) = delay {
+            let what = format!("{method} {path}");
+            if let Some(d) = entry(&fake.slow, &what) {
                 tokio::time::sleep(d).await;
             }
-            let gate = fake
-                .held
-                .lock()
-                .expect("held")
-                .get(&format!("{method} {path}"))
-                .cloned();
-            if let Some(gate) = gate {
+            if let Some(gate) = entry(&fake.held, &what) {
                 // Closed: the test lets it through (no permit is ever added).
                 let _ = gate.acquire().await;
             }
