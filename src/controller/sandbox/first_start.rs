@@ -11,9 +11,9 @@
 //! serialises the two by the Sandbox's UID ([`FirstStarts::serialised`], which the controller's
 //! reconcile goes through too), so they never run side by side. Whichever comes second sees the
 //! version the first wrote over ([`super::Superseded`]) and only requeues; after a failed first
-//! start it is the retry (at once, or after that short requeue when the failed start wrote). The first starts in flight
-//! are bounded ([`MAX_IN_FLIGHT`]): beyond that a new Sandbox waits for the controller's queue,
-//! as before.
+//! start it is the retry (at once, or after that short requeue when the failed start wrote).
+//! The first starts in flight are bounded ([`MAX_IN_FLIGHT`]): beyond that a new Sandbox waits
+//! for the controller's queue, as before.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -143,7 +143,8 @@ mod tests {
         assert!(!is_first(&sandbox(json!({"metadata": {"uid": null}}))));
     }
 
-    #[tokio::test]
+    // Paused clocks: the sleeps order the tasks, not the machine's speed.
+    #[tokio::test(start_paused = true)]
     async fn a_first_start_and_the_controllers_reconcile_of_one_sandbox_never_overlap() {
         let starts = Arc::new(FirstStarts::new(4));
         let running = Arc::new(AtomicUsize::new(0));
@@ -175,7 +176,7 @@ mod tests {
         assert_eq!(starts.locked(), 0, "no lock is kept once nobody holds it");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn beyond_the_bound_and_for_a_sandbox_with_a_status_the_controller_does_it() {
         let starts = Arc::new(FirstStarts::new(1));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
