@@ -621,6 +621,9 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         "--reset-then-reuse-values",
         "--set",
         "logging.json=true",
+        // The sweep's steps, should the self-test's directory stay (checked below).
+        "--set",
+        "logging.level=info\\,agentbox_operator::controller::sweep=debug",
         "--wait",
         "--timeout",
         "180s",
@@ -740,6 +743,24 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
             .unwrap()
             .is_none()
     );
+    // Nor a directory on the node: the self-test's workspace goes just after its Sandbox (the
+    // operator's sweep), while the release runs. Uninstalled sooner, it would wait for the
+    // next operator's pass, and after this test there is none.
+    let ns_dir = format!("{NODE_ROOT}/{}", env.ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !common::workspace_names(&ns_dir).is_empty() {
+        if Instant::now() >= deadline {
+            let logs = pods
+                .logs(&new_name, &LogParams::default())
+                .await
+                .unwrap_or_else(|e| format!("(no logs: {e})"));
+            panic!(
+                "the self-test's workspace is still in {ns_dir} after 60 s: {:?}\n{logs}",
+                common::workspace_names(&ns_dir)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // --- people: agentbox-edit and agentbox-view through the built-in roles ---------------
     for (user, role) in [("alice", "edit"), ("bob", "view")] {

@@ -336,18 +336,15 @@ async fn suspend_deletes_the_pod_keeps_the_workspace_and_resume_reuses_it() {
 async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
     let mut env = TestEnv::new("sbx-delete").await;
     env.start_operator(&[]);
-    create_sandbox(
-        &env,
-        "d",
+    let spec = |path: &str, content: &str| {
         json!({
             "image": common::BASE_IMAGE,
             "scope": {"kind": "Global"},
             "network": {"egress": "None"},
-            "workspace": {"files": [{"path": "f", "content": "x"}]}
-        }),
-    )
-    .await
-    .unwrap();
+            "workspace": {"files": [{"path": path, "content": content}]}
+        })
+    };
+    create_sandbox(&env, "d", spec("f", "x")).await.unwrap();
     let sbx = env.wait_for::<Sandbox>("d", 120, phase_is("Ready")).await;
     let dir = workspace_dir(&env, &sbx);
     assert!(std::path::Path::new(&dir).join("f").exists());
@@ -408,9 +405,27 @@ async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
         .await
         .unwrap();
     env.wait_gone::<Sandbox>("d", 120).await;
+    // A harness makes a sandbox of the same name again at once, while the old one's pod (of the
+    // same name) is still stopping and its directory still on the node: the new one gets a
+    // pod and a workspace of its own, and nothing of the old one's.
+    create_sandbox(&env, "d", spec("g", "y")).await.unwrap();
+    let again = env.wait_for::<Sandbox>("d", 120, phase_is("Ready")).await;
+    assert_ne!(again.uid(), sbx.uid());
+    let again_dir = workspace_dir(&env, &again);
+    assert_ne!(again_dir, dir);
+    let pod = status(&again).pod_name.clone().unwrap();
+    assert_eq!(sh(&env, &pod, "cat g; ls").await.1, "yg\n");
+    // The old directory goes all the same (the sweep's hint), the new one stays.
+    common::wait_removed(&env, &dir, 60).await;
+    assert!(std::path::Path::new(&again_dir).join("g").exists());
+    env.api::<Sandbox>()
+        .delete("d", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_gone::<Sandbox>("d", 120).await;
     // The object goes first; its pod, the sweep's helper pods and the directory follow.
     common::wait_no_pods(&env, 60).await;
-    common::wait_removed(&env, &dir, 60).await;
+    common::wait_removed(&env, &again_dir, 60).await;
     assert!(
         env.api::<NetworkPolicy>()
             .list(&ListParams::default())
