@@ -121,7 +121,18 @@ pub(super) async fn serve(
         st.node_name = Some(node);
     }
     let serving = serving(h, pod, found.state, now);
-    let (init, error) = initialise(h, sbx, &serving, pod, &st, found.adopted).await;
+    // An adopted pod's open shell (its pool's) is closed only once the status is written: its
+    // exit (the exec stream torn down through the API server, the kubelet and the container
+    // runtime) would otherwise share the two cores with the claim's Ready status write.
+    let (adopted, shell) = match found.adopted {
+        Some(Adopted {
+            lookup,
+            shell,
+            marked,
+        }) => (Some((lookup, marked)), shell),
+        None => (None, None),
+    };
+    let (init, error) = initialise(h, sbx, &serving, pod, &st, adopted, shell.as_deref()).await;
     let stamp = Stamp {
         generation: sbx.metadata.generation,
         now,
@@ -150,6 +161,8 @@ pub(super) async fn serve(
     if old != &st {
         h.writer(sbx).status(&st).await?;
     }
+    // Its stdin closes and it exits: nothing of the pool's stays in the pod.
+    drop(shell);
     if out.started.is_some() {
         record_ready(&h.ctx.metrics, sbx, pod, old, &st);
     }
@@ -189,7 +202,8 @@ async fn initialise(
     serving: &Serving,
     pod: &Pod,
     st: &SandboxStatus,
-    adopted: Option<Adopted>,
+    adopted: Option<(init::Lookup, bool)>,
+    shell: Option<&Session>,
 ) -> (Init, Option<Error>) {
     if !serving.initialises() || podstate::initialised_in(st, pod) {
         return (Init::Skipped, None);
@@ -197,25 +211,17 @@ async fn initialise(
     let ws = st.workspace.clone().unwrap_or_default();
     // An adopted warm pod's directory has no marker of a sandbox (its pool's, or none), and
     // its pool left a shell open in it for this start's command.
-    let (marker, shell) = match adopted {
-        Some(a) => (
-            init::Marker::Absent {
-                lookup: a.lookup,
-                warm: a.marked,
-            },
-            a.shell,
-        ),
-        None => (init::Marker::Probe, None),
+    let marker = match adopted {
+        Some((lookup, warm)) => init::Marker::Absent { lookup, warm },
+        None => init::Marker::Probe,
     };
     let start = init::Start {
         ws: &ws,
         marker,
-        shell: shell.as_deref(),
+        shell,
     };
     let pod_name = pod.name_any();
     let result = init::init_workspace(sbx, h.ctx, &h.apis.pods, &pod_name, start).await;
-    // The shell's stdin closes and it exits: nothing of the pool's stays in the pod.
-    drop(shell);
     let (init, error) = outcome(sbx, &h.ctx.metrics, serving, result);
     let uid = sbx.uid().unwrap_or_default();
     match &init {
