@@ -154,6 +154,8 @@ async fn main() -> Res<()> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // The operator's sweep removes their directories a moment later: it must still run.
+        common::swept(&ns).await;
         drop(_op);
         drop(cleanup);
         return Ok(());
