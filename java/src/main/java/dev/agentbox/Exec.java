@@ -216,12 +216,12 @@ final class Exec {
    */
   static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
       String workdir) {
-    return run(kube, ns, pod, container, o, workdir, Wire.newRunId());
+    return run(kube, ns, pod, container, o, workdir, Wire.newRunId(), 60_000);
   }
 
   /** {@code runId} null: no {@link Wire#RUN_ENV} and no kill (the kill script itself). */
   private static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
-      String workdir, String runId) {
+      String workdir, String runId, long connectWaitMs) {
     String mode = o.stdinStream != null ? Wire.STDIN_STREAM
         : Wire.stdinMode(o.stdinBytes == null ? null : o.stdinBytes.length);
     String mark = Wire.newMark();
@@ -232,7 +232,7 @@ final class Exec {
       env.add(java.util.Map.entry(Wire.RUN_ENV, runId)); // last: it wins over a caller's
     }
     List<String> argv = Wire.remoteArgv(mark, mode, o.argv, o.timeoutMs, workdir, env);
-    Conn c = connect(kube, ns, pod, container, argv);
+    Conn c = connect(kube, ns, pod, container, argv, connectWaitMs);
     Thread pump = null;
     Pumped pumped = new Pumped();
     boolean[] ended = {false};
@@ -277,7 +277,8 @@ final class Exec {
     try {
       ExecOptions k = ExecOptions.argv("sh", "-c", Wire.KILL_SCRIPT, "agentbox-kill", runId)
           .timeout(java.time.Duration.ofSeconds(20)).maxOutput(4096);
-      ExecResult r = run(kube, ns, pod, Wire.SANDBOX_CONTAINER, k, null, null);
+      // a short connect: an API server out of reach must not hold the caller's failure long
+      ExecResult r = run(kube, ns, pod, Wire.SANDBOX_CONTAINER, k, null, null, 10_000);
       if (r.exitCode() == null || r.exitCode() != 0) {
         return new ExecException("killing the command's processes in pod " + ns + "/" + pod
             + " failed (exit " + r.exitCode() + "): " + r.stderrText().strip());

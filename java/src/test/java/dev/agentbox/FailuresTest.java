@@ -259,6 +259,8 @@ class FailuresTest {
         () -> ExecOptions.argv("cat").stdin((java.io.InputStream) null),
         () -> new Scope(null, "a", null, null),
         () -> Sandboxes.using(null, "n"),
+        () -> SandboxSpec.of(null),
+        () -> SandboxSpec.fromTemplate(null),
         () -> new IsolationKey(null, null, null));
     for (Executable e : bad) {
       assertInstanceOf(InvalidRequestException.class, thrown("bad input", e));
