@@ -211,8 +211,9 @@ final class Exec {
   /**
    * The same in {@code workdir} (the options' own, or a default such as the workspace root).
    * A command given up before its exit status arrived (the thread interrupted, the stdout sink
-   * failing, the connection lost, no status after the timeout) is killed in the pod with every
-   * process it started ({@link #kill}) before the exception reaches the caller.
+   * failing, the connection lost, no status after the timeout), or past its timeout, is killed
+   * in the pod with every process it started ({@link #kill}) before the exception reaches the
+   * caller.
    */
   static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
       String workdir) {
@@ -250,7 +251,9 @@ final class Exec {
       pumped.check();
       return r;
     } catch (RuntimeException e) {
-      if (runId != null && !ended[0]) {
+      // Given up before its status, or killed at its timeout (the wrapper's watchdog kills the
+      // command's process group; this also reaches what left it: setsid, a daemon's fork).
+      if (runId != null && (!ended[0] || e instanceof ExecTimeoutException)) {
         c.close();
         RuntimeException k = kill(kube, ns, pod, runId);
         if (k != null) {
