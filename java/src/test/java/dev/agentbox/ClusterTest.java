@@ -515,30 +515,45 @@ class ClusterTest {
   }
 
   @Test
-  void aDeleteThatDoesNotFinishInTimeIsSandboxNotDeleted() {
+  void aDeleteThatDoesNotFinishInTimeIsSandboxNotDeleted() throws Exception {
     Sandbox s = env.sandboxes.getOrCreate(Scope.forAgent("java-delete-timeout"),
         SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never"));
     String hold = "test.agentbox.dev/hold";
-    var res = env.client.genericKubernetesResources(Kube.SANDBOXES).inNamespace(env.ns).withName(s.name());
-    res.edit(o -> {
-      List<String> f = o.getMetadata().getFinalizers() == null ? new java.util.ArrayList<>()
-          : new java.util.ArrayList<>(o.getMetadata().getFinalizers());
-      f.add(hold);
-      o.getMetadata().setFinalizers(f);
-      return o;
-    });
+    holdFinalizer(s.name(), hold, true);
     try {
       SandboxNotDeletedException e = assertThrows(SandboxNotDeletedException.class, () -> s.delete(true, 3_000));
       assertEquals(s.name(), e.name());
     } finally {
-      res.edit(o -> {
-        List<String> f = new java.util.ArrayList<>(o.getMetadata().getFinalizers());
-        f.remove(hold);
-        o.getMetadata().setFinalizers(f);
-        return o;
-      });
+      holdFinalizer(s.name(), hold, false);
     }
     s.delete(true, 120_000);
     assertThrows(NotFoundException.class, () -> env.sandboxes.open(s.name()));
   }
+
+  /** Adds or removes a finalizer of a Sandbox (again on a conflict with the operator's writes). */
+  void holdFinalizer(String name, String finalizer, boolean add) throws InterruptedException {
+    var res = env.client.genericKubernetesResources(Kube.SANDBOXES).inNamespace(env.ns).withName(name);
+    for (int attempt = 1; ; attempt++) {
+      try {
+        res.edit(o -> {
+          List<String> f = o.getMetadata().getFinalizers() == null ? new java.util.ArrayList<>()
+              : new java.util.ArrayList<>(o.getMetadata().getFinalizers());
+          if (add) {
+            f.add(finalizer);
+          } else {
+            f.remove(finalizer);
+          }
+          o.getMetadata().setFinalizers(f);
+          return o;
+        });
+        return;
+      } catch (io.fabric8.kubernetes.client.KubernetesClientException e) {
+        if (e.getCode() != 409 || attempt == 20) {
+          throw e;
+        }
+        Thread.sleep(50);
+      }
+    }
+  }
+
 }
