@@ -242,9 +242,30 @@ class FailuresTest {
       });
       interrupter.start();
       Throwable t = thrown("open", () -> s.open("sbx"));
+      assertTrue(Thread.interrupted()); // (cleared here, or join would raise it)
       interrupter.join();
       assertInstanceOf(AgentboxInterruptedException.class, t, String.valueOf(t));
-      assertTrue(Thread.interrupted());
+    }
+  }
+
+  @Test
+  void aGuardWaitingForAnApiServerOutOfReachIsInterruptedAsAnyWait() throws Exception {
+    try (KubernetesClient k = client(refusedUrl())) {
+      Guard g = Sandboxes.using(k, "team-a").guard(SCOPE, null, null); // waits indefinitely
+      Thread me = Thread.currentThread();
+      Thread interrupter = new Thread(() -> {
+        try {
+          Thread.sleep(500); // a few refused attempts and the pauses between them
+        } catch (InterruptedException e) {
+          return;
+        }
+        me.interrupt();
+      });
+      interrupter.start();
+      Throwable t = thrown("acquire", g::acquire);
+      assertTrue(Thread.interrupted()); // (cleared here, or join would raise it)
+      interrupter.join();
+      assertInstanceOf(AgentboxInterruptedException.class, t, String.valueOf(t));
     }
   }
 
