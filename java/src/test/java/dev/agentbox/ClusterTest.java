@@ -28,7 +28,9 @@ import org.junit.jupiter.api.Timeout;
 /**
  * The Java client on the real cluster (hack/test's Java lane; {@code mvn -Pcluster test}):
  * create, exec, files, the guard between two threads and against the Rust CLI, snapshot and
- * restore, suspend and resume, a pod deleted under a running client, and bad input.
+ * restore, suspend and resume, a pod deleted under a running client, and bad input; commands
+ * that end when told (an interrupt, a failing sink, a timeout, a session closed) with nothing
+ * of them left in the pod, output over the cap flagged, and a delete's timeout of its own kind.
  */
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 @Timeout(value = 6, unit = TimeUnit.MINUTES)
