@@ -21,16 +21,25 @@ import java.util.Base64;
 public final class Clients {
   private Clients() {}
 
-  /** A client of the default configuration. */
+  /**
+   * A client of the default configuration. A configuration that cannot be read (a broken
+   * kubeconfig, a missing certificate file) is an {@link InvalidRequestException} naming it.
+   */
   public static KubernetesClient kubernetesClient() {
-    Config cfg = Config.autoConfigure(null);
-    if (System.getProperty(Config.KUBERNETES_CLIENT_KEY_ALGO_SYSTEM_PROPERTY) == null) {
-      String algo = pkcs8Algorithm(cfg);
-      if (algo != null) {
-        cfg.setClientKeyAlgo(algo);
+    Logging.quietIfUnconfigured();
+    try {
+      Config cfg = Config.autoConfigure(null);
+      if (System.getProperty(Config.KUBERNETES_CLIENT_KEY_ALGO_SYSTEM_PROPERTY) == null) {
+        String algo = pkcs8Algorithm(cfg);
+        if (algo != null) {
+          cfg.setClientKeyAlgo(algo);
+        }
       }
+      return new KubernetesClientBuilder().withConfig(cfg).build();
+    } catch (RuntimeException e) {
+      throw new InvalidRequestException("the Kubernetes client configuration (kubeconfig or "
+          + "service account) could not be used: " + e.getMessage(), e);
     }
-    return new KubernetesClientBuilder().withConfig(cfg).build();
   }
 
   /** The algorithm of a PKCS#8 client key, or null (none, or another form fabric8 reads). */

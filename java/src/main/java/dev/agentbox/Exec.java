@@ -60,6 +60,10 @@ final class Exec {
       }
     }
 
+    synchronized boolean stdinClosed() {
+      return stdinClosed;
+    }
+
     synchronized void halfCloseStdin() {
       if (stdinClosed) {
         return;
@@ -75,7 +79,7 @@ final class Exec {
           Thread.sleep(2);
         } catch (InterruptedException e) {
           Thread.currentThread().interrupt();
-          throw new TransportException("exec: interrupted while sending stdin");
+          throw new AgentboxInterruptedException("exec: interrupted while sending stdin", e);
         }
       }
     }
@@ -110,6 +114,23 @@ final class Exec {
 
   /** Opens the exec WebSocket. */
   static Conn connect(Kube kube, String ns, String pod, String container, List<String> argv) {
+    return connect(kube, ns, pod, container, argv, 60_000);
+  }
+
+  /** Opens the exec WebSocket, waiting at most {@code waitMs} for the upgrade. */
+  static Conn connect(Kube kube, String ns, String pod, String container, List<String> argv,
+      long waitMs) {
+    kube.ensureOpen();
+    try {
+      return open(kube, ns, pod, container, argv, waitMs);
+    } catch (RuntimeException e) {
+      // fabric8's own (a client closed meanwhile: IllegalStateException) as this client's
+      throw kube.map(e, "pod " + ns + "/" + pod + " (exec)");
+    }
+  }
+
+  private static Conn open(Kube kube, String ns, String pod, String container, List<String> argv,
+      long waitMs) {
     HttpClient http = kube.client.getHttpClient();
     LinkedBlockingQueue<Object> events = new LinkedBlockingQueue<>();
     WebSocket.Listener listener = new WebSocket.Listener() {
@@ -148,15 +169,16 @@ final class Exec {
         .connectTimeout(30, TimeUnit.SECONDS)
         .buildAsync(listener);
     try {
-      return new Conn(f.get(60, TimeUnit.SECONDS), events);
+      return new Conn(f.get(waitMs, TimeUnit.MILLISECONDS), events);
     } catch (ExecutionException e) {
       throw mapConnectError(e.getCause(), ns, pod);
     } catch (TimeoutException e) {
       f.cancel(true);
       throw new TransportException("pod " + ns + "/" + pod + " (exec): connect timed out", e);
     } catch (InterruptedException e) {
+      f.cancel(true);
       Thread.currentThread().interrupt();
-      throw new TransportException("pod " + ns + "/" + pod + " (exec): interrupted", e);
+      throw new AgentboxInterruptedException("pod " + ns + "/" + pod + " (exec): interrupted", e);
     }
   }
 
@@ -186,15 +208,35 @@ final class Exec {
     return run(kube, ns, pod, container, o, o.workdir);
   }
 
-  /** The same in {@code workdir} (the options' own, or a default such as the workspace root). */
+  /**
+   * The same in {@code workdir} (the options' own, or a default such as the workspace root).
+   * A command given up before its exit status arrived (the thread interrupted, the stdout sink
+   * failing, the connection lost, no status after the timeout), or past its timeout, is killed
+   * in the pod with every process it started ({@link #kill}) before the exception reaches the
+   * caller.
+   */
   static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
       String workdir) {
+    return run(kube, ns, pod, container, o, workdir, Wire.newRunId(), 60_000);
+  }
+
+  /** {@code runId} null: no {@link Wire#RUN_ENV} and no kill (the kill script itself). */
+  private static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
+      String workdir, String runId, long connectWaitMs) {
     String mode = o.stdinStream != null ? Wire.STDIN_STREAM
         : Wire.stdinMode(o.stdinBytes == null ? null : o.stdinBytes.length);
     String mark = Wire.newMark();
-    List<String> argv = Wire.remoteArgv(mark, mode, o.argv, o.timeoutMs, workdir, o.env);
-    Conn c = connect(kube, ns, pod, container, argv);
+    List<java.util.Map.Entry<String, String>> env = o.env;
+    if (runId != null) {
+      Wire.validate(o.argv, o.timeoutMs, o.env); // the caller's, before ours is added
+      env = new java.util.ArrayList<>(o.env);
+      env.add(java.util.Map.entry(Wire.RUN_ENV, runId)); // last: it wins over a caller's
+    }
+    List<String> argv = Wire.remoteArgv(mark, mode, o.argv, o.timeoutMs, workdir, env);
+    Conn c = connect(kube, ns, pod, container, argv, connectWaitMs);
     Thread pump = null;
+    Pumped pumped = new Pumped();
+    boolean[] ended = {false};
     try {
       if (o.stdinBytes != null && o.stdinBytes.length > 0) {
         byte[] in = o.stdinBytes;
@@ -203,9 +245,23 @@ final class Exec {
           c.drain(4L * Wire.STDIN_FRAME);
         }
       } else if (o.stdinStream != null) {
-        pump = pump(c, o.stdinStream);
+        pump = pump(c, o.stdinStream, pumped);
       }
-      return collect(c, o, mode, mark);
+      ExecResult r = collect(c, o, mode, mark, ended);
+      pumped.check();
+      return r;
+    } catch (RuntimeException e) {
+      // Given up before its status, or killed at its timeout (the wrapper's watchdog kills the
+      // command's process group; this also reaches what left it: setsid, a daemon's fork).
+      if (runId != null && (!ended[0] || e instanceof ExecTimeoutException)) {
+        c.close();
+        RuntimeException k = kill(kube, ns, pod, runId);
+        if (k != null) {
+          e.addSuppressed(k);
+        }
+      }
+      pumped.addTo(e); // the command's stdin may have been cut too
+      throw e;
     } finally {
       if (pump != null) {
         pump.interrupt();
@@ -214,7 +270,56 @@ final class Exec {
     }
   }
 
-  private static Thread pump(Conn c, InputStream in) {
+  /**
+   * Kills every process of the run {@code runId} in the pod ({@link Wire#KILL_SCRIPT}), on a
+   * connection of its own, even from an interrupted thread (its flag is set again after).
+   * Returns what went wrong, or null: the caller reports it beside its own failure.
+   */
+  static RuntimeException kill(Kube kube, String ns, String pod, String runId) {
+    boolean interrupted = Thread.interrupted();
+    try {
+      ExecOptions k = ExecOptions.argv("sh", "-c", Wire.KILL_SCRIPT, "agentbox-kill", runId)
+          .timeout(java.time.Duration.ofSeconds(20)).maxOutput(4096);
+      // a short connect: an API server out of reach must not hold the caller's failure long
+      ExecResult r = run(kube, ns, pod, Wire.SANDBOX_CONTAINER, k, null, null, 10_000);
+      if (r.exitCode() == null || r.exitCode() != 0) {
+        return new ExecException("killing the command's processes in pod " + ns + "/" + pod
+            + " failed (exit " + r.exitCode() + "): " + r.stderrText().strip());
+      }
+      return null;
+    } catch (RuntimeException e) {
+      return new ExecException("killing the command's processes in pod " + ns + "/" + pod
+          + " failed: " + e.getMessage(), e);
+    } finally {
+      if (interrupted) {
+        Thread.currentThread().interrupt();
+      }
+    }
+  }
+
+  /** What the stdin pump read, and whether its source failed. */
+  private static final class Pumped {
+    volatile long bytes;
+    volatile IOException failed;
+
+    /** A source that failed cut the command's stdin short: never a result as if whole. */
+    void check() {
+      IOException e = failed;
+      if (e != null) {
+        throw new ExecException("the stdin stream failed after " + bytes + " bytes, so the command"
+            + " read its end there (its result is not returned): " + e.getMessage(), e);
+      }
+    }
+
+    void addTo(RuntimeException primary) {
+      IOException e = failed;
+      if (e != null) {
+        primary.addSuppressed(e);
+      }
+    }
+  }
+
+  private static Thread pump(Conn c, InputStream in, Pumped pumped) {
     Thread t = new Thread(() -> {
       byte[] buf = new byte[Wire.STDIN_FRAME];
       try (in) {
@@ -222,11 +327,19 @@ final class Exec {
         while ((n = in.read(buf)) >= 0) {
           if (n > 0) {
             c.send(Wire.STDIN_CHANNEL, buf, 0, n);
+            pumped.bytes += n;
             c.drain(4L * Wire.STDIN_FRAME);
           }
         }
-      } catch (IOException | RuntimeException e) {
-        // A failing source ends stdin like EOF; the command's exit status still comes back.
+      } catch (IOException e) {
+        // The command sees its stdin end here; the caller is told once the status arrives.
+        // (Once stdin is closed the command has ended: what it did not read is not missed.)
+        if (!c.stdinClosed()) {
+          pumped.failed = e;
+        }
+      } catch (RuntimeException e) {
+        // The connection is gone or the command ended without reading all of it: the reader
+        // sees the first, and the second is the command's own choice.
       }
       try {
         c.halfCloseStdin();
@@ -239,7 +352,8 @@ final class Exec {
     return t;
   }
 
-  private static ExecResult collect(Conn c, ExecOptions o, String mode, String mark) {
+  private static ExecResult collect(Conn c, ExecOptions o, String mode, String mark,
+      boolean[] ended) {
     Wire.TrailerFilter outT = new Wire.TrailerFilter(mark);
     Wire.TrailerFilter errT = new Wire.TrailerFilter(mark);
     Wire.Capped out = new Wire.Capped(o.maxOutput);
@@ -263,7 +377,8 @@ final class Exec {
         ev = c.events.poll(Math.max(waitNs, 1), TimeUnit.NANOSECONDS);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
-        throw new ExecException("exec interrupted", e);
+        throw new AgentboxInterruptedException("interrupted while the command ran; it was killed in"
+            + " the pod with every process it started", e);
       }
       if (ev == null) {
         continue;
@@ -295,6 +410,7 @@ final class Exec {
       } else if (ch == Wire.STDERR_CHANNEL) {
         err.push(errT.push(payload));
       } else if (ch == Wire.STATUS_CHANNEL) {
+        ended[0] = true; // the wrapper has exited: nothing of the command is left to kill
         Wire.ExitStatus st = Wire.parseStatus(payload);
         if (!outT.complete()) {
           throw new OutputCutException("stdout", outT.received());

@@ -26,12 +26,15 @@ public final class ExecOptions {
   boolean check;
 
   private ExecOptions(List<String> argv) {
+    if (argv == null || argv.contains(null)) {
+      throw new InvalidRequestException("invalid exec request: argv is null or holds null");
+    }
     this.argv = List.copyOf(argv);
   }
 
   /** An argv, run as is (no shell). */
   public static ExecOptions argv(String... argv) {
-    return new ExecOptions(List.of(argv));
+    return new ExecOptions(argv == null ? null : java.util.Arrays.asList(argv));
   }
 
   /** An argv, run as is (no shell). */
@@ -41,11 +44,14 @@ public final class ExecOptions {
 
   /** A shell command line: {@code sh -c command}. */
   public static ExecOptions shell(String command) {
-    return new ExecOptions(List.of("sh", "-c", command));
+    return new ExecOptions(java.util.Arrays.asList("sh", "-c", command));
   }
 
   /** Stdin of a known length: the command reads exactly these bytes, then EOF. */
   public ExecOptions stdin(byte[] data) {
+    if (data == null) {
+      throw new InvalidRequestException("stdin bytes are null");
+    }
     this.stdinBytes = data.clone();
     this.stdinStream = null;
     return this;
@@ -53,11 +59,17 @@ public final class ExecOptions {
 
   /** Stdin as UTF-8 text. */
   public ExecOptions stdin(String text) {
+    if (text == null) {
+      throw new InvalidRequestException("stdin text is null");
+    }
     return stdin(text.getBytes(StandardCharsets.UTF_8));
   }
 
   /** Stdin streamed from {@code in} until its end (read on a thread of its own, then closed). */
   public ExecOptions stdin(InputStream in) {
+    if (in == null) {
+      throw new InvalidRequestException("stdin stream is null");
+    }
     this.stdinStream = in;
     this.stdinBytes = null;
     return this;

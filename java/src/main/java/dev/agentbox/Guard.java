@@ -230,7 +230,7 @@ public final class Guard implements AutoCloseable {
         Thread.sleep(pause);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
-        throw new GuardException("interrupted while waiting for lease " + leaseName, e);
+        throw new AgentboxInterruptedException("interrupted while waiting for lease " + leaseName, e);
       }
     }
   }

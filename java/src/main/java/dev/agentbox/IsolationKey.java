@@ -1,8 +1,8 @@
 package dev.agentbox;
 
 import com.fasterxml.jackson.annotation.JsonCreator;
+import com.fasterxml.jackson.annotation.JsonIgnoreProperties;
 import com.fasterxml.jackson.annotation.JsonProperty;
-import java.util.Objects;
 
 /**
  * The isolation key of a JVM agent harness (session / user / agent / global, as the agentscope
@@ -13,6 +13,7 @@ import java.util.Objects;
  * @param agent the agent's id (null for {@link Type#GLOBAL})
  * @param id the session id for {@link Type#SESSION}, the user id for {@link Type#USER}, else null
  */
+@JsonIgnoreProperties(ignoreUnknown = true) // Jackson 2 fails on unknown properties by default
 public record IsolationKey(
     @JsonProperty("type") Type type, @JsonProperty("agent") String agent, @JsonProperty("id") String id) {
 
@@ -45,7 +46,9 @@ public record IsolationKey(
 
   @JsonCreator
   public IsolationKey {
-    Objects.requireNonNull(type, "type");
+    if (type == null) {
+      throw new InvalidRequestException("an isolation key needs its type");
+    }
     toScope(type, agent, id); // validates with the CRD's rules
   }
 

@@ -16,6 +16,10 @@ import java.util.function.Supplier;
  * generic resources, with fabric8's errors mapped to this client's hierarchy.
  */
 final class Kube {
+  static {
+    Logging.quietIfUnconfigured(); // before fabric8's classes start SLF4J
+  }
+
   static final String GROUP = "agentbox.dev";
   static final String VERSION = "v1alpha1";
 
@@ -39,9 +43,35 @@ final class Kube {
   }
 
   final KubernetesClient client;
+  /** Set by {@link Sandboxes#close()}: every call after it is refused before any request. */
+  private volatile boolean closed;
 
   Kube(KubernetesClient client) {
     this.client = client;
+  }
+
+  void markClosed() {
+    closed = true;
+  }
+
+  /** Whether this client (or the fabric8 client under it, closed by its owner) is closed. */
+  boolean isClosed() {
+    if (closed) {
+      return true;
+    }
+    try {
+      return client.getHttpClient().isClosed();
+    } catch (RuntimeException e) {
+      return false; // a client that cannot say: the call itself reports what is wrong
+    }
+  }
+
+  /** {@link ClientClosedException} if closed: raised before any request. */
+  void ensureOpen() {
+    if (isClosed()) {
+      throw new ClientClosedException("the agentbox client is closed (Sandboxes.close(), or its "
+          + "fabric8 client closed by its owner): open a new Sandboxes");
+    }
   }
 
   static String apiVersion(ResourceDefinitionContext c) {
@@ -123,7 +153,7 @@ final class Kube {
         w = cur == null ? op.watch(watcher)
             : op.watch(new io.fabric8.kubernetes.api.model.ListOptionsBuilder()
                 .withResourceVersion(cur.getMetadata().getResourceVersion()).build(), watcher);
-      } catch (KubernetesClientException e) {
+      } catch (RuntimeException e) {
         throw map(e, c.getKind().toLowerCase(java.util.Locale.ROOT) + " " + ns + "/" + name);
       }
       try {
@@ -137,7 +167,7 @@ final class Kube {
             ev = q.poll(left, java.util.concurrent.TimeUnit.NANOSECONDS);
           } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-            throw new AgentboxException("interrupted while waiting for " + ns + "/" + name, e);
+            throw new AgentboxInterruptedException("interrupted while waiting for " + ns + "/" + name, e);
           }
           if (ev == null) {
             return null;
@@ -158,14 +188,52 @@ final class Kube {
   }
 
   <T> T call(Supplier<T> f, ResourceDefinitionContext c, String ns, String name) {
+    return call(f, c.getKind().toLowerCase(java.util.Locale.ROOT) + " " + ns + "/" + name);
+  }
+
+  /**
+   * Runs one fabric8 call: refused at once when closed, and whatever fabric8 raises mapped to
+   * this client's hierarchy ({@link #map}).
+   */
+  <T> T call(Supplier<T> f, String what) {
+    ensureOpen();
     try {
       return f.get();
-    } catch (KubernetesClientException e) {
-      throw map(e, c.getKind().toLowerCase(java.util.Locale.ROOT) + " " + ns + "/" + name);
+    } catch (RuntimeException e) {
+      throw map(e, what);
     }
   }
 
-  static AgentboxException map(KubernetesClientException e, String what) {
+  /**
+   * Any failure of a fabric8 call as this client's: an {@link AgentboxException} as it is, a
+   * closed client as {@link ClientClosedException}, an interrupt as {@link
+   * AgentboxInterruptedException} (the flag set again), fabric8's own by its status code.
+   */
+  AgentboxException map(RuntimeException e, String what) {
+    if (e instanceof AgentboxException a) {
+      return a;
+    }
+    if (isClosed()) {
+      return new ClientClosedException(what + ": the agentbox client is closed", e);
+    }
+    if (hasCause(e, InterruptedException.class) || Thread.currentThread().isInterrupted()) {
+      Thread.currentThread().interrupt();
+      return new AgentboxInterruptedException(what + ": interrupted", e);
+    }
+    if (e instanceof KubernetesClientException k) {
+      return mapStatus(k, what);
+    }
+    if (e instanceof IllegalArgumentException || e instanceof NullPointerException) {
+      // fabric8 refusing a name or body before sending it
+      return new InvalidRequestException(what + ": " + e.getMessage(), e);
+    }
+    if (hasCause(e, IOException.class)) {
+      return new TransportException(what + ": " + e.getMessage(), e);
+    }
+    return new ApiException(0, "", what + ": " + e, e);
+  }
+
+  static AgentboxException mapStatus(KubernetesClientException e, String what) {
     int code = e.getCode();
     String reason = e.getStatus() == null || e.getStatus().getReason() == null ? "" : e.getStatus().getReason();
     String message = e.getStatus() != null && e.getStatus().getMessage() != null
@@ -176,15 +244,15 @@ final class Kube {
     if (code == 409) {
       return new ConflictException(reason, what + ": " + message, e);
     }
-    if (code == 0 || hasIoCause(e)) {
+    if (code == 0 || hasCause(e, IOException.class)) {
       return new TransportException(what + ": " + e.getMessage(), e);
     }
     return new ApiException(code, reason, what + ": " + message, e);
   }
 
-  private static boolean hasIoCause(Throwable t) {
+  static boolean hasCause(Throwable t, Class<? extends Throwable> kind) {
     for (Throwable c = t.getCause(); c != null; c = c.getCause()) {
-      if (c instanceof IOException) {
+      if (kind.isInstance(c)) {
         return true;
       }
     }

@@ -42,7 +42,8 @@ public final class Sandbox {
 
   /** The object as last read, typed. */
   public dev.agentbox.model.Sandbox resource() {
-    return kube().client.getKubernetesSerialization().convertValue(obj, dev.agentbox.model.Sandbox.class);
+    return kube().call(() -> kube().client.getKubernetesSerialization()
+        .convertValue(obj, dev.agentbox.model.Sandbox.class), "sandbox " + namespace() + "/" + name());
   }
 
   /** The isolation scope. */
@@ -216,7 +217,7 @@ public final class Sandbox {
           Thread.sleep(Math.min(200, left));
         } catch (InterruptedException e) {
           Thread.currentThread().interrupt();
-          throw new AgentboxException("interrupted", e);
+          throw new AgentboxInterruptedException("interrupted while recovering sandbox " + name(), e);
         }
       } else {
         waitReady(left);
@@ -242,7 +243,10 @@ public final class Sandbox {
    * Runs a command to completion under the lossless frame: its real exit code, stdout and
    * stderr (capped, with truncation flags). A timeout kills its process group in the pod and
    * raises {@link ExecTimeoutException}; output that arrived without its trailer raises {@link
-   * OutputCutException}.
+   * OutputCutException}; output over {@link ExecOptions#maxOutput} is cut there and flagged
+   * ({@link ExecResult#truncated()}). Interrupting the calling thread stops the command: it is
+   * killed in the pod with every process it started, then {@link AgentboxInterruptedException}
+   * is raised.
    */
   public ExecResult exec(ExecOptions o) {
     return Exec.run(kube(), namespace(), podName(), Wire.SANDBOX_CONTAINER, o,
@@ -261,6 +265,7 @@ public final class Sandbox {
 
   /** A persistent shell whose commands run in {@code workdir} unless told otherwise. */
   public Session session(String workdir) {
+    kube().ensureOpen();
     return new Session(kube(), namespace(), podName(), workdir);
   }
 
@@ -392,7 +397,7 @@ public final class Sandbox {
 
   /**
    * Deletes the Sandbox (its pod and workspace go too; snapshots stay). With {@code wait},
-   * returns once it is gone, or raises {@link SandboxNotReadyException} after the timeout.
+   * returns once it is gone, or raises {@link SandboxNotDeletedException} after the timeout.
    */
   public void delete(boolean wait, long timeoutMs) {
     if (!kube().delete(Kube.SANDBOXES, namespace(), name())) {
@@ -402,8 +407,7 @@ public final class Sandbox {
       GenericKubernetesResource left = kube().watchUntil(Kube.SANDBOXES, namespace(), name(),
           o -> o == null, timeoutMs);
       if (left != null || kube().get(Kube.SANDBOXES, namespace(), name()) != null) {
-        throw new SandboxNotReadyException(name(), "Terminating", "Timeout",
-            "still exists after " + timeoutMs + " ms");
+        throw new SandboxNotDeletedException(name(), timeoutMs);
       }
     }
   }
@@ -465,11 +469,13 @@ public final class Sandbox {
 
   /** The scope's execution guard ({@code waitMs} null: wait indefinitely); acquire it. */
   public Guard guard(Long waitMs) {
+    kube().ensureOpen();
     return sandboxes.guard(scope(), waitMs, null);
   }
 
   /** The scope's execution guard with settings of its own. */
   public Guard guard(Long waitMs, GuardConfig config) {
+    kube().ensureOpen();
     return sandboxes.guard(scope(), waitMs, config);
   }
 

@@ -22,11 +22,17 @@ public final class SandboxSpec {
 
   /** A spec from a SandboxTemplate of the namespace. */
   public static SandboxSpec fromTemplate(String template) {
+    if (template == null) {
+      throw new InvalidRequestException("no template name (null)");
+    }
     return new SandboxSpec().set("templateRef", Map.of("name", template));
   }
 
   /** A spec from its JSON form. */
   public static SandboxSpec of(Map<String, Object> json) {
+    if (json == null) {
+      throw new InvalidRequestException("no spec (null)");
+    }
     SandboxSpec s = new SandboxSpec();
     s.fields.putAll(json);
     return s;

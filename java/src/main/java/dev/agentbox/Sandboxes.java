@@ -23,13 +23,19 @@ public final class Sandboxes implements AutoCloseable {
     this.owned = owned;
   }
 
-  /** The Sandboxes of {@code namespace} (null: the kubeconfig's), on a client of its own. */
+  /**
+   * The Sandboxes of {@code namespace} (null: the kubeconfig's), on a client of its own. A
+   * kubeconfig that cannot be read is an {@link InvalidRequestException} naming the cause.
+   */
   public static Sandboxes connect(String namespace) {
     return new Sandboxes(Clients.kubernetesClient(), namespace, true);
   }
 
   /** The Sandboxes of {@code namespace} on a client the caller owns (and closes). */
   public static Sandboxes using(KubernetesClient client, String namespace) {
+    if (client == null) {
+      throw new InvalidRequestException("no Kubernetes client (null)");
+    }
     return new Sandboxes(client, namespace, false);
   }
 
@@ -46,10 +52,20 @@ public final class Sandboxes implements AutoCloseable {
     return kube;
   }
 
+  /**
+   * Closes the client it made itself (not one passed to {@link #using}). Every call after it,
+   * on these Sandboxes and the Sandbox, Session and Guard objects they gave, raises {@link
+   * ClientClosedException} before any request. Idempotent; never throws.
+   */
   @Override
   public void close() {
+    kube.markClosed();
     if (owned) {
-      kube.client.close();
+      try {
+        kube.client.close();
+      } catch (RuntimeException e) {
+        // closing twice, or a pool that failed to shut down: nothing is left to use either way
+      }
     }
   }
 
@@ -125,12 +141,14 @@ public final class Sandboxes implements AutoCloseable {
 
   /** The namespace's SandboxTemplates (typed). */
   public List<dev.agentbox.model.SandboxTemplate> templates() {
-    return kube.client.resources(dev.agentbox.model.SandboxTemplate.class).inNamespace(namespace).list().getItems();
+    return kube.call(() -> kube.client.resources(dev.agentbox.model.SandboxTemplate.class)
+        .inNamespace(namespace).list().getItems(), "sandboxtemplates " + namespace);
   }
 
   /** The namespace's SandboxPools (typed). */
   public List<dev.agentbox.model.SandboxPool> pools() {
-    return kube.client.resources(dev.agentbox.model.SandboxPool.class).inNamespace(namespace).list().getItems();
+    return kube.call(() -> kube.client.resources(dev.agentbox.model.SandboxPool.class)
+        .inNamespace(namespace).list().getItems(), "sandboxpools " + namespace);
   }
 
   /**
@@ -191,6 +209,7 @@ public final class Sandboxes implements AutoCloseable {
 
   /** The execution guard of a scope ({@code waitMs} null: wait indefinitely). Acquire it. */
   public Guard guard(Scope scope, Long waitMs, GuardConfig config) {
+    kube.ensureOpen();
     String key = Labels.scopeKey(scope);
     return new Guard(kube, namespace, Labels.leaseName(key), Labels.scopeLabels(scope),
         config != null ? config : GuardConfig.defaults(), waitMs);

@@ -2,7 +2,6 @@ package dev.agentbox;
 
 import java.util.LinkedHashMap;
 import java.util.Map;
-import java.util.Objects;
 
 /**
  * An isolation scope, validated on construction with the CRD's own rules (the ids a kind needs
@@ -14,7 +13,9 @@ public record Scope(ScopeKind kind, String agent, String user, String session) {
   public static final int MAX_ID = 253;
 
   public Scope {
-    Objects.requireNonNull(kind, "kind");
+    if (kind == null) {
+      throw new InvalidRequestException("a scope needs its kind");
+    }
     check("agent", agent, kind != ScopeKind.GLOBAL, kind);
     check("user", user, kind == ScopeKind.USER, kind);
     check("session", session, kind == ScopeKind.SESSION, kind);

@@ -11,6 +11,11 @@ import java.util.concurrent.TimeUnit;
  * workdir and env). A shell found dead before a command starts is replaced and the command sent
  * again (once); one that dies while a command runs fails it with {@link SessionException}.
  * Commands run one at a time (callers queue). Close it when done.
+ *
+ * <p>Every process a session's shell starts carries that shell's {@link Wire#RUN_ENV}: {@link
+ * #close()} kills them all in the pod (a command running in another thread, and what commands
+ * left in the background: a server that ignores the end of its input included), and so does a
+ * shell given up (a command interrupted, its connection lost, no status after its timeout).
  */
 public final class Session implements AutoCloseable {
   private final Kube kube;
@@ -19,6 +24,9 @@ public final class Session implements AutoCloseable {
   private final String workdir;
   private final Object lock = new Object();
   private Exec.Conn shell;
+  /** The {@link Wire#RUN_ENV} of the current shell (null: none started). */
+  private volatile String runId;
+  private volatile boolean closed;
   private byte[] outPending = new byte[0];
   private byte[] errPending = new byte[0];
 
@@ -31,6 +39,9 @@ public final class Session implements AutoCloseable {
 
   /** Runs one command in the shell (no stdin: use one-shot exec for that). */
   public ExecResult run(ExecOptions o) {
+    if (closed) {
+      throw new ClientClosedException("the session is closed");
+    }
     if (o.stdinBytes != null || o.stdinStream != null) {
       throw new InvalidRequestException("a session command takes no stdin; use Sandbox.exec");
     }
@@ -45,15 +56,26 @@ public final class Session implements AutoCloseable {
         try {
           r = once(line, mark, o);
         } catch (NotStarted e) {
-          drop();
+          drop(null);
           if (attempt == 2) {
             throw new SessionException("the command did not start: " + e.getMessage());
           }
         } catch (RuntimeException e) {
-          // The frames may be out of step now: this shell cannot be trusted.
-          drop();
+          // The frames may be out of step now: this shell cannot be trusted, and what it runs
+          // is killed (an interrupted command must end in the pod too).
+          if (closed) {
+            drop(null); // close() has killed them already
+            throw new ClientClosedException("the session was closed while the command ran; it was"
+                + " killed", e);
+          }
+          drop(e);
           throw e;
         }
+      }
+      if (closed) {
+        // close() killed the command under us: its exit status is that kill's, not its own
+        drop(null);
+        throw new ClientClosedException("the session was closed while the command ran; it was killed");
       }
     }
     if (r.timedOut()) {
@@ -75,9 +97,15 @@ public final class Session implements AutoCloseable {
     }
   }
 
-  private void drop() {
+  /**
+   * Gives the shell up: its connection closed and, unless {@code cause} is null, every process
+   * it started killed in the pod (what failed there is added to {@code cause}).
+   */
+  private void drop(RuntimeException cause) {
     Exec.Conn c = shell;
+    String id = runId;
     shell = null;
+    runId = null;
     outPending = new byte[0];
     errPending = new byte[0];
     if (c != null) {
@@ -86,6 +114,12 @@ public final class Session implements AutoCloseable {
       } catch (RuntimeException e) {
         // already gone
       }
+      if (cause != null && id != null) {
+        RuntimeException k = Exec.kill(kube, namespace, pod, id);
+        if (k != null) {
+          cause.addSuppressed(k);
+        }
+      }
     }
   }
 
@@ -93,6 +127,10 @@ public final class Session implements AutoCloseable {
     if (shell == null) {
       shell = Exec.connect(
           kube, namespace, pod, Wire.SANDBOX_CONTAINER, Wire.sessionShellArgv(workdir));
+      // The shell's first line marks everything it will start (Wire.RUN_ENV): close() finds
+      // it all by that, also what was put in the background or left a process group.
+      runId = Wire.newRunId();
+      line = "export " + Wire.RUN_ENV + "=" + runId + "\n" + line;
     }
     byte[] l = line.getBytes(StandardCharsets.UTF_8);
     try {
@@ -132,7 +170,8 @@ public final class Session implements AutoCloseable {
         ev = shell.events.poll(wait, TimeUnit.NANOSECONDS);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
-        throw new SessionException("interrupted");
+        throw new AgentboxInterruptedException("interrupted while a session command ran; the"
+            + " session's shell and every process it started were killed", e);
       }
       if (ev == null) {
         continue;
@@ -201,9 +240,20 @@ public final class Session implements AutoCloseable {
     return c;
   }
 
-  /** Ends the shell (half-closing its stdin lets it exit). Never throws. */
+  /**
+   * Ends the session: every process its shell started is killed in the pod (a command running
+   * in another thread now, which then raises {@link ClientClosedException}, and whatever was
+   * left in the background), then the shell ends. Later {@link #run} calls raise {@link
+   * ClientClosedException}. Idempotent; never throws.
+   */
   @Override
   public void close() {
+    closed = true;
+    // Not under the lock: a command running now holds it until it ends, and this ends it.
+    String id = runId;
+    if (id != null) {
+      Exec.kill(kube, namespace, pod, id);
+    }
     synchronized (lock) {
       if (shell != null) {
         try {
@@ -212,7 +262,7 @@ public final class Session implements AutoCloseable {
           // gone already
         }
       }
-      drop();
+      drop(null);
     }
   }
 }

@@ -90,6 +90,45 @@ public final class Wire {
           + "[ $s = 2 ] && while read -r _; do :; done\n"
           + "exit $r\n";
 
+  /**
+   * The environment variable this client gives every command it runs, one fresh value per
+   * one-shot exec and per session shell ({@link #newRunId()}); every process the command
+   * starts inherits it (unless it clears its environment). It is how {@link #KILL_SCRIPT} finds
+   * what an abandoned command left: the command, its children, what it put in the background
+   * or in a process group of its own, even once reparented. Java only: not in the vectors.
+   */
+  public static final String RUN_ENV = "AGENTBOX_RUN";
+
+  /**
+   * {@code sh -c KILL_SCRIPT agentbox-kill RUN}: SIGKILLs every process of the container whose
+   * environment holds {@code AGENTBOX_RUN=RUN}, and scans again until a scan finds none (a
+   * process forked during a scan is found by the next, one dying is given 50 ms; at most 20
+   * scans, then it says so and exits 1; a zombie has no environment left). Run when the client
+   * gives a command up (its thread interrupted, its output sink failing, its connection lost,
+   * no exit status after the timeout) and when a session closes.
+   */
+  public static final String KILL_SCRIPT =
+      "e=\"" + RUN_ENV + "=$1\"; n=0\n"
+          + "while [ $n -lt 20 ]; do\n"
+          + "  f=\n"
+          + "  for d in /proc/[0-9]*; do\n"
+          + "    p=${d#/proc/}\n"
+          + "    [ \"$p\" = \"$$\" ] && continue\n"
+          + "    tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | grep -qxF -e \"$e\" || continue\n"
+          + "    kill -s KILL \"$p\" 2>/dev/null && f=1\n"
+          + "  done\n"
+          + "  [ -n \"$f\" ] || exit 0\n"
+          + "  n=$((n+1)); sleep 0.05\n"
+          + "done\n"
+          + "echo \"$0: processes of $1 still appear after $n scans\" >&2; exit 1\n";
+
+  /** A fresh {@link #RUN_ENV} value: 32 lowercase hex digits. */
+  public static String newRunId() {
+    byte[] b = new byte[16];
+    RANDOM.nextBytes(b);
+    return HexFormat.of().formatHex(b);
+  }
+
   private static final SecureRandom RANDOM = new SecureRandom();
   private static final JsonMapper JSON = JsonMapper.builder().build();
 

@@ -28,7 +28,9 @@ import org.junit.jupiter.api.Timeout;
 /**
  * The Java client on the real cluster (hack/test's Java lane; {@code mvn -Pcluster test}):
  * create, exec, files, the guard between two threads and against the Rust CLI, snapshot and
- * restore, suspend and resume, a pod deleted under a running client, and bad input.
+ * restore, suspend and resume, a pod deleted under a running client, and bad input; commands
+ * that end when told (an interrupt, a failing sink, a timeout, a session closed) with nothing
+ * of them left in the pod, output over the cap flagged, and a delete's timeout of its own kind.
  */
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 @Timeout(value = 6, unit = TimeUnit.MINUTES)
@@ -338,4 +340,222 @@ class ClusterTest {
         () -> env.sandboxes.getOrCreate(Scope.forAgent("java-no-template"), SandboxSpec.fromTemplate("no-such-template")));
     assertThrows(NotFoundException.class, () -> env.sandboxes.open("no-such-sandbox"));
   }
+
+  // ---- processes end when told, nothing cut short in silence, failures of their own kind ----
+
+  /**
+   * The lines of {@code ps} in the ready sandbox whose command starts with {@code pattern} (an
+   * extended regex): the commands themselves, not the shells or the grep that name them.
+   */
+  String running(String pattern) {
+    return ready.exec("ps -o pid,args | grep -E '^ *[0-9]+ +(" + pattern + ")' || true").stdoutText();
+  }
+
+  /** Waits (bounded) until {@code n} processes match: the command under test has started. */
+  void awaitRunning(String pattern, int n) throws InterruptedException {
+    for (int i = 0; i < 600; i++) {
+      if (running(pattern).lines().count() >= n) {
+        return;
+      }
+      Thread.sleep(100);
+    }
+    fail("never running: " + pattern + "\n" + running("."));
+  }
+
+  /** Runs {@code body} on a thread of its own; the handle gives what it raised. */
+  static final class Bg {
+    final java.util.concurrent.atomic.AtomicReference<Throwable> thrown = new java.util.concurrent.atomic.AtomicReference<>();
+    volatile boolean returned;
+    final Thread thread;
+
+    Bg(org.junit.jupiter.api.function.Executable body) {
+      thread = new Thread(() -> {
+        try {
+          body.execute();
+          returned = true;
+          thrown.set(new AssertionError("returned without an exception"));
+        } catch (Throwable t) {
+          thrown.set(t);
+        }
+      });
+      thread.setDaemon(true);
+      thread.start();
+    }
+
+    Throwable await() throws InterruptedException {
+      thread.join(120_000);
+      assertFalse(thread.isAlive(), "still blocked after 120 s");
+      return thrown.get();
+    }
+  }
+
+  @Test
+  void anInterruptedExecKillsTheCommandAndEverythingItStarted() throws Exception {
+    String p = "sleep 100[456]";
+    Bg bg = new Bg(() -> ready.exec("sleep 1004 & setsid sleep 1005 & sleep 1006"));
+    awaitRunning(p, 3);
+    bg.thread.interrupt(); // Future.cancel(true), an executor's shutdownNow, a lost guard
+    Throwable t = bg.await();
+    assertTrue(t instanceof AgentboxInterruptedException, String.valueOf(t));
+    // killed before the exception reached the caller: nothing to wait for
+    assertEquals("", running(p));
+  }
+
+  @Test
+  void aTimeoutAlsoKillsWhatLeftTheCommandsProcessGroup() {
+    // Out of the group, and not holding the exec's output open (which would keep the exit
+    // status from coming: then the client gives up after the grace, and kills them as well).
+    ExecTimeoutException e = assertThrows(ExecTimeoutException.class, () -> ready.exec(
+        ExecOptions.shell("setsid sleep 1041 >/dev/null 2>&1 & (setsid sleep 1042 >/dev/null 2>&1 &); sleep 1043")
+            .timeout(Duration.ofMillis(1500))));
+    assertNotNull(e.result(), "the exit status arrived");
+    assertEquals(137, e.result().exitCode());
+    assertEquals("", running("sleep 104[123]"));
+  }
+
+  @Test
+  void aCommandWhoseOutputSinkFailsIsKilledWithItsChildren() {
+    java.io.OutputStream failing = new java.io.OutputStream() {
+      long n;
+
+      @Override
+      public void write(int b) throws java.io.IOException {
+        write(new byte[] {(byte) b}, 0, 1);
+      }
+
+      @Override
+      public void write(byte[] b, int off, int len) throws java.io.IOException {
+        n += len;
+        if (n > (1 << 20)) {
+          throw new java.io.IOException("disk full (test)");
+        }
+      }
+    };
+    ExecException e = assertThrows(ExecException.class,
+        () -> ready.exec(ExecOptions.shell("sleep 1031 & yes").stdoutTo(failing)));
+    assertTrue(e.getMessage().contains("disk full (test)"), e.getMessage());
+    assertEquals("", running("sleep 1031|yes$"));
+  }
+
+  @Test
+  void closingASessionKillsWhatItStartedAndTheCommandRunningInIt() throws Exception {
+    String p = "sleep 101[12]";
+    Session s = ready.session();
+    assertEquals(0, s.run("sleep 1011 >/dev/null 2>&1 &").exitCode()); // a server left running
+    Bg cmd = new Bg(() -> s.run("sleep 1012"));
+    awaitRunning(p, 2);
+    Bg closer = new Bg(s::close); // from another thread, while the command runs
+    closer.await();
+    assertTrue(closer.returned, "close() raised " + closer.thrown.get());
+    Throwable t = cmd.await();
+    assertTrue(t instanceof ClientClosedException, String.valueOf(t));
+    assertEquals("", running(p));
+    assertThrows(ClientClosedException.class, () -> s.run("true"));
+  }
+
+  @Test
+  void anInterruptedSessionCommandIsKilledAndTheSessionGoesOn() throws Exception {
+    try (Session s = ready.session()) {
+      assertEquals("a\n", s.run("echo a").stdoutText());
+      Bg cmd = new Bg(() -> s.run("sleep 1021 & sleep 1022"));
+      awaitRunning("sleep 102[12]", 2);
+      cmd.thread.interrupt();
+      Throwable t = cmd.await();
+      assertTrue(t instanceof AgentboxInterruptedException, String.valueOf(t));
+      assertEquals("", running("sleep 102[12]"));
+      assertEquals("b\n", s.run("echo b").stdoutText()); // a new shell
+    }
+  }
+
+  @Test
+  void outputOverTheCapIsFlaggedAndTheCapCanBeRaised() {
+    String nine = "head -c 9437184 /dev/zero"; // 9 MiB against the 8 MiB default
+    ExecResult capped = ready.exec(nine);
+    assertEquals(0, capped.exitCode());
+    assertEquals(Wire.DEFAULT_MAX_OUTPUT, capped.stdout().length);
+    assertTrue(capped.stdoutTruncated() && capped.truncated(), "the cut is flagged");
+    ExecResult whole = ready.exec(ExecOptions.shell(nine).maxOutput(16 << 20));
+    assertEquals(9 << 20, whole.stdout().length);
+    assertFalse(whole.truncated());
+    ExecResult err = ready.exec(ExecOptions.shell(nine + " >&2").maxOutput(1 << 20));
+    assertTrue(err.stderrTruncated() && !err.stdoutTruncated());
+    try (Session s = ready.session()) {
+      ExecResult sc = s.run(nine);
+      assertEquals(Wire.DEFAULT_MAX_OUTPUT, sc.stdout().length);
+      assertTrue(sc.stdoutTruncated());
+      ExecResult sw = s.run(ExecOptions.shell(nine).maxOutput(16 << 20));
+      assertEquals(9 << 20, sw.stdout().length);
+      assertFalse(sw.truncated());
+    }
+  }
+
+  @Test
+  void aStdinStreamThatFailsIsAnErrorNotAShortInput() {
+    java.io.InputStream failing = new java.io.InputStream() {
+      int left = 1000;
+
+      @Override
+      public int read() throws java.io.IOException {
+        byte[] b = new byte[1];
+        return read(b, 0, 1) < 0 ? -1 : b[0] & 0xff;
+      }
+
+      @Override
+      public int read(byte[] b, int off, int len) throws java.io.IOException {
+        if (left == 0) {
+          throw new java.io.IOException("source lost (test)");
+        }
+        int n = Math.min(len, left);
+        left -= n;
+        return n;
+      }
+    };
+    ExecException e = assertThrows(ExecException.class,
+        () -> ready.exec(ExecOptions.argv("wc", "-c").stdin(failing)));
+    assertTrue(e.getMessage().contains("after 1000 bytes") && e.getMessage().contains("source lost (test)"),
+        e.getMessage());
+  }
+
+  @Test
+  void aDeleteThatDoesNotFinishInTimeIsSandboxNotDeleted() throws Exception {
+    Sandbox s = env.sandboxes.getOrCreate(Scope.forAgent("java-delete-timeout"),
+        SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never"));
+    String hold = "test.agentbox.dev/hold";
+    holdFinalizer(s.name(), hold, true);
+    try {
+      SandboxNotDeletedException e = assertThrows(SandboxNotDeletedException.class, () -> s.delete(true, 3_000));
+      assertEquals(s.name(), e.name());
+    } finally {
+      holdFinalizer(s.name(), hold, false);
+    }
+    s.delete(true, 120_000);
+    assertThrows(NotFoundException.class, () -> env.sandboxes.open(s.name()));
+  }
+
+  /** Adds or removes a finalizer of a Sandbox (again on a conflict with the operator's writes). */
+  void holdFinalizer(String name, String finalizer, boolean add) throws InterruptedException {
+    var res = env.client.genericKubernetesResources(Kube.SANDBOXES).inNamespace(env.ns).withName(name);
+    for (int attempt = 1; ; attempt++) {
+      try {
+        res.edit(o -> {
+          List<String> f = o.getMetadata().getFinalizers() == null ? new java.util.ArrayList<>()
+              : new java.util.ArrayList<>(o.getMetadata().getFinalizers());
+          if (add) {
+            f.add(finalizer);
+          } else {
+            f.remove(finalizer);
+          }
+          o.getMetadata().setFinalizers(f);
+          return o;
+        });
+        return;
+      } catch (io.fabric8.kubernetes.client.KubernetesClientException e) {
+        if (e.getCode() != 409 || attempt == 20) {
+          throw e;
+        }
+        Thread.sleep(50);
+      }
+    }
+  }
+
 }

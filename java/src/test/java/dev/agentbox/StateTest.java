@@ -24,6 +24,55 @@ class StateTest {
     assertEquals(s, JSON.readValue(json, SandboxState.class));
   }
 
+  /** A harness's own Jackson 2 ObjectMapper (agentscope-java uses 2.21), as it comes. */
+  static final com.fasterxml.jackson.databind.ObjectMapper JACKSON2 = new com.fasterxml.jackson.databind.ObjectMapper();
+
+  @Test
+  void theStateRoundTripsThroughAJackson2ObjectMapper() throws Exception {
+    for (SandboxState s : samples()) {
+      String json = JACKSON2.writeValueAsString(s);
+      Map<String, Object> tree = Kube.cast(JACKSON2.readValue(json, Map.class));
+      assertEquals(SandboxState.TYPE, tree.get("@type"), json);
+      assertEquals(s.namespace(), tree.get("namespace"));
+      assertEquals(s, JACKSON2.readValue(json, SandboxState.class), json);
+      // what one Jackson wrote the other reads (a harness moving from 2 to 3 keeps its states)
+      assertEquals(s, JSON.readValue(json, SandboxState.class));
+      assertEquals(s, JACKSON2.readValue(JSON.writeValueAsString(s), SandboxState.class));
+    }
+    String later = "{\"@type\":\"agentbox.SandboxState/v1\",\"key\":{\"type\":\"AGENT\",\"agent\":\"a\",\"x\":2},"
+        + "\"namespace\":\"n\",\"sandbox\":\"s\",\"future\":1}";
+    assertEquals(Scope.forAgent("a"), JACKSON2.readValue(later, SandboxState.class).scope());
+  }
+
+  @Test
+  void theStateHasAPlainStringFormForHarnessesWithoutJackson() {
+    for (SandboxState s : samples()) {
+      String json = s.toJson();
+      assertEquals(s, SandboxState.fromJson(json));
+      assertEquals(json, JSON.writeValueAsString(s)); // the same form the mappers write
+    }
+    assertThrows(InvalidRequestException.class, () -> SandboxState.fromJson("{\"@type\":\"other/v9\",\"key\":{\"type\":\"GLOBAL\"},"
+        + "\"namespace\":\"n\",\"sandbox\":\"s\"}"));
+    assertThrows(InvalidRequestException.class, () -> SandboxState.fromJson("{\"@type\":\"agentbox.SandboxState/v1\"}"));
+    assertThrows(InvalidRequestException.class, () -> SandboxState.fromJson("not json"));
+    assertThrows(InvalidRequestException.class, () -> SandboxState.fromJson(null));
+  }
+
+  @Test
+  void aStateMissingAFieldIsAClearErrorNotANullPointer() {
+    assertThrows(InvalidRequestException.class, () -> new SandboxState(null, "n", "s", null));
+    assertThrows(InvalidRequestException.class, () -> new SandboxState(IsolationKey.global(), null, "s", null));
+    assertThrows(InvalidRequestException.class, () -> new IsolationKey(null, "a", null));
+  }
+
+  static java.util.List<SandboxState> samples() {
+    return java.util.List.of(
+        SandboxState.of(IsolationKey.user("coder", "alice@example.com"), "team-a").withLastSnapshot("user-abc-x7k2p"),
+        SandboxState.of(IsolationKey.session("coder", "s-1"), "team-a"),
+        SandboxState.of(IsolationKey.agent("coder"), "n"),
+        SandboxState.of(IsolationKey.global(), "n").withLastSnapshot("g-1"));
+  }
+
   @Test
   void aStateFromALaterVersionWithMoreFieldsStillReads() {
     String json = "{\"@type\":\"agentbox.SandboxState/v1\",\"key\":{\"type\":\"GLOBAL\"},"
