@@ -68,7 +68,7 @@ type Process struct {
 	// Stdin writes to the command; Close half-closes it (the command sees EOF).
 	Stdin io.WriteCloser
 	// Stdout and Stderr read the command's output; read both, or the command stalls once
-	// their pipes are full.
+	// their pipes are full. They are io.ReadClosers: closing one drops the rest of it.
 	Stdout, Stderr io.Reader
 
 	sbx     *Sandbox
@@ -99,11 +99,29 @@ func (o procOut) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	n, err := o.w.Write(p)
-	if err != nil && o.killed.Load() {
+	if err != nil && (o.killed.Load() || errors.Is(err, io.ErrClosedPipe)) {
+		// Killed, or the reader closed its end: the rest is dropped, the stream read on.
 		return len(p), nil
 	}
 	return n, err
 }
+
+// procIn reads a process's output pipe; once the process is killed, reads fail with
+// ErrProcessKilled. Close closes the pipe (the output that still comes is dropped).
+type procIn struct {
+	r      *io.PipeReader
+	killed *atomic.Bool
+}
+
+func (i procIn) Read(b []byte) (int, error) {
+	n, err := i.r.Read(b)
+	if err != nil && i.killed.Load() {
+		return n, ErrProcessKilled
+	}
+	return n, err
+}
+
+func (i procIn) Close() error { return i.r.Close() }
 
 // Start starts argv in the sandbox's pod with streamed stdio (opts.Stdin is ignored: write
 // to Process.Stdin). The process and what it starts carry ProcessEnv, so Kill ends them all.
@@ -125,7 +143,8 @@ func (b *Sandbox) Start(ctx context.Context, argv []string, opts ExecOptions) (*
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	errR, errW := io.Pipe()
-	p := &Process{Stdin: inW, Stdout: outR, Stderr: errR, sbx: b, id: id, cancel: cancel, done: make(chan struct{}), outR: outR, errR: errR}
+	p := &Process{Stdin: inW, sbx: b, id: id, cancel: cancel, done: make(chan struct{}), outR: outR, errR: errR}
+	p.Stdout, p.Stderr = procIn{outR, &p.killed}, procIn{errR, &p.killed}
 	r, err := b.sbs.Client.ws.start(ctx, b.Namespace(), b.PodName(), execCall{frame: f, stdin: inR, stdinLen: -1, stdout: procOut{outW, &p.killed}, stderr: procOut{errW, &p.killed}})
 	if err != nil {
 		cancel()
@@ -170,11 +189,8 @@ func (p *Process) Kill() error {
 		p.errR.CloseWithError(ErrProcessKilled)
 		ctx, cancel := context.WithTimeout(context.Background(), killWait)
 		defer cancel()
-		select {
-		case <-p.done:
-		default:
-			p.killErr = p.sbx.KillProcesses(ctx, p.id)
-		}
+		// Also when the command has ended: what it started may live on.
+		p.killErr = p.sbx.KillProcesses(ctx, p.id)
 		_ = p.Stdin.Close()
 		select {
 		case <-p.done:

@@ -239,6 +239,7 @@ type AgentboxSession struct {
 	mu    sync.Mutex
 	env   map[string]string // RefreshEnv's updates
 	procs map[*process]struct{}
+	ended []string // the AGENTBOX_PROCESS ids of started processes that have ended
 }
 
 var (
@@ -391,6 +392,7 @@ func (s *AgentboxSession) StartProcess(ctx context.Context, req ProcessRequest) 
 		cancel()
 		s.mu.Lock()
 		delete(s.procs, h)
+		s.ended = append(s.ended, p.ID())
 		s.mu.Unlock()
 	}()
 	return h, nil
@@ -454,12 +456,23 @@ func (s *AgentboxSession) Close() error {
 		for h := range s.procs {
 			procs = append(procs, h)
 		}
+		ended := s.ended
 		s.mu.Unlock()
 		var wg sync.WaitGroup
-		errs := make([]error, len(procs))
+		errs := make([]error, len(procs)+1)
 		for i, h := range procs {
 			wg.Add(1)
 			go func() { defer wg.Done(); errs[i] = h.p.Kill() }()
+		}
+		if len(ended) > 0 && s.Alive() {
+			// What the ended ones started may live on (a daemon of an ended command).
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				errs[len(procs)] = s.sbx.KillProcesses(ctx, ended...)
+			}()
 		}
 		wg.Wait()
 		_ = s.shell.Close()

@@ -220,10 +220,11 @@ func TestAnnaResolvePathRefusesSymlinksOutOfTheWorkspace(t *testing.T) {
 	}
 }
 
-// liveIn lists the processes of the sandbox's pod whose command line has marker.
+// liveIn lists the processes of the sandbox's pod whose command line has marker (not the
+// scanning shell, nor the wrapper around it, whose arguments hold the marker).
 func liveIn(t *testing.T, sbx *agentbox.Sandbox, marker string) string {
 	t.Helper()
-	r, err := sbx.Exec(context.Background(), []string{"sh", "-c", `for d in /proc/[0-9]*; do c=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue; case "$c" in *"$1"*) echo "${d#/proc/} $c";; esac; done`, "live", marker}, agentbox.ExecOptions{})
+	r, err := sbx.Exec(context.Background(), []string{"sh", "-c", `for d in /proc/[0-9]*; do c=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue; case "$c" in *"$1"*) [ "${d#/proc/}" = $$ ] || [ "${d#/proc/}" = $PPID ] || echo "${d#/proc/} $c";; esac; done`, "live", marker}, agentbox.ExecOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
