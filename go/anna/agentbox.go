@@ -103,7 +103,7 @@ func (f *Agentbox) Supported(p Policy) error {
 		return f.incompatible(p, "Timeout", "must not be negative")
 	}
 	if f.MaxOutput < 0 {
-		return f.incompatible(p, "Timeout", "the factory's MaxOutput must not be negative")
+		return fmt.Errorf("%w: Agentbox.MaxOutput must not be negative", agentbox.ErrInvalid)
 	}
 	return nil
 }
