@@ -3,6 +3,7 @@ package agentbox
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors: every error this package returns matches one of them with errors.Is, and
@@ -24,6 +25,9 @@ var (
 	ErrPath = errors.New("agentbox: path refused")
 	// ErrOutputCut: an exec stream ended without its trailer: output was lost on the way.
 	ErrOutputCut = errors.New("agentbox: output cut")
+	// ErrOutputTruncated: a command printed more than its cap (ExecOptions.MaxOutput) and
+	// ExecOptions.FailTruncated asked for an error (OutputTruncatedError, with the result).
+	ErrOutputTruncated = errors.New("agentbox: output truncated")
 	// ErrExecTimeout: the command's timeout passed and it was killed (ExecTimeoutError).
 	ErrExecTimeout = errors.New("agentbox: command timed out")
 	// ErrCommandNotStarted: the runtime could not start the command.
@@ -147,6 +151,27 @@ func (e *CommandError) Error() string {
 
 // Is matches ErrCommand.
 func (e *CommandError) Is(t error) bool { return t == ErrCommand }
+
+// OutputTruncatedError is a command whose stdout or stderr was longer than its cap: Result
+// has the first Limit bytes of each (and its exit code); the rest was dropped.
+type OutputTruncatedError struct {
+	Limit  int
+	Result *ExecResult
+}
+
+func (e *OutputTruncatedError) Error() string {
+	var s []string
+	if e.Result.StdoutTruncated {
+		s = append(s, "stdout")
+	}
+	if e.Result.StderrTruncated {
+		s = append(s, "stderr")
+	}
+	return fmt.Sprintf("agentbox: %s longer than the cap of %d bytes (raise ExecOptions.MaxOutput); the rest was dropped", strings.Join(s, " and "), e.Limit)
+}
+
+// Is matches ErrOutputTruncated.
+func (e *OutputTruncatedError) Is(t error) bool { return t == ErrOutputTruncated }
 
 // SandboxError says why a Sandbox is not serving: its phase and the failing condition's
 // reason and message. Kind is one of ErrSandboxFailed, ErrSandboxSuspended,

@@ -377,8 +377,12 @@ type ExecOptions struct {
 	Workdir string
 	// Timeout kills the command's whole process group in the pod; 0 is none.
 	Timeout time.Duration
-	// MaxOutput caps each of stdout and stderr; 0 is DefaultMaxOutput.
+	// MaxOutput caps each of stdout and stderr; 0 is DefaultMaxOutput. What goes beyond it is
+	// dropped, and the result says so (StdoutTruncated, StderrTruncated).
 	MaxOutput int
+	// FailTruncated makes an output beyond MaxOutput an OutputTruncatedError (with the
+	// result), not only a flag.
+	FailTruncated bool
 	// Check turns a non-zero exit into a CommandError.
 	Check bool
 }
@@ -447,11 +451,20 @@ func (d *wsDialer) collect(ctx context.Context, ns, pod string, f Frame, o ExecO
 	if !oc.status.HasCode {
 		res.ExitCode = -1
 	}
+	return res, o.verdict(res, f.Timeout, limit)
+}
+
+// verdict is the error a finished command's result calls for under o: its timeout, then a
+// failed check, then a truncation asked to fail.
+func (o ExecOptions) verdict(res *ExecResult, timeout *time.Duration, limit int) error {
 	if res.TimedOut {
-		return res, &ExecTimeoutError{Timeout: f.Timeout.Seconds(), Result: res}
+		return &ExecTimeoutError{Timeout: timeout.Seconds(), Result: res}
 	}
 	if o.Check && res.ExitCode != 0 {
-		return res, &CommandError{Result: res}
+		return &CommandError{Result: res}
 	}
-	return res, nil
+	if o.FailTruncated && (res.StdoutTruncated || res.StderrTruncated) {
+		return &OutputTruncatedError{Limit: limit, Result: res}
+	}
+	return nil
 }

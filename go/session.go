@@ -244,13 +244,7 @@ func (s *Session) Exec(ctx context.Context, argv []string, opts ExecOptions) (*E
 		}
 		return nil, err
 	}
-	if res.TimedOut {
-		return res, &ExecTimeoutError{Timeout: f.Timeout.Seconds(), Result: res}
-	}
-	if opts.Check && res.ExitCode != 0 {
-		return res, &CommandError{Result: res}
-	}
-	return res, nil
+	return res, opts.verdict(res, f.Timeout, limit)
 }
 
 func (s *Session) drop() {

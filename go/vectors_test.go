@@ -392,6 +392,16 @@ func stdinOfRequest(r map[string]any) string {
 	return StdinNone
 }
 
+// The process script and its environment entry are the vectors' (Rust's remote::PROCESSES).
+func TestProcessScriptIsTheVectors(t *testing.T) {
+	if vec("exec", "process_env").(string) != ProcessEnv {
+		t.Fatalf("ProcessEnv differs from the vectors' exec.process_env")
+	}
+	if s := vec("exec", "processes_script").(string); s != ScriptProcesses {
+		t.Fatalf("ScriptProcesses differs from the vectors' exec.processes_script:\n%s", s)
+	}
+}
+
 func TestWrapperIsTheVectors(t *testing.T) {
 	w := vec("exec", "wrapper").(string)
 	if losslessVectors() {

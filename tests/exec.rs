@@ -249,6 +249,49 @@ async fn streaming_yields_output_while_the_command_runs() {
     env.finish().await;
 }
 
+/// Closing a streamed exec does not stop a command that ignores the end of its stdin (a stdio
+/// server): `ExecStream::kill` ends it and its children in the pod, whatever their process
+/// group, and the stream goes on to SIGKILL's exit.
+#[tokio::test]
+async fn kill_ends_a_streamed_command_and_its_children_in_the_pod() {
+    let (env, pods) = setup("exec-kill").await;
+    // stdin that stays open (the harness's end of a stdio server's pipe).
+    let (_keep, stdin) = tokio::io::duplex(64);
+    let mut s = exec::stream(
+        &pods,
+        "box",
+        SANDBOX_CONTAINER,
+        ExecRequest::shell(
+            "trap '' HUP TERM; sleep 3124 & setsid sleep 3125 & echo up; sleep 3126",
+        )
+        .stdin_reader(stdin),
+    )
+    .await
+    .expect("stream");
+    assert!(s.process_id().is_some());
+    let first = s.next().await.expect("event").expect("ok");
+    assert_eq!(first, ExecEvent::Stdout("up\n".into()));
+    let before = procs_matching(&pods, "312[456]").await;
+    for p in ["sleep 3124", "sleep 3125", "sleep 3126"] {
+        assert!(before.contains(p), "{p} is not running: {before}");
+    }
+    s.kill().await.expect("kill");
+    let mut end = None;
+    while let Some(ev) = s.next().await {
+        if let ExecEvent::Exit { status, .. } = ev.expect("event") {
+            end = Some(status);
+        }
+    }
+    assert_eq!(end, Some(ExitStatus::Code(137)));
+    let left = procs_matching(&pods, "312[456]").await;
+    assert!(
+        left.is_empty(),
+        "left running in the pod after kill:\n{left}"
+    );
+    s.kill().await.expect("a second kill does nothing");
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn persistent_session_frames_a_thousand_commands() {
     let (env, pods) = setup("exec-session").await;

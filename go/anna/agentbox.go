@@ -1,13 +1,13 @@
 package anna
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -26,12 +26,20 @@ type Agentbox struct {
 	// Image is the sandbox image; ImagePullPolicy its pull policy ("" : the cluster's).
 	Image           string
 	ImagePullPolicy string
+	// Root is the workspace's directory in the sandbox ("" : MountWorkspace); the policy's
+	// working directory is under it.
+	Root string
+	// MaxOutput caps each of an Exec's stdout and stderr (0 : agentbox.DefaultMaxOutput, 8
+	// MiB); an output beyond it is an error (ErrOutputTruncated), never a short result alone.
+	MaxOutput int
 	// ReadyTimeout bounds the wait for the sandbox (0 : 2 minutes).
 	ReadyTimeout time.Duration
 	// Guard configures the scope's guard; Guard.Wait bounds the wait for another session of
 	// the scope to end (0 : 30 s).
 	Guard agentbox.GuardConfig
 }
+
+var _ Factory = (*Agentbox)(nil)
 
 // Name is "agentbox".
 func (f *Agentbox) Name() string { return "agentbox" }
@@ -46,68 +54,86 @@ func (f *Agentbox) Available() bool {
 	return f.Sandboxes.Ping(ctx) == nil
 }
 
-func (f *Agentbox) incompatible(field, reason string) error {
-	return &PolicyCompatibilityError{Backend: f.Name(), Field: field, Reason: reason}
+func (f *Agentbox) incompatible(p Policy, field, reason string) error {
+	return &PolicyCompatibilityError{Backend: f.Name(), Policy: p, Reason: "Policy." + field + ": " + reason}
 }
 
-func root(p Policy) string {
-	if p.FilesystemRoot == "" {
-		return "/workspace"
+func (f *Agentbox) root() string {
+	if f.Root == "" {
+		return MountWorkspace
 	}
-	return p.FilesystemRoot
+	return f.Root
+}
+
+// workingDir is the policy's working directory in the sandbox ("" : the root).
+func (f *Agentbox) workingDir(p Policy) (string, error) {
+	return agentbox.Confine(f.root(), p.Filesystem.WorkingDir)
 }
 
 // Supported says whether agentbox can honour p (a PolicyCompatibilityError naming the field
 // when not).
 func (f *Agentbox) Supported(p Policy) error {
-	r := root(p)
+	r := f.root()
 	if !strings.HasPrefix(r, "/") || strings.Contains("/"+r+"/", "/../") {
-		return f.incompatible("FilesystemRoot", "must be an absolute path without '..'")
+		return f.incompatible(p, "Filesystem", fmt.Sprintf("the factory's Root %q must be an absolute path without '..'", r))
 	}
-	if _, err := agentbox.Confine(r, p.WorkingDir); err != nil {
-		return f.incompatible("WorkingDir", err.Error())
+	if _, err := f.workingDir(p); err != nil {
+		return f.incompatible(p, "Filesystem.WorkingDir", err.Error())
 	}
-	switch p.Network {
-	case "", NetworkFull, NetworkNone:
-	case NetworkAllowlist:
-		return f.incompatible("Network", "egress is all or none (a NetworkPolicy); a host allowlist is not enforced")
+	if len(p.Filesystem.Homes) > 0 {
+		return f.incompatible(p, "Filesystem.Homes", "agentbox keeps one workspace per scope; it attaches no homes")
+	}
+	switch p.Network.Mode {
+	case "", NetworkAllowAll, NetworkDisabled:
 	default:
-		return f.incompatible("Network", fmt.Sprintf("unknown mode %q", p.Network))
+		return f.incompatible(p, "Network.Mode", fmt.Sprintf("unknown mode %q", p.Network.Mode))
 	}
-	if len(p.AllowedHosts) > 0 {
-		return f.incompatible("AllowedHosts", "egress is all or none; a host allowlist is not enforced")
+	if p.Network.Timeout != 0 {
+		return f.incompatible(p, "Network.Timeout", "agentbox does not bound network operations")
 	}
-	if len(p.ReadOnlyPaths) > 0 {
-		return f.incompatible("ReadOnlyPaths", "the workspace is writable as a whole")
+	if p.InheritEnv {
+		return f.incompatible(p, "InheritEnv", "the runner's environment is not passed into the sandbox")
 	}
 	for k := range p.Env {
 		if !agentbox.IsEnvName(k) {
-			return f.incompatible("Env", fmt.Sprintf("%q is not an environment variable name", k))
+			return f.incompatible(p, "Env", fmt.Sprintf("%q is not an environment variable name", k))
 		}
 	}
 	if p.Timeout < 0 {
-		return f.incompatible("Timeout", "must not be negative")
+		return f.incompatible(p, "Timeout", "must not be negative")
+	}
+	if f.MaxOutput < 0 {
+		return fmt.Errorf("%w: Agentbox.MaxOutput must not be negative", agentbox.ErrInvalid)
 	}
 	return nil
 }
 
 func egress(p Policy) string {
-	if p.Network == NetworkNone {
+	if p.Network.Mode == NetworkDisabled {
 		return "None"
 	}
 	return "All"
 }
 
-// CreateSession gets or creates the scope's Sandbox for p, takes the scope's guard, waits
-// until the sandbox is Ready and starts its persistent shell.
+// CreateSession is Open as a Session.
 func (f *Agentbox) CreateSession(ctx context.Context, p Policy) (Session, error) {
+	s, err := f.Open(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Open gets or creates the scope's Sandbox for p, takes the scope's guard, waits until the
+// sandbox serves and starts its persistent shell.
+func (f *Agentbox) Open(ctx context.Context, p Policy) (*AgentboxSession, error) {
 	if err := f.Supported(p); err != nil {
 		return nil, err
 	}
 	spec := agentbox.SandboxSpec{
 		Image:           f.Image,
 		ImagePullPolicy: f.ImagePullPolicy,
-		Workspace:       &agentbox.WorkspaceSpec{Root: root(p)},
+		Workspace:       &agentbox.WorkspaceSpec{Root: f.root()},
 		Network:         &agentbox.NetworkSpec{Egress: egress(p)},
 	}
 	sbx, err := f.Sandboxes.GetOrCreate(ctx, f.Scope, spec)
@@ -115,11 +141,11 @@ func (f *Agentbox) CreateSession(ctx context.Context, p Policy) (Session, error)
 		return nil, err
 	}
 	// A sandbox made earlier for the scope under another policy would not honour this one.
-	if got := sbx.WorkspaceRoot(); got != root(p) {
-		return nil, f.incompatible("FilesystemRoot", fmt.Sprintf("the scope's sandbox %s has its workspace at %s", sbx.Name(), got))
+	if got := sbx.WorkspaceRoot(); got != f.root() {
+		return nil, f.incompatible(p, "Filesystem", fmt.Sprintf("the scope's sandbox %s has its workspace at %s", sbx.Name(), got))
 	}
 	if got := sbx.Egress(); got != egress(p) {
-		return nil, f.incompatible("Network", fmt.Sprintf("the scope's sandbox %s has egress %s", sbx.Name(), got))
+		return nil, f.incompatible(p, "Network.Mode", fmt.Sprintf("the scope's sandbox %s has egress %s", sbx.Name(), got))
 	}
 	gcfg := f.Guard
 	if gcfg.Wait == 0 {
@@ -137,7 +163,7 @@ func (f *Agentbox) CreateSession(ctx context.Context, p Policy) (Session, error)
 	return s, nil
 }
 
-func (f *Agentbox) start(ctx context.Context, p Policy, sbx *agentbox.Sandbox, g *agentbox.Guard) (*session, error) {
+func (f *Agentbox) start(ctx context.Context, p Policy, sbx *agentbox.Sandbox, g *agentbox.Guard) (*AgentboxSession, error) {
 	wait := f.ReadyTimeout
 	if wait == 0 {
 		wait = 2 * time.Minute
@@ -147,9 +173,9 @@ func (f *Agentbox) start(ctx context.Context, p Policy, sbx *agentbox.Sandbox, g
 	if err := sbx.Recover(ctx, wait); err != nil {
 		return nil, err
 	}
-	wd, err := agentbox.Confine(root(p), p.WorkingDir)
+	wd, err := f.workingDir(p)
 	if err != nil {
-		return nil, f.incompatible("WorkingDir", err.Error())
+		return nil, f.incompatible(p, "Filesystem.WorkingDir", err.Error())
 	}
 	life, stop := context.WithCancel(g.Context())
 	gone, err := sbx.Gone(life)
@@ -168,12 +194,19 @@ func (f *Agentbox) start(ctx context.Context, p Policy, sbx *agentbox.Sandbox, g
 		stop()
 		return nil, err
 	}
-	host, err := sbx.HostDir(ctx)
+	hostDir, err := sbx.HostDir(ctx)
 	if err != nil {
 		stop()
 		return nil, err
 	}
-	s := &session{policy: p, sbx: sbx, guard: g, shell: sh, wd: wd, host: host, life: life, stop: stop, done: make(chan struct{})}
+	s := &AgentboxSession{
+		policy: p, root: f.root(), sbx: sbx, guard: g, shell: sh, wd: wd, maxOutput: f.MaxOutput,
+		life: life, stop: stop, done: make(chan struct{}), procs: map[*process]struct{}{},
+	}
+	s.fs = &Files{s: s}
+	// The host directory is pinned now (an open descriptor), when the runner sees it: see
+	// ResolvePath.
+	s.host, s.hostErr = openHostRoot(hostDir)
 	go func() {
 		select {
 		case <-gone:
@@ -184,35 +217,52 @@ func (f *Agentbox) start(ctx context.Context, p Policy, sbx *agentbox.Sandbox, g
 	return s, nil
 }
 
-type session struct {
-	policy Policy
-	sbx    *agentbox.Sandbox
-	guard  *agentbox.Guard
-	shell  *agentbox.Session
-	wd     string
-	host   string // the workspace's directory on the node ("" : unknown)
-	life   context.Context
-	stop   context.CancelFunc
-	done   chan struct{}
-	once   sync.Once
-	closed sync.Once
+// AgentboxSession is the Session of an agentbox Sandbox; Open gives it with its extras (FS,
+// ResolvePath).
+type AgentboxSession struct {
+	policy    Policy
+	root      string
+	sbx       *agentbox.Sandbox
+	guard     *agentbox.Guard
+	shell     *agentbox.Session
+	wd        string
+	maxOutput int
+	host      *hostRoot // the workspace's directory on this host, pinned (nil: not here)
+	hostErr   error     // why host is nil
+	fs        *Files
+	life      context.Context
+	stop      context.CancelFunc
+	done      chan struct{}
+	once      sync.Once
+	closed    sync.Once
+
+	mu    sync.Mutex
+	env   map[string]string // RefreshEnv's updates
+	procs map[*process]struct{}
+	ended []string // the AGENTBOX_PROCESS ids of started processes that have ended
 }
 
-var _ Session = (*session)(nil)
+var (
+	_ Session      = (*AgentboxSession)(nil)
+	_ EnvRefresher = (*AgentboxSession)(nil)
+)
 
-func (s *session) end() { s.once.Do(func() { close(s.done) }) }
+func (s *AgentboxSession) end() { s.once.Do(func() { close(s.done) }) }
 
 // Policy is the policy the session was created with.
-func (s *session) Policy() Policy { return s.policy }
+func (s *AgentboxSession) Policy() Policy { return s.policy }
 
 // WorkingDir is the working directory in the sandbox.
-func (s *session) WorkingDir() string { return s.wd }
+func (s *AgentboxSession) WorkingDir() string { return s.wd }
+
+// Sandbox is the session's Sandbox.
+func (s *AgentboxSession) Sandbox() *agentbox.Sandbox { return s.sbx }
 
 // Done is closed when the session ends: closed, its sandbox or pod gone, or its guard lost.
-func (s *session) Done() <-chan struct{} { return s.done }
+func (s *AgentboxSession) Done() <-chan struct{} { return s.done }
 
 // Alive reports whether the session is still active.
-func (s *session) Alive() bool {
+func (s *AgentboxSession) Alive() bool {
 	select {
 	case <-s.done:
 		return false
@@ -221,168 +271,280 @@ func (s *session) Alive() bool {
 	}
 }
 
+// RefreshEnv updates the environment later commands and processes get (over the policy's).
+func (s *AgentboxSession) RefreshEnv(updates map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.env == nil {
+		s.env = map[string]string{}
+	}
+	for k, v := range updates {
+		s.env[k] = v
+	}
+}
+
 // bound is ctx, also cancelled when the session ends (its guard lost, its pod gone).
-func (s *session) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+func (s *AgentboxSession) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.life, cancel)
 	return ctx, func() { stop(); cancel() }
 }
 
-func (s *session) resolve(path string) (string, error) {
-	if path == "" {
-		return s.wd, nil
-	}
-	if !strings.HasPrefix(path, "/") {
-		path = s.wd + "/" + path
-	}
-	return agentbox.Confine(root(s.policy), path)
+// resolve is a sandbox path (relative to the working directory, or absolute under the
+// root), confined lexically to the root.
+func (s *AgentboxSession) resolve(p string) (string, error) {
+	return confineTo(s.root, s.wd, p)
 }
 
-func (s *session) env(extra map[string]string) map[string]string {
-	env := make(map[string]string, len(s.policy.Env)+len(extra))
-	for k, v := range s.policy.Env {
-		env[k] = v
+func confineTo(root, wd, p string) (string, error) {
+	if p == "" {
+		return wd, nil
 	}
-	for k, v := range extra {
-		env[k] = v
+	if !strings.HasPrefix(p, "/") {
+		p = wd + "/" + p
 	}
-	return env
+	return agentbox.Confine(root, p)
 }
 
-// Exec runs a shell command line and waits for it: in the session's persistent shell, or as
-// a one-shot exec when it reads stdin. A timeout is a result with TimedOut (the command's
-// process group was killed), not an error.
-func (s *session) Exec(ctx context.Context, command string, opts ExecOptions) (ExecResult, error) {
+func (s *AgentboxSession) envFor(extra map[string]string) (map[string]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	env := make(map[string]string, len(s.policy.Env)+len(s.env)+len(extra))
+	for _, m := range []map[string]string{s.policy.Env, s.env, extra} {
+		for k, v := range m {
+			if !agentbox.IsEnvName(k) {
+				return nil, fmt.Errorf("%w: %q is not an environment variable name", agentbox.ErrInvalid, k)
+			}
+			env[k] = v
+		}
+	}
+	return env, nil
+}
+
+// Exec runs a shell command line in the session's persistent shell and waits for it. A
+// timeout kills the command's process group and is an error (agentbox.ErrExecTimeout,
+// *agentbox.ExecTimeoutError) returned with the result so far; an output longer than the
+// cap is an error (ErrOutputTruncated, *agentbox.OutputTruncatedError) returned with the
+// output up to the cap.
+func (s *AgentboxSession) Exec(ctx context.Context, command string, opts ExecOptions) (ExecResult, error) {
 	if !s.Alive() {
 		return ExecResult{}, ErrClosed
 	}
-	wd, err := s.resolve(opts.WorkingDir)
+	wd, err := s.resolve(opts.Cwd)
 	if err != nil {
 		return ExecResult{}, err
 	}
-	o := agentbox.ExecOptions{Stdin: opts.Stdin, Env: s.env(opts.Env), Workdir: wd, Timeout: opts.Timeout}
+	env, err := s.envFor(opts.Env)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	o := agentbox.ExecOptions{Env: env, Workdir: wd, Timeout: opts.Timeout, MaxOutput: s.maxOutput, FailTruncated: true}
 	if o.Timeout == 0 {
 		o.Timeout = s.policy.Timeout
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	start := time.Now()
-	var r *agentbox.ExecResult
-	if opts.Stdin != nil {
-		r, err = s.sbx.Run(ctx, command, o)
-	} else {
-		r, err = s.shell.Run(ctx, command, o)
+	r, err := s.shell.Run(ctx, command, o)
+	if r != nil {
+		// A timeout or a truncation: the result comes with its error.
+		return result(r), err
 	}
-	var te *agentbox.ExecTimeoutError
-	if errors.As(err, &te) && te.Result != nil {
-		r, err = te.Result, nil
+	if s.life.Err() != nil {
+		return ExecResult{}, fmt.Errorf("%w: %v", ErrClosed, err)
 	}
-	if err != nil {
-		if s.life.Err() != nil {
-			return ExecResult{}, fmt.Errorf("%w: %v", ErrClosed, err)
-		}
-		return ExecResult{}, err
-	}
-	return ExecResult{ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, TimedOut: r.TimedOut, Duration: time.Since(start)}, nil
+	return ExecResult{}, err
 }
 
-type process struct{ p *agentbox.Process }
-
-func (h process) Stdin() io.WriteCloser { return h.p.Stdin }
-func (h process) Stdout() io.Reader     { return h.p.Stdout }
-func (h process) Stderr() io.Reader     { return h.p.Stderr }
-func (h process) Kill() error           { return h.p.Kill() }
-func (h process) Wait() (int, error) {
-	st, err := h.p.Wait()
-	if err != nil {
-		return -1, err
-	}
-	if !st.HasCode {
-		return -1, fmt.Errorf("the process ended without an exit code: %s", st.Message)
-	}
-	return st.Code, nil
+func result(r *agentbox.ExecResult) ExecResult {
+	return ExecResult{Stdout: string(r.Stdout), Stderr: string(r.Stderr), ExitCode: r.ExitCode}
 }
 
-// StartProcess starts a long-lived process whose stdin, stdout and stderr are the handle's
-// streams (a streaming exec); it ends with the session.
-func (s *session) StartProcess(ctx context.Context, req ProcessRequest) (ProcessHandle, error) {
+// StartProcess starts Path with Args, its stdin, stdout and stderr streamed (a streaming
+// exec). Close ends it and what it started in the pod; so does the session's Close.
+func (s *AgentboxSession) StartProcess(ctx context.Context, req ProcessRequest) (ProcessHandle, error) {
 	if !s.Alive() {
 		return nil, ErrClosed
 	}
-	wd, err := s.resolve(req.WorkingDir)
+	if req.Path == "" {
+		return nil, fmt.Errorf("%w: ProcessRequest.Path is empty", agentbox.ErrInvalid)
+	}
+	wd, err := s.resolve(req.Cwd)
+	if err != nil {
+		return nil, err
+	}
+	env, err := s.envFor(req.Env)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := s.bound(ctx)
-	p, err := s.sbx.Start(ctx, req.Command, agentbox.ExecOptions{Env: s.env(req.Env), Workdir: wd})
+	argv := append([]string{req.Path}, req.Args...)
+	p, err := s.sbx.Start(ctx, argv, agentbox.ExecOptions{Env: env, Workdir: wd, Timeout: req.Timeout})
 	if err != nil {
 		cancel()
 		return nil, err
 	}
+	h := &process{p: p, s: s}
+	s.mu.Lock()
+	s.procs[h] = struct{}{}
+	s.mu.Unlock()
 	go func() {
 		<-p.Done()
 		cancel()
+		s.mu.Lock()
+		delete(s.procs, h)
+		s.ended = append(s.ended, p.ID())
+		s.mu.Unlock()
 	}()
-	return process{p}, nil
+	return h, nil
 }
 
-// ResolvePath translates a sandbox path (relative to the working directory, or absolute
-// under the root) to the workspace's directory on the node, when this process sees it (as on
-// a one-node cluster where the runner runs on the node); otherwise ErrNoHostPath: use
-// Files().
-func (s *session) ResolvePath(path string) (string, error) {
-	p, err := s.resolve(path)
+type process struct {
+	p *agentbox.Process
+	s *AgentboxSession
+}
+
+func readCloser(r io.Reader) io.ReadCloser {
+	if rc, ok := r.(io.ReadCloser); ok {
+		return rc
+	}
+	return io.NopCloser(r)
+}
+
+func (h *process) Stdin() io.WriteCloser      { return h.p.Stdin }
+func (h *process) Stdout() io.ReadCloser      { return readCloser(h.p.Stdout) }
+func (h *process) Stderr() io.ReadCloser      { return readCloser(h.p.Stderr) }
+func (h *process) Close() error               { return h.p.Kill() }
+func (h *process) ID() string                 { return h.p.ID() }
+func (h *process) Process() *agentbox.Process { return h.p }
+
+// PID is the process's id in the pod (-1 when it cannot be found: ended, or the pod gone).
+func (h *process) PID() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pid, err := h.p.PID(ctx)
 	if err != nil {
-		return "", err
+		return -1
 	}
-	host := s.host
-	if host == "" {
-		return "", fmt.Errorf("%w (sandbox %s has no host directory in its status)", ErrNoHostPath, s.sbx.Name())
-	}
-	if st, err := os.Stat(host); err != nil || !st.IsDir() {
-		return "", fmt.Errorf("%w (%s is not a directory here)", ErrNoHostPath, host)
-	}
-	rel := strings.TrimPrefix(strings.TrimPrefix(p, root(s.policy)), "/")
-	return filepath.Join(host, filepath.FromSlash(rel)), nil
+	return pid
 }
 
-// Close ends the session: its shell, its watches, and the scope's guard (released).
-func (s *session) Close() error {
+// Wait waits for the process's end (or ctx): its exit code (137 when killed).
+func (h *process) Wait(ctx context.Context) (ExecResult, error) {
+	select {
+	case <-h.p.Done():
+	case <-ctx.Done():
+		return ExecResult{ExitCode: -1}, ctx.Err()
+	}
+	st, err := h.p.Wait()
+	if err != nil {
+		return ExecResult{ExitCode: -1}, err
+	}
+	if !st.HasCode {
+		return ExecResult{ExitCode: -1}, fmt.Errorf("the process ended without an exit code: %s", st.Message)
+	}
+	return ExecResult{ExitCode: st.Code}, nil
+}
+
+// Close ends the session: the processes it started (killed in the pod, with what they
+// started), its shell, its watches, the host directory it pinned, and the scope's guard
+// (released).
+func (s *AgentboxSession) Close() error {
 	var err error
 	s.closed.Do(func() {
+		s.mu.Lock()
+		procs := make([]*process, 0, len(s.procs))
+		for h := range s.procs {
+			procs = append(procs, h)
+		}
+		ended := s.ended
+		s.mu.Unlock()
+		var wg sync.WaitGroup
+		errs := make([]error, len(procs)+1)
+		for i, h := range procs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = h.p.Kill() }()
+		}
+		if len(ended) > 0 && s.Alive() {
+			// What the ended ones started may live on (a daemon of an ended command).
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				errs[len(procs)] = s.sbx.KillProcesses(ctx, ended...)
+			}()
+		}
+		wg.Wait()
 		_ = s.shell.Close()
 		s.stop()
 		s.end()
+		if s.host != nil {
+			s.host.close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		err = s.guard.Release(ctx)
+		errs = append(errs, s.guard.Release(ctx))
+		err = errors.Join(errs...)
 	})
 	return err
 }
 
-// Files is the session's file access over the API server (paths as for ResolvePath).
-func (s *session) Files() FileSystem { return files{s} }
-
-// FilesOf is the FileSystem of a session made by this package (nil for another).
-func FilesOf(s Session) FileSystem {
-	if f, ok := s.(interface{ Files() FileSystem }); ok {
-		return f.Files()
+// ResolvePath gives a host path for a sandbox path (relative to the working directory, or
+// absolute under the root) when this process runs on the sandbox's node; elsewhere (the
+// usual case) ErrNoHostPath: use Files() or FS().
+//
+// The path must exist, and no component of it may be a symlink (a symlink made in the
+// sandbox could lead anywhere on the node): those are refused (agentbox.ErrPath;
+// fs.ErrNotExist for a missing one: create files through Files()). The path returned is
+// /proc/<pid>/fd/<n> of a descriptor this session opened on the file beneath the workspace's
+// pinned directory in one step (openat2 with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, or a
+// component-by-component O_NOFOLLOW walk): opening it opens that very file, whatever is
+// renamed or swapped for a symlink in the workspace afterwards. It is valid in this process
+// (and its children) until Close. A path joined beneath a returned directory is not covered:
+// resolve each path.
+func (s *AgentboxSession) ResolvePath(p string) (string, error) {
+	if !s.Alive() {
+		return "", ErrClosed
 	}
-	return nil
+	return resolveHost(s.host, s.hostErr, s.root, s.wd, p)
 }
 
-type files struct{ s *session }
+func resolveHost(h *hostRoot, hostErr error, root, wd, p string) (string, error) {
+	abs, err := confineTo(root, wd, p)
+	if err != nil {
+		return "", err
+	}
+	if h == nil {
+		return "", hostErr
+	}
+	rel := strings.TrimPrefix(strings.TrimPrefix(abs, root), "/")
+	return h.resolve(rel, p)
+}
 
-func (f files) ctx() (context.Context, context.CancelFunc) {
+// Files is the session's file access over the API server (paths as for ResolvePath).
+func (s *AgentboxSession) Files() FileAccess { return s.fs }
+
+// FS is Files with all its methods (Remove, Mkdir...), no type assertion needed.
+func (s *AgentboxSession) FS() *Files { return s.fs }
+
+// Files is a session's file access over the API server, in sandbox paths (relative to the
+// working directory, or absolute under the root; '..' and symlinks leading out are
+// refused). Errors are *fs.PathError, with fs.ErrNotExist for a missing file.
+type Files struct{ s *AgentboxSession }
+
+var _ FileAccess = (*Files)(nil)
+
+func (f *Files) ctx() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	c2, c := f.s.bound(ctx)
 	return c2, func() { c(); cancel() }
 }
 
-func (f files) ReadFile(name string) ([]byte, error) {
+// ReadFile is a file's content.
+func (f *Files) ReadFile(name string) ([]byte, error) {
 	p, err := f.s.resolve(name)
 	if err != nil {
-		return nil, err
+		return nil, fsErr("read", name, err)
 	}
 	ctx, cancel := f.ctx()
 	defer cancel()
@@ -390,34 +552,43 @@ func (f files) ReadFile(name string) ([]byte, error) {
 	return b, fsErr("read", name, err)
 }
 
-func (f files) WriteFile(name string, data []byte, perm fs.FileMode) error {
+// WriteFile writes a file atomically, creating its parents (mode 0: the default).
+func (f *Files) WriteFile(name string, data []byte, perm fs.FileMode) error {
 	p, err := f.s.resolve(name)
 	if err != nil {
-		return err
+		return fsErr("write", name, err)
 	}
 	ctx, cancel := f.ctx()
 	defer cancel()
 	return fsErr("write", name, f.s.sbx.WriteFile(ctx, p, data, perm&fs.ModePerm))
 }
 
-func (f files) Stat(name string) (fs.FileInfo, error) {
+// Stat says whether a path is a directory, and its size.
+func (f *Files) Stat(name string) (FileInfo, error) {
+	e, err := f.Lstat(name)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	return FileInfo{IsDir: e.Kind == agentbox.KindDir, Size: e.Size}, nil
+}
+
+// Lstat is agentbox's entry for a path: kind, size, mode and modification time.
+func (f *Files) Lstat(name string) (agentbox.DirEntry, error) {
 	p, err := f.s.resolve(name)
 	if err != nil {
-		return nil, err
+		return agentbox.DirEntry{}, fsErr("stat", name, err)
 	}
 	ctx, cancel := f.ctx()
 	defer cancel()
 	e, err := f.s.sbx.Stat(ctx, p)
-	if err != nil {
-		return nil, fsErr("stat", name, err)
-	}
-	return info{e}, nil
+	return e, fsErr("stat", name, err)
 }
 
-func (f files) ReadDir(name string) ([]fs.DirEntry, error) {
+// ReadDir lists a directory, sorted by name.
+func (f *Files) ReadDir(name string) ([]DirEntry, error) {
 	p, err := f.s.resolve(name)
 	if err != nil {
-		return nil, err
+		return nil, fsErr("readdir", name, err)
 	}
 	ctx, cancel := f.ctx()
 	defer cancel()
@@ -425,11 +596,84 @@ func (f files) ReadDir(name string) ([]fs.DirEntry, error) {
 	if err != nil {
 		return nil, fsErr("readdir", name, err)
 	}
-	out := make([]fs.DirEntry, len(es))
+	out := make([]DirEntry, len(es))
 	for i, e := range es {
-		out[i] = fs.FileInfoToDirEntry(info{e})
+		out[i] = DirEntry{Name: e.Name, IsDir: e.Kind == agentbox.KindDir, Size: e.Size}
 	}
 	return out, nil
+}
+
+// Remove removes a file or an empty directory; RemoveAll a whole tree.
+func (f *Files) Remove(name string) error { return f.remove(name, false) }
+
+// RemoveAll removes a path and everything under it.
+func (f *Files) RemoveAll(name string) error { return f.remove(name, true) }
+
+func (f *Files) remove(name string, all bool) error {
+	p, err := f.s.resolve(name)
+	if err != nil {
+		return fsErr("remove", name, err)
+	}
+	ctx, cancel := f.ctx()
+	defer cancel()
+	return fsErr("remove", name, f.s.sbx.Remove(ctx, p, all))
+}
+
+// Mkdir makes a directory and its parents.
+func (f *Files) Mkdir(name string) error {
+	p, err := f.s.resolve(name)
+	if err != nil {
+		return fsErr("mkdir", name, err)
+	}
+	ctx, cancel := f.ctx()
+	defer cancel()
+	return fsErr("mkdir", name, f.s.sbx.Mkdir(ctx, p))
+}
+
+// ProjectFiles writes files under dir (each Path relative to it, without '..'): one that
+// exists with the same content and mode is left as it is, one that exists otherwise is
+// ErrProjectionConflict (checked for every file before any is written).
+func (f *Files) ProjectFiles(dir string, files []ProjectedFile) error {
+	base, err := f.s.resolve(dir)
+	if err != nil {
+		return fsErr("project", dir, err)
+	}
+	ctx, cancel := f.ctx()
+	defer cancel()
+	var todo []ProjectedFile
+	for _, pf := range files {
+		if pf.Path == "" || strings.HasPrefix(pf.Path, "/") {
+			return fsErr("project", pf.Path, fmt.Errorf("%w: a projected path must be relative", agentbox.ErrInvalid))
+		}
+		p, err := agentbox.Confine(f.s.root, path.Join(base, pf.Path))
+		if err != nil {
+			return fsErr("project", pf.Path, err)
+		}
+		e, err := f.s.sbx.Stat(ctx, p)
+		switch {
+		case errors.Is(err, agentbox.ErrFileNotFound):
+			todo = append(todo, ProjectedFile{Path: p, Content: pf.Content, Mode: pf.Mode})
+			continue
+		case err != nil:
+			return fsErr("project", pf.Path, err)
+		}
+		if e.Kind != agentbox.KindFile || (pf.Mode != 0 && fs.FileMode(e.Mode)&fs.ModePerm != pf.Mode&fs.ModePerm) {
+			return fsErr("project", pf.Path, ErrProjectionConflict)
+		}
+		b, err := f.s.sbx.ReadFile(ctx, p)
+		if err != nil {
+			return fsErr("project", pf.Path, err)
+		}
+		if !bytes.Equal(b, pf.Content) {
+			return fsErr("project", pf.Path, ErrProjectionConflict)
+		}
+	}
+	for _, pf := range todo {
+		if err := f.s.sbx.WriteFile(ctx, pf.Path, pf.Content, pf.Mode&fs.ModePerm); err != nil {
+			return fsErr("project", pf.Path, err)
+		}
+	}
+	return nil
 }
 
 // fsErr is a *fs.PathError, with fs.ErrNotExist for a missing file, so os-style callers
@@ -439,27 +683,7 @@ func fsErr(op, name string, err error) error {
 		return nil
 	}
 	if errors.Is(err, agentbox.ErrFileNotFound) {
-		err = fmt.Errorf("%w: %v", fs.ErrNotExist, err)
+		err = fmt.Errorf("%w: %w", fs.ErrNotExist, err)
 	}
 	return &fs.PathError{Op: op, Path: name, Err: err}
-}
-
-type info struct{ e agentbox.DirEntry }
-
-func (i info) Name() string       { return i.e.Name }
-func (i info) Size() int64        { return i.e.Size }
-func (i info) ModTime() time.Time { return time.Unix(i.e.MTime, 0) }
-func (i info) IsDir() bool        { return i.e.Kind == agentbox.KindDir }
-func (i info) Sys() any           { return i.e }
-func (i info) Mode() fs.FileMode {
-	m := fs.FileMode(i.e.Mode & 0o777)
-	switch i.e.Kind {
-	case agentbox.KindDir:
-		m |= fs.ModeDir
-	case agentbox.KindSymlink:
-		m |= fs.ModeSymlink
-	case agentbox.KindOther:
-		m |= fs.ModeIrregular
-	}
-	return m
 }

@@ -1,7 +1,7 @@
 package anna
 
 import (
-	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -10,26 +10,36 @@ import (
 func TestSupportedNamesTheFieldItCannotHonour(t *testing.T) {
 	f := &Agentbox{}
 	for field, p := range map[string]Policy{
-		"Network":        {Network: NetworkAllowlist},
-		"AllowedHosts":   {AllowedHosts: []string{"example.com"}},
-		"ReadOnlyPaths":  {ReadOnlyPaths: []string{"src"}},
-		"WorkingDir":     {WorkingDir: "../up"},
-		"FilesystemRoot": {FilesystemRoot: "relative"},
-		"Env":            {Env: map[string]string{"1X": "y"}},
-		"Timeout":        {Timeout: -time.Second},
+		"Network.Mode":           {Network: NetworkPolicy{Mode: "allowlist"}},
+		"Network.Timeout":        {Network: NetworkPolicy{Timeout: time.Second}},
+		"Filesystem.Homes":       {Filesystem: FilesystemPolicy{Homes: []HomeAttachment{{HomeID: "h"}}}},
+		"Filesystem.WorkingDir":  {Filesystem: FilesystemPolicy{WorkingDir: "../up"}},
+		"InheritEnv":             {InheritEnv: true},
+		"Env":                    {Env: map[string]string{"1X": "y"}},
+		"Timeout":                {Timeout: -time.Second},
+		"Filesystem.WorkingDir:": {Filesystem: FilesystemPolicy{WorkingDir: "/etc"}},
 	} {
 		err := f.Supported(p)
-		var pe *PolicyCompatibilityError
-		if !errors.As(err, &pe) || pe.Field != field || pe.Backend != "agentbox" {
+		pe, ok := err.(*PolicyCompatibilityError)
+		if !ok || !strings.HasPrefix(pe.Reason, "Policy."+strings.TrimSuffix(field, ":")+": ") || pe.Backend != "agentbox" || !IsPolicyCompatibilityError(err) {
 			t.Errorf("%s: %v", field, err)
 		}
 	}
-	for _, p := range []Policy{{}, {Network: NetworkNone, WorkingDir: "src", Env: map[string]string{"A": "b"}, Timeout: time.Minute}, {FilesystemRoot: "/work", WorkingDir: "/work/x"}} {
+	for _, p := range []Policy{{}, {Network: NetworkPolicy{Mode: NetworkDisabled}, Filesystem: FilesystemPolicy{WorkingDir: "src"}, Env: map[string]string{"A": "b"}, Timeout: time.Minute}, {Filesystem: FilesystemPolicy{WorkingDir: "/workspace/x"}}} {
 		if err := f.Supported(p); err != nil {
 			t.Errorf("%+v: %v", p, err)
 		}
 	}
+	if err := (&Agentbox{Root: "/work"}).Supported(Policy{Filesystem: FilesystemPolicy{WorkingDir: "/work/x"}}); err != nil {
+		t.Error(err)
+	}
+	if err := (&Agentbox{Root: "relative"}).Supported(Policy{}); !IsPolicyCompatibilityError(err) {
+		t.Errorf("relative root: %v", err)
+	}
 	if f.Name() != "agentbox" {
 		t.Fatal(f.Name())
+	}
+	if (Policy{}).Validate() == nil || (Policy{Filesystem: FilesystemPolicy{WorkingDir: "/w"}}).Validate() != nil || (Policy{}).NetworkModeOrDefault() != NetworkAllowAll {
+		t.Fatal("Validate / NetworkModeOrDefault")
 	}
 }

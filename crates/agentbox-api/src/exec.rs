@@ -545,10 +545,57 @@ pub fn parse_status(s: &Status) -> Result<ExitStatus, ExecError> {
 }
 
 /// A streamed exec: yields stdout/stderr chunks as they arrive, then exactly one
-/// [`ExecEvent::Exit`]. Dropping it closes the connection (the command keeps running in the
-/// pod unless it had a timeout).
+/// [`ExecEvent::Exit`]. Dropping it closes the connection, which does not stop the command
+/// (one that ignores the end of its stdin keeps running in the pod, unless it had a timeout):
+/// [`ExecStream::kill`] does.
 pub struct ExecStream {
     rx: mpsc::Receiver<Result<ExecEvent, ExecError>>,
+    killer: Option<Killer>,
+}
+
+/// What killing a streamed command needs: where it runs, its process id
+/// ([`crate::remote::PROCESS_ENV`]), and the stdin sender's stop.
+struct Killer {
+    pods: Api<Pod>,
+    pod: String,
+    container: String,
+    id: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl ExecStream {
+    /// The command's `AGENTBOX_PROCESS` id ([`crate::remote::PROCESS_ENV`]), which what it
+    /// starts inherits; `None` once killed.
+    pub fn process_id(&self) -> Option<&str> {
+        self.killer.as_ref().map(|k| k.id.as_str())
+    }
+
+    /// Kills the command and every process it started that carries its
+    /// [`crate::remote::PROCESS_ENV`] entry, in the pod, whatever their process group (a second
+    /// exec runs [`crate::remote::PROCESSES`]), then half-closes its stdin, so the stream goes
+    /// on to its [`ExecEvent::Exit`] (SIGKILL's code 137): read it to the end. A second call
+    /// does nothing.
+    pub async fn kill(&mut self) -> Result<(), ExecError> {
+        let Some(k) = self.killer.take() else {
+            return Ok(());
+        };
+        let req = ExecRequest::argv(crate::remote::sh(
+            crate::remote::PROCESSES,
+            ["kill".to_string(), k.id.clone()],
+        ));
+        let out = Box::pin(run(&k.pods, &k.pod, &k.container, req)).await;
+        // Whatever the kill's outcome: stdin is no longer sent, so the wrapper ends once the
+        // command has.
+        let _ = k.stop.send(());
+        let out = out?;
+        match out.status {
+            ExitStatus::Code(0) => Ok(()),
+            s => Err(ExecError::Stream(format!(
+                "killing the command's processes in the pod failed ({s:?}): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))),
+        }
+    }
 }
 
 impl Stream for ExecStream {
@@ -571,9 +618,16 @@ pub async fn stream(
     pods: &Api<Pod>,
     pod: &str,
     container: &str,
-    req: ExecRequest,
+    mut req: ExecRequest,
 ) -> Result<ExecStream, ExecError> {
     let mark = new_mark();
+    // The command's process id: a fresh random one, in its environment for ExecStream::kill.
+    let id = new_mark()["__AGENTBOX_".len()..]
+        .trim_end_matches('_')
+        .to_string();
+    req.env.retain(|(k, _)| k != crate::remote::PROCESS_ENV);
+    req.env
+        .push((crate::remote::PROCESS_ENV.to_string(), id.clone()));
     let argv = req.remote_argv(&mark)?;
     // Open with stdin whatever the command reads: the exec's stdin is what the wrapper
     // lingers on until the client has read both trailers.
@@ -589,13 +643,24 @@ pub async fn stream(
         ));
     }
     let (tx, rx) = mpsc::channel(16);
+    let (stop, stopped) = tokio::sync::oneshot::channel();
     let frame = Frame {
         mark,
         linger,
         stdin: true,
+        stop: Some(stopped),
     };
     tokio::spawn(drive(conn, req.stdin, req.timeout, frame, tx));
-    Ok(ExecStream { rx })
+    Ok(ExecStream {
+        rx,
+        killer: Some(Killer {
+            pods: pods.clone(),
+            pod: pod.to_string(),
+            container: container.to_string(),
+            id,
+            stop,
+        }),
+    })
 }
 
 /// Opens the exec connection of `argv` (stdin open or not).
@@ -647,9 +712,10 @@ pub async fn run_unwrapped(
         mark: String::new(),
         linger: false,
         stdin: false,
+        stop: None,
     };
     tokio::spawn(drive(conn, None, None, frame, tx));
-    collect(ExecStream { rx }, DEFAULT_MAX_OUTPUT).await
+    collect(ExecStream { rx, killer: None }, DEFAULT_MAX_OUTPUT).await
 }
 
 /// Runs a command to completion and collects its output (each stream capped at
@@ -729,6 +795,8 @@ struct Frame {
     linger: bool,
     /// Whether the exec has a stdin to half-close (only [`run_unwrapped`]'s has none).
     stdin: bool,
+    /// Told by [`ExecStream::kill`]: stop sending stdin and half-close it.
+    stop: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// Pumps one exec connection: stdin in, stdout/stderr out as events, then the exit status.
@@ -757,7 +825,14 @@ async fn pump(
     let (read_all, all_read) = tokio::sync::oneshot::channel();
     let mut read_all = Some(read_all);
     // stdin runs on its own task so that a slow or never-reading command cannot stall output.
-    let sender = tokio::spawn(send_stdin(sink, stdin, frame.linger, frame.stdin, all_read));
+    let sender = tokio::spawn(send_stdin(
+        sink,
+        stdin,
+        frame.linger,
+        frame.stdin,
+        all_read,
+        frame.stop,
+    ));
     let mut out = Trailer::new(&frame.mark);
     let mut err = Trailer::new(&frame.mark);
     let start = tokio::time::Instant::now();
@@ -841,10 +916,21 @@ async fn send_stdin<S>(
     linger: bool,
     open: bool,
     all_read: tokio::sync::oneshot::Receiver<()>,
+    stop: Option<tokio::sync::oneshot::Receiver<()>>,
 ) where
     S: futures::Sink<Message> + Unpin,
 {
     let mut all_read = all_read.fuse();
+    // Only a stop sent counts: a dropped ExecStream leaves stdin as it was.
+    let mut stop = Box::pin(async move {
+        let sent = match stop {
+            Some(r) => r.await.is_ok(),
+            None => false,
+        };
+        if !sent {
+            std::future::pending::<()>().await;
+        }
+    });
     let mut read = false;
     if let Some(src) = stdin {
         let data = async {
@@ -880,6 +966,10 @@ async fn send_stdin<S>(
         let sent = tokio::select! {
             sent = data => sent,
             _ = &mut all_read => {
+                read = true;
+                true
+            }
+            _ = &mut stop => {
                 read = true;
                 true
             }

@@ -525,6 +525,50 @@ while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
 exit $r
 "#;
 
+/// The environment entry a streamed exec's command gets ([`crate::exec::stream`]):
+/// `AGENTBOX_PROCESS=<id>`, a random id of its own. What the command starts inherits it, which
+/// is how [`PROCESSES`] finds the command and its children to kill them, whatever their
+/// process group (a child that scrubs its environment is not found).
+pub const PROCESS_ENV: &str = "AGENTBOX_PROCESS";
+
+/// The script behind killing a streamed command in the pod (a second exec; dropping the
+/// connection does not stop a command that ignores the end of its stdin). Arguments: a mode,
+/// then process ids. `kill`: SIGKILL every process whose initial environment holds
+/// `AGENTBOX_PROCESS=<id>` for one of the ids, in rounds until a round finds none (a process
+/// that forks while it is being killed is found in the next one; more than 50 rounds is exit
+/// code 1). `list`: print `<pid> <ppid>` of each such process. `/proc/<pid>/environ` is the
+/// environment the process was exec'd with, so the wrapper's shells (which export the entry to
+/// the command only) and this script never match.
+pub const PROCESSES: &str = r#"mode=$1; shift; ids=$*
+round=0
+while :; do
+  k=0
+  for d in /proc/[0-9]*; do
+    e=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || continue
+    for id in $ids; do
+      case "
+$e
+" in
+      *"
+AGENTBOX_PROCESS=$id
+"*)
+        if [ "$mode" = kill ]; then
+          kill -s KILL "${d#/proc/}" 2>/dev/null && k=$((k+1))
+        else
+          read -r s <"$d/stat" 2>/dev/null || continue
+          s=${s##*) }; set -- $s; echo "${d#/proc/} $2"
+        fi
+        ;;
+      esac
+    done
+  done
+  [ "$mode" = kill ] || exit 0
+  round=$((round+1))
+  [ $k = 0 ] && exit 0
+  [ $round -lt 50 ] || { echo "agentbox: processes still forking after $round rounds of kills" >&2; exit 1; }
+done
+"#;
+
 /// What a persistent session's shell starts with when the session has a directory (`$1`): the
 /// shell runs there, so a command without a workdir of its own needs no [`WRAPPER`] (no extra
 /// `sh` per command). A directory it cannot enter ends it at once (sh says why on stderr).

@@ -406,6 +406,8 @@ fn exec_vectors() -> Value {
         "default_max_output": exec::DEFAULT_MAX_OUTPUT,
         "timeout_grace_ms": exec::TIMEOUT_GRACE.as_millis() as u64,
         "wrapper": crate::remote::WRAPPER,
+        "process_env": crate::remote::PROCESS_ENV,
+        "processes_script": crate::remote::PROCESSES,
         "remote_argv": remote,
         "trailer": trailer_cases(),
         "sleep_arg": sleeps,

@@ -35,7 +35,12 @@ func TestAnnaRunner(t *testing.T) {
 		t.Fatal("the factory is not available on the cluster")
 	}
 	var factoryIface anna.Factory = f
-	policy := anna.Policy{WorkingDir: "proj", Network: anna.NetworkNone, Env: map[string]string{"RUN": "r1"}, Timeout: time.Minute}
+	policy := anna.Policy{
+		Filesystem: anna.FilesystemPolicy{WorkingDir: "proj"},
+		Network:    anna.NetworkPolicy{Mode: anna.NetworkDisabled},
+		Env:        map[string]string{"RUN": "r1"},
+		Timeout:    time.Minute,
+	}
 	s, err := factoryIface.CreateSession(ctx, policy)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, tail(opLog, 40))
@@ -45,22 +50,29 @@ func TestAnnaRunner(t *testing.T) {
 		t.Fatalf("session %s %v", s.WorkingDir(), s.Alive())
 	}
 	r, err := s.Exec(ctx, `echo "$RUN $X"; pwd; exit 4`, anna.ExecOptions{Env: map[string]string{"X": "x"}})
-	if err != nil || r.ExitCode != 4 || string(r.Stdout) != "r1 x\n/workspace/proj\n" {
+	if err != nil || r.ExitCode != 4 || r.Stdout != "r1 x\n/workspace/proj\n" {
 		t.Fatalf("exec %+v %v", r, err)
 	}
+	r, err = s.Exec(ctx, "pwd", anna.ExecOptions{Cwd: "/workspace"})
+	if err != nil || r.Stdout != "/workspace\n" {
+		t.Fatalf("cwd %+v %v", r, err)
+	}
 	r, err = s.Exec(ctx, "sleep 30", anna.ExecOptions{Timeout: 500 * time.Millisecond})
-	if err != nil || !r.TimedOut || r.ExitCode != 137 {
+	if !errors.Is(err, agentbox.ErrExecTimeout) || r.ExitCode != 137 {
 		t.Fatalf("timeout %+v %v", r, err)
 	}
-	r, err = s.Exec(ctx, "tr a-z A-Z", anna.ExecOptions{Stdin: strings.NewReader("stdin\n")})
-	if err != nil || string(r.Stdout) != "STDIN\n" {
-		t.Fatalf("stdin %+v %v", r, err)
+	s.(anna.EnvRefresher).RefreshEnv(map[string]string{"RUN": "r2"})
+	if r, err := s.Exec(ctx, `echo "$RUN"`, anna.ExecOptions{}); err != nil || r.Stdout != "r2\n" {
+		t.Fatalf("refreshed env %+v %v", r, err)
 	}
 
 	// A long-lived line-echo process over StartProcess (how stdio MCP servers run).
-	p, err := s.StartProcess(ctx, anna.ProcessRequest{Command: []string{"sh", "-c", `while read -r l; do echo "echo:$l"; done; echo bye >&2`}})
+	p, err := s.StartProcess(ctx, anna.ProcessRequest{Path: "sh", Args: []string{"-c", `while read -r l; do echo "echo:$l"; done; echo bye >&2`}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if pid := p.PID(); pid <= 1 {
+		t.Fatalf("pid %d", pid)
 	}
 	lines := bufio.NewReader(p.Stdout())
 	for _, msg := range []string{"one", "two", `{"jsonrpc":"2.0"}`} {
@@ -78,17 +90,17 @@ func TestAnnaRunner(t *testing.T) {
 	if rest, _ := io.ReadAll(lines); len(rest) != 0 {
 		t.Fatalf("more output: %q", rest)
 	}
-	if code, err := p.Wait(); err != nil || code != 0 {
-		t.Fatalf("process end %d %v", code, err)
+	if res, err := p.Wait(ctx); err != nil || res.ExitCode != 0 {
+		t.Fatalf("process end %+v %v", res, err)
 	}
 	if e := <-errOut; e != "bye\n" {
 		t.Fatalf("stderr %q", e)
 	}
 
-	// Files both ways: through Files() and through the host path of ResolvePath.
-	files := anna.FilesOf(s)
+	// Files both ways: through Files() (no type assertion), and FS() for the rest.
+	files := s.Files()
 	must(t, files.WriteFile("notes/a.txt", []byte("from the runner"), 0o640))
-	if r, err := s.Exec(ctx, "cat notes/a.txt", anna.ExecOptions{}); err != nil || string(r.Stdout) != "from the runner" {
+	if r, err := s.Exec(ctx, "cat notes/a.txt; stat -c %a notes/a.txt", anna.ExecOptions{}); err != nil || r.Stdout != "from the runner640\n" {
 		t.Fatalf("written file in the pod: %+v %v", r, err)
 	}
 	if _, err := s.Exec(ctx, "mkdir -p out && echo made > out/b.txt", anna.ExecOptions{}); err != nil {
@@ -98,11 +110,11 @@ func TestAnnaRunner(t *testing.T) {
 		t.Fatalf("read %q %v", b, err)
 	}
 	info, err := files.Stat("notes/a.txt")
-	if err != nil || info.Size() != 15 || info.Mode().Perm() != 0o640 || info.IsDir() {
+	if err != nil || info.Size != 15 || info.IsDir {
 		t.Fatalf("stat %v %v", info, err)
 	}
 	entries, err := files.ReadDir(".")
-	if err != nil || len(entries) != 2 || entries[0].Name() != "notes" || !entries[0].IsDir() {
+	if err != nil || len(entries) != 2 || entries[0].Name != "notes" || !entries[0].IsDir {
 		t.Fatalf("readdir %v %v", entries, err)
 	}
 	if _, err := files.ReadFile("missing"); !errors.Is(err, fs.ErrNotExist) {
@@ -111,21 +123,40 @@ func TestAnnaRunner(t *testing.T) {
 	if _, err := files.ReadFile("../../etc/passwd"); !errors.Is(err, agentbox.ErrPath) {
 		t.Fatalf("dotdot: %v", err)
 	}
-	host, err := s.ResolvePath("out/b.txt")
+	must(t, files.ProjectFiles("proj-files", []anna.ProjectedFile{{Path: "x/y.txt", Content: []byte("y"), Mode: 0o600}}))
+	must(t, files.ProjectFiles("proj-files", []anna.ProjectedFile{{Path: "x/y.txt", Content: []byte("y"), Mode: 0o600}}))
+	if err := files.ProjectFiles("proj-files", []anna.ProjectedFile{{Path: "x/y.txt", Content: []byte("z"), Mode: 0o600}}); !errors.Is(err, anna.ErrProjectionConflict) {
+		t.Fatalf("projection conflict: %v", err)
+	}
+	fsys := s.(*anna.AgentboxSession).FS()
+	must(t, fsys.Mkdir("made/deep"))
+	if st, err := fsys.Stat("made/deep"); err != nil || !st.IsDir {
+		t.Fatalf("mkdir: %v %v", st, err)
+	}
+	must(t, fsys.RemoveAll("made"))
+	must(t, fsys.Remove("proj-files/x/y.txt"))
+	if _, err := fsys.Stat("made"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("removed: %v", err)
+	}
+
+	// ResolvePath: this test runs on the cluster's one node, so the workspace is here.
+	as := s.(*anna.AgentboxSession)
+	host, err := as.ResolvePath("out/b.txt")
 	if err != nil {
 		t.Fatalf("ResolvePath on the node: %v", err)
 	}
 	if b, err := os.ReadFile(host); err != nil || string(b) != "made\n" {
 		t.Fatalf("host read %s: %q %v", host, b, err)
 	}
-	hostNew, err := s.ResolvePath("/workspace/proj/from-host.txt")
-	must(t, err)
-	must(t, os.WriteFile(hostNew, []byte("host"), 0o644))
-	if r, err := s.Exec(ctx, "cat from-host.txt", anna.ExecOptions{}); err != nil || string(r.Stdout) != "host" {
+	must(t, os.WriteFile(host, []byte("host"), 0o644))
+	if r, err := s.Exec(ctx, "cat out/b.txt", anna.ExecOptions{}); err != nil || r.Stdout != "host" {
 		t.Fatalf("host-written file: %+v %v", r, err)
 	}
-	if _, err := s.ResolvePath("../../x"); !errors.Is(err, agentbox.ErrPath) {
+	if _, err := as.ResolvePath("../../x"); !errors.Is(err, agentbox.ErrPath) {
 		t.Fatalf("ResolvePath dotdot: %v", err)
+	}
+	if _, err := as.ResolvePath("from-host.txt"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("ResolvePath of a missing file: %v", err)
 	}
 
 	// Done closes when the pod goes away.
@@ -153,8 +184,128 @@ func TestAnnaRunner(t *testing.T) {
 	}
 	defer s2.Close()
 	r, err = s2.Exec(ctx, "cat notes/a.txt out/b.txt", anna.ExecOptions{})
-	if err != nil || string(r.Stdout) != "from the runnermade\n" {
+	if err != nil || r.Stdout != "from the runnerhost" {
 		t.Fatalf("resumed workspace: %+v %v", r, err)
+	}
+}
+
+// A symlink made in the sandbox does not lead ResolvePath out of the workspace: `ln -s /etc
+// esc` (and a relative ../../.. link, and a link to one file) are refused, where a host path
+// through them used to read the node's /etc/passwd.
+func TestAnnaResolvePathRefusesSymlinksOutOfTheWorkspace(t *testing.T) {
+	ctx := context.Background()
+	s, err := factory("resolve", 30*time.Second).Open(ctx, anna.Policy{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, tail(opLog, 40))
+	}
+	defer s.Close()
+	if _, err := s.Exec(ctx, "ln -s /etc esc && ln -s ../../../../../../../../etc up && ln -s /etc/passwd pw && mkdir d && ln -s /etc d/mid && echo ok > f", anna.ExecOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"esc/passwd", "esc/hostname", "up/passwd", "pw", "d/mid/passwd", "esc"} {
+		host, err := s.ResolvePath(p)
+		if err == nil {
+			b, _ := os.ReadFile(host)
+			t.Errorf("%s resolved to %s (%d bytes readable)", p, host, len(b))
+		} else if !errors.Is(err, agentbox.ErrPath) {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+	host, err := s.ResolvePath("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(host); err != nil || string(b) != "ok\n" {
+		t.Fatalf("%q %v", b, err)
+	}
+}
+
+// liveIn lists the processes of the sandbox's pod whose command line has marker (not the
+// scanning shell, nor the wrapper around it, whose arguments hold the marker).
+func liveIn(t *testing.T, sbx *agentbox.Sandbox, marker string) string {
+	t.Helper()
+	r, err := sbx.Exec(context.Background(), []string{"sh", "-c", `for d in /proc/[0-9]*; do c=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue; case "$c" in *"$1"*) [ "${d#/proc/}" = $$ ] || [ "${d#/proc/}" = $PPID ] || echo "${d#/proc/} $c";; esac; done`, "live", marker}, agentbox.ExecOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(r.Stdout)
+}
+
+// Close of a process handle ends the process and its children in the pod (not only the
+// connection), and the session's Close ends the processes it started, even ones that ignore
+// the end of their stdin.
+func TestAnnaProcessesEndWithCloseInThePod(t *testing.T) {
+	ctx := context.Background()
+	f := factory("kill", 30*time.Second)
+	s, err := f.Open(ctx, anna.Policy{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, tail(opLog, 40))
+	}
+	defer s.Close()
+	sbx := s.Sandbox()
+	p, err := s.StartProcess(ctx, anna.ProcessRequest{Path: "sh", Args: []string{"-c", "sleep 1004 & setsid sleep 1014 & sleep 1024"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; !strings.Contains(liveIn(t, sbx, "sleep 10"), "sleep 1024"); i++ {
+		if i > 100 {
+			t.Fatal("the process did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if pid := p.PID(); pid <= 1 {
+		t.Fatalf("pid %d", pid)
+	}
+	must(t, p.Close())
+	if res, err := p.Wait(ctx); err != nil || res.ExitCode != 137 {
+		t.Fatalf("killed: %+v %v", res, err)
+	}
+	if left := liveIn(t, sbx, "sleep 10"); left != "" {
+		t.Fatalf("left running in the pod after Close:\n%s", left)
+	}
+
+	// A stdio server that ignores the end of its input, left to the session's Close.
+	for _, arg := range []string{"1005", "1006"} {
+		if _, err := s.StartProcess(ctx, anna.ProcessRequest{Path: "sh", Args: []string{"-c", "trap '' HUP TERM; sleep " + arg + " & while :; do sleep " + arg + "; done"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; strings.Count(liveIn(t, sbx, "sleep 100"), "\n") < 2; i++ {
+		if i > 100 {
+			t.Fatal("the processes did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	must(t, s.Close())
+	if left := liveIn(t, sbx, "sleep 100"); left != "" {
+		t.Fatalf("left running in the pod after the session's Close:\n%s", left)
+	}
+}
+
+// An output longer than the cap is an error the runner sees (with the output up to the cap),
+// and the factory's MaxOutput raises the cap.
+func TestAnnaOutputOverTheCapIsAnError(t *testing.T) {
+	ctx := context.Background()
+	f := factory("cap", 30*time.Second)
+	s, err := f.Open(ctx, anna.Policy{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, tail(opLog, 40))
+	}
+	r, err := s.Exec(ctx, "head -c 9437184 /dev/zero", anna.ExecOptions{})
+	var te *agentbox.OutputTruncatedError
+	if !errors.Is(err, anna.ErrOutputTruncated) || !errors.As(err, &te) || len(r.Stdout) != 8<<20 || r.ExitCode != 0 {
+		t.Fatalf("9 MiB under the 8 MiB cap: %d bytes, exit %d, %v", len(r.Stdout), r.ExitCode, err)
+	}
+	must(t, s.Close())
+	f.MaxOutput = 16 << 20
+	s, err = f.Open(ctx, anna.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r, err = s.Exec(ctx, "head -c 9437184 /dev/zero", anna.ExecOptions{})
+	if err != nil || len(r.Stdout) != 9<<20 {
+		t.Fatalf("9 MiB under a 16 MiB cap: %d bytes, %v", len(r.Stdout), err)
 	}
 }
 
@@ -187,9 +338,9 @@ func TestAnnaSessionsOfOneScopeExcludeEachOther(t *testing.T) {
 func TestAnnaRefusesAPolicyItCannotHonour(t *testing.T) {
 	ctx := context.Background()
 	f := factory("refused", time.Second)
-	_, err := f.CreateSession(ctx, anna.Policy{Network: anna.NetworkAllowlist, AllowedHosts: []string{"example.com"}})
+	_, err := f.CreateSession(ctx, anna.Policy{Network: anna.NetworkPolicy{Mode: "allowlist"}})
 	var pe *anna.PolicyCompatibilityError
-	if !errors.As(err, &pe) || pe.Field != "Network" {
+	if !errors.As(err, &pe) || !strings.HasPrefix(pe.Reason, "Policy.Network.Mode: ") {
 		t.Fatalf("got %v", err)
 	}
 	if _, err := sandboxes.OpenScope(ctx, f.Scope); !errors.Is(err, agentbox.ErrNotFound) {
@@ -197,12 +348,12 @@ func TestAnnaRefusesAPolicyItCannotHonour(t *testing.T) {
 	}
 	// The scope's existing sandbox under another network policy is not silently reused.
 	g := factory("refused2", 2*time.Second)
-	s, err := g.CreateSession(ctx, anna.Policy{Network: anna.NetworkNone})
+	s, err := g.CreateSession(ctx, anna.Policy{Network: anna.NetworkPolicy{Mode: anna.NetworkDisabled}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	must(t, s.Close())
-	if _, err := g.CreateSession(ctx, anna.Policy{Network: anna.NetworkFull}); !errors.As(err, &pe) || pe.Field != "Network" {
+	if _, err := g.CreateSession(ctx, anna.Policy{Network: anna.NetworkPolicy{Mode: anna.NetworkAllowAll}}); !errors.As(err, &pe) || !strings.HasPrefix(pe.Reason, "Policy.Network.Mode: ") {
 		t.Fatalf("reuse under another policy: %v", err)
 	}
 }

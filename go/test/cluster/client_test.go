@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -156,6 +157,72 @@ func TestExecTimeoutKillsTheProcessGroup(t *testing.T) {
 	r, err := sbx.Run(ctx, "ps -o args | grep -c '[s]leep 30'", agentbox.ExecOptions{})
 	if err != nil || strings.TrimSpace(string(r.Stdout)) != "0" {
 		t.Fatalf("left: %q %v", r.Stdout, err)
+	}
+}
+
+// Kill ends the started process and its children in the pod, whatever their process group,
+// and Wait then has SIGKILL's status.
+func TestProcessKillEndsItInThePod(t *testing.T) {
+	ctx := context.Background()
+	sbx := readySandbox(t, "kill")
+	p, err := sbx.Start(ctx, []string{"sh", "-c", "sleep 1004 & setsid sleep 1014 & echo up; sleep 1024"}, agentbox.ExecOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := make([]byte, 3)
+	if _, err := io.ReadFull(p.Stdout, up); err != nil || string(up) != "up\n" {
+		t.Fatalf("%q %v", up, err)
+	}
+	// The command's pid: its sh, which execs its last command (busybox's ash does).
+	pid, err := p.PID(ctx)
+	if err != nil || pid <= 1 {
+		t.Fatalf("pid %d %v", pid, err)
+	}
+	if r, err := sbx.Run(ctx, "tr '\\0' ' ' </proc/$P/cmdline", agentbox.ExecOptions{Env: map[string]string{"P": strconv.Itoa(pid)}}); err != nil || string(r.Stdout) != "sleep 1024 " {
+		t.Fatalf("pid %d is %q %v", pid, r.Stdout, err)
+	}
+	must(t, p.Kill())
+	st, err := p.Wait()
+	if err != nil || !st.HasCode || st.Code != 137 {
+		t.Fatalf("after Kill: %+v %v", st, err)
+	}
+	r, err := sbx.Run(ctx, "ps -o args | grep '[s]leep 10'", agentbox.ExecOptions{})
+	if err != nil || len(r.Stdout) != 0 {
+		t.Fatalf("left running in the pod after Kill: %q %v", r.Stdout, err)
+	}
+	if _, err := p.Stdout.Read(up); !errors.Is(err, agentbox.ErrProcessKilled) {
+		t.Fatalf("read after Kill: %v", err)
+	}
+}
+
+// An output over the cap is flagged, an error when asked (FailTruncated), and the cap can
+// be raised: one-shot and in a session.
+func TestOutputOverTheCap(t *testing.T) {
+	ctx := context.Background()
+	sbx := readySandbox(t, "cap")
+	sh := sbx.Session("")
+	defer sh.Close()
+	for name, run := range map[string]func(agentbox.ExecOptions) (*agentbox.ExecResult, error){
+		"exec": func(o agentbox.ExecOptions) (*agentbox.ExecResult, error) {
+			return sbx.Run(ctx, "head -c 9437184 /dev/zero", o)
+		},
+		"session": func(o agentbox.ExecOptions) (*agentbox.ExecResult, error) {
+			return sh.Run(ctx, "head -c 9437184 /dev/zero", o)
+		},
+	} {
+		r, err := run(agentbox.ExecOptions{})
+		if err != nil || len(r.Stdout) != 8<<20 || !r.StdoutTruncated || r.StderrTruncated {
+			t.Fatalf("%s: 9 MiB under the default cap: %d bytes, %v", name, len(r.Stdout), err)
+		}
+		r, err = run(agentbox.ExecOptions{FailTruncated: true})
+		var te *agentbox.OutputTruncatedError
+		if !errors.Is(err, agentbox.ErrOutputTruncated) || !errors.As(err, &te) || te.Limit != 8<<20 || len(r.Stdout) != 8<<20 || r.ExitCode != 0 {
+			t.Fatalf("%s: FailTruncated: %v", name, err)
+		}
+		r, err = run(agentbox.ExecOptions{MaxOutput: 16 << 20, FailTruncated: true})
+		if err != nil || len(r.Stdout) != 9<<20 || r.StdoutTruncated {
+			t.Fatalf("%s: a raised cap: %d bytes, %v", name, len(r.Stdout), err)
+		}
 	}
 }
 

@@ -82,6 +82,45 @@ exit $r
 """
 
 
+#: The environment entry a streamed exec's command gets (the Rust crate's
+#: ``remote::PROCESS_ENV``): ``AGENTBOX_PROCESS=<id>``, a random id of its own, which what it
+#: starts inherits; :meth:`agentbox.ExecStream.kill` finds them all by it.
+PROCESS_ENV = "AGENTBOX_PROCESS"
+
+#: The in-pod script that kills (``kill``) or lists (``list``: ``<pid> <ppid>`` lines) the
+#: processes carrying ``AGENTBOX_PROCESS=<id>`` for the ids given (the Rust crate's
+#: ``remote::PROCESSES``; vectors: ``exec.processes_script``).
+PROCESSES = r"""mode=$1; shift; ids=$*
+round=0
+while :; do
+  k=0
+  for d in /proc/[0-9]*; do
+    e=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || continue
+    for id in $ids; do
+      case "
+$e
+" in
+      *"
+AGENTBOX_PROCESS=$id
+"*)
+        if [ "$mode" = kill ]; then
+          kill -s KILL "${d#/proc/}" 2>/dev/null && k=$((k+1))
+        else
+          read -r s <"$d/stat" 2>/dev/null || continue
+          s=${s##*) }; set -- $s; echo "${d#/proc/} $2"
+        fi
+        ;;
+      esac
+    done
+  done
+  [ "$mode" = kill ] || exit 0
+  round=$((round+1))
+  [ $k = 0 ] && exit 0
+  [ $round -lt 50 ] || { echo "agentbox: processes still forking after $round rounds of kills" >&2; exit 1; }
+done
+"""
+
+
 def new_mark() -> str:
     """A fresh trailer mark: ``__AGENTBOX_`` + 32 hex digits (16 random bytes) + ``_``."""
     return f"__AGENTBOX_{secrets.token_hex(16)}_"

@@ -14,7 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import IO, Any, Literal, Union
 
@@ -28,6 +37,7 @@ from .errors import (
     ExecError,
     NotFoundError,
     ProtocolError,
+    RemoteError,
     TransportError,
 )
 
@@ -244,6 +254,7 @@ async def _send_stdin(
     src: StdinSource | None,
     linger: bool,
     all_read: asyncio.Event,
+    stop: asyncio.Event,
 ) -> None:
     """Sends stdin, then half-closes it (a v5 CLOSE frame; output keeps flowing): at its end
     when the wrapper does not linger (a stream, ``=``), otherwise once ``all_read`` says both
@@ -265,14 +276,16 @@ async def _send_stdin(
 
     sending = asyncio.ensure_future(data())
     waiting = asyncio.ensure_future(all_read.wait())
+    # ExecStream.kill: stop sending and half-close stdin, so the wrapper ends with the command.
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait({sending, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({sending, waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if sending.done() and not sending.result():
             return
-        if linger and not all_read.is_set():
-            await waiting
+        if linger and not all_read.is_set() and not stop.is_set():
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in (sending, waiting):
+        for t in (sending, waiting, stopping):
             if not t.done():
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -287,6 +300,7 @@ async def _events(
     timeout: float | None,
     mark: str,
     linger: bool,
+    stop: asyncio.Event | None = None,
 ) -> AsyncIterator[ExecEvent]:
     """Pumps one exec connection: stdin out, output chunks in (their trailers held back and
     stripped), then the exit status, or :class:`~agentbox.errors.OutputCutError` when a
@@ -294,7 +308,9 @@ async def _events(
     """
     loop = asyncio.get_running_loop()
     all_read = asyncio.Event()
-    sender = asyncio.ensure_future(_send_stdin(ws, stdin, linger, all_read))
+    sender = asyncio.ensure_future(
+        _send_stdin(ws, stdin, linger, all_read, stop or asyncio.Event())
+    )
     out = _wire.Trailer(mark, "stdout")
     err = _wire.Trailer(mark, "stderr")
     start = loop.time()
@@ -363,12 +379,38 @@ async def _events(
 
 class ExecStream:
     """A running command's events: :class:`Output` chunks as they arrive, then one
-    :class:`Exit`. Use it as an async context manager (leaving it closes the connection; the
-    command keeps running in the pod unless it had a timeout) and iterate it.
+    :class:`Exit`. Use it as an async context manager and iterate it. Leaving it closes the
+    connection, which does not stop the command (one that ignores the end of its stdin keeps
+    running in the pod, unless it had a timeout): :meth:`kill` does.
     """
 
-    def __init__(self, events: AsyncIterator[ExecEvent]) -> None:
+    def __init__(
+        self,
+        events: AsyncIterator[ExecEvent],
+        kill: Callable[[], Awaitable[None]] | None = None,
+        process_id: str | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> None:
         self._events = events
+        self._kill = kill
+        self._stop = stop
+        #: The command's ``AGENTBOX_PROCESS`` id, which what it starts inherits.
+        self.process_id = process_id
+
+    async def kill(self) -> None:
+        """Kills the command and every process it started that carries its
+        ``AGENTBOX_PROCESS`` entry, in the pod, whatever their process group (a second exec),
+        then half-closes its stdin, so the stream goes on to its :class:`Exit` (code 137):
+        read it to the end. A second call does nothing.
+        """
+        kill, self._kill = self._kill, None
+        if kill is None:
+            return
+        try:
+            await kill()
+        finally:
+            if self._stop is not None:
+                self._stop.set()
 
     def __aiter__(self) -> AsyncIterator[ExecEvent]:
         return self._events
@@ -427,6 +469,8 @@ async def stream(
     known = _stdin_bytes(stdin)
     mode = _wire.stdin_mode(None if stdin is None else -1 if known is None else len(known))
     mark = _wire.new_mark()
+    pid = _wire.new_mark()[len("__AGENTBOX_") : -1]
+    env = {**(env or {}), _wire.PROCESS_ENV: pid}
     argv = _wire.remote_argv(_wire.command_argv(command), timeout, cwd, env, mark=mark, stdin=mode)
     # stdin is always open: the wrapper lingers on it until both trailers have arrived here.
     ws = await _connect(kube, namespace, pod, container, argv, True)
@@ -437,7 +481,24 @@ async def stream(
             " (Kubernetes 1.30 or later)"
         )
     src = None if mode == "-" else known if known is not None else stdin
-    return ExecStream(_events(ws, src, timeout, mark, mode != "="))
+    stop = asyncio.Event()
+
+    async def kill() -> None:
+        r = await run(
+            kube,
+            namespace,
+            pod,
+            ["sh", "-c", _wire.PROCESSES, "sh", "kill", pid],
+            container=container,
+        )
+        if r.exit_code != 0:
+            raise RemoteError(
+                r.exit_code,
+                "killing the command's processes in the pod failed: "
+                + r.stderr.decode(errors="replace").strip(),
+            )
+
+    return ExecStream(_events(ws, src, timeout, mark, mode != "=", stop), kill, pid, stop)
 
 
 async def run(

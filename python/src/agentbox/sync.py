@@ -415,8 +415,17 @@ class ExecStream:
         self.close()
 
     def close(self) -> None:
-        """Closes the connection."""
+        """Closes the connection (the command keeps running unless killed)."""
         _portal.call(self._async.aclose(), guarded=False)
+
+    def kill(self) -> None:
+        """See :meth:`agentbox.ExecStream.kill`."""
+        _portal.call(self._async.kill())
+
+    @property
+    def process_id(self) -> str | None:
+        """See :attr:`agentbox.ExecStream.process_id`."""
+        return self._async.process_id
 
     def collect(self, max_output: int = _wire.DEFAULT_MAX_OUTPUT) -> ExecResult:
         """Reads the stream to its end."""

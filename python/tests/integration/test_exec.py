@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -81,6 +82,35 @@ async def test_streaming_yields_chunks_then_exit(ready: agentbox.Sandbox) -> Non
     assert out == b"1\n2\n3\n"
     assert events[-1] == Exit(4, False, "")
     assert sum(isinstance(ev, Exit) for ev in events) == 1
+
+
+async def _live(ready: agentbox.Sandbox, pattern: str) -> list[str]:
+    """The pod's ``sleep`` processes whose arguments match ``pattern``."""
+    r = await ready.exec(["sh", "-c", 'ps -o args | grep -E "^sleep $1" || true', "ps", pattern])
+    return r.stdout.decode().splitlines()
+
+
+async def test_kill_ends_a_streamed_command_and_its_children_in_the_pod(
+    ready: agentbox.Sandbox,
+) -> None:
+    # A stdio server that ignores the end of its input, with a child in its own session.
+    async def forever() -> AsyncIterator[bytes]:
+        await asyncio.Event().wait()
+        yield b""
+
+    s = await ready.exec_stream(
+        "trap '' HUP TERM; sleep 4124 & setsid sleep 4125 & echo up; sleep 4126",
+        stdin=forever(),
+    )
+    assert s.process_id
+    it = s.__aiter__()
+    assert await it.__anext__() == Output("stdout", b"up\n")
+    assert len(await _live(ready, "412[456]")) == 3
+    await s.kill()
+    events = [ev async for ev in it]
+    assert events[-1] == Exit(137, False, "")
+    await s.aclose()
+    assert await _live(ready, "412[456]") == []
 
 
 async def test_a_persistent_session_runs_commands_with_their_own_codes(

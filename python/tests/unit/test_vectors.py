@@ -108,6 +108,8 @@ def test_exec_constants_and_wrapper() -> None:
     assert v["default_max_output"] == _wire.DEFAULT_MAX_OUTPUT
     assert v["timeout_grace_ms"] == _wire.TIMEOUT_GRACE * 1000
     assert v["wrapper"] == _wire.WRAPPER
+    assert v["process_env"] == _wire.PROCESS_ENV
+    assert v["processes_script"] == _wire.PROCESSES
 
 
 def _request(r: dict[str, Any]) -> tuple[list[str], float | None, str | None, dict[str, str]]:
