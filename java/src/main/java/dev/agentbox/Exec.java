@@ -217,10 +217,10 @@ final class Exec {
    */
   static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
       String workdir) {
-    return run(kube, ns, pod, container, o, workdir, Wire.newRunId(), 60_000);
+    return run(kube, ns, pod, container, o, workdir, Wire.newProcessId(), 60_000);
   }
 
-  /** {@code runId} null: no {@link Wire#RUN_ENV} and no kill (the kill script itself). */
+  /** {@code runId} null: no {@link Wire#PROCESS_ENV} and no kill (the kill script itself). */
   private static ExecResult run(Kube kube, String ns, String pod, String container, ExecOptions o,
       String workdir, String runId, long connectWaitMs) {
     String mode = o.stdinStream != null ? Wire.STDIN_STREAM
@@ -230,7 +230,7 @@ final class Exec {
     if (runId != null) {
       Wire.validate(o.argv, o.timeoutMs, o.env); // the caller's, before ours is added
       env = new java.util.ArrayList<>(o.env);
-      env.add(java.util.Map.entry(Wire.RUN_ENV, runId)); // last: it wins over a caller's
+      env.add(java.util.Map.entry(Wire.PROCESS_ENV, runId)); // last: it wins over a caller's
     }
     List<String> argv = Wire.remoteArgv(mark, mode, o.argv, o.timeoutMs, workdir, env);
     Conn c = connect(kube, ns, pod, container, argv, connectWaitMs);
@@ -271,14 +271,14 @@ final class Exec {
   }
 
   /**
-   * Kills every process of the run {@code runId} in the pod ({@link Wire#KILL_SCRIPT}), on a
+   * Kills every process of the run {@code runId} in the pod ({@link Wire#PROCESSES}), on a
    * connection of its own, even from an interrupted thread (its flag is set again after).
    * Returns what went wrong, or null: the caller reports it beside its own failure.
    */
   static RuntimeException kill(Kube kube, String ns, String pod, String runId) {
     boolean interrupted = Thread.interrupted();
     try {
-      ExecOptions k = ExecOptions.argv("sh", "-c", Wire.KILL_SCRIPT, "agentbox-kill", runId)
+      ExecOptions k = ExecOptions.argv("sh", "-c", Wire.PROCESSES, "sh", "kill", runId)
           .timeout(java.time.Duration.ofSeconds(20)).maxOutput(4096);
       // a short connect: an API server out of reach must not hold the caller's failure long
       ExecResult r = run(kube, ns, pod, Wire.SANDBOX_CONTAINER, k, null, null, 10_000);

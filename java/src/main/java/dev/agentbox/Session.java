@@ -12,7 +12,7 @@ import java.util.concurrent.TimeUnit;
  * again (once); one that dies while a command runs fails it with {@link SessionException}.
  * Commands run one at a time (callers queue). Close it when done.
  *
- * <p>Every process a session's shell starts carries that shell's {@link Wire#RUN_ENV}: {@link
+ * <p>Every process a session's shell starts carries that shell's {@link Wire#PROCESS_ENV}: {@link
  * #close()} kills them all in the pod (a command running in another thread, and what commands
  * left in the background: a server that ignores the end of its input included), and so does a
  * shell given up (a command interrupted, its connection lost, no status after its timeout).
@@ -24,7 +24,7 @@ public final class Session implements AutoCloseable {
   private final String workdir;
   private final Object lock = new Object();
   private Exec.Conn shell;
-  /** The {@link Wire#RUN_ENV} of the current shell (null: none started). */
+  /** The {@link Wire#PROCESS_ENV} of the current shell (null: none started). */
   private volatile String runId;
   private volatile boolean closed;
   private byte[] outPending = new byte[0];
@@ -127,10 +127,10 @@ public final class Session implements AutoCloseable {
     if (shell == null) {
       shell = Exec.connect(
           kube, namespace, pod, Wire.SANDBOX_CONTAINER, Wire.sessionShellArgv(workdir));
-      // The shell's first line marks everything it will start (Wire.RUN_ENV): close() finds
+      // The shell's first line marks everything it will start (Wire.PROCESS_ENV): close() finds
       // it all by that, also what was put in the background or left a process group.
-      runId = Wire.newRunId();
-      line = "export " + Wire.RUN_ENV + "=" + runId + "\n" + line;
+      runId = Wire.newProcessId();
+      line = "export " + Wire.PROCESS_ENV + "=" + runId + "\n" + line;
     }
     byte[] l = line.getBytes(StandardCharsets.UTF_8);
     try {

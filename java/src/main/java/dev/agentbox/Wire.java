@@ -91,39 +91,57 @@ public final class Wire {
           + "exit $r\n";
 
   /**
-   * The environment variable this client gives every command it runs, one fresh value per
-   * one-shot exec and per session shell ({@link #newRunId()}); every process the command
-   * starts inherits it (unless it clears its environment). It is how {@link #KILL_SCRIPT} finds
-   * what an abandoned command left: the command, its children, what it put in the background
-   * or in a process group of its own, even once reparented. Java only: not in the vectors.
+   * The environment entry every command this client runs gets, {@code AGENTBOX_PROCESS=<id>}
+   * with one fresh id per one-shot exec and per session shell ({@link #newProcessId()}); every
+   * process the command starts inherits it (unless it clears its environment). It is how
+   * {@link #PROCESSES} finds what an abandoned command left: the command, its children, what it
+   * put in the background or in a process group of its own, even once reparented. The shared
+   * protocol's entry (vectors: {@code exec.process_env}, Rust {@code remote::PROCESS_ENV}).
    */
-  public static final String RUN_ENV = "AGENTBOX_RUN";
+  public static final String PROCESS_ENV = "AGENTBOX_PROCESS";
 
   /**
-   * {@code sh -c KILL_SCRIPT agentbox-kill RUN}: SIGKILLs every process of the container whose
-   * environment holds {@code AGENTBOX_RUN=RUN}, and scans again until a scan finds none (a
-   * process forked during a scan is found by the next, one dying is given 50 ms; at most 20
-   * scans, then it says so and exits 1; a zombie has no environment left). Run when the client
-   * gives a command up (its thread interrupted, its output sink failing, its connection lost,
-   * no exit status after the timeout) and when a session closes.
+   * {@code sh -c PROCESSES sh kill ID}: SIGKILLs every process of the container whose initial
+   * environment holds {@code AGENTBOX_PROCESS=ID}, in rounds until a round finds none (a process
+   * forked during a round is found by the next; more than 50 rounds is exit code 1, and it says
+   * so; a zombie has no environment left). {@code list} instead of {@code kill} prints
+   * {@code <pid> <ppid>} of each. The shared protocol's script, byte for byte (vectors:
+   * {@code exec.processes_script}, Rust {@code remote::PROCESSES}). This client runs it when it
+   * gives a command up (its thread interrupted, its output sink failing, its connection lost, no
+   * exit status after the timeout) and when a session closes.
    */
-  public static final String KILL_SCRIPT =
-      "e=\"" + RUN_ENV + "=$1\"; n=0\n"
-          + "while [ $n -lt 20 ]; do\n"
-          + "  f=\n"
+  public static final String PROCESSES =
+      "mode=$1; shift; ids=$*\n"
+          + "round=0\n"
+          + "while :; do\n"
+          + "  k=0\n"
           + "  for d in /proc/[0-9]*; do\n"
-          + "    p=${d#/proc/}\n"
-          + "    [ \"$p\" = \"$$\" ] && continue\n"
-          + "    tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | grep -qxF -e \"$e\" || continue\n"
-          + "    kill -s KILL \"$p\" 2>/dev/null && f=1\n"
+          + "    e=$(tr '\\0' '\\n' <\"$d/environ\" 2>/dev/null) || continue\n"
+          + "    for id in $ids; do\n"
+          + "      case \"\n"
+          + "$e\n"
+          + "\" in\n"
+          + "      *\"\n"
+          + "AGENTBOX_PROCESS=$id\n"
+          + "\"*)\n"
+          + "        if [ \"$mode\" = kill ]; then\n"
+          + "          kill -s KILL \"${d#/proc/}\" 2>/dev/null && k=$((k+1))\n"
+          + "        else\n"
+          + "          read -r s <\"$d/stat\" 2>/dev/null || continue\n"
+          + "          s=${s##*) }; set -- $s; echo \"${d#/proc/} $2\"\n"
+          + "        fi\n"
+          + "        ;;\n"
+          + "      esac\n"
+          + "    done\n"
           + "  done\n"
-          + "  [ -n \"$f\" ] || exit 0\n"
-          + "  n=$((n+1)); sleep 0.05\n"
-          + "done\n"
-          + "echo \"$0: processes of $1 still appear after $n scans\" >&2; exit 1\n";
+          + "  [ \"$mode\" = kill ] || exit 0\n"
+          + "  round=$((round+1))\n"
+          + "  [ $k = 0 ] && exit 0\n"
+          + "  [ $round -lt 50 ] || { echo \"agentbox: processes still forking after $round rounds of kills\" >&2; exit 1; }\n"
+          + "done\n";
 
-  /** A fresh {@link #RUN_ENV} value: 32 lowercase hex digits. */
-  public static String newRunId() {
+  /** A fresh {@link #PROCESS_ENV} value: 32 lowercase hex digits. */
+  public static String newProcessId() {
     byte[] b = new byte[16];
     RANDOM.nextBytes(b);
     return HexFormat.of().formatHex(b);

@@ -13,17 +13,17 @@ import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
 
 /**
- * {@link Wire#KILL_SCRIPT} run here with the machine's {@code sh}, on processes started as the
- * pod starts a command (the wrapper's argv, with {@link Wire#RUN_ENV}): it kills the command, a
+ * {@link Wire#PROCESSES} run here with the machine's {@code sh}, on processes started as the
+ * pod starts a command (the wrapper's argv, with {@link Wire#PROCESS_ENV}): it kills the command, a
  * child in the background, one in a process group and session of its own, one reparented
  * (double fork), and leaves a process of another run alone. The scan reads this machine's
  * /proc: only processes carrying the test's own random run id match.
  */
 class KillScriptTest {
-  /** Pids whose environment holds {@code AGENTBOX_RUN=id}, read as the script reads them. */
+  /** Pids whose environment holds {@code AGENTBOX_PROCESS=id}, read as the script reads them. */
   static List<Long> carrying(String id) throws Exception {
     List<Long> found = new ArrayList<>();
-    byte[] want = (Wire.RUN_ENV + "=" + id).getBytes(StandardCharsets.UTF_8);
+    byte[] want = (Wire.PROCESS_ENV + "=" + id).getBytes(StandardCharsets.UTF_8);
     try (var dirs = java.nio.file.Files.newDirectoryStream(Path.of("/proc"), "[0-9]*")) {
       for (Path d : dirs) {
         byte[] env;
@@ -48,13 +48,13 @@ class KillScriptTest {
 
   static Process started(String id, Long timeoutMs, String script) throws Exception {
     List<String> argv = Wire.remoteArgv(Wire.newMark(), Wire.STDIN_NONE, List.of("sh", "-c", script),
-        timeoutMs, null, List.of(Map.entry(Wire.RUN_ENV, id)));
+        timeoutMs, null, List.of(Map.entry(Wire.PROCESS_ENV, id)));
     return new ProcessBuilder(argv).redirectErrorStream(true)
         .redirectOutput(ProcessBuilder.Redirect.DISCARD).start();
   }
 
   static int kill(String id) throws Exception {
-    Process k = new ProcessBuilder("sh", "-c", Wire.KILL_SCRIPT, "agentbox-kill", id)
+    Process k = new ProcessBuilder("sh", "-c", Wire.PROCESSES, "sh", "kill", id)
         .redirectErrorStream(true).start();
     assertTrue(k.waitFor(120, TimeUnit.SECONDS), "the kill script ended");
     return k.exitValue();
@@ -62,8 +62,8 @@ class KillScriptTest {
 
   @Test
   void theKillScriptEndsEveryProcessOfARunAndNoOther() throws Exception {
-    String id = Wire.newRunId();
-    String other = Wire.newRunId();
+    String id = Wire.newProcessId();
+    String other = Wire.newProcessId();
     // background child, own session and group, double-forked orphan, the command itself
     String tree = "sleep 1001 & setsid sleep 1002 & (sleep 1003 &); sleep 1004";
     List<Process> ps = List.of(started(id, null, tree), started(id, 600_000L, tree));

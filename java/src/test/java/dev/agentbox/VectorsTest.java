@@ -171,6 +171,18 @@ class VectorsTest {
     }
   }
 
+  /**
+   * Killing an abandoned command is the shared protocol's: the environment entry every command
+   * gets and the script of the second exec that kills by it are the vectors' (Rust's
+   * remote::PROCESS_ENV and remote::PROCESSES), byte for byte.
+   */
+  @Test
+  void theKillEntryAndScriptAreTheVectorsOnes() {
+    Map<String, Object> e = m(V, "exec");
+    assertEquals(s(e, "process_env"), Wire.PROCESS_ENV);
+    assertEquals(s(e, "processes_script"), Wire.PROCESSES);
+  }
+
   record Req(List<String> argv, Long timeoutMs, String workdir, List<Map.Entry<String, String>> env) {}
 
   static Req req(Map<String, Object> r) {
