@@ -8,6 +8,9 @@ use clap::Parser;
 /// Where each sandbox's workspace lives on its node, by default.
 pub const DEFAULT_NODE_ROOT: &str = "/var/lib/agentbox/workspaces";
 
+/// Where the kubelet keeps the pods' pids cgroups (cgroup v1, cgroupfs driver), by default.
+pub const DEFAULT_PIDS_CGROUP_ROOT: &str = "/sys/fs/cgroup/pids/kubepods";
+
 /// Configuration of the agentbox operator.
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -61,6 +64,22 @@ pub struct Config {
     /// annotation `agentbox.dev/required-runtime-class`.
     #[arg(long, env = "AGENTBOX_DEFAULT_RUNTIME_CLASS", default_value = "")]
     pub default_runtime_class: String,
+
+    /// The process limit of sandboxes whose spec (or template) sets no `processLimit`: the most
+    /// processes and threads a sandbox's pod may have at once. 0: none (the kubelet's
+    /// `podPidsLimit` alone, if the node has one). Set by the trusted helper (`--helper-image`)
+    /// as each sandbox pod's first init container; without a helper image no limit is set and
+    /// the sandbox's `ProcessLimited` condition says so.
+    #[arg(long, env = "AGENTBOX_PROCESS_LIMIT", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4194304))]
+    pub process_limit: u32,
+
+    /// The host directory holding the pods' pids cgroups: `<this>/burstable/pod<uid>` is a
+    /// sandbox pod's (its init containers make every sandbox pod Burstable). The kubelet's
+    /// layout with the cgroupfs driver under its `cgroupRoot` (`/` by default); cgroup v2:
+    /// `/sys/fs/cgroup/kubepods`. The systemd cgroup driver names pods' cgroups otherwise and
+    /// is not supported: the pod does not start and its sandbox says why.
+    #[arg(long, env = "AGENTBOX_PIDS_CGROUP_ROOT", default_value = DEFAULT_PIDS_CGROUP_ROOT)]
+    pub pids_cgroup_root: String,
 
     /// Capabilities a Sandbox may add to the default set (`securityContext.capabilities.add`),
     /// comma separated, without `CAP_`. Empty: none.
@@ -220,6 +239,7 @@ impl Config {
     /// Checks paths and normalises prefixes (trailing slashes removed).
     pub fn validated(mut self) -> Result<Self, ConfigError> {
         self.node_root = clean_absolute("node root", &self.node_root)?;
+        self.pids_cgroup_root = clean_absolute("pids cgroup root", &self.pids_cgroup_root)?;
         self.allowed_host_prefixes = self
             .allowed_host_prefixes
             .iter()

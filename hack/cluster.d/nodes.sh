@@ -289,6 +289,10 @@ cgroupsPerQOS: true
 failCgroupV1: false
 failSwapOn: false
 oomScoreAdj: 0
+# Every pod's process ceiling on the node (pids.max of its pod cgroup): above agentbox's
+# per-sandbox limit (1024 by default, set lower by its helper), so a pod of anything else, or a
+# sandbox without a limit, cannot take every process id of the node (pid_max 32768 here).
+podPidsLimit: ${AGENTBOX_POD_PIDS_LIMIT:-4096}
 protectKernelDefaults: false
 resolvConf: $CONF/resolv.conf
 # No DNS server runs here. Without a clusterDNS the kubelet writes a MissingClusterDNS Warning

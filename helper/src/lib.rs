@@ -10,7 +10,10 @@
 //! - [`Job::List`]: name the entries of a namespace's directory (read only), so the operator can
 //!   find workspace directories whose sandbox is gone (its orphan sweep);
 //! - [`Job::Prune`]: remove directories only if they are empty (a deleted namespace's, once the
-//!   sweep has removed its workspaces).
+//!   sweep has removed its workspaces);
+//! - [`Job::Pids`]: set the process limit (`pids.max`) of the pod it runs in, as the first init
+//!   container of a sandbox pod, before any of the sandbox's code runs (the kubelet's own
+//!   `podPidsLimit` is one value per node; this is the sandbox's own limit).
 //!
 //! Each job prints one report line ([`Report`]), also written to the container's termination
 //! message, which is how the operator reads the outcome. The operator builds the command line
@@ -78,6 +81,15 @@ pub enum Job {
         root: PathBuf,
         /// Plain names, one path component each.
         names: Vec<String>,
+    },
+    /// Lower the process limit of the pids cgroup `dir` (the pod's own, mounted by the pod's
+    /// UID) to `limit`: never above what it was (the kubelet's `podPidsLimit`, which stays the
+    /// node's ceiling).
+    Pids {
+        /// The pod's pids cgroup directory (the helper's mount of it).
+        dir: PathBuf,
+        /// The most processes (and threads) the pod may have at once.
+        limit: u64,
     },
 }
 
@@ -158,6 +170,9 @@ impl Job {
                 v.extend(names.iter().cloned());
                 v
             }
+            Job::Pids { dir, limit } => {
+                vec!["pids".into(), dir.display().to_string(), limit.to_string()]
+            }
         }
     }
 
@@ -167,7 +182,7 @@ impl Job {
         let usage = || {
             Error::Usage(
                 "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID | list DIR [SKIP...] \
-                 | prune ROOT NAME..."
+                 | prune ROOT NAME... | pids DIR LIMIT"
                     .into(),
             )
         };
@@ -208,6 +223,13 @@ impl Job {
                 dir: path(dir)?,
                 skip: skip.to_vec(),
             }),
+            [job, dir, limit] if job == "pids" => Ok(Job::Pids {
+                dir: path(dir)?,
+                limit: match limit.parse() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(Error::Usage(format!("{limit:?} is not a positive limit"))),
+                },
+            }),
             _ => Err(usage()),
         }
     }
@@ -224,6 +246,7 @@ impl Job {
             Job::Own { dir, uid, gid } => own(dir, *uid, *gid),
             Job::List { dir, skip } => list(dir, skip),
             Job::Prune { root, names } => prune(root, names),
+            Job::Pids { dir, limit } => pids(dir, *limit),
         }
     }
 }
@@ -431,6 +454,87 @@ pub fn prepare(dir: &Path, mountinfo: &str) -> Result<Report, Error> {
         ))
 }
 
+/// A pids cgroup's limit: a number of tasks, or none (`max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PidsMax {
+    /// No limit (`max`).
+    Max,
+    /// At most this many tasks.
+    Limit(u64),
+}
+
+impl PidsMax {
+    /// Parses the text of a `pids.max` file.
+    pub fn parse(text: &str) -> Option<PidsMax> {
+        match text.trim() {
+            "max" => Some(PidsMax::Max),
+            n => n.parse().ok().map(PidsMax::Limit),
+        }
+    }
+
+    /// The lower of this limit and `limit`.
+    pub fn lowered_to(self, limit: u64) -> u64 {
+        match self {
+            PidsMax::Max => limit,
+            PidsMax::Limit(n) => n.min(limit),
+        }
+    }
+}
+
+impl fmt::Display for PidsMax {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PidsMax::Max => f.write_str("max"),
+            PidsMax::Limit(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Sets `dir/pids.max` (a pod's pids cgroup) to `limit`, or leaves it lower where it already
+/// is (the kubelet's `podPidsLimit`): reports the limit set (`limit`), the one found
+/// (`kubelet`: what the kubelet gave the pod, `max` for none) and the tasks in the cgroup
+/// (`current`). A cgroup with no task in it is refused: the pod's own has at least the pod's
+/// pause process and this helper, so an empty one is not the pod's (a directory the runtime
+/// made in place of a missing one would hold nothing and limit nothing).
+pub fn pids(dir: &Path, limit: u64) -> Result<Report, Error> {
+    let max_file = dir.join("pids.max");
+    let current_file = dir.join("pids.current");
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(io("reading", p));
+    let bad = |p: &Path, text: &str| Error::Io {
+        what: "parsing",
+        path: p.to_path_buf(),
+        source: std::io::Error::other(format!("unexpected content {:?}", text.trim())),
+    };
+    let text = read(&max_file)?;
+    let found = PidsMax::parse(&text).ok_or_else(|| bad(&max_file, &text))?;
+    let text = read(&current_file)?;
+    let current: u64 = text.trim().parse().map_err(|_| bad(&current_file, &text))?;
+    if current == 0 {
+        return Err(Error::Io {
+            what: "limiting",
+            path: dir.to_path_buf(),
+            source: std::io::Error::other(
+                "no process is in this cgroup, so it is not this pod's (is the pods' cgroup root right?)",
+            ),
+        });
+    }
+    let want = found.lowered_to(limit);
+    std::fs::write(&max_file, format!("{want}\n")).map_err(io("writing", &max_file))?;
+    let text = read(&max_file)?;
+    if PidsMax::parse(&text) != Some(PidsMax::Limit(want)) {
+        return Err(Error::Io {
+            what: "checking",
+            path: max_file,
+            source: std::io::Error::other(format!("reads {:?} after writing {want}", text.trim())),
+        });
+    }
+    Ok(Report::default()
+        .with("job", "pids")
+        .with("limit", want)
+        .with("kubelet", found)
+        .with("current", current))
+}
+
 /// Hands `dir` to `uid`:`gid` with mode [`OWNED_MODE`]. When `dir` already belongs to them
 /// nothing below it is touched (the common case, and cheap); otherwise every entry below it is
 /// given to them too (`lchown`: a symbolic link itself, never its target).
@@ -580,9 +684,56 @@ mod tests {
                 root: "/root".into(),
                 names: vec!["gone-team".into()],
             },
+            Job::Pids {
+                dir: "/pids".into(),
+                limit: 256,
+            },
         ] {
             assert_eq!(Job::parse(&job.to_args()).unwrap(), job);
         }
+        for bad in [
+            &["pids", "/pids", "0"][..],
+            &["pids", "/pids", "-1"],
+            &["pids", "/pids", "x"],
+        ] {
+            assert!(Job::parse(&args(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pids_lowers_the_limit_and_never_raises_the_kubelets() {
+        let dir = scratch("pids");
+        let write = |f: &str, v: &str| std::fs::write(dir.join(f), v).unwrap();
+        write("pids.max", "max\n");
+        write("pids.current", "2\n");
+        let r = pids(&dir, 256).unwrap();
+        assert_eq!(r.get("limit"), Some("256"));
+        assert_eq!(r.get("kubelet"), Some("max"));
+        assert_eq!(r.get("current"), Some("2"));
+        assert_eq!(
+            std::fs::read_to_string(dir.join("pids.max")).unwrap(),
+            "256\n"
+        );
+        // The kubelet's lower limit stays.
+        write("pids.max", "100\n");
+        let r = pids(&dir, 256).unwrap();
+        assert_eq!(
+            (r.get("limit"), r.get("kubelet")),
+            (Some("100"), Some("100"))
+        );
+        // A cgroup no process is in is not the pod's: refused, left as it was.
+        write("pids.max", "max\n");
+        write("pids.current", "0\n");
+        let e = pids(&dir, 256).unwrap_err().to_string();
+        assert!(e.contains("no process is in this cgroup"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("pids.max")).unwrap(),
+            "max\n"
+        );
+        write("pids.max", "lots\n");
+        assert!(pids(&dir, 256).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(pids(&dir, 256).is_err(), "a missing cgroup is an error");
     }
 
     #[test]

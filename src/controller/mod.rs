@@ -9,6 +9,7 @@ pub mod helper_pod;
 pub mod memory;
 pub mod nodeloss;
 pub mod noderoot;
+pub mod pids;
 pub mod placement;
 pub mod pod;
 pub mod podstate;

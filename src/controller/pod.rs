@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
-use super::security;
+use super::{pids, security};
 use crate::config::Config;
 use agentbox_api::crd::{Sandbox, SandboxPool, SandboxSpec};
 use agentbox_api::labels;
@@ -75,6 +75,8 @@ pub struct PodConfig<'a> {
     pub security: security::Defaults<'a>,
     /// The runtime class of sandbox pods whose spec names none (`--default-runtime-class`).
     pub default_runtime_class: Option<&'a str>,
+    /// The sandboxes' process limits (`--process-limit`, `--pids-cgroup-root`).
+    pub processes: pids::ProcessLimits<'a>,
 }
 
 impl<'a> PodConfig<'a> {
@@ -93,6 +95,10 @@ impl<'a> PodConfig<'a> {
             },
             default_runtime_class: (!c.default_runtime_class.is_empty())
                 .then_some(c.default_runtime_class.as_str()),
+            processes: pids::ProcessLimits {
+                default: (c.process_limit > 0).then_some(c.process_limit),
+                cgroup_root: &c.pids_cgroup_root,
+            },
         }
     }
 }
@@ -144,6 +150,11 @@ pub fn build_pod_in(
 /// that hands it the workspace directory first. That init container is left out of the spec
 /// hash, as is the node pin: it follows from the uid, which the hash covers, and a new helper
 /// image (an operator upgrade) must not restart every non-root sandbox.
+///
+/// A sandbox with a process limit ([`pids::effective`]) gets, when the operator has a helper
+/// image, a first init container that sets it ([`pids::init_container`]). The limit is in the
+/// hash (a pod of another limit is another pod, and a warm pod of another limit is not
+/// adopted); its container, like the other, is not.
 pub fn build_pod_spec(
     spec: &SandboxSpec,
     cfg: &PodConfig<'_>,
@@ -178,9 +189,22 @@ pub fn build_pod_spec(
         }),
         ..Default::default()
     };
-    let hash = json_hash(&pod_spec);
+    let limit = pids::effective(spec, &cfg.processes);
+    // Without a limit the hash is the one pods had before limits existed.
+    let hash = match limit {
+        None => json_hash(&pod_spec),
+        Some(n) => json_hash(&(&pod_spec, n)),
+    };
     if let Some(node) = pin_node {
         pod_spec.affinity = Some(pin_to_node(node));
+    }
+    let mut inits = Vec::new();
+    if let (Some(n), Some(helper)) = (limit, cfg.helper.as_ref()) {
+        inits.push(pids::init_container(n, helper));
+        pod_spec
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(pids::volume(cfg.processes.cgroup_root));
     }
     if let (Some((uid, gid)), Some(helper)) = (sec.workspace_owner, cfg.helper.as_ref()) {
         let job = agentbox_helper::Job::Own {
@@ -193,14 +217,15 @@ pub fn build_pod_spec(
             mount_path: OWN_MOUNT.into(),
             ..Default::default()
         };
-        pod_spec.init_containers = Some(vec![helper_container(
+        inits.push(helper_container(
             OWN_CONTAINER,
             helper,
             &job,
             OWN_CAPS,
             mount,
-        )]);
+        ));
     }
+    pod_spec.init_containers = (!inits.is_empty()).then_some(inits);
     (pod_spec, hash)
 }
 
@@ -523,7 +548,7 @@ pub(super) mod tests {
         sbx
     }
 
-    const HELPER: HelperImage<'static> = HelperImage {
+    pub(crate) const HELPER: HelperImage<'static> = HelperImage {
         image: "agentbox/helper:v1",
         pull_policy: "IfNotPresent",
     };
@@ -538,6 +563,7 @@ pub(super) mod tests {
                 default_run_as_user: 65532,
             },
             default_runtime_class: None,
+            processes: pids::ProcessLimits::NONE,
         }
     }
 

@@ -83,6 +83,11 @@ pub fn observe_pod(pod: &Pod) -> PodState {
         }
         if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
             let reason = w.reason.clone().unwrap_or_default();
+            if reason == "PodInitializing"
+                && let Some(problem) = init_problem(status)
+            {
+                return problem;
+            }
             if matches!(
                 reason.as_str(),
                 "" | "ContainerCreating" | "PodInitializing"
@@ -122,12 +127,59 @@ pub fn observe_pod(pod: &Pod) -> PodState {
     }
 }
 
+/// The problem of an init container (the trusted helper's: the process limit, the workspace's
+/// owner) that failed or cannot be created: reason [`INIT_FAILED`], the container's name and
+/// what it said. The kubelet retries it, but what failed it (a cgroup that is not there, a
+/// directory the helper refuses) rarely passes by itself.
+fn init_problem(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<PodState> {
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| {
+            let state = c.state.as_ref()?;
+            let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+            let said = |t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
+                format!(
+                    "init container {} exited with code {}: {}",
+                    c.name,
+                    t.exit_code,
+                    t.message.as_deref().unwrap_or("").trim()
+                )
+            };
+            let message = match (&state.terminated, &state.waiting) {
+                (Some(t), _) if t.exit_code != 0 => said(t),
+                (_, Some(w)) => match w.reason.as_deref().unwrap_or("") {
+                    "" | "PodInitializing" | "ContainerCreating" => return None,
+                    _ => match last {
+                        Some(t) if t.exit_code != 0 => said(t),
+                        _ => format!(
+                            "init container {}: {}: {}",
+                            c.name,
+                            w.reason.as_deref().unwrap_or(""),
+                            w.message.as_deref().unwrap_or("")
+                        ),
+                    },
+                },
+                _ => return None,
+            };
+            Some(PodState::Problem {
+                reason: INIT_FAILED.into(),
+                message,
+            })
+        })
+}
+
+/// Reason of a pod problem: an init container failed or cannot be created.
+pub const INIT_FAILED: &str = "InitContainerFailed";
+
 /// The pod problems that stall a start once they outlast the operator's stall grace: the
 /// image cannot be pulled (or must not be), the container's configuration names something
 /// that is not there, or no node can take the pod. Each may still pass by itself (the kubelet
 /// and the scheduler keep trying), but rarely within the minutes a harness would otherwise
 /// wait, so a waiting client is told soon instead; `Stalled` clears if the pod runs after all.
-pub const STALL_REASONS: [&str; 6] = [
+pub const STALL_REASONS: [&str; 7] = [
+    INIT_FAILED,
     "ErrImagePull",
     "ImagePullBackOff",
     "InvalidImageName",
@@ -232,6 +284,55 @@ mod tests {
                 Timestamp::from_second(1).unwrap(),
             ));
         assert!(!may_answer_exec(&gone), "terminating");
+    }
+
+    #[test]
+    fn a_failed_init_container_is_a_problem_that_stalls() {
+        let with_init = |init: serde_json::Value| {
+            pod(serde_json::json!({"phase": "Pending",
+                "initContainerStatuses": [init],
+                "containerStatuses": [{
+                    "name": "sandbox", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                    "state": {"waiting": {"reason": "PodInitializing"}}}]}))
+        };
+        let init = |state: serde_json::Value, last: serde_json::Value| {
+            serde_json::json!({"name": "limit-processes", "ready": false, "restartCount": 1,
+                "image": "h", "imageID": "", "state": state, "lastState": last})
+        };
+        let looping = with_init(init(
+            serde_json::json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}),
+            serde_json::json!({"terminated": {"exitCode": 1, "message": "agentbox-helper: no process"}}),
+        ));
+        match observe_pod(&looping) {
+            PodState::Problem { reason, message } => {
+                assert_eq!(reason, INIT_FAILED);
+                assert!(stalls(&reason));
+                assert!(
+                    message.contains(
+                        "limit-processes exited with code 1: agentbox-helper: no process"
+                    ),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let config = with_init(init(
+            serde_json::json!({"waiting": {"reason": "CreateContainerConfigError", "message": "subPath"}}),
+            serde_json::json!({}),
+        ));
+        assert!(
+            matches!(observe_pod(&config), PodState::Problem { message, .. } if message.contains("subPath"))
+        );
+        let running = with_init(init(
+            serde_json::json!({"running": {}}),
+            serde_json::json!({}),
+        ));
+        assert_eq!(observe_pod(&running), PodState::Starting);
+        let done = with_init(init(
+            serde_json::json!({"terminated": {"exitCode": 0}}),
+            serde_json::json!({}),
+        ));
+        assert_eq!(observe_pod(&done), PodState::Starting);
     }
 
     #[test]

@@ -277,7 +277,13 @@ impl TestEnv {
             .then_some(["--namespace", self.ns.as_str()])
             .into_iter()
             .flatten();
-        let child = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
+        // AGENTBOX_TEST_OPERATOR_BIN: a copy of this tree's operator, for a run whose shared
+        // build directory another checkout may rebuild meanwhile.
+        let bin = std::env::var("AGENTBOX_TEST_OPERATOR_BIN")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_agentbox-operator").to_string());
+        let child = Command::new(bin)
             .args(watch)
             .args(["--identity", &identity])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])

@@ -503,6 +503,7 @@ mod tests {
                 default_run_as_user: 65532,
             },
             default_runtime_class: None,
+            processes: crate::controller::pids::ProcessLimits::NONE,
         };
         pod::build_warm_pod(pool, &spec, &cfg, "ab12c", 1)
     }

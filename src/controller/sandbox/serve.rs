@@ -19,7 +19,7 @@ use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
 use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
-use crate::controller::{conditions, helper_pod, noderoot, placement, pod};
+use crate::controller::{conditions, helper_pod, noderoot, pids, placement, pod};
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
 use agentbox_api::exec::session::Session;
@@ -118,6 +118,7 @@ pub(super) async fn serve(
         if let Some(wait) = node_root(h, sbx, &node, old, &mut st, now).await? {
             requeue = sooner(requeue, wait);
         }
+        process_limit(h, sbx, pod, &node, old, &mut st, now).await;
         st.node_name = Some(node);
     }
     let serving = serving(h, pod, found.state, now);
@@ -340,6 +341,65 @@ async fn node_root(
         h.writer(sbx).publish(Some(note)).await;
     }
     Ok(None)
+}
+
+/// Sets the [`pids::CONDITION`] and [`pids::NODE_CONDITION`] of a sandbox whose pod on `node`
+/// should have a process limit, from what the pod's init container that sets it reported;
+/// nothing while it has not finished, nor for a sandbox without a limit. A Warning Event goes
+/// out when either turns False.
+async fn process_limit(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    pod: &Pod,
+    node: &str,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+    now: Timestamp,
+) {
+    let podcfg = h.podcfg;
+    // The pod says which limit it was made with (a template's included); a pod without one
+    // is held to the sandbox's own or the operator's default.
+    let limit = pod_limit(pod).or_else(|| pids::effective(&sbx.spec, &podcfg.processes));
+    let Some((own, node_cond)) = pids::conditions(pod, node, limit, podcfg.helper.is_some()) else {
+        return;
+    };
+    let generation = sbx.metadata.generation;
+    for (type_, (ok, reason, message)) in
+        std::iter::once((pids::CONDITION, own)).chain(node_cond.map(|c| (pids::NODE_CONDITION, c)))
+    {
+        let was =
+            conditions::get(&old.conditions, type_).map(|c| (c.status == "True", c.reason.clone()));
+        conditions::set(
+            &mut st.conditions,
+            type_,
+            ok,
+            reason,
+            &message,
+            generation,
+            now,
+        );
+        if !ok && was != Some((false, reason.to_string())) {
+            let note = Note {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: reason.to_string(),
+                action: "LimitProcesses",
+                message,
+            };
+            h.writer(sbx).publish(Some(note)).await;
+        }
+    }
+}
+
+/// The process limit a pod's init container was told to set, if it has one.
+fn pod_limit(pod: &Pod) -> Option<u32> {
+    let c = pod
+        .spec
+        .as_ref()?
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == pids::INIT_CONTAINER)?;
+    c.command.as_ref()?.last()?.parse().ok()
 }
 
 /// Observes how long the start that has just become Ready took, by its branch: from the

@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
     validation = crate::crd::fixed_by_template("command"),
     validation = crate::crd::fixed_by_template("args"),
     validation = crate::crd::fixed_by_template("resources"),
+    validation = crate::crd::fixed_by_template("processLimit"),
     validation = crate::crd::fixed_by_template("runtimeClassName"),
     validation = crate::crd::fixed_by_template("nodeSelector"),
     validation = crate::crd::fixed_by_template("tolerations"),
@@ -58,7 +59,7 @@ pub struct SandboxSpec {
     /// replaces the template's); `snapshot` (a policy other than the default replaces the
     /// template's whole policy); `lifecycle` (`mode` and `shutdownTime` are the sandbox's
     /// own; `idleTimeout`, when set, replaces the template's). Setting `image`,
-    /// `imagePullPolicy`, `command`, `args`, `resources`, `runtimeClassName`, `nodeSelector`,
+    /// `imagePullPolicy`, `command`, `args`, `resources`, `processLimit`, `runtimeClassName`, `nodeSelector`,
     /// `tolerations`, `securityContext`, `ports`, `network` or `workspace.projections` is
     /// refused at admission. The template is read when the sandbox's pod is made, and
     /// `status.template` records which version was used: a later edit of the template does
@@ -129,9 +130,27 @@ pub struct PodShape {
     #[x_kube(validation = crate::crd::unique_by("name", "env names"))]
     pub env: Vec<EnvVar>,
 
-    /// CPU and memory requests and limits of the sandbox container.
+    /// CPU and memory requests and limits of the sandbox container. A process limit is not
+    /// one of them (Kubernetes has no `pids` container resource: `limits.pids` and
+    /// `requests.pids` are refused here); set `processLimit`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(
+        validation = kube::core::Rule::new("!has(self.limits) || !('pids' in self.limits)").message("resources.limits.pids is not a container resource: set processLimit (the most processes and threads the sandbox's pod may have at once)"),
+        validation = kube::core::Rule::new("!has(self.requests) || !('pids' in self.requests)").message("resources.requests.pids is not a container resource: set processLimit (the most processes and threads the sandbox's pod may have at once)"),
+    )]
     pub resources: Option<ResourceRequirements>,
+
+    /// The most processes and threads the sandbox's pod may have at once (its pids cgroup's
+    /// `pids.max`): a fork bomb in the sandbox stops there instead of exhausting its node's
+    /// process ids. Unset: the operator's `--process-limit` (Helm `processLimit`, 1024 by
+    /// default). Set by agentbox's trusted helper as the pod's first init container, before any
+    /// of the sandbox's code runs, and never above the kubelet's `podPidsLimit` for the node;
+    /// the condition `ProcessLimited` says what was set. Under gVisor the limit counts the
+    /// runtime's own threads too. A pod whose limit cannot be set does not start (condition
+    /// `ProcessLimited` False, reason `NotEnforced`, and a Warning Event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16, max = 4194304))]
+    pub process_limit: Option<u32>,
 
     /// RuntimeClass of the sandbox pod, for stronger isolation (for example gVisor or Kata): a
     /// second kernel boundary between the sandbox's code and the node. Unset: the operator's
