@@ -130,6 +130,23 @@ const (
 	FairHolderAnnotation = "agentbox.dev/guard-fair-holder"
 )
 
+// Yield is how long a holder whose hold was contended (it had to wait for it) leaves a free
+// Lease without a claim to others after releasing it: the one that waited meanwhile may not
+// have claimed the queue slot yet, and the releaser, wanting the guard again at once, would
+// take it first.
+const Yield = 100 * time.Millisecond
+
+// released: when each holder of this process last released a Lease after a contended hold.
+var released sync.Map // leaseKey+"\n"+holder -> time.Time
+
+func yieldLeft(key string) time.Duration {
+	at, ok := released.Load(key)
+	if !ok {
+		return 0
+	}
+	return max(0, Yield-time.Since(at.(time.Time)))
+}
+
 // WatchFallback is the longest a waiting contender goes without reading the Lease again while
 // it watches it (a third of the lease duration when that is shorter).
 const WatchFallback = 2 * time.Second
@@ -298,15 +315,16 @@ type Guard struct {
 	labels map[string]string
 	cfg    GuardConfig
 
-	mu       sync.Mutex
-	lease    map[string]any
-	token    int64
-	released bool
-	lostErr  error
-	ctx      context.Context
-	cancel   context.CancelFunc
-	stop     chan struct{}
-	stopped  chan struct{}
+	mu        sync.Mutex
+	contended bool // this acquisition had to wait: on release, yield the next turn (Yield)
+	lease     map[string]any
+	token     int64
+	released  bool
+	lostErr   error
+	ctx       context.Context
+	cancel    context.CancelFunc
+	stop      chan struct{}
+	stopped   chan struct{}
 }
 
 func newGuard(s *Sandboxes, name string, labels map[string]string, cfg GuardConfig) *Guard {
@@ -378,10 +396,15 @@ func (g *Guard) Acquire(ctx context.Context) error {
 		}
 		if st.took != nil {
 			w.claimedAt = time.Time{}
+			g.contended = w.waited
 			g.start(st.took, attempt)
 			return nil
 		}
+		w.waited = true
 		if err == nil && st.again {
+			// Lost a race: contended. Watch from now on, so that the next look costs no
+			// request and the next change is seen at once.
+			w.watchFrom(w.lastRV)
 			continue
 		}
 		var pause time.Duration
@@ -390,6 +413,10 @@ func (g *Guard) Acquire(ctx context.Context) error {
 		} else {
 			w.watchFrom(st.rv)
 			pause = min(WatchFallback, g.cfg.RenewEvery())
+			if !w.yieldUntil.IsZero() {
+				pause = min(pause, max(0, time.Until(w.yieldUntil)))
+				w.yieldUntil = time.Time{}
+			}
 			if !w.claimedAt.IsZero() {
 				pause = min(pause, max(0, time.Until(w.claimedAt.Add(refreshEvery(g.cfg, st.duration)))))
 			}
@@ -438,7 +465,9 @@ type waiter struct {
 	g                    *Guard
 	holderKey, slotKey   string
 	holderSeen, slotSeen time.Time
-	lastHolder           string
+	lastHolder, lastRV   string
+	waited               bool      // this acquisition had to wait (the guard is contended)
+	yieldUntil           time.Time // until when it yields a free Lease to others (Yield)
 	claimedAt            time.Time // when it last wrote its claim on the slot; zero: none
 	wake                 chan struct{}
 	stopWatch            context.CancelFunc
@@ -491,6 +520,7 @@ func (w *waiter) step(ctx context.Context, mayQueue bool) (stepResult, error) {
 	}
 	meta := mapAt(cur, "metadata")
 	rv := str(meta["resourceVersion"])
+	w.lastRV = rv
 	spec, _ := cur["spec"].(map[string]any)
 	ann := annotationsOf(cur)
 	holder := str(spec["holderIdentity"])
@@ -527,6 +557,14 @@ func (w *waiter) step(ctx context.Context, mayQueue bool) (stepResult, error) {
 		}
 		w.claimedAt = at
 		return stepResult{rv: str(mapAt(obj, "metadata")["resourceVersion"]), duration: duration}, nil
+	}
+	if ann[NextAnnotation] != me {
+		if grace := yieldLeft(g.releaseKey()); grace > 0 {
+			// Just released after a contended hold: give whoever waited for it the time to
+			// claim the slot or take it.
+			w.yieldUntil = time.Now().Add(grace)
+			return wait, nil
+		}
 	}
 	cur["spec"] = TakenSpec(spec, g.cfg, now)
 	meta["annotations"] = toAny(TakenAnnotations(ann, me))
@@ -629,6 +667,10 @@ func (w *waiter) close() {
 			return
 		}
 	}
+}
+
+func (g *Guard) releaseKey() string {
+	return g.sbs.Namespace + "/" + g.name + "\n" + g.cfg.Holder
 }
 
 func (g *Guard) start(lease map[string]any, sent time.Time) {
@@ -749,6 +791,9 @@ func (g *Guard) Release(ctx context.Context) error {
 		body := copyMap(lease)
 		body["spec"] = ReleasedSpec(mapAt(lease, "spec"))
 		_, err := g.sbs.update(ctx, leasesGVR, body)
+		if err == nil && g.contended {
+			released.Store(g.releaseKey(), time.Now())
+		}
 		switch {
 		case errors.Is(err, ErrNotFound):
 			return &GuardError{Kind: ErrGuardLost, Lease: g.name}

@@ -362,8 +362,9 @@ func TestGuardAnnotationNames(t *testing.T) {
 	if n["next"] != NextAnnotation || n["next_renew"] != NextRenewAnnotation || n["fair_holder"] != FairHolderAnnotation {
 		t.Fatalf("names %v", n)
 	}
-	if WatchFallback.Milliseconds() != num(vec("guard", "defaults").(map[string]any)["watch_fallback_ms"]) {
-		t.Fatalf("watch fallback %v", WatchFallback)
+	d := vec("guard", "defaults").(map[string]any)
+	if WatchFallback.Milliseconds() != num(d["watch_fallback_ms"]) || Yield.Milliseconds() != num(d["yield_ms"]) {
+		t.Fatalf("watch fallback %v, yield %v", WatchFallback, Yield)
 	}
 }
 

@@ -318,10 +318,9 @@ struct Turn {
 /// the guard, read a counter from a ConfigMap, write it back incremented with an unconditioned
 /// update, release, and want the guard again at once). Before the queue slot, the releaser
 /// took it again ahead of the waiter's next poll: 1-3 hand-overs in 40 turns.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_harnesses_back_to_back_take_turns() {
     let env = common::TestEnv::new("guard-fair").await;
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
     let counter = ConfigMap {
         metadata: kube::api::ObjectMeta {
@@ -336,7 +335,10 @@ async fn two_harnesses_back_to_back_take_turns() {
         .expect("counter");
     let mut tasks = Vec::new();
     for who in ["a", "b"] {
-        let (leases, maps) = (leases.clone(), maps.clone());
+        // Two harnesses: two clients (connections) of their own, as two processes would have.
+        let client = kube::Client::try_default().await.expect("client");
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &env.ns);
+        let maps: Api<ConfigMap> = Api::namespaced(client, &env.ns);
         tasks.push(tokio::spawn(async move {
             // The defaults a harness gets (a 15 s lease, 200 ms polls before the hand-off).
             let cfg = GuardConfig {

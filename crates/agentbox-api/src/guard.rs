@@ -30,8 +30,9 @@
 //! that expects it ([`FAIR_HOLDER_ANNOTATION`] names it), since the write changes the
 //! `resourceVersion` its renewal is conditioned on: a holder that expects it re-reads on a 409
 //! and renews again if the Lease is still its own; one that does not would take the 409 as a
-//! loss. A client unaware of the slot still excludes everyone by the conditioned writes; it only
-//! ignores the queue.
+//! loss. A holder whose acquisition had to wait leaves a free Lease to others for [`YIELD`]
+//! after releasing it (the waiter's claim may not have landed yet). A client unaware of the slot
+//! still excludes everyone by the conditioned writes; it only ignores the queue.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -472,6 +473,37 @@ pub async fn acquire_scope(
     acquire(&leases, &name, labels::scope_labels(scope), cfg, wait).await
 }
 
+/// How long a holder whose hold was contended (it had to wait for it) leaves a free Lease
+/// without a claim to others after releasing it: the one that waited meanwhile may not have
+/// claimed the queue slot yet (its claim races the holder's turn), and without this the
+/// releaser, wanting the guard again at once, would take it first.
+pub const YIELD: Duration = Duration::from_millis(100);
+
+/// When each holder of this process last released a Lease after a contended hold.
+static RELEASED: std::sync::LazyLock<Mutex<std::collections::HashMap<String, Instant>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn release_key(leases: &Api<Lease>, name: &str, holder: &str) -> String {
+    format!("{}/{name}\n{holder}", leases.resource_url())
+}
+
+fn record_release(leases: &Api<Lease>, name: &str, holder: &str) {
+    if let Ok(mut r) = RELEASED.lock() {
+        r.retain(|_, at| at.elapsed() < YIELD);
+        r.insert(release_key(leases, name, holder), Instant::now());
+    }
+}
+
+/// How much longer `holder` yields the free Lease `name` after its last contended release.
+fn yield_left(leases: &Api<Lease>, name: &str, holder: &str) -> Duration {
+    let at = RELEASED
+        .lock()
+        .ok()
+        .and_then(|r| r.get(&release_key(leases, name, holder)).copied());
+    at.map(|at| YIELD.saturating_sub(at.elapsed()))
+        .unwrap_or_default()
+}
+
 /// How long a waiting contender goes at most without reading the Lease again while it
 /// watches it (a third of the lease duration when that is shorter): the fallback for a watch
 /// that missed an event, and the pace at which expiry and stale claims are noticed.
@@ -500,6 +532,8 @@ pub async fn acquire(
         holder_seen: None,
         slot_seen: None,
         last_rv: String::new(),
+        waited: false,
+        yield_until: None,
         last_holder: String::new(),
         claimed_at: None,
         watch: None,
@@ -510,17 +544,24 @@ pub async fn acquire(
         let pause = match w.step(&labels, cfg, may_queue).await {
             Ok(Step::Took(lease)) => {
                 w.claimed_at = None;
-                return Ok(Guard::start(leases.clone(), name, *lease, cfg, attempt));
+                let mut g = Guard::start(leases.clone(), name, *lease, cfg, attempt);
+                g.contended = w.waited;
+                return Ok(g);
             }
             Ok(Step::Again) => {
+                w.waited = true;
                 // Lost a race: contended. Watch from now on, so that the next look costs no
                 // request and the next change is seen at once.
                 w.watch_from(&w.last_rv.clone(), cfg.retry_interval);
                 continue;
             }
             Ok(Step::Wait { rv, lease_duration }) => {
+                w.waited = true;
                 w.watch_from(&rv, cfg.retry_interval);
                 let mut pause = WATCH_FALLBACK.min(cfg.renew_every());
+                if let Some(y) = w.yield_until.take() {
+                    pause = pause.min(y.saturating_duration_since(Instant::now()));
+                }
                 if let Some(at) = w.claimed_at {
                     // Refresh the claim every third of the shorter of the two durations, so
                     // that it stays fresh by the Lease's duration whoever wrote it.
@@ -591,6 +632,10 @@ struct Waiter {
     slot_seen: Option<(String, Instant)>,
     /// The resourceVersion last read ("" before any).
     last_rv: String,
+    /// Whether this acquisition had to wait (the guard is contended).
+    waited: bool,
+    /// Until when this contender yields a free Lease to others (see [`YIELD`]).
+    yield_until: Option<Instant>,
     last_holder: String,
     /// When this contender last wrote its claim on the queue slot (`None`: it holds none).
     claimed_at: Option<Instant>,
@@ -720,6 +765,17 @@ impl Waiter {
                 }
             }
             Verdict::Take => {
+                let grace = if own_slot {
+                    Duration::ZERO
+                } else {
+                    yield_left(&self.leases, &self.name, &self.me)
+                };
+                if !grace.is_zero() {
+                    // Just released after a contended hold: give whoever waited for it the
+                    // time to claim the slot or take it (module docs, "yield").
+                    self.yield_until = Some(Instant::now() + grace);
+                    return Ok(wait);
+                }
                 lease.spec = Some(taken_spec(spec.as_ref(), cfg, now));
                 lease.metadata.annotations = Some(taken_annotations(ann.as_ref(), &self.me));
                 // Keep the scope labels current on an existing lease too.
@@ -943,6 +999,8 @@ pub struct Guard {
     holder: String,
     token: i64,
     acquired_at: Option<Timestamp>,
+    /// This acquisition had to wait: on release, yield the next turn (see [`YIELD`]).
+    contended: bool,
     lease: Arc<Mutex<Lease>>,
     lost: CancellationToken,
     stop: CancellationToken,
@@ -990,6 +1048,7 @@ impl Guard {
             holder: cfg.holder.clone(),
             token,
             acquired_at,
+            contended: false,
             lease: shared,
             lost,
             stop,
@@ -1063,14 +1122,18 @@ impl Guard {
         }
         // Released or failed, the guard is no longer ours to use.
         self.lost.cancel();
-        release_lease(
+        let res = release_lease(
             &self.leases,
             &self.name,
             &self.lease,
             &self.holder,
             self.token,
         )
-        .await
+        .await;
+        if self.contended && res.is_ok() {
+            record_release(&self.leases, &self.name, &self.holder);
+        }
+        res
     }
 }
 

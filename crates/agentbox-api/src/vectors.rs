@@ -768,6 +768,7 @@ fn guard_vectors() -> Value {
             "retry_interval_ms": d.retry_interval.as_millis() as u64,
             "clock_skew_ms": d.clock_skew.as_millis() as u64,
             "watch_fallback_ms": guard::WATCH_FALLBACK.as_millis() as u64,
+            "yield_ms": guard::YIELD.as_millis() as u64,
         },
         "annotation_names": {
             "next": guard::NEXT_ANNOTATION,

@@ -66,6 +66,20 @@ FAIR_HOLDER_ANNOTATION = "agentbox.dev/guard-fair-holder"
 #: The longest a waiting contender goes without reading the Lease again while it watches it
 #: (a third of the lease duration when that is shorter).
 WATCH_FALLBACK = 2.0
+#: How long a holder whose hold was contended (it had to wait for it) leaves a free Lease
+#: without a claim to others after releasing it: the one that waited meanwhile may not have
+#: claimed the queue slot yet, and the releaser, wanting the guard again at once, would take it
+#: first.
+YIELD = 0.1
+
+#: When each holder of this process last released a Lease after a contended hold (monotonic).
+_RELEASED: dict[tuple[str, str], float] = {}
+
+
+def _yield_left(path: str, holder: str) -> float:
+    at = _RELEASED.get((path, holder))
+    return 0.0 if at is None else max(0.0, YIELD - (asyncio.get_running_loop().time() - at))
+
 
 _I32_MAX = 2**31 - 1
 
@@ -319,6 +333,12 @@ class _Waiter:
         self.holder_seen: tuple[str, float] | None = None
         self.slot_seen: tuple[str, float] | None = None
         self.last_holder = ""
+        #: The resourceVersion last read ("" before any).
+        self.last_rv = ""
+        #: Whether this acquisition had to wait (the guard is contended).
+        self.waited = False
+        #: Until when this contender yields a free Lease to others (see YIELD).
+        self.yield_until: float | None = None
         #: When this contender last wrote its claim on the slot (None: it holds none).
         self.claimed_at: float | None = None
         self.wake = asyncio.Event()
@@ -359,6 +379,7 @@ class _Waiter:
                 return "again"
         meta = current.setdefault("metadata", {})
         rv = str(meta.get("resourceVersion") or "")
+        self.last_rv = rv
         spec = current.get("spec")
         ann: dict[str, str] = dict(meta.get("annotations") or {})
         holder = str((spec or {}).get("holderIdentity") or "")
@@ -401,6 +422,12 @@ class _Waiter:
                 return "again"
             self.claimed_at = t
             return str((new.get("metadata") or {}).get("resourceVersion") or ""), duration
+        grace = 0.0 if ann.get(NEXT_ANNOTATION) == self.me else _yield_left(self.path, self.me)
+        if grace > 0:
+            # Just released after a contended hold: give whoever waited for it the time to
+            # claim the slot or take it.
+            self.yield_until = t + grace
+            return rv, duration
         current["spec"] = taken_spec(spec, self.cfg, now)
         meta["annotations"] = taken_annotations(ann, self.me)
         if labels:
@@ -502,6 +529,7 @@ class Guard:
         self._released = False
         self._task: asyncio.Task[Any] | None = None
         self._cancelled = False
+        self._contended = False
         #: Name of the Lease.
         self.lease_name = lease_name
         #: This holder's identity.
@@ -564,15 +592,23 @@ class Guard:
                     step = None
                 if isinstance(step, dict):
                     w.claimed_at = None
+                    self._contended = w.waited
                     self._start(step, attempt)
                     return self
+                w.waited = True
                 if step == "again":
+                    # Lost a race: contended. Watch from now on, so that the next look costs
+                    # no request and the next change is seen at once.
+                    w.watch_from(w.last_rv)
                     continue
                 if step is None:
                     pause = self._cfg.retry_interval * (0.5 + random.random())
                 else:
                     w.watch_from(step[0])
                     pause = min(WATCH_FALLBACK, self._cfg.renew_every)
+                    if w.yield_until is not None:
+                        pause = min(pause, max(0.0, w.yield_until - loop.time()))
+                        w.yield_until = None
                     if w.claimed_at is not None:
                         due = w.claimed_at + _refresh_every(self._cfg, step[1])
                         pause = min(pause, max(0.0, due - loop.time()))
@@ -688,6 +724,8 @@ class Guard:
             body = {**lease, "spec": released_spec(lease.get("spec") or {})}
             try:
                 await self._api.call("PUT", self._path, body=body)
+                if self._contended:
+                    _RELEASED[(self._path, self.holder)] = asyncio.get_running_loop().time()
                 return
             except NotFoundError:
                 raise GuardLostError(self.lease_name) from None

@@ -323,6 +323,7 @@ def test_guard_annotation_names() -> None:
         names["fair_holder"],
     ) == (guard.NEXT_ANNOTATION, guard.NEXT_RENEW_ANNOTATION, guard.FAIR_HOLDER_ANNOTATION)
     assert VECTORS["guard"]["defaults"]["watch_fallback_ms"] == guard.WATCH_FALLBACK * 1000
+    assert VECTORS["guard"]["defaults"]["yield_ms"] == round(guard.YIELD * 1000)
 
 
 @pytest.mark.parametrize("case", VECTORS["guard"]["annotations"], ids=lambda c: c["op"])

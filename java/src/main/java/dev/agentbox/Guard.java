@@ -80,6 +80,25 @@ public final class Guard implements AutoCloseable {
    * third of the lease duration when that is shorter).
    */
   public static final long WATCH_FALLBACK_MS = 2_000;
+  /**
+   * How long a holder whose hold was contended (it had to wait for it) leaves a free Lease without
+   * a claim to others after releasing it: the one that waited meanwhile may not have claimed the
+   * queue slot yet, and the releaser, wanting the guard again at once, would take it first.
+   */
+  public static final long YIELD_MS = 100;
+
+  /** When each holder of this process last released a Lease after a contended hold (nanos). */
+  private static final java.util.concurrent.ConcurrentHashMap<String, Long> RELEASED =
+      new java.util.concurrent.ConcurrentHashMap<>();
+
+  private String releaseKey() {
+    return namespace + "/" + leaseName + "\n" + cfg.holder();
+  }
+
+  private long yieldLeftMs() {
+    Long at = RELEASED.get(releaseKey());
+    return at == null ? 0 : Math.max(0, YIELD_MS - (System.nanoTime() - at) / 1_000_000);
+  }
 
   // ---- the pure rules (vectors: guard.judge, guard.taken_spec, guard.timings) ----
 
@@ -259,6 +278,8 @@ public final class Guard implements AutoCloseable {
   private ScheduledExecutorService renewer;
   private boolean released;
   private boolean stopping;
+  /** This acquisition had to wait: on release, yield the next turn (see YIELD_MS). */
+  private volatile boolean contended;
   private int fencingToken;
   private Instant acquiredAt;
 
@@ -350,10 +371,15 @@ public final class Guard implements AutoCloseable {
         }
         if (step != null && step.took() != null) {
           w.claimedAt = null;
+          contended = w.waited;
           start(step.took(), attempt);
           return this;
         }
+        w.waited = true;
         if (step != null && step.again()) {
+          // Lost a race: contended. Watch from now on, so that the next look costs no request
+          // and the next change is seen at once.
+          w.watchFrom(w.lastRv);
           continue;
         }
         long pause;
@@ -361,6 +387,10 @@ public final class Guard implements AutoCloseable {
           pause = (long) (cfg.retryIntervalMs() * (0.5 + ThreadLocalRandom.current().nextDouble()));
         } else {
           pause = Math.min(WATCH_FALLBACK_MS, cfg.renewEveryMs());
+          if (w.yieldUntil != null) {
+            pause = Math.min(pause, Math.max(0, (w.yieldUntil - System.nanoTime()) / 1_000_000));
+            w.yieldUntil = null;
+          }
           if (w.claimedAt != null) {
             long due = w.claimedAt + refreshEveryMs(cfg, step.durationMs()) * 1_000_000;
             pause = Math.min(pause, Math.max(0, (due - System.nanoTime()) / 1_000_000));
@@ -425,6 +455,12 @@ public final class Guard implements AutoCloseable {
     private String slotKey;
     private long slotSince;
     String lastHolder = "";
+    /** The resourceVersion last read ("" before any). */
+    String lastRv = "";
+    /** Whether this acquisition had to wait (the guard is contended). */
+    boolean waited;
+    /** Until when (nanos) this contender yields a free Lease to others (see YIELD_MS). */
+    Long yieldUntil;
     /** When this contender last wrote its claim on the slot (nanos); null: it holds none. */
     Long claimedAt;
     final java.util.concurrent.LinkedBlockingQueue<Object> wake = new java.util.concurrent.LinkedBlockingQueue<>();
@@ -473,6 +509,7 @@ public final class Guard implements AutoCloseable {
         }
       }
       String rv = current.getMetadata().getResourceVersion();
+      lastRv = rv;
       Map<String, Object> spec = Kube.cast(current.getAdditionalProperties().get("spec"));
       Map<String, String> ann = annotationsOf(current);
       String holder = Kube.str(spec, "holderIdentity");
@@ -507,6 +544,13 @@ public final class Guard implements AutoCloseable {
         } catch (ConflictException e) {
           return new Step(null, true, null, 0);
         }
+      }
+      long grace = me.equals(ann.get(NEXT_ANNOTATION)) ? 0 : yieldLeftMs();
+      if (grace > 0) {
+        // Just released after a contended hold: give whoever waited for it the time to claim the
+        // slot or take it.
+        yieldUntil = System.nanoTime() + grace * 1_000_000;
+        return wait;
       }
       current.setAdditionalProperty("spec", takenSpec(spec, cfg, now));
       current.getMetadata().setAnnotations(takenAnnotations(ann, me));
@@ -787,6 +831,9 @@ public final class Guard implements AutoCloseable {
       body.setAdditionalProperty("spec", releasedSpec(Kube.obj(last.getAdditionalProperties(), "spec")));
       try {
         kube.update(Kube.LEASES, namespace, body);
+        if (contended) {
+          RELEASED.put(releaseKey(), System.nanoTime());
+        }
         return;
       } catch (NotFoundException e) {
         throw new GuardLostException(leaseName);

@@ -458,6 +458,7 @@ class VectorsTest {
     assertEquals(s(n, "next_renew"), Guard.NEXT_RENEW_ANNOTATION);
     assertEquals(s(n, "fair_holder"), Guard.FAIR_HOLDER_ANNOTATION);
     assertEquals(i(m(m(V, "guard"), "defaults"), "watch_fallback_ms"), Guard.WATCH_FALLBACK_MS);
+    assertEquals(i(m(m(V, "guard"), "defaults"), "yield_ms"), Guard.YIELD_MS);
   }
 
   @TestFactory
