@@ -402,9 +402,11 @@ func (g *Guard) Acquire(ctx context.Context) error {
 		}
 		w.waited = true
 		if err == nil && st.again {
-			// Lost a race: contended. Watch from now on, so that the next look costs no
-			// request and the next change is seen at once.
-			w.watchFrom(w.lastRV)
+			// Lost a race: read the Lease itself at once. What the watch delivered so far
+			// may be what the 409 was about (the watch trails the API server).
+			w.latestMu.Lock()
+			w.latest = nil
+			w.latestMu.Unlock()
 			continue
 		}
 		var pause time.Duration
@@ -465,7 +467,7 @@ type waiter struct {
 	g                    *Guard
 	holderKey, slotKey   string
 	holderSeen, slotSeen time.Time
-	lastHolder, lastRV   string
+	lastHolder           string
 	waited               bool      // this acquisition had to wait (the guard is contended)
 	yieldUntil           time.Time // until when it yields a free Lease to others (Yield)
 	claimedAt            time.Time // when it last wrote its claim on the slot; zero: none
@@ -520,7 +522,6 @@ func (w *waiter) step(ctx context.Context, mayQueue bool) (stepResult, error) {
 	}
 	meta := mapAt(cur, "metadata")
 	rv := str(meta["resourceVersion"])
-	w.lastRV = rv
 	spec, _ := cur["spec"].(map[string]any)
 	ann := annotationsOf(cur)
 	holder := str(spec["holderIdentity"])
@@ -558,7 +559,9 @@ func (w *waiter) step(ctx context.Context, mayQueue bool) (stepResult, error) {
 		w.claimedAt = at
 		return stepResult{rv: str(mapAt(obj, "metadata")["resourceVersion"]), duration: duration}, nil
 	}
-	if ann[NextAnnotation] != me {
+	// Only the last holder yields (the Lease still names it): two harnesses that both released
+	// recently must not both stand back.
+	if ann[NextAnnotation] != me && ann[FairHolderAnnotation] == me {
 		if grace := yieldLeft(g.releaseKey()); grace > 0 {
 			// Just released after a contended hold: give whoever waited for it the time to
 			// claim the slot or take it.

@@ -531,7 +531,6 @@ pub async fn acquire(
         me: cfg.holder.clone(),
         holder_seen: None,
         slot_seen: None,
-        last_rv: String::new(),
         waited: false,
         yield_until: None,
         last_holder: String::new(),
@@ -550,9 +549,15 @@ pub async fn acquire(
             }
             Ok(Step::Again) => {
                 w.waited = true;
-                // Lost a race: contended. Watch from now on, so that the next look costs no
-                // request and the next change is seen at once.
-                w.watch_from(&w.last_rv.clone(), cfg.retry_interval);
+                // Lost a race: contended. Watch from now on, so that the next change is seen
+                // at once (without it, a waiter's first claim kept losing to a holder taking
+                // turns of a few milliseconds); but read the Lease itself next: what the watch
+                // delivered so far may be what the 409 was about (the watch trails the API
+                // server, and a waiter that trusted it kept losing to a fast holder).
+                w.watch_from("", cfg.retry_interval);
+                if let Some(rx) = w.watch.as_mut() {
+                    rx.borrow_and_update();
+                }
                 continue;
             }
             Ok(Step::Wait { rv, lease_duration }) => {
@@ -630,8 +635,6 @@ struct Waiter {
     holder_seen: Option<(String, Instant)>,
     /// The queue slot last seen, and since when (monotonic).
     slot_seen: Option<(String, Instant)>,
-    /// The resourceVersion last read ("" before any).
-    last_rv: String,
     /// Whether this acquisition had to wait (the guard is contended).
     waited: bool,
     /// Until when this contender yields a free Lease to others (see [`YIELD`]).
@@ -690,7 +693,6 @@ impl Waiter {
             };
         };
         let rv = lease.metadata.resource_version.clone().unwrap_or_default();
-        self.last_rv.clone_from(&rv);
         let spec = lease.spec.clone();
         let holder = spec
             .as_ref()
@@ -765,7 +767,13 @@ impl Waiter {
                 }
             }
             Verdict::Take => {
-                let grace = if own_slot {
+                // Only the last holder yields (the Lease still names it): two harnesses that
+                // both released recently must not both stand back.
+                let last_holder = ann
+                    .as_ref()
+                    .and_then(|a| a.get(FAIR_HOLDER_ANNOTATION))
+                    .is_some_and(|f| *f == self.me);
+                let grace = if own_slot || !last_holder {
                     Duration::ZERO
                 } else {
                     yield_left(&self.leases, &self.name, &self.me)

@@ -333,8 +333,6 @@ class _Waiter:
         self.holder_seen: tuple[str, float] | None = None
         self.slot_seen: tuple[str, float] | None = None
         self.last_holder = ""
-        #: The resourceVersion last read ("" before any).
-        self.last_rv = ""
         #: Whether this acquisition had to wait (the guard is contended).
         self.waited = False
         #: Until when this contender yields a free Lease to others (see YIELD).
@@ -379,7 +377,6 @@ class _Waiter:
                 return "again"
         meta = current.setdefault("metadata", {})
         rv = str(meta.get("resourceVersion") or "")
-        self.last_rv = rv
         spec = current.get("spec")
         ann: dict[str, str] = dict(meta.get("annotations") or {})
         holder = str((spec or {}).get("holderIdentity") or "")
@@ -422,7 +419,13 @@ class _Waiter:
                 return "again"
             self.claimed_at = t
             return str((new.get("metadata") or {}).get("resourceVersion") or ""), duration
-        grace = 0.0 if ann.get(NEXT_ANNOTATION) == self.me else _yield_left(self.path, self.me)
+        # Only the last holder yields (the Lease still names it): two harnesses that both
+        # released recently must not both stand back.
+        grace = (
+            _yield_left(self.path, self.me)
+            if ann.get(NEXT_ANNOTATION) != self.me and ann.get(FAIR_HOLDER_ANNOTATION) == self.me
+            else 0.0
+        )
         if grace > 0:
             # Just released after a contended hold: give whoever waited for it the time to
             # claim the slot or take it.
@@ -597,9 +600,9 @@ class Guard:
                     return self
                 w.waited = True
                 if step == "again":
-                    # Lost a race: contended. Watch from now on, so that the next look costs
-                    # no request and the next change is seen at once.
-                    w.watch_from(w.last_rv)
+                    # Lost a race: read the Lease itself at once. What the watch delivered so
+                    # far may be what the 409 was about (the watch trails the API server).
+                    w.latest = None
                     continue
                 if step is None:
                     pause = self._cfg.retry_interval * (0.5 + random.random())

@@ -377,9 +377,9 @@ public final class Guard implements AutoCloseable {
         }
         w.waited = true;
         if (step != null && step.again()) {
-          // Lost a race: contended. Watch from now on, so that the next look costs no request
-          // and the next change is seen at once.
-          w.watchFrom(w.lastRv);
+          // Lost a race: read the Lease itself at once. What the watch delivered so far may be
+          // what the 409 was about (the watch trails the API server).
+          w.latest.set(null);
           continue;
         }
         long pause;
@@ -455,8 +455,6 @@ public final class Guard implements AutoCloseable {
     private String slotKey;
     private long slotSince;
     String lastHolder = "";
-    /** The resourceVersion last read ("" before any). */
-    String lastRv = "";
     /** Whether this acquisition had to wait (the guard is contended). */
     boolean waited;
     /** Until when (nanos) this contender yields a free Lease to others (see YIELD_MS). */
@@ -470,7 +468,7 @@ public final class Guard implements AutoCloseable {
      * The Lease as the watch last delivered it, not yet judged: read instead of a GET (a waiter
      * that reacts one request sooner claims the slot before a short turn ends).
      */
-    private final java.util.concurrent.atomic.AtomicReference<GenericKubernetesResource> latest =
+    final java.util.concurrent.atomic.AtomicReference<GenericKubernetesResource> latest =
         new java.util.concurrent.atomic.AtomicReference<>();
     private long watchOpened;
 
@@ -509,7 +507,6 @@ public final class Guard implements AutoCloseable {
         }
       }
       String rv = current.getMetadata().getResourceVersion();
-      lastRv = rv;
       Map<String, Object> spec = Kube.cast(current.getAdditionalProperties().get("spec"));
       Map<String, String> ann = annotationsOf(current);
       String holder = Kube.str(spec, "holderIdentity");
@@ -545,7 +542,10 @@ public final class Guard implements AutoCloseable {
           return new Step(null, true, null, 0);
         }
       }
-      long grace = me.equals(ann.get(NEXT_ANNOTATION)) ? 0 : yieldLeftMs();
+      // Only the last holder yields (the Lease still names it): two harnesses that both released
+      // recently must not both stand back.
+      long grace = me.equals(ann.get(NEXT_ANNOTATION)) || !me.equals(ann.get(FAIR_HOLDER_ANNOTATION))
+          ? 0 : yieldLeftMs();
       if (grace > 0) {
         // Just released after a contended hold: give whoever waited for it the time to claim the
         // slot or take it.
