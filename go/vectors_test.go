@@ -319,16 +319,78 @@ func specOf(v any) map[string]any {
 	return m
 }
 
-func TestGuardExpiryVerdicts(t *testing.T) {
+func stringsOf(v any) map[string]string {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil
+	}
+	out := map[string]string{}
+	for k, x := range m {
+		out[k] = x.(string)
+	}
+	return out
+}
+
+func TestGuardVerdicts(t *testing.T) {
 	for _, c := range cases("guard", "judge") {
 		now, err := ParseTime(c["now"].(string))
 		if err != nil {
 			t.Fatal(err)
 		}
-		ms := func(k string) time.Duration { return time.Duration(num(c[k])) * time.Millisecond }
-		got := Judge(specOf(c["spec"]), now, ms("unchanged_for_ms"), ms("clock_skew_ms"), ms("default_duration_ms"))
+		ms := func(k string) time.Duration {
+			if _, ok := c[k]; !ok {
+				return 0
+			}
+			return time.Duration(num(c[k])) * time.Millisecond
+		}
+		me, _ := c["me"].(string)
+		r := LeaseReading{Spec: specOf(c["spec"]), Annotations: stringsOf(c["annotations"]), Now: now, UnchangedFor: ms("unchanged_for_ms"), SlotUnchangedFor: ms("slot_unchanged_for_ms")}
+		got := JudgeReading(r, me, ms("clock_skew_ms"), ms("default_duration_ms"))
 		if got != c["verdict"] {
 			t.Errorf("%v: got %s", c, got)
+		}
+		if _, queued := c["me"]; !queued {
+			if old := Judge(r.Spec, now, r.UnchangedFor, ms("clock_skew_ms"), ms("default_duration_ms")); old != c["verdict"] {
+				t.Errorf("%v: Judge got %s", c, old)
+			}
+		}
+	}
+}
+
+func TestGuardAnnotationNames(t *testing.T) {
+	n := vec("guard", "annotation_names").(map[string]any)
+	if n["next"] != NextAnnotation || n["next_renew"] != NextRenewAnnotation || n["fair_holder"] != FairHolderAnnotation {
+		t.Fatalf("names %v", n)
+	}
+	d := vec("guard", "defaults").(map[string]any)
+	if WatchFallback.Milliseconds() != num(d["watch_fallback_ms"]) || Yield.Milliseconds() != num(d["yield_ms"]) {
+		t.Fatalf("watch fallback %v, yield %v", WatchFallback, Yield)
+	}
+}
+
+func TestGuardAnnotationWrites(t *testing.T) {
+	for _, c := range cases("guard", "annotations") {
+		before, me := stringsOf(c["before"]), c["me"].(string)
+		now, _ := ParseTime(c["now"].(string))
+		var got map[string]string
+		switch c["op"] {
+		case "take":
+			got = TakenAnnotations(before, me)
+		case "claim":
+			got = ClaimedAnnotations(before, me, now)
+		default:
+			got = WithdrawnAnnotations(before, me)
+		}
+		if want := stringsOf(c["after"]); !reflect.DeepEqual(got, want) {
+			t.Errorf("%v: got %v want %v", c, got, want)
+		}
+	}
+}
+
+func TestGuardReleasedSpec(t *testing.T) {
+	for _, c := range cases("guard", "released_spec") {
+		if got := ReleasedSpec(specOf(c["before"])); !reflect.DeepEqual(got, c["after"]) {
+			t.Errorf("got %v want %v", got, c["after"])
 		}
 	}
 }

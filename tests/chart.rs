@@ -227,7 +227,7 @@ fn harness_rules() -> Vec<(String, String, String)> {
         ("agentbox.dev", "sandboxtemplates", "get,list"),
         ("agentbox.dev", "sandboxpools", "get,list"),
         ("", "pods/exec", "get,create"),
-        ("coordination.k8s.io", "leases", "get,create,update"),
+        ("coordination.k8s.io", "leases", "get,watch,create,update"),
     ]
     .iter()
     .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))

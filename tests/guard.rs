@@ -1,6 +1,6 @@
 //! The execution guard against the real API server: mutual exclusion under contention,
 //! takeover of a vanished holder only after the lease duration, losing on a stale update,
-//! fencing tokens, and failing closed.
+//! fencing tokens, failing closed, and a fair hand-off between harnesses taking turns.
 
 mod barepod;
 mod common;
@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use agentbox_api::exec::{self, ExecRequest, SANDBOX_CONTAINER};
 use agentbox_api::guard::{self, GuardConfig, GuardError};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 
 fn cfg(holder: &str, secs: u64) -> GuardConfig {
     GuardConfig {
@@ -300,6 +301,125 @@ async fn acquire_release_latency_figures() {
         barepod::pct(&mut acq, 95),
         barepod::pct(&mut rel, 50),
         barepod::pct(&mut rel, 95)
+    );
+    env.finish().await;
+}
+
+/// One turn of a harness: who, with which fencing token, how long it waited for the guard and
+/// how long it then held it.
+struct Turn {
+    who: &'static str,
+    /// Its harness's first turn (its wait includes the client's first connections).
+    first: bool,
+    token: i64,
+    waited: Duration,
+    held: Duration,
+}
+
+/// Issue 42, finding 3: two harnesses take one scope's guard back to back, 20 turns each (take
+/// the guard, read a counter from a ConfigMap, write it back incremented with an unconditioned
+/// update, release, and want the guard again at once). Before the queue slot, the releaser
+/// took it again ahead of the waiter's next poll: 1-3 hand-overs in 40 turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_harnesses_back_to_back_take_turns() {
+    let env = common::TestEnv::new("guard-fair").await;
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let counter = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("counter".into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("n".to_string(), "0".to_string())])),
+        ..Default::default()
+    };
+    maps.create(&PostParams::default(), &counter)
+        .await
+        .expect("counter");
+    let mut tasks = Vec::new();
+    for who in ["a", "b"] {
+        // Two harnesses: two clients (connections) of their own, as two processes would have.
+        let client = kube::Client::try_default().await.expect("client");
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &env.ns);
+        let maps: Api<ConfigMap> = Api::namespaced(client, &env.ns);
+        tasks.push(tokio::spawn(async move {
+            // The defaults a harness gets (a 15 s lease, 200 ms polls before the hand-off).
+            let cfg = GuardConfig {
+                holder: format!("harness-{who}"),
+                ..Default::default()
+            };
+            let mut turns = Vec::new();
+            for i in 0..20 {
+                let asked = Instant::now();
+                let g = guard::acquire(
+                    &leases,
+                    "fair",
+                    BTreeMap::new(),
+                    &cfg,
+                    Some(Duration::from_secs(60)),
+                )
+                .await
+                .expect("acquire");
+                let waited = asked.elapsed();
+                let took = Instant::now();
+                let cm = maps.get("counter").await.expect("read the counter");
+                let n: u64 = cm
+                    .data
+                    .and_then(|d| d.get("n").and_then(|n| n.parse().ok()))
+                    .expect("a count");
+                // Unconditioned: only the guard keeps the count exact.
+                let patch = serde_json::json!({"data": {"n": (n + 1).to_string()}});
+                maps.patch("counter", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .expect("write the counter");
+                let token = g.token();
+                g.release().await.expect("release");
+                turns.push(Turn {
+                    who,
+                    first: i == 0,
+                    token,
+                    waited,
+                    held: took.elapsed(),
+                });
+            }
+            turns
+        }));
+    }
+    let mut turns = Vec::new();
+    for t in tasks {
+        turns.extend(t.await.expect("harness"));
+    }
+    turns.sort_by_key(|t| t.token);
+    let hand_overs = turns.windows(2).filter(|w| w[0].who != w[1].who).count();
+    let n = maps
+        .get("counter")
+        .await
+        .expect("counter")
+        .data
+        .and_then(|d| d.get("n").cloned())
+        .unwrap_or_default();
+    let longest = turns.iter().map(|t| t.waited).max().unwrap_or_default();
+    let steady = turns
+        .iter()
+        .filter(|t| !t.first)
+        .map(|t| t.waited)
+        .max()
+        .unwrap_or_default();
+    let mut held: Vec<Duration> = turns.iter().map(|t| t.held).collect();
+    println!(
+        "guard fairness (rust): {hand_overs} hand-overs in {} turns; longest wait {:.1} ms \
+         ({:.1} ms after each harness's first turn); turn p50 {:.1} ms, max {:.1} ms; \
+         counter {n}; order {}",
+        turns.len(),
+        longest.as_secs_f64() * 1000.0,
+        steady.as_secs_f64() * 1000.0,
+        barepod::pct(&mut held, 50),
+        barepod::pct(&mut held, 100),
+        turns.iter().map(|t| t.who).collect::<String>(),
+    );
+    assert_eq!(n, "40", "a lost update");
+    assert!(
+        hand_overs >= 35,
+        "only {hand_overs} hand-overs in 40 turns: the releaser took the guard again ahead of the waiter"
     );
     env.finish().await;
 }

@@ -99,8 +99,8 @@
 - apiGroups: [""]
   resources: ["pods/exec"]
   verbs: ["get", "create"]
-# Leases: the scope's execution guard; acquire (create, or take over an expired one with a conditional update), renew and release (update).
+# Leases: the scope's execution guard; acquire (create, or take over an expired one with a conditional update), queue for it, renew and release (update), and learn of a release by watching the one Lease (without watch, a waiter polls).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "create", "update"]
+  verbs: ["get", "watch", "create", "update"]
 {{- end }}

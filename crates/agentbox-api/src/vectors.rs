@@ -10,6 +10,7 @@
 //! framing; the file scripts and their listing format; the guard's expiry verdicts, taken
 //! Lease spec and timings.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::LeaseSpec;
@@ -20,7 +21,7 @@ use serde_json::{Value, json};
 use crate::crd::{Scope, ScopeKind};
 use crate::exec::{self, ExecError, ExecRequest, ExitStatus, session};
 use crate::files;
-use crate::guard::{self, GuardConfig, Verdict};
+use crate::guard::{self, GuardConfig};
 use crate::labels;
 use crate::paths::{self, PathError};
 
@@ -697,26 +698,30 @@ fn guard_vectors() -> Value {
     ];
     let skew = Duration::from_secs(2);
     let default = Duration::from_secs(15);
-    let judge: Vec<Value> = judge_cases
+    // Cases without `me`: the verdict of a contender outside the queue (the rule before the
+    // queue slot, still what a client unaware of it does).
+    let mut judge: Vec<Value> = judge_cases
         .iter()
         .map(|(spec, now, unchanged)| {
-            let v = guard::judge(
-                spec.as_ref(),
-                ts(now),
-                Duration::from_millis(*unchanged),
-                skew,
-                default,
-            );
+            let r = guard::Reading {
+                spec: spec.as_ref(),
+                annotations: None,
+                now: ts(now),
+                unchanged_for: Duration::from_millis(*unchanged),
+                slot_unchanged_for: Duration::ZERO,
+            };
+            let v = guard::judge(&r, None, skew, default);
             json!({
                 "spec": spec,
                 "now": now,
                 "unchanged_for_ms": unchanged,
                 "clock_skew_ms": skew.as_millis() as u64,
                 "default_duration_ms": default.as_millis() as u64,
-                "verdict": match v { Verdict::Take => "Take", Verdict::Wait => "Wait" },
+                "verdict": v.as_str(),
             })
         })
         .collect();
+    judge.extend(queue_judge_cases(skew, default));
     let taken: Vec<Value> = [
         (None, 15_000u64),
         (
@@ -764,11 +769,179 @@ fn guard_vectors() -> Value {
             "lease_duration_ms": d.lease_duration.as_millis() as u64,
             "retry_interval_ms": d.retry_interval.as_millis() as u64,
             "clock_skew_ms": d.clock_skew.as_millis() as u64,
+            "watch_fallback_ms": guard::WATCH_FALLBACK.as_millis() as u64,
+            "yield_ms": guard::YIELD.as_millis() as u64,
+        },
+        "annotation_names": {
+            "next": guard::NEXT_ANNOTATION,
+            "next_renew": guard::NEXT_RENEW_ANNOTATION,
+            "fair_holder": guard::FAIR_HOLDER_ANNOTATION,
         },
         "judge": judge,
         "taken_spec": taken,
+        "annotations": annotation_writes(),
+        "released_spec": released_specs(),
         "timings": timings,
     })
+}
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// `guard.judge` cases of a contender in the queue (`me` set): the queue slot on free, held
+/// and expired Leases, behind holders that expect it and holders that do not.
+fn queue_judge_cases(skew: Duration, default: Duration) -> Vec<Value> {
+    use guard::NEXT_RENEW_ANNOTATION as RENEW;
+    use guard::{FAIR_HOLDER_ANNOTATION as FAIR, NEXT_ANNOTATION as NEXT};
+    let t0 = "2027-01-15T08:00:00.000000Z";
+    let later = "2027-01-15T08:16:40.000000Z";
+    let free = Some(lease_spec(None, Some(10), None, Some(4)));
+    let held = Some(lease_spec(Some("other"), Some(10), Some(t0), Some(4)));
+    let slot = |who: &str, at: &str| vec![(NEXT, who.to_string()), (RENEW, at.to_string())];
+    let fair = |mut v: Vec<(&'static str, String)>| {
+        v.push((FAIR, "other".to_string()));
+        v
+    };
+    // (spec, annotations, me, now, unchanged_for_ms, slot_unchanged_for_ms)
+    type Case = (
+        Option<LeaseSpec>,
+        Vec<(&'static str, String)>,
+        Option<&'static str>,
+        &'static str,
+        u64,
+        u64,
+    );
+    let s1 = "2027-01-15T08:00:01.000000Z";
+    let s11 = "2027-01-15T08:00:11.999999Z";
+    let s12 = "2027-01-15T08:00:12.000000Z";
+    let cases: Vec<Case> = vec![
+        // A free Lease: the fresh claim's owner takes it, everyone else waits for it...
+        (free.clone(), vec![], Some("me"), s1, 0, 0),
+        (free.clone(), slot("a", t0), Some("me"), s1, 0, 0),
+        (free.clone(), slot("me", t0), Some("me"), s1, 0, 0),
+        (free.clone(), slot("a", t0), Some("me"), s11, 0, 0),
+        // ...until the claim is stale by the clocks, or unchanged for a full duration,
+        (free.clone(), slot("a", t0), Some("me"), s12, 0, 0),
+        (free.clone(), slot("a", later), Some("me"), s1, 0, 9_999),
+        (free.clone(), slot("a", later), Some("me"), s1, 0, 10_000),
+        // or when it has no readable time.
+        (free.clone(), slot("a", "soon"), Some("me"), s1, 0, 0),
+        (
+            free.clone(),
+            vec![(NEXT, "a".to_string())],
+            Some("me"),
+            s1,
+            0,
+            0,
+        ),
+        (free.clone(), slot("", t0), Some("me"), s1, 0, 0),
+        // A contender outside the queue ignores the slot.
+        (free.clone(), slot("a", t0), None, s1, 0, 0),
+        // Held by a holder that expects the queue: claim an empty, stale or own slot.
+        (held.clone(), fair(vec![]), Some("me"), s1, 0, 0),
+        (held.clone(), fair(slot("me", t0)), Some("me"), s1, 0, 0),
+        (held.clone(), fair(slot("a", t0)), Some("me"), s1, 0, 0),
+        (held.clone(), fair(slot("a", t0)), Some("me"), s11, 0, 0),
+        (held.clone(), fair(slot("a", t0)), Some("me"), s1, 0, 10_000),
+        // Held by a holder that does not expect it: wait, never write.
+        (held.clone(), vec![], Some("me"), s1, 0, 0),
+        (
+            held.clone(),
+            vec![(FAIR, "earlier".to_string())],
+            Some("me"),
+            s1,
+            0,
+            0,
+        ),
+        // Held by a holder whose time is up: free, and the queue decides.
+        (held.clone(), fair(slot("a", t0)), Some("me"), s12, 0, 0),
+        (held.clone(), fair(vec![]), Some("me"), s12, 0, 0),
+        (
+            held.clone(),
+            fair(slot("me", later)),
+            Some("me"),
+            s1,
+            10_000,
+            0,
+        ),
+        (
+            held.clone(),
+            fair(slot("a", later)),
+            Some("me"),
+            s1,
+            10_000,
+            0,
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(spec, ann, me, now, unchanged, slot_unchanged)| {
+            let ann: BTreeMap<String, String> =
+                ann.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            let r = guard::Reading {
+                spec: spec.as_ref(),
+                annotations: Some(&ann),
+                now: ts(now),
+                unchanged_for: Duration::from_millis(unchanged),
+                slot_unchanged_for: Duration::from_millis(slot_unchanged),
+            };
+            let v = guard::judge(&r, me, skew, default);
+            json!({
+                "spec": spec,
+                "annotations": ann,
+                "me": me,
+                "now": now,
+                "unchanged_for_ms": unchanged,
+                "slot_unchanged_for_ms": slot_unchanged,
+                "clock_skew_ms": skew.as_millis() as u64,
+                "default_duration_ms": default.as_millis() as u64,
+                "verdict": v.as_str(),
+            })
+        })
+        .collect()
+}
+
+/// `guard.annotations`: what taking, claiming the queue slot and withdrawing from it write
+/// (`after` null: nothing to write).
+fn annotation_writes() -> Vec<Value> {
+    use guard::NEXT_RENEW_ANNOTATION as RENEW;
+    use guard::{FAIR_HOLDER_ANNOTATION as FAIR, NEXT_ANNOTATION as NEXT};
+    let now = "2027-01-15T08:00:30.123456Z";
+    let queued = annotations(&[
+        ("example.com/other", "kept"),
+        (FAIR, "old"),
+        (NEXT, "me/1/0000abcd"),
+        (RENEW, "2027-01-15T08:00:20.000000Z"),
+    ]);
+    let other = annotations(&[(NEXT, "a"), (RENEW, "2027-01-15T08:00:20.000000Z")]);
+    let me = "me/1/0000abcd";
+    let mut out = Vec::new();
+    for before in [None, Some(queued.clone()), Some(other.clone())] {
+        let b = before.as_ref();
+        out.push(json!({"op": "take", "me": me, "now": now, "before": b,
+            "after": guard::taken_annotations(b, me)}));
+        out.push(json!({"op": "claim", "me": me, "now": now, "before": b,
+            "after": guard::claimed_annotations(b, me, ts(now))}));
+        out.push(json!({"op": "withdraw", "me": me, "now": now, "before": b,
+            "after": guard::withdrawn_annotations(b, me)}));
+    }
+    out
+}
+
+/// `guard.released_spec`: the spec a release writes.
+fn released_specs() -> Vec<Value> {
+    let t0 = "2027-01-15T08:00:00.000000Z";
+    [
+        lease_spec(Some("me/1/0000abcd"), Some(15), Some(t0), Some(7)),
+        lease_spec(Some("me/1/0000abcd"), None, Some(t0), None),
+    ]
+    .iter()
+    .map(|s| json!({"before": s, "after": guard::released_spec(s)}))
+    .collect()
 }
 
 #[cfg(test)]
@@ -793,6 +966,7 @@ mod tests {
         let judge = v["guard"]["judge"].as_array().cloned().unwrap_or_default();
         assert!(judge.iter().any(|c| c["verdict"] == "Take"));
         assert!(judge.iter().any(|c| c["verdict"] == "Wait"));
+        assert!(judge.iter().any(|c| c["verdict"] == "Queue"));
         let st = v["exec"]["status"].as_array().cloned().unwrap_or_default();
         for k in ["code", "unknown", "not_started"] {
             assert!(st.iter().any(|c| c["outcome"].get(k).is_some()), "{k}");

@@ -15,8 +15,17 @@ each other on one scope.
   ``leaseTransitions``), so fencing tokens stay monotonic.
 
 Expiry is judged two ways, either sufficing: the holder's ``renewTime`` plus its duration plus
-a clock-skew allowance is past, or this contender has seen the same ``resourceVersion`` for a
-whole lease duration on its own monotonic clock.
+a clock-skew allowance is past, or this contender has seen the same holder and ``renewTime``
+for a whole lease duration on its own monotonic clock.
+
+**Fair hand-off**: a contender that finds the lease held queues in a one-place slot on the
+Lease (annotations :data:`NEXT_ANNOTATION`, :data:`NEXT_RENEW_ANNOTATION`) and refreshes its
+claim while it waits; a free lease goes to the slot's owner while its claim is fresh. A release
+keeps the slot, so the releaser cannot take the guard again ahead of the contender queued
+behind it. Waiters learn of a release from a watch on the one Lease (a slow poll is the
+fallback). The slot is written only behind holders that expect it
+(:data:`FAIR_HOLDER_ANNOTATION`): they re-read on a 409 and renew again if the Lease is still
+theirs. A client unaware of the slot still excludes everyone; it only ignores the queue.
 """
 
 from __future__ import annotations
@@ -46,6 +55,31 @@ from .errors import (
 )
 
 __all__ = ["Guard", "GuardConfig", "holder_identity"]
+
+#: Annotation on a guard Lease: the holder identity of the contender queued next.
+NEXT_ANNOTATION = "agentbox.dev/guard-next"
+#: Annotation on a guard Lease: when the queued contender last claimed or refreshed its place.
+NEXT_RENEW_ANNOTATION = "agentbox.dev/guard-next-renew"
+#: Annotation on a guard Lease: the holder that took it knowing the queue slot; contenders
+#: write the slot only while the Lease's holder is the one named here.
+FAIR_HOLDER_ANNOTATION = "agentbox.dev/guard-fair-holder"
+#: The longest a waiting contender goes without reading the Lease again while it watches it
+#: (a third of the lease duration when that is shorter).
+WATCH_FALLBACK = 2.0
+#: How long a holder whose hold was contended (it had to wait for it) leaves a free Lease
+#: without a claim to others after releasing it: the one that waited meanwhile may not have
+#: claimed the queue slot yet, and the releaser, wanting the guard again at once, would take it
+#: first.
+YIELD = 0.1
+
+#: When each holder of this process last released a Lease after a contended hold (monotonic).
+_RELEASED: dict[tuple[str, str], float] = {}
+
+
+def _yield_left(path: str, holder: str) -> float:
+    at = _RELEASED.get((path, holder))
+    return 0.0 if at is None else max(0.0, YIELD - (asyncio.get_running_loop().time() - at))
+
 
 _I32_MAX = 2**31 - 1
 
@@ -123,35 +157,125 @@ def micro_time(t: _dt.datetime) -> str:
     return t.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+Verdict = Literal["Take", "Wait", "Queue"]
+
+
+def _duration(spec: Mapping[str, Any] | None, default_duration: float) -> float:
+    d = (spec or {}).get("leaseDurationSeconds")
+    return (
+        float(d) if isinstance(d, int) and not isinstance(d, bool) and d > 0 else default_duration
+    )
+
+
+def _held(
+    spec: Mapping[str, Any] | None,
+    now: _dt.datetime,
+    unchanged_for: float,
+    clock_skew: float,
+    duration: float,
+) -> bool:
+    if spec is None or not spec.get("holderIdentity"):
+        return False
+    if unchanged_for >= duration:
+        return False
+    renew = spec.get("renewTime")
+    if renew:
+        try:
+            expiry = parse_time(renew) + _dt.timedelta(seconds=duration + clock_skew)
+        except ValueError:
+            return True
+        if expiry <= now:
+            return False
+    return True
+
+
+def fresh_slot(
+    annotations: Mapping[str, str] | None,
+    now: _dt.datetime,
+    slot_unchanged_for: float,
+    duration: float,
+    clock_skew: float,
+) -> str | None:
+    """The queue slot's owner if its claim is fresh (pure): named, and neither its renew time
+    plus ``duration`` plus ``clock_skew`` is past nor has it been unchanged for ``duration``.
+    A claim without a readable renew time is stale.
+    """
+    owner = (annotations or {}).get(NEXT_ANNOTATION)
+    renew = (annotations or {}).get(NEXT_RENEW_ANNOTATION)
+    if not owner or not renew:
+        return None
+    try:
+        until = parse_time(renew) + _dt.timedelta(seconds=duration + clock_skew)
+    except ValueError:
+        return None
+    return owner if until > now and slot_unchanged_for < duration else None
+
+
 def judge(
     spec: Mapping[str, Any] | None,
     now: _dt.datetime,
     unchanged_for: float,
     clock_skew: float,
     default_duration: float,
-) -> Literal["Take", "Wait"]:
-    """Whether a contender may take over a lease it just read (pure).
+    *,
+    annotations: Mapping[str, str] | None = None,
+    me: str | None = None,
+    slot_unchanged_for: float = 0.0,
+) -> Verdict:
+    """What a contender may do with a lease it just read (pure).
 
-    ``now`` is its wall clock; ``unchanged_for`` how long it has seen the current
-    ``resourceVersion`` on its monotonic clock (seconds).
+    ``now`` is its wall clock; ``unchanged_for`` how long it has seen the holder and
+    ``renewTime`` unchanged, ``slot_unchanged_for`` the queue slot, on its monotonic clock
+    (seconds). Without ``me`` (a contender outside the queue): ``Take`` when free or expired,
+    else ``Wait``. With it: a free lease is ``Take`` unless another's claim on the slot is
+    fresh (``Wait``); a lease held by a holder that expects the queue is ``Queue`` when the
+    slot is empty, stale or ``me``'s, else ``Wait``; behind any other holder, ``Wait``.
     """
-    if spec is None:
-        return "Take"
-    if not spec.get("holderIdentity"):
-        return "Take"
-    d = spec.get("leaseDurationSeconds")
-    duration = float(d) if isinstance(d, int) and d > 0 else default_duration
-    if unchanged_for >= duration:
-        return "Take"
-    renew = spec.get("renewTime")
-    if renew:
-        try:
-            expiry = parse_time(renew) + _dt.timedelta(seconds=duration + clock_skew)
-        except ValueError:
-            return "Wait"
-        if expiry <= now:
-            return "Take"
-    return "Wait"
+    duration = _duration(spec, default_duration)
+    held = _held(spec, now, unchanged_for, clock_skew, duration)
+    if me is None:
+        return "Wait" if held else "Take"
+    slot = fresh_slot(annotations, now, slot_unchanged_for, duration, clock_skew)
+    others_queued = slot is not None and slot != me
+    if not held:
+        return "Wait" if others_queued else "Take"
+    holder = (spec or {}).get("holderIdentity")
+    fair = (annotations or {}).get(FAIR_HOLDER_ANNOTATION) == holder
+    return "Queue" if fair and not others_queued else "Wait"
+
+
+def taken_annotations(old: Mapping[str, str] | None, me: str) -> dict[str, str]:
+    """The annotations written when taking a lease (pure): the slot cleared, the taker named
+    as a holder that expects the queue.
+    """
+    a = {k: v for k, v in (old or {}).items() if k not in (NEXT_ANNOTATION, NEXT_RENEW_ANNOTATION)}
+    a[FAIR_HOLDER_ANNOTATION] = me
+    return a
+
+
+def claimed_annotations(
+    old: Mapping[str, str] | None, me: str, now: _dt.datetime
+) -> dict[str, str]:
+    """The annotations written when claiming or refreshing the queue slot (pure)."""
+    return {**(old or {}), NEXT_ANNOTATION: me, NEXT_RENEW_ANNOTATION: micro_time(now)}
+
+
+def withdrawn_annotations(old: Mapping[str, str] | None, me: str) -> dict[str, str] | None:
+    """The annotations written by a contender that gives up waiting (pure): the slot cleared
+    if it is still ``me``'s; ``None`` when it is not (nothing to write).
+    """
+    if old is None or old.get(NEXT_ANNOTATION) != me:
+        return None
+    return {k: v for k, v in old.items() if k not in (NEXT_ANNOTATION, NEXT_RENEW_ANNOTATION)}
+
+
+def released_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec written when releasing (pure): no holder and no times; the duration and the
+    fencing token kept. The annotations (the queue slot) are kept as they are.
+    """
+    return {
+        k: v for k, v in spec.items() if k not in ("holderIdentity", "acquireTime", "renewTime")
+    }
 
 
 def taken_spec(
@@ -179,6 +303,197 @@ def _retryable(e: Exception) -> bool:
 
 def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
+
+
+def _refresh_every(cfg: GuardConfig, lease_duration: float) -> float:
+    """The queue claim's refresh period: a third of the shorter of the two durations."""
+    return min(float(cfg.duration_secs), lease_duration) / 3
+
+
+def _still_ours(lease: Mapping[str, Any] | None, holder: str, token: int) -> bool:
+    """Still held by ``holder`` with fencing token ``token`` (whatever else changed: a
+    contender's claim on the queue slot changes the ``resourceVersion`` only).
+    """
+    spec = (lease or {}).get("spec") or {}
+    return spec.get("holderIdentity") == holder and int(spec.get("leaseTransitions") or 0) == token
+
+
+class _Waiter:
+    """A contender's state while it waits for one Lease."""
+
+    def __init__(self, api: Kube, path: str, create_path: str, name: str, cfg: GuardConfig) -> None:
+        self.api, self.path, self.create_path, self.name, self.cfg = (
+            api,
+            path,
+            create_path,
+            name,
+            cfg,
+        )
+        self.me = cfg.holder
+        self.holder_seen: tuple[str, float] | None = None
+        self.slot_seen: tuple[str, float] | None = None
+        self.last_holder = ""
+        #: Whether this acquisition had to wait (the guard is contended).
+        self.waited = False
+        #: Until when this contender yields a free Lease to others (see YIELD).
+        self.yield_until: float | None = None
+        #: When this contender last wrote its claim on the slot (None: it holds none).
+        self.claimed_at: float | None = None
+        self.wake = asyncio.Event()
+        #: The Lease as the watch last delivered it, not yet judged: read instead of a GET (a
+        #: waiter that reacts one request sooner claims the slot before a short turn ends).
+        self.latest: dict[str, Any] | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _unchanged(seen: tuple[str, float] | None, key: str, now: float) -> tuple[str, float]:
+        return seen if seen is not None and seen[0] == key else (key, now)
+
+    async def step(
+        self, labels: Mapping[str, str], may_queue: bool
+    ) -> dict[str, Any] | Literal["again"] | tuple[str, float]:
+        """One attempt: the lease once taken, ``"again"`` to read again at once, or
+        ``(resourceVersion, lease duration)`` to wait for a change of the Lease.
+        """
+        loop = asyncio.get_running_loop()
+        now = _now()
+        current, self.latest = self.latest, None
+        if current is None:
+            current = await self.api.get_opt(self.path)
+        if current is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": self.name,
+                    "annotations": taken_annotations(None, self.me),
+                    **({"labels": dict(labels)} if labels else {}),
+                },
+                "spec": taken_spec(None, self.cfg, now),
+            }
+            try:
+                return await self.api.call("POST", self.create_path, body=body)
+            except ConflictError:
+                return "again"
+        meta = current.setdefault("metadata", {})
+        rv = str(meta.get("resourceVersion") or "")
+        spec = current.get("spec")
+        ann: dict[str, str] = dict(meta.get("annotations") or {})
+        holder = str((spec or {}).get("holderIdentity") or "")
+        t = loop.time()
+        self.holder_seen = self._unchanged(
+            self.holder_seen, f"{holder}\n{(spec or {}).get('renewTime') or ''}", t
+        )
+        self.slot_seen = self._unchanged(
+            self.slot_seen,
+            f"{ann.get(NEXT_ANNOTATION, '')}\n{ann.get(NEXT_RENEW_ANNOTATION, '')}",
+            t,
+        )
+        self.last_holder = holder
+        verdict = judge(
+            spec,
+            now,
+            t - self.holder_seen[1],
+            self.cfg.clock_skew,
+            self.cfg.lease_duration,
+            annotations=ann,
+            me=self.me,
+            slot_unchanged_for=t - self.slot_seen[1],
+        )
+        duration = _duration(spec, self.cfg.lease_duration)
+        if ann.get(NEXT_ANNOTATION) != self.me:
+            self.claimed_at = None
+        if verdict == "Wait":
+            return rv, duration
+        if verdict == "Queue":
+            due = self.claimed_at is None or t - self.claimed_at >= _refresh_every(
+                self.cfg, duration
+            )
+            if not may_queue or not due:
+                return rv, duration
+            meta["annotations"] = claimed_annotations(ann, self.me, _now())
+            try:
+                # Conditioned on the resourceVersion read: a 409 means the Lease changed.
+                new = await self.api.call("PUT", self.path, body=current)
+            except ConflictError:
+                return "again"
+            self.claimed_at = t
+            return str((new.get("metadata") or {}).get("resourceVersion") or ""), duration
+        # Only the last holder yields (the Lease still names it): two harnesses that both
+        # released recently must not both stand back.
+        grace = (
+            _yield_left(self.path, self.me)
+            if ann.get(NEXT_ANNOTATION) != self.me and ann.get(FAIR_HOLDER_ANNOTATION) == self.me
+            else 0.0
+        )
+        if grace > 0:
+            # Just released after a contended hold: give whoever waited for it the time to
+            # claim the slot or take it.
+            self.yield_until = t + grace
+            return rv, duration
+        current["spec"] = taken_spec(spec, self.cfg, now)
+        meta["annotations"] = taken_annotations(ann, self.me)
+        if labels:
+            meta.setdefault("labels", {}).update(labels)
+        try:
+            # The body carries metadata.resourceVersion: the API server refuses (409) if
+            # anyone wrote the lease since we read it.
+            return await self.api.call("PUT", self.path, body=current)
+        except ConflictError:
+            return "again"
+
+    def watch_from(self, rv: str) -> None:
+        """Starts watching the Lease (once) from ``rv``: every event wakes the waiter."""
+        if self._watch is None:
+            self._watch = asyncio.ensure_future(self._watch_loop(rv))
+
+    async def _watch_loop(self, rv: str) -> None:
+        collection = self.create_path
+        while True:
+            query = {"fieldSelector": f"metadata.name={self.name}", "resourceVersion": rv}
+            try:
+                async for ev in self.api.watch(collection, query=query, timeout=240):
+                    obj = ev.get("object") or {}
+                    if ev.get("type") == "ERROR":
+                        rv = ""  # too old a version (410): start from now
+                        self.wake.set()
+                        break
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if ev.get("type") != "BOOKMARK":
+                        self.latest = obj if ev.get("type") != "DELETED" else None
+                        self.wake.set()
+            except AgentboxError:
+                # No watch permission, or no API server: poll instead.
+                await asyncio.sleep(self.cfg.retry_interval * (0.5 + random.random()))
+                rv = ""
+                self.wake.set()
+
+    async def close(self) -> None:
+        """Stops watching and gives up the queue slot if this contender holds it (best effort:
+        a claim left behind goes stale within a lease duration anyway).
+        """
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch
+        if self.claimed_at is None:
+            return
+        self.claimed_at = None
+        with contextlib.suppress(Exception):
+            for _ in range(3):
+                lease = await self.api.get_opt(self.path)
+                if lease is None:
+                    return
+                meta = lease.setdefault("metadata", {})
+                a = withdrawn_annotations(meta.get("annotations") or {}, self.me)
+                if a is None:
+                    return
+                meta["annotations"] = a
+                try:
+                    await self.api.call("PUT", self.path, body=lease)
+                    return
+                except ConflictError:
+                    continue
 
 
 class Guard:
@@ -217,6 +532,7 @@ class Guard:
         self._released = False
         self._task: asyncio.Task[Any] | None = None
         self._cancelled = False
+        self._contended = False
         #: Name of the Lease.
         self.lease_name = lease_name
         #: This holder's identity.
@@ -258,72 +574,57 @@ class Guard:
             raise GuardLostError(self.lease_name)
 
     async def acquire(self) -> Guard:
-        """Takes the lease (waiting up to ``wait``) and starts renewing it."""
+        """Takes the lease (waiting up to ``wait``) and starts renewing it. While it waits it
+        holds the Lease's queue slot when it can and watches the Lease for a release.
+        """
         if self._lease is not None:
             raise AgentboxError("guard already acquired")
         self._k = await self._kube_source()
         loop = asyncio.get_running_loop()
         deadline = None if self._wait is None else loop.time() + self._wait
-        seen: list[Any] = [None, 0.0]  # resourceVersion last seen, since when (monotonic)
-        last_holder = ""
-        while True:
-            attempt = loop.time()
-            try:
-                lease, last_holder = await self._try_take(seen, last_holder)
-            except Exception as e:
-                if not _retryable(e) or (deadline is not None and loop.time() >= deadline):
-                    raise
-                lease = None
-            if lease is not None:
-                self._start(lease, attempt)
-                return self
-            pause = self._cfg.retry_interval * (0.5 + random.random())
-            if deadline is not None:
-                now = loop.time()
-                if now >= deadline:
-                    raise GuardTimeoutError(self.lease_name, last_holder)
-                pause = min(pause, deadline - now)
-            await asyncio.sleep(pause)
-
-    async def _try_take(
-        self, seen: list[Any], last_holder: str
-    ) -> tuple[dict[str, Any] | None, str]:
-        loop = asyncio.get_running_loop()
-        now = _now()
-        current = await self._api.get_opt(self._path)
-        if current is None:
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": self.lease_name,
-                    **({"labels": self._labels} if self._labels else {}),
-                },
-                "spec": taken_spec(None, self._cfg, now),
-            }
-            try:
-                return await self._api.call("POST", self._create_path, body=body), last_holder
-            except ConflictError:
-                return None, last_holder
-        rv = current.get("metadata", {}).get("resourceVersion", "")
-        if seen[0] != rv:
-            seen[0], seen[1] = rv, loop.time()
-        spec = current.get("spec")
-        last_holder = str((spec or {}).get("holderIdentity") or "")
-        if (
-            judge(spec, now, loop.time() - seen[1], self._cfg.clock_skew, self._cfg.lease_duration)
-            == "Wait"
-        ):
-            return None, last_holder
-        current["spec"] = taken_spec(spec, self._cfg, now)
-        if self._labels:
-            current.setdefault("metadata", {}).setdefault("labels", {}).update(self._labels)
+        w = _Waiter(self._api, self._path, self._create_path, self.lease_name, self._cfg)
         try:
-            # The body carries metadata.resourceVersion: the API server refuses (409) if
-            # anyone wrote the lease since we read it.
-            return await self._api.call("PUT", self._path, body=current), last_holder
-        except ConflictError:
-            return None, last_holder
+            while True:
+                attempt = loop.time()
+                may_queue = deadline is None or attempt < deadline
+                try:
+                    step = await w.step(self._labels, may_queue)
+                except Exception as e:
+                    if not _retryable(e) or (deadline is not None and loop.time() >= deadline):
+                        raise
+                    step = None
+                if isinstance(step, dict):
+                    w.claimed_at = None
+                    self._contended = w.waited
+                    self._start(step, attempt)
+                    return self
+                w.waited = True
+                if step == "again":
+                    # Lost a race: read the Lease itself at once. What the watch delivered so
+                    # far may be what the 409 was about (the watch trails the API server).
+                    w.latest = None
+                    continue
+                if step is None:
+                    pause = self._cfg.retry_interval * (0.5 + random.random())
+                else:
+                    w.watch_from(step[0])
+                    pause = min(WATCH_FALLBACK, self._cfg.renew_every)
+                    if w.yield_until is not None:
+                        pause = min(pause, max(0.0, w.yield_until - loop.time()))
+                        w.yield_until = None
+                    if w.claimed_at is not None:
+                        due = w.claimed_at + _refresh_every(self._cfg, step[1])
+                        pause = min(pause, max(0.0, due - loop.time()))
+                if deadline is not None:
+                    now = loop.time()
+                    if now >= deadline:
+                        raise GuardTimeoutError(self.lease_name, w.last_holder)
+                    pause = min(pause, deadline - now)
+                w.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(w.wake.wait(), pause)
+        finally:
+            await w.close()
 
     def _start(self, lease: dict[str, Any], sent: float) -> None:
         spec = lease.get("spec") or {}
@@ -368,7 +669,27 @@ class Guard:
                 new = await asyncio.wait_for(
                     self._api.call("PUT", self._path, body=body), trusted_until - loop.time()
                 )
-            except (ConflictError, NotFoundError):
+            except ConflictError:
+                # Someone wrote the Lease: a contender's claim on the queue slot leaves it
+                # ours (renew the fresh copy at once); anything else means it was taken.
+                try:
+                    cur = await asyncio.wait_for(
+                        self._api.get_opt(self._path), max(0.0, trusted_until - loop.time())
+                    )
+                except asyncio.TimeoutError:
+                    self._set_lost()
+                    return
+                except AgentboxError:
+                    nxt = loop.time() + every / 4
+                    continue
+                if not _still_ours(cur, self.holder, self.fencing_token):
+                    self._set_lost()
+                    return
+                assert cur is not None
+                self._lease = cur
+                nxt = loop.time()
+                continue
+            except NotFoundError:
                 self._set_lost()
                 return
             except asyncio.TimeoutError:
@@ -398,19 +719,26 @@ class Guard:
             raise GuardLostError(self.lease_name)
         if self._lease is None:
             return
-        body = dict(self._lease)
-        spec = {
-            k: v
-            for k, v in (body.get("spec") or {}).items()
-            if k not in ("holderIdentity", "acquireTime", "renewTime")
-        }
-        body["spec"] = spec
+        lease: dict[str, Any] | None = self._lease
         # Released or failed, the guard is no longer ours to use.
         self._lost.set()
-        try:
-            await self._api.call("PUT", self._path, body=body)
-        except (ConflictError, NotFoundError):
-            raise GuardLostError(self.lease_name) from None
+        for _ in range(5):
+            assert lease is not None
+            body = {**lease, "spec": released_spec(lease.get("spec") or {})}
+            try:
+                await self._api.call("PUT", self._path, body=body)
+                if self._contended:
+                    _RELEASED[(self._path, self.holder)] = asyncio.get_running_loop().time()
+                return
+            except NotFoundError:
+                raise GuardLostError(self.lease_name) from None
+            except ConflictError:
+                # A queued contender's claim changed the resourceVersion: release the fresh
+                # copy if it is still ours. The slot is kept.
+                lease = await self._api.get_opt(self._path)
+                if not _still_ours(lease, self.holder, self.fencing_token):
+                    raise GuardLostError(self.lease_name) from None
+        raise GuardLostError(self.lease_name)
 
     async def __aenter__(self) -> Guard:
         if self._lease is None:

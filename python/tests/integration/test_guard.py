@@ -5,6 +5,7 @@ lease cancelling the guarded block."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 import agentbox
 from agentbox import labels
+from agentbox.guard import Guard
 from agentbox.snapshots import failing_condition
 
 from .conftest import BASE_IMAGE, Env, binary
@@ -201,3 +203,49 @@ async def test_a_snapshot_requested_and_a_suspension_under_a_held_guard_never_le
     left = [p for p in pods["items"] if p["metadata"]["name"] == pod]
     assert all(p["metadata"].get("deletionTimestamp") for p in left), left
     await sbx.delete(wait=True)
+
+
+async def test_two_harnesses_back_to_back_take_turns(env: Env) -> None:
+    """Issue 42, finding 3: two harnesses take one guard back to back, 20 turns each (take it,
+    read a counter from a ConfigMap, write it back incremented with an unconditioned update,
+    release, want it again at once). Before the queue slot the releaser took it again ahead of
+    the waiter's next poll: 1-3 hand-overs in 40 turns."""
+    cms = f"/api/v1/namespaces/{env.ns}/configmaps"
+    await env.kube.call("POST", cms, body={"metadata": {"name": "counter"}, "data": {"n": "0"}})
+    loop = asyncio.get_running_loop()
+    turns: list[tuple[int, str, float, float, bool]] = []  # token, who, waited, held, first
+
+    async def harness(who: str) -> None:
+        # The defaults a harness gets; no scope labels (the operator's sweep leaves it alone).
+        cfg = agentbox.GuardConfig(holder=f"harness-{who}")
+        for i in range(20):
+            asked = loop.time()
+            g = Guard(env.sandboxes.kube, env.ns, "fair", {}, cfg, wait=60)
+            await g.acquire()
+            took = loop.time()
+            cm = await env.kube.call("GET", f"{cms}/counter")
+            n = int(cm["data"]["n"])
+            # Unconditioned: only the guard keeps the count exact.
+            await env.kube.call(
+                "PATCH",
+                f"{cms}/counter",
+                body={"data": {"n": str(n + 1)}},
+                content_type="application/merge-patch+json",
+            )
+            await g.release()
+            turns.append((g.fencing_token, who, took - asked, loop.time() - took, i == 0))
+
+    await asyncio.gather(harness("a"), harness("b"))
+    turns.sort()
+    hand_overs = sum(1 for x, y in itertools.pairwise(turns) if x[1] != y[1])
+    count = (await env.kube.call("GET", f"{cms}/counter"))["data"]["n"]
+    held = sorted(t[3] for t in turns)
+    print(
+        f"guard fairness (python): {hand_overs} hand-overs in {len(turns)} turns; longest wait "
+        f"{max(t[2] for t in turns) * 1000:.1f} ms ("
+        f"{max(t[2] for t in turns if not t[4]) * 1000:.1f} ms after each harness's first turn);"
+        f" turn p50 {held[len(held) // 2] * 1000:.1f} ms,"
+        f" max {held[-1] * 1000:.1f} ms; counter {count}; order {''.join(t[1] for t in turns)}"
+    )
+    assert count == "40", "a lost update"
+    assert hand_overs >= 35, f"only {hand_overs} hand-overs in 40 turns"

@@ -299,17 +299,50 @@ def test_guard_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    "case", VECTORS["guard"]["judge"], ids=lambda c: f"{c['now'][11:23]}-{c['unchanged_for_ms']}"
+    "case",
+    VECTORS["guard"]["judge"],
+    ids=lambda c: f"{c.get('me')}-{c['now'][11:23]}-{c['unchanged_for_ms']}",
 )
-def test_guard_expiry_verdicts(case: dict[str, Any]) -> None:
+def test_guard_verdicts(case: dict[str, Any]) -> None:
     verdict = guard.judge(
         case["spec"],
         guard.parse_time(case["now"]),
         case["unchanged_for_ms"] / 1000,
         case["clock_skew_ms"] / 1000,
         case["default_duration_ms"] / 1000,
+        annotations=case.get("annotations"),
+        me=case.get("me"),
+        slot_unchanged_for=case.get("slot_unchanged_for_ms", 0) / 1000,
     )
     assert verdict == case["verdict"]
+
+
+def test_guard_annotation_names() -> None:
+    names = VECTORS["guard"]["annotation_names"]
+    assert (
+        names["next"],
+        names["next_renew"],
+        names["fair_holder"],
+    ) == (guard.NEXT_ANNOTATION, guard.NEXT_RENEW_ANNOTATION, guard.FAIR_HOLDER_ANNOTATION)
+    assert VECTORS["guard"]["defaults"]["watch_fallback_ms"] == guard.WATCH_FALLBACK * 1000
+    assert VECTORS["guard"]["defaults"]["yield_ms"] == round(guard.YIELD * 1000)
+
+
+@pytest.mark.parametrize("case", VECTORS["guard"]["annotations"], ids=lambda c: c["op"])
+def test_guard_annotation_writes(case: dict[str, Any]) -> None:
+    before, me = case["before"], case["me"]
+    if case["op"] == "take":
+        got: dict[str, str] | None = guard.taken_annotations(before, me)
+    elif case["op"] == "claim":
+        got = guard.claimed_annotations(before, me, guard.parse_time(case["now"]))
+    else:
+        got = guard.withdrawn_annotations(before, me)
+    assert got == case["after"]
+
+
+@pytest.mark.parametrize("case", VECTORS["guard"]["released_spec"])
+def test_guard_released_spec(case: dict[str, Any]) -> None:
+    assert guard.released_spec(case["before"]) == case["after"]
 
 
 @pytest.mark.parametrize(

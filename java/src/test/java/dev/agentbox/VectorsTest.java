@@ -434,12 +434,64 @@ class VectorsTest {
     assertEquals(i(d, "clock_skew_ms"), cfg.clockSkewMs());
   }
 
+  static Map<String, String> strings(Object o, String k) {
+    Map<String, Object> m = m(o, k);
+    if (m == null) {
+      return null;
+    }
+    Map<String, String> out = new LinkedHashMap<>();
+    m.forEach((key, v) -> out.put(key, v.toString()));
+    return out;
+  }
+
+  static long msOr0(Object o, String k) {
+    Object v = ((Map<?, ?>) o).get(k);
+    return v == null ? 0 : ((Number) v).longValue();
+  }
+
   @TestFactory
-  Stream<DynamicTest> guardExpiryVerdicts() {
-    return list(m(V, "guard"), "judge").stream().map(c -> dynamicTest(s(c, "now") + "/" + s(c, "unchanged_for_ms"), () -> {
-      Guard.Verdict v = Guard.judge(m(c, "spec"), Guard.parseTime(s(c, "now")), i(c, "unchanged_for_ms"),
-          i(c, "clock_skew_ms"), i(c, "default_duration_ms"));
-      assertEquals(s(c, "verdict"), v == Guard.Verdict.TAKE ? "Take" : "Wait");
+  Stream<DynamicTest> guardVerdicts() {
+    return list(m(V, "guard"), "judge").stream().map(c -> dynamicTest(s(c, "me") + "/" + s(c, "now") + "/" + s(c, "unchanged_for_ms"), () -> {
+      Guard.Verdict v = Guard.judge(m(c, "spec"), strings(c, "annotations"), s(c, "me"), Guard.parseTime(s(c, "now")),
+          i(c, "unchanged_for_ms"), msOr0(c, "slot_unchanged_for_ms"), i(c, "clock_skew_ms"), i(c, "default_duration_ms"));
+      assertEquals(s(c, "verdict"), v.label());
+      if (!c.containsKey("me")) {
+        Guard.Verdict old = Guard.judge(m(c, "spec"), Guard.parseTime(s(c, "now")), i(c, "unchanged_for_ms"),
+            i(c, "clock_skew_ms"), i(c, "default_duration_ms"));
+        assertEquals(s(c, "verdict"), old.label());
+      }
+    }));
+  }
+
+  @Test
+  void guardAnnotationNames() {
+    Map<String, Object> n = m(m(V, "guard"), "annotation_names");
+    assertEquals(s(n, "next"), Guard.NEXT_ANNOTATION);
+    assertEquals(s(n, "next_renew"), Guard.NEXT_RENEW_ANNOTATION);
+    assertEquals(s(n, "fair_holder"), Guard.FAIR_HOLDER_ANNOTATION);
+    assertEquals(i(m(m(V, "guard"), "defaults"), "watch_fallback_ms"), Guard.WATCH_FALLBACK_MS);
+    assertEquals(i(m(m(V, "guard"), "defaults"), "yield_ms"), Guard.YIELD_MS);
+  }
+
+  @TestFactory
+  Stream<DynamicTest> guardAnnotationWrites() {
+    return list(m(V, "guard"), "annotations").stream().map(c -> dynamicTest(s(c, "op"), () -> {
+      Map<String, String> before = strings(c, "before");
+      String me = s(c, "me");
+      Map<String, String> got = switch (s(c, "op")) {
+        case "take" -> Guard.takenAnnotations(before, me);
+        case "claim" -> Guard.claimedAnnotations(before, me, Guard.parseTime(s(c, "now")));
+        default -> Guard.withdrawnAnnotations(before, me);
+      };
+      assertEquals(strings(c, "after"), got);
+    }));
+  }
+
+  @TestFactory
+  Stream<DynamicTest> guardReleasedSpec() {
+    return list(m(V, "guard"), "released_spec").stream().map(c -> dynamicTest("released", () -> {
+      Map<String, Object> want = new LinkedHashMap<>(m(c, "after"));
+      assertEquals(want, Guard.releasedSpec(m(c, "before")));
     }));
   }
 
