@@ -61,9 +61,8 @@ fn runs_as(pod: &Pod, uid: &str) -> bool {
     pod.metadata.uid.as_deref() == Some(uid)
         && pod.metadata.deletion_timestamp.is_none()
         && status.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && container.is_some_and(|c| {
-            c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some())
-        })
+        && container
+            .is_some_and(|c| c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some()))
 }
 
 /// A sandbox `name` of its own scope, Ready.
@@ -133,7 +132,8 @@ where
         &pods,
         &named,
         SANDBOX_CONTAINER,
-        ExecRequest::argv(["sh", "-c", "cat /workspace/hello.txt"]).timeout(Duration::from_secs(30)),
+        ExecRequest::argv(["sh", "-c", "cat /workspace/hello.txt"])
+            .timeout(Duration::from_secs(30)),
     )
     .await;
     let seen = pods.get_opt(&named).await.map_err(|e| e.to_string())?;
@@ -151,7 +151,9 @@ where
     }
     // The pod read after the command: it can only have moved on, never back.
     if !seen.as_ref().is_some_and(|p| runs_as(p, &uid)) {
-        let p = seen.as_ref().map(|p| (p.metadata.uid.clone(), p.status.clone()));
+        let p = seen
+            .as_ref()
+            .map(|p| (p.metadata.uid.clone(), p.status.clone()));
         return Err(format!(
             "Ready names {named} initialised in {uid}, but that pod is {p:?}"
         ));

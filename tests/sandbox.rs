@@ -456,9 +456,13 @@ async fn a_guard_lease_made_on_the_plain_api_shows_its_holder() {
     let mut env = TestEnv::new("sbx-guard3p").await;
     env.start_operator(&[]);
     let scope = json!({"kind": "User", "agent": "ext", "user": "u1"});
-    create_sandbox(&env, "g", json!({"image": common::BASE_IMAGE, "scope": scope}))
-        .await
-        .unwrap();
+    create_sandbox(
+        &env,
+        "g",
+        json!({"image": common::BASE_IMAGE, "scope": scope}),
+    )
+    .await
+    .unwrap();
     let sbx = env.wait_for::<Sandbox>("g", 120, phase_is("Ready")).await;
     let key = labels::scope_key(&sbx.spec.scope);
     let name = labels::lease_name(&key);
@@ -494,7 +498,10 @@ async fn a_guard_lease_made_on_the_plain_api_shows_its_holder() {
     let t0 = std::time::Instant::now();
     env.wait_for::<Sandbox>("g", 10, held_by(Some("third-party-harness")))
         .await;
-    eprintln!("[guard] a third-party holder shown after {:?}", t0.elapsed());
+    eprintln!(
+        "[guard] a third-party holder shown after {:?}",
+        t0.elapsed()
+    );
     // It lets go (clears the holder, as the protocol's release does): free again.
     let mut released = leases.get(&name).await.unwrap();
     if let Some(spec) = released.spec.as_mut() {

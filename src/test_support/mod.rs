@@ -63,12 +63,17 @@ pub(crate) fn status_body(code: u16, reason: &str) -> Value {
         "message": reason, "reason": reason, "code": code})
 }
 
-/// Merges `patch` into `target` (objects key by key, everything else replaced).
+/// Merges `patch` into `target` as a JSON merge patch does (objects key by key, a null
+/// removes its key, everything else replaced).
 pub(crate) fn merge(target: &mut Value, patch: &Value) {
     match (target, patch) {
         (Value::Object(t), Value::Object(p)) => {
             for (k, v) in p {
-                merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
             }
         }
         (t, p) => *t = p.clone(),

@@ -1116,7 +1116,10 @@ fn pod_as(ctx: &Context, name: &str, fake: &FakeApi, uid: &str, k: Kubelet) -> V
 fn runs_as(pod: &Value, uid: &Value) -> bool {
     let container = pod["status"]["containerStatuses"]
         .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["name"] == crate::controller::pod::CONTAINER));
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c["name"] == crate::controller::pod::CONTAINER)
+        });
     !uid.is_null()
         && &pod["metadata"]["uid"] == uid
         && pod["status"]["phase"] == "Running"
@@ -1218,7 +1221,10 @@ async fn ready_in_pod_1(
 /// The sandbox `name` ends Ready in pod `uid`, and no status said Ready before its pod did.
 fn assert_ready_only_when_its_pod_is(fake: &FakeApi, name: &str, uid: &str, order: &str) {
     let bad = ready_without_its_pod(fake);
-    assert!(bad.is_empty(), "{order}: Ready before its pod was:\n{bad:#?}");
+    assert!(
+        bad.is_empty(),
+        "{order}: Ready before its pod was:\n{bad:#?}"
+    );
     let s = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
     assert_eq!(s["status"]["phase"], json!("Ready"), "{order}: {s:#}");
     assert_eq!(
@@ -1312,14 +1318,9 @@ async fn a_pod_cache_that_still_holds_the_old_pod_changes_nothing() {
         &format!("{SBX}/{name}"),
         adopted(name, json!({}), Value::Null),
     );
-    let old: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod_as(
-        &probe_ctx,
-        name,
-        &probe,
-        "pod-1",
-        Serving("node-1"),
-    ))
-    .expect("pod");
+    let old: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(pod_as(&probe_ctx, name, &probe, "pod-1", Serving("node-1")))
+            .expect("pod");
     let (fake, ctx) = ready_in_pod_1(name, &root, vec![old]).await;
     play(
         &fake,
@@ -1373,10 +1374,7 @@ async fn a_restore_into_a_new_pod_is_ready_only_once_that_pod_runs() {
     let name = "restore";
     let root = host_workspace(name);
     let (fake, ctx) = ready_in_pod_1(name, &root, Vec::new()).await;
-    fake.put(
-        &format!("{SNAPS}/s1"),
-        snapshot_of("s1", name, Value::Null),
-    );
+    fake.put(&format!("{SNAPS}/s1"), snapshot_of("s1", name, Value::Null));
     crate::controller::snapshot::reconcile(stored_snapshot(&fake, "s1"), ctx.clone())
         .await
         .expect("the snapshot");
@@ -1408,4 +1406,132 @@ async fn a_restore_into_a_new_pod_is_ready_only_once_that_pod_runs() {
     assert_eq!(back.expect("restored"), "print('hi')\n");
     let s = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
     assert_eq!(s["status"]["restoredFrom"], json!("s1"), "{s:#}");
+}
+
+const TEMPLATES: &str = "/apis/agentbox.dev/v1alpha1/namespaces/n/sandboxtemplates";
+
+/// A first start of sandbox `name` from template `tpl` (its workspace at `root` on the host),
+/// with a warm pod `tpl-warm-aaaaa` of pool `pool` that fits it, Ready, in the fake; returns
+/// the warm pod as the fake holds it (what an up-to-date pod cache holds).
+fn claimable(
+    fake: &Arc<FakeApi>,
+    ctx: &Context,
+    name: &str,
+    root: &std::path::Path,
+) -> k8s_openapi::api::core::v1::Pod {
+    fake.put(
+        &format!("{TEMPLATES}/tpl"),
+        json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
+            "metadata": {"name": "tpl", "namespace": NS, "uid": "tpl-uid", "generation": 1},
+            "spec": {"image": "busybox"}}),
+    );
+    let spec = json!({"templateRef": {"name": "tpl"},
+        "workspace": {"root": root.to_string_lossy(),
+            "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]}});
+    fake.put(&format!("{SBX}/{name}"), adopted(name, spec, Value::Null));
+    let sbx: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("sbx")).expect("sbx");
+    let tpl: agentbox_api::crd::SandboxTemplate =
+        serde_json::from_value(fake.get(&format!("{TEMPLATES}/tpl")).expect("tpl")).expect("tpl");
+    let mut resolved = sbx.clone();
+    resolved.spec = agentbox_api::template::resolve(&tpl.spec, &sbx.spec);
+    let podcfg = crate::controller::pod::PodConfig::from_config(&ctx.config);
+    let shape = super::claim::shape_hash(&resolved, &podcfg);
+    let dir = format!("{}/{NS}/warm-aaaaa", ctx.config.node_root);
+    let l = agentbox_api::labels::WARM;
+    let warm = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tpl-warm-aaaaa", "namespace": NS, "uid": "warm-1",
+            "labels": {l: "true", agentbox_api::labels::POOL: "pool",
+                agentbox_api::labels::MANAGED_BY: agentbox_api::labels::MANAGER},
+            "annotations": {agentbox_api::labels::WARM_READY: "true",
+                agentbox_api::labels::POD_SHAPE_HASH: shape,
+                agentbox_api::labels::WORKSPACE_HOST_DIR: dir},
+            "ownerReferences": [{"apiVersion": "agentbox.dev/v1alpha1",
+                "kind": "SandboxPool", "name": "pool", "uid": "pool-uid", "controller": true}]},
+        "spec": {"nodeName": "node-1", "containers": [{"name": crate::controller::pod::CONTAINER}],
+            "volumes": [{"name": crate::controller::pod::WORKSPACE_VOLUME,
+                "hostPath": {"path": dir}}]},
+        "status": {"phase": "Running", "containerStatuses": [{
+            "name": crate::controller::pod::CONTAINER, "ready": true, "restartCount": 0,
+            "image": "busybox", "imageID": "",
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}});
+    fake.put(&format!("{PODS}/tpl-warm-aaaaa"), warm);
+    fake.put(&node_path("node-1"), node("node-1", "True"));
+    serde_json::from_value(fake.get(&format!("{PODS}/tpl-warm-aaaaa")).expect("warm"))
+        .expect("a pod")
+}
+
+#[tokio::test]
+async fn a_claim_is_ready_only_in_the_running_warm_pod_it_adopted() {
+    let name = "claim";
+    let root = host_workspace(name);
+    std::fs::remove_dir_all(&root).expect("an empty root");
+    std::fs::create_dir_all(&root).expect("an empty root");
+    let fake = Arc::new(FakeApi::default());
+    let probe = context(fake.clone());
+    let warm = claimable(&fake, &probe, name, &root);
+    let ctx = served_context_with_pods(fake.clone(), None, vec![warm]).await;
+    node_root_checked(&ctx);
+    let obj: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("sbx")).expect("sbx");
+    super::reconcile(Arc::new(obj), ctx.clone())
+        .await
+        .expect("the claim");
+    let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
+    let _ = std::fs::remove_dir_all(&root);
+    let bad = ready_without_its_pod(&fake);
+    assert!(bad.is_empty(), "Ready before its pod was:\n{bad:#?}");
+    let s = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
+    assert_eq!(
+        s["status"]["podName"],
+        json!("tpl-warm-aaaaa"),
+        "adopted: {s:#}"
+    );
+    assert_eq!(
+        s["status"]["workspace"]["initializedPodUid"],
+        json!("warm-1")
+    );
+    assert_eq!(todo.expect("the file written"), "ship it\n");
+}
+
+#[tokio::test]
+async fn a_claim_from_a_stale_pod_cache_starts_cold_and_is_ready_only_once_its_pod_runs() {
+    use Kubelet::*;
+    let name = "claim2";
+    let root = host_workspace(name);
+    std::fs::remove_dir_all(&root).expect("an empty root");
+    std::fs::create_dir_all(&root).expect("an empty root");
+    let fake = Arc::new(FakeApi::default());
+    let probe = context(fake.clone());
+    let warm = claimable(&fake, &probe, name, &root);
+    // The API server has moved on from what the cache holds: the warm pod was deleted and a
+    // pod of the same name, starting, took its place.
+    let mut replaced = serde_json::to_value(&warm).expect("pod");
+    replaced["metadata"]["uid"] = json!("warm-2");
+    replaced["status"] = json!({"phase": "Pending"});
+    fake.put(&format!("{PODS}/tpl-warm-aaaaa"), replaced);
+    let ctx = served_context_with_pods(fake.clone(), None, vec![warm]).await;
+    node_root_checked(&ctx);
+    play(
+        &fake,
+        &ctx,
+        name,
+        &[
+            None,
+            Some(("pod-2", Bound("node-1"))),
+            Some(("pod-2", Creating("node-1"))),
+            Some(("pod-2", Serving("node-1"))),
+        ],
+    )
+    .await;
+    let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
+    let _ = std::fs::remove_dir_all(&root);
+    let adopted = fake.get(&format!("{PODS}/tpl-warm-aaaaa")).expect("left");
+    assert!(
+        adopted["metadata"]["ownerReferences"][0]["kind"] == "SandboxPool",
+        "the replaced pod is not adopted: {adopted:#}"
+    );
+    assert_ready_only_when_its_pod_is(&fake, name, "pod-2", "stale claim, cold start");
+    assert_eq!(todo.expect("the file written"), "ship it\n");
 }
