@@ -190,6 +190,15 @@ mod tests {
             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}),
         );
         assert_eq!(observe_pod(&ready), PodState::Ready);
+        let mut reported_pending = ready.clone();
+        if let Some(st) = reported_pending.status.as_mut() {
+            st.phase = Some("Pending".into());
+        }
+        assert_eq!(
+            observe_pod(&reported_pending),
+            PodState::Starting,
+            "Ready only with the pod's phase Running too"
+        );
         let creating = pod(
             serde_json::json!({"phase": "Pending", "containerStatuses": [{
             "name": "sandbox", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
