@@ -446,6 +446,75 @@ async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
     env.finish().await;
 }
 
+/// A harness on the plain API (no agentbox code) takes the scope's guard by its documented
+/// name, labelled with nothing but the scope key (issue 42): the Sandbox's `Guarded`
+/// condition shows that holder within seconds, and shows the guard free once it lets go.
+#[tokio::test]
+async fn a_guard_lease_made_on_the_plain_api_shows_its_holder() {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let mut env = TestEnv::new("sbx-guard3p").await;
+    env.start_operator(&[]);
+    let scope = json!({"kind": "User", "agent": "ext", "user": "u1"});
+    create_sandbox(
+        &env,
+        "g",
+        json!({"image": common::BASE_IMAGE, "scope": scope}),
+    )
+    .await
+    .unwrap();
+    let sbx = env.wait_for::<Sandbox>("g", 120, phase_is("Ready")).await;
+    let key = labels::scope_key(&sbx.spec.scope);
+    let name = labels::lease_name(&key);
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some([(labels::SCOPE_KEY.to_string(), key.clone())].into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("third-party-harness".into()),
+            lease_duration_seconds: Some(60),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            lease_transitions: Some(0),
+            ..Default::default()
+        }),
+    };
+    let leases = env.api::<Lease>();
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let held_by = |holder: Option<&'static str>| {
+        move |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref()).is_some_and(|st| {
+                let cond = st
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Guarded" && (c.status == "True") == holder.is_some());
+                cond && st.guard.as_ref().and_then(|g| g.holder.as_deref()) == holder
+            })
+        }
+    };
+    let t0 = std::time::Instant::now();
+    env.wait_for::<Sandbox>("g", 10, held_by(Some("third-party-harness")))
+        .await;
+    eprintln!(
+        "[guard] a third-party holder shown after {:?}",
+        t0.elapsed()
+    );
+    // It lets go (clears the holder, as the protocol's release does): free again.
+    let mut released = leases.get(&name).await.unwrap();
+    if let Some(spec) = released.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    leases
+        .replace(&name, &PostParams::default(), &released)
+        .await
+        .unwrap();
+    env.wait_for::<Sandbox>("g", 10, held_by(None)).await;
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn invalid_specs_are_refused_with_clear_messages_and_get_no_pod() {
     let mut env = TestEnv::new("sbx-invalid").await;

@@ -44,8 +44,8 @@ pub const SYNC_WAIT: Duration = Duration::from_secs(10);
 pub struct Caches {
     /// SandboxTemplates.
     pub templates: Store<SandboxTemplate>,
-    /// The operator's Leases (label `app.kubernetes.io/managed-by: agentbox`): the scopes'
-    /// guards.
+    /// The scopes' guard Leases: every Lease labelled with a scope key
+    /// (`agentbox.dev/scope-key`), the operator's and any harness's alike.
     pub leases: Store<Lease>,
     /// The operator's NetworkPolicies (same label): the sandboxes' deny-egress policies.
     pub policies: Store<NetworkPolicy>,

@@ -306,11 +306,11 @@ async fn run_sandboxes(
         )
         .owns_stream(cache::reflect(
             scoped::<NetworkPolicy>(&ctx.client, &ns),
-            owned.clone(),
+            owned,
             policies,
         ))
         .watches_stream(
-            cache::reflect(scoped::<Lease>(&ctx.client, &ns), owned, leases),
+            cache::reflect(scoped::<Lease>(&ctx.client, &ns), guard_leases(), leases),
             guard_to_sandboxes,
         )
         .trigger_backoff(watch::TriggerBackoff::default())
@@ -329,6 +329,16 @@ async fn run_sandboxes(
         )
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// The watch of the scopes' guard Leases: every Lease that carries a scope key
+/// (`agentbox.dev/scope-key`), whoever made it. A harness on the plain API that takes a
+/// scope's guard by its documented name and scope-key label holds off the operator's
+/// snapshots (they read the Lease by name), so the `Guarded` condition must see it too: a
+/// selector on the operator's own `managed-by` label would hide it. A read then finds the
+/// scope's Lease by its name ([`labels::lease_name`]).
+fn guard_leases() -> watcher::Config {
+    watcher::Config::default().labels(labels::SCOPE_KEY)
 }
 
 /// The watch of the pods the operator manages, kept in `store` (the [`Context::pods`] cache):

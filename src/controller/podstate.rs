@@ -13,7 +13,8 @@ use agentbox_api::crd::SandboxStatus;
 /// What the sandbox pod is doing, as far as the sandbox cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodState {
-    /// Running, container ready.
+    /// Running, its container running and ready, as the kubelet reports it: the only state
+    /// in which a sandbox is initialised and Ready.
     Ready,
     /// On its way: scheduling, pulling, creating.
     Starting,
@@ -26,31 +27,6 @@ pub enum PodState {
     },
     /// Terminal: Succeeded or Failed (evicted, for example); a new pod is needed.
     Ended(String),
-}
-
-/// Whether a starting pod's container may already answer exec: the pod is bound to a node,
-/// not terminating, and its container is not reported in any state but "being created" (or
-/// "waiting for the init container", for a non-root sandbox's: the init container may have
-/// finished before the kubelet says so).
-pub fn may_answer_exec(pod: &Pod) -> bool {
-    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
-    let creating = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER))
-        .is_none_or(|c| {
-            c.state
-                .as_ref()
-                .and_then(|s| s.waiting.as_ref())
-                .is_some_and(|w| {
-                    matches!(
-                        w.reason.as_deref(),
-                        None | Some("" | "ContainerCreating" | "PodInitializing")
-                    )
-                })
-        });
-    bound && creating && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// How long ago the pod was created.
@@ -78,7 +54,8 @@ pub fn observe_pod(pod: &Pod) -> PodState {
         .and_then(|cs| cs.iter().find(|c| c.name == CONTAINER));
     if let Some(c) = container {
         let running = c.state.as_ref().is_some_and(|s| s.running.is_some());
-        if running && c.ready {
+        // The pod's phase with it: what `kubectl get pods` shows a harness as Running.
+        if running && c.ready && status.phase.as_deref() == Some("Running") {
             return PodState::Ready;
         }
         if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
@@ -235,9 +212,9 @@ pub fn initialised_in(st: &SandboxStatus, pod: &Pod) -> bool {
 }
 
 /// Whether `pod` serves the sandbox's workspace, so a snapshot can read it: initialised in this
-/// pod and not going. Starting counts: a sandbox is served (and Ready) as soon as its container
-/// answers exec, which can be before the kubelet reports it running, and it was initialised
-/// through that exec.
+/// pod and not going. Starting counts: an operator before issue 42 served a sandbox (and made
+/// it Ready) as soon as its container answered exec, before the kubelet reported it running;
+/// this one initialises a workspace only in a pod the kubelet reports running and ready.
 pub fn serves_workspace(st: &SandboxStatus, pod: &Pod) -> bool {
     matches!(observe_pod(pod), PodState::Ready | PodState::Starting)
         && pod.metadata.deletion_timestamp.is_none()
@@ -257,35 +234,6 @@ mod tests {
     }
 
     #[test]
-    fn early_exec_is_tried_on_bound_pods_whose_container_is_being_created() {
-        let bound = |status: serde_json::Value| -> Pod {
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "p"},
-                "spec": {"nodeName": "n", "containers": [{"name": CONTAINER}]},
-                "status": status,
-            }))
-            .unwrap()
-        };
-        let waiting = |reason: &str| {
-            serde_json::json!({"phase": "Pending", "containerStatuses": [{
-                "name": CONTAINER, "ready": false, "restartCount": 0, "image": "i", "imageID": "",
-                "state": {"waiting": {"reason": reason}}}]})
-        };
-        assert!(!may_answer_exec(&pod(serde_json::json!({}))), "not bound");
-        assert!(may_answer_exec(&bound(
-            serde_json::json!({"phase": "Pending"})
-        )));
-        assert!(may_answer_exec(&bound(waiting("ContainerCreating"))));
-        assert!(may_answer_exec(&bound(waiting("PodInitializing"))));
-        assert!(!may_answer_exec(&bound(waiting("ImagePullBackOff"))));
-        let mut gone = bound(serde_json::json!({"phase": "Pending"}));
-        gone.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                Timestamp::from_second(1).unwrap(),
-            ));
-        assert!(!may_answer_exec(&gone), "terminating");
-    }
-
     #[test]
     fn a_failed_init_container_is_a_problem_that_stalls() {
         let with_init = |init: serde_json::Value| {
@@ -344,6 +292,15 @@ mod tests {
             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}),
         );
         assert_eq!(observe_pod(&ready), PodState::Ready);
+        let mut reported_pending = ready.clone();
+        if let Some(st) = reported_pending.status.as_mut() {
+            st.phase = Some("Pending".into());
+        }
+        assert_eq!(
+            observe_pod(&reported_pending),
+            PodState::Starting,
+            "Ready only with the pod's phase Running too"
+        );
         let creating = pod(
             serde_json::json!({"phase": "Pending", "containerStatuses": [{
             "name": "sandbox", "ready": false, "restartCount": 0, "image": "i", "imageID": "",

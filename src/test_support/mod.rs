@@ -47,6 +47,9 @@ pub(crate) struct FakeApi {
     pub(crate) held: Mutex<BTreeMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Requests `"METHOD path"` answered with this error code instead.
     pub(crate) failing: Mutex<BTreeMap<String, u16>>,
+    /// Every Sandbox status written, in order: the Sandbox's path, the status, and the pod it
+    /// names as the fake held it at that moment (what a harness reading both would have seen).
+    pub(crate) statuses: Mutex<Vec<(String, Value, Option<Value>)>>,
 }
 
 /// The entry of a request `"METHOD path"` in one of the fake's maps.
@@ -60,12 +63,17 @@ pub(crate) fn status_body(code: u16, reason: &str) -> Value {
         "message": reason, "reason": reason, "code": code})
 }
 
-/// Merges `patch` into `target` (objects key by key, everything else replaced).
+/// Merges `patch` into `target` as a JSON merge patch does (objects key by key, a null
+/// removes its key, everything else replaced).
 pub(crate) fn merge(target: &mut Value, patch: &Value) {
     match (target, patch) {
         (Value::Object(t), Value::Object(p)) => {
             for (k, v) in p {
-                merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
             }
         }
         (t, p) => *t = p.clone(),
@@ -207,6 +215,16 @@ impl FakeApi {
             let Some(mut obj) = self.get(base) else {
                 return (404, status_body(404, "NotFound"));
             };
+            if base.starts_with(SBX) {
+                let named = body["status"]["podName"]
+                    .as_str()
+                    .and_then(|p| self.get(&format!("{PODS}/{p}")));
+                self.statuses.lock().expect("statuses").push((
+                    base.to_string(),
+                    body["status"].clone(),
+                    named,
+                ));
+            }
             obj["status"] = body["status"].clone();
             self.put(base, obj);
             return (200, self.get(base).unwrap_or_default());
@@ -342,7 +360,17 @@ pub(crate) async fn served_context(
     fake: Arc<FakeApi>,
     store: Option<crate::snapshot::store::Store>,
 ) -> Arc<Context> {
-    context_on(loopback::serve(fake).await, store, Vec::new())
+    served_context_with_pods(fake, store, Vec::new()).await
+}
+
+/// [`served_context`], whose watch of managed pods has seen `pods` (a cache that may trail
+/// the fake).
+pub(crate) async fn served_context_with_pods(
+    fake: Arc<FakeApi>,
+    store: Option<crate::snapshot::store::Store>,
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+) -> Arc<Context> {
+    context_on(loopback::serve(fake).await, store, pods)
 }
 
 pub(crate) fn context_on(

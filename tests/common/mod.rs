@@ -175,6 +175,15 @@ impl Drop for Operator {
     }
 }
 
+/// The operator binary tests start: `$AGENTBOX_OPERATOR_BIN` when set (a copy taken right
+/// after a build, on a machine where several checkouts share one target directory and so one
+/// `target/debug/agentbox-operator`), else this package's.
+pub fn operator_bin() -> PathBuf {
+    std::env::var_os("AGENTBOX_OPERATOR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_agentbox-operator")))
+}
+
 /// A temporary namespace and the operators started for it.
 pub struct TestEnv {
     /// Client with the cluster's admin credentials.
@@ -277,13 +286,7 @@ impl TestEnv {
             .then_some(["--namespace", self.ns.as_str()])
             .into_iter()
             .flatten();
-        // AGENTBOX_TEST_OPERATOR_BIN: a copy of this tree's operator, for a run whose shared
-        // build directory another checkout may rebuild meanwhile.
-        let bin = std::env::var("AGENTBOX_TEST_OPERATOR_BIN")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| env!("CARGO_BIN_EXE_agentbox-operator").to_string());
-        let child = Command::new(bin)
+        let child = Command::new(operator_bin())
             .args(watch)
             .args(["--identity", &identity])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])

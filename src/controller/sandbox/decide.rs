@@ -650,8 +650,6 @@ fn not_ready(
 pub struct Serving {
     /// Its state.
     pub state: PodState,
-    /// Starting, but its container may already answer exec.
-    pub early: bool,
     /// Its age.
     pub age: Duration,
     /// Its UID.
@@ -664,10 +662,15 @@ pub struct Serving {
 }
 
 impl Serving {
-    /// Whether the workspace is to be initialised (or was, in this pod) now: the pod runs, or
-    /// may answer exec before the kubelet says it runs.
+    /// Whether the workspace is to be initialised (or was, in this pod) now: only once the
+    /// kubelet reports this pod (by UID) Running with its container ready. Not before, even
+    /// where an exec might already reach a container: exec finds its container by the pod's
+    /// *name*, and a pod of the same name can still be stopping on the node (a force delete
+    /// removes the object before the kubelet has stopped anything), so an early exec may run
+    /// in the old pod, and a Ready written on its word names a pod that cannot run a command
+    /// yet (issue 42).
     pub fn initialises(&self) -> bool {
-        self.state == PodState::Ready || (self.state == PodState::Starting && self.early)
+        self.state == PodState::Ready
     }
 }
 
@@ -683,8 +686,6 @@ pub enum Init {
         /// The start decided.
         decision: workspace::Decision,
     },
-    /// An early try: the container does not answer exec yet.
-    NotAnswering,
     /// Failed (the error goes back to the controller for its retry pace).
     Failed {
         /// Condition reason.
@@ -703,8 +704,8 @@ pub enum Init {
 pub struct Served {
     /// The pod is still on its way (for [`defer_first_status`]).
     pub starting: bool,
-    /// Look again this soon (an early exec that found no container yet, or a pod problem
-    /// that stalls the start if it lasts this much longer).
+    /// Look again this soon (a pod problem that stalls the start if it lasts this much
+    /// longer).
     pub retry: Option<Duration>,
     /// Initialisation failed: write the status with this Warning Event and report the error.
     pub failed: Option<Note>,
@@ -739,16 +740,13 @@ pub fn served(
         clear_pod_stall(st);
     }
     match (&pod.state, init) {
-        (PodState::Starting, Init::NotAnswering) => {
-            pod_starting(st, generation, now);
-            out.starting = true;
-            out.retry = Some(early_retry(pod.age));
-        }
-        (PodState::Starting, Init::Skipped) if !pod.early => {
+        // Whatever the status said before (Ready in an earlier pod of the same name), not
+        // Ready until the kubelet reports this pod running.
+        (PodState::Starting, _) => {
             out.starting = true;
             pod_starting(st, generation, now);
         }
-        (PodState::Ready | PodState::Starting, init) => {
+        (PodState::Ready, init) => {
             out = running(st, pod, init, Stamp { generation, now });
         }
         (PodState::Problem { reason, message }, _) => {
@@ -841,7 +839,8 @@ pub fn clear_pod_stall(st: &mut SandboxStatus) {
         .retain(|c| !(c.type_ == STALLED && podstate::stalls(&c.reason)));
 }
 
-/// A running container: PodReady, then the workspace's outcome; Ready when it is initialised.
+/// A running container (the kubelet says so): PodReady, then the workspace's outcome; Ready
+/// when it is initialised in this pod.
 fn running(
     st: &mut SandboxStatus,
     pod: &Serving,
@@ -859,7 +858,7 @@ fn running(
         now,
     );
     match init {
-        Init::Skipped | Init::NotAnswering => {}
+        Init::Skipped => {}
         Init::Ran {
             workspace,
             decision,
@@ -950,13 +949,6 @@ fn initialised(
     let (letter, label) = (decision.branch.letter(), decision.branch.label());
     let note = format!("start branch {letter} ({label}): {}", decision.message);
     Note::new(EventType::Normal, decision.reason, "InitWorkspace", &note)
-}
-
-/// When to try exec again on a pod whose container did not answer yet: often while the pod is
-/// young (a container whose image is present starts within a second), backing off to 1 s as
-/// it ages (an image pull), so a slow start does not become a stream of exec attempts.
-pub fn early_retry(pod_age: Duration) -> Duration {
-    (pod_age / 8).clamp(Duration::from_millis(50), Duration::from_secs(1))
 }
 
 /// How long a brand-new sandbox whose pod is starting goes without a status.
@@ -1458,10 +1450,9 @@ mod tests {
         assert_eq!(plan.note, None);
     }
 
-    fn serving(state: PodState, early: bool) -> Serving {
+    fn serving(state: PodState) -> Serving {
         Serving {
             state,
-            early,
             age: Duration::from_millis(800),
             uid: "pod-uid".into(),
             problem_for: None,
@@ -1490,7 +1481,7 @@ mod tests {
         let out = served(
             &old,
             &mut st,
-            &serving(PodState::Ready, false),
+            &serving(PodState::Ready),
             ran(),
             Stamp {
                 generation: Some(1),
@@ -1524,7 +1515,7 @@ mod tests {
         let out = served(
             &old,
             &mut st,
-            &serving(PodState::Ready, false),
+            &serving(PodState::Ready),
             init,
             Stamp {
                 generation: None,
@@ -1551,7 +1542,7 @@ mod tests {
             refusal: None,
             permanent: true,
         };
-        let pod = serving(PodState::Ready, false);
+        let pod = serving(PodState::Ready);
         served(
             &old,
             &mut st,
@@ -1596,28 +1587,27 @@ mod tests {
     }
 
     #[test]
-    fn an_early_exec_that_finds_no_container_keeps_the_pod_starting_and_retries_soon() {
-        let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
-        let pod = serving(PodState::Starting, true);
-        let out = served(
-            &old,
-            &mut st,
-            &pod,
-            Init::NotAnswering,
-            Stamp {
-                generation: None,
-                now: t(0),
-            },
+    fn a_starting_pod_is_pending_even_where_the_status_said_ready_in_an_earlier_pod() {
+        let old = SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            ..Default::default()
+        };
+        let mut st = old.clone();
+        conditions::set(&mut st.conditions, READY, true, "Ready", "x", None, t(0));
+        conditions::set(
+            &mut st.conditions,
+            POD_READY,
+            true,
+            "PodRunning",
+            "x",
+            None,
+            t(0),
         );
-        assert!(out.starting);
-        assert_eq!(out.retry, Some(Duration::from_millis(100)));
-        assert_eq!(reason(&st, READY), "PodStarting");
-    }
-
-    #[test]
-    fn a_starting_pod_without_early_exec_is_pending() {
-        let (old, mut st) = (SandboxStatus::default(), SandboxStatus::default());
-        let pod = serving(PodState::Starting, false);
+        let pod = serving(PodState::Starting);
+        assert!(
+            !pod.initialises(),
+            "no exec before the kubelet reports it running"
+        );
         let out = served(
             &old,
             &mut st,
@@ -1630,6 +1620,10 @@ mod tests {
         );
         assert!(out.starting && out.retry.is_none());
         assert_eq!(st.phase, Some(SandboxPhase::Pending));
+        assert_eq!(reason(&st, READY), "PodStarting");
+        assert_eq!(reason(&st, POD_READY), "PodStarting");
+        assert!(!conditions::is_true(&st.conditions, READY));
+        assert!(!conditions::is_true(&st.conditions, POD_READY));
     }
 
     #[test]
@@ -1642,7 +1636,7 @@ mod tests {
         let out = served(
             &old,
             &mut st,
-            &serving(problem.clone(), false),
+            &serving(problem.clone()),
             Init::Skipped,
             Stamp {
                 generation: None,
@@ -1655,7 +1649,7 @@ mod tests {
         let out = served(
             &old,
             &mut st,
-            &serving(problem, false),
+            &serving(problem),
             Init::Skipped,
             Stamp {
                 generation: None,
@@ -1673,7 +1667,7 @@ mod tests {
         };
         Serving {
             problem_for: Some(Duration::from_secs(for_secs)),
-            ..serving(problem, false)
+            ..serving(problem)
         }
     }
 
@@ -1817,7 +1811,7 @@ mod tests {
         let out = served(
             &before,
             &mut st,
-            &serving(PodState::Starting, false),
+            &serving(PodState::Starting),
             Init::Skipped,
             Stamp {
                 generation: Some(3),
@@ -1840,7 +1834,7 @@ mod tests {
         served(
             &before,
             &mut st,
-            &serving(PodState::Ready, false),
+            &serving(PodState::Ready),
             ran(),
             Stamp {
                 generation: Some(3),
@@ -1909,7 +1903,7 @@ mod tests {
         served(
             &before,
             &mut refused,
-            &serving(PodState::Starting, false),
+            &serving(PodState::Starting),
             Init::Skipped,
             Stamp {
                 generation: Some(3),
@@ -2076,15 +2070,6 @@ mod tests {
         let (_, held, reason, _) = read(Some(&lease("", -1)));
         assert!(!held);
         assert_eq!(reason, "Free");
-    }
-
-    #[test]
-    fn early_exec_backs_off_as_the_pod_ages() {
-        let ms = |m| early_retry(Duration::from_millis(m)).as_millis();
-        assert_eq!(ms(0), 50);
-        assert_eq!(ms(800), 100);
-        assert_eq!(ms(4_000), 500);
-        assert_eq!(ms(60_000), 1000);
     }
 
     #[test]

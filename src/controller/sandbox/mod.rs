@@ -48,7 +48,7 @@ pub use crate::controller::context::Note;
 use crate::controller::context::{Context, Error};
 use agentbox_api::crd::Sandbox;
 use agentbox_api::labels;
-pub use decide::{FIRST_STATUS_GRACE, defer_first_status, early_retry};
+pub use decide::{FIRST_STATUS_GRACE, defer_first_status};
 
 /// Whether a change to the SandboxSnapshot `name` (of scope `scope_key`, when known) may
 /// change what `sbx`'s start does (pure): it is the snapshot the sandbox restores by name or

@@ -1048,3 +1048,490 @@ async fn an_image_that_cannot_be_pulled_stalls_the_start_after_the_grace_and_cle
         "{s:#}"
     );
 }
+
+// Ready means the pod the status names runs (issue 42): whatever order the pod's changes
+// reach the operator in, no status says Ready (phase, `Ready` or `PodReady` True) unless the
+// pod it names is, as the API server holds it at that moment, the pod the workspace was
+// initialised in (by UID), Running, its container running and ready, and not being deleted.
+// A pod of the same name can still be stopping on the node when its successor is bound (a
+// force delete), and exec finds a container by the pod's name: a command sent before the
+// kubelet reports the new pod running may reach the old one, or none.
+
+/// What the scheduler and the kubelet have made of a pod so far.
+#[derive(Clone, Copy, Debug)]
+enum Kubelet {
+    /// Made, bound to no node yet, no status.
+    Unbound,
+    /// Bound to the node; the kubelet has not reported on it.
+    Bound(&'static str),
+    /// Bound; its container is being created.
+    Creating(&'static str),
+    /// Running; its container started, not ready yet.
+    Started(&'static str),
+    /// Running; its container running and ready.
+    Serving(&'static str),
+    /// Serving, and being deleted (gracefully: the kubelet stops it).
+    Going(&'static str),
+}
+
+/// The pod of sandbox `name` (as the operator makes it) with UID `uid`, as `k` says.
+fn pod_as(ctx: &Context, name: &str, fake: &FakeApi, uid: &str, k: Kubelet) -> Value {
+    let mut p = current_pod(ctx, name, fake);
+    p["metadata"]["uid"] = json!(uid);
+    let container = |ready: bool, state: Value| {
+        json!([{"name": crate::controller::pod::CONTAINER, "ready": ready, "restartCount": 0,
+            "image": "busybox", "imageID": "", "state": state}])
+    };
+    let scheduled = json!([{"type": "PodScheduled", "status": "True"}]);
+    let running = json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}});
+    let (node, status) = match k {
+        Kubelet::Unbound => (None, json!({"phase": "Pending"})),
+        Kubelet::Bound(n) => (
+            Some(n),
+            json!({"phase": "Pending", "conditions": scheduled}),
+        ),
+        Kubelet::Creating(n) => (
+            Some(n),
+            json!({"phase": "Pending", "conditions": scheduled, "containerStatuses":
+                container(false, json!({"waiting": {"reason": "ContainerCreating"}}))}),
+        ),
+        Kubelet::Started(n) => (
+            Some(n),
+            json!({"phase": "Running", "containerStatuses": container(false, running)}),
+        ),
+        Kubelet::Serving(n) | Kubelet::Going(n) => (
+            Some(n),
+            json!({"phase": "Running", "containerStatuses": container(true, running)}),
+        ),
+    };
+    p["spec"]["nodeName"] = json!(node);
+    p["status"] = status;
+    if let Kubelet::Going(_) = k {
+        p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    }
+    p
+}
+
+/// Whether `pod` (as stored) is the running, ready, live pod with UID `uid`.
+fn runs_as(pod: &Value, uid: &Value) -> bool {
+    let container = pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c["name"] == crate::controller::pod::CONTAINER)
+        });
+    !uid.is_null()
+        && &pod["metadata"]["uid"] == uid
+        && pod["status"]["phase"] == "Running"
+        && pod["metadata"]["deletionTimestamp"].is_null()
+        && container.is_some_and(|c| c["ready"] == true && !c["state"]["running"].is_null())
+}
+
+/// The statuses written that say Ready (phase, `Ready` or `PodReady` True) while the pod
+/// they name was not, as the fake held it then, the running, ready, live pod the workspace
+/// was initialised in.
+fn ready_without_its_pod(fake: &FakeApi) -> Vec<String> {
+    let statuses = fake.statuses.lock().expect("statuses");
+    statuses
+        .iter()
+        .filter(|(_, st, _)| {
+            let says = |t: &str| {
+                st["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == t && c["status"] == "True"))
+            };
+            st["phase"] == "Ready" || says("Ready") || says("PodReady")
+        })
+        .filter(|(_, st, pod)| {
+            let uid = &st["workspace"]["initializedPodUid"];
+            !pod.as_ref().is_some_and(|p| runs_as(p, uid))
+        })
+        .map(|(at, st, pod)| {
+            let pod = pod.as_ref().map(|p| {
+                json!({"uid": p["metadata"]["uid"], "node": p["spec"]["nodeName"],
+                    "deleting": !p["metadata"]["deletionTimestamp"].is_null(),
+                    "status": p["status"]})
+            });
+            format!(
+                "{at}: phase {} naming {} (initialised in {}) while the pod was {}",
+                st["phase"],
+                st["podName"],
+                st["workspace"]["initializedPodUid"],
+                pod.map_or("gone".to_string(), |p| p.to_string())
+            )
+        })
+        .collect()
+}
+
+/// Plays `world` on sandbox `name`: each entry is the pod as the API server then holds it
+/// (`None`: deleted, which the operator answers by making one; `Some`: its UID and what the
+/// kubelet reported), each followed by a reconcile.
+async fn play(
+    fake: &Arc<FakeApi>,
+    ctx: &Arc<Context>,
+    name: &str,
+    world: &[Option<(&str, Kubelet)>],
+) {
+    let at = format!("{PODS}/{}", pod(name));
+    for w in world {
+        match w {
+            None => {
+                fake.objects.lock().expect("objects").remove(&at);
+            }
+            Some((uid, k)) => fake.put(&at, pod_as(ctx, name, fake, uid, *k)),
+        }
+        let obj: Sandbox = serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("sbx"))
+            .expect("sandbox");
+        // A reconcile may fail (an exec into a pod that is not running): the invariant is
+        // about what it writes, and the controller retries.
+        let _ = super::reconcile(Arc::new(obj), ctx.clone()).await;
+    }
+}
+
+/// A served context (its pod cache holding `cached`) and sandbox `name`, Ready, its workspace
+/// (at `root` on the host) initialised in pod `pod-1` on node-1, which serves; node-1 and
+/// node-2 Ready and checked.
+async fn ready_in_pod_1(
+    name: &str,
+    root: &std::path::Path,
+    cached: Vec<k8s_openapi::api::core::v1::Pod>,
+) -> (Arc<FakeApi>, Arc<Context>) {
+    let fake = Arc::new(FakeApi::default());
+    let store = crate::snapshot::store::Store::memory("");
+    let ctx = served_context_with_pods(fake.clone(), Some(store), cached).await;
+    let spec = json!({"workspace": {"root": root.to_string_lossy(),
+        "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]}});
+    let status = json!({"phase": "Ready", "podName": pod(name), "nodeName": "node-1",
+        "workspace": {"rootReady": true, "initializedPodUid": "pod-1"}});
+    fake.put(&format!("{SBX}/{name}"), adopted(name, spec, status));
+    fake.put(&node_path("node-2"), node("node-2", "True"));
+    let p = pod_as(&ctx, name, &fake, "pod-1", Kubelet::Serving("node-1"));
+    fake.put(&format!("{PODS}/{}", pod(name)), p);
+    node_root_checked(&ctx);
+    let found = crate::controller::memory::Found::Checked {
+        nosuid: true,
+        nodev: true,
+        mount: "/".into(),
+    };
+    ctx.node_roots
+        .record("node-2", NS, found, std::time::Instant::now());
+    (fake, ctx)
+}
+
+/// The sandbox `name` ends Ready in pod `uid`, and no status said Ready before its pod did.
+fn assert_ready_only_when_its_pod_is(fake: &FakeApi, name: &str, uid: &str, order: &str) {
+    let bad = ready_without_its_pod(fake);
+    assert!(
+        bad.is_empty(),
+        "{order}: Ready before its pod was:\n{bad:#?}"
+    );
+    let s = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"), "{order}: {s:#}");
+    assert_eq!(
+        s["status"]["workspace"]["initializedPodUid"],
+        json!(uid),
+        "{order}: {s:#}"
+    );
+    assert_eq!(s["status"]["podName"], json!(pod(name)), "{order}: {s:#}");
+}
+
+#[tokio::test]
+async fn a_replaced_pod_is_ready_only_once_the_kubelet_reports_it_running_in_any_order() {
+    use Kubelet::*;
+    type World = Vec<Option<(&'static str, Kubelet)>>;
+    let orders: Vec<(&str, World)> = vec![
+        (
+            "force-deleted, then every report on its successor",
+            vec![
+                None,
+                Some(("pod-2", Unbound)),
+                Some(("pod-2", Bound("node-1"))),
+                Some(("pod-2", Creating("node-1"))),
+                Some(("pod-2", Started("node-1"))),
+                Some(("pod-2", Serving("node-1"))),
+            ],
+        ),
+        (
+            "force-deleted, the successor's reports coalesced",
+            vec![
+                None,
+                Some(("pod-2", Creating("node-1"))),
+                Some(("pod-2", Serving("node-1"))),
+            ],
+        ),
+        (
+            "deleted gracefully",
+            vec![
+                Some(("pod-1", Going("node-1"))),
+                None,
+                Some(("pod-2", Bound("node-1"))),
+                Some(("pod-2", Creating("node-1"))),
+                Some(("pod-2", Serving("node-1"))),
+            ],
+        ),
+        (
+            "the successor seen before the delete (status still naming pod-1 Ready)",
+            vec![
+                Some(("pod-2", Creating("node-1"))),
+                Some(("pod-2", Started("node-1"))),
+                Some(("pod-2", Serving("node-1"))),
+            ],
+        ),
+        (
+            "replaced on another node",
+            vec![
+                None,
+                Some(("pod-2", Bound("node-2"))),
+                Some(("pod-2", Creating("node-2"))),
+                Some(("pod-2", Serving("node-2"))),
+            ],
+        ),
+        (
+            "the old pod back in a stale read between the successor's reports",
+            vec![
+                None,
+                Some(("pod-2", Creating("node-1"))),
+                Some(("pod-1", Serving("node-1"))),
+                Some(("pod-2", Creating("node-1"))),
+                Some(("pod-2", Serving("node-1"))),
+            ],
+        ),
+    ];
+    for (i, (order, world)) in orders.iter().enumerate() {
+        let name = format!("rep{i}");
+        let root = host_workspace(&name);
+        let (fake, ctx) = ready_in_pod_1(&name, &root, Vec::new()).await;
+        play(&fake, &ctx, &name, world).await;
+        let _ = std::fs::remove_dir_all(&root);
+        assert_ready_only_when_its_pod_is(&fake, &name, "pod-2", order);
+    }
+}
+
+#[tokio::test]
+async fn a_pod_cache_that_still_holds_the_old_pod_changes_nothing() {
+    use Kubelet::*;
+    let name = "stale";
+    let root = host_workspace(name);
+    let probe = Arc::new(FakeApi::default());
+    let probe_ctx = context(probe.clone());
+    probe.put(
+        &format!("{SBX}/{name}"),
+        adopted(name, json!({}), Value::Null),
+    );
+    let old: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(pod_as(&probe_ctx, name, &probe, "pod-1", Serving("node-1")))
+            .expect("pod");
+    let (fake, ctx) = ready_in_pod_1(name, &root, vec![old]).await;
+    play(
+        &fake,
+        &ctx,
+        name,
+        &[
+            None,
+            Some(("pod-2", Bound("node-1"))),
+            Some(("pod-2", Creating("node-1"))),
+            Some(("pod-2", Serving("node-1"))),
+        ],
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&root);
+    assert_ready_only_when_its_pod_is(&fake, name, "pod-2", "stale pod cache");
+}
+
+#[tokio::test]
+async fn a_resumed_sandbox_is_ready_only_once_its_new_pod_runs() {
+    use Kubelet::*;
+    let name = "resume";
+    let root = host_workspace(name);
+    let (fake, ctx) = ready_in_pod_1(name, &root, Vec::new()).await;
+    // Suspended (its pod gone, the workspace kept on node-1), now asked to run again.
+    let mut sbx = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
+    sbx["status"]["phase"] = json!("Suspended");
+    sbx["status"]["podName"] = Value::Null;
+    fake.put(&format!("{SBX}/{name}"), sbx);
+    play(
+        &fake,
+        &ctx,
+        name,
+        &[
+            None,
+            Some(("pod-2", Bound("node-1"))),
+            Some(("pod-2", Creating("node-1"))),
+            Some(("pod-2", Started("node-1"))),
+            Some(("pod-2", Serving("node-1"))),
+        ],
+    )
+    .await;
+    let kept = std::fs::read_to_string(root.join("src/main.py"));
+    let _ = std::fs::remove_dir_all(&root);
+    assert_ready_only_when_its_pod_is(&fake, name, "pod-2", "resume");
+    assert_eq!(kept.expect("the workspace kept"), "print('hi')\n");
+}
+
+#[tokio::test]
+async fn a_restore_into_a_new_pod_is_ready_only_once_that_pod_runs() {
+    use Kubelet::*;
+    let name = "restore";
+    let root = host_workspace(name);
+    let (fake, ctx) = ready_in_pod_1(name, &root, Vec::new()).await;
+    fake.put(&format!("{SNAPS}/s1"), snapshot_of("s1", name, Value::Null));
+    crate::controller::snapshot::reconcile(stored_snapshot(&fake, "s1"), ctx.clone())
+        .await
+        .expect("the snapshot");
+    // The node lost the workspace; the sandbox's next pod restores it (branch B).
+    std::fs::remove_dir_all(&root).expect("lose it");
+    std::fs::create_dir_all(&root).expect("an empty root");
+    let mut sbx = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
+    sbx["status"]["phase"] = json!("Ready");
+    sbx["status"]["podName"] = json!(pod(name));
+    sbx["status"]["nodeName"] = json!("node-1");
+    sbx["status"]["workspace"] = json!({"rootReady": true, "initializedPodUid": "pod-1"});
+    fake.put(&format!("{SBX}/{name}"), sbx);
+    fake.statuses.lock().expect("statuses").clear();
+    play(
+        &fake,
+        &ctx,
+        name,
+        &[
+            None,
+            Some(("pod-2", Creating("node-1"))),
+            Some(("pod-2", Started("node-1"))),
+            Some(("pod-2", Serving("node-1"))),
+        ],
+    )
+    .await;
+    let back = std::fs::read_to_string(root.join("src/main.py"));
+    let _ = std::fs::remove_dir_all(&root);
+    assert_ready_only_when_its_pod_is(&fake, name, "pod-2", "restore");
+    assert_eq!(back.expect("restored"), "print('hi')\n");
+    let s = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
+    assert_eq!(s["status"]["restoredFrom"], json!("s1"), "{s:#}");
+}
+
+const TEMPLATES: &str = "/apis/agentbox.dev/v1alpha1/namespaces/n/sandboxtemplates";
+
+/// A first start of sandbox `name` from template `tpl` (its workspace at `root` on the host),
+/// with a warm pod `tpl-warm-aaaaa` of pool `pool` that fits it, Ready, in the fake; returns
+/// the warm pod as the fake holds it (what an up-to-date pod cache holds).
+fn claimable(
+    fake: &Arc<FakeApi>,
+    ctx: &Context,
+    name: &str,
+    root: &std::path::Path,
+) -> k8s_openapi::api::core::v1::Pod {
+    fake.put(
+        &format!("{TEMPLATES}/tpl"),
+        json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxTemplate",
+            "metadata": {"name": "tpl", "namespace": NS, "uid": "tpl-uid", "generation": 1},
+            "spec": {"image": "busybox"}}),
+    );
+    let spec = json!({"templateRef": {"name": "tpl"},
+        "workspace": {"root": root.to_string_lossy(),
+            "files": [{"path": "notes/todo.txt", "content": "ship it\n"}]}});
+    fake.put(&format!("{SBX}/{name}"), adopted(name, spec, Value::Null));
+    let sbx: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("sbx")).expect("sbx");
+    let tpl: agentbox_api::crd::SandboxTemplate =
+        serde_json::from_value(fake.get(&format!("{TEMPLATES}/tpl")).expect("tpl")).expect("tpl");
+    let mut resolved = sbx.clone();
+    resolved.spec = agentbox_api::template::resolve(&tpl.spec, &sbx.spec);
+    let podcfg = crate::controller::pod::PodConfig::from_config(&ctx.config);
+    let shape = super::claim::shape_hash(&resolved, &podcfg);
+    let dir = format!("{}/{NS}/warm-aaaaa", ctx.config.node_root);
+    let l = agentbox_api::labels::WARM;
+    let warm = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tpl-warm-aaaaa", "namespace": NS, "uid": "warm-1",
+            "labels": {l: "true", agentbox_api::labels::POOL: "pool",
+                agentbox_api::labels::MANAGED_BY: agentbox_api::labels::MANAGER},
+            "annotations": {agentbox_api::labels::WARM_READY: "true",
+                agentbox_api::labels::POD_SHAPE_HASH: shape,
+                agentbox_api::labels::WORKSPACE_HOST_DIR: dir},
+            "ownerReferences": [{"apiVersion": "agentbox.dev/v1alpha1",
+                "kind": "SandboxPool", "name": "pool", "uid": "pool-uid", "controller": true}]},
+        "spec": {"nodeName": "node-1", "containers": [{"name": crate::controller::pod::CONTAINER}],
+            "volumes": [{"name": crate::controller::pod::WORKSPACE_VOLUME,
+                "hostPath": {"path": dir}}]},
+        "status": {"phase": "Running", "containerStatuses": [{
+            "name": crate::controller::pod::CONTAINER, "ready": true, "restartCount": 0,
+            "image": "busybox", "imageID": "",
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}});
+    fake.put(&format!("{PODS}/tpl-warm-aaaaa"), warm);
+    fake.put(&node_path("node-1"), node("node-1", "True"));
+    serde_json::from_value(fake.get(&format!("{PODS}/tpl-warm-aaaaa")).expect("warm"))
+        .expect("a pod")
+}
+
+#[tokio::test]
+async fn a_claim_is_ready_only_in_the_running_warm_pod_it_adopted() {
+    let name = "claim";
+    let root = host_workspace(name);
+    std::fs::remove_dir_all(&root).expect("an empty root");
+    std::fs::create_dir_all(&root).expect("an empty root");
+    let fake = Arc::new(FakeApi::default());
+    let probe = context(fake.clone());
+    let warm = claimable(&fake, &probe, name, &root);
+    let ctx = served_context_with_pods(fake.clone(), None, vec![warm]).await;
+    node_root_checked(&ctx);
+    let obj: Sandbox =
+        serde_json::from_value(fake.get(&format!("{SBX}/{name}")).expect("sbx")).expect("sbx");
+    super::reconcile(Arc::new(obj), ctx.clone())
+        .await
+        .expect("the claim");
+    let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
+    let _ = std::fs::remove_dir_all(&root);
+    let bad = ready_without_its_pod(&fake);
+    assert!(bad.is_empty(), "Ready before its pod was:\n{bad:#?}");
+    let s = fake.get(&format!("{SBX}/{name}")).expect("sandbox");
+    assert_eq!(s["status"]["phase"], json!("Ready"), "{s:#}");
+    assert_eq!(
+        s["status"]["podName"],
+        json!("tpl-warm-aaaaa"),
+        "adopted: {s:#}"
+    );
+    assert_eq!(
+        s["status"]["workspace"]["initializedPodUid"],
+        json!("warm-1")
+    );
+    assert_eq!(todo.expect("the file written"), "ship it\n");
+}
+
+#[tokio::test]
+async fn a_claim_from_a_stale_pod_cache_starts_cold_and_is_ready_only_once_its_pod_runs() {
+    use Kubelet::*;
+    let name = "claim2";
+    let root = host_workspace(name);
+    std::fs::remove_dir_all(&root).expect("an empty root");
+    std::fs::create_dir_all(&root).expect("an empty root");
+    let fake = Arc::new(FakeApi::default());
+    let probe = context(fake.clone());
+    let warm = claimable(&fake, &probe, name, &root);
+    // The API server has moved on from what the cache holds: the warm pod was deleted and a
+    // pod of the same name, starting, took its place.
+    let mut replaced = serde_json::to_value(&warm).expect("pod");
+    replaced["metadata"]["uid"] = json!("warm-2");
+    replaced["status"] = json!({"phase": "Pending"});
+    fake.put(&format!("{PODS}/tpl-warm-aaaaa"), replaced);
+    let ctx = served_context_with_pods(fake.clone(), None, vec![warm]).await;
+    node_root_checked(&ctx);
+    play(
+        &fake,
+        &ctx,
+        name,
+        &[
+            None,
+            Some(("pod-2", Bound("node-1"))),
+            Some(("pod-2", Creating("node-1"))),
+            Some(("pod-2", Serving("node-1"))),
+        ],
+    )
+    .await;
+    let todo = std::fs::read_to_string(root.join("notes/todo.txt"));
+    let _ = std::fs::remove_dir_all(&root);
+    let adopted = fake.get(&format!("{PODS}/tpl-warm-aaaaa")).expect("left");
+    assert!(
+        adopted["metadata"]["ownerReferences"][0]["kind"] == "SandboxPool",
+        "the replaced pod is not adopted: {adopted:#}"
+    );
+    assert_ready_only_when_its_pod_is(&fake, name, "pod-2", "stale claim, cold start");
+    assert_eq!(todo.expect("the file written"), "ship it\n");
+}

@@ -1,6 +1,6 @@
 //! The serve step: the pod is ours and current (or a warm pod adopted just now). Its node's
-//! workspace directory checked, the workspace initialised when the container runs (or may
-//! already answer exec), the status written once, Ready recorded.
+//! workspace directory checked, the workspace initialised once the kubelet reports the
+//! container running and ready, the status written once, Ready recorded.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use super::suspend;
 use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
-use crate::controller::podstate::{self, PodState, may_answer_exec, pod_age};
+use crate::controller::podstate::{self, PodState, pod_age};
 use crate::controller::{conditions, helper_pod, noderoot, pids, placement, pod};
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
@@ -97,8 +97,8 @@ pub(super) async fn serve_found(
     serve(h, sbx, found, seen, requeue).await
 }
 
-/// Serves `found`: the node's workspace directory checked, the workspace initialised when
-/// the container runs (or may already answer exec), the idle clock kept, the status
+/// Serves `found`: the node's workspace directory checked, the workspace initialised once
+/// the kubelet reports the container running and ready, the idle clock kept, the status
 /// written once (not before [`decide::defer_first_status`] allows), Ready recorded.
 pub(super) async fn serve(
     h: &Hands<'_>,
@@ -173,10 +173,7 @@ pub(super) async fn serve(
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// What `pod` looks like to the serve step. The kubelet reports a started container on
-/// its next relist, up to a second later; exec reaches the container runtime directly. So
-/// a bound pod whose container answers exec is initialised and served at once instead of
-/// after that report.
+/// What `pod` looks like to the serve step.
 fn serving(h: &Hands<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving {
     let problem_for = match &state {
         PodState::Problem { reason, .. } => podstate::problem_since(pod, reason)
@@ -184,7 +181,6 @@ fn serving(h: &Hands<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving
         _ => None,
     };
     Serving {
-        early: state == PodState::Starting && may_answer_exec(pod),
         state,
         age: pod_age(pod, now),
         uid: pod.uid().unwrap_or_default(),
@@ -223,14 +219,14 @@ async fn initialise(
     };
     let pod_name = pod.name_any();
     let result = init::init_workspace(sbx, h.ctx, &h.apis.pods, &pod_name, start).await;
-    let (init, error) = outcome(sbx, &h.ctx.metrics, serving, result);
+    let (init, error) = outcome(&h.ctx.metrics, result);
     let uid = sbx.uid().unwrap_or_default();
     match &init {
         Init::Ran { .. } => h.ctx.refusals.set(&uid, None),
         Init::Failed {
             refusal: Some(r), ..
         } => h.ctx.refusals.set(&uid, Some(r)),
-        Init::Failed { .. } | Init::Skipped | Init::NotAnswering => {}
+        Init::Failed { .. } | Init::Skipped => {}
     }
     (init, error)
 }
@@ -440,12 +436,9 @@ fn record_ready(
 }
 
 /// The [`Init`] outcome of an initialisation, and the error to report when it failed; its exec
-/// errors are counted in `metrics`. An early try whose container does not run yet is neither a
-/// failure nor an exec error: the pod is still starting.
+/// errors are counted in `metrics`.
 fn outcome(
-    sbx: &Sandbox,
     metrics: &Metrics,
-    serving: &Serving,
     result: Result<(WorkspaceStatus, crate::controller::workspace::Decision), Error>,
 ) -> (Init, Option<Error>) {
     match result {
@@ -456,10 +449,6 @@ fn outcome(
             },
             None,
         ),
-        Err(e) if serving.early && container_not_running(&e) => {
-            debug!(sandbox = %sbx.name_any(), "the container does not answer exec yet: {e}");
-            (Init::NotAnswering, None)
-        }
         Err(e) => {
             if let Error::Exec(x) = e.root() {
                 metrics.exec_failed(ExecOp::Workspace, x.kind());
@@ -474,16 +463,4 @@ fn outcome(
             (init, Some(e))
         }
     }
-}
-
-/// Whether an initialisation failed only because the container does not run yet (exec could
-/// not reach it), as opposed to a failure inside a running container.
-fn container_not_running(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Exec(
-            agentbox_api::exec::ExecError::Connect { .. }
-                | agentbox_api::exec::ExecError::NotStarted(_)
-        )
-    )
 }

@@ -55,8 +55,7 @@ pub async fn on_stop(
         return Ok(OnStop::Proceed);
     };
     let pod_uid = pod.uid().unwrap_or_default();
-    // The same test the snapshot controller applies: a sandbox Ready through an early exec,
-    // suspended before the kubelet reports its container running, still gets its snapshot.
+    // The same test the snapshot controller applies (see `serves_workspace`).
     if !podstate::serves_workspace(&st, &pod) {
         return Ok(OnStop::Proceed);
     }
