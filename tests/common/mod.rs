@@ -277,7 +277,11 @@ impl TestEnv {
             .then_some(["--namespace", self.ns.as_str()])
             .into_iter()
             .flatten();
-        let child = Command::new(env!("CARGO_BIN_EXE_agentbox-operator"))
+        // AGENTBOX_TEST_OPERATOR: another operator binary (a copy of this build's, where a
+        // shared build directory may be rebuilt meanwhile).
+        let exe = std::env::var("AGENTBOX_TEST_OPERATOR")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_agentbox-operator").to_string());
+        let child = Command::new(exe)
             .args(watch)
             .args(["--identity", &identity])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])

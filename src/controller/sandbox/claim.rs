@@ -312,6 +312,7 @@ mod tests {
                 default_run_as_user: 65532,
             },
             default_runtime_class: None,
+            default_egress: agentbox_api::crd::Egress::All,
         }
     }
 
