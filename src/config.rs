@@ -84,7 +84,11 @@ pub struct Config {
 
     /// Image of the enforcement check's pods: it needs `sh`, `mkdir`, `httpd` and `nc`
     /// (busybox has them).
-    #[arg(long, env = "AGENTBOX_NETWORK_CHECK_IMAGE", default_value = "docker.io/library/busybox:1.37")]
+    #[arg(
+        long,
+        env = "AGENTBOX_NETWORK_CHECK_IMAGE",
+        default_value = "docker.io/library/busybox:1.37"
+    )]
     pub network_check_image: String,
 
     /// Seconds between two enforcement checks of a node in use (the first runs when a node is

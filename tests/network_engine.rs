@@ -37,12 +37,17 @@ impl Drop for Restart {
 async fn with_the_policy_engine_stopped_a_sandbox_that_relies_on_it_is_not_ready_and_says_why() {
     let mut env = TestEnv::new("net-engine").await;
     env.start_operator(&[]);
+    // This build's CRDs again: an older build's (applied by another test process on the same
+    // cluster since this one started) defaults network.egress to All.
+    common::ensure_crds(&env.client).await;
     let restart = Restart;
     netpol("stop");
     create_sandbox(
         &env,
         "closed",
-        json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"}}),
+        // Explicit: on a shared cluster, a test process of an older build may apply CRDs that
+        // default an unset egress to All (the default case is tests/network.rs's).
+        json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"}, "network": {"egress": "None"}}),
     )
     .await
     .unwrap();
@@ -58,13 +63,19 @@ async fn with_the_policy_engine_stopped_a_sandbox_that_relies_on_it_is_not_ready
     assert_ne!(st.phase, Some(SandboxPhase::Ready), "{st:?}");
     let message = common::condition_message(&s, "NetworkEnforced");
     assert!(message.contains("not enforced on node"), "{message}");
-    assert!(message.contains("Install a network plugin that enforces NetworkPolicy"), "{message}");
+    assert!(
+        message.contains("Install a network plugin that enforces NetworkPolicy"),
+        "{message}"
+    );
     let ready = s
         .status
         .as_ref()
         .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"))
         .unwrap();
-    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NetworkPolicyNotEnforced"));
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "NetworkPolicyNotEnforced")
+    );
     let events = common::events(&env, "closed", "NetworkPolicyNotEnforced").await;
     assert!(
         events.iter().any(|e| e.type_.as_deref() == Some("Warning")
@@ -79,10 +90,13 @@ async fn with_the_policy_engine_stopped_a_sandbox_that_relies_on_it_is_not_ready
     )
     .await
     .unwrap();
-    env.wait_for::<Sandbox>("open", 180, phase_is("Ready")).await;
+    env.wait_for::<Sandbox>("open", 180, phase_is("Ready"))
+        .await;
 
     drop(restart);
-    let s = env.wait_for::<Sandbox>("closed", 180, phase_is("Ready")).await;
+    let s = env
+        .wait_for::<Sandbox>("closed", 180, phase_is("Ready"))
+        .await;
     let c = s
         .status
         .as_ref()

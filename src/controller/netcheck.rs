@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use tracing::{info, warn};
 
 use agentbox_api::crd::Egress;
@@ -211,11 +211,21 @@ impl Proofs {
                     ),
                 };
                 match &verdict {
-                    Verdict::Enforced => info!(node = %key.0, runtime = ?key.1, "NetworkPolicy enforcement proven"),
-                    Verdict::Not(reason, message) => warn!(node = %key.0, runtime = ?key.1, %reason, "{message}"),
+                    Verdict::Enforced => {
+                        info!(node = %key.0, runtime = ?key.1, "NetworkPolicy enforcement proven")
+                    }
+                    Verdict::Not(reason, message) => {
+                        warn!(node = %key.0, runtime = ?key.1, %reason, "{message}")
+                    }
                 }
                 if let Ok(mut map) = proofs.inner.lock() {
-                    map.insert(key, State::Done { at: Instant::now(), verdict });
+                    map.insert(
+                        key,
+                        State::Done {
+                            at: Instant::now(),
+                            verdict,
+                        },
+                    );
                 }
             });
         }
@@ -257,7 +267,14 @@ pub fn canary_policy(ns: &str) -> NetworkPolicy {
 
 /// A check pod (`role`: listener or canary) on `node` under `rc`: it serves a page on
 /// [`PORT`] as an unprivileged user, with no token and no capabilities.
-pub fn check_pod(name: &str, ns: &str, role: &str, node: &str, rc: Option<&str>, image: &str) -> Pod {
+pub fn check_pod(
+    name: &str,
+    ns: &str,
+    role: &str,
+    node: &str,
+    rc: Option<&str>,
+    image: &str,
+) -> Pod {
     let script = format!(
         "mkdir -p /tmp/w && echo ok > /tmp/w/index.html && exec httpd -f -p {PORT} -h /tmp/w"
     );
@@ -295,13 +312,11 @@ async fn running_pod(api: &Api<Pod>, pod: Pod) -> Result<String, CheckError> {
     let t0 = Instant::now();
     loop {
         match api.get_opt(&name).await? {
-            None => {
-                match api.create(&PostParams::default(), &pod).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            None => match api.create(&PostParams::default(), &pod).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            },
             Some(p) => {
                 let status = p.status.as_ref();
                 let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("");
@@ -394,7 +409,8 @@ pub async fn check(
              network plugin that enforces NetworkPolicy (for example Calico, Cilium, or \
              kube-router's firewall), or, if it is enforced, set network.enforcement: Attested \
              in the agentbox Helm values",
-            rc.map(|r| format!(" under runtime class {r}")).unwrap_or_default()
+            rc.map(|r| format!(" under runtime class {r}"))
+                .unwrap_or_default()
         ),
     ))
 }
@@ -406,7 +422,10 @@ mod tests {
     #[test]
     fn nothing_known_starts_a_check_and_waits() {
         let now = Instant::now();
-        assert_eq!(judge(None, Duration::from_secs(60), now), (Gate::Pending, true));
+        assert_eq!(
+            judge(None, Duration::from_secs(60), now),
+            (Gate::Pending, true)
+        );
         assert_eq!(
             judge(Some(&State::Checking), Duration::from_secs(60), now),
             (Gate::Pending, false)
@@ -421,7 +440,10 @@ mod tests {
             verdict: Verdict::Enforced,
         };
         let i = Duration::from_secs(60);
-        assert_eq!(judge(Some(&done), i, at + Duration::from_secs(1)), (Gate::Proven, false));
+        assert_eq!(
+            judge(Some(&done), i, at + Duration::from_secs(1)),
+            (Gate::Proven, false)
+        );
         assert_eq!(judge(Some(&done), i, at + i), (Gate::Proven, true));
     }
 
@@ -445,7 +467,10 @@ mod tests {
         let spec = p.spec.unwrap_or_default();
         assert_eq!(spec.egress, Some(vec![]));
         assert_eq!(spec.policy_types, Some(vec!["Egress".to_string()]));
-        let sel = spec.pod_selector.and_then(|s| s.match_labels).unwrap_or_default();
+        let sel = spec
+            .pod_selector
+            .and_then(|s| s.match_labels)
+            .unwrap_or_default();
         assert_eq!(sel.get(LABEL).map(String::as_str), Some("canary"));
     }
 

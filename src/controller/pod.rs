@@ -18,9 +18,9 @@ use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort,
     NetworkPolicySpec,
 };
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
@@ -60,7 +60,10 @@ pub fn owned_labels(sbx: &Sandbox) -> BTreeMap<String, String> {
 pub fn pod_labels(sbx: &Sandbox) -> BTreeMap<String, String> {
     let mut l = owned_labels(sbx);
     if let Some(t) = sbx.spec.template_ref.as_ref() {
-        l.insert(labels::TEMPLATE.into(), labels::template_label_value(&t.name));
+        l.insert(
+            labels::TEMPLATE.into(),
+            labels::template_label_value(&t.name),
+        );
     }
     l
 }
@@ -279,7 +282,10 @@ pub fn build_warm_pod(
     ]);
     let mut labels = labels;
     if let Some(t) = resolved.template_ref.as_ref() {
-        labels.insert(labels::TEMPLATE.into(), labels::template_label_value(&t.name));
+        labels.insert(
+            labels::TEMPLATE.into(),
+            labels::template_label_value(&t.name),
+        );
     }
     let annotations = BTreeMap::from([
         (labels::WORKSPACE_HOST_DIR.to_string(), host_dir),
@@ -445,10 +451,7 @@ pub fn egress_rules(network: &Network, default: Egress) -> Option<Vec<NetworkPol
                     });
                     Some(NetworkPolicyEgressRule {
                         to: Some(vec![NetworkPolicyPeer {
-                            ip_block: Some(IPBlock {
-                                cidr,
-                                except: None,
-                            }),
+                            ip_block: Some(IPBlock { cidr, except: None }),
                             ..Default::default()
                         }]),
                         ports,
@@ -499,7 +502,10 @@ pub fn build_egress_policy(sbx: &Sandbox, default: Egress) -> Option<NetworkPoli
     Some(egress_policy(
         labels::network_policy_name(&name),
         sbx.namespace(),
-        (labels::SANDBOX.to_string(), labels::sandbox_label_value(&name)),
+        (
+            labels::SANDBOX.to_string(),
+            labels::sandbox_label_value(&name),
+        ),
         rules,
         owned_labels(sbx),
         owner_ref(sbx),
@@ -529,7 +535,10 @@ pub fn build_template_policy(
     Some(egress_policy(
         labels::template_policy_name(&template.name),
         namespace,
-        (labels::TEMPLATE.to_string(), labels::template_label_value(&template.name)),
+        (
+            labels::TEMPLATE.to_string(),
+            labels::template_label_value(&template.name),
+        ),
         rules,
         BTreeMap::from([(labels::MANAGED_BY.to_string(), labels::MANAGER.to_string())]),
         (!template.uid.is_empty()).then_some(owner),
@@ -990,15 +999,22 @@ pub(super) mod tests {
 
     #[test]
     fn an_allowlist_is_one_rule_per_block_with_its_ports() {
-        let sbx = sandbox(serde_json::json!({"network": {"egress": "Allowlist", "allow": [
-            {"cidr": "10.1.0.0/16", "ports": [{"port": 443}, {"port": 8000, "endPort": 8010, "protocol": "UDP"}]},
-            {"cidr": "192.0.2.7/32"}
-        ]}}));
+        let sbx = sandbox(
+            serde_json::json!({"network": {"egress": "Allowlist", "allow": [
+                {"cidr": "10.1.0.0/16", "ports": [{"port": 443}, {"port": 8000, "endPort": 8010, "protocol": "UDP"}]},
+                {"cidr": "192.0.2.7/32"}
+            ]}}),
+        );
         let np = build_egress_policy(&sbx, Egress::Denied).unwrap();
         let rules = np.spec.unwrap().egress.unwrap();
         assert_eq!(rules.len(), 2);
         let block = |r: &NetworkPolicyEgressRule| {
-            r.to.as_ref().unwrap()[0].ip_block.as_ref().unwrap().cidr.clone()
+            r.to.as_ref().unwrap()[0]
+                .ip_block
+                .as_ref()
+                .unwrap()
+                .cidr
+                .clone()
         };
         assert_eq!(block(&rules[0]), "10.1.0.0/16");
         let ports = rules[0].ports.as_ref().unwrap();
@@ -1007,12 +1023,19 @@ pub(super) mod tests {
         assert_eq!(ports[1].end_port, Some(8010));
         assert_eq!(ports[1].protocol.as_deref(), Some("UDP"));
         assert_eq!(block(&rules[1]), "192.0.2.7/32");
-        assert!(rules[1].ports.is_none(), "no ports: every port of the block");
+        assert!(
+            rules[1].ports.is_none(),
+            "no ports: every port of the block"
+        );
     }
 
     #[test]
     fn a_templates_policy_selects_its_pods_and_is_owned_by_it() {
-        let used = TemplateUse { name: "tpl".into(), uid: "u-1".into(), generation: 1 };
+        let used = TemplateUse {
+            name: "tpl".into(),
+            uid: "u-1".into(),
+            generation: 1,
+        };
         let spec = agentbox_api::template::for_pool(
             "tpl",
             &serde_json::from_value(serde_json::json!({"image": "busybox"})).unwrap(),
@@ -1020,7 +1043,10 @@ pub(super) mod tests {
         let np = build_template_policy(&used, Some("ns".into()), &spec, Egress::Denied).unwrap();
         assert_eq!(np.metadata.name.as_deref(), Some("tpl-tpl-egress"));
         let owner = &np.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("SandboxTemplate", "u-1"));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("SandboxTemplate", "u-1")
+        );
         let sel = np.spec.unwrap().pod_selector.unwrap().match_labels.unwrap();
         assert_eq!(sel.get(labels::TEMPLATE).map(String::as_str), Some("tpl"));
         assert!(build_template_policy(&used, None, &spec, Egress::All).is_none());

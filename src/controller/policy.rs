@@ -18,12 +18,18 @@ pub async fn apply(
     current: Option<&NetworkPolicy>,
 ) -> Result<(), Error> {
     match (desired, current) {
-        (Some(d), Some(np)) if np.annotations().get(SPEC_HASH) == d.annotations().get(SPEC_HASH) => {
+        (Some(d), Some(np))
+            if np.annotations().get(SPEC_HASH) == d.annotations().get(SPEC_HASH) =>
+        {
             Ok(())
         }
         (Some(d), _) => {
-            api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&d))
-                .await?;
+            api.patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&d),
+            )
+            .await?;
             Ok(())
         }
         (None, Some(_)) => match api.delete(name, &DeleteParams::default()).await {
@@ -44,8 +50,7 @@ pub async fn current(
     name: &str,
 ) -> Result<Option<NetworkPolicy>, Error> {
     match ctx.cache.as_ref() {
-        Some(cache) => Ok(super::cache::get(&cache.policies, "NetworkPolicies", ns, name)
-            .await?),
+        Some(cache) => Ok(super::cache::get(&cache.policies, "NetworkPolicies", ns, name).await?),
         None => Ok(api.get_opt(name).await?),
     }
 }

@@ -135,4 +135,3 @@ async fn ensure_network_policy(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> R
     };
     crate::controller::policy::apply(&h.apis.policies, &name, desired, world.policy.as_ref()).await
 }
-

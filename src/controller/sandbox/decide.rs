@@ -941,17 +941,34 @@ pub fn network_gate(
         Gate::Pending => (false, netcheck::CHECKING, "the operator is checking that NetworkPolicy is enforced on this node".to_string()),
         Gate::Failed { reason, message } => (false, reason.as_str(), message.clone()),
     };
-    conditions::set(&mut st.conditions, netcheck::CONDITION, ok, reason, message.as_str(), generation, now);
+    conditions::set(
+        &mut st.conditions,
+        netcheck::CONDITION,
+        ok,
+        reason,
+        message.as_str(),
+        generation,
+        now,
+    );
     if ok || st.phase != Some(SandboxPhase::Ready) {
         return (None, None);
     }
     st.phase = Some(SandboxPhase::Initializing);
-    conditions::set(&mut st.conditions, READY, false, reason, message.as_str(), generation, now);
+    conditions::set(
+        &mut st.conditions,
+        READY,
+        false,
+        reason,
+        message.as_str(),
+        generation,
+        now,
+    );
     match gate {
         Gate::Failed { .. } => {
             let was = conditions::get(&old.conditions, netcheck::CONDITION)
                 .is_some_and(|c| c.status == "False" && c.reason == reason);
-            let note = (!was).then(|| Note::new(EventType::Warning, reason, "CheckNetworkPolicy", &message));
+            let note = (!was)
+                .then(|| Note::new(EventType::Warning, reason, "CheckNetworkPolicy", &message));
             (note, Some(netcheck::RETRY_FAILED))
         }
         _ => (None, Some(Duration::from_millis(500))),

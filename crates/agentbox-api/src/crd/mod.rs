@@ -141,13 +141,32 @@ mod tests {
         let r = v.validate(&schema, &ok, None);
         assert!(r.is_ok(), "{r:?}");
         for (network, message) in [
-            (json!({"egress": "Allowlist"}), "egress: Allowlist needs at least one network.allow entry"),
-            (json!({"egress": "None", "allow": [{"cidr": "10.0.0.0/8"}]}), "network.allow applies only with egress: Allowlist"),
-            (json!({"allow": [{"cidr": "10.0.0.0/8"}]}), "network.allow applies only with egress: Allowlist"),
-            (json!({"egress": "Allowlist", "allow": [{"ports": [{"port": 1}]}]}), "a network.allow entry needs cidr"),
-            (json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 90, "endPort": 80}]}]}), "endPort must not be below port"),
+            (
+                json!({"egress": "Allowlist"}),
+                "egress: Allowlist needs at least one network.allow entry",
+            ),
+            (
+                json!({"egress": "None", "allow": [{"cidr": "10.0.0.0/8"}]}),
+                "network.allow applies only with egress: Allowlist",
+            ),
+            (
+                json!({"allow": [{"cidr": "10.0.0.0/8"}]}),
+                "network.allow applies only with egress: Allowlist",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"ports": [{"port": 1}]}]}),
+                "a network.allow entry needs cidr",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 90, "endPort": 80}]}]}),
+                "endPort must not be below port",
+            ),
         ] {
-            let err = format!("{:?}", v.validate(&schema, &with(json!({ "network": network })), None).unwrap_err());
+            let err = format!(
+                "{:?}",
+                v.validate(&schema, &with(json!({ "network": network })), None)
+                    .unwrap_err()
+            );
             assert!(err.contains(message), "{message}: {err}");
         }
     }

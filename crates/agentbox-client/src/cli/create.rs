@@ -50,7 +50,9 @@ fn parse_allow(v: &str) -> Result<EgressAllow, Fail> {
         None => (v, None),
     };
     if !cidr.contains('/') {
-        return Err(bad("the address block needs its prefix length, such as 10.0.0.0/8 or 192.0.2.7/32"));
+        return Err(bad(
+            "the address block needs its prefix length, such as 10.0.0.0/8 or 192.0.2.7/32",
+        ));
     }
     let mut out = Vec::new();
     for p in ports.unwrap_or("").split(',').filter(|p| !p.is_empty()) {
@@ -69,21 +71,38 @@ fn parse_allow(v: &str) -> Result<EgressAllow, Fail> {
             Some((a, b)) => (num(a)?, Some(num(b)?)),
             None => (num(range)?, None),
         };
-        out.push(EgressPort { port, end_port, protocol: proto });
+        out.push(EgressPort {
+            port,
+            end_port,
+            protocol: proto,
+        });
     }
-    Ok(EgressAllow { cidr: Some(cidr.to_string()), ports: out })
+    Ok(EgressAllow {
+        cidr: Some(cidr.to_string()),
+        ports: out,
+    })
 }
 
 /// The network of a sandbox without a template, from `--egress` and `--allow`.
 fn network(a: &CreateArgs) -> Result<Network, Fail> {
-    let allow = a.allow.iter().map(|v| parse_allow(v)).collect::<Result<Vec<_>, _>>()?;
+    let allow = a
+        .allow
+        .iter()
+        .map(|v| parse_allow(v))
+        .collect::<Result<Vec<_>, _>>()?;
     let egress = match (a.egress.as_deref(), allow.is_empty()) {
         (None, true) => None,
         (None | Some("Allowlist"), false) => Some(Egress::Allowlist),
         (Some("None"), true) => Some(Egress::Denied),
         (Some("All"), true) => Some(Egress::All),
-        (Some("Allowlist"), true) => return Err(Fail("--egress Allowlist needs at least one --allow".into())),
-        (Some(_), _) => return Err(Fail("--allow goes with --egress Allowlist (or no --egress)".into())),
+        (Some("Allowlist"), true) => {
+            return Err(Fail("--egress Allowlist needs at least one --allow".into()));
+        }
+        (Some(_), _) => {
+            return Err(Fail(
+                "--allow goes with --egress Allowlist (or no --egress)".into(),
+            ));
+        }
     };
     Ok(Network { egress, allow })
 }
@@ -167,7 +186,10 @@ mod tests {
         assert!(spec(&a, global()).unwrap_err().0.contains("1 to 65535"));
         let mut n = args(None, Some("busybox"));
         n.egress = Some("All".into());
-        assert_eq!(spec(&n, global()).unwrap().pod.network.egress, Some(Egress::All));
+        assert_eq!(
+            spec(&n, global()).unwrap().pod.network.egress,
+            Some(Egress::All)
+        );
         let plain = spec(&args(None, Some("busybox")), global()).unwrap();
         assert_eq!(plain.pod.network.egress, None, "the cluster's default");
     }
