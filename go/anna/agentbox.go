@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,13 +70,20 @@ func (f *Agentbox) Supported(p Policy) error {
 	}
 	switch p.Network {
 	case "", NetworkFull, NetworkNone:
+		if len(p.AllowedHosts) > 0 {
+			return f.incompatible("AllowedHosts", "applies only with the allowlist network mode")
+		}
 	case NetworkAllowlist:
-		return f.incompatible("Network", "egress is all or none (a NetworkPolicy); a host allowlist is not enforced")
+		if len(p.AllowedHosts) == 0 {
+			return f.incompatible("AllowedHosts", "the allowlist network mode needs at least one entry")
+		}
+		for _, h := range p.AllowedHosts {
+			if _, err := allowEntry(h); err != nil {
+				return f.incompatible("AllowedHosts", err.Error())
+			}
+		}
 	default:
 		return f.incompatible("Network", fmt.Sprintf("unknown mode %q", p.Network))
-	}
-	if len(p.AllowedHosts) > 0 {
-		return f.incompatible("AllowedHosts", "egress is all or none; a host allowlist is not enforced")
 	}
 	if len(p.ReadOnlyPaths) > 0 {
 		return f.incompatible("ReadOnlyPaths", "the workspace is writable as a whole")
@@ -91,11 +99,48 @@ func (f *Agentbox) Supported(p Policy) error {
 	return nil
 }
 
+// egress maps p's network mode to the sandbox's: no outbound network unless the policy says
+// otherwise (the contract's default), so "" is "None" too. The operator holds the sandbox
+// not Ready where it cannot prove the policy is enforced, so CreateSession fails closed there.
 func egress(p Policy) string {
-	if p.Network == NetworkNone {
+	switch p.Network {
+	case NetworkFull:
+		return "All"
+	case NetworkAllowlist:
+		return "Allowlist"
+	default:
 		return "None"
 	}
-	return "All"
+}
+
+// allowEntry is an AllowedHosts entry as an allowlist entry: an address (a /32 or /128 block)
+// or an address block, every port. Host names are refused: agentbox's allowlists are by
+// address until its egress proxy takes domains.
+func allowEntry(h string) (agentbox.EgressAllow, error) {
+	if ip := net.ParseIP(h); ip != nil {
+		bits := 32
+		if ip.To4() == nil {
+			bits = 128
+		}
+		return agentbox.EgressAllow{CIDR: fmt.Sprintf("%s/%d", ip, bits)}, nil
+	}
+	if _, block, err := net.ParseCIDR(h); err == nil {
+		return agentbox.EgressAllow{CIDR: block.String()}, nil
+	}
+	return agentbox.EgressAllow{}, fmt.Errorf("%q is not an address or CIDR block: host names are not enforced", h)
+}
+
+// network is p's network as a sandbox spec's.
+func network(p Policy) *agentbox.NetworkSpec {
+	n := &agentbox.NetworkSpec{Egress: egress(p)}
+	if n.Egress == "Allowlist" {
+		for _, h := range p.AllowedHosts {
+			if a, err := allowEntry(h); err == nil {
+				n.Allow = append(n.Allow, a)
+			}
+		}
+	}
+	return n
 }
 
 // CreateSession gets or creates the scope's Sandbox for p, takes the scope's guard, waits
@@ -108,7 +153,7 @@ func (f *Agentbox) CreateSession(ctx context.Context, p Policy) (Session, error)
 		Image:           f.Image,
 		ImagePullPolicy: f.ImagePullPolicy,
 		Workspace:       &agentbox.WorkspaceSpec{Root: root(p)},
-		Network:         &agentbox.NetworkSpec{Egress: egress(p)},
+		Network:         network(p),
 	}
 	sbx, err := f.Sandboxes.GetOrCreate(ctx, f.Scope, spec)
 	if err != nil {
