@@ -847,6 +847,8 @@ pub(super) mod tests {
             (labels::MANAGED_BY, labels::MANAGER),
             (labels::POOL, "py"),
             (labels::WARM, "true"),
+            // its template's egress policy selects it from its start
+            (labels::TEMPLATE, "tpl"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
