@@ -197,9 +197,28 @@ type WorkspaceSpec struct {
 	Root string `json:"root,omitempty"`
 }
 
-// NetworkSpec is the sandbox's network: Egress "All" or "None".
+// NetworkSpec is what the sandbox may reach: Egress "None" (nothing), "All", or "Allowlist"
+// (only Allow); "" is the cluster's default ("None" unless the administrator changed it).
+// Editable while the sandbox runs. A sandbox relying on a policy is Ready only where the
+// operator proved NetworkPolicy is enforced (condition NetworkEnforced).
 type NetworkSpec struct {
-	Egress string `json:"egress,omitempty"`
+	Egress string        `json:"egress,omitempty"`
+	Allow  []EgressAllow `json:"allow,omitempty"`
+}
+
+// EgressAllow is an allowed destination: an address block in CIDR notation and its ports
+// (none: every port).
+type EgressAllow struct {
+	CIDR  string       `json:"cidr,omitempty"`
+	Ports []EgressPort `json:"ports,omitempty"`
+}
+
+// EgressPort is a port (through EndPort, when set) of an allowed destination; Protocol is
+// "TCP" (the default), "UDP" or "SCTP".
+type EgressPort struct {
+	Port     int32  `json:"port"`
+	EndPort  int32  `json:"endPort,omitempty"`
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // LifecycleSpec is whether the sandbox has a pod ("Running") or not ("Suspended"), and after
@@ -746,12 +765,9 @@ func (s *Sandboxes) Ping(ctx context.Context) error {
 	return apiErr(err)
 }
 
-// Egress is spec.network.egress as last read ("All" when unset).
+// Egress is spec.network.egress as last read ("" when unset: the cluster's default).
 func (b *Sandbox) Egress() string {
-	if e := str(mapAt(b.Obj, "spec", "network")["egress"]); e != "" {
-		return e
-	}
-	return "All"
+	return str(mapAt(b.Obj, "spec", "network")["egress"])
 }
 
 // Pod is a handle on a pod that agentbox did not make (benchmarks, tests): commands run in

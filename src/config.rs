@@ -80,6 +80,39 @@ pub struct Config {
     /// is not supported: the pod does not start and its sandbox says why.
     #[arg(long, env = "AGENTBOX_PIDS_CGROUP_ROOT", default_value = DEFAULT_PIDS_CGROUP_ROOT)]
     pub pids_cgroup_root: String,
+    /// Egress of sandboxes and templates whose spec sets no `network.egress`: `None` (nothing
+    /// reachable, the default) or `All`.
+    #[arg(long, env = "AGENTBOX_DEFAULT_EGRESS", default_value = "None", value_parser = ["None", "All"])]
+    pub default_egress: String,
+
+    /// How the operator knows that NetworkPolicy is enforced on a node before it calls a
+    /// sandbox that relies on it (egress `None` or `Allowlist`) Ready: `Probe` (the default)
+    /// proves it per node and runtime class with a canary pod under a deny-all egress policy
+    /// that must fail to reach a listener pod it can otherwise reach, when the node is first
+    /// used and again every `--network-check-interval-seconds`; `Attested`: the administrator
+    /// states that the cluster's network plugin enforces NetworkPolicy on every node, and no
+    /// canary runs.
+    #[arg(long, env = "AGENTBOX_NETWORK_ENFORCEMENT", default_value = "Probe", value_parser = ["Probe", "Attested"])]
+    pub network_enforcement: String,
+
+    /// Namespace of the enforcement check's pods and policy (the operator's own). Empty: the
+    /// namespace of the sandbox that first needs the check on a node.
+    #[arg(long, env = "AGENTBOX_NETWORK_CHECK_NAMESPACE", default_value = "")]
+    pub network_check_namespace: String,
+
+    /// Image of the enforcement check's pods: it needs `sh`, `mkdir`, `httpd` and `nc`
+    /// (busybox has them).
+    #[arg(
+        long,
+        env = "AGENTBOX_NETWORK_CHECK_IMAGE",
+        default_value = "docker.io/library/busybox:1.37"
+    )]
+    pub network_check_image: String,
+
+    /// Seconds between two enforcement checks of a node in use (the first runs when a node is
+    /// first used).
+    #[arg(long, env = "AGENTBOX_NETWORK_CHECK_INTERVAL_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=86400))]
+    pub network_check_interval_seconds: u64,
 
     /// Capabilities a Sandbox may add to the default set (`securityContext.capabilities.add`),
     /// comma separated, without `CAP_`. Empty: none.
@@ -236,6 +269,14 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The egress of sandboxes and templates that set none (`--default-egress`).
+    pub fn default_egress(&self) -> agentbox_api::crd::Egress {
+        match self.default_egress.as_str() {
+            "All" => agentbox_api::crd::Egress::All,
+            _ => agentbox_api::crd::Egress::Denied,
+        }
+    }
+
     /// Checks paths and normalises prefixes (trailing slashes removed).
     pub fn validated(mut self) -> Result<Self, ConfigError> {
         self.node_root = clean_absolute("node root", &self.node_root)?;

@@ -108,8 +108,11 @@ func (f *Agentbox) Supported(p Policy) error {
 	return nil
 }
 
+// egress maps p's network mode to the sandbox's (the contract's "" is NetworkAllowAll). The
+// operator holds a sandbox whose egress is None not Ready where it cannot prove NetworkPolicy
+// is enforced on its node, so CreateSession fails closed there.
 func egress(p Policy) string {
-	if p.Network.Mode == NetworkDisabled {
+	if p.NetworkModeOrDefault() == NetworkDisabled {
 		return "None"
 	}
 	return "All"

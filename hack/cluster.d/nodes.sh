@@ -432,6 +432,7 @@ kill_node() {
 # object is not touched.
 remove_node_local() {
   kill_node
+  stop_netpol
   ip link show "$N_BRIDGE" >/dev/null 2>&1 && ip link del "$N_BRIDGE" 2>/dev/null || true
   local d
   for d in /sys/fs/cgroup/*/"$N_CGROUP"; do

@@ -53,6 +53,8 @@ pub struct Context {
     /// The watch caches a first start reads instead of the API server ([`super::cache`]);
     /// `None` where no watch runs (the scenario tests): reads then go to the API server.
     pub cache: Option<super::cache::Caches>,
+    /// What the operator has proven of NetworkPolicy enforcement, per node and runtime class.
+    pub proofs: super::netcheck::Proofs,
 }
 
 /// The holder identity under which this operator takes a scope's guard for `what` (a

@@ -7,12 +7,14 @@ pub mod context;
 pub mod error;
 pub mod helper_pod;
 pub mod memory;
+pub mod netcheck;
 pub mod nodeloss;
 pub mod noderoot;
 pub mod pids;
 pub mod placement;
 pub mod pod;
 pub mod podstate;
+pub mod policy;
 pub mod pool;
 pub mod reasons;
 pub mod refill_delay;
@@ -132,6 +134,7 @@ pub async fn run(
         sweep: memory::Hints::default(),
         shells: warm_shells::Shells::default(),
         pool_claims: refill_delay::Claims::default(),
+        proofs: crate::controller::netcheck::Proofs::default(),
         pods,
         cache: Some(caches),
     });

@@ -14,15 +14,19 @@ use k8s_openapi::api::core::v1::{
     NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSecurityContext, PodSpec,
     ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
-use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
 use super::{pids, security};
 use crate::config::Config;
-use agentbox_api::crd::{Sandbox, SandboxPool, SandboxSpec};
+use agentbox_api::crd::{Egress, Network, Sandbox, SandboxPool, SandboxSpec, TemplateUse};
 use agentbox_api::labels;
 
 /// The single container of a sandbox pod.
@@ -48,6 +52,19 @@ pub fn owned_labels(sbx: &Sandbox) -> BTreeMap<String, String> {
         labels::SANDBOX.into(),
         labels::sandbox_label_value(&sbx.name_any()),
     );
+    l
+}
+
+/// The labels of a sandbox's pod: [`owned_labels`], and [`labels::TEMPLATE`] when it is made
+/// from a template (its template's egress policy selects it).
+pub fn pod_labels(sbx: &Sandbox) -> BTreeMap<String, String> {
+    let mut l = owned_labels(sbx);
+    if let Some(t) = sbx.spec.template_ref.as_ref() {
+        l.insert(
+            labels::TEMPLATE.into(),
+            labels::template_label_value(&t.name),
+        );
+    }
     l
 }
 
@@ -77,6 +94,8 @@ pub struct PodConfig<'a> {
     pub default_runtime_class: Option<&'a str>,
     /// The sandboxes' process limits (`--process-limit`, `--pids-cgroup-root`).
     pub processes: pids::ProcessLimits<'a>,
+    /// The egress of sandboxes whose spec sets none (`--default-egress`).
+    pub default_egress: Egress,
 }
 
 impl<'a> PodConfig<'a> {
@@ -99,6 +118,7 @@ impl<'a> PodConfig<'a> {
                 default: (c.process_limit > 0).then_some(c.process_limit),
                 cgroup_root: &c.pids_cgroup_root,
             },
+            default_egress: c.default_egress(),
         }
     }
 }
@@ -130,7 +150,7 @@ pub fn build_pod_in(
         metadata: ObjectMeta {
             name: Some(labels::pod_name(&sbx.name_any())),
             namespace: Some(ns),
-            labels: Some(owned_labels(sbx)),
+            labels: Some(pod_labels(sbx)),
             annotations: Some(annotations),
             owner_references: owner_ref(sbx).map(|o| vec![o]),
             ..Default::default()
@@ -285,6 +305,13 @@ pub fn build_warm_pod(
         ),
         (labels::WARM.to_string(), "true".to_string()),
     ]);
+    let mut labels = labels;
+    if let Some(t) = resolved.template_ref.as_ref() {
+        labels.insert(
+            labels::TEMPLATE.into(),
+            labels::template_label_value(&t.name),
+        );
+    }
     let annotations = BTreeMap::from([
         (labels::WORKSPACE_HOST_DIR.to_string(), host_dir),
         (
@@ -424,35 +451,123 @@ fn pin_to_node(node: &str) -> Affinity {
     }
 }
 
-/// A NetworkPolicy selecting the sandbox pod with an Egress policy type and no egress rules:
-/// all egress denied (enforced where the network plugin implements NetworkPolicy).
-pub fn build_deny_egress(sbx: &Sandbox) -> NetworkPolicy {
-    let name = sbx.name_any();
-    let selector = BTreeMap::from([(
-        labels::SANDBOX.to_string(),
-        labels::sandbox_label_value(&name),
-    )]);
+/// The egress rules of a sandbox's NetworkPolicy: `None` (nothing reachable) is no rule,
+/// `Allowlist` a rule per `allow` entry (its block and ports), `All` no policy at all
+/// (`None` returned). `default` is the cluster's egress for a spec that sets none.
+pub fn egress_rules(network: &Network, default: Egress) -> Option<Vec<NetworkPolicyEgressRule>> {
+    match network.egress_or(default) {
+        Egress::All => None,
+        Egress::Denied => Some(vec![]),
+        Egress::Allowlist => Some(
+            network
+                .allow
+                .iter()
+                .filter_map(|a| {
+                    let cidr = a.cidr.clone()?;
+                    let ports = (!a.ports.is_empty()).then(|| {
+                        a.ports
+                            .iter()
+                            .map(|p| NetworkPolicyPort {
+                                port: Some(IntOrString::Int(p.port)),
+                                end_port: p.end_port.filter(|e| *e > p.port),
+                                protocol: Some(p.protocol.as_str().to_string()),
+                            })
+                            .collect()
+                    });
+                    Some(NetworkPolicyEgressRule {
+                        to: Some(vec![NetworkPolicyPeer {
+                            ip_block: Some(IPBlock { cidr, except: None }),
+                            ..Default::default()
+                        }]),
+                        ports,
+                    })
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// An Egress NetworkPolicy named `name` selecting the pods labelled `selector`, with `rules`.
+fn egress_policy(
+    name: String,
+    namespace: Option<String>,
+    selector: (String, String),
+    rules: Vec<NetworkPolicyEgressRule>,
+    labels: BTreeMap<String, String>,
+    owner: Option<OwnerReference>,
+) -> NetworkPolicy {
     let spec = NetworkPolicySpec {
         pod_selector: Some(LabelSelector {
-            match_labels: Some(selector),
+            match_labels: Some(BTreeMap::from([selector])),
             ..Default::default()
         }),
         policy_types: Some(vec!["Egress".into()]),
-        egress: Some(vec![]),
+        egress: Some(rules),
         ingress: None,
     };
     let hash = json_hash(&spec);
     NetworkPolicy {
         metadata: ObjectMeta {
-            name: Some(labels::network_policy_name(&name)),
-            namespace: sbx.namespace(),
-            labels: Some(owned_labels(sbx)),
+            name: Some(name),
+            namespace,
+            labels: Some(labels),
             annotations: Some(BTreeMap::from([(SPEC_HASH.to_string(), hash)])),
-            owner_references: owner_ref(sbx).map(|o| vec![o]),
+            owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(spec),
     }
+}
+
+/// The egress NetworkPolicy of a sandbox without a template, selecting its pod (label
+/// [`labels::SANDBOX`]); `None` when its egress is `All`.
+pub fn build_egress_policy(sbx: &Sandbox, default: Egress) -> Option<NetworkPolicy> {
+    let rules = egress_rules(&sbx.spec.pod.network, default)?;
+    let name = sbx.name_any();
+    Some(egress_policy(
+        labels::network_policy_name(&name),
+        sbx.namespace(),
+        (
+            labels::SANDBOX.to_string(),
+            labels::sandbox_label_value(&name),
+        ),
+        rules,
+        owned_labels(sbx),
+        owner_ref(sbx),
+    ))
+}
+
+/// The egress NetworkPolicy of a template's pods (label [`labels::TEMPLATE`]: its pool's warm
+/// pods, claimed or not, and the pods of the sandboxes that name it), owned by the template:
+/// a warm pod is under its template's policy before it is claimed, so a claim writes no
+/// policy and waits for no rule. `resolved` is a spec resolved against the template; `None`
+/// when its egress is `All`.
+pub fn build_template_policy(
+    template: &TemplateUse,
+    namespace: Option<String>,
+    resolved: &SandboxSpec,
+    default: Egress,
+) -> Option<NetworkPolicy> {
+    let rules = egress_rules(&resolved.pod.network, default)?;
+    let owner = OwnerReference {
+        api_version: "agentbox.dev/v1alpha1".into(),
+        kind: "SandboxTemplate".into(),
+        name: template.name.clone(),
+        uid: template.uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    Some(egress_policy(
+        labels::template_policy_name(&template.name),
+        namespace,
+        (
+            labels::TEMPLATE.to_string(),
+            labels::template_label_value(&template.name),
+        ),
+        rules,
+        BTreeMap::from([(labels::MANAGED_BY.to_string(), labels::MANAGER.to_string())]),
+        (!template.uid.is_empty()).then_some(owner),
+    ))
 }
 
 /// Where the workspace-owning init container mounts the workspace.
@@ -564,6 +679,7 @@ pub(super) mod tests {
             },
             default_runtime_class: None,
             processes: pids::ProcessLimits::NONE,
+            default_egress: agentbox_api::crd::Egress::All,
         }
     }
 
@@ -757,6 +873,8 @@ pub(super) mod tests {
             (labels::MANAGED_BY, labels::MANAGER),
             (labels::POOL, "py"),
             (labels::WARM, "true"),
+            // its template's egress policy selects it from its start
+            (labels::TEMPLATE, "tpl"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -889,12 +1007,77 @@ pub(super) mod tests {
     #[test]
     fn deny_egress_policy_selects_the_sandbox() {
         let sbx = sandbox(serde_json::json!({"network": {"egress": "None"}}));
-        let np = build_deny_egress(&sbx);
+        let np = build_egress_policy(&sbx, Egress::All).unwrap();
         let spec = np.spec.unwrap();
         assert_eq!(spec.policy_types, Some(vec!["Egress".to_string()]));
         assert_eq!(spec.egress, Some(vec![]));
         let sel = spec.pod_selector.unwrap().match_labels.unwrap();
         assert_eq!(sel.get(labels::SANDBOX).map(String::as_str), Some("demo"));
+    }
+
+    #[test]
+    fn the_clusters_default_egress_applies_to_a_spec_without_one() {
+        let sbx = sandbox(serde_json::json!({}));
+        assert!(build_egress_policy(&sbx, Egress::All).is_none());
+        let np = build_egress_policy(&sbx, Egress::Denied).unwrap();
+        assert_eq!(np.spec.unwrap().egress, Some(vec![]));
+        let all = sandbox(serde_json::json!({"network": {"egress": "All"}}));
+        assert!(build_egress_policy(&all, Egress::Denied).is_none());
+    }
+
+    #[test]
+    fn an_allowlist_is_one_rule_per_block_with_its_ports() {
+        let sbx = sandbox(
+            serde_json::json!({"network": {"egress": "Allowlist", "allow": [
+                {"cidr": "10.1.0.0/16", "ports": [{"port": 443}, {"port": 8000, "endPort": 8010, "protocol": "UDP"}]},
+                {"cidr": "192.0.2.7/32"}
+            ]}}),
+        );
+        let np = build_egress_policy(&sbx, Egress::Denied).unwrap();
+        let rules = np.spec.unwrap().egress.unwrap();
+        assert_eq!(rules.len(), 2);
+        let block = |r: &NetworkPolicyEgressRule| {
+            r.to.as_ref().unwrap()[0]
+                .ip_block
+                .as_ref()
+                .unwrap()
+                .cidr
+                .clone()
+        };
+        assert_eq!(block(&rules[0]), "10.1.0.0/16");
+        let ports = rules[0].ports.as_ref().unwrap();
+        assert_eq!(ports[0].port, Some(IntOrString::Int(443)));
+        assert_eq!(ports[0].protocol.as_deref(), Some("TCP"));
+        assert_eq!(ports[1].end_port, Some(8010));
+        assert_eq!(ports[1].protocol.as_deref(), Some("UDP"));
+        assert_eq!(block(&rules[1]), "192.0.2.7/32");
+        assert!(
+            rules[1].ports.is_none(),
+            "no ports: every port of the block"
+        );
+    }
+
+    #[test]
+    fn a_templates_policy_selects_its_pods_and_is_owned_by_it() {
+        let used = TemplateUse {
+            name: "tpl".into(),
+            uid: "u-1".into(),
+            generation: 1,
+        };
+        let spec = agentbox_api::template::for_pool(
+            "tpl",
+            &serde_json::from_value(serde_json::json!({"image": "busybox"})).unwrap(),
+        );
+        let np = build_template_policy(&used, Some("ns".into()), &spec, Egress::Denied).unwrap();
+        assert_eq!(np.metadata.name.as_deref(), Some("tpl-tpl-egress"));
+        let owner = &np.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("SandboxTemplate", "u-1")
+        );
+        let sel = np.spec.unwrap().pod_selector.unwrap().match_labels.unwrap();
+        assert_eq!(sel.get(labels::TEMPLATE).map(String::as_str), Some("tpl"));
+        assert!(build_template_policy(&used, None, &spec, Egress::All).is_none());
     }
 
     #[test]

@@ -229,6 +229,7 @@ mod tests {
         },
         default_runtime_class: None,
         processes: crate::controller::pids::ProcessLimits::NONE,
+        default_egress: agentbox_api::crd::Egress::All,
     };
 
     fn problems(spec: &SandboxSpec, allowed: &[String]) -> Vec<String> {

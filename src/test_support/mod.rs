@@ -390,6 +390,10 @@ pub(crate) fn context_on(
         "",
         "--namespace",
         NS,
+        // The scenarios' request sequences are of sandboxes without a NetworkPolicy; the
+        // policies and the enforcement gate have tests of their own.
+        "--default-egress",
+        "All",
     ]);
     Arc::new(Context {
         recorder: Recorder::new(
@@ -408,6 +412,7 @@ pub(crate) fn context_on(
         sweep: crate::controller::memory::Hints::default(),
         shells: crate::controller::warm_shells::Shells::default(),
         pool_claims: crate::controller::refill_delay::Claims::default(),
+        proofs: crate::controller::netcheck::Proofs::default(),
         pods: cache,
         cache: None,
     })

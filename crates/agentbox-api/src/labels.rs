@@ -31,6 +31,10 @@ pub const MANAGER: &str = "agentbox";
 /// Label on a SandboxPool's pods: the pool (its name, bounded to a label value). A claimed
 /// pod keeps it, so the pool's watch sees the claim and refills.
 pub const POOL: &str = "agentbox.dev/pool";
+/// Label on the pods made from a SandboxTemplate (a pool's warm pods, claimed or not, and the
+/// pods of sandboxes that name it): the template (its name, bounded to a label value). The
+/// template's egress NetworkPolicy selects them.
+pub const TEMPLATE: &str = "agentbox.dev/template";
 /// Label on a pool's pod while it is unclaimed: `"true"`. The pool counts and manages only
 /// pods that carry it and whose controller owner is the pool; a claim removes it.
 pub const WARM: &str = "agentbox.dev/warm";
@@ -184,6 +188,16 @@ pub fn sandbox_label_value(sandbox: &str) -> String {
 /// Value of the [`POOL`] label for a pool name.
 pub fn pool_label_value(pool: &str) -> String {
     bounded_name(pool, MAX_LABEL)
+}
+
+/// Value of the [`TEMPLATE`] label for a template name.
+pub fn template_label_value(template: &str) -> String {
+    bounded_name(template, MAX_LABEL)
+}
+
+/// Name of a template's egress NetworkPolicy.
+pub fn template_policy_name(template: &str) -> String {
+    bounded_name(&format!("tpl-{template}-egress"), 253)
 }
 
 /// Name of a pool's warm pod with random `suffix`: `<pool>-warm-<suffix>`, the pool part cut

@@ -109,7 +109,7 @@ mod tests {
         assert_eq!(got.pod.image.as_deref(), Some("registry.example/agent:1"));
         assert_eq!(got.pod.command, template().pod.command);
         assert_eq!(got.pod.runtime_class_name.as_deref(), Some("gvisor"));
-        assert_eq!(got.pod.network.egress, Egress::Denied);
+        assert_eq!(got.pod.network.egress, Some(Egress::Denied));
         assert_eq!(got.pod.ports, template().pod.ports);
         assert_eq!(got.workspace.projections, template().workspace.projections);
         assert_eq!(got.scope.kind, ScopeKind::User);

@@ -63,6 +63,8 @@ from .session import Session
 from .snapshots import Snapshot
 from .spec import (
     Capabilities,
+    EgressAllow,
+    EgressPort,
     FileSource,
     HostMount,
     KeyRef,
@@ -87,6 +89,8 @@ __all__ = [
     "CommandNotStartedError",
     "ConflictError",
     "DirEntry",
+    "EgressAllow",
+    "EgressPort",
     "EndedScope",
     "Endpoint",
     "ExecError",

@@ -20,6 +20,8 @@ from .scope import Scope
 
 __all__ = [
     "Capabilities",
+    "EgressAllow",
+    "EgressPort",
     "FileSource",
     "GuardHold",
     "HostMount",
@@ -148,10 +150,34 @@ class Lifecycle:
 
 
 @dataclass
-class Network:
-    """``egress``: ``"All"`` or ``"None"`` (a deny-all NetworkPolicy)."""
+class EgressPort:
+    """A port (``end_port``: through that port) of an allowed destination."""
 
-    egress: Literal["All", "None"] = "All"
+    port: int
+    end_port: int | None = None
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+
+
+@dataclass
+class EgressAllow:
+    """An allowed destination: an address block in CIDR notation and its ports (none: all)."""
+
+    cidr: str | None = None
+    ports: list[EgressPort] = field(default_factory=list)
+
+
+@dataclass
+class Network:
+    """What the sandbox may reach.
+
+    ``egress``: ``"None"`` (nothing), ``"All"``, or ``"Allowlist"`` (only ``allow``);
+    ``None`` (unset): the cluster's default, ``"None"`` unless the administrator changed it.
+    Editable while the sandbox runs. A sandbox relying on a policy is Ready only where the
+    operator proved NetworkPolicy is enforced (condition ``NetworkEnforced``).
+    """
+
+    egress: Literal["All", "None", "Allowlist"] | None = None
+    allow: list[EgressAllow] = field(default_factory=list)
 
 
 @dataclass

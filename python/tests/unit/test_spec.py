@@ -193,3 +193,35 @@ def test_a_spec_from_a_template_names_it_and_leaves_the_pod_to_it() -> None:
     assert back.template_ref == agentbox.TemplateRef("agent")
     assert back.image is None
     assert back.to_dict() == d
+
+
+def test_network_is_the_clusters_default_unless_set_and_an_allowlist_round_trips() -> None:
+    plain = SandboxSpec(image="busybox", scope=agentbox.Scope.for_global())
+    assert "network" not in plain.to_dict(), "unset: the cluster's default (None)"
+    spec = SandboxSpec(
+        image="busybox",
+        scope=agentbox.Scope.for_global(),
+        network=agentbox.Network(
+            "Allowlist",
+            [
+                agentbox.EgressAllow(
+                    "10.0.0.0/8",
+                    [agentbox.EgressPort(443), agentbox.EgressPort(8000, 8010, "UDP")],
+                )
+            ],
+        ),
+    )
+    d = spec.to_dict()
+    assert d["network"] == {
+        "egress": "Allowlist",
+        "allow": [
+            {
+                "cidr": "10.0.0.0/8",
+                "ports": [
+                    {"port": 443, "protocol": "TCP"},
+                    {"port": 8000, "endPort": 8010, "protocol": "UDP"},
+                ],
+            }
+        ],
+    }
+    assert SandboxSpec.from_dict(d).to_dict() == d

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -31,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use super::pod::{self, CONTAINER, PodConfig};
 use super::podstate::{PodState, observe_pod};
-use super::{noderoot, runtime, validate};
+use super::{noderoot, policy, runtime, validate};
 use crate::controller::context::{Context, Error};
 use crate::controller::helper_pod;
 use agentbox_api::crd::{SandboxPool, SandboxTemplate};
@@ -194,6 +195,19 @@ async fn observe_template(
         return Ok((Want::Refused(why), None));
     }
     let generation = t.metadata.generation.unwrap_or_default();
+    // The template's egress policy before any warm pod: a warm pod is under it from its
+    // start, so a claim writes no policy and waits for no rule.
+    let used = agentbox_api::crd::TemplateUse {
+        name: tname.clone(),
+        uid: t.uid().unwrap_or_default(),
+        generation,
+    };
+    let policy_name = labels::template_policy_name(tname);
+    let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
+    let current = policy::current(ctx, &policies, ns, &policy_name).await?;
+    let desired =
+        pod::build_template_policy(&used, Some(ns.to_string()), &spec, podcfg.default_egress);
+    policy::apply(&policies, &policy_name, desired, current.as_ref()).await?;
     let want = Want::Pods {
         shape_hash: pod::shape_hash(&spec, podcfg),
         generation,
@@ -504,6 +518,7 @@ mod tests {
             },
             default_runtime_class: None,
             processes: crate::controller::pids::ProcessLimits::NONE,
+            default_egress: agentbox_api::crd::Egress::All,
         };
         pod::build_warm_pod(pool, &spec, &cfg, "ab12c", 1)
     }

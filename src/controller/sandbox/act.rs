@@ -7,9 +7,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
 use tracing::debug;
 
@@ -18,10 +17,11 @@ use super::hands::{Hands, Transition};
 use super::observe::World;
 use super::write::delete_if_present;
 use super::{create, lost, serve, suspend};
-use crate::controller::context::{Error, FIELD_MANAGER, Note};
-use crate::controller::pod::{self, SPEC_HASH};
+use crate::controller::context::{Error, Note};
+use crate::controller::pod;
 use crate::controller::{placement, service};
-use agentbox_api::crd::{Egress, Sandbox};
+use agentbox_api::crd::Sandbox;
+use agentbox_api::labels;
 
 /// `Some(d)`: look again after `d`; `None`: on the next change.
 fn then(requeue: Option<Duration>) -> Action {
@@ -106,46 +106,32 @@ async fn shut_down(h: &Hands<'_>, sbx: &Sandbox, note: Option<Note>) -> Result<A
     Ok(Action::await_change())
 }
 
-/// What the spec exposes: the deny-egress policy and the Service of `spec.ports` (where
-/// each port is reached is in the planned status).
+/// What the spec exposes: the egress policy and the Service of `spec.ports` (where each port
+/// is reached is in the planned status).
 async fn expose(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error> {
-    ensure_network_policy(sbx, &h.apis.policies, world.policy.as_ref()).await?;
+    ensure_network_policy(h, sbx, world).await?;
     if service::ensure(&h.apis.services, sbx, &world.old).await? > 0 {
         debug!(sandbox = %sbx.name_any(), "applied the Service of spec.ports");
     }
     Ok(())
 }
 
-/// Creates the deny-egress policy when asked for, removes it when not; writes nothing when it
-/// is already as wanted.
-async fn ensure_network_policy(
-    sbx: &Sandbox,
-    api: &Api<NetworkPolicy>,
-    current: Option<&NetworkPolicy>,
-) -> Result<(), Error> {
-    let desired = pod::build_deny_egress(sbx);
-    let name = desired.metadata.name.clone().unwrap_or_default();
-    match (sbx.spec.pod.network.egress, current) {
-        // Compare by the hash of what we asked for: the API server drops empty lists
-        // (`egress: []`), so the stored spec never equals the desired one field by field.
-        (Egress::Denied, Some(np))
-            if np.annotations().get(SPEC_HASH) == desired.annotations().get(SPEC_HASH) =>
-        {
-            Ok(())
-        }
-        (Egress::Denied, _) => {
-            api.patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&desired),
-            )
-            .await?;
-            Ok(())
-        }
-        (Egress::All, Some(_)) => {
-            delete_if_present(api, &name).await?;
-            Ok(())
-        }
-        (Egress::All, None) => Ok(()),
-    }
+/// Makes the egress policy over the sandbox's pod what its (resolved) spec asks for: its own
+/// policy, or for a templated sandbox its template's (shared by the template's pods, so a
+/// claim of a warm pod finds it in place); removed for egress `All`. Writes nothing when it
+/// is already as wanted, so an edit of `network` applies on the next reconcile, without a
+/// restart.
+async fn ensure_network_policy(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error> {
+    let default = h.podcfg.default_egress;
+    let (name, desired) = match (sbx.spec.template_ref.as_ref(), world.template.as_ref()) {
+        (Some(t), Some(used)) => (
+            labels::template_policy_name(&t.name),
+            pod::build_template_policy(used, sbx.namespace(), &sbx.spec, default),
+        ),
+        _ => (
+            labels::network_policy_name(&sbx.name_any()),
+            pod::build_egress_policy(sbx, default),
+        ),
+    };
+    crate::controller::policy::apply(&h.apis.policies, &name, desired, world.policy.as_ref()).await
 }

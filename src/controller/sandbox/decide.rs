@@ -16,7 +16,7 @@ use crate::controller::conditions::{self, GUARDED, POD_READY, READY, STALLED, WO
 use crate::controller::context::Note;
 use crate::controller::nodeloss::{self, NodeHealth};
 use crate::controller::podstate::{self, PodState};
-use crate::controller::{placement, runtime, service, workspace};
+use crate::controller::{netcheck, placement, runtime, service, workspace};
 use agentbox_api::crd::{
     AbandonedWorkspace, GuardStatus, LifecycleMode, NodeLoss, RestoreRefusal, Sandbox,
     SandboxPhase, SandboxStatus, StartBranch, TemplateUse, WorkspaceStatus,
@@ -916,6 +916,62 @@ fn running(
         now,
     );
     out
+}
+
+/// A sandbox that would be Ready, held by what is known of its egress policy's enforcement
+/// on its node (fail closed): with a proof, an attestation, or nothing to enforce it is Ready
+/// (and `NetworkEnforced` says which); otherwise it is Initializing with Ready and
+/// `NetworkEnforced` False, and a Warning Event when the enforcement is known to be missing.
+/// Returns the Event and how soon to look again.
+pub fn network_gate(
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+    gate: &netcheck::Gate,
+    Stamp { generation, now }: Stamp,
+) -> (Option<Note>, Option<Duration>) {
+    use netcheck::Gate;
+    let (ok, reason, message) = match gate {
+        Gate::NotNeeded => {
+            conditions::remove(&mut st.conditions, netcheck::CONDITION);
+            return (None, None);
+        }
+        Gate::Attested => (true, "Attested", "the administrator attests that NetworkPolicy is enforced (network.enforcement: Attested)".to_string()),
+        Gate::Proven => (true, "Proven", "NetworkPolicy enforcement was proven on this node by the operator's check".to_string()),
+        Gate::Pending => (false, netcheck::CHECKING, "the operator is checking that NetworkPolicy is enforced on this node".to_string()),
+        Gate::Failed { reason, message } => (false, reason.as_str(), message.clone()),
+    };
+    conditions::set(
+        &mut st.conditions,
+        netcheck::CONDITION,
+        ok,
+        reason,
+        message.as_str(),
+        generation,
+        now,
+    );
+    if ok || st.phase != Some(SandboxPhase::Ready) {
+        return (None, None);
+    }
+    st.phase = Some(SandboxPhase::Initializing);
+    conditions::set(
+        &mut st.conditions,
+        READY,
+        false,
+        reason,
+        message.as_str(),
+        generation,
+        now,
+    );
+    match gate {
+        Gate::Failed { .. } => {
+            let was = conditions::get(&old.conditions, netcheck::CONDITION)
+                .is_some_and(|c| c.status == "False" && c.reason == reason);
+            let note = (!was)
+                .then(|| Note::new(EventType::Warning, reason, "CheckNetworkPolicy", &message));
+            (note, Some(netcheck::RETRY_FAILED))
+        }
+        _ => (None, Some(Duration::from_millis(500))),
+    }
 }
 
 /// The workspace was initialised in `pod` now: recorded, WorkspaceReady with the start's

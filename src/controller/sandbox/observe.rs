@@ -81,7 +81,11 @@ pub async fn read(sbx: &Sandbox, ctx: &Context, apis: &Apis) -> Result<Reads, Er
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
     let scope_key = labels::scope_key(&sbx.spec.scope);
     let lease_name = labels::lease_name(&scope_key);
-    let policy_name = labels::network_policy_name(&sbx.name_any());
+    // A templated sandbox's pod is under its template's policy (see `pod::build_template_policy`).
+    let policy_name = match sbx.spec.template_ref.as_ref() {
+        Some(t) => labels::template_policy_name(&t.name),
+        None => labels::network_policy_name(&sbx.name_any()),
+    };
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
     if let Some(cache) = ctx.cache.as_ref() {
         // From the watch caches: a first start makes no read of these (see `cache`). A Lease

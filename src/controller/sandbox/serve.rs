@@ -19,7 +19,7 @@ use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
 use crate::controller::podstate::{self, PodState, pod_age};
-use crate::controller::{conditions, helper_pod, noderoot, pids, placement, pod};
+use crate::controller::{conditions, helper_pod, netcheck, noderoot, pids, placement, pod};
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
 use agentbox_api::exec::session::Session;
@@ -122,6 +122,8 @@ pub(super) async fn serve(
         st.node_name = Some(node);
     }
     let serving = serving(h, pod, found.state, now);
+    // Asked before the workspace's start, so that a node's first check runs beside it.
+    let gate = network_gate(h, sbx, pod);
     // An adopted pod's open shell (its pool's) is closed only once the status is written: its
     // exit (the exec stream torn down through the API server, the kubelet and the container
     // runtime) would otherwise share the two cores with the claim's Ready status write.
@@ -146,7 +148,12 @@ pub(super) async fn serve(
     if let Some(retry) = out.retry {
         requeue = sooner(requeue, retry);
     }
+    let (held, wait) = decide::network_gate(old, &mut st, &gate, stamp);
+    if let Some(wait) = wait {
+        requeue = sooner(requeue, wait);
+    }
     h.writer(sbx).publish(out.problem).await;
+    h.writer(sbx).publish(held).await;
     let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
     if idleness != Idle::Off {
         debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
@@ -171,6 +178,26 @@ pub(super) async fn serve(
         h.writer(sbx).publish(out.started).await;
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// What is known of the enforcement of `sbx`'s egress policy on `pod`'s node (a check
+/// starts in the background where nothing is).
+fn network_gate(h: &Hands<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
+    let egress = sbx.spec.pod.network.egress_or(h.podcfg.default_egress);
+    let spec = pod.spec.as_ref();
+    let Some(node) = spec.and_then(|s| s.node_name.as_deref()) else {
+        return if egress == agentbox_api::crd::Egress::All {
+            netcheck::Gate::NotNeeded
+        } else {
+            netcheck::Gate::Pending
+        };
+    };
+    let rc = spec.and_then(|s| s.runtime_class_name.as_deref());
+    let settings = netcheck::Settings::from_config(&h.ctx.config);
+    let ns = sbx.namespace().unwrap_or_default();
+    h.ctx
+        .proofs
+        .gate(&h.ctx.client, &settings, &ns, egress, node, rc)
 }
 
 /// What `pod` looks like to the serve step.

@@ -131,6 +131,47 @@ mod tests {
     }
 
     #[test]
+    fn an_allowlist_is_checked_at_admission_with_messages_that_say_what_is_wrong() {
+        use kube::CustomResourceExt;
+        use serde_json::json;
+        let schema = schema(crate::crd::Sandbox::crd());
+        let v = kube::core::cel::Validator::new();
+        let ok = with(json!({"network": {"egress": "Allowlist",
+            "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 443}, {"port": 80, "endPort": 90}]}]}}));
+        let r = v.validate(&schema, &ok, None);
+        assert!(r.is_ok(), "{r:?}");
+        for (network, message) in [
+            (
+                json!({"egress": "Allowlist"}),
+                "egress: Allowlist needs at least one network.allow entry",
+            ),
+            (
+                json!({"egress": "None", "allow": [{"cidr": "10.0.0.0/8"}]}),
+                "network.allow applies only with egress: Allowlist",
+            ),
+            (
+                json!({"allow": [{"cidr": "10.0.0.0/8"}]}),
+                "network.allow applies only with egress: Allowlist",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"ports": [{"port": 1}]}]}),
+                "a network.allow entry needs cidr",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 90, "endPort": 80}]}]}),
+                "endPort must not be below port",
+            ),
+        ] {
+            let err = format!(
+                "{:?}",
+                v.validate(&schema, &with(json!({ "network": network })), None)
+                    .unwrap_err()
+            );
+            assert!(err.contains(message), "{message}: {err}");
+        }
+    }
+
+    #[test]
     fn start_branches_are_named_in_code_and_written_as_the_status_letters() {
         for (letter, branch) in [
             ("A", StartBranch::Reattached),
@@ -396,9 +437,14 @@ mod tests {
             err.contains("workspace.projections comes from the template"),
             "{err}"
         );
-        let net = templated(json!({"network": {"egress": "None"}}));
-        let err = format!("{:?}", v.validate(&schema, &net, None).unwrap_err());
-        assert!(err.contains("network comes from the template"), "{err}");
+        for network in [
+            json!({"egress": "None"}),
+            json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8"}]}),
+        ] {
+            let net = templated(json!({ "network": network }));
+            let err = format!("{:?}", v.validate(&schema, &net, None).unwrap_err());
+            assert!(err.contains("network comes from the template"), "{err}");
+        }
         let mut bare = with(json!({}));
         bare["spec"].as_object_mut().unwrap().remove("image");
         let err = format!("{:?}", v.validate(&schema, &bare, None).unwrap_err());

@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
     validation = crate::crd::fixed_by_template("securityContext"),
     validation = crate::crd::fixed_by_template("ports"),
     validation = crate::crd::fixed_by_template("workspace.projections"),
-    validation = kube::core::Rule::new("!has(self.templateRef) || !has(self.network) || self.network.egress == 'All'").message("network comes from the template: a Sandbox with templateRef cannot set it"),
+    validation = kube::core::Rule::new("!has(self.templateRef) || !has(self.network) || ((!has(self.network.egress) || self.network.egress == 'All') && (!has(self.network.allow) || size(self.network.allow) == 0))").message("network comes from the template: a Sandbox with templateRef cannot set it"),
     validation = kube::core::Rule::new("has(self.templateRef) == has(oldSelf.templateRef)").message("templateRef cannot be added or removed; create a new Sandbox"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -61,7 +61,8 @@ pub struct SandboxSpec {
     /// own; `idleTimeout`, when set, replaces the template's). Setting `image`,
     /// `imagePullPolicy`, `command`, `args`, `resources`, `processLimit`, `runtimeClassName`, `nodeSelector`,
     /// `tolerations`, `securityContext`, `ports`, `network` or `workspace.projections` is
-    /// refused at admission. The template is read when the sandbox's pod is made, and
+    /// refused at admission (except `network.egress: All`, the old clients' default, which is
+    /// accepted and has no effect: the template's egress applies). The template is read when the sandbox's pod is made, and
     /// `status.template` records which version was used: a later edit of the template does
     /// not replace a running pod; it applies from the sandbox's next start. A missing template
     /// keeps the sandbox Pending (reason `TemplateNotFound`) until it appears. Immutable.
@@ -180,8 +181,8 @@ pub struct PodShape {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SandboxSecurityContext>,
 
-    /// Network policy of the sandbox pod.
-    #[serde(default)]
+    /// Network policy of the sandbox pod: what it may reach (`egress`), by default nothing.
+    #[serde(default, skip_serializing_if = "Network::is_default")]
     pub network: Network,
 
     /// Ports of the sandbox to expose. With any, the operator keeps a Service that selects only
@@ -733,13 +734,28 @@ pub enum LifecycleMode {
 }
 
 /// Network settings.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("!has(self.allow) || size(self.allow) == 0 || (has(self.egress) && self.egress == 'Allowlist')").message("network.allow applies only with egress: Allowlist"),
+    validation = kube::core::Rule::new("!has(self.egress) || self.egress != 'Allowlist' || (has(self.allow) && size(self.allow) > 0)").message("egress: Allowlist needs at least one network.allow entry"),
+)]
 pub struct Network {
-    /// `All` allows egress; `None` denies all egress with a NetworkPolicy (the cluster's network
-    /// plugin must enforce NetworkPolicy).
-    #[serde(default)]
-    pub egress: Egress,
+    /// What the sandbox may reach: `None` (nothing), `All` (anything its network routes to),
+    /// or `Allowlist` (only the destinations of `allow`). Unset: the cluster's default, the
+    /// operator's `--default-egress` (Helm `network.defaultEgress`), `None` unless the
+    /// administrator changed it. `None` and `Allowlist` are NetworkPolicies: the sandbox is
+    /// Ready only on a node where the operator has proven that NetworkPolicy is enforced (or
+    /// the administrator attests it), see the `NetworkEnforced` condition. Editable while the
+    /// sandbox runs: the new policy applies within seconds, without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
+
+    /// With `egress: Allowlist`: the destinations the sandbox may reach, each an address block
+    /// and the ports on it (the union of all entries). At most 64 entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub allow: Vec<EgressAllow>,
 }
 
 /// Egress policy.
@@ -748,11 +764,66 @@ pub struct Network {
 )]
 pub enum Egress {
     /// Egress allowed.
-    #[default]
     All,
-    /// No egress at all.
+    /// No egress at all (the default).
+    #[default]
     #[serde(rename = "None")]
     Denied,
+    /// Only the destinations listed in `network.allow`.
+    Allowlist,
+}
+
+impl Network {
+    /// Whether nothing is set (the cluster's default applies).
+    pub fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// The egress policy in force: the spec's, else `default` (the cluster's).
+    pub fn egress_or(&self, default: Egress) -> Egress {
+        self.egress.unwrap_or(default)
+    }
+}
+
+/// One allowed destination of `network.allow`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.cidr)").message("a network.allow entry needs cidr (an address block such as 10.0.0.0/8)"),
+)]
+pub struct EgressAllow {
+    /// An IPv4 or IPv6 address block in CIDR notation, such as `10.20.0.0/16` or
+    /// `192.0.2.7/32` (one address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = kube::core::Rule::new("isCIDR(self)").message("cidr must be an address block in CIDR notation, such as 10.0.0.0/8 or 192.0.2.7/32"))]
+    pub cidr: Option<String>,
+
+    /// The ports allowed on that block; empty: every port. At most 32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub ports: Vec<EgressPort>,
+}
+
+/// A port (or range) of an allowed destination.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("!has(self.endPort) || self.endPort >= self.port").message("endPort must not be below port"),
+)]
+pub struct EgressPort {
+    /// The port number (1-65535).
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+
+    /// With it, the range `port`..`endPort` (inclusive, 1-65535).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub end_port: Option<i32>,
+
+    /// `TCP` (the default), `UDP` or `SCTP`.
+    #[serde(default)]
+    pub protocol: PortProtocol,
 }
 
 /// Condition type on a Sandbox: its start cannot go on without a change (see

@@ -9,7 +9,9 @@ use clap::Args;
 use super::get::print_sandboxes;
 use super::{Fail, ScopeFlags};
 use crate::client::Sandboxes;
-use agentbox_api::crd::{SandboxSpec, Scope};
+use agentbox_api::crd::{
+    Egress, EgressAllow, EgressPort, Network, PortProtocol, SandboxSpec, Scope,
+};
 
 #[derive(Args)]
 pub(super) struct CreateArgs {
@@ -21,16 +23,99 @@ pub(super) struct CreateArgs {
     /// The image to run, for a sandbox without a template.
     #[arg(long)]
     image: Option<String>,
+    /// What the sandbox may reach (a sandbox without a template): None, All or Allowlist.
+    /// Unset: the cluster's default (None unless the administrator changed it); with --allow,
+    /// Allowlist.
+    #[arg(long, value_parser = ["None", "All", "Allowlist"], conflicts_with = "template")]
+    egress: Option<String>,
+    /// An allowed destination: CIDR, or CIDR:PORTS with PORTS a comma-separated list of
+    /// ports or ranges (443, 8000-8010), each optionally /udp or /sctp. Repeatable.
+    #[arg(long, value_name = "CIDR[:PORTS]", conflicts_with = "template")]
+    allow: Vec<String>,
     /// Wait until it is Ready — at most this many seconds.
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "120")]
     wait: Option<u64>,
+}
+
+/// One `--allow` value: `CIDR[:PORTS]`.
+fn parse_allow(v: &str) -> Result<EgressAllow, Fail> {
+    let bad = |why: &str| Fail(format!("--allow {v:?}: {why}"));
+    let (cidr, ports) = match v.split_once(':') {
+        // An IPv6 block has colons of its own: its ports follow the last "]:" or none.
+        Some(_) if v.contains("::") || v.matches(':').count() > 1 => match v.rsplit_once("]:") {
+            Some((c, p)) => (c.trim_start_matches('['), Some(p)),
+            None => (v.trim_start_matches('[').trim_end_matches(']'), None),
+        },
+        Some((c, p)) => (c, Some(p)),
+        None => (v, None),
+    };
+    if !cidr.contains('/') {
+        return Err(bad(
+            "the address block needs its prefix length, such as 10.0.0.0/8 or 192.0.2.7/32",
+        ));
+    }
+    let mut out = Vec::new();
+    for p in ports.unwrap_or("").split(',').filter(|p| !p.is_empty()) {
+        let (range, proto) = match p.split_once('/') {
+            Some((r, "tcp")) => (r, PortProtocol::Tcp),
+            Some((r, "udp")) => (r, PortProtocol::Udp),
+            Some((r, "sctp")) => (r, PortProtocol::Sctp),
+            Some(_) => return Err(bad("a port's protocol is tcp, udp or sctp")),
+            None => (p, PortProtocol::Tcp),
+        };
+        let num = |s: &str| match s.parse::<i32>() {
+            Ok(n) if (1..=65535).contains(&n) => Ok(n),
+            _ => Err(bad("ports are numbers from 1 to 65535")),
+        };
+        let (port, end_port) = match range.split_once('-') {
+            Some((a, b)) => (num(a)?, Some(num(b)?)),
+            None => (num(range)?, None),
+        };
+        out.push(EgressPort {
+            port,
+            end_port,
+            protocol: proto,
+        });
+    }
+    Ok(EgressAllow {
+        cidr: Some(cidr.to_string()),
+        ports: out,
+    })
+}
+
+/// The network of a sandbox without a template, from `--egress` and `--allow`.
+fn network(a: &CreateArgs) -> Result<Network, Fail> {
+    let allow = a
+        .allow
+        .iter()
+        .map(|v| parse_allow(v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let egress = match (a.egress.as_deref(), allow.is_empty()) {
+        (None, true) => None,
+        (None | Some("Allowlist"), false) => Some(Egress::Allowlist),
+        (Some("None"), true) => Some(Egress::Denied),
+        (Some("All"), true) => Some(Egress::All),
+        (Some("Allowlist"), true) => {
+            return Err(Fail("--egress Allowlist needs at least one --allow".into()));
+        }
+        (Some(_), _) => {
+            return Err(Fail(
+                "--allow goes with --egress Allowlist (or no --egress)".into(),
+            ));
+        }
+    };
+    Ok(Network { egress, allow })
 }
 
 /// The spec `create` asks for: from the template, else from the image.
 fn spec(a: &CreateArgs, scope: Scope) -> Result<SandboxSpec, Fail> {
     match (&a.template, &a.image) {
         (Some(t), _) => Ok(SandboxSpec::from_template(t, scope)),
-        (None, Some(i)) => Ok(SandboxSpec::from_image(i, scope)),
+        (None, Some(i)) => {
+            let mut s = SandboxSpec::from_image(i, scope);
+            s.pod.network = network(a)?;
+            Ok(s)
+        }
         (None, None) => Err(Fail("give --template or --image".into())),
     }
 }
@@ -56,6 +141,8 @@ mod tests {
             scope: ScopeFlags::default(),
             template: template.map(String::from),
             image: image.map(String::from),
+            egress: None,
+            allow: Vec::new(),
             wait: None,
         }
     }
@@ -78,5 +165,32 @@ mod tests {
         assert_eq!(s.template_ref, None);
         assert_eq!(s.pod.image.as_deref(), Some("busybox"));
         assert!(spec(&args(None, None), global()).is_err());
+    }
+
+    #[test]
+    fn allow_flags_make_an_allowlist_and_bad_ones_say_why() {
+        let mut a = args(None, Some("busybox"));
+        a.allow = vec!["10.0.0.0/8:443,8000-8010/udp".into(), "192.0.2.7/32".into()];
+        let s = spec(&a, global()).unwrap();
+        assert_eq!(s.pod.network.egress, Some(Egress::Allowlist));
+        let allow = &s.pod.network.allow;
+        assert_eq!(allow[0].cidr.as_deref(), Some("10.0.0.0/8"));
+        assert_eq!(allow[0].ports[0].port, 443);
+        assert_eq!(allow[0].ports[1].end_port, Some(8010));
+        assert_eq!(allow[0].ports[1].protocol, PortProtocol::Udp);
+        assert!(allow[1].ports.is_empty());
+        a.allow = vec!["10.0.0.1:99999".into()];
+        let e = spec(&a, global()).unwrap_err().0;
+        assert!(e.contains("prefix length"), "{e}");
+        a.allow = vec!["10.0.0.0/8:0".into()];
+        assert!(spec(&a, global()).unwrap_err().0.contains("1 to 65535"));
+        let mut n = args(None, Some("busybox"));
+        n.egress = Some("All".into());
+        assert_eq!(
+            spec(&n, global()).unwrap().pod.network.egress,
+            Some(Egress::All)
+        );
+        let plain = spec(&args(None, Some("busybox")), global()).unwrap();
+        assert_eq!(plain.pod.network.egress, None, "the cluster's default");
     }
 }

@@ -21,8 +21,12 @@ fn columns() -> Vec<Column<SandboxTemplate>> {
         Column {
             header: "EGRESS",
             cell: |t, _| match t.spec.pod.network.egress {
-                agentbox_api::crd::Egress::All => "All".into(),
-                agentbox_api::crd::Egress::Denied => "None".into(),
+                Some(agentbox_api::crd::Egress::All) => "All".into(),
+                Some(agentbox_api::crd::Egress::Denied) => "None".into(),
+                Some(agentbox_api::crd::Egress::Allowlist) => {
+                    format!("Allowlist({})", t.spec.pod.network.allow.len())
+                }
+                None => "default".into(),
             },
         },
         Column {

@@ -49,6 +49,43 @@ public final class SandboxSpec {
     return set("workspace", ws);
   }
 
+  /**
+   * What the sandbox may reach: {@code "None"} (nothing), {@code "All"}, or {@code "Allowlist"}
+   * (only the {@link #allow} entries). Unset: the cluster's default, {@code "None"} unless the
+   * administrator changed it. A sandbox relying on a policy is Ready only where the operator
+   * proved NetworkPolicy is enforced (condition {@code NetworkEnforced}).
+   */
+  public SandboxSpec egress(String egress) {
+    Map<String, Object> net = new LinkedHashMap<>(Kube.obj(fields, "network"));
+    net.put("egress", egress);
+    return set("network", net);
+  }
+
+  /**
+   * Allows an address block (CIDR notation) on the given TCP ports (none: every port), and sets
+   * egress to {@code "Allowlist"}.
+   */
+  public SandboxSpec allow(String cidr, int... ports) {
+    Map<String, Object> net = new LinkedHashMap<>(Kube.obj(fields, "network"));
+    java.util.List<Object> allow = new java.util.ArrayList<>();
+    if (net.get("allow") instanceof java.util.List<?> l) {
+      allow.addAll(l);
+    }
+    Map<String, Object> entry = new LinkedHashMap<>();
+    entry.put("cidr", cidr);
+    if (ports.length > 0) {
+      java.util.List<Object> ps = new java.util.ArrayList<>();
+      for (int p : ports) {
+        ps.add(Map.of("port", p));
+      }
+      entry.put("ports", ps);
+    }
+    allow.add(entry);
+    net.put("egress", "Allowlist");
+    net.put("allow", allow);
+    return set("network", net);
+  }
+
   /** Any field of the spec, in its JSON form. */
   public SandboxSpec set(String field, Object value) {
     fields.put(field, value);

@@ -1,0 +1,27 @@
+package dev.agentbox;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+
+import java.util.List;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+
+class SpecTest {
+  @Test
+  void egressIsTheClustersDefaultUnlessSetAndAllowBuildsAnAllowlist() {
+    assertFalse(SandboxSpec.image("busybox:1.37").toMap().containsKey("network"));
+    assertEquals(
+        Map.of("egress", "All"), SandboxSpec.image("b").egress("All").toMap().get("network"));
+    Object net = SandboxSpec.image("b").allow("10.0.0.0/8", 443).allow("192.0.2.7/32").toMap().get("network");
+    assertEquals(
+        Map.of(
+            "egress",
+            "Allowlist",
+            "allow",
+            List.of(
+                Map.of("cidr", "10.0.0.0/8", "ports", List.of(Map.of("port", 443))),
+                Map.of("cidr", "192.0.2.7/32"))),
+        net);
+  }
+}

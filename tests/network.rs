@@ -1,0 +1,265 @@
+//! Egress against a real NetworkPolicy engine (hack/cluster's kube-router): `None` (the
+//! default) reaches nothing, an allowlist reaches its blocks and ports and nothing next to
+//! them, an edit of a running sandbox's policy applies within seconds both ways, and the
+//! operator's `NetworkEnforced` condition says the policy is proven in force. The "outside"
+//! servers are pods of the test's own namespace; probes are bounded (`nc -w 2`).
+//! Under hack/test's gVisor matrix every pod here runs under gVisor.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestEnv, create_sandbox, matrix_runtime_class, phase_is};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use agentbox_api::crd::Sandbox;
+
+/// A listener pod serving `ok` on each of `ports` (busybox httpd), under the matrix's runtime
+/// class; returns its IP once it runs.
+async fn listener(env: &TestEnv, name: &str, ports: &[u16]) -> String {
+    let serve: Vec<String> = ports
+        .iter()
+        .map(|p| format!("httpd -p {p} -h /tmp/w"))
+        .collect();
+    let script = format!(
+        "mkdir -p /tmp/w && echo ok > /tmp/w/index.html && {} && exec sleep 3600",
+        serve.join(" && ")
+    );
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"test-role": "listener"}},
+        "spec": {
+            "runtimeClassName": matrix_runtime_class(),
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "l", "image": common::BASE_IMAGE, "imagePullPolicy": "IfNotPresent",
+                            "command": ["sh", "-c", script]}]
+        }
+    }))
+    .unwrap();
+    env.api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let p = env
+        .wait_for::<Pod>(name, 120, |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.phase.as_deref() == Some("Running") && s.pod_ip.is_some())
+        })
+        .await;
+    p.status.unwrap().pod_ip.unwrap()
+}
+
+/// Whether the sandbox's pod fetches `ok` from `ip:port` (one try, at most 2 s).
+async fn reaches(env: &TestEnv, sandbox: &str, ip: &str, port: u16) -> bool {
+    let pod = agentbox_api::labels::pod_name(sandbox);
+    let out = agentbox_api::exec::run(
+        &env.api::<Pod>(),
+        &pod,
+        "sandbox",
+        agentbox_api::exec::ExecRequest::shell(format!(
+            "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {ip} {port}"
+        ))
+        .timeout(Duration::from_secs(10)),
+    )
+    .await
+    .expect("exec");
+    out.stdout_str().lines().last().map(str::trim) == Some("ok")
+}
+
+/// Polls until `reaches` is `want` (at most 10 s: an edit applies within seconds).
+async fn until_reaches(env: &TestEnv, sandbox: &str, ip: &str, port: u16, want: bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if reaches(env, sandbox, ip, port).await == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{sandbox} -> {ip}:{port}: still {} after 10 s",
+            if want { "unreachable" } else { "reachable" }
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn condition<'a>(
+    s: &'a Sandbox,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_))
+}
+
+#[tokio::test]
+async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_edits_apply_live() {
+    let mut env = TestEnv::new("net").await;
+    env.start_operator(&[]);
+    let (l1, l2) = tokio::join!(
+        listener(&env, "outside-1", &[8080, 8081]),
+        listener(&env, "outside-2", &[8080])
+    );
+    let base = |network: serde_json::Value| {
+        let mut s = json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"}});
+        if !network.is_null() {
+            s["network"] = network;
+        }
+        s
+    };
+    // This build's CRDs again: a test process of an older build on the same cluster may have
+    // applied CRDs without the allowlist since this one started.
+    common::ensure_crds(&env.client).await;
+    // The control: a sandbox with egress All reaches both listeners, on both ports, so what
+    // the others do not reach is the policy's doing.
+    create_sandbox(&env, "open", base(json!({"egress": "All"})))
+        .await
+        .unwrap();
+    // No network: the cluster's default, None.
+    create_sandbox(&env, "closed", base(serde_json::Value::Null))
+        .await
+        .unwrap();
+    let allow = json!({"egress": "Allowlist", "allow": [{"cidr": format!("{l1}/32"), "ports": [{"port": 8080}]}]});
+    create_sandbox(&env, "listed", base(allow)).await.unwrap();
+    let mut ready = Vec::new();
+    for name in ["open", "closed", "listed"] {
+        ready.push(env.wait_for::<Sandbox>(name, 180, phase_is("Ready")).await);
+    }
+    // Proven, not assumed: the operator's check ran on the node.
+    for s in &ready[1..] {
+        let c = condition(s, "NetworkEnforced")
+            .expect("NetworkEnforced on a sandbox that relies on a policy");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "Proven"),
+            "{c:?}"
+        );
+    }
+    assert!(
+        condition(&ready[0], "NetworkEnforced").is_none(),
+        "egress All relies on nothing"
+    );
+
+    assert!(
+        reaches(&env, "open", &l1, 8080).await,
+        "the control reaches outside-1:8080"
+    );
+    assert!(
+        reaches(&env, "open", &l1, 8081).await,
+        "the control reaches outside-1:8081"
+    );
+    assert!(
+        reaches(&env, "open", &l2, 8080).await,
+        "the control reaches outside-2:8080"
+    );
+
+    // The engine programs a new pod's rules on its next sync (about a second on this
+    // cluster), which a cold start can beat: wait for the first refusal, then hold each
+    // sandbox to the rest at once (docs/limits.md).
+    until_reaches(&env, "closed", &l1, 8080, false).await;
+    until_reaches(&env, "listed", &l1, 8081, false).await;
+    // None: no pod, and not the API server's address (the `kubernetes` Service; on this
+    // cluster pods have no route to it at all, so this part only shows nothing opened it).
+    for (ip, port) in [
+        (l1.as_str(), 8080),
+        (l1.as_str(), 8081),
+        (l2.as_str(), 8080),
+    ] {
+        assert!(
+            !reaches(&env, "closed", ip, port).await,
+            "None reached {ip}:{port}"
+        );
+    }
+    let kubernetes: Service = kube::Api::namespaced(env.client.clone(), "default")
+        .get("kubernetes")
+        .await
+        .unwrap();
+    let api_ip = kubernetes.spec.unwrap().cluster_ip.unwrap();
+    assert!(
+        !reaches(&env, "closed", &api_ip, 443).await,
+        "None reached the API server"
+    );
+
+    // The allowlist: its block and port, not the other port, not the other address.
+    assert!(
+        reaches(&env, "listed", &l1, 8080).await,
+        "the allowlisted block and port"
+    );
+    assert!(
+        !reaches(&env, "listed", &l1, 8081).await,
+        "another port of the allowlisted block"
+    );
+    assert!(!reaches(&env, "listed", &l2, 8080).await, "another address");
+
+    // Edits of the running sandbox apply without a restart, both ways.
+    let pods = env.api::<Pod>();
+    let pod_name = agentbox_api::labels::pod_name("listed");
+    let before = pods.get(&pod_name).await.unwrap().metadata.uid;
+    let sandboxes = env.api::<Sandbox>();
+    let widen = json!({"spec": {"network": {"egress": "Allowlist", "allow": [
+        {"cidr": format!("{l1}/32"), "ports": [{"port": 8080}]},
+        {"cidr": format!("{l2}/32"), "ports": [{"port": 8080}]}
+    ]}}});
+    common::ensure_crds(&env.client).await;
+    sandboxes
+        .patch("listed", &PatchParams::default(), &Patch::Merge(&widen))
+        .await
+        .unwrap();
+    until_reaches(&env, "listed", &l2, 8080, true).await;
+    let close = json!({"spec": {"network": {"egress": "None", "allow": null}}});
+    sandboxes
+        .patch("listed", &PatchParams::default(), &Patch::Merge(&close))
+        .await
+        .unwrap();
+    until_reaches(&env, "listed", &l1, 8080, false).await;
+    until_reaches(&env, "listed", &l2, 8080, false).await;
+    let after = sandboxes.get("listed").await.unwrap();
+    assert_eq!(
+        pods.get(&pod_name).await.unwrap().metadata.uid,
+        before,
+        "the same pod: no restart"
+    );
+    assert_eq!(
+        after.status.as_ref().and_then(|s| s.phase),
+        Some(agentbox_api::crd::SandboxPhase::Ready)
+    );
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn bad_allowlists_are_refused_at_admission_with_what_is_wrong() {
+    let env = TestEnv::new("net-admit").await;
+    common::ensure_crds(&env.client).await;
+    for (network, says) in [
+        (
+            json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.300/8"}]}),
+            "cidr must be an address block in CIDR notation",
+        ),
+        (
+            json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 70000}]}]}),
+            "65535",
+        ),
+        (
+            json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 0}]}]}),
+            "should be greater than or equal to 1",
+        ),
+        (
+            json!({"egress": "Allowlist"}),
+            "egress: Allowlist needs at least one network.allow entry",
+        ),
+        (
+            json!({"egress": "None", "allow": [{"cidr": "10.0.0.0/8"}]}),
+            "network.allow applies only with egress: Allowlist",
+        ),
+    ] {
+        let spec =
+            json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"}, "network": network});
+        let err = create_sandbox(&env, "bad", spec)
+            .await
+            .expect_err("refused");
+        let msg = err.to_string();
+        assert!(msg.contains(says), "{network}: {msg}");
+    }
+    env.finish().await;
+}
