@@ -51,6 +51,8 @@ pub async fn run(config: Config) -> Result<(), OperatorError> {
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
+    // The resident set against the memory limit, leader or standby alike.
+    tokio::spawn(crate::headroom::run(metrics.clone()));
 
     let listener = tokio::net::TcpListener::bind(config.metrics_addr)
         .await
