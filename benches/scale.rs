@@ -486,10 +486,19 @@ async fn measure(
     let mut done: HashMap<String, Instant> = HashMap::new();
     let watch = async {
         while done.len() < n {
-            let s = tokio::time::timeout(Duration::from_secs(300), events.try_next())
+            let s = match tokio::time::timeout(Duration::from_secs(300), events.next())
                 .await
-                .map_err(|_| format!("{} of {n} reconciled after 300 s quiet", done.len()))??
-                .ok_or("watch ended")?;
+                .map_err(|_| format!("{} of {n} reconciled after 300 s quiet", done.len()))?
+                .ok_or("watch ended")?
+            {
+                Ok(s) => s,
+                // A watch the API server expired (thousands of writes go by): the watcher
+                // lists again and goes on; the objects come again with it.
+                Err(e) => {
+                    eprintln!("the bench's watch: {e} (it lists again)");
+                    continue;
+                }
+            };
             if reconciled(&s) {
                 done.entry(s.name_any()).or_insert_with(Instant::now);
             }

@@ -31,7 +31,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, Resource};
 
 use super::error::Error;
 use super::watch;
@@ -251,6 +251,7 @@ impl Taking {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
 
     #[test]
     fn a_written_pod_is_remembered_for_its_sandbox_for_a_while() {
