@@ -1247,7 +1247,13 @@ const METHOD: &str = "\
 - **Scale**: Suspended sandboxes (no pods) created 16 requests in flight against a freshly
   started operator; reconciled = phase Suspended with `observedGeneration` current, seen on a
   watch; then a window at rest (RSS and CPU from `/proc/<pid>`, writes from the audit log), then
-  one `deletecollection` until the last finalizer is gone (`benches/scale.rs`).
+  one `deletecollection` until the last finalizer is gone (`benches/scale.rs`). The rows
+  `Scale <n>` (issue 44) run each operator in a memory cgroup limited to the chart's default
+  `resources.limits.memory`, restart it (SIGTERM, a new process) three times in a row and time
+  each until its `agentbox_startup_reconciled_seconds` says every Sandbox was reconciled; its
+  peak is `VmHWM`, its RSS after a restart is read after a settle window; memory per sandbox is
+  (RSS − the RSS of an operator with none) / n; writes during a restart are the operator's
+  from its start to the end of that window, those to Sandboxes apart.
 
 Timings share the machine with the whole cluster (API server, etcd, kubelet, containerd) and
 with whatever else runs on it; figures from a busy machine are slower, not wrong in kind.
