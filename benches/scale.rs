@@ -1,19 +1,35 @@
-//! Scale: many Sandboxes in `lifecycle.mode: Suspended` (no pods) against one operator.
+//! Scale: many Sandboxes in `lifecycle.mode: Suspended` (no pods) against one operator, and
+//! that operator restarted (issue 44).
 //!
-//! `eval "$(hack/cluster env)"; cargo bench --bench scale` (release build). It starts the
-//! operator (the release binary, leader election on as deployed) for a temporary namespace,
-//! creates `BENCH_SCALE_N` (default 500) Suspended sandboxes, 16 requests in flight, and
-//! measures:
-//! - the time until every one is reconciled (a watch sees phase Suspended with
-//!   `observedGeneration` = `generation`), and each one's create → reconciled latency;
+//! `eval "$(hack/cluster env)"; BENCH_SCALE_N=2000 cargo bench --bench scale` (release). It
+//! starts the operator (leader election on, as deployed) for a temporary namespace under a
+//! memory limit, creates `BENCH_SCALE_N` (default 500) Suspended sandboxes,
+//! `BENCH_SCALE_INFLIGHT` (16) requests in flight, and measures:
+//! - the create rate and the time until every one is reconciled (a watch sees phase Suspended
+//!   with `observedGeneration` = `generation`), and each one's create → reconciled latency;
 //! - `BENCH_SCALE_IDLE_SECS` (default 60) at rest: the operator's RSS and CPU (from
 //!   `/proc/<pid>`), and its writes from the API server's audit log (`$AGENTBOX_AUDIT_LOG`),
 //!   told apart by its User-Agent, leader-election Lease renewals counted apart;
+//! - `BENCH_SCALE_RESTARTS` (default 1) restarts in a row: the operator stopped (SIGTERM, as a
+//!   rollout does) and a new one started under the same limit; the time from its start until
+//!   every Sandbox is reconciled (its `agentbox_startup_reconciled_seconds`, polled on its
+//!   metrics endpoint), its peak RSS meanwhile (`VmHWM`), its RSS after
+//!   `BENCH_SCALE_SETTLE_SECS` (30) at rest, and its writes from its start to then (to
+//!   Sandboxes apart: none is expected, every status is already true);
 //! - one `deletecollection`, and the time until every sandbox is gone (finalizers removed).
 //!
-//! With `BENCH_RESULTS` set, each figure is also appended to that file as a JSON line.
+//! The limit is the chart's default `resources.limits.memory` (charts/agentbox/values.yaml;
+//! `BENCH_SCALE_LIMIT_MIB` overrides it), enforced as the kubelet would: each operator runs in
+//! a memory cgroup of its own (cgroup v1 or v2 under `/sys/fs/cgroup`) with that limit, so an
+//! operator that needs more is killed by the kernel and the bench fails saying so. Where no
+//! cgroup can be made (not root, no writable hierarchy), the limit is checked instead against
+//! the operator's `VmHWM`, and the output says which.
+//!
+//! Figures go to `BENCH_RESULTS` as JSON lines under the bench `scale_<N>`.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agentbox_api::crd::{Sandbox, SandboxPhase};
@@ -28,13 +44,11 @@ use serde_json::json;
 mod common;
 
 use common::{
-    DeleteAll, LEADER_LEASE, OPERATOR_UA, audit_log, emit, env_num, leading_operator, namespace,
-    p50_p95, proc_kib, read_audit,
+    DeleteAll, LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95,
+    proc_kib, read_audit, repo_root,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-const IDENTITY: &str = "bench-scale";
 
 /// User + system CPU time of a process in seconds, from `/proc/<pid>/stat`.
 fn cpu_secs(pid: u32, ticks_per_sec: f64) -> f64 {
@@ -49,7 +63,7 @@ fn cpu_secs(pid: u32, ticks_per_sec: f64) -> f64 {
 }
 
 fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
+    Command::new("getconf")
         .arg("CLK_TCK")
         .output()
         .ok()
@@ -66,11 +80,319 @@ fn reconciled(s: &Sandbox) -> bool {
 fn sandbox(i: usize) -> Res<Sandbox> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": format!("s-{i:04}")},
+        "metadata": {"name": format!("s-{i:05}")},
         "spec": {"image": "docker.io/library/busybox:1.37",
             "scope": {"kind": "Session", "agent": "bench", "session": format!("s-{i}")},
             "lifecycle": {"mode": "Suspended"}},
     }))?)
+}
+
+/// The chart's default memory limit in MiB (`resources.limits.memory` of
+/// charts/agentbox/values.yaml: `<n>Mi` or `<n>Gi`).
+fn chart_limit_mib() -> Res<u64> {
+    let path = repo_root().join("charts/agentbox/values.yaml");
+    let values: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    let limit = values["resources"]["limits"]["memory"]
+        .as_str()
+        .ok_or("values.yaml: no resources.limits.memory")?;
+    if let Some(mi) = limit.strip_suffix("Mi") {
+        return Ok(mi.parse()?);
+    }
+    if let Some(gi) = limit.strip_suffix("Gi") {
+        return Ok(gi.parse::<u64>()? * 1024);
+    }
+    Err(format!("values.yaml: resources.limits.memory {limit:?} is not <n>Mi or <n>Gi").into())
+}
+
+/// A memory cgroup with a limit, removed when dropped (once its process has gone).
+struct Cgroup {
+    dir: PathBuf,
+    /// cgroup v1 (`memory.limit_in_bytes`) or v2 (`memory.max`).
+    v1: bool,
+}
+
+impl Cgroup {
+    /// A new cgroup `name` limited to `bytes`, or why not.
+    fn new(name: &str, bytes: u64) -> Result<Cgroup, String> {
+        let v1_root = Path::new("/sys/fs/cgroup/memory");
+        let (dir, v1) = if v1_root.join("memory.limit_in_bytes").exists() {
+            (v1_root.join(name), true)
+        } else {
+            (Path::new("/sys/fs/cgroup").join(name), false)
+        };
+        std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let cg = Cgroup { dir, v1 };
+        let file = if v1 {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        };
+        std::fs::write(cg.dir.join(file), bytes.to_string())
+            .map_err(|e| format!("{}/{file}: {e}", cg.dir.display()))?;
+        if !v1 {
+            // No swap to hide in: the limit is the memory the process may have.
+            let _ = std::fs::write(cg.dir.join("memory.swap.max"), "0");
+        }
+        Ok(cg)
+    }
+
+    /// How many times the kernel's OOM killer ended a process in it.
+    fn oom_kills(&self) -> u64 {
+        let file = if self.v1 {
+            "memory.oom_control"
+        } else {
+            "memory.events"
+        };
+        std::fs::read_to_string(self.dir.join(file))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove {}", self.dir.display());
+    }
+}
+
+/// One operator process of the bench: leader election on, its metrics on `port`, in a memory
+/// cgroup of its own when one could be made.
+struct Op {
+    op: Operator,
+    port: u16,
+    cgroup: Option<Cgroup>,
+    log: PathBuf,
+}
+
+impl Op {
+    fn pid(&self) -> u32 {
+        self.op.pid()
+    }
+
+    /// The process has exited (an OOM kill, a crash): how, with the log's last lines.
+    fn exited(&mut self) -> Option<String> {
+        let status = self.op.0.try_wait().ok().flatten()?;
+        let kills = self.cgroup.as_ref().map_or(0, Cgroup::oom_kills);
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        Some(format!(
+            "the operator exited ({status}; OOM kills in its cgroup: {kills}); log {}: {}",
+            self.log.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ))
+    }
+
+    /// Its `/metrics` text.
+    async fn metrics(&self) -> Option<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .ok()?;
+        let req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    }
+}
+
+/// The value of an unlabelled sample `name` in a metrics text.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// Starts this build's operator for `ns` as `identity`, in a memory cgroup limited to
+/// `limit_mib` when one can be made (the shell moves itself into it and then becomes the
+/// operator, so not one allocation escapes the limit), and returns once it leads.
+async fn start_operator(
+    client: &kube::Client,
+    ns: &str,
+    identity: &str,
+    limit_mib: u64,
+) -> Res<Op> {
+    let port = free_port();
+    let log = std::env::temp_dir().join(format!("{ns}-{identity}.log"));
+    let mut cmd = Operator::command();
+    cmd.args(["--namespace", ns, "--metrics-addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--identity", identity]);
+    let name = format!("agentbox-bench-{}-{identity}", std::process::id());
+    let cgroup = match Cgroup::new(&name, limit_mib << 20) {
+        Ok(cg) => Some(cg),
+        Err(e) => {
+            eprintln!("no memory cgroup ({e}): the limit is checked against VmHWM instead");
+            None
+        }
+    };
+    let mut run = match &cgroup {
+        Some(cg) => {
+            let mut sh = Command::new("sh");
+            sh.arg("-c")
+                .arg(format!(
+                    "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
+                    cg.dir.display()
+                ))
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
+            sh
+        }
+        None => cmd,
+    };
+    run.env("RUST_LOG", common::operator_log_level());
+    let op = Operator::start(&mut run, &log)?;
+    let mut op = Op {
+        op,
+        port,
+        cgroup,
+        log,
+    };
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(e) = op.exited() {
+            return Err(e.into());
+        }
+        let holder = leases
+            .get_opt(LEADER_LEASE)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        if holder.as_deref() == Some(identity) {
+            return Ok(op);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{identity} did not lead within 60 s; see {:?}", op.log).into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What one restart came to.
+struct Restart {
+    /// Process start → every Sandbox reconciled, as the bench saw it on the metrics.
+    reconciled: Duration,
+    /// The operator's own figure (from the start of its controllers).
+    operator_secs: f64,
+    /// VmHWM by the end of the settle window (KiB).
+    peak_kib: u64,
+    /// VmRSS at the end of the settle window (KiB).
+    rss_kib: u64,
+    /// The limit the operator saw (`agentbox_memory_limit_bytes`).
+    seen_limit: f64,
+    /// The audit window: from the process start to the end of the settle window.
+    from: Timestamp,
+    to: Timestamp,
+}
+
+/// Stops `old` (SIGTERM, as a rollout does: it hands the leader Lease over), starts a new
+/// operator and follows it until every Sandbox is reconciled, then `settle` at rest.
+async fn restart(
+    client: &kube::Client,
+    ns: &str,
+    old: &mut Option<Op>,
+    n: usize,
+    k: u64,
+    limit_mib: u64,
+    settle: Duration,
+) -> Res<(Op, Restart)> {
+    drop(old.take()); // SIGTERM, then waits for it to exit (SIGKILL after 5 s)
+    let from = Timestamp::now();
+    let t = Instant::now();
+    let mut op = start_operator(client, ns, &format!("bench-scale-r{k}"), limit_mib).await?;
+    let (reconciled, operator_secs) = loop {
+        if let Some(e) = op.exited() {
+            return Err(format!("restart {k}: {e}").into());
+        }
+        let m = op.metrics().await.unwrap_or_default();
+        match sample(&m, "agentbox_startup_reconciled_seconds") {
+            Some(secs) if secs > 0.0 => break (t.elapsed(), secs),
+            Some(_) => {}
+            // An operator from before the gauge (BENCH_OPERATOR_BIN, to compare builds): as
+            // many sandbox reconciles as sandboxes, which a first pass makes at least.
+            None => {
+                let runs = sample(&m, "agentbox_reconciles_total{controller=\"sandbox\"}");
+                if runs.is_some_and(|r| r >= n as f64) {
+                    break (t.elapsed(), 0.0);
+                }
+            }
+        }
+        if t.elapsed() > Duration::from_secs(300) {
+            let left = sample(&m, "agentbox_startup_pending_sandboxes");
+            return Err(
+                format!("restart {k}: {left:?} sandboxes not reconciled after 300 s").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(settle).await;
+    if let Some(e) = op.exited() {
+        return Err(format!("restart {k}, at rest: {e}").into());
+    }
+    let m = op.metrics().await.unwrap_or_default();
+    let r = Restart {
+        reconciled,
+        operator_secs,
+        peak_kib: proc_kib(op.pid(), "VmHWM:"),
+        rss_kib: proc_kib(op.pid(), "VmRSS:"),
+        seen_limit: sample(&m, "agentbox_memory_limit_bytes").unwrap_or(0.0),
+        from,
+        to: Timestamp::now(),
+    };
+    Ok((op, r))
+}
+
+/// After a failure with thousands of Sandboxes left: an operator without a limit (the one
+/// given, while it still runs) deletes them all and removes their finalizers, so that the
+/// namespace does not stay Terminating on a cluster others share.
+async fn rescue(client: &kube::Client, ns: &str, sbxs: &Api<Sandbox>, op: Option<Op>) {
+    let mut op = op;
+    if op.as_mut().is_none_or(|o| o.exited().is_some()) {
+        drop(op.take());
+        match start_operator(client, ns, "bench-scale-rescue", 1 << 20).await {
+            Ok(o) => op = Some(o),
+            Err(e) => eprintln!("no operator to remove the finalizers: {e}"),
+        }
+    }
+    let _ = sbxs
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    for _ in 0..1800 {
+        match sbxs.list_metadata(&ListParams::default()).await {
+            Ok(l) if !l.items.is_empty() => tokio::time::sleep(Duration::from_millis(500)).await,
+            _ => break,
+        }
+    }
+    drop(op);
+}
+
+/// The settings of a run.
+#[derive(Clone, Copy)]
+struct Settings {
+    n: usize,
+    idle: u64,
+    restarts: u64,
+    settle: Duration,
+    inflight: usize,
+    limit_mib: u64,
 }
 
 #[tokio::main]
@@ -78,24 +400,65 @@ async fn main() -> Res<()> {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return Ok(()); // `cargo test --benches` / `--list`: nothing to list.
     }
-    let n = env_num("BENCH_SCALE_N", 500) as usize;
-    let idle = env_num("BENCH_SCALE_IDLE_SECS", 60);
+    let set = Settings {
+        n: env_num("BENCH_SCALE_N", 500) as usize,
+        idle: env_num("BENCH_SCALE_IDLE_SECS", 60),
+        restarts: env_num("BENCH_SCALE_RESTARTS", 1),
+        settle: Duration::from_secs(env_num("BENCH_SCALE_SETTLE_SECS", 30)),
+        inflight: env_num("BENCH_SCALE_INFLIGHT", 16) as usize,
+        limit_mib: match std::env::var("BENCH_SCALE_LIMIT_MIB") {
+            Ok(v) => v.parse()?,
+            Err(_) => chart_limit_mib()?,
+        },
+    };
     let audit = audit_log()?;
     let client = agentbox_api::kube_client().await?;
     let cleanup = namespace(&client, "bench-scale").await?;
     let ns = cleanup.1.clone();
-    let (op, log) = leading_operator(&client, &ns, IDENTITY).await?;
-    let pid = op.pid();
+    let mut op = Some(start_operator(&client, &ns, "bench-scale", set.limit_mib).await?);
+    let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    // Declared after `op`: dropped first, so the operator is there to remove the finalizers.
+    let _delete_all = DeleteAll::of(&client, &ns);
+    let out = measure(&set, &client, &ns, &audit, &sbxs, &mut op).await;
+    if let Err(e) = &out {
+        eprintln!("{e}");
+        rescue(&client, &ns, &sbxs, op.take()).await;
+    }
+    out
+}
+
+/// The whole run, from the operator's lead to the sandboxes' deletion and the figures.
+async fn measure(
+    set: &Settings,
+    client: &kube::Client,
+    ns: &str,
+    audit: &str,
+    sbxs: &Api<Sandbox>,
+    op: &mut Option<Op>,
+) -> Res<()> {
+    let Settings {
+        n,
+        idle,
+        restarts,
+        settle,
+        inflight,
+        limit_mib,
+    } = *set;
+    let bench = format!("scale_{n}");
+    let enforced = op.as_ref().is_some_and(|o| o.cgroup.is_some());
+    let pid = op.as_ref().map_or(0, Op::pid);
     let ticks = clock_ticks();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_before = proc_kib(pid, "VmRSS:");
     eprintln!(
-        "operator pid {pid} leads in {ns}; creating {n} Suspended sandboxes (log {})",
-        log.display()
+        "operator pid {pid} leads in {ns} ({limit_mib} MiB limit, {}); creating {n} Suspended sandboxes",
+        if enforced {
+            "a memory cgroup"
+        } else {
+            "checked against VmHWM"
+        }
     );
 
-    let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
-    let _delete_all = DeleteAll::of(&client, &ns);
     // The watch is open before the first create, so no status is missed.
     let mut events = watcher::watcher(sbxs.clone(), watcher::Config::default())
         .applied_objects()
@@ -111,19 +474,31 @@ async fn main() -> Res<()> {
                 let s = sandbox(i)?;
                 let t = Instant::now();
                 sbxs.create(&PostParams::default(), &s).await?;
-                created_at.lock().unwrap().insert(s.name_any(), t);
+                created_at
+                    .lock()
+                    .map_err(|_| "poisoned")?
+                    .insert(s.name_any(), t);
                 Ok::<_, Box<dyn std::error::Error>>(())
             }
         })
-        .buffer_unordered(16)
+        .buffer_unordered(inflight)
         .try_collect::<Vec<()>>();
     let mut done: HashMap<String, Instant> = HashMap::new();
     let watch = async {
         while done.len() < n {
-            let s = tokio::time::timeout(Duration::from_secs(300), events.try_next())
+            let s = match tokio::time::timeout(Duration::from_secs(300), events.next())
                 .await
-                .map_err(|_| format!("{} of {n} reconciled after 300 s quiet", done.len()))??
-                .ok_or("watch ended")?;
+                .map_err(|_| format!("{} of {n} reconciled after 300 s quiet", done.len()))?
+                .ok_or("watch ended")?
+            {
+                Ok(s) => s,
+                // A watch the API server expired (thousands of writes go by): the watcher
+                // lists again and goes on; the objects come again with it.
+                Err(e) => {
+                    eprintln!("the bench's watch: {e} (it lists again)");
+                    continue;
+                }
+            };
             if reconciled(&s) {
                 done.entry(s.name_any()).or_insert_with(Instant::now);
             }
@@ -140,9 +515,10 @@ async fn main() -> Res<()> {
     let (created, create_time) = created;
     created?;
     watched?;
+    drop(events);
     let all_time = t0.elapsed();
     let cpu_reconcile = cpu_secs(pid, ticks) - cpu0;
-    let created_at = created_at.into_inner().unwrap();
+    let created_at = created_at.into_inner().map_err(|_| "poisoned")?;
     let lat: Vec<f64> = done
         .iter()
         .filter_map(|(k, t)| Some(t.duration_since(*created_at.get(k)?).as_secs_f64() * 1e3))
@@ -163,7 +539,27 @@ async fn main() -> Res<()> {
     let idle_secs = t_idle.elapsed().as_secs_f64();
     let cpu_rest_pct = (cpu_b - cpu_a) / idle_secs * 100.0;
     let rss_rest = proc_kib(pid, "VmRSS:");
-    let peak_reconcile = proc_kib(pid, "VmHWM:");
+    let peak_first = proc_kib(pid, "VmHWM:");
+    if let Some(e) = op.as_mut().and_then(Op::exited) {
+        return Err(e.into());
+    }
+
+    // Restarts in a row, each under the same limit.
+    let mut after: Vec<Restart> = Vec::new();
+    for k in 1..=restarts {
+        let (new, r) = restart(client, ns, op, n, k, limit_mib, settle).await?;
+        eprintln!(
+            "restart {k}: every sandbox reconciled {:.1} s after the start (operator: {:.1} s), peak {:.1} MiB, {:.1} MiB after {} s at rest; limit seen {:.0} MiB",
+            r.reconciled.as_secs_f64(),
+            r.operator_secs,
+            r.peak_kib as f64 / 1024.0,
+            r.rss_kib as f64 / 1024.0,
+            settle.as_secs(),
+            r.seen_limit / 1048576.0
+        );
+        *op = Some(new);
+        after.push(r);
+    }
 
     // Delete them all with one request; done when the last finalizer is gone.
     let t = Instant::now();
@@ -172,8 +568,8 @@ async fn main() -> Res<()> {
         .await?;
     let mut left = n;
     while left > 0 {
-        if t.elapsed() > Duration::from_secs(600) {
-            return Err(format!("{left} sandboxes still there after 600 s").into());
+        if t.elapsed() > Duration::from_secs(900) {
+            return Err(format!("{left} sandboxes still there after 900 s").into());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
         left = sbxs
@@ -184,12 +580,13 @@ async fn main() -> Res<()> {
     }
     let delete_time = t.elapsed();
     let del_end = Timestamp::now();
-    let peak = proc_kib(pid, "VmHWM:");
-    drop(events);
-    drop(op);
+    let last_pid = op.as_ref().map_or(0, Op::pid);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_deleted = proc_kib(last_pid, "VmRSS:");
+    drop(op.take());
 
     // The operator's writes, by its User-Agent, in the namespace.
-    let writes = read_audit(&audit, &ns);
+    let writes = read_audit(audit, ns);
     let count = |from: Timestamp, to: Timestamp, leader: bool| {
         let ws: Vec<&common::Write> = writes
             .iter()
@@ -200,20 +597,47 @@ async fn main() -> Res<()> {
         for w in &ws {
             *kinds.entry(w.kind()).or_default() += 1;
         }
-        (ws.len(), kinds)
+        let to_sandboxes = ws.iter().filter(|w| w.resource == "sandboxes").count();
+        (ws.len(), to_sandboxes, kinds)
     };
-    let (w_reconcile, k_reconcile) = count(start_ts, reconcile_end, false);
-    let (w_idle, k_idle) = count(idle_start, idle_end, false);
-    let (w_leader, _) = count(idle_start, idle_end, true);
-    let (w_delete, k_delete) = count(del_start, del_end, false);
+    let (w_reconcile, _, k_reconcile) = count(start_ts, reconcile_end, false);
+    let (w_idle, _, k_idle) = count(idle_start, idle_end, false);
+    let (w_leader, _, _) = count(idle_start, idle_end, true);
+    let (w_delete, _, k_delete) = count(del_start, del_end, false);
+    let mut restart_writes = 0;
+    let mut restart_sandbox_writes = 0;
+    let mut restart_kinds: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in &after {
+        let (w, s, k) = count(r.from, r.to, false);
+        restart_writes += w;
+        restart_sandbox_writes += s;
+        for (kind, c) in k {
+            *restart_kinds.entry(kind).or_default() += c;
+        }
+    }
     let per_min = |k: usize| k as f64 * 60.0 / idle_secs;
     let mib = |kib: u64| kib as f64 / 1024.0;
+    let per_sbx = |kib: u64| kib.saturating_sub(rss_before) as f64 / n as f64;
+
+    let worst = |f: fn(&Restart) -> f64| after.iter().map(f).fold(0.0, f64::max);
+    let restart_secs = worst(|r| r.reconciled.as_secs_f64());
+    let restart_peak = worst(|r| r.peak_kib as f64) as u64;
+    let restart_rss = worst(|r| r.rss_kib as f64) as u64;
+    let peak_ratio = restart_peak as f64 / rss_rest.max(1) as f64;
 
     println!();
-    println!("{n} Suspended sandboxes, one operator (pid {pid}):");
     println!(
-        "  created in {:.1} s (16 in flight); all reconciled {:.1} s after the first create",
+        "{n} Suspended sandboxes, one operator at a time under a {limit_mib} MiB limit ({}):",
+        if enforced {
+            "its memory cgroup"
+        } else {
+            "VmHWM checked against it"
+        }
+    );
+    println!(
+        "  created in {:.1} s ({:.0}/s, {inflight} in flight); all reconciled {:.1} s after the first create",
         create_time.as_secs_f64(),
+        n as f64 / create_time.as_secs_f64(),
         all_time.as_secs_f64()
     );
     println!("  create → reconciled p50 {lp50:.0} ms, p95 {lp95:.0} ms");
@@ -222,65 +646,91 @@ async fn main() -> Res<()> {
         w_reconcile as f64 / n as f64
     );
     println!(
-        "  at rest ({idle_secs:.0} s): RSS {:.1} MiB (before the sandboxes {:.1} MiB, max in window {:.1} MiB), CPU {cpu_rest_pct:.2}%",
+        "  at rest ({idle_secs:.0} s): RSS {:.1} MiB = {:.1} KiB per sandbox (before the sandboxes {:.1} MiB, max in window {:.1} MiB, peak so far {:.1} MiB), CPU {cpu_rest_pct:.2}%",
         mib(rss_rest),
+        per_sbx(rss_rest),
         mib(rss_before),
-        mib(rss_max)
+        mib(rss_max),
+        mib(peak_first)
     );
     println!(
         "  at rest: {w_idle} writes ({:.1}/min) {k_idle:?}, and {w_leader} leader-election Lease renewals ({:.1}/min)",
         per_min(w_idle),
         per_min(w_leader)
     );
+    for (k, r) in after.iter().enumerate() {
+        println!(
+            "  restart {}: all reconciled {:.1} s after its start; peak {:.1} MiB ({:.2}× the rest figure); after {} s at rest {:.1} MiB = {:.1} KiB per sandbox",
+            k + 1,
+            r.reconciled.as_secs_f64(),
+            mib(r.peak_kib),
+            r.peak_kib as f64 / rss_rest.max(1) as f64,
+            settle.as_secs(),
+            mib(r.rss_kib),
+            per_sbx(r.rss_kib)
+        );
+    }
     println!(
-        "  deletecollection → all gone {:.1} s; operator writes {w_delete}: {k_delete:?}",
-        delete_time.as_secs_f64()
+        "  restarts: {restart_writes} operator writes ({restart_sandbox_writes} to Sandboxes) {restart_kinds:?}"
     );
     println!(
-        "  operator peak RSS {:.1} MiB (while reconciling {:.1} MiB)",
-        mib(peak),
-        mib(peak_reconcile)
+        "  deletecollection → all gone {:.1} s; operator writes {w_delete}: {k_delete:?}; its RSS 5 s later {:.1} MiB",
+        delete_time.as_secs_f64(),
+        mib(rss_deleted)
     );
 
     let n64 = n as u64;
-    emit("scale", "create_secs", create_time.as_secs_f64(), "s", n64);
+    let b = bench.as_str();
+    emit(b, "create_secs", create_time.as_secs_f64(), "s", n64);
     emit(
-        "scale",
-        "reconcile_all_secs",
-        all_time.as_secs_f64(),
-        "s",
-        n64,
+        b,
+        "create_per_sec",
+        n as f64 / create_time.as_secs_f64(),
+        "1/s",
+        inflight as u64,
     );
-    emit("scale", "reconcile_p50_ms", lp50, "ms", n64);
-    emit("scale", "reconcile_p95_ms", lp95, "ms", n64);
-    emit("scale", "reconcile_cpu_secs", cpu_reconcile, "s", n64);
-    let per_sbx = w_reconcile as f64 / n as f64;
-    emit("scale", "writes_per_sandbox", per_sbx, "writes", n64);
-    emit("scale", "rest_rss_mib", mib(rss_rest), "MiB", n64);
-    emit("scale", "rest_rss_before_mib", mib(rss_before), "MiB", n64);
-    emit("scale", "rest_cpu_pct", cpu_rest_pct, "%", idle);
+    emit(b, "reconcile_all_secs", all_time.as_secs_f64(), "s", n64);
+    emit(b, "reconcile_p50_ms", lp50, "ms", n64);
+    emit(b, "reconcile_p95_ms", lp95, "ms", n64);
+    emit(b, "reconcile_cpu_secs", cpu_reconcile, "s", n64);
+    let writes_per = w_reconcile as f64 / n as f64;
+    emit(b, "writes_per_sandbox", writes_per, "writes", n64);
+    emit(b, "rest_rss_mib", mib(rss_rest), "MiB", n64);
+    emit(b, "rest_rss_before_mib", mib(rss_before), "MiB", n64);
+    emit(b, "rest_kib_per_sandbox", per_sbx(rss_rest), "KiB", n64);
+    emit(b, "rest_cpu_pct", cpu_rest_pct, "%", idle);
     emit(
-        "scale",
+        b,
         "rest_writes_per_min",
         per_min(w_idle),
         "writes/min",
         idle,
     );
     let leader = per_min(w_leader);
-    emit(
-        "scale",
-        "rest_leader_writes_per_min",
-        leader,
-        "writes/min",
-        idle,
-    );
-    emit(
-        "scale",
-        "delete_all_secs",
-        delete_time.as_secs_f64(),
-        "s",
-        n64,
-    );
-    emit("scale", "peak_rss_mib", mib(peak), "MiB", n64);
+    emit(b, "rest_leader_writes_per_min", leader, "writes/min", idle);
+    if !after.is_empty() {
+        let k = after.len() as u64;
+        emit(b, "restart_reconciled_secs", restart_secs, "s", k);
+        emit(b, "restart_peak_mib", mib(restart_peak), "MiB", k);
+        emit(b, "restart_peak_ratio", peak_ratio, "x", k);
+        emit(b, "restart_rss_mib", mib(restart_rss), "MiB", k);
+        emit(b, "restart_kib_per_sandbox", per_sbx(restart_rss), "KiB", k);
+        emit(b, "restart_writes", restart_writes as f64, "writes", k);
+        let sw = restart_sandbox_writes as f64;
+        emit(b, "restart_sandbox_writes", sw, "writes", k);
+    }
+    emit(b, "limit_mib", limit_mib as f64, "MiB", u64::from(enforced));
+    emit(b, "delete_all_secs", delete_time.as_secs_f64(), "s", n64);
+    emit(b, "deleted_rss_mib", mib(rss_deleted), "MiB", n64);
+
+    // The limit, where no cgroup enforced it: the peak must have stayed under it.
+    let peak_all = restart_peak.max(peak_first);
+    if !enforced && peak_all > limit_mib << 10 {
+        return Err(format!(
+            "the operator's peak RSS {:.1} MiB is over the {limit_mib} MiB limit",
+            mib(peak_all)
+        )
+        .into());
+    }
     Ok(())
 }

@@ -158,6 +158,14 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_STREAM_STALL_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub stream_stall_seconds: u64,
 
+    /// How many Sandboxes are reconciled at once by the sandbox controller's queue (a new
+    /// Sandbox's first start from its watch event has a bound of its own, 16). A leader that
+    /// starts with thousands of Sandboxes reconciles them this many at a time instead of all at
+    /// once, which bounds its memory at start-up; a reconcile that waits (a snapshot before a
+    /// suspension, a restore) holds one of them while it does.
+    #[arg(long, env = "AGENTBOX_RECONCILE_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub reconcile_concurrency: u16,
+
     /// Address of the metrics and health endpoints.
     #[arg(long, env = "AGENTBOX_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod controller;
+pub mod headroom;
 pub mod metrics;
 pub mod operator;
 pub mod progress;

@@ -255,6 +255,10 @@ pub struct Metrics {
     pool_source: RwLock<Option<PoolSource>>,
     pool_created: Counter,
     pool_deleted: Counter,
+    memory_rss: Gauge,
+    memory_limit: Gauge,
+    startup_pending: Gauge,
+    startup_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     names: BTreeSet<String>,
 }
 
@@ -316,6 +320,10 @@ impl Default for Metrics {
             pool_source: RwLock::new(None),
             pool_created: Counter::default(),
             pool_deleted: Counter::default(),
+            memory_rss: Gauge::default(),
+            memory_limit: Gauge::default(),
+            startup_pending: Gauge::default(),
+            startup_seconds: Gauge::default(),
             registry: Registry::default(),
             names: BTreeSet::new(),
         };
@@ -459,6 +467,26 @@ impl Default for Metrics {
             "Warm pods the pool controller deleted (surplus, replaced, ended, or of a missing template)",
             m.pool_deleted.clone(),
         );
+        r.add(
+            "memory_resident_bytes",
+            "The operator's resident set (VmRSS), sampled every 5 s",
+            m.memory_rss.clone(),
+        );
+        r.add(
+            "memory_limit_bytes",
+            "The memory limit of the operator's cgroup (0: none found)",
+            m.memory_limit.clone(),
+        );
+        r.add(
+            "startup_pending_sandboxes",
+            "Sandboxes of this leader's first listing not yet reconciled since it started (0 once every one has been)",
+            m.startup_pending.clone(),
+        );
+        r.add(
+            "startup_reconciled_seconds",
+            "Seconds from this leader's start to every Sandbox of its first listing reconciled (0 until then)",
+            m.startup_seconds.clone(),
+        );
         Metrics {
             registry: r.registry,
             names: r.names,
@@ -591,6 +619,23 @@ impl Metrics {
     /// The pool controller deleted `n` warm pods.
     pub fn pool_pods_deleted(&self, n: u64) {
         self.pool_deleted.inc_by(n);
+    }
+
+    /// A sample of the operator's resident set and its cgroup's memory limit (`None`: none).
+    pub fn memory(&self, rss: u64, limit: Option<u64>) {
+        self.memory_rss.set(i64::try_from(rss).unwrap_or(i64::MAX));
+        self.memory_limit
+            .set(limit.map_or(0, |l| i64::try_from(l).unwrap_or(i64::MAX)));
+    }
+
+    /// How many Sandboxes of the first listing are still to be reconciled; with `took`, the
+    /// first pass is complete and took that long.
+    pub fn startup(&self, pending: usize, took: Option<Duration>) {
+        self.startup_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        if let Some(t) = took {
+            self.startup_seconds.set(t.as_secs_f64());
+        }
     }
 
     /// An exec of the operator's own failed with an error of `kind`.

@@ -51,6 +51,8 @@ pub async fn run(config: Config) -> Result<(), OperatorError> {
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
+    // The resident set against the memory limit, leader or standby alike.
+    tokio::spawn(crate::headroom::run(metrics.clone()));
 
     let listener = tokio::net::TcpListener::bind(config.metrics_addr)
         .await
@@ -104,6 +106,8 @@ pub async fn run(config: Config) -> Result<(), OperatorError> {
         lease_duration: Duration::from_secs(u64::from(config.lease_seconds.max(2))),
         holder: config.identity.clone(),
         retry_interval: Duration::from_secs(1),
+        // the standby waits without queueing: the leader holds until it stops or is lost
+        queue: false,
         ..GuardConfig::default()
     };
     let lease_labels =

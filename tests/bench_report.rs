@@ -393,3 +393,90 @@ fn the_peers_claim_sits_beside_agentboxs_or_says_it_was_not_measured() {
         Some(false)
     );
 }
+
+#[test]
+fn each_scale_size_has_its_rows_with_memory_per_sandbox_at_rest_and_after_a_restart() {
+    let line = |n: u64, key: &str, value: f64, count: u64| {
+        serde_json::json!({"bench": format!("scale_{n}"), "key": key, "value": value,
+            "unit": "", "n": count})
+        .to_string()
+    };
+    let mut lines = Vec::new();
+    for (n, rest, after, peak_ratio, secs, sbx_writes) in [
+        (10_000u64, 14.5, 16.0, 1.2, 41.0, 0.0),
+        (500, 20.0, 25.0, 1.1, 3.0, 0.0),
+        (2000, 31.0, 22.0, 1.7, 70.0, 2.0),
+    ] {
+        lines.extend([
+            line(n, "create_secs", 10.0, n),
+            line(n, "create_per_sec", 150.0, 16),
+            line(n, "reconcile_all_secs", 12.0, n),
+            line(n, "rest_kib_per_sandbox", rest, n),
+            line(n, "restart_kib_per_sandbox", after, 3),
+            line(n, "rest_rss_mib", 60.0, n),
+            line(n, "restart_rss_mib", 61.0, 3),
+            line(n, "restart_peak_mib", 72.0, 3),
+            line(n, "rest_rss_before_mib", 18.0, n),
+            line(n, "limit_mib", 512.0, 1),
+            line(n, "restart_peak_ratio", peak_ratio, 3),
+            line(n, "restart_reconciled_secs", secs, 3),
+            line(n, "rest_writes_per_min", 0.0, 60),
+            line(n, "restart_sandbox_writes", sbx_writes, 3),
+            line(n, "restart_writes", 4.0, 3),
+            line(n, "delete_all_secs", 30.0, n),
+        ]);
+    }
+    let data = render::parse(&format!(
+        "{}\n{}\n",
+        read(render::LAST_RUN),
+        lines.join("\n")
+    ))
+    .expect("parse");
+    let doc = render::document(&data, &read(render::NOTES)).expect("the document");
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.starts_with("| Scale ") && l.contains("memory per Suspended sandbox"))
+        .collect();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert!(
+        rows[0].starts_with("| Scale 500:"),
+        "smallest first: {rows:?}"
+    );
+    assert!(rows[2].starts_with("| Scale 10000:"), "{rows:?}");
+    assert!(
+        rows[0].contains("| 20.0 / 25.0 KiB |") && rows[0].contains("≤ 30 KiB"),
+        "at rest and after a restart side by side: {}",
+        rows[0]
+    );
+    let yes = |row: &str| row.ends_with("| yes |");
+    let no = |row: &str| row.ends_with("| **no** |");
+    assert!(yes(rows[0]) && yes(rows[2]), "{rows:?}");
+    assert!(no(rows[1]), "2,000's rest figure misses it: {}", rows[1]);
+    let find = |prefix: &str| {
+        doc.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix}"))
+            .to_string()
+    };
+    let peak = find("| Scale 2000: a restart's peak RSS");
+    assert!(peak.contains("1.70×") && no(&peak), "{peak}");
+    let restart = find("| Scale 10000: restart → every sandbox reconciled (worst of 3");
+    assert!(restart.contains("41.0 s") && yes(&restart), "{restart}");
+    let writes = find("| Scale 2000: API writes at rest");
+    assert!(
+        no(&writes),
+        "a write to a Sandbox misses the target: {writes}"
+    );
+    let rss = find("| Scale 500: operator RSS at rest / after a restart / restart's peak");
+    assert!(
+        rss.contains("60.0 / 61.0 / 72.0 MiB") && rss.contains("limit 512 MiB, a memory cgroup"),
+        "{rss}"
+    );
+    // The committed run has none of them: its document is unchanged by these rows.
+    let plain = render::document(
+        &render::parse(&read(render::LAST_RUN)).expect("parse"),
+        &read(render::NOTES),
+    )
+    .expect("the document");
+    assert!(!plain.contains("| Scale 500:"));
+}

@@ -196,6 +196,17 @@ impl Figures {
     fn n(&self, bench: &str, key: &str) -> u64 {
         self.0.get(&(bench.into(), key.into())).map_or(0, |v| v.1)
     }
+    /// The sizes the scale bench ran at (benches `scale_<n>`), smallest first.
+    fn scale_sizes(&self) -> Vec<u64> {
+        let mut sizes: Vec<u64> = self
+            .0
+            .keys()
+            .filter_map(|(b, _)| b.strip_prefix("scale_")?.parse().ok())
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+    }
 }
 
 /// One line of the table.
@@ -834,7 +845,116 @@ pub fn rows(f: &Figures) -> Vec<Row> {
             "—".into(),
         ));
     }
+    for n in f.scale_sizes() {
+        out.extend(scale_rows(f, n));
+    }
     out.extend(idle_rows(f));
+    out
+}
+
+/// Issue 44's rows for one size (bench `scale_<n>`): Suspended sandboxes created against one
+/// operator under the chart's default memory limit, at rest, after restarts and deleted;
+/// memory per sandbox at rest and after a restart side by side. Targets: at most 30 KiB per
+/// sandbox at rest and after a restart, a restart's peak at most 1.5× the rest figure, every
+/// sandbox reconciled within 60 s of a restart, and no write to a Sandbox whose status was
+/// already true.
+fn scale_rows(f: &Figures, n: u64) -> Vec<Row> {
+    let bench = format!("scale_{n}");
+    let c = |k: &str| f.get(&bench, k);
+    let mut out = Vec::new();
+    if let (Some(all), Some(create), Some(rate)) = (
+        c("reconcile_all_secs"),
+        c("create_secs"),
+        c("create_per_sec"),
+    ) {
+        let inflight = f.n(&bench, "create_per_sec");
+        out.push(row(
+            format!("Scale {n}: Suspended sandboxes, first create → all reconciled"),
+            format!("{all:.1} s"),
+            format!("the creates alone {create:.1} s ({rate:.0}/s, {inflight} in flight)"),
+        ));
+    }
+    if let (Some(rest), Some(after)) = (c("rest_kib_per_sandbox"), c("restart_kib_per_sandbox")) {
+        let restarts = f.n(&bench, "restart_kib_per_sandbox");
+        out.push(Row {
+            target: "≤ 30 KiB",
+            met: Some(rest <= 30.0 && after <= 30.0),
+            ..row(
+                format!(
+                    "Scale {n}: operator memory per Suspended sandbox, at rest / after a restart (worst of {restarts})"
+                ),
+                format!("{rest:.1} / {after:.1} KiB"),
+                "—".into(),
+            )
+        });
+    }
+    if let (Some(rest), Some(after), Some(peak), Some(before)) = (
+        c("rest_rss_mib"),
+        c("restart_rss_mib"),
+        c("restart_peak_mib"),
+        c("rest_rss_before_mib"),
+    ) {
+        let (limit, enforced) = (c("limit_mib"), f.n(&bench, "limit_mib") == 1);
+        let how = match (limit, enforced) {
+            (Some(l), true) => format!("; limit {l:.0} MiB, a memory cgroup"),
+            (Some(l), false) => format!("; limit {l:.0} MiB, checked against the peak"),
+            (None, _) => String::new(),
+        };
+        out.push(row(
+            format!("Scale {n}: operator RSS at rest / after a restart / restart's peak"),
+            format!("{rest:.1} / {after:.1} / {peak:.1} MiB"),
+            format!("RSS with no sandbox {before:.1} MiB{how}"),
+        ));
+    }
+    if let Some(x) = c("restart_peak_ratio") {
+        out.push(Row {
+            target: "≤ 1.5×",
+            met: Some(x <= 1.5),
+            ..row(
+                format!("Scale {n}: a restart's peak RSS against the RSS at rest"),
+                format!("{x:.2}×"),
+                "—".into(),
+            )
+        });
+    }
+    if let Some(t) = c("restart_reconciled_secs") {
+        let restarts = f.n(&bench, "restart_reconciled_secs");
+        out.push(Row {
+            target: "≤ 60 s",
+            met: Some(t <= 60.0),
+            ..row(
+                format!(
+                    "Scale {n}: restart → every sandbox reconciled (worst of {restarts} in a row)"
+                ),
+                format!("{t:.1} s"),
+                "—".into(),
+            )
+        });
+    }
+    if let (Some(rest), Some(sbx), Some(all)) = (
+        c("rest_writes_per_min"),
+        c("restart_sandbox_writes"),
+        c("restart_writes"),
+    ) {
+        out.push(Row {
+            target: "0",
+            met: Some(rest == 0.0 && sbx == 0.0),
+            ..row(
+                format!(
+                    "Scale {n}: API writes at rest (per min) / to Sandboxes during the restarts"
+                ),
+                format!("{rest:.1} / {sbx:.0}"),
+                format!("all the operator's writes during the restarts {all:.0}"),
+            )
+        });
+    }
+    if let Some(d) = c("delete_all_secs") {
+        out.push(row(
+            format!("Scale {n}: deletecollection → all gone"),
+            format!("{d:.1} s"),
+            c("deleted_rss_mib").map_or("—".into(), |m| format!("operator RSS after {m:.1} MiB")),
+        ));
+    }
     out
 }
 
@@ -1127,7 +1247,13 @@ const METHOD: &str = "\
 - **Scale**: Suspended sandboxes (no pods) created 16 requests in flight against a freshly
   started operator; reconciled = phase Suspended with `observedGeneration` current, seen on a
   watch; then a window at rest (RSS and CPU from `/proc/<pid>`, writes from the audit log), then
-  one `deletecollection` until the last finalizer is gone (`benches/scale.rs`).
+  one `deletecollection` until the last finalizer is gone (`benches/scale.rs`). The rows
+  `Scale <n>` (issue 44) run each operator in a memory cgroup limited to the chart's default
+  `resources.limits.memory`, restart it (SIGTERM, a new process) three times in a row and time
+  each until its `agentbox_startup_reconciled_seconds` says every Sandbox was reconciled; its
+  peak is `VmHWM`, its RSS after a restart is read after a settle window; memory per sandbox is
+  (RSS − the RSS of an operator with none) / n; writes during a restart are the operator's
+  from its start to the end of that window, those to Sandboxes apart.
 
 Timings share the machine with the whole cluster (API server, etcd, kubelet, containerd) and
 with whatever else runs on it; figures from a busy machine are slower, not wrong in kind.

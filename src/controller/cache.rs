@@ -31,7 +31,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, Resource};
 
 use super::error::Error;
 use super::watch;
@@ -102,9 +102,34 @@ where
     K: Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    match tokio::time::timeout(SYNC_WAIT, store.wait_until_ready()).await {
-        Ok(_) => Ok(()),
-        Err(_) => Err(Error::CacheNotSynced(what, SYNC_WAIT)),
+    if listed(store, SYNC_WAIT).await {
+        Ok(())
+    } else {
+        Err(Error::CacheNotSynced(what, SYNC_WAIT))
+    }
+}
+
+/// How often a wait for a first listing looks again (see [`listed`]).
+const REPOLL: Duration = Duration::from_millis(50);
+
+/// Waits up to `wait` until `store` holds a complete listing (or no watch feeds it any more);
+/// whether it does. kube's `Store::wait_until_ready` wakes only one of the tasks waiting at
+/// once (its one-shot channel keeps the last waker it was polled with), so a start-up's
+/// reconciles that waited side by side for a cache sat out the whole wait but one; each
+/// waiter here looks again every [`REPOLL`].
+pub async fn listed<K>(store: &Store<K>, wait: Duration) -> bool
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left.min(REPOLL), store.wait_until_ready()).await {
+            Ok(_) => return true,
+            Err(_) if left <= REPOLL => return false,
+            Err(_) => {}
+        }
     }
 }
 
@@ -124,8 +149,26 @@ where
         .map(|o| o.as_ref().clone()))
 }
 
-/// A watch of `api` kept in `writer`'s store, its objects as triggers; managed fields are
-/// dropped (nothing reads them, and they are most of an object's size).
+/// The annotation `kubectl apply` (client-side) keeps a copy of the whole applied object in.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What a watch cache drops of every object before keeping it: its managed fields and
+/// `kubectl apply`'s copy of the object ([`LAST_APPLIED`]). No controller reads either, and
+/// together they are most of a small object's size: server-side apply's field sets of a
+/// Sandbox written by its creator and by the operator's status take more memory, parsed,
+/// than its spec and status together (docs/benchmarks.md, "Memory per Sandbox").
+pub fn slim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+        if a.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
+/// A watch of `api` kept in `writer`'s store, its objects as triggers; [`slim`]med first.
 pub fn reflect<K>(
     api: Api<K>,
     wc: watcher::Config,
@@ -142,7 +185,7 @@ where
 {
     let objects = watcher(api, wc)
         .backoff(watch::TriggerBackoff::default())
-        .modify(|o| o.managed_fields_mut().clear());
+        .modify(slim);
     reflector::reflector(writer, objects).touched_objects()
 }
 
@@ -208,6 +251,7 @@ impl Taking {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
 
     #[test]
     fn a_written_pod_is_remembered_for_its_sandbox_for_a_while() {
@@ -234,6 +278,32 @@ mod tests {
         t.release("p1");
         assert!(t.take("p1", now), "released after a failed write");
         assert!(t.take("p1", now + TAKEN_FOR), "forgotten after the bound");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_task_waiting_for_a_first_listing_sees_it() {
+        let (caches, mut w) = Caches::new();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let store = caches.templates.clone();
+                tokio::spawn(async move { listed(&store, SYNC_WAIT).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        w.templates.apply_watcher_event(&watcher::Event::Init);
+        w.templates.apply_watcher_event(&watcher::Event::InitDone);
+        let started = tokio::time::Instant::now();
+        for waiter in waiters {
+            assert!(waiter.await.unwrap(), "listed");
+        }
+        assert!(
+            started.elapsed() <= REPOLL,
+            "each within a re-poll, not the whole wait: {:?}",
+            started.elapsed()
+        );
+        // A store that never lists: false after the wait.
+        let (never, _w) = Caches::new();
+        assert!(!listed(&never.leases, Duration::from_secs(1)).await);
     }
 
     #[tokio::test]

@@ -26,6 +26,7 @@ pub mod security;
 pub mod service;
 pub mod snapshot;
 pub mod sources;
+pub mod startup;
 pub mod sweep;
 pub mod template;
 pub mod validate;
@@ -236,20 +237,30 @@ async fn run_sandboxes(
     // event starts its first reconcile at once, ahead of the controller's queue
     // ([`sandbox::first_start`]).
     let first_starts = Arc::new(sandbox::first_start::FirstStarts::default());
+    let first_pass = Arc::new(startup::FirstPass::new(Instant::now()));
     let (reader, writer) = reflector::store();
-    let offer = (first_starts.clone(), ctx.clone());
+    let (listed_tx, listed) = tokio::sync::watch::channel(false);
+    let offer = (first_starts.clone(), ctx.clone(), first_pass.clone());
     let sandboxes = reflector::reflector(
         writer,
         watcher(
             scoped::<Sandbox>(&ctx.client, &ns),
             watcher::Config::default(),
         )
-        .backoff(watch::TriggerBackoff::default()),
+        .backoff(watch::TriggerBackoff::default())
+        .modify(cache::slim),
     )
+    // The first listing is in the cache once its InitDone has passed the reflector: the
+    // first pass starts counting then (see `watch_first_pass`).
+    .inspect(move |e| {
+        if let Ok(watcher::Event::InitDone) = e {
+            listed_tx.send_replace(true);
+        }
+    })
     .applied_objects()
     .inspect(move |s| {
         if let Ok(sbx) = s {
-            let (starts, ctx) = (&offer.0, offer.1.clone());
+            let (starts, ctx, pass) = (&offer.0, offer.1.clone(), offer.2.clone());
             starts.offer(sbx, || {
                 let sbx = Arc::new(sbx.clone());
                 async move {
@@ -257,14 +268,26 @@ async fn run_sandboxes(
                     // failure (at once, or after the short requeue of a version this one wrote
                     // over); the failure is counted here as the controller counts its own.
                     let metrics = ctx.metrics.clone();
-                    if let Err(e) = traced("sandbox", sbx, ctx, sandbox::reconcile).await {
-                        metrics.failed("sandbox", e.kind());
+                    let uid = sbx.uid().unwrap_or_default();
+                    match traced("sandbox", sbx, ctx, sandbox::reconcile).await {
+                        Ok(_) => pass.reconciled(&uid),
+                        Err(e) => metrics.failed("sandbox", e.kind()),
                     }
                 }
             });
         }
     });
-    let controller = Controller::for_stream(sandboxes, reader);
+    // Reconciles run `--reconcile-concurrency` at a time: a leader that starts with thousands
+    // of Sandboxes listed reconciles them in bounded batches instead of all at once, each
+    // with its reads and connections in flight (docs/operations.md, "Memory").
+    let controller = Controller::for_stream(sandboxes, reader)
+        .with_config(ControllerConfig::default().concurrency(ctx.config.reconcile_concurrency));
+    tokio::spawn(watch_first_pass(
+        first_pass.clone(),
+        controller.store(),
+        listed,
+        ctx.metrics.clone(),
+    ));
     let counted = controller.store();
     ctx.metrics.count_phases_from(Box::new(move || {
         counted.state().iter().map(|s| counted_phase(s)).collect()
@@ -320,11 +343,15 @@ async fn run_sandboxes(
         .graceful_shutdown_on(shutdown)
         .run(
             move |sbx, ctx| {
-                let starts = first_starts.clone();
+                let (starts, pass) = (first_starts.clone(), first_pass.clone());
                 async move {
                     let uid = sbx.uid().unwrap_or_default();
                     let work = traced("sandbox", sbx, ctx, sandbox::reconcile);
-                    starts.serialised(&uid, work).await
+                    let out = starts.serialised(&uid, work).await;
+                    if out.is_ok() {
+                        pass.reconciled(&uid);
+                    }
+                    out
                 }
             },
             error_policy,
@@ -344,10 +371,41 @@ fn guard_leases() -> watcher::Config {
     watcher::Config::default().labels(labels::SCOPE_KEY)
 }
 
+/// Follows this process's first pass over the Sandboxes (see [`startup`]) until it is
+/// complete: the gauge of those left, then the time it took, in the metrics and the log.
+/// It starts once `listed` says the first listing is in `store`. (Not by the store's own
+/// `wait_until_ready`: that wakes only one of its waiters, and the controller's queue waits
+/// on it too.)
+async fn watch_first_pass(
+    pass: Arc<startup::FirstPass>,
+    store: reflector::Store<Sandbox>,
+    mut listed: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) {
+    if listed.wait_for(|l| *l).await.is_err() {
+        return; // the watch stopped before it listed: the controller is stopping
+    }
+    loop {
+        let cached = store.state();
+        let uids = cached.iter().filter_map(|s| s.metadata.uid.as_deref());
+        let (pending, done) = pass.check(uids, Instant::now());
+        drop(cached);
+        metrics.startup(pending, done);
+        if let Some(took) = done {
+            info!(
+                seconds = took.as_secs_f64(),
+                "first pass complete: every Sandbox listed at the start has been reconciled"
+            );
+            return;
+        }
+        tokio::time::sleep(startup::CHECK_EVERY).await;
+    }
+}
+
 /// The watch of the pods the operator manages, kept in `store` (the [`Context::pods`] cache):
 /// it wakes the sandboxes that own them, and lets a reconcile find a sandbox's pod (or a warm
-/// one) without a LIST. Managed fields are dropped: nothing reads them, and they are most of a
-/// pod's size.
+/// one) without a LIST. Kept [`cache::slim`]: managed fields are most of a pod's size, and
+/// nothing reads them.
 fn managed_pods(
     ctx: &Context,
     ns: &str,
@@ -356,7 +414,7 @@ fn managed_pods(
 ) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
     let pods = watcher(scoped::<Pod>(&ctx.client, ns), wc)
         .backoff(watch::TriggerBackoff::default())
-        .modify(|p| p.managed_fields_mut().clear());
+        .modify(cache::slim);
     reflector::reflector(store, pods).touched_objects()
 }
 
@@ -444,4 +502,64 @@ fn pool_error_policy(_pool: Arc<SandboxPool>, err: &Error, ctx: Arc<Context>) ->
 fn snapshot_error_policy(_snap: Arc<SandboxSnapshot>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failed("snapshot", err.kind());
     retry(err, &ctx)
+}
+
+#[cfg(test)]
+mod first_pass_tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+
+    fn sandbox(uid: &str) -> Sandbox {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": uid, "namespace": "team", "uid": uid},
+            "spec": {"image": "busybox", "scope": {"kind": "Global"}},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_pass_is_followed_until_every_listed_sandbox_is_reconciled() {
+        let (reader, mut writer) = reflector::store::<Sandbox>();
+        let pass = Arc::new(startup::FirstPass::new(Instant::now()));
+        let metrics = Arc::new(Metrics::default());
+        let (listed_tx, listed) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(watch_first_pass(
+            pass.clone(),
+            reader,
+            listed,
+            metrics.clone(),
+        ));
+        writer.apply_watcher_event(&Event::Init);
+        writer.apply_watcher_event(&Event::InitApply(sandbox("a")));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            metrics
+                .render()
+                .contains("agentbox_startup_reconciled_seconds 0.0\n"),
+            "not listed yet: not done"
+        );
+        writer.apply_watcher_event(&Event::InitApply(sandbox("b")));
+        writer.apply_watcher_event(&Event::InitDone);
+        listed_tx.send_replace(true);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let text = metrics.render();
+        assert!(
+            text.contains("agentbox_startup_pending_sandboxes 2\n"),
+            "{text}"
+        );
+        pass.reconciled("a");
+        pass.reconciled("b");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(task.is_finished(), "done once both are");
+        let text = metrics.render();
+        assert!(
+            text.contains("agentbox_startup_pending_sandboxes 0\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("agentbox_startup_reconciled_seconds 0.0\n"),
+            "the time it took: {text}"
+        );
+    }
 }

@@ -63,6 +63,11 @@ pub struct GuardConfig {
     pub clock_skew: Duration,
     /// Identity written to `holderIdentity`.
     pub holder: String,
+    /// Whether this contender queues for the Lease while it waits (the fair hand-off of
+    /// docs/protocol.md). Off for a leader election: its standby waits for a holder that does
+    /// not release, and a claim refreshed every third of the duration would only cost writes
+    /// (and the leader a conflict and a read on each).
+    pub queue: bool,
 }
 
 impl Default for GuardConfig {
@@ -73,6 +78,7 @@ impl Default for GuardConfig {
             retry_interval: Duration::from_millis(200),
             clock_skew: Duration::from_secs(2),
             holder: holder_identity(),
+            queue: true,
         }
     }
 }
@@ -539,7 +545,7 @@ pub async fn acquire(
     };
     loop {
         let attempt = Instant::now();
-        let may_queue = deadline.is_none_or(|d| attempt < d);
+        let may_queue = cfg.queue && deadline.is_none_or(|d| attempt < d);
         let pause = match w.step(&labels, cfg, may_queue).await {
             Ok(Step::Took(lease)) => {
                 w.claimed_at = None;

@@ -286,9 +286,10 @@ const POD_CACHE_WAIT: Duration = Duration::from_secs(10);
 /// and a second pod would be made or adopted. A cache that no watch feeds (its writer gone:
 /// the controller stopped) has nothing more to wait for.
 async fn pods_listed(ctx: &Context) -> Result<(), Error> {
-    match tokio::time::timeout(POD_CACHE_WAIT, ctx.pods.wait_until_ready()).await {
-        Ok(_) => Ok(()),
-        Err(_) => Err(Error::PodCacheNotSynced(POD_CACHE_WAIT)),
+    if crate::controller::cache::listed(&ctx.pods, POD_CACHE_WAIT).await {
+        Ok(())
+    } else {
+        Err(Error::PodCacheNotSynced(POD_CACHE_WAIT))
     }
 }
 
