@@ -234,7 +234,6 @@ mod tests {
     }
 
     #[test]
-    #[test]
     fn a_failed_init_container_is_a_problem_that_stalls() {
         let with_init = |init: serde_json::Value| {
             pod(serde_json::json!({"phase": "Pending",
