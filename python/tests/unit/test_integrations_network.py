@@ -194,7 +194,7 @@ async def test_agentscope_workspace_sends_the_spec_network_as_given(
         api_client=object(),
     )
     with pytest.raises(RuntimeError, match="stop"):
-        await ws._provision_backend()
+        await ws.initialize()
     assert posted_network(api) == wire
 
 
@@ -205,7 +205,7 @@ async def test_agentscope_workspace_without_a_network_leaves_it_to_the_cluster(
         scope=agentbox.Scope.for_user("coder", "alice"), namespace="agents", api_client=object()
     )
     with pytest.raises(RuntimeError, match="stop"):
-        await ws._provision_backend()
+        await ws.initialize()
     assert posted_network(api) is None
 
 
