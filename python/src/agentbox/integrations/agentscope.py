@@ -21,6 +21,10 @@
   agentbox scope: ``initialize`` gets or creates it and waits until it serves (resuming it when
   suspended), ``close`` suspends it by default — the pod goes, the workspace stays on its node
   (after a snapshot to object storage when the spec asks for ``snapshot.on_stop``).
+- What the sandbox may reach is the spec's ``network``: ``Network("None")``, ``Network("All")``
+  or an allowlist of address blocks and ports (``Network("Allowlist", [EgressAllow(...)])``);
+  unset, the cluster's default (the operator's ``--default-egress``, ``None`` unless the
+  administrator changed it). A bad one is refused when the workspace (or manager) is made.
 - :class:`AgentboxWorkspaceManager` maps agentscope's ``IsolationPolicy`` onto scopes:
   ``PER_SESSION`` → a Session scope (agent, session), ``PER_AGENT`` (one workspace per user and
   agent) → a User scope (agent, user), ``PER_USER`` (one per user, across agents) → a User scope
@@ -55,6 +59,7 @@ from ..client import Sandbox, Sandboxes
 from ..files import DirEntry as SandboxDirEntry
 from ..scope import Scope, ScopeKind
 from ..spec import SandboxSpec
+from ._network import check_spec_network
 from ._pods import in_pod, stop_unless_busy
 
 __all__ = [
@@ -288,8 +293,15 @@ class AgentboxWorkspace(SandboxedWorkspaceBase):
     each other's files.
 
     ``spec`` shapes the Sandbox (image, resources, ``snapshot.on_stop``...; its scope is set to
-    ``scope``). ``on_close``: ``suspend`` (default; the pod goes, the workspace stays), ``keep``
-    (the pod keeps running) or ``delete`` (the Sandbox and its workspace go; snapshots stay).
+    ``scope``), and its ``network`` says what the sandbox may reach: ``Network("None")``
+    (nothing), ``Network("All")``, or ``Network("Allowlist", [EgressAllow("10.0.0.0/8",
+    [EgressPort(443)])])`` (only those addresses and ports). Left unset, the cluster's default
+    applies: the operator's ``--default-egress`` (Helm ``network.defaultEgress``), ``None``
+    unless the administrator changed it; a spec made from a template takes the template's and
+    sets none. The network is checked here, before any request (``InvalidRequestError``, a
+    ``ValueError``, naming the cause). ``on_close``: ``suspend`` (default; the pod goes, the
+    workspace stays), ``keep`` (the pod keeps running) or ``delete`` (the Sandbox and its
+    workspace go; snapshots stay).
     """
 
     _gateway_home = "/tmp/.agentscope"
@@ -315,13 +327,13 @@ class AgentboxWorkspace(SandboxedWorkspaceBase):
             raise ab_errors.InvalidRequestError(
                 f"on_close must be suspend, keep or delete: {on_close!r}"
             )
+        spec = spec if spec is not None else SandboxSpec(image="docker.io/library/busybox:1.37")
+        check_spec_network(spec)
         super().__init__(
             workspace_id=workspace_id or scope_workspace_id(scope), skill_paths=skill_paths
         )
         self.scope = scope
-        self.spec = (
-            spec if spec is not None else SandboxSpec(image="docker.io/library/busybox:1.37")
-        )
+        self.spec = spec
         self.workdir = self.spec.workspace.root.rstrip("/") or "/"
         self.gateway_port = 0
         self.on_close: OnClose = on_close
@@ -420,7 +432,8 @@ class AgentboxWorkspaceManager(WorkspaceManagerBase):
     """Hands out :class:`AgentboxWorkspace` instances, one per agentbox scope, under an
     agentscope isolation policy (see the module docs for the mapping). Workspaces are cached
     per id; ``close``/``close_all`` (and leaving ``async with``) close them, which suspends their
-    Sandboxes by default.
+    Sandboxes by default. ``spec`` shapes every workspace's Sandbox, its ``network`` too (see
+    :class:`AgentboxWorkspace`: unset, the cluster's default), checked here before any request.
     """
 
     def __init__(
@@ -435,6 +448,7 @@ class AgentboxWorkspaceManager(WorkspaceManagerBase):
         ready_timeout: float = 300.0,
         skill_paths: list[str] | None = None,
     ) -> None:
+        check_spec_network(spec)
         super().__init__(isolation=IsolationPolicy(isolation))
         self.spec = spec
         self.namespace = namespace

@@ -16,6 +16,13 @@
     ))
     result = await Runner.run(agent, "...", run_config=run_config)
 
+``network`` in the options says what the sandbox may reach: ``agentbox.Network("None")``
+(nothing), ``Network("All")``, or ``Network("Allowlist", [EgressAllow("10.0.0.0/8",
+[EgressPort(443)])])`` (only those address blocks and ports), or the dict form of any of them.
+Left unset, the cluster's default applies: the operator's ``--default-egress``, ``None`` unless
+the administrator changed it. A bad value is refused when the options are made, before any
+request.
+
 How the framework's session contract maps onto agentbox:
 
 - ``create`` gets (or creates) the Sandbox of the options' scope (an ``agentbox.Scope`` or its
@@ -87,7 +94,7 @@ from agents.sandbox.session.sandbox_session_state import SandboxSessionState
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
 from agents.sandbox.types import ExecResult, ExposedPortEndpoint, User
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_serializer, field_validator
 
 from .. import errors as ab_errors
 from .. import exec as ab_exec
@@ -96,7 +103,8 @@ from ..exec import Exit, Output
 from ..guard import Guard
 from ..ports import PortForward
 from ..scope import Scope
-from ..spec import Port, SandboxSpec, SnapshotPolicy, WorkspaceSpec
+from ..spec import Network, Port, SandboxSpec, SnapshotPolicy, WorkspaceSpec
+from ._network import network_json, network_of
 from ._pods import in_pod, stop_unless_busy
 
 __all__ = [
@@ -192,12 +200,32 @@ class AgentboxSandboxClientOptions(BaseSandboxClientOptions, RunPolicy):
     #: ``resolve_exposed_port``.
     exposed_ports: tuple[int, ...] = ()
     snapshot_restore: Literal["Latest", "None"] = "Latest"
+    #: What the sandbox may reach: an :class:`agentbox.Network` — ``Network("None")``
+    #: (nothing), ``Network("All")``, or ``Network("Allowlist", [EgressAllow("10.0.0.0/8",
+    #: [EgressPort(443)])])`` (only those addresses and ports) — or its dict form (a Sandbox's
+    #: ``spec.network``); either is checked here and kept as a ``Network``. Unset (``None``):
+    #: the cluster's default, the operator's ``--default-egress`` (Helm
+    #: ``network.defaultEgress``), ``None`` unless the administrator changed it.
+    network: Network | Mapping[str, Any] | None = None
 
     @field_validator("scope", mode="after")
     @classmethod
     def _scope(cls, value: Scope | dict[str, str] | None) -> Scope | None:
         # A dict is checked with the CRD's rules now, not at the first request.
         return scope_of(value)
+
+    @field_validator("network", mode="plain")
+    @classmethod
+    def _network(cls, value: Any) -> Network | None:
+        # Checked with the CRD's rules now, not when the first session creates its Sandbox.
+        return network_of(value)
+
+    @field_serializer("network")
+    def _network_form(self, value: Network | Mapping[str, Any] | None) -> dict[str, Any] | None:
+        # The dict form (the spec's), which the validator reads back: options make JSON
+        # round trips in the framework's run state.
+        network = network_of(value)
+        return None if network is None else network_json(network)
 
 
 def scope_of(value: Scope | Mapping[str, Any] | None) -> Scope | None:
@@ -231,8 +259,9 @@ def _port_name(port: int) -> str:
 
 
 def build_spec(options: AgentboxSandboxClientOptions, manifest: Manifest) -> SandboxSpec:
-    """The Sandbox spec for a session (pure): the options, the manifest's root as the
-    workspace root, and one named port per exposed port.
+    """The Sandbox spec for a session (pure): the options (their ``network`` as given; unset,
+    the cluster's default), the manifest's root as the workspace root, and one named port per
+    exposed port.
     """
     return SandboxSpec(
         image=options.image,
@@ -243,6 +272,7 @@ def build_spec(options: AgentboxSandboxClientOptions, manifest: Manifest) -> San
         node_selector=dict(options.node_selector),
         workspace=WorkspaceSpec(root=manifest.root),
         snapshot=SnapshotPolicy(restore=options.snapshot_restore),
+        network=network_of(options.network) or Network(),
         ports=[Port(_port_name(p), p) for p in options.exposed_ports],
     )
 
