@@ -248,6 +248,9 @@ class SandboxSpec:
     env: Mapping[str, str] | list[dict[str, Any]] = field(default_factory=list)
     resources: dict[str, Any] | None = None
     runtime_class_name: str | None = None
+    # The most processes and threads the sandbox's pod may have at once (16 to 4194304);
+    # None: the operator's default (Helm ``processLimit``). Not with ``template_ref``.
+    process_limit: int | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     security_context: SandboxSecurityContext | None = None
