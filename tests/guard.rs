@@ -417,8 +417,10 @@ async fn two_harnesses_back_to_back_take_turns() {
         turns.iter().map(|t| t.who).collect::<String>(),
     );
     assert_eq!(n, "40", "a lost update");
+    // 37-39 of 40 on a quiet machine, 33 seen under hack/test's lanes on 2 cores; an unfair
+    // guard gave 1-3. The bound fails the latter without failing a loaded run.
     assert!(
-        hand_overs >= 35,
+        hand_overs >= 25,
         "only {hand_overs} hand-overs in 40 turns: the releaser took the guard again ahead of the waiter"
     );
     env.finish().await;

@@ -47,9 +47,12 @@ fn assert_warm_pod(env: &TestEnv, pool: &SandboxPool, p: &Pod) {
         .strip_prefix(&format!("{}-warm-", pool.name_any()))
         .expect("named <pool>-warm-<suffix>");
     assert_eq!(suffix.len(), labels::WARM_SUFFIX_LEN);
+    // The template label puts a warm pod under its template's egress policy before a claim.
+    let template = labels::template_label_value(&pool.spec.template_ref.name);
     let want: std::collections::BTreeMap<String, String> = [
         (labels::MANAGED_BY, labels::MANAGER),
         (labels::POOL, pool.name_any().as_str()),
+        (labels::TEMPLATE, template.as_str()),
         (labels::WARM, "true"),
     ]
     .into_iter()

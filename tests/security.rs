@@ -229,11 +229,12 @@ async fn sandbox_code_leaves_nothing_a_node_user_can_use() {
             | CAP_NET_BIND_SERVICE,
         "CapEff {caps:#x}"
     );
-    // No API credentials in the sandbox: no service-account token, no operator environment.
+    // No API credentials in the sandbox: no service-account token, no operator environment
+    // (AGENTBOX_PROCESS is the exec client's own marker of the command it runs, for its kill).
     let (_, out) = sh(
         &env,
         &pod,
-        "ls /var/run/secrets/kubernetes.io 2>&1; env | grep -c -e AWS_ -e AGENTBOX_ -e GOOGLE_ -e AZURE_",
+        "ls /var/run/secrets/kubernetes.io 2>&1; env | grep -v '^AGENTBOX_PROCESS=' | grep -c -e AWS_ -e AGENTBOX_ -e GOOGLE_ -e AZURE_",
     )
     .await;
     assert!(out.contains("No such file or directory"), "{out}");
@@ -526,9 +527,15 @@ async fn a_helper_pod_the_namespace_refuses_is_a_failed_check_not_a_stuck_sandbo
     })
     .await;
     env.start_operator(&[]);
-    create_sandbox(&env, "s", spec(user("u"), json!({})))
-        .await
-        .unwrap();
+    // Egress All: the network check's two pods would not fit in this namespace's quota
+    // either (without --network-check-namespace they run in the sandbox's namespace).
+    create_sandbox(
+        &env,
+        "s",
+        spec(user("u"), json!({"network": {"egress": "All"}})),
+    )
+    .await
+    .unwrap();
     let sbx = wait_condition(&env, "s", "NodeRootHardened", "False", "CheckFailed").await;
     let msg = condition_message(&sbx, "NodeRootHardened");
     assert!(

@@ -430,7 +430,8 @@ async fn the_client_and_the_cli_create_sandboxes_from_templates() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(rows[0], ["NAME", "IMAGE", "EGRESS", "IDLE-TIMEOUT", "AGE"]);
-    assert_eq!(rows[1][..4], ["agent", common::BASE_IMAGE, "All", "-"]);
+    // The template sets no egress: the operator's default applies.
+    assert_eq!(rows[1][..4], ["agent", common::BASE_IMAGE, "default", "-"]);
     let (code, out, err) = cli(
         &env,
         &[

