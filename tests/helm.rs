@@ -29,7 +29,9 @@ use serde_json::json;
 
 /// The previous version of the chart as it was last committed: the newest commit that changed
 /// `charts/agentbox` while its Chart.yaml had another version than this one, extracted with
-/// `git archive` into `dir`. Returns its version and the chart's path.
+/// `git archive` into `dir` with that commit's hack/values-local.yaml (a value this tree's file
+/// adds would be refused by the older chart's schema). Returns its version and the chart's
+/// path; the values file is `dir/hack/values-local.yaml`.
 ///
 /// First-parent history only: a branch that bumps the version is merged into main with a merge
 /// commit, so main's first parents are main's own states and the previous version is the chart
@@ -65,7 +67,7 @@ fn previous_chart(dir: &Path) -> (String, std::path::PathBuf) {
             let archive = run(Command::new("sh")
                 .arg("-c")
                 .arg(format!(
-                    "git archive {commit} charts/agentbox | tar -x -C '{}'",
+                    "git archive {commit} charts/agentbox hack/values-local.yaml | tar -x -C '{}'",
                     dir.display()
                 ))
                 .current_dir(repo_root()));
@@ -520,6 +522,7 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     let prev_dir = std::env::temp_dir().join(format!("agentbox-prev-chart-{}", rel.name));
     std::fs::create_dir_all(&prev_dir).expect("temp dir");
     let (prev_version, prev_chart) = previous_chart(&prev_dir);
+    let prev_values = prev_dir.join("hack/values-local.yaml");
     let prev_crds: Vec<_> = std::fs::read_dir(prev_chart.join("crds"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
@@ -550,7 +553,7 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         prev_chart.to_str().unwrap(),
         "--create-namespace",
         "-f",
-        "hack/values-local.yaml",
+        prev_values.to_str().unwrap(),
         "--set",
         &format!("image.repository={repo}"),
         "--set",
@@ -608,6 +611,10 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         "charts/agentbox",
         "--take-ownership",
         "--reset-then-reuse-values",
+        // This tree's local values over the install's (the previous chart's file lacks what
+        // this chart added, such as the test cluster's pids cgroup root).
+        "-f",
+        "hack/values-local.yaml",
         "--set",
         "logging.json=true",
         // The sweep's steps, should the self-test's directory stay (checked below).
