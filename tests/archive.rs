@@ -133,6 +133,7 @@ fn corpus() -> Vec<(String, Vec<u8>, String)> {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn archives_that_disagree_between_parsers_are_refused_or_restored_as_listed() {
     let mut env = TestEnv::new("arch-corpus").await;
     let (flags, store, dir) = common::file_store(&env.ns);
@@ -245,6 +246,7 @@ async fn guard_is_free(env: &TestEnv, user: &str, wait: Duration) {
 const STALL_SECONDS: u64 = 3;
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_snapshot_whose_tar_stalls_fails_at_the_deadline_and_frees_the_guard() {
     let mut env = TestEnv::new("arch-stall-c").await;
     let (flags, _store, dir) = common::file_store(&env.ns);
@@ -293,6 +295,7 @@ async fn a_snapshot_whose_tar_stalls_fails_at_the_deadline_and_frees_the_guard()
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_restore_whose_tar_stops_reading_fails_at_the_deadline_and_frees_the_guard() {
     let mut env = TestEnv::new("arch-stall-x").await;
     let (flags, store, dir) = common::file_store(&env.ns);
@@ -435,6 +438,7 @@ fn small_archive() -> Vec<u8> {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_restore_whose_spool_fills_the_disk_fails_as_disk_full_and_leaves_nothing() {
     // The spool's `cat` writing where every write fails as on a full disk (ENOSPC).
     let message = restore_against(
@@ -452,6 +456,7 @@ async fn a_restore_whose_spool_fills_the_disk_fails_as_disk_full_and_leaves_noth
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_restore_whose_spool_stops_reading_fails_at_the_deadline() {
     let message = restore_against(
         "arch-spool-stall",
@@ -465,6 +470,7 @@ async fn a_restore_whose_spool_stops_reading_fails_at_the_deadline() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_restore_whose_spooled_extraction_stops_fails_at_the_deadline() {
     // The spool is written; the `tar` extracting it never ends (and prints nothing).
     let message = restore_against(
@@ -479,6 +485,7 @@ async fn a_restore_whose_spooled_extraction_stops_fails_at_the_deadline() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_refused_snapshot_deleted_or_replaced_is_judged_again_at_once() {
     let mut env = TestEnv::new("arch-rejudge").await;
     let (flags, store, dir) = common::file_store(&env.ns);
@@ -600,6 +607,7 @@ fn odd_but_acceptable() -> Vec<u8> {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_sandbox_whose_shell_lies_gets_nothing_past_the_rules() {
     let mut env = TestEnv::new("arch-liar").await;
     let (flags, store, dir) = common::file_store(&env.ns);
@@ -760,6 +768,7 @@ async fn take_the_guard(env: &TestEnv, hold: Duration) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_refused_restore_is_recorded_and_not_retried_until_something_changes() {
     let mut env = TestEnv::new("arch-storm").await;
     let (flags, store, dir) = common::file_store(&env.ns);

@@ -93,6 +93,7 @@ fn normalized(v: serde_yaml::Value) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn crds_are_templates_that_upgrade_and_stay_on_uninstall() {
     let generated: Vec<serde_json::Value> =
         docs(&std::fs::read_to_string(repo_root().join("crds/agentbox.yaml")).unwrap())
@@ -132,6 +133,7 @@ fn crds_are_templates_that_upgrade_and_stay_on_uninstall() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn kubernetes_older_than_1_33_is_refused() {
     let old = helm(&[
         "template",
@@ -145,6 +147,7 @@ fn kubernetes_older_than_1_33_is_refused() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn aggregated_roles_extend_edit_and_view() {
     let all = docs(&template(&[]));
     let edit = find(&all, "ClusterRole", "rel-agentbox-edit").expect("edit role");
@@ -237,6 +240,7 @@ fn harness_rules() -> Vec<(String, String, String)> {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn harness_service_accounts_get_exactly_what_a_harness_calls() {
     assert!(
         !docs(&template(&[]))
@@ -266,6 +270,7 @@ fn harness_service_accounts_get_exactly_what_a_harness_calls() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn a_disruption_budget_only_with_more_than_one_replica() {
     assert!(
         !docs(&template(&[]))
@@ -283,6 +288,7 @@ fn a_disruption_budget_only_with_more_than_one_replica() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn helm_test_runs_the_selftest_as_a_harness_in_the_managed_namespace() {
     for (set, ns, host_network) in [
         (&[][..], "agentbox-system", None),
@@ -367,6 +373,7 @@ fn every_value_is_in_the_schema() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn helm_lint_and_template_are_clean() {
     let lint = helm(&[
         "lint",
@@ -414,6 +421,7 @@ fn helm_lint_and_template_are_clean() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn every_rbac_rule_says_why() {
     for set in [&[][..], &["watchNamespace=team-a"][..]] {
         let out = template(set);
@@ -434,6 +442,7 @@ fn every_rbac_rule_says_why() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn watch_namespace_scopes_rbac_to_a_role() {
     let all = docs(&template(&[]));
     let cr = find(&all, "ClusterRole", "rel-agentbox").expect("ClusterRole");
@@ -474,6 +483,7 @@ fn watch_namespace_scopes_rbac_to_a_role() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn values_reach_the_operator_environment() {
     let d = docs(&template(&[
         "nodeRoot=/srv/ws",
@@ -669,6 +679,7 @@ fn dashboard_and_rules() -> (serde_json::Value, Vec<(String, String)>) {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn the_dashboard_and_the_alerts_render_only_when_enabled() {
     let default = docs(&template(&[]));
     assert!(find(&default, "ConfigMap", "rel-agentbox-dashboard").is_none());
@@ -712,6 +723,7 @@ fn the_dashboard_and_the_alerts_render_only_when_enabled() {
 }
 
 #[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
 fn the_dashboard_and_the_alerts_query_only_what_the_operator_registers() {
     let registered = agentbox_operator::metrics::Metrics::default()
         .sample_names()

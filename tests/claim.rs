@@ -86,6 +86,7 @@ async fn assert_one_controller_each(env: &TestEnv) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_templated_sandbox_adopts_a_warm_pod_the_pool_refills_and_an_override_starts_cold() {
     let mut env = TestEnv::new("claim-adopt").await;
     let op = env.start_operator(&[]);
@@ -203,6 +204,7 @@ async fn a_templated_sandbox_adopts_a_warm_pod_the_pool_refills_and_an_override_
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn two_sandboxes_racing_for_one_warm_pod_get_one_adoption_and_one_cold_start() {
     let mut env = TestEnv::new("claim-race").await;
     env.start_operator(&[]);
@@ -237,6 +239,7 @@ async fn two_sandboxes_racing_for_one_warm_pod_get_one_adoption_and_one_cold_sta
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_operator_stopped_right_after_adopting_leaves_a_pod_the_next_one_records() {
     let mut env = TestEnv::new("claim-kill").await;
     let first = env.start_operator(&[]);
@@ -346,6 +349,7 @@ async fn exec_processes(env: &TestEnv, pod: &str) -> Vec<String> {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn the_pools_shell_runs_the_claims_command_and_then_leaves_the_pod() {
     let mut env = TestEnv::new("claim-shell").await;
     let op = env.start_operator(&[]);
@@ -454,6 +458,7 @@ async fn assert_nothing_left(env: &TestEnv, pod: &str) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_claimed_sandbox_snapshots_and_the_next_claim_of_its_scope_restores_into_a_warm_pod() {
     use common::store::{Kind, backend, start};
     let mut env = TestEnv::new("claim-snap").await;
@@ -530,6 +535,7 @@ fn burst_size() -> (usize, i64) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_burst_of_creates_against_a_smaller_pool_adopts_each_warm_pod_once_and_starts_the_rest_cold()
  {
     let (n, size) = burst_size();

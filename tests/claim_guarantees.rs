@@ -131,6 +131,7 @@ async fn first_adoption(env: &TestEnv, then: impl std::future::Future<Output = (
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_operator_sigkilled_between_adoptions_and_their_status_adopts_no_pod_twice() {
     let mut env = TestEnv::new("claim-sigkill").await;
     let first = env.start_operator(&[]);
@@ -174,6 +175,7 @@ async fn an_operator_sigkilled_between_adoptions_and_their_status_adopts_no_pod_
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn two_operators_claiming_at_once_adopt_no_pod_twice() {
     let mut env = TestEnv::new("claim-two-ops").await;
     // Each its own leader (a lease of its own): both reconcile every sandbox, as an old leader
@@ -233,6 +235,7 @@ async fn wait_dir_removed(env: &TestEnv, dir: &str) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_sandbox_deleted_right_after_its_claim_leaves_no_pod_and_no_directory() {
     let mut env = TestEnv::new("claim-deleted").await;
     let first = env.start_operator(&[]);
@@ -297,6 +300,7 @@ async fn a_sandbox_deleted_right_after_its_claim_leaves_no_pod_and_no_directory(
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_warm_pod_holds_no_scope_data_before_its_adoption() {
     let mut env = TestEnv::new("claim-scope-free").await;
     env.start_operator(&[]);

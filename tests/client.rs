@@ -74,6 +74,7 @@ fn on_tty(line: &str, stdin: &str) -> (Option<i32>, String) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn get_or_create_race_wait_ready_exec_files_guard_and_cli() {
     let mut env = TestEnv::new("client").await;
     env.start_operator(&[]);
@@ -259,6 +260,7 @@ async fn get_or_create_race_wait_ready_exec_files_guard_and_cli() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn wait_ready_fails_fast_with_the_condition_reason() {
     let mut env = TestEnv::new("client-fail").await;
     env.start_operator(&[]);
@@ -314,6 +316,7 @@ async fn wait_ready_fails_fast_with_the_condition_reason() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn cli_snapshot_and_restore_into_a_new_sandbox() {
     let mut env = TestEnv::new("client-snap").await;
     // A file store on the node's host (the test operator runs there).
@@ -404,6 +407,7 @@ async fn cli_snapshot_and_restore_into_a_new_sandbox() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
     let mut env = TestEnv::new("client-cli").await;
     env.start_operator(&[]);
@@ -588,6 +592,7 @@ async fn cli_output_formats_kubeconfig_flags_and_kubectl_plugin() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_the_cli_suspends_and_deletes() {
     let mut env = TestEnv::new("client-suspend").await;
     env.start_operator(&[]);
@@ -650,6 +655,7 @@ async fn a_suspended_sandbox_is_resumed_by_get_or_create_and_the_cli_suspends_an
 /// started after it finishes the work under the same hold. The Lease never changes hands:
 /// nobody could work in the scope between the harness's last command and the suspension.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_snapshot_and_a_suspension_under_a_handed_over_guard_survive_an_operator_kill() {
     let mut env = TestEnv::new("client-handoff").await;
     let (flags, _store, dir) = common::file_store(&env.ns);
@@ -733,6 +739,7 @@ const PULL_FAILURES: [&str; 1] = ["ErrImageNeverPull"];
 const INVALID_IMAGE: &str = "docker.io/library/Does-Not-Exist:nope";
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_missing_image_ends_every_wait_at_its_stall_with_the_reason() {
     let mut env = TestEnv::new("client-image").await;
     // The operator's default stall grace (20 s).

@@ -76,6 +76,7 @@ async fn delete(env: &TestEnv, name: &str) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn deleted_sandboxes_go_at_once_and_their_pods_and_directories_follow() {
     let mut env = TestEnv::new("delete").await;
     env.start_operator(&[]);
@@ -110,6 +111,7 @@ async fn deleted_sandboxes_go_at_once_and_their_pods_and_directories_follow() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_restarted_operator_sweeps_what_a_killed_one_left_and_nothing_else() {
     let mut env = TestEnv::new("delete-kill").await;
     env.start_operator(&[]);
@@ -227,6 +229,7 @@ impl Drop for NamespaceGone {
 /// Deleting a tenant's namespace deletes its Sandboxes while the namespace takes no new pods:
 /// the sweep's helper pod runs in `--helper-namespace` instead, and the directories go.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn deleting_a_namespace_removes_its_workspace_directories() {
     use k8s_openapi::api::core::v1::Namespace;
     let mut env = TestEnv::new("delete-ns").await;

@@ -36,6 +36,7 @@ fn planted(ns: &str, name: &str) -> String {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn directories_of_namespaces_deleted_while_no_operator_ran_are_swept_and_nothing_else() {
     // A tenant's sandbox, then its namespace deleted while no operator runs: the finalizer
     // dropped by hand (what a kill right after the operator's own removal of it leaves).

@@ -27,6 +27,7 @@ async fn run(pods: &Api<Pod>, req: ExecRequest) -> exec::ExecOutput {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn exit_codes_come_from_the_status_channel() {
     let (env, pods) = setup("exec-codes").await;
     for code in [0, 1, 42] {
@@ -113,6 +114,7 @@ async fn procs_matching(pods: &Api<Pod>, needle: &str) -> String {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn timeout_kills_the_whole_command() {
     let (env, pods) = setup("exec-timeout").await;
     // A child in the background and one in the foreground, both far past the timeout.
@@ -152,6 +154,7 @@ async fn timeout_kills_the_whole_command() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn output_is_capped_and_flagged() {
     let (env, pods) = setup("exec-cap").await;
     let out = run(
@@ -176,6 +179,7 @@ async fn output_is_capped_and_flagged() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn large_binary_stdin_round_trips() {
     let (env, pods) = setup("exec-stdin").await;
     let mut data = vec![0u8; 50 << 20];
@@ -214,6 +218,7 @@ async fn large_binary_stdin_round_trips() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn streaming_yields_output_while_the_command_runs() {
     let (env, pods) = setup("exec-stream").await;
     // The command waits for a file that is only created after its first output arrived here:
@@ -253,6 +258,7 @@ async fn streaming_yields_output_while_the_command_runs() {
 /// server): `ExecStream::kill` ends it and its children in the pod, whatever their process
 /// group, and the stream goes on to SIGKILL's exit.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn kill_ends_a_streamed_command_and_its_children_in_the_pod() {
     let (env, pods) = setup("exec-kill").await;
     // stdin that stays open (the harness's end of a stdio server's pipe).
@@ -293,6 +299,7 @@ async fn kill_ends_a_streamed_command_and_its_children_in_the_pod() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn persistent_session_frames_a_thousand_commands() {
     let (env, pods) = setup("exec-session").await;
     let session = Session::new(pods.clone(), "box", SANDBOX_CONTAINER).with_workdir("/tmp");
@@ -376,6 +383,7 @@ async fn persistent_session_frames_a_thousand_commands() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn one_shot_latency_figures() {
     let (env, pods) = setup("exec-bench").await;
     let mut times = Vec::new();

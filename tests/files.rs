@@ -8,6 +8,7 @@ use agentbox_api::exec::{self, ExecRequest, SANDBOX_CONTAINER};
 use agentbox_client::client::{ClientError, EntryKind, PathError, Workspace};
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn files_are_confined_to_the_workspace() {
     let env = common::TestEnv::new("files").await;
     let pods = barepod::start(&env.client, &env.ns, "box").await;
@@ -204,6 +205,7 @@ async fn files_are_confined_to_the_workspace() {
 /// disk is free again afterwards, and an upload that fits goes through the spool and leaves
 /// none behind.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_upload_to_a_full_disk_fails_cleanly_and_extracts_nothing() {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::PostParams;

@@ -27,6 +27,7 @@ fn cfg(holder: &str, secs: u64) -> GuardConfig {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn four_clients_never_interleave() {
     let env = common::TestEnv::new("guard-mutex").await;
     let pods = barepod::start(&env.client, &env.ns, "box").await;
@@ -107,6 +108,7 @@ async fn four_clients_never_interleave() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn vanished_holder_is_taken_over_after_the_duration_not_before() {
     let env = common::TestEnv::new("guard-takeover").await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
@@ -190,6 +192,7 @@ async fn vanished_holder_is_taken_over_after_the_duration_not_before() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn stale_update_gets_409_and_the_holder_knows_it_lost() {
     let env = common::TestEnv::new("guard-stale").await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
@@ -255,6 +258,7 @@ async fn stale_update_gets_409_and_the_holder_knows_it_lost() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn unreachable_api_server_fails_closed() {
     // Nothing listens on port 1.
     let mut config = kube::Config::new("https://127.0.0.1:1".parse().expect("url"));
@@ -273,6 +277,7 @@ async fn unreachable_api_server_fails_closed() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn acquire_release_latency_figures() {
     let env = common::TestEnv::new("guard-bench").await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
@@ -321,6 +326,7 @@ struct Turn {
 /// update, release, and want the guard again at once). Before the queue slot, the releaser
 /// took it again ahead of the waiter's next poll: 1-3 hand-overs in 40 turns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster"]
 async fn two_harnesses_back_to_back_take_turns() {
     let env = common::TestEnv::new("guard-fair").await;
     let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);

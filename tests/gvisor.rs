@@ -68,6 +68,7 @@ async fn set_mode(env: &TestEnv, name: &str, mode: &str) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_sandbox_lives_its_whole_life_under_gvisor() {
     let mut env = TestEnv::new("gvisor").await;
     let (flags, _store, dir) = common::file_store(&env.ns);
@@ -259,6 +260,7 @@ fn templated(user: &str, template: &str) -> serde_json::Value {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn the_operators_default_runtime_class_reaches_cold_templated_and_warm_pods() {
     let mut env = TestEnv::new("gvisor-default").await;
     env.start_operator(&["--default-runtime-class", "gvisor"]);
@@ -323,6 +325,7 @@ async fn the_operators_default_runtime_class_reaches_cold_templated_and_warm_pod
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_namespace_that_requires_gvisor_refuses_sandboxes_and_pools_that_would_run_otherwise() {
     let mut env = TestEnv::new("gvisor-required").await;
     require(&env, "gvisor").await;
@@ -428,6 +431,7 @@ async fn a_namespace_that_requires_gvisor_refuses_sandboxes_and_pools_that_would
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_runtime_class_that_does_not_exist_stalls_the_sandbox_at_once_without_a_pod() {
     let mut env = TestEnv::new("gvisor-missing").await;
     env.start_operator(&[]);
@@ -455,6 +459,7 @@ async fn a_runtime_class_that_does_not_exist_stalls_the_sandbox_at_once_without_
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn the_charts_admission_policy_refuses_at_admission_what_the_namespace_does_not_take() {
     let env = TestEnv::new("gvisor-vap").await;
     // The chart's policy, named after and bound to this namespace only (watchNamespace).

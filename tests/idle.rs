@@ -137,6 +137,7 @@ async fn idle_suspensions(env: &TestEnv) -> f64 {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_idle_sandbox_suspends_itself_costs_nothing_and_get_or_create_brings_it_back() {
     let (env, sandboxes, scope, sbx) = started("idle", "idler").await;
     let name = sbx.name().to_string();
@@ -233,6 +234,7 @@ async fn an_idle_sandbox_suspends_itself_costs_nothing_and_get_or_create_brings_
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_harness_taking_the_guard_keeps_its_sandbox_alive() {
     let (env, sandboxes, scope, mut sbx) = started("idle-busy", "busy").await;
     let name = sbx.name().to_string();
@@ -290,6 +292,7 @@ async fn a_harness_taking_the_guard_keeps_its_sandbox_alive() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_idle_suspension_takes_the_on_stop_snapshot_first() {
     let mut env = TestEnv::new("idle-snap").await;
     let (flags, _store, dir) = common::file_store(&env.ns);
@@ -345,6 +348,7 @@ async fn an_idle_suspension_takes_the_on_stop_snapshot_first() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn bad_idle_timeouts_are_refused_at_admission() {
     let env = TestEnv::new("idle-adm").await;
     // Through kubectl, as a user would apply them (the typed client could not even send a

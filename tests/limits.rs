@@ -91,6 +91,7 @@ fn node_processes() -> usize {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_fork_bomb_stops_at_its_sandboxs_process_limit_and_the_node_carries_on() {
     let mut env = TestEnv::new("limits").await;
     let flags = operator_flags();
@@ -208,6 +209,7 @@ async fn a_fork_bomb_stops_at_its_sandboxs_process_limit_and_the_node_carries_on
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn pids_as_a_container_resource_is_refused_at_admission_naming_process_limit() {
     let env = TestEnv::new("limits").await;
     for which in ["limits", "requests"] {
@@ -245,6 +247,7 @@ async fn pids_as_a_container_resource_is_refused_at_admission_naming_process_lim
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_limit_that_cannot_be_set_keeps_the_pod_from_starting_and_says_why() {
     let mut env = TestEnv::new("limits").await;
     // A pids cgroup root that holds no pod: its `burstable` cgroup is one this test makes

@@ -66,6 +66,7 @@ enum Read {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_slow_reader_gets_every_byte_or_an_error_never_a_short_result() {
     let env = common::TestEnv::new("lossless-slow").await;
     let pods = barepod::start(&env.client, &env.ns, "box").await;
@@ -179,6 +180,7 @@ async fn read_bare_slowly(pods: &Api<Pod>, rate: u64) -> u64 {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn file_reads_and_downloads_are_whole() {
     let env = common::TestEnv::new("lossless-files").await;
     let pods = barepod::start(&env.client, &env.ns, "box").await;
@@ -202,6 +204,7 @@ async fn file_reads_and_downloads_are_whole() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_stream_cut_before_its_trailer_is_an_error_not_a_short_result() {
     let env = common::TestEnv::new("lossless-cut").await;
     let pods = barepod::start(&env.client, &env.ns, "box").await;

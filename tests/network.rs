@@ -104,6 +104,7 @@ fn condition<'a>(
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_edits_apply_live() {
     let mut env = TestEnv::new("net").await;
     env.start_operator(&[]);
@@ -228,6 +229,7 @@ async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_ed
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn bad_allowlists_are_refused_at_admission_with_what_is_wrong() {
     let env = TestEnv::new("net-admit").await;
     common::ensure_crds(&env.client).await;

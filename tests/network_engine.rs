@@ -34,6 +34,7 @@ impl Drop for Restart {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn with_the_policy_engine_stopped_a_sandbox_that_relies_on_it_is_not_ready_and_says_why() {
     let mut env = TestEnv::new("net-engine").await;
     env.start_operator(&[]);

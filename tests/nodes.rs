@@ -133,6 +133,7 @@ async fn wait_node(
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_workspace_on_one_node_is_invisible_on_the_other() {
     let _one_at_a_time = NODE2.lock().await;
     let (node1, node2) = node_names();
@@ -202,6 +203,7 @@ async fn a_workspace_on_one_node_is_invisible_on_the_other() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_stopped_node_goes_not_ready_and_comes_back_with_its_state() {
     let _one_at_a_time = NODE2.lock().await;
     let (_, node2) = node_names();
@@ -355,6 +357,7 @@ fn is_ready_on(s: &Sandbox, node: &str) -> bool {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_nothing_stays_behind()
 {
     let _one_at_a_time = NODE2.lock().await;

@@ -104,6 +104,7 @@ fn assert_warm_pod(env: &TestEnv, pool: &SandboxPool, p: &Pod) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_pool_keeps_ready_warm_pods_with_empty_directories_and_scales_both_ways() {
     let mut env = TestEnv::new("pool-scale").await;
     env.start_operator(&SWEEP_FAST);
@@ -247,6 +248,7 @@ async fn a_pool_keeps_ready_warm_pods_with_empty_directories_and_scales_both_way
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_deleted_warm_pod_is_refilled_and_its_directory_removed() {
     let mut env = TestEnv::new("pool-refill").await;
     env.start_operator(&SWEEP_FAST);
@@ -275,6 +277,7 @@ async fn a_deleted_warm_pod_is_refilled_and_its_directory_removed() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_template_change_replaces_warm_pods_under_recreate_and_keeps_them_under_on_delete() {
     let mut env = TestEnv::new("pool-update").await;
     env.start_operator(&SWEEP_FAST);
@@ -348,6 +351,7 @@ async fn a_template_change_replaces_warm_pods_under_recreate_and_keeps_them_unde
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_missing_template_is_a_condition_and_an_event_and_makes_no_pods() {
     let mut env = TestEnv::new("pool-missing").await;
     env.start_operator(&SWEEP_FAST);
@@ -395,6 +399,7 @@ async fn a_missing_template_is_a_condition_and_an_event_and_makes_no_pods() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn deleting_a_pool_removes_its_warm_pods_and_directories_but_not_a_claimed_pod() {
     let mut env = TestEnv::new("pool-delete").await;
     env.start_operator(&SWEEP_FAST);
@@ -477,6 +482,7 @@ async fn deleting_a_pool_removes_its_warm_pods_and_directories_but_not_a_claimed
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_restarted_operator_makes_no_extra_pods() {
     let mut env = TestEnv::new("pool-restart").await;
     env.start_operator(&SWEEP_FAST);
@@ -528,6 +534,7 @@ async fn a_restarted_operator_makes_no_extra_pods() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn bad_pools_are_refused_at_admission_with_a_clear_message() {
     let env = TestEnv::new("pool-admission").await;
     for (bad, says) in [
@@ -560,6 +567,7 @@ async fn bad_pools_are_refused_at_admission_with_a_clear_message() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_non_root_templates_warm_pods_own_their_workspace_as_a_cold_start_would() {
     use std::os::unix::fs::MetadataExt;
     let mut env = TestEnv::new("pool-nonroot").await;

@@ -72,6 +72,7 @@ async fn http_get(env: &TestEnv, pod: &str, port: u16) -> String {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn ports_become_an_owned_service_and_a_server_in_the_sandbox_is_reached_through_the_endpoint()
 {
     let mut env = TestEnv::new("ports").await;

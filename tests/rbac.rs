@@ -69,6 +69,7 @@ fn spec() -> SandboxSpec {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn the_harness_service_account_does_what_a_harness_does_and_nothing_next_door() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut env = TestEnv::new("harness-rs").await;

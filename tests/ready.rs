@@ -191,6 +191,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_command_runs_at_the_first_ready_after_the_pod_is_deleted() {
     let mut env = TestEnv::new("ready").await;
     env.start_operator(&[]);
@@ -231,6 +232,7 @@ async fn restart_containerd() -> Result<(), String> {
 
 /// Restarts the node's containerd: hack/test runs it alone (see the module's documentation).
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_command_runs_at_the_first_ready_after_the_pod_is_deleted_and_containerd_restarts() {
     let mut env = TestEnv::new("ready-ctrd").await;
     env.start_operator(&[]);

@@ -62,6 +62,7 @@ fn pod_uid(s: &Sandbox) -> String {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn files_fresh_then_pod_restart_reattaches_with_workspace_intact() {
     let mut env = TestEnv::new("sbx-files").await;
     env.start_operator(&[]);
@@ -260,6 +261,7 @@ async fn files_fresh_then_pod_restart_reattaches_with_workspace_intact() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn suspend_deletes_the_pod_keeps_the_workspace_and_resume_reuses_it() {
     let mut env = TestEnv::new("sbx-suspend").await;
     env.start_operator(&[]);
@@ -333,6 +335,7 @@ async fn suspend_deletes_the_pod_keeps_the_workspace_and_resume_reuses_it() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
     let mut env = TestEnv::new("sbx-delete").await;
     env.start_operator(&[]);
@@ -450,6 +453,7 @@ async fn deleting_a_sandbox_leaves_no_pod_policy_or_workspace() {
 /// name, labelled with nothing but the scope key (issue 42): the Sandbox's `Guarded`
 /// condition shows that holder within seconds, and shows the guard free once it lets go.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_guard_lease_made_on_the_plain_api_shows_its_holder() {
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -516,6 +520,7 @@ async fn a_guard_lease_made_on_the_plain_api_shows_its_holder() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn invalid_specs_are_refused_with_clear_messages_and_get_no_pod() {
     let mut env = TestEnv::new("sbx-invalid").await;
     env.start_operator(&[]);
@@ -670,6 +675,7 @@ fn json_merge(base: &mut serde_json::Value, patch: serde_json::Value) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn shutdown_time_deletes_the_sandbox_and_spec_changes_replace_the_pod() {
     let mut env = TestEnv::new("sbx-shutdown").await;
     env.start_operator(&[]);
@@ -713,6 +719,7 @@ async fn shutdown_time_deletes_the_sandbox_and_spec_changes_replace_the_pod() {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn two_replicas_only_the_leader_reconciles_and_the_other_takes_over() {
     let mut env = TestEnv::new("sbx-leader").await;
     let a = env.start_operator(&[]);

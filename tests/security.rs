@@ -207,6 +207,7 @@ fn watch_pod_images(env: &TestEnv) -> (Seen, tokio::task::JoinHandle<()>) {
 /// is out of every host user's reach (the namespace's directory is root-only) on a mount that
 /// ignores setuid bits anyway (nosuid,nodev).
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn sandbox_code_leaves_nothing_a_node_user_can_use() {
     let mut env = TestEnv::new("sec-node").await;
     env.start_operator(&[]);
@@ -306,6 +307,7 @@ async fn sandbox_code_leaves_nothing_a_node_user_can_use() {
 /// the sandbox still works, its namespace's directory is still closed, and the operator says
 /// what is missing on the Sandbox (condition and Warning Event).
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_unhardened_node_root_is_reported() {
     let root = format!("/var/lib/agentbox/unhardened-{}", common::suffix());
     let _scratch = Scratch(PathBuf::from(&root));
@@ -417,6 +419,7 @@ fn hostile_image() -> String {
 /// `rm`, and removes only that workspace (not the victim next to it, not what a planted link
 /// points at).
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_hostile_image_is_never_run_for_cleanup() {
     let image = hostile_image();
     let mut env = TestEnv::new("sec-hostile").await;
@@ -510,6 +513,7 @@ async fn a_hostile_image_is_never_run_for_cleanup() {
 /// the sandbox's own pod takes) does not keep the sandbox from being served: the check failed,
 /// and the Sandbox says why (condition and Warning Event).
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_helper_pod_the_namespace_refuses_is_a_failed_check_not_a_stuck_sandbox() {
     let mut env = TestEnv::new("sec-quota").await;
     let quotas: Api<ResourceQuota> = Api::namespaced(env.client.clone(), &env.ns);
@@ -561,6 +565,7 @@ async fn a_helper_pod_the_namespace_refuses_is_a_failed_check_not_a_stuck_sandbo
 /// an operator with a helper image then finishes the job. A non-root sandbox (which needs the
 /// helper to own its workspace) is refused up front.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn without_a_helper_image_nothing_is_run_and_nothing_is_hidden() {
     let mut env = TestEnv::new("sec-nohelper").await;
     let (seen, watcher) = watch_pod_images(&env);
@@ -645,6 +650,7 @@ async fn alice_with_a_snapshot(env: &TestEnv) {
 /// Warning Event), nothing of it reaches the workspace. The same request in a namespace whose
 /// administrator allowed cross-scope restores succeeds, and leaves a Normal Event saying so.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_named_restore_of_another_scope_is_refused() {
     let mut env = TestEnv::new("sec-named").await;
     let store = start_with_store(&mut env);
@@ -731,6 +737,7 @@ async fn a_named_restore_of_another_scope_is_refused() {
 /// `Latest` does not restore it and bob's retention does not delete it; alice's `Latest` still
 /// finds it (the operator's own record in status decides, not labels).
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_relabelled_snapshot_is_not_restored_into_another_scope() {
     let mut env = TestEnv::new("sec-relabel").await;
     let store = start_with_store(&mut env);
@@ -807,6 +814,7 @@ async fn impersonating(user: &str) -> Client {
 /// (SourceNotReadable), the Secret's value appears nowhere the tenant can look, and no pod is
 /// made for the environment variable. A Secret its owner labelled readable works.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_tenant_cannot_read_a_secret_through_a_sandbox() {
     let mut env = TestEnv::new("sec-deputy").await;
     env.start_operator(&[]);
@@ -988,6 +996,7 @@ async fn a_tenant_cannot_read_a_secret_through_a_sandbox() {
 /// the operator's allowlist, an env reference's name, a RuntimeClass or snapshot that does not
 /// exist) get a condition and a Warning Event instead of an empty status.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn malformed_and_unresolvable_references_are_refused_visibly() {
     let mut env = TestEnv::new("sec-names").await;
     let store = start_with_store(&mut env);
@@ -1125,6 +1134,7 @@ async fn malformed_and_unresolvable_references_are_refused_visibly() {
 /// (the helper handed it over before it started); a capability the operator's allowlist holds
 /// can be added, one it does not hold cannot.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_non_root_sandbox_owns_its_workspace_and_capabilities_follow_the_allowlist() {
     let mut env = TestEnv::new("sec-nonroot").await;
     env.start_operator(&["--allowed-capabilities", "NET_RAW"]);

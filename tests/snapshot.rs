@@ -165,16 +165,19 @@ async fn round_trip(kind: Kind) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn round_trip_into_a_new_sandbox_is_byte_for_byte_file() {
     round_trip(Kind::File).await;
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn round_trip_into_a_new_sandbox_is_byte_for_byte_s3() {
     round_trip(Kind::S3).await;
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn round_trip_into_a_new_sandbox_is_byte_for_byte_s3_moto() {
     round_trip(Kind::S3Moto).await;
 }
@@ -267,11 +270,13 @@ async fn lost_workspace(kind: Kind) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_lost_workspace_comes_back_recovered_file() {
     lost_workspace(Kind::File).await;
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_lost_workspace_comes_back_recovered_s3() {
     lost_workspace(Kind::S3).await;
 }
@@ -418,11 +423,13 @@ async fn hostile(kind: Kind) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn hostile_archives_are_refused_each_with_its_reason_file() {
     hostile(Kind::File).await;
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn hostile_archives_are_refused_each_with_its_reason_s3() {
     hostile(Kind::S3).await;
 }
@@ -562,16 +569,19 @@ async fn killed_mid_upload(kind: Kind) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_operator_killed_mid_upload_never_leaves_a_bad_ready_snapshot_file() {
     killed_mid_upload(Kind::File).await;
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_operator_killed_mid_upload_never_leaves_a_bad_ready_snapshot_s3() {
     killed_mid_upload(Kind::S3).await;
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn an_operator_killed_mid_upload_never_leaves_a_bad_ready_snapshot_s3_moto() {
     killed_mid_upload(Kind::S3Moto).await;
 }
@@ -695,11 +705,13 @@ async fn retention(kind: Kind) {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn retention_keeps_n_and_deletion_policies_behave_file() {
     retention(Kind::File).await;
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn retention_keeps_n_and_deletion_policies_behave_s3() {
     retention(Kind::S3).await;
 }

@@ -64,6 +64,7 @@ fn pod_of(s: &Sandbox) -> String {
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_templated_sandbox_runs_the_template_with_its_own_scope_env_and_files() {
     let mut env = TestEnv::new("tpl-run").await;
     env.start_operator(&[]);
@@ -185,6 +186,7 @@ async fn a_templated_sandbox_runs_the_template_with_its_own_scope_env_and_files(
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_missing_template_holds_the_sandbox_pending_until_it_is_created() {
     let mut env = TestEnv::new("tpl-late").await;
     env.start_operator(&[]);
@@ -229,6 +231,7 @@ async fn a_missing_template_holds_the_sandbox_pending_until_it_is_created() {
 /// What only the operator can check of a template (a ConfigMap it names is missing) is
 /// reported on the sandboxes made from it, as for a sandbox's own spec.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn a_template_naming_a_missing_configmap_is_reported_on_its_sandbox() {
     let mut env = TestEnv::new("tpl-cm").await;
     env.start_operator(&[]);
@@ -254,6 +257,7 @@ async fn a_template_naming_a_missing_configmap_is_reported_on_its_sandbox() {
 
 /// Admission, no operator: the API server refuses with the CRDs' own messages.
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn overrides_and_bad_templates_are_refused_at_admission_naming_the_field() {
     let env = TestEnv::new("tpl-admit").await;
     let refused = |r: Result<Sandbox, kube::Error>, expected: &str| match r {
@@ -366,6 +370,7 @@ async fn overrides_and_bad_templates_are_refused_at_admission_naming_the_field()
 }
 
 #[tokio::test]
+#[ignore = "needs a cluster"]
 async fn the_client_and_the_cli_create_sandboxes_from_templates() {
     use agentbox_api::crd::{Scope, ScopeKind};
     use agentbox_client::client::{ClientError, Sandboxes};
