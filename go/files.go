@@ -31,25 +31,6 @@ const (
 	FilesArgv0 = "agentbox-files"
 )
 
-// This client's own scripts on the shared prologue ($3: the mode of a write, "r" for a
-// recursive remove, "p" for mkdir -p).
-var (
-	scriptWriteMode = strings.Replace(ScriptWrite, `if cat > "$t"; then`, `if cat > "$t" && chmod "$3" "$t"; then`, 1)
-	scriptStat      = `[ -e "$p" ] || [ -L "$p" ] || { echo "agentbox: $p: no such file or directory" >&2; exit 96; }
-s=$(stat -c '%f %s %Y' "$p") || exit 1
-printf '%s %s\0' "$s" "${p##*/}"
-`
-	scriptRm = `[ -e "$p" ] || [ -L "$p" ] || { echo "agentbox: $p: no such file or directory" >&2; exit 96; }
-[ "$(readlink -f "$p")" = "$R" ] && { echo "agentbox: refusing to remove the workspace root" >&2; exit 1; }
-if [ "$3" = r ]; then exec rm -rf -- "$p"; fi
-if [ -d "$p" ] && [ ! -L "$p" ]; then exec rmdir -- "$p"; fi
-exec rm -f -- "$p"
-`
-	scriptMkdir = `if [ "$3" = p ]; then mkdir -p -- "$p" || exit 1; else mkdir -- "$p" || exit 1; fi
-confine "$p"
-`
-)
-
 func splitClean(p string) []string {
 	var out []string
 	for _, c := range strings.Split(p, "/") {

@@ -18,43 +18,6 @@ import (
 // child that scrubs its environment is not found).
 const ProcessEnv = "AGENTBOX_PROCESS"
 
-// ScriptProcesses is the in-pod script behind Process.Kill and Process.PID. Arguments: a
-// mode, then process ids. "kill": SIGKILL every process whose initial environment holds
-// AGENTBOX_PROCESS=<id> for one of the ids, in rounds until a round finds none (a process
-// that forks while it is being killed is found in the next round). "list": print
-// "<pid> <ppid>" of each such process. /proc/<pid>/environ is the environment the process
-// was exec'd with, so the shells of the wrapper (which export the entry to the command only)
-// and this script itself never match.
-const ScriptProcesses = `mode=$1; shift; ids=$*
-round=0
-while :; do
-  k=0
-  for d in /proc/[0-9]*; do
-    e=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || continue
-    for id in $ids; do
-      case "
-$e
-" in
-      *"
-AGENTBOX_PROCESS=$id
-"*)
-        if [ "$mode" = kill ]; then
-          kill -s KILL "${d#/proc/}" 2>/dev/null && k=$((k+1))
-        else
-          read -r s <"$d/stat" 2>/dev/null || continue
-          s=${s##*) }; set -- $s; echo "${d#/proc/} $2"
-        fi
-        ;;
-      esac
-    done
-  done
-  [ "$mode" = kill ] || exit 0
-  round=$((round+1))
-  [ $k = 0 ] && exit 0
-  [ $round -lt 50 ] || { echo "agentbox: processes still forking after $round rounds of kills" >&2; exit 1; }
-done
-`
-
 // killWait bounds Kill: the kill exec, then the end of the process's exec stream.
 const killWait = 30 * time.Second
 

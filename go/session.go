@@ -151,7 +151,7 @@ func sessionShell(cwd string) []string {
 	if cwd == "" {
 		return []string{"sh"}
 	}
-	return []string{"sh", "-c", `cd -- "$1" && exec sh`, "sh", cwd}
+	return []string{"sh", "-c", scriptSessionShell, "sh", cwd}
 }
 
 func (s *Session) spawn(ctx context.Context) (*shell, error) {

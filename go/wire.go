@@ -40,46 +40,6 @@ const (
 	wrapperArgv0 = "agentbox-exec"
 )
 
-// Wrapper is the sh script every command runs under (docs/protocol.md, "The wrapper"):
-// positional parameters MARK STDIN TIMEOUT WORKDIR N, then N NAME=value entries, then the argv.
-// It runs the command (in its own process group, killed by a watchdog, when there is a
-// timeout), then prints MARK on stdout and on stderr and lingers until the client closes
-// stdin, so the exit status goes out only after the client has read both streams whole.
-//
-// It is the protocol's wrapper (Rust: agentbox_api::remote::WRAPPER), byte for byte:
-// TestWrapperIsTheVectors checks it against the vectors' exec.wrapper.
-const Wrapper = `m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
-while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
-run() {
-  if [ -n "$d" ]; then cd -- "$d" || return 126; fi
-  if [ -z "$t" ]; then
-    [ -n "$m" ] || exec "$@"
-    ( exec "$@" ); return
-  fi
-  exec 3<&0
-  setsid "$@" <&3 3<&- &
-  p=$!
-  exec 3<&-
-  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
-  w=$!
-  wait $p 2>/dev/null; r=$?
-  kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
-  return $r
-}
-case $i in
-  -) run "$@" </dev/null ;;
-  =) run "$@" ;;
-  *) head -c "$i" | run "$@" ;;
-esac
-r=$?
-[ -n "$m" ] || exit $r
-printf %s "$m"; printf %s "$m" >&2
-[ "$i" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }
-while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
-[ $s = 2 ] && while read -r _; do :; done
-exit $r
-`
-
 // Stdin modes of the wrapper.
 const (
 	StdinNone   = "-" // the command reads nothing; the exec's stdin stays open for the linger

@@ -459,6 +459,38 @@ pub const DOWNLOAD: &str = r#"[ -d "$p" ] || { echo "agentbox: $p: not a directo
 exec tar -c -f - -C "$p" .
 "#;
 
+/// A write that also sets the file's mode (`$3`, octal): [`WRITE`] with a `chmod` before the
+/// rename. The Python, Go and Java clients' `write(..., mode)`.
+pub const WRITE_MODE: &str = r#"[ -d "$p" ] && { echo "agentbox: $p is a directory" >&2; exit 96; }
+d=$(dirname "$p")
+mkdir -p "$d" || exit 1
+confine "$p"
+t="$d/.agentbox-write.$$"
+if cat > "$t" && chmod "$3" "$t"; then mv -f "$t" "$p"; else rm -f "$t"; exit 1; fi
+"#;
+
+/// One entry's `%f %s %Y NAME\0`, as [`LIST`] prints each (a symlink itself, not its target).
+/// The Python, Go and Java clients' `stat`.
+pub const STAT: &str = r#"[ -e "$p" ] || [ -L "$p" ] || { echo "agentbox: $p: no such file or directory" >&2; exit 96; }
+s=$(stat -c '%f %s %Y' "$p") || exit 1
+printf '%s %s\0' "$s" "${p##*/}"
+"#;
+
+/// Removes `$p` (`$3` = `r`: recursively), never the workspace root itself. The Python, Go
+/// and Java clients' `remove`.
+pub const RM: &str = r#"[ -e "$p" ] || [ -L "$p" ] || { echo "agentbox: $p: no such file or directory" >&2; exit 96; }
+[ "$(readlink -f "$p")" = "$R" ] && { echo "agentbox: refusing to remove the workspace root" >&2; exit 1; }
+if [ "$3" = r ]; then exec rm -rf -- "$p"; fi
+if [ -d "$p" ] && [ ! -L "$p" ]; then exec rmdir -- "$p"; fi
+exec rm -f -- "$p"
+"#;
+
+/// Makes directory `$p` (`$3` = `p`: with its parents), then confines what was made. The
+/// Python, Go and Java clients' `mkdir`.
+pub const MKDIR: &str = r#"if [ "$3" = p ]; then mkdir -p -- "$p" || exit 1; else mkdir -- "$p" || exit 1; fi
+confine "$p"
+"#;
+
 // --- commands (crates/agentbox-api/src/exec.rs, crates/agentbox-api/src/exec/session.rs) ---------------------------------------------
 
 /// The `sh` wrapper every one-shot exec runs under (docs/protocol.md, "Exec"):

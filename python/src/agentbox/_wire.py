@@ -21,6 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._scripts import PROCESSES as PROCESSES
+from ._scripts import SESSION_SHELL as SESSION_SHELL
+from ._scripts import WRAPPER as WRAPPER
 from .errors import CommandNotStartedError, InvalidRequestError, OutputCutError, ProtocolError
 
 #: The container of every sandbox pod.
@@ -44,81 +47,11 @@ TIMEOUT_GRACE = 15.0
 #: Interval of WebSocket pings on an exec that is silent for long.
 PING_EVERY = 60.0
 
-#: The ``sh`` wrapper every one-shot exec runs under (the Rust crate's ``remote::WRAPPER``; see
-#: its doc comment and docs/protocol.md): ``sh -c WRAPPER agentbox-exec MARK STDIN TIMEOUT
-#: WORKDIR N ENV... ARGV...``. After the command it prints ``MARK`` on stdout and on stderr,
-#: then (``STDIN`` ``-`` or a byte count) waits for the client to half-close stdin before it
-#: exits; an empty ``MARK`` (a persistent session's command) means neither.
-WRAPPER = """m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
-while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
-run() {
-  if [ -n "$d" ]; then cd -- "$d" || return 126; fi
-  if [ -z "$t" ]; then
-    [ -n "$m" ] || exec "$@"
-    ( exec "$@" ); return
-  fi
-  exec 3<&0
-  setsid "$@" <&3 3<&- &
-  p=$!
-  exec 3<&-
-  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$t" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &
-  w=$!
-  wait $p 2>/dev/null; r=$?
-  kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null
-  return $r
-}
-case $i in
-  -) run "$@" </dev/null ;;
-  =) run "$@" ;;
-  *) head -c "$i" | run "$@" ;;
-esac
-r=$?
-[ -n "$m" ] || exit $r
-printf %s "$m"; printf %s "$m" >&2
-[ "$i" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }
-while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
-[ $s = 2 ] && while read -r _; do :; done
-exit $r
-"""
-
 
 #: The environment entry a streamed exec's command gets (the Rust crate's
 #: ``remote::PROCESS_ENV``): ``AGENTBOX_PROCESS=<id>``, a random id of its own, which what it
 #: starts inherits; :meth:`agentbox.ExecStream.kill` finds them all by it.
 PROCESS_ENV = "AGENTBOX_PROCESS"
-
-#: The in-pod script that kills (``kill``) or lists (``list``: ``<pid> <ppid>`` lines) the
-#: processes carrying ``AGENTBOX_PROCESS=<id>`` for the ids given (the Rust crate's
-#: ``remote::PROCESSES``; vectors: ``exec.processes_script``).
-PROCESSES = r"""mode=$1; shift; ids=$*
-round=0
-while :; do
-  k=0
-  for d in /proc/[0-9]*; do
-    e=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || continue
-    for id in $ids; do
-      case "
-$e
-" in
-      *"
-AGENTBOX_PROCESS=$id
-"*)
-        if [ "$mode" = kill ]; then
-          kill -s KILL "${d#/proc/}" 2>/dev/null && k=$((k+1))
-        else
-          read -r s <"$d/stat" 2>/dev/null || continue
-          s=${s##*) }; set -- $s; echo "${d#/proc/} $2"
-        fi
-        ;;
-      esac
-    done
-  done
-  [ "$mode" = kill ] || exit 0
-  round=$((round+1))
-  [ $k = 0 ] && exit 0
-  [ $round -lt 50 ] || { echo "agentbox: processes still forking after $round rounds of kills" >&2; exit 1; }
-done
-"""
 
 
 def new_mark() -> str:
@@ -216,12 +149,6 @@ def remote_argv(
     out.extend(f"{k}={v}" for k, v in env.items())
     out.extend(argv)
     return out
-
-
-#: What a persistent session's shell starts with when the session has a directory (``$1``):
-#: the shell runs there, so a command without a ``cwd`` of its own needs no wrapper (no extra
-#: ``sh`` per command). A directory it cannot enter ends it at once (sh says why on stderr).
-SESSION_SHELL = 'cd -- "$1" && exec sh'
 
 
 def session_shell_argv(workdir: str | None) -> list[str]:

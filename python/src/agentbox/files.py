@@ -3,9 +3,8 @@ here, before any request (:func:`confine` refuses ``..`` and absolute paths outs
 and in the pod, where the nearest existing ancestor of the path is resolved with
 ``readlink -f`` and must still lie under the resolved root, so a symlink cannot lead out.
 
-The shared in-pod scripts (prologue, read, write, list, upload, download) are the Rust
-crate's, byte for byte (checked against its vectors); ``stat``, ``rm``, ``mkdir`` and a write
-with a mode are this SDK's, built on the same prologue.
+The in-pod scripts are the Rust crate's, byte for byte: ``_scripts.py`` is generated from
+``agentbox_api::remote`` (``cargo run --bin clientgen``) and checked there for drift.
 """
 
 from __future__ import annotations
@@ -21,6 +20,16 @@ from typing import IO, Literal
 
 from . import exec as _exec
 from ._kube import Kube
+from ._scripts import DOWNLOAD as DOWNLOAD
+from ._scripts import LIST as LIST
+from ._scripts import MKDIR as MKDIR
+from ._scripts import PROLOGUE as PROLOGUE
+from ._scripts import READ as READ
+from ._scripts import RM as RM
+from ._scripts import STAT as STAT
+from ._scripts import UPLOAD as UPLOAD
+from ._scripts import WRITE as WRITE
+from ._scripts import WRITE_MODE as WRITE_MODE
 from .errors import (
     FileTooLargeError,
     InvalidRequestError,
@@ -45,87 +54,6 @@ SPOOL_FAILED = 95
 READ_CAP = 64 << 20
 #: argv[0] of the file scripts.
 ARGV0 = "agentbox-files"
-
-PROLOGUE = """trap 'cat >/dev/null 2>&1' EXIT
-R=$(readlink -f "$1") || { echo "agentbox: workspace root $1 is missing" >&2; exit 96; }
-p=$2
-confine() {
-  q=$1
-  while [ ! -e "$q" ] && [ ! -L "$q" ]; do q=$(dirname "$q"); done
-  r=$(readlink -f "$q") || { echo "agentbox: $1: cannot resolve" >&2; exit 97; }
-  [ "$R" = / ] && return 0
-  case "$r/" in "$R"/*) ;; *) echo "agentbox: $1 resolves outside the workspace" >&2; exit 97;; esac
-}
-confine "$p"
-"""
-
-READ = """[ -f "$p" ] || { echo "agentbox: $p: not a regular file" >&2; exit 96; }
-exec cat "$p"
-"""
-
-WRITE = """[ -d "$p" ] && { echo "agentbox: $p is a directory" >&2; exit 96; }
-d=$(dirname "$p")
-mkdir -p "$d" || exit 1
-confine "$p"
-t="$d/.agentbox-write.$$"
-if cat > "$t"; then mv -f "$t" "$p"; else rm -f "$t"; exit 1; fi
-"""
-
-LIST = """[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
-cd "$p" || exit 96
-for f in * .*; do
-  case $f in .|..) continue;; esac
-  [ -e "./$f" ] || [ -L "./$f" ] || continue
-  s=$(stat -c '%f %s %Y' "./$f") || continue
-  printf '%s %s\\0' "$s" "$f"
-done
-"""
-
-UPLOAD = """trap 'cat >/dev/null' EXIT
-mkdir -p "$p" || exit 1
-confine "$p"
-find "$p" -type l | while IFS= read -r l; do
-  r=$(readlink -f "$l") || continue
-  [ "$R" = / ] && continue
-  case "$r/" in "$R"/*) ;; *) echo "agentbox: $l resolves outside the workspace" >&2; exit 97;; esac
-done || exit 97
-s="${R%/}/.agentbox/tmp"
-mkdir -p "$s" || { echo "agentbox: cannot make $s for the upload's spool" >&2; exit 95; }
-confine "$s/upload"
-find "$s" -maxdepth 1 -name 'upload-*.tar' -mmin +60 -exec rm -f -- {} + 2>/dev/null || :
-sp="$s/upload-$$.tar"
-trap 'rm -f -- "$sp"; cat >/dev/null' EXIT
-trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
-if ! cat > "$sp"; then
-  rm -f -- "$sp"
-  echo "agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted" >&2
-  exit 95
-fi
-tar -x -o -f "$sp" -C "$p"
-"""
-
-DOWNLOAD = """[ -d "$p" ] || { echo "agentbox: $p: not a directory" >&2; exit 96; }
-exec tar -c -f - -C "$p" .
-"""
-
-# This SDK's own scripts. `$3` is the mode (octal) of a write.
-WRITE_MODE = WRITE.replace('if cat > "$t"; then', 'if cat > "$t" && chmod "$3" "$t"; then')
-
-STAT = """[ -e "$p" ] || [ -L "$p" ] || { echo "agentbox: $p: no such file or directory" >&2; exit 96; }
-s=$(stat -c '%f %s %Y' "$p") || exit 1
-printf '%s %s\\0' "$s" "${p##*/}"
-"""
-
-RM = """[ -e "$p" ] || [ -L "$p" ] || { echo "agentbox: $p: no such file or directory" >&2; exit 96; }
-[ "$(readlink -f "$p")" = "$R" ] && { echo "agentbox: refusing to remove the workspace root" >&2; exit 1; }
-if [ "$3" = r ]; then exec rm -rf -- "$p"; fi
-if [ -d "$p" ] && [ ! -L "$p" ]; then exec rmdir -- "$p"; fi
-exec rm -f -- "$p"
-"""
-
-MKDIR = """if [ "$3" = p ]; then mkdir -p -- "$p" || exit 1; else mkdir -- "$p" || exit 1; fi
-confine "$p"
-"""
 
 
 def confine(root: str, path: str) -> str:

@@ -31,86 +31,17 @@ public final class Files {
   /** argv[0] of the file scripts. */
   public static final String ARGV0 = "agentbox-files";
 
-  static final String PROLOGUE =
-      "trap 'cat >/dev/null 2>&1' EXIT\n"
-          + "R=$(readlink -f \"$1\") || { echo \"agentbox: workspace root $1 is missing\" >&2; exit 96; }\n"
-          + "p=$2\n"
-          + "confine() {\n"
-          + "  q=$1\n"
-          + "  while [ ! -e \"$q\" ] && [ ! -L \"$q\" ]; do q=$(dirname \"$q\"); done\n"
-          + "  r=$(readlink -f \"$q\") || { echo \"agentbox: $1: cannot resolve\" >&2; exit 97; }\n"
-          + "  [ \"$R\" = / ] && return 0\n"
-          + "  case \"$r/\" in \"$R\"/*) ;; *) echo \"agentbox: $1 resolves outside the workspace\" >&2; exit 97;; esac\n"
-          + "}\n"
-          + "confine \"$p\"\n";
-
-  static final String READ =
-      "[ -f \"$p\" ] || { echo \"agentbox: $p: not a regular file\" >&2; exit 96; }\n"
-          + "exec cat \"$p\"\n";
-
-  static final String WRITE =
-      "[ -d \"$p\" ] && { echo \"agentbox: $p is a directory\" >&2; exit 96; }\n"
-          + "d=$(dirname \"$p\")\n"
-          + "mkdir -p \"$d\" || exit 1\n"
-          + "confine \"$p\"\n"
-          + "t=\"$d/.agentbox-write.$$\"\n"
-          + "if cat > \"$t\"; then mv -f \"$t\" \"$p\"; else rm -f \"$t\"; exit 1; fi\n";
-
-  static final String LIST =
-      "[ -d \"$p\" ] || { echo \"agentbox: $p: not a directory\" >&2; exit 96; }\n"
-          + "cd \"$p\" || exit 96\n"
-          + "for f in * .*; do\n"
-          + "  case $f in .|..) continue;; esac\n"
-          + "  [ -e \"./$f\" ] || [ -L \"./$f\" ] || continue\n"
-          + "  s=$(stat -c '%f %s %Y' \"./$f\") || continue\n"
-          + "  printf '%s %s\\0' \"$s\" \"$f\"\n"
-          + "done\n";
-
-  static final String UPLOAD =
-      "trap 'cat >/dev/null' EXIT\n"
-          + "mkdir -p \"$p\" || exit 1\n"
-          + "confine \"$p\"\n"
-          + "find \"$p\" -type l | while IFS= read -r l; do\n"
-          + "  r=$(readlink -f \"$l\") || continue\n"
-          + "  [ \"$R\" = / ] && continue\n"
-          + "  case \"$r/\" in \"$R\"/*) ;; *) echo \"agentbox: $l resolves outside the workspace\" >&2; exit 97;; esac\n"
-          + "done || exit 97\n"
-          + "s=\"${R%/}/.agentbox/tmp\"\n"
-          + "mkdir -p \"$s\" || { echo \"agentbox: cannot make $s for the upload's spool\" >&2; exit 95; }\n"
-          + "confine \"$s/upload\"\n"
-          + "find \"$s\" -maxdepth 1 -name 'upload-*.tar' -mmin +60 -exec rm -f -- {} + 2>/dev/null || :\n"
-          + "sp=\"$s/upload-$$.tar\"\n"
-          + "trap 'rm -f -- \"$sp\"; cat >/dev/null' EXIT\n"
-          + "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM\n"
-          + "if ! cat > \"$sp\"; then\n"
-          + "  rm -f -- \"$sp\"\n"
-          + "  echo \"agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted\" >&2\n"
-          + "  exit 95\n"
-          + "fi\n"
-          + "tar -x -o -f \"$sp\" -C \"$p\"\n";
-
-  static final String DOWNLOAD =
-      "[ -d \"$p\" ] || { echo \"agentbox: $p: not a directory\" >&2; exit 96; }\n"
-          + "exec tar -c -f - -C \"$p\" .\n";
-
-  static final String STAT =
-      "[ -e \"$p\" ] || [ -L \"$p\" ] || { echo \"agentbox: $p: no such file or directory\" >&2; exit 96; }\n"
-          + "s=$(stat -c '%f %s %Y' \"$p\") || exit 1\n"
-          + "printf '%s %s\\0' \"$s\" \"${p##*/}\"\n";
-
-  static final String RM =
-      "[ -e \"$p\" ] || [ -L \"$p\" ] || { echo \"agentbox: $p: no such file or directory\" >&2; exit 96; }\n"
-          + "[ \"$(readlink -f \"$p\")\" = \"$R\" ] && { echo \"agentbox: refusing to remove the workspace root\" >&2; exit 1; }\n"
-          + "if [ \"$3\" = r ]; then exec rm -rf -- \"$p\"; fi\n"
-          + "if [ -d \"$p\" ] && [ ! -L \"$p\" ]; then exec rmdir -- \"$p\"; fi\n"
-          + "exec rm -f -- \"$p\"\n";
-
-  static final String MKDIR =
-      "if [ \"$3\" = p ]; then mkdir -p -- \"$p\" || exit 1; else mkdir -- \"$p\" || exit 1; fi\n"
-          + "confine \"$p\"\n";
-  /** This client's write with a mode ({@code $3}, octal). */
-  static final String WRITE_MODE =
-      WRITE.replace("if cat > \"$t\"; then", "if cat > \"$t\" && chmod \"$3\" \"$t\"; then");
+  // The in-pod scripts: Scripts.java, generated from the Rust crate's (cargo run --bin clientgen).
+  static final String PROLOGUE = Scripts.PROLOGUE;
+  static final String READ = Scripts.READ;
+  static final String WRITE = Scripts.WRITE;
+  static final String LIST = Scripts.LIST;
+  static final String UPLOAD = Scripts.UPLOAD;
+  static final String DOWNLOAD = Scripts.DOWNLOAD;
+  static final String STAT = Scripts.STAT;
+  static final String RM = Scripts.RM;
+  static final String MKDIR = Scripts.MKDIR;
+  static final String WRITE_MODE = Scripts.WRITE_MODE;
 
   /**
    * Maps {@code path} (relative to {@code root}, or absolute under it) to an absolute,

@@ -58,37 +58,7 @@ public final class Wire {
    * under a watchdog when there is a timeout), prints the mark on stdout and stderr after it,
    * then lingers reading stdin until the client half-closes it, and exits with its code.
    */
-  public static final String WRAPPER =
-      "m=$1; i=$2; t=$3; d=$4; n=$5; shift 5\n"
-          + "while [ \"$n\" -gt 0 ]; do export \"$1\"; shift; n=$((n-1)); done\n"
-          + "run() {\n"
-          + "  if [ -n \"$d\" ]; then cd -- \"$d\" || return 126; fi\n"
-          + "  if [ -z \"$t\" ]; then\n"
-          + "    [ -n \"$m\" ] || exec \"$@\"\n"
-          + "    ( exec \"$@\" ); return\n"
-          + "  fi\n"
-          + "  exec 3<&0\n"
-          + "  setsid \"$@\" <&3 3<&- &\n"
-          + "  p=$!\n"
-          + "  exec 3<&-\n"
-          + "  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep \"$t\" & s=$!; wait $s && kill -s KILL -- -$p ) </dev/null >/dev/null 2>&1 &\n"
-          + "  w=$!\n"
-          + "  wait $p 2>/dev/null; r=$?\n"
-          + "  kill -0 -- -$p 2>/dev/null || kill $w 2>/dev/null\n"
-          + "  return $r\n"
-          + "}\n"
-          + "case $i in\n"
-          + "  -) run \"$@\" </dev/null ;;\n"
-          + "  =) run \"$@\" ;;\n"
-          + "  *) head -c \"$i\" | run \"$@\" ;;\n"
-          + "esac\n"
-          + "r=$?\n"
-          + "[ -n \"$m\" ] || exit $r\n"
-          + "printf %s \"$m\"; printf %s \"$m\" >&2\n"
-          + "[ \"$i\" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }\n"
-          + "while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done\n"
-          + "[ $s = 2 ] && while read -r _; do :; done\n"
-          + "exit $r\n";
+  public static final String WRAPPER = Scripts.WRAPPER;
 
   /**
    * The environment entry every command this client runs gets, {@code AGENTBOX_PROCESS=<id>}
@@ -110,35 +80,7 @@ public final class Wire {
    * gives a command up (its thread interrupted, its output sink failing, its connection lost, no
    * exit status after the timeout) and when a session closes.
    */
-  public static final String PROCESSES =
-      "mode=$1; shift; ids=$*\n"
-          + "round=0\n"
-          + "while :; do\n"
-          + "  k=0\n"
-          + "  for d in /proc/[0-9]*; do\n"
-          + "    e=$(tr '\\0' '\\n' <\"$d/environ\" 2>/dev/null) || continue\n"
-          + "    for id in $ids; do\n"
-          + "      case \"\n"
-          + "$e\n"
-          + "\" in\n"
-          + "      *\"\n"
-          + "AGENTBOX_PROCESS=$id\n"
-          + "\"*)\n"
-          + "        if [ \"$mode\" = kill ]; then\n"
-          + "          kill -s KILL \"${d#/proc/}\" 2>/dev/null && k=$((k+1))\n"
-          + "        else\n"
-          + "          read -r s <\"$d/stat\" 2>/dev/null || continue\n"
-          + "          s=${s##*) }; set -- $s; echo \"${d#/proc/} $2\"\n"
-          + "        fi\n"
-          + "        ;;\n"
-          + "      esac\n"
-          + "    done\n"
-          + "  done\n"
-          + "  [ \"$mode\" = kill ] || exit 0\n"
-          + "  round=$((round+1))\n"
-          + "  [ $k = 0 ] && exit 0\n"
-          + "  [ $round -lt 50 ] || { echo \"agentbox: processes still forking after $round rounds of kills\" >&2; exit 1; }\n"
-          + "done\n";
+  public static final String PROCESSES = Scripts.PROCESSES;
 
   /** A fresh {@link #PROCESS_ENV} value: 32 lowercase hex digits. */
   public static String newProcessId() {
@@ -243,7 +185,7 @@ public final class Wire {
    * the shell runs there, so a command without a workdir of its own needs no wrapper (no extra
    * {@code sh} per command). A directory it cannot enter ends it at once (sh says why on stderr).
    */
-  public static final String SESSION_SHELL = "cd -- \"$1\" && exec sh";
+  public static final String SESSION_SHELL = Scripts.SESSION_SHELL;
 
   /**
    * The argv of a persistent session's shell (vectors: {@code session.shell_argv}): {@code sh},
