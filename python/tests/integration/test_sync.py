@@ -63,9 +63,16 @@ def test_a_lost_sync_guard_fails_the_next_call_in_its_block(env: Env) -> None:
             from agentbox import _portal
 
             kube = _portal.call(sandboxes._async.kube())
-            lease = _portal.call(kube.call("GET", path))
-            lease["spec"]["holderIdentity"] = "thief"
-            _portal.call(kube.call("PUT", path, body=lease))
+            for _ in range(20):  # again when a renewal of ours came between read and write
+                lease = _portal.call(kube.call("GET", path))
+                lease["spec"]["holderIdentity"] = "thief"
+                try:
+                    _portal.call(kube.call("PUT", path, body=lease))
+                    break
+                except agentbox.ConflictError:
+                    continue
+            else:
+                pytest.fail("the thief's write conflicted 20 times")
             # The next renewal (within a second) finds the lease taken; this call is cancelled.
             sbx.exec(["sleep", "30"])
         assert g.is_lost

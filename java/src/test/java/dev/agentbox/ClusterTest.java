@@ -247,12 +247,19 @@ class ClusterTest {
     Guard g = ready.guard(30_000L, GuardConfig.withLeaseDuration(3_000));
     GenericKubernetesResource[] taken = new GenericKubernetesResource[1];
     GuardLostException e = assertThrows(GuardLostException.class, () -> g.run(() -> {
-      // someone takes the lease over behind our back (a conditioned write)
+      // someone takes the lease over behind our back (a conditioned write; read again when a
+      // renewal of ours came between its read and its write, as CI once saw under load)
       Kube k = env.sandboxes.kube();
-      GenericKubernetesResource l = k.get(Kube.LEASES, env.ns, g.leaseName());
-      Map<String, Object> spec = Kube.cast(l.getAdditionalProperties().get("spec"));
-      spec.put("holderIdentity", "thief");
-      taken[0] = k.update(Kube.LEASES, env.ns, l);
+      for (int attempt = 0; taken[0] == null; attempt++) {
+        GenericKubernetesResource l = k.get(Kube.LEASES, env.ns, g.leaseName());
+        Map<String, Object> spec = Kube.cast(l.getAdditionalProperties().get("spec"));
+        spec.put("holderIdentity", "thief");
+        try {
+          taken[0] = k.update(Kube.LEASES, env.ns, l);
+        } catch (ConflictException c) {
+          assertTrue(attempt < 20, "the thief's write conflicted 20 times");
+        }
+      }
       Thread.sleep(60_000); // interrupted at the next renewal
       return null;
     }));
