@@ -11,6 +11,88 @@ pub const DEFAULT_NODE_ROOT: &str = "/var/lib/agentbox/workspaces";
 /// Where the kubelet keeps the pods' pids cgroups (cgroup v1, cgroupfs driver), by default.
 pub const DEFAULT_PIDS_CGROUP_ROOT: &str = "/sys/fs/cgroup/pids/kubepods";
 
+/// The Helm value behind each flag (by its environment variable), for docs/operations.md's
+/// flag table (`cargo run --bin opsdoc`); a test checks that every flag has one.
+pub const HELM_VALUES: &[(&str, &str)] = &[
+    ("AGENTBOX_NODE_ROOT", "`nodeRoot`"),
+    ("AGENTBOX_ALLOWED_HOST_PREFIXES", "`allowedHostPrefixes`"),
+    ("AGENTBOX_NAMESPACE", "`watchNamespace`"),
+    (
+        "AGENTBOX_HELPER_IMAGE",
+        "`helperImage` (default: the operator image)",
+    ),
+    (
+        "AGENTBOX_HELPER_IMAGE_PULL_POLICY",
+        "`helperImagePullPolicy` (default: `image.pullPolicy`)",
+    ),
+    ("AGENTBOX_HELPER_NAMESPACE", "the release namespace"),
+    ("AGENTBOX_RUN_AS_NON_ROOT", "`sandboxDefaults.runAsNonRoot`"),
+    (
+        "AGENTBOX_DEFAULT_RUN_AS_USER",
+        "`sandboxDefaults.runAsUser`",
+    ),
+    ("AGENTBOX_DEFAULT_RUNTIME_CLASS", "`defaultRuntimeClass`"),
+    ("AGENTBOX_PROCESS_LIMIT", "`processLimit`"),
+    ("AGENTBOX_PIDS_CGROUP_ROOT", "`pidsCgroupRoot`"),
+    ("AGENTBOX_DEFAULT_EGRESS", "`network.defaultEgress`"),
+    ("AGENTBOX_NETWORK_ENFORCEMENT", "`network.enforcement`"),
+    ("AGENTBOX_NETWORK_CHECK_NAMESPACE", "the release namespace"),
+    ("AGENTBOX_NETWORK_CHECK_IMAGE", "`network.checkImage`"),
+    (
+        "AGENTBOX_NETWORK_CHECK_INTERVAL_SECONDS",
+        "`network.checkIntervalSeconds`",
+    ),
+    (
+        "AGENTBOX_ALLOWED_CAPABILITIES",
+        "`sandboxDefaults.allowedCapabilities`",
+    ),
+    ("AGENTBOX_NODE_LOSS_GRACE_SECONDS", "`nodeLossGraceSeconds`"),
+    ("AGENTBOX_STALL_GRACE_SECONDS", "`stallGraceSeconds`"),
+    ("AGENTBOX_SWEEP_INTERVAL_SECONDS", "`sweepIntervalSeconds`"),
+    (
+        "AGENTBOX_PERMANENT_RETRY_SECONDS",
+        "`permanentRetrySeconds`",
+    ),
+    ("AGENTBOX_STREAM_STALL_SECONDS", "`streamStallSeconds`"),
+    ("AGENTBOX_RECONCILE_CONCURRENCY", "`reconcileConcurrency`"),
+    (
+        "AGENTBOX_METRICS_ADDR",
+        "`metrics.bindAddress`, `metrics.port`",
+    ),
+    ("AGENTBOX_LOG_JSON", "`logging.json`"),
+    ("AGENTBOX_LEADER_ELECTION", "`leaderElection.enabled`"),
+    (
+        "AGENTBOX_LEADER_ELECTION_NAMESPACE",
+        "`leaderElection.namespace` (default: the release namespace)",
+    ),
+    (
+        "AGENTBOX_LEADER_ELECTION_NAME",
+        "`leaderElection.leaseName`",
+    ),
+    ("AGENTBOX_LEASE_SECONDS", "`leaderElection.leaseSeconds`"),
+    ("AGENTBOX_IDENTITY", "the pod name"),
+    ("AGENTBOX_STORE_URL", "`store.url` (default empty)"),
+    ("AGENTBOX_STORE_PREFIX", "`store.prefix`"),
+    ("AGENTBOX_S3_ENDPOINT", "`store.s3.endpoint`"),
+    ("AGENTBOX_S3_REGION", "`store.s3.region`"),
+    ("AGENTBOX_S3_PATH_STYLE", "`store.s3.pathStyle`"),
+    ("AGENTBOX_S3_ALLOW_HTTP", "`store.s3.allowHttp`"),
+    ("AGENTBOX_S3_SIGN_PAYLOAD", "`store.s3.signPayload`"),
+    (
+        "AGENTBOX_RESTORE_MAX_INPUT_BYTES",
+        "`restoreLimits.maxInputBytes`",
+    ),
+    (
+        "AGENTBOX_RESTORE_MAX_EXTRACTED_BYTES",
+        "`restoreLimits.maxExtractedBytes`",
+    ),
+    ("AGENTBOX_RESTORE_MAX_MEMBERS", "`restoreLimits.maxMembers`"),
+    (
+        "AGENTBOX_RESTORE_MAX_EXPANSION_RATIO",
+        "`restoreLimits.maxExpansionRatio`",
+    ),
+];
+
 /// Configuration of the agentbox operator.
 #[derive(Parser, Debug, Clone)]
 #[command(

@@ -260,6 +260,7 @@ pub struct Metrics {
     startup_pending: Gauge,
     startup_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     names: BTreeSet<String>,
+    catalogue: Vec<Described>,
 }
 
 /// The prefix of every metric.
@@ -269,19 +270,53 @@ const PREFIX: &str = "agentbox";
 struct Registrar {
     registry: Registry,
     names: BTreeSet<String>,
+    catalogue: Vec<Described>,
 }
 
 impl Registrar {
-    fn add(&mut self, name: &str, help: &str, metric: impl Metric) {
-        let suffixes: &[&str] = match metric.metric_type() {
+    /// Registers `metric`; `labels` says which labels its series carry (and their values where
+    /// the set is closed), for docs/operations.md's table.
+    fn add(&mut self, name: &str, help: &str, labels: &'static str, metric: impl Metric) {
+        let kind = metric.metric_type();
+        let suffixes: &[&str] = match kind {
             MetricType::Counter => &["_total"],
             MetricType::Histogram => &["_bucket", "_sum", "_count"],
             MetricType::Gauge | MetricType::Info | MetricType::Unknown => &[""],
         };
         self.names
             .extend(suffixes.iter().map(|s| format!("{PREFIX}_{name}{s}")));
+        let series = match kind {
+            MetricType::Counter => format!("{PREFIX}_{name}_total"),
+            _ => format!("{PREFIX}_{name}"),
+        };
+        self.catalogue.push(Described {
+            series,
+            kind: match kind {
+                MetricType::Counter => "counter",
+                MetricType::Histogram => "histogram",
+                MetricType::Gauge => "gauge",
+                MetricType::Info => "info",
+                MetricType::Unknown => "unknown",
+            },
+            labels,
+            help: help.to_string(),
+        });
         self.registry.register(name, help, metric);
     }
+}
+
+/// One metric as docs/operations.md lists it (`cargo run --bin opsdoc`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    /// The series name a query uses (`agentbox_x_total` for a counter, the histogram's base
+    /// name for a histogram).
+    pub series: String,
+    /// `counter`, `gauge`, `histogram`.
+    pub kind: &'static str,
+    /// Its labels, and their values where the set is closed.
+    pub labels: &'static str,
+    /// The `# HELP` text.
+    pub help: String,
 }
 
 impl Default for Metrics {
@@ -289,6 +324,7 @@ impl Default for Metrics {
         let mut r = Registrar {
             registry: Registry::with_prefix(PREFIX),
             names: BTreeSet::new(),
+            catalogue: Vec::new(),
         };
         let m = Metrics {
             reconciles: Family::default(),
@@ -326,21 +362,30 @@ impl Default for Metrics {
             startup_seconds: Gauge::default(),
             registry: Registry::default(),
             names: BTreeSet::new(),
+            catalogue: Vec::new(),
         };
-        r.add("reconciles", "Reconciles run", m.reconciles.clone());
+        r.add(
+            "reconciles",
+            "Reconciles run",
+            "`controller`",
+            m.reconciles.clone(),
+        );
         r.add(
             "reconcile_errors",
             "Reconciles that failed, by error kind",
+            "`controller`, `kind`",
             m.errors.clone(),
         );
         r.add(
             "reconcile_duration_seconds",
             "Time spent in one reconcile",
+            "`controller`",
             m.durations.clone(),
         );
         r.add(
             "leader",
             "Whether this replica is the leader",
+            "",
             m.leader.clone(),
         );
         let build = Family::<BuildLabels, Gauge>::default();
@@ -350,70 +395,88 @@ impl Default for Metrics {
                 git_commit: GIT_COMMIT,
             })
             .set(1);
-        r.add("build_info", "The operator's version and commit", build);
+        r.add(
+            "build_info",
+            "The operator's version and commit",
+            "`version`, `git_commit`",
+            build,
+        );
         r.add(
             "node_loss_recoveries",
             "Sandboxes moved off a lost node (not ready past the node-loss grace, or gone) to start on another",
+            "",
             m.node_losses.clone(),
         );
         r.add(
             "sandbox_ready_seconds",
             "Seconds from a sandbox's creation (or the start of a resume or recovery) to Ready, by start branch",
+            "`branch` (`fresh`, `reattached`, `restored`, `recovered`), `start` (`cold`, `warm`)",
             m.ready.clone(),
         );
         r.add(
             "sandbox_starts",
             "Starts that reached Ready, by kind: cold (a pod made for it) or warm (a pool's warm pod adopted)",
+            "`kind` (`cold`, `warm`)",
             m.starts.clone(),
         );
         r.add(
             "pool_claims",
             "Tries to adopt a warm pod at a sandbox's first start, by result: claimed, miss (none fitted) or conflict (each one tried was taken first)",
+            "`result` (`claimed`, `miss`, `conflict`)",
             m.claims.clone(),
         );
         r.add(
             "pool_claim_seconds",
             "Seconds a successful claim took: choosing a warm pod and the conditional write that adopts it",
+            "",
             m.claim_seconds.clone(),
         );
         r.add(
             "sandboxes",
             "Sandboxes by phase (the leader's view)",
+            "`phase`",
             m.phases.clone(),
         );
         r.add(
             "snapshot_bytes",
             "Bytes of committed snapshots",
+            "",
             m.snapshot_bytes.clone(),
         );
         r.add(
             "snapshot_duration_seconds",
             "Seconds from the start of an upload to its commit, of committed snapshots",
+            "",
             m.snapshot_seconds.clone(),
         );
         r.add(
             "snapshot_failures",
             "Failed snapshot attempts, by reason",
+            "`reason`",
             m.snapshot_failures.clone(),
         );
         r.add(
             "restore_bytes",
             "Bytes of snapshots restored into workspaces",
+            "",
             m.restore_bytes.clone(),
         );
         r.add(
             "restore_duration_seconds",
             "Seconds a restore took under the scope's guard (extract, verify, swap)",
+            "",
             m.restore_seconds.clone(),
         );
         r.add(
             "restore_failures",
             "Restores that failed, by reason",
+            "`reason`",
             m.restore_failures.clone(),
         );
         r.add(
             "guard_wait_seconds",
             "Seconds the operator waited for a scope's guard, by purpose and outcome",
+            "`op` (`snapshot`, `restore`, `idle_suspend`), `outcome` (`acquired`, `busy`, `error`)",
             m.guard_wait.clone(),
         );
         // Every (purpose, kind) from 0, so a rate or an alert over them has data before
@@ -430,66 +493,79 @@ impl Default for Metrics {
         r.add(
             "exec_errors",
             "Errors of the operator's own execs into sandboxes, by purpose and kind",
+            "`op` (`workspace`, `snapshot`), `kind` (`connect`, `not_started`, `stream`, `timeout`…)",
             m.exec_errors.clone(),
         );
         r.add(
             "idle_suspensions",
             "Sandboxes the operator suspended because their lifecycle.idleTimeout passed",
+            "",
             m.idle_suspensions.clone(),
         );
         r.add(
             "workspaces_swept",
             "Workspace directories of deleted sandboxes removed from their nodes by the sweep",
+            "",
             m.workspaces_swept.clone(),
         );
         r.add(
             "workspace_sweep_failures",
             "Helper pods of the workspace sweep that failed or did not finish",
+            "",
             m.sweep_failures.clone(),
         );
         r.add(
             "pool_replicas",
             "Warm pods of each SandboxPool (unclaimed, not being deleted), from its status at each scrape",
+            "`namespace`, `pool`",
             m.pool_replicas.clone(),
         );
         r.add(
             "pool_ready",
             "Warm pods of each SandboxPool ready to be claimed, from its status at each scrape",
+            "`namespace`, `pool`",
             m.pool_ready.clone(),
         );
         r.add(
             "pool_pods_created",
             "Warm pods the pool controller created",
+            "",
             m.pool_created.clone(),
         );
         r.add(
             "pool_pods_deleted",
             "Warm pods the pool controller deleted (surplus, replaced, ended, or of a missing template)",
+            "",
             m.pool_deleted.clone(),
         );
         r.add(
             "memory_resident_bytes",
             "The operator's resident set (VmRSS), sampled every 5 s",
+            "",
             m.memory_rss.clone(),
         );
         r.add(
             "memory_limit_bytes",
             "The memory limit of the operator's cgroup (0: none found)",
+            "",
             m.memory_limit.clone(),
         );
         r.add(
             "startup_pending_sandboxes",
             "Sandboxes of this leader's first listing not yet reconciled since it started (0 once every one has been)",
+            "",
             m.startup_pending.clone(),
         );
         r.add(
             "startup_reconciled_seconds",
             "Seconds from this leader's start to every Sandbox of its first listing reconciled (0 until then)",
+            "",
             m.startup_seconds.clone(),
         );
         Metrics {
             registry: r.registry,
             names: r.names,
+            catalogue: r.catalogue,
             ..m
         }
     }
@@ -700,6 +776,11 @@ impl Metrics {
     pub fn sample_names(&self) -> &BTreeSet<String> {
         &self.names
     }
+
+    /// Every metric, in the order registered: docs/operations.md's metrics table.
+    pub fn catalogue(&self) -> &[Described] {
+        &self.catalogue
+    }
 }
 
 #[cfg(test)]
@@ -708,6 +789,52 @@ mod tests {
 
     fn has(text: &str, line: &str) {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+
+    /// The label names a catalogue entry gives: its backquoted words outside parentheses.
+    fn described_labels(labels: &str) -> BTreeSet<String> {
+        let mut depth = 0;
+        let mut out = BTreeSet::new();
+        let mut parts = labels.split('`');
+        let mut outside = parts.next().unwrap_or_default();
+        while let (Some(word), Some(rest)) = (parts.next(), parts.next()) {
+            depth += outside.matches('(').count();
+            depth -= outside.matches(')').count();
+            if depth == 0 {
+                out.insert(word.to_string());
+            }
+            outside = rest;
+        }
+        out
+    }
+
+    #[test]
+    fn the_catalogue_names_the_labels_each_series_carries() {
+        let m = Metrics::default();
+        m.reconciled("sandbox", Duration::from_millis(12));
+        m.failed("sandbox", "kube");
+        let text = m.render();
+        let mut checked = 0;
+        for d in m.catalogue() {
+            let sample = text.lines().find(|l| {
+                !l.starts_with('#')
+                    && (l.starts_with(&format!("{}{{", d.series))
+                        || l.starts_with(&format!("{}_count{{", d.series)))
+            });
+            let Some(sample) = sample else { continue };
+            let inner = &sample[sample.find('{').unwrap() + 1..sample.find('}').unwrap()];
+            let got: BTreeSet<String> = inner
+                .split(',')
+                .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.to_string()))
+                .collect();
+            assert_eq!(got, described_labels(d.labels), "{}", d.series);
+            checked += 1;
+        }
+        assert!(checked >= 4, "only {checked} series had samples");
+        assert_eq!(
+            described_labels("`op` (`a`, `b`), `kind` (`c`)"),
+            ["kind", "op"].map(String::from).into()
+        );
     }
 
     #[test]
