@@ -275,7 +275,8 @@ def shared_hold(queue: bool, waited: bool, before: Mapping[str, str] | None, me:
     """Whether a hold makes its holder yield after releasing it (pure): its acquisition had to
     wait for another party (waiting out its own yield does not count), or the Lease it took
     (``before``: its annotations as taken, ``None`` when it created the Lease) did not name
-    ``me`` as its last fair holder. A contender outside the queue never yields."""
+    ``me`` as its last fair holder. A contender outside the queue never yields.
+    """
     return queue and (waited or (before or {}).get(FAIR_HOLDER_ANNOTATION) != me)
 
 
@@ -284,7 +285,8 @@ def yield_for(annotations: Mapping[str, str] | None, me: str, yield_left: float)
     (pure, seconds): ``yield_left`` (YIELD less the time since its last release of a shared
     hold) if the Lease still names ``me`` as its last fair holder and the queue slot is not
     ``me``'s, else 0. Only the last holder yields, so two harnesses that both released recently
-    never both stand back."""
+    never both stand back.
+    """
     a = annotations or {}
     if a.get(NEXT_ANNOTATION) == me or a.get(FAIR_HOLDER_ANNOTATION) != me:
         return 0.0
