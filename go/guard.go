@@ -130,13 +130,15 @@ const (
 	FairHolderAnnotation = "agentbox.dev/guard-fair-holder"
 )
 
-// Yield is how long a holder whose hold was contended (it had to wait for it) leaves a free
-// Lease without a claim to others after releasing it: the one that waited meanwhile may not
-// have claimed the queue slot yet, and the releaser, wanting the guard again at once, would
-// take it first.
-const Yield = 100 * time.Millisecond
+// Yield is the longest a holder whose hold was shared (its acquisition waited for another
+// party, or it created the Lease or took it from another holder) leaves a free Lease without
+// a claim to others after releasing it: the one that waited meanwhile may not have claimed the
+// queue slot yet (its claim races a short turn), and the releaser, wanting the guard again at
+// once, would take it first. The yield ends as soon as the Lease shows another party acting
+// (a take or a claim), so the bound only matters when nobody else wants the guard any more.
+const Yield = time.Second
 
-// released: when each holder of this process last released a Lease after a contended hold.
+// released: when each holder of this process last released a Lease after a shared hold.
 var released sync.Map // leaseKey+"\n"+holder -> time.Time
 
 func yieldLeft(key string) time.Duration {
@@ -279,6 +281,26 @@ func WithdrawnAnnotations(old map[string]string, me string) map[string]string {
 	return a
 }
 
+// SharedHold says whether a hold makes its holder yield after releasing it (pure): its
+// acquisition had to wait for another party (waiting out its own yield does not count), or the
+// Lease it took (before: its annotations as taken, nil when it created the Lease) did not name
+// me as its last fair holder. A contender outside the queue never yields.
+func SharedHold(queue, waited bool, before map[string]string, me string) bool {
+	last, ok := before[FairHolderAnnotation]
+	return queue && (waited || !ok || last != me)
+}
+
+// YieldFor is how much longer a contender whose verdict is Take leaves the free Lease to others
+// (pure): yieldLeft (Yield less the time since its last release of a shared hold) if the Lease
+// still names me as its last fair holder and the queue slot is not me's, else 0. Only the last
+// holder yields, so two harnesses that both released recently never both stand back.
+func YieldFor(annotations map[string]string, me string, yieldLeft time.Duration) time.Duration {
+	if annotations[NextAnnotation] == me || annotations[FairHolderAnnotation] != me {
+		return 0
+	}
+	return yieldLeft
+}
+
 // ReleasedSpec is the spec written when releasing (pure): no holder and no times; the
 // duration and the fencing token kept. The annotations (the queue slot) are kept as they are.
 func ReleasedSpec(spec map[string]any) map[string]any {
@@ -316,7 +338,7 @@ type Guard struct {
 	cfg    GuardConfig
 
 	mu        sync.Mutex
-	contended bool // this acquisition had to wait: on release, yield the next turn (Yield)
+	contended bool // a shared hold (waited, created, or taken from another): on release, yield (Yield)
 	lease     map[string]any
 	token     int64
 	released  bool
@@ -396,11 +418,15 @@ func (g *Guard) Acquire(ctx context.Context) error {
 		}
 		if st.took != nil {
 			w.claimedAt = time.Time{}
-			g.contended = w.waited
+			g.contended = SharedHold(true, w.waited, w.tookFrom, g.cfg.Holder)
 			g.start(st.took, attempt)
 			return nil
 		}
-		w.waited = true
+		// Waiting out its own yield is not contention: a harness whose partner left would
+		// otherwise yield again after every turn.
+		if err != nil || st.again || w.yieldUntil.IsZero() {
+			w.waited = true
+		}
 		if err == nil && st.again {
 			// Lost a race: read the Lease itself at once. What the watch delivered so far
 			// may be what the 409 was about (the watch trails the API server).
@@ -468,9 +494,10 @@ type waiter struct {
 	holderKey, slotKey   string
 	holderSeen, slotSeen time.Time
 	lastHolder           string
-	waited               bool      // this acquisition had to wait (the guard is contended)
-	yieldUntil           time.Time // until when it yields a free Lease to others (Yield)
-	claimedAt            time.Time // when it last wrote its claim on the slot; zero: none
+	waited               bool              // this acquisition had to wait for another party
+	tookFrom             map[string]string // the annotations of the Lease it took; nil: it created it
+	yieldUntil           time.Time         // until when it yields a free Lease to others (Yield)
+	claimedAt            time.Time         // when it last wrote its claim on the slot; zero: none
 	wake                 chan struct{}
 	stopWatch            context.CancelFunc
 	// latest is the Lease as the watch last delivered it, not yet judged: read instead of a
@@ -514,6 +541,7 @@ func (w *waiter) step(ctx context.Context, mayQueue bool) (stepResult, error) {
 			meta["labels"] = toAny(g.labels)
 		}
 		body := map[string]any{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": TakenSpec(nil, g.cfg, now)}
+		w.tookFrom = nil
 		obj, err := g.sbs.create(ctx, leasesGVR, body)
 		if errors.Is(err, ErrConflict) {
 			return stepResult{again: true}, nil
@@ -559,15 +587,15 @@ func (w *waiter) step(ctx context.Context, mayQueue bool) (stepResult, error) {
 		w.claimedAt = at
 		return stepResult{rv: str(mapAt(obj, "metadata")["resourceVersion"]), duration: duration}, nil
 	}
-	// Only the last holder yields (the Lease still names it): two harnesses that both released
-	// recently must not both stand back.
-	if ann[NextAnnotation] != me && ann[FairHolderAnnotation] == me {
-		if grace := yieldLeft(g.releaseKey()); grace > 0 {
-			// Just released after a contended hold: give whoever waited for it the time to
-			// claim the slot or take it.
-			w.yieldUntil = time.Now().Add(grace)
-			return wait, nil
-		}
+	if grace := YieldFor(ann, me, yieldLeft(g.releaseKey())); grace > 0 {
+		// Just released after a shared hold: give whoever waited for it the time to claim the
+		// slot or take it (ended early by a watch event showing it act).
+		w.yieldUntil = time.Now().Add(grace)
+		return wait, nil
+	}
+	w.tookFrom = ann
+	if w.tookFrom == nil {
+		w.tookFrom = map[string]string{}
 	}
 	cur["spec"] = TakenSpec(spec, g.cfg, now)
 	meta["annotations"] = toAny(TakenAnnotations(ann, me))

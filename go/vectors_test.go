@@ -368,6 +368,29 @@ func TestGuardAnnotationNames(t *testing.T) {
 	}
 }
 
+func TestGuardSharedHoldAndYield(t *testing.T) {
+	for _, c := range cases("guard", "shared_hold") {
+		var before map[string]string
+		if c["before"] != nil {
+			before = stringsOf(c["before"])
+		}
+		got := SharedHold(c["queue"].(bool), c["waited"].(bool), before, c["me"].(string))
+		if got != c["shared"].(bool) {
+			t.Errorf("shared_hold %v: got %v", c, got)
+		}
+	}
+	for _, c := range cases("guard", "yield") {
+		var a map[string]string
+		if c["annotations"] != nil {
+			a = stringsOf(c["annotations"])
+		}
+		got := YieldFor(a, c["me"].(string), time.Duration(num(c["yield_left_ms"]))*time.Millisecond)
+		if got.Milliseconds() != num(c["yield_ms"]) {
+			t.Errorf("yield %v: got %v", c, got)
+		}
+	}
+}
+
 func TestGuardAnnotationWrites(t *testing.T) {
 	for _, c := range cases("guard", "annotations") {
 		before, me := stringsOf(c["before"]), c["me"].(string)

@@ -300,10 +300,13 @@ async fn acquire_release_latency_figures() {
         g.release().await.expect("release");
         rel.push(t.elapsed());
     }
+    // The max shows the one yield of a holder alone with a Lease it created (its second
+    // acquisition, within YIELD of its first release, waits the yield out).
     println!(
-        "guard acquire p50 {:.1} ms p95 {:.1} ms; release p50 {:.1} ms p95 {:.1} ms",
+        "guard acquire p50 {:.1} ms p95 {:.1} ms max {:.1} ms; release p50 {:.1} ms p95 {:.1} ms",
         barepod::pct(&mut acq, 50),
         barepod::pct(&mut acq, 95),
+        barepod::pct(&mut acq, 100),
         barepod::pct(&mut rel, 50),
         barepod::pct(&mut rel, 95)
     );
@@ -319,12 +322,22 @@ struct Turn {
     token: i64,
     waited: Duration,
     held: Duration,
+    /// When it got the guard.
+    took: Instant,
 }
 
 /// Issue 42, finding 3: two harnesses take one scope's guard back to back, 20 turns each (take
 /// the guard, read a counter from a ConfigMap, write it back incremented with an unconditioned
 /// update, release, and want the guard again at once). Before the queue slot, the releaser
-/// took it again ahead of the waiter's next poll: 1-3 hand-overs in 40 turns.
+/// took it again ahead of the waiter's next poll: 1-3 hand-overs in 40 turns; with a 100 ms
+/// yield, a hand-over was lost whenever the waiter reacted more slowly than that.
+///
+/// The issue's figures: at least 35 hand-overs of 40, no wait longer than two turns, and the
+/// exact count. A waiter waits for one turn of the other's (the hand-over to it and its hold)
+/// and its own hand-over, so "one turn" is the longest hold plus the longest hand-over of the
+/// run: on a loaded machine either stretches tenfold now and then (an API server stalling
+/// 150 ms under a 15 ms turn), and a wait behind that is no unfairness. A wait through a yield
+/// or a missed wake-up (1-2 s) exceeds two turns; an overtaken waiter fails the count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster"]
 async fn two_harnesses_back_to_back_take_turns() {
@@ -342,12 +355,19 @@ async fn two_harnesses_back_to_back_take_turns() {
         .await
         .expect("counter");
     let mut tasks = Vec::new();
+    // Both harnesses start asking at once, their clients connected: a harness still opening its
+    // first connection does not want the guard yet, and the other's turns meanwhile are not
+    // unfair (under hack/test's lanes one harness once took four turns before the other asked).
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(2));
     for who in ["a", "b"] {
         // Two harnesses: two clients (connections) of their own, as two processes would have.
         let client = kube::Client::try_default().await.expect("client");
         let leases: Api<Lease> = Api::namespaced(client.clone(), &env.ns);
         let maps: Api<ConfigMap> = Api::namespaced(client, &env.ns);
+        let start = start.clone();
         tasks.push(tokio::spawn(async move {
+            maps.get("counter").await.expect("connect");
+            start.wait().await;
             // The defaults a harness gets (a 15 s lease, 200 ms polls before the hand-off).
             let cfg = GuardConfig {
                 holder: format!("harness-{who}"),
@@ -385,6 +405,7 @@ async fn two_harnesses_back_to_back_take_turns() {
                     token,
                     waited,
                     held: took.elapsed(),
+                    took,
                 });
             }
             turns
@@ -411,23 +432,44 @@ async fn two_harnesses_back_to_back_take_turns() {
         .max()
         .unwrap_or_default();
     let mut held: Vec<Duration> = turns.iter().map(|t| t.held).collect();
+    // The pace: the median time from one acquisition to the next (a hold and a hand-over).
+    let mut gaps: Vec<Duration> = turns
+        .windows(2)
+        .map(|w| w[1].took.duration_since(w[0].took))
+        .collect();
+    let pace = barepod::pct(&mut gaps, 50);
+    // A hand-over's latency: from one harness's release to the other's acquisition (what the
+    // releaser's yield has to cover).
+    let mut handoff: Vec<Duration> = turns
+        .windows(2)
+        .filter(|w| w[0].who != w[1].who)
+        .map(|w| w[1].took.saturating_duration_since(w[0].took + w[0].held))
+        .collect();
+    let turn = barepod::pct(&mut held, 100) + barepod::pct(&mut handoff, 100);
+    let ratio = longest.as_secs_f64() * 1000.0 / turn;
     println!(
         "guard fairness (rust): {hand_overs} hand-overs in {} turns; longest wait {:.1} ms \
-         ({:.1} ms after each harness's first turn); turn p50 {:.1} ms, max {:.1} ms; \
-         counter {n}; order {}",
+         ({:.1} ms after each harness's first turn) = {ratio:.2} turns of {turn:.1} ms; hold \
+         p50 {:.1} ms, max {:.1} ms; one acquisition to the next p50 {pace:.1} ms; hand-over \
+         p50 {:.1} ms, max {:.1} ms; counter {n}; order {}",
         turns.len(),
         longest.as_secs_f64() * 1000.0,
         steady.as_secs_f64() * 1000.0,
         barepod::pct(&mut held, 50),
         barepod::pct(&mut held, 100),
+        barepod::pct(&mut handoff, 50),
+        barepod::pct(&mut handoff, 100),
         turns.iter().map(|t| t.who).collect::<String>(),
     );
     assert_eq!(n, "40", "a lost update");
-    // 37-39 of 40 on a quiet machine, 33 seen under hack/test's lanes on 2 cores; an unfair
-    // guard gave 1-3. The bound fails the latter without failing a loaded run.
+    // An unfair guard gave 1-3 hand-overs; 39 is every one there can be.
     assert!(
-        hand_overs >= 25,
+        hand_overs >= 35,
         "only {hand_overs} hand-overs in 40 turns: the releaser took the guard again ahead of the waiter"
+    );
+    assert!(
+        ratio <= 2.0,
+        "a wait of {ratio:.2} turns: someone was overtaken or the guard stood free"
     );
     env.finish().await;
 }

@@ -30,9 +30,11 @@
 //! that expects it ([`FAIR_HOLDER_ANNOTATION`] names it), since the write changes the
 //! `resourceVersion` its renewal is conditioned on: a holder that expects it re-reads on a 409
 //! and renews again if the Lease is still its own; one that does not would take the 409 as a
-//! loss. A holder whose acquisition had to wait leaves a free Lease to others for [`YIELD`]
-//! after releasing it (the waiter's claim may not have landed yet). A client unaware of the slot
-//! still excludes everyone by the conditioned writes; it only ignores the queue.
+//! loss. A holder whose hold was shared (its acquisition waited, or it took the Lease from
+//! another holder or created it) leaves the free Lease to others after releasing it until the
+//! Lease shows another party acting (a take or a claim), for at most [`YIELD`]: the waiter's
+//! claim races a short turn and may not have landed. A client unaware of the slot still
+//! excludes everyone by the conditioned writes; it only ignores the queue.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -346,6 +348,40 @@ pub fn released_spec(spec: &LeaseSpec) -> LeaseSpec {
     }
 }
 
+/// Whether a hold is shared (pure), so that its holder yields after releasing it ([`YIELD`]):
+/// its acquisition had to wait for another party (`waited`; waiting out its own yield does not
+/// count), or the Lease it took did not name `me` as its last fair holder (`before`: the
+/// Lease's annotations as taken, `None` when it created the Lease), so someone else used it
+/// last. A contender outside the queue (a leader election) never yields.
+pub fn shared_hold(
+    queue: bool,
+    waited: bool,
+    before: Option<&BTreeMap<String, String>>,
+    me: &str,
+) -> bool {
+    let last_was_me = before
+        .and_then(|a| a.get(FAIR_HOLDER_ANNOTATION))
+        .is_some_and(|f| f == me);
+    queue && (waited || !last_was_me)
+}
+
+/// How much longer a contender whose verdict is [`Verdict::Take`] leaves the free Lease to
+/// others (pure): what is left of its yield (`yield_left`: [`YIELD`] less the time since its
+/// last release of a shared hold, zero without one), if the Lease still names `me` as its last
+/// fair holder and the queue slot is not `me`'s; else zero. Only the last holder yields, so two
+/// harnesses that both released recently never both stand back.
+pub fn yield_for(
+    annotations: Option<&BTreeMap<String, String>>,
+    me: &str,
+    yield_left: Duration,
+) -> Duration {
+    let get = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
+    if get(NEXT_ANNOTATION) == Some(me) || get(FAIR_HOLDER_ANNOTATION) != Some(me) {
+        return Duration::ZERO;
+    }
+    yield_left
+}
+
 /// A lease as read at one moment, by the one clock rule everything in agentbox judges leases
 /// by: the guard deciding whether it may take a lease over ([`judge`]) and the sandbox
 /// controller reporting who holds a scope's guard (the `Guarded` condition).
@@ -479,11 +515,15 @@ pub async fn acquire_scope(
     acquire(&leases, &name, labels::scope_labels(scope), cfg, wait).await
 }
 
-/// How long a holder whose hold was contended (it had to wait for it) leaves a free Lease
-/// without a claim to others after releasing it: the one that waited meanwhile may not have
-/// claimed the queue slot yet (its claim races the holder's turn), and without this the
-/// releaser, wanting the guard again at once, would take it first.
-pub const YIELD: Duration = Duration::from_millis(100);
+/// The longest a holder whose hold was shared leaves a free Lease without a claim to others
+/// after releasing it. The one that waited meanwhile may not have claimed the queue slot yet
+/// (its claim races the holder's turn, and loses to a short one), and without this the
+/// releaser, wanting the guard again at once, would take it first. The yield ends as soon as
+/// the Lease shows another party acting (it takes the Lease or claims the slot), so this bound
+/// only matters when nobody else wants the guard any more; it is long enough for a waiter's
+/// watch to deliver the release and its take to land on a loaded machine (100 ms was not: a
+/// hand-over was lost whenever the waiter's reaction took longer).
+pub const YIELD: Duration = Duration::from_secs(1);
 
 /// When each holder of this process last released a Lease after a contended hold.
 static RELEASED: std::sync::LazyLock<Mutex<std::collections::HashMap<String, Instant>>> =
@@ -538,6 +578,7 @@ pub async fn acquire(
         holder_seen: None,
         slot_seen: None,
         waited: false,
+        took_from: None,
         yield_until: None,
         last_holder: String::new(),
         claimed_at: None,
@@ -550,7 +591,7 @@ pub async fn acquire(
             Ok(Step::Took(lease)) => {
                 w.claimed_at = None;
                 let mut g = Guard::start(leases.clone(), name, *lease, cfg, attempt);
-                g.contended = w.waited;
+                g.contended = shared_hold(cfg.queue, w.waited, w.took_from.as_ref(), &cfg.holder);
                 return Ok(g);
             }
             Ok(Step::Again) => {
@@ -567,7 +608,11 @@ pub async fn acquire(
                 continue;
             }
             Ok(Step::Wait { rv, lease_duration }) => {
-                w.waited = true;
+                // Waiting out its own yield is not contention: a harness whose partner left
+                // would otherwise yield again after every turn.
+                if w.yield_until.is_none() {
+                    w.waited = true;
+                }
                 w.watch_from(&rv, cfg.retry_interval);
                 let mut pause = WATCH_FALLBACK.min(cfg.renew_every());
                 if let Some(y) = w.yield_until.take() {
@@ -641,8 +686,10 @@ struct Waiter {
     holder_seen: Option<(String, Instant)>,
     /// The queue slot last seen, and since when (monotonic).
     slot_seen: Option<(String, Instant)>,
-    /// Whether this acquisition had to wait (the guard is contended).
+    /// Whether this acquisition had to wait for another party (the guard is contended).
     waited: bool,
+    /// The annotations of the Lease as it took it (`None`: it created it), for [`shared_hold`].
+    took_from: Option<BTreeMap<String, String>>,
     /// Until when this contender yields a free Lease to others (see [`YIELD`]).
     yield_until: Option<Instant>,
     last_holder: String,
@@ -692,6 +739,7 @@ impl Waiter {
                 },
                 spec: Some(taken_spec(None, cfg, now)),
             };
+            self.took_from = None;
             return match self.leases.create(&PostParams::default(), &lease).await {
                 Ok(l) => Ok(Step::Took(Box::new(l))),
                 Err(e) if is_conflict(&e) => Ok(Step::Again),
@@ -773,23 +821,16 @@ impl Waiter {
                 }
             }
             Verdict::Take => {
-                // Only the last holder yields (the Lease still names it): two harnesses that
-                // both released recently must not both stand back.
-                let last_holder = ann
-                    .as_ref()
-                    .and_then(|a| a.get(FAIR_HOLDER_ANNOTATION))
-                    .is_some_and(|f| *f == self.me);
-                let grace = if own_slot || !last_holder {
-                    Duration::ZERO
-                } else {
-                    yield_left(&self.leases, &self.name, &self.me)
-                };
+                let left = yield_left(&self.leases, &self.name, &self.me);
+                let grace = yield_for(ann.as_ref(), &self.me, left);
                 if !grace.is_zero() {
-                    // Just released after a contended hold: give whoever waited for it the
-                    // time to claim the slot or take it (module docs, "yield").
+                    // Just released after a shared hold: give whoever waited for it the time to
+                    // claim the slot or take it; a watch event showing it act ends this early
+                    // (module docs, "yield").
                     self.yield_until = Some(Instant::now() + grace);
                     return Ok(wait);
                 }
+                self.took_from = Some(ann.clone().unwrap_or_default());
                 lease.spec = Some(taken_spec(spec.as_ref(), cfg, now));
                 lease.metadata.annotations = Some(taken_annotations(ann.as_ref(), &self.me));
                 // Keep the scope labels current on an existing lease too.
@@ -1013,7 +1054,8 @@ pub struct Guard {
     holder: String,
     token: i64,
     acquired_at: Option<Timestamp>,
-    /// This acquisition had to wait: on release, yield the next turn (see [`YIELD`]).
+    /// This hold was shared (its acquisition waited, or it took the Lease from another holder
+    /// or created it): on release, yield the next turn (see [`YIELD`]).
     contended: bool,
     lease: Arc<Mutex<Lease>>,
     lost: CancellationToken,
@@ -1548,6 +1590,32 @@ mod tests {
         assert_eq!(r.renew_time, None);
         assert_eq!(r.lease_transitions, Some(4));
         assert_eq!(r.lease_duration_seconds, Some(10));
+    }
+
+    #[test]
+    fn a_shared_hold_yields_once_and_only_its_last_holder_stands_back() {
+        let me = "me";
+        let mine = ann(&[(FAIR_HOLDER_ANNOTATION, me)]);
+        let theirs = ann(&[(FAIR_HOLDER_ANNOTATION, "other")]);
+        // Waited, created, or taken from another: shared. Taken back from itself without a
+        // wait: not (a harness whose partner left yields once, not after every turn).
+        assert!(shared_hold(true, true, Some(&mine), me));
+        assert!(shared_hold(true, false, None, me));
+        assert!(shared_hold(true, false, Some(&theirs), me));
+        assert!(shared_hold(true, false, Some(&ann(&[])), me));
+        assert!(!shared_hold(true, false, Some(&mine), me));
+        // A leader election never yields.
+        assert!(!shared_hold(false, true, Some(&theirs), me));
+        let left = Duration::from_millis(700);
+        assert_eq!(yield_for(Some(&mine), me, left), left);
+        assert_eq!(yield_for(Some(&mine), me, Duration::ZERO), Duration::ZERO);
+        // Someone else was last (it released after this one): it does not stand back.
+        assert_eq!(yield_for(Some(&theirs), me, left), Duration::ZERO);
+        assert_eq!(yield_for(None, me, left), Duration::ZERO);
+        // Its own claim: it is the one the Lease waits for.
+        let mut queued = mine.clone();
+        queued.insert(NEXT_ANNOTATION.into(), me.into());
+        assert_eq!(yield_for(Some(&queued), me, left), Duration::ZERO);
     }
 
     #[test]

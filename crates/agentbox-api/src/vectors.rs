@@ -782,7 +782,59 @@ fn guard_vectors() -> Value {
         "annotations": annotation_writes(),
         "released_spec": released_specs(),
         "timings": timings,
+        "shared_hold": shared_holds(),
+        "yield": yields(),
     })
+}
+
+/// `guard.shared_hold`: whether a hold makes its holder yield after releasing it (`before`:
+/// the Lease's annotations as taken, null when the holder created it).
+fn shared_holds() -> Vec<Value> {
+    use guard::FAIR_HOLDER_ANNOTATION as FAIR;
+    let me = "me/1/0000abcd";
+    let mine = annotations(&[(FAIR, me)]);
+    let theirs = annotations(&[(FAIR, "other/2/0000beef")]);
+    let none = annotations(&[("example.com/other", "kept")]);
+    let mut out = Vec::new();
+    for queue in [true, false] {
+        for waited in [false, true] {
+            for before in [None, Some(&mine), Some(&theirs), Some(&none)] {
+                out.push(json!({
+                    "queue": queue,
+                    "waited": waited,
+                    "before": before,
+                    "me": me,
+                    "shared": guard::shared_hold(queue, waited, before, me),
+                }));
+            }
+        }
+    }
+    out
+}
+
+/// `guard.yield`: how long a contender whose verdict is `Take` still leaves the free Lease to
+/// others, given what is left of its own yield.
+fn yields() -> Vec<Value> {
+    use guard::{FAIR_HOLDER_ANNOTATION as FAIR, NEXT_ANNOTATION as NEXT};
+    let me = "me/1/0000abcd";
+    let cases = [
+        annotations(&[(FAIR, me)]),
+        annotations(&[(FAIR, "other/2/0000beef")]),
+        annotations(&[(FAIR, me), (NEXT, me)]),
+        annotations(&[(FAIR, me), (NEXT, "other/2/0000beef")]),
+        annotations(&[]),
+    ];
+    let mut out = Vec::new();
+    for a in &cases {
+        for left in [0u64, 1, 400, 1000] {
+            let y = guard::yield_for(Some(a), me, Duration::from_millis(left));
+            out.push(json!({"annotations": a, "me": me, "yield_left_ms": left,
+                "yield_ms": y.as_millis() as u64}));
+        }
+    }
+    out.push(json!({"annotations": null, "me": me, "yield_left_ms": 400,
+        "yield_ms": guard::yield_for(None, me, Duration::from_millis(400)).as_millis() as u64}));
+    out
 }
 
 fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

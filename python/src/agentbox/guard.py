@@ -66,13 +66,15 @@ FAIR_HOLDER_ANNOTATION = "agentbox.dev/guard-fair-holder"
 #: The longest a waiting contender goes without reading the Lease again while it watches it
 #: (a third of the lease duration when that is shorter).
 WATCH_FALLBACK = 2.0
-#: How long a holder whose hold was contended (it had to wait for it) leaves a free Lease
-#: without a claim to others after releasing it: the one that waited meanwhile may not have
-#: claimed the queue slot yet, and the releaser, wanting the guard again at once, would take it
-#: first.
-YIELD = 0.1
+#: The longest a holder whose hold was shared (its acquisition waited for another party, or it
+#: created the Lease or took it from another holder) leaves a free Lease without a claim to
+#: others after releasing it: the one that waited meanwhile may not have claimed the queue slot
+#: yet (its claim races a short turn), and the releaser, wanting the guard again at once, would
+#: take it first. The yield ends as soon as the Lease shows another party acting (a take or a
+#: claim), so the bound only matters when nobody else wants the guard any more.
+YIELD = 1.0
 
-#: When each holder of this process last released a Lease after a contended hold (monotonic).
+#: When each holder of this process last released a Lease after a shared hold (monotonic).
 _RELEASED: dict[tuple[str, str], float] = {}
 
 
@@ -269,6 +271,28 @@ def withdrawn_annotations(old: Mapping[str, str] | None, me: str) -> dict[str, s
     return {k: v for k, v in old.items() if k not in (NEXT_ANNOTATION, NEXT_RENEW_ANNOTATION)}
 
 
+def shared_hold(queue: bool, waited: bool, before: Mapping[str, str] | None, me: str) -> bool:
+    """Whether a hold makes its holder yield after releasing it (pure): its acquisition had to
+    wait for another party (waiting out its own yield does not count), or the Lease it took
+    (``before``: its annotations as taken, ``None`` when it created the Lease) did not name
+    ``me`` as its last fair holder. A contender outside the queue never yields.
+    """
+    return queue and (waited or (before or {}).get(FAIR_HOLDER_ANNOTATION) != me)
+
+
+def yield_for(annotations: Mapping[str, str] | None, me: str, yield_left: float) -> float:
+    """How much longer a contender whose verdict is ``Take`` leaves the free Lease to others
+    (pure, seconds): ``yield_left`` (YIELD less the time since its last release of a shared
+    hold) if the Lease still names ``me`` as its last fair holder and the queue slot is not
+    ``me``'s, else 0. Only the last holder yields, so two harnesses that both released recently
+    never both stand back.
+    """
+    a = annotations or {}
+    if a.get(NEXT_ANNOTATION) == me or a.get(FAIR_HOLDER_ANNOTATION) != me:
+        return 0.0
+    return yield_left
+
+
 def released_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The spec written when releasing (pure): no holder and no times; the duration and the
     fencing token kept. The annotations (the queue slot) are kept as they are.
@@ -333,8 +357,10 @@ class _Waiter:
         self.holder_seen: tuple[str, float] | None = None
         self.slot_seen: tuple[str, float] | None = None
         self.last_holder = ""
-        #: Whether this acquisition had to wait (the guard is contended).
+        #: Whether this acquisition had to wait for another party (the guard is contended).
         self.waited = False
+        #: The annotations of the Lease it took (None: it created it), for shared_hold.
+        self.took_from: dict[str, str] | None = None
         #: Until when this contender yields a free Lease to others (see YIELD).
         self.yield_until: float | None = None
         #: When this contender last wrote its claim on the slot (None: it holds none).
@@ -371,6 +397,7 @@ class _Waiter:
                 },
                 "spec": taken_spec(None, self.cfg, now),
             }
+            self.took_from = None
             try:
                 return await self.api.call("POST", self.create_path, body=body)
             except ConflictError:
@@ -419,18 +446,13 @@ class _Waiter:
                 return "again"
             self.claimed_at = t
             return str((new.get("metadata") or {}).get("resourceVersion") or ""), duration
-        # Only the last holder yields (the Lease still names it): two harnesses that both
-        # released recently must not both stand back.
-        grace = (
-            _yield_left(self.path, self.me)
-            if ann.get(NEXT_ANNOTATION) != self.me and ann.get(FAIR_HOLDER_ANNOTATION) == self.me
-            else 0.0
-        )
+        grace = yield_for(ann, self.me, _yield_left(self.path, self.me))
         if grace > 0:
-            # Just released after a contended hold: give whoever waited for it the time to
-            # claim the slot or take it.
+            # Just released after a shared hold: give whoever waited for it the time to claim
+            # the slot or take it (ended early by a watch event showing it act).
             self.yield_until = t + grace
             return rv, duration
+        self.took_from = dict(ann)
         current["spec"] = taken_spec(spec, self.cfg, now)
         meta["annotations"] = taken_annotations(ann, self.me)
         if labels:
@@ -595,10 +617,13 @@ class Guard:
                     step = None
                 if isinstance(step, dict):
                     w.claimed_at = None
-                    self._contended = w.waited
+                    self._contended = shared_hold(True, w.waited, w.took_from, self.holder)
                     self._start(step, attempt)
                     return self
-                w.waited = True
+                # Waiting out its own yield is not contention: a harness whose partner left
+                # would otherwise yield again after every turn.
+                if step is None or step == "again" or w.yield_until is None:
+                    w.waited = True
                 if step == "again":
                     # Lost a race: read the Lease itself at once. What the watch delivered so
                     # far may be what the 409 was about (the watch trails the API server).

@@ -340,6 +340,18 @@ def test_guard_annotation_writes(case: dict[str, Any]) -> None:
     assert got == case["after"]
 
 
+@pytest.mark.parametrize("case", VECTORS["guard"]["shared_hold"])
+def test_guard_shared_hold(case: dict[str, Any]) -> None:
+    got = guard.shared_hold(case["queue"], case["waited"], case["before"], case["me"])
+    assert got == case["shared"]
+
+
+@pytest.mark.parametrize("case", VECTORS["guard"]["yield"])
+def test_guard_yield(case: dict[str, Any]) -> None:
+    got = guard.yield_for(case["annotations"], case["me"], case["yield_left_ms"] / 1000)
+    assert round(got * 1000) == case["yield_ms"]
+
+
 @pytest.mark.parametrize("case", VECTORS["guard"]["released_spec"])
 def test_guard_released_spec(case: dict[str, Any]) -> None:
     assert guard.released_spec(case["before"]) == case["after"]

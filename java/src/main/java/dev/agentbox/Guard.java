@@ -81,13 +81,16 @@ public final class Guard implements AutoCloseable {
    */
   public static final long WATCH_FALLBACK_MS = 2_000;
   /**
-   * How long a holder whose hold was contended (it had to wait for it) leaves a free Lease without
-   * a claim to others after releasing it: the one that waited meanwhile may not have claimed the
-   * queue slot yet, and the releaser, wanting the guard again at once, would take it first.
+   * The longest a holder whose hold was shared (its acquisition waited for another party, or it
+   * created the Lease or took it from another holder) leaves a free Lease without a claim to
+   * others after releasing it: the one that waited meanwhile may not have claimed the queue slot
+   * yet (its claim races a short turn), and the releaser, wanting the guard again at once, would
+   * take it first. The yield ends as soon as the Lease shows another party acting (a take or a
+   * claim), so the bound only matters when nobody else wants the guard any more.
    */
-  public static final long YIELD_MS = 100;
+  public static final long YIELD_MS = 1_000;
 
-  /** When each holder of this process last released a Lease after a contended hold (nanos). */
+  /** When each holder of this process last released a Lease after a shared hold (nanos). */
   private static final java.util.concurrent.ConcurrentHashMap<String, Long> RELEASED =
       new java.util.concurrent.ConcurrentHashMap<>();
 
@@ -236,6 +239,31 @@ public final class Guard implements AutoCloseable {
   }
 
   /**
+   * Whether a hold makes its holder yield after releasing it (pure): its acquisition had to wait
+   * for another party (waiting out its own yield does not count), or the Lease it took ({@code
+   * before}: its annotations as taken, null when it created the Lease) did not name {@code me} as
+   * its last fair holder. A contender outside the queue never yields.
+   */
+  public static boolean sharedHold(boolean queue, boolean waited, Map<String, String> before, String me) {
+    return queue && (waited || before == null || !me.equals(before.get(FAIR_HOLDER_ANNOTATION)));
+  }
+
+  /**
+   * How much longer (ms) a contender whose verdict is Take leaves the free Lease to others (pure):
+   * {@code yieldLeftMs} (YIELD_MS less the time since its last release of a shared hold) if the
+   * Lease still names {@code me} as its last fair holder and the queue slot is not {@code me}'s,
+   * else 0. Only the last holder yields, so two harnesses that both released recently never both
+   * stand back.
+   */
+  public static long yieldFor(Map<String, String> annotations, String me, long yieldLeftMs) {
+    Map<String, String> a = annotations == null ? Map.of() : annotations;
+    if (me.equals(a.get(NEXT_ANNOTATION)) || !me.equals(a.get(FAIR_HOLDER_ANNOTATION))) {
+      return 0;
+    }
+    return yieldLeftMs;
+  }
+
+  /**
    * The spec written when releasing (pure): no holder and no times; the duration and the fencing
    * token kept. The annotations (the queue slot) are kept as they are.
    */
@@ -278,7 +306,10 @@ public final class Guard implements AutoCloseable {
   private ScheduledExecutorService renewer;
   private boolean released;
   private boolean stopping;
-  /** This acquisition had to wait: on release, yield the next turn (see YIELD_MS). */
+  /**
+   * A shared hold (its acquisition waited, or it created the Lease or took it from another
+   * holder): on release, yield the next turn (see YIELD_MS).
+   */
   private volatile boolean contended;
   private int fencingToken;
   private Instant acquiredAt;
@@ -371,11 +402,15 @@ public final class Guard implements AutoCloseable {
         }
         if (step != null && step.took() != null) {
           w.claimedAt = null;
-          contended = w.waited;
+          contended = sharedHold(true, w.waited, w.tookFrom, cfg.holder());
           start(step.took(), attempt);
           return this;
         }
-        w.waited = true;
+        // Waiting out its own yield is not contention: a harness whose partner left would
+        // otherwise yield again after every turn.
+        if (step == null || step.again() || w.yieldUntil == null) {
+          w.waited = true;
+        }
         if (step != null && step.again()) {
           // Lost a race: read the Lease itself at once. What the watch delivered so far may be
           // what the 409 was about (the watch trails the API server).
@@ -455,8 +490,10 @@ public final class Guard implements AutoCloseable {
     private String slotKey;
     private long slotSince;
     String lastHolder = "";
-    /** Whether this acquisition had to wait (the guard is contended). */
+    /** Whether this acquisition had to wait for another party (the guard is contended). */
     boolean waited;
+    /** The annotations of the Lease it took (null: it created it), for sharedHold. */
+    Map<String, String> tookFrom;
     /** Until when (nanos) this contender yields a free Lease to others (see YIELD_MS). */
     Long yieldUntil;
     /** When this contender last wrote its claim on the slot (nanos); null: it holds none. */
@@ -500,6 +537,7 @@ public final class Guard implements AutoCloseable {
         meta.put("labels", labels.isEmpty() ? null : new LinkedHashMap<>(labels));
         meta.put("annotations", takenAnnotations(null, me));
         GenericKubernetesResource body = Kube.object(Kube.LEASES, meta, "spec", takenSpec(null, cfg, now));
+        tookFrom = null;
         try {
           return new Step(kube.create(Kube.LEASES, namespace, body), false, null, 0);
         } catch (ConflictException e) {
@@ -542,16 +580,14 @@ public final class Guard implements AutoCloseable {
           return new Step(null, true, null, 0);
         }
       }
-      // Only the last holder yields (the Lease still names it): two harnesses that both released
-      // recently must not both stand back.
-      long grace = me.equals(ann.get(NEXT_ANNOTATION)) || !me.equals(ann.get(FAIR_HOLDER_ANNOTATION))
-          ? 0 : yieldLeftMs();
+      long grace = yieldFor(ann, me, yieldLeftMs());
       if (grace > 0) {
-        // Just released after a contended hold: give whoever waited for it the time to claim the
-        // slot or take it.
+        // Just released after a shared hold: give whoever waited for it the time to claim the
+        // slot or take it (ended early by a watch event showing it act).
         yieldUntil = System.nanoTime() + grace * 1_000_000;
         return wait;
       }
+      tookFrom = ann == null ? new LinkedHashMap<>() : new LinkedHashMap<>(ann);
       current.setAdditionalProperty("spec", takenSpec(spec, cfg, now));
       current.getMetadata().setAnnotations(takenAnnotations(ann, me));
       if (!labels.isEmpty()) {

@@ -488,6 +488,23 @@ class VectorsTest {
   }
 
   @TestFactory
+  Stream<DynamicTest> guardSharedHold() {
+    return list(m(V, "guard"), "shared_hold").stream().map(c -> dynamicTest("shared", () -> {
+      boolean got = Guard.sharedHold((Boolean) c.get("queue"), (Boolean) c.get("waited"), strings(c, "before"),
+          s(c, "me"));
+      assertEquals(c.get("shared"), got, c.toString());
+    }));
+  }
+
+  @TestFactory
+  Stream<DynamicTest> guardYield() {
+    return list(m(V, "guard"), "yield").stream().map(c -> dynamicTest("yield", () -> {
+      long got = Guard.yieldFor(strings(c, "annotations"), s(c, "me"), i(c, "yield_left_ms"));
+      assertEquals(i(c, "yield_ms"), got, c.toString());
+    }));
+  }
+
+  @TestFactory
   Stream<DynamicTest> guardReleasedSpec() {
     return list(m(V, "guard"), "released_spec").stream().map(c -> dynamicTest("released", () -> {
       Map<String, Object> want = new LinkedHashMap<>(m(c, "after"));
