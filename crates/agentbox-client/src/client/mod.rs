@@ -691,7 +691,14 @@ impl SandboxHandle {
     }
 
     async fn exec_raw(&self, req: ExecRequest) -> Result<ExecOutput, ClientError> {
-        Ok(exec::run(&self.pods, &self.pod_name(), exec::SANDBOX_CONTAINER, req).await?)
+        let since = k8s_openapi::jiff::Timestamp::now();
+        let pod = self.pod_name();
+        match exec::run(&self.pods, &pod, exec::SANDBOX_CONTAINER, req).await {
+            Ok(out) => Ok(out),
+            Err(e) => Err(agentbox_api::oom::explain(&self.pods, &pod, exec::SANDBOX_CONTAINER, since, e)
+                .await
+                .into()),
+        }
     }
 
     async fn exec_stream_raw(&self, req: ExecRequest) -> Result<ExecStream, ClientError> {
@@ -770,10 +777,13 @@ impl SandboxHandle {
             .await
     }
 
-    /// A persistent shell in the sandbox (commands run in the workspace root by default).
+    /// A persistent shell in the sandbox (commands run in the workspace root by default). A
+    /// command whose shell died with the container killed for memory fails with
+    /// [`ExecError::OutOfMemory`](exec::ExecError::OutOfMemory) (`container: true`).
     pub fn session(&self) -> Session {
         Session::new(self.pods.clone(), self.pod_name(), exec::SANDBOX_CONTAINER)
             .with_workdir(self.workspace_root())
+            .with_oom_check()
     }
 
     /// A harness's call in one step: waits until the sandbox is Ready (resuming it when it is
@@ -858,3 +868,4 @@ mod tests {
         assert!(is_current(&sandbox(Some(3), None)), "nothing to compare");
     }
 }
+
