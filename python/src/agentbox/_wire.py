@@ -19,6 +19,7 @@ import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import CommandNotStartedError, InvalidRequestError, OutputCutError, ProtocolError
@@ -48,8 +49,12 @@ PING_EVERY = 60.0
 #: its doc comment and docs/protocol.md): ``sh -c WRAPPER agentbox-exec MARK STDIN TIMEOUT
 #: WORKDIR N ENV... ARGV...``. After the command it prints ``MARK`` on stdout and on stderr,
 #: then (``STDIN`` ``-`` or a byte count) waits for the client to half-close stdin before it
-#: exits; an empty ``MARK`` (a persistent session's command) means neither.
+#: exits; an empty ``MARK`` (a persistent session's command) means neither. When the command
+#: died of SIGKILL and its container's OOM kill counter rose meanwhile, it prints the memory
+#: trailer (:func:`memory_trailer`) instead of ``MARK``.
 WRAPPER = """m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
+_ab_oom() { _ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r "$_ab_f" ] || continue; while read -r _ab_x _ab_y; do [ "$_ab_x" = oom_kill ] && _ab_k=$_ab_y; done <"$_ab_f"; break; done; }
+_ab_k=; [ -z "$m" ] || _ab_oom; _ab_o=$_ab_k
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
 run() {
   if [ -n "$d" ]; then cd -- "$d" || return 126; fi
@@ -74,6 +79,7 @@ case $i in
 esac
 r=$?
 [ -n "$m" ] || exit $r
+if [ $r = 137 ] && [ -n "$_ab_o" ]; then _ab_oom; [ -n "$_ab_k" ] && [ "$_ab_k" -gt "$_ab_o" ] 2>/dev/null && m=${m%?}!; fi
 printf %s "$m"; printf %s "$m" >&2
 [ "$i" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }
 while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
@@ -81,6 +87,13 @@ while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
 exit $r
 """
 
+#: A persistent session's read of the container's OOM kill counter into ``$_ab_k`` (the Rust
+#: crate's ``remote::SESSION_OOM``): builtins only, no process.
+SESSION_OOM = (
+    "_ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events;"
+    ' do [ -r "$_ab_f" ] || continue; while read -r _ab_x _ab_y; do [ "$_ab_x" = oom_kill ]'
+    ' && _ab_k=$_ab_y; done <"$_ab_f"; break; done;'
+)
 
 #: The environment entry a streamed exec's command gets (the Rust crate's
 #: ``remote::PROCESS_ENV``): ``AGENTBOX_PROCESS=<id>``, a random id of its own, which what it
@@ -249,17 +262,80 @@ def session_argv(
     return remote_argv(argv, timeout, workdir, env, mark="", stdin="-")
 
 
+MEMORY_FLAG = "!"
+"""Ends the memory trailer (in place of the mark's last character) and follows the exit code in
+a session's end sentinel: the command was killed for memory."""
+
+OOM_KILLED = "OOMKilled"
+"""The kubelet's reason for a container the kernel killed for memory."""
+
+OOM_CLOCK_SKEW = 5.0
+"""Seconds before an exec's start that a container's ``OOMKilled`` may have finished and still
+be taken for the exec's cause (the client's and the node's clocks may differ)."""
+
+OOM_SETTLE = 4.0
+"""Seconds a client looks for the kubelet's record after an exec failed."""
+
+OOM_POLL = 0.4
+"""Seconds between those looks."""
+
+
+def memory_trailer(mark: str) -> str:
+    """The trailer the wrapper prints instead of ``mark`` when the command was killed for
+    memory: ``mark`` with its last character replaced by ``!``.
+    """
+    return mark[:-1] + MEMORY_FLAG
+
+
+def parse_session_end(trailer: str) -> tuple[int, bool] | None:
+    """A session's end-sentinel trailer: the exit code and whether the command was killed for
+    memory (the code followed by ``!``); ``None`` when it is not one.
+    """
+    t = trailer.strip()
+    memory = t.endswith(MEMORY_FLAG)
+    if memory:
+        t = t[: -len(MEMORY_FLAG)]
+    if not t or not (t.isascii() and t.lstrip("-").isdigit()):
+        return None
+    return int(t), memory
+
+
+def oom_killed_since(pod: Mapping[str, Any], container: str, since: datetime) -> bool:
+    """Whether ``pod``'s status records ``container`` killed for memory (reason ``OOMKilled`` in
+    its state or last state) at or after ``since`` less :data:`OOM_CLOCK_SKEW` (a termination
+    without ``finishedAt`` counts).
+    """
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    after = since - timedelta(seconds=OOM_CLOCK_SKEW)
+    for c in statuses:
+        if c.get("name") != container:
+            continue
+        for key in ("state", "lastState"):
+            t = (c.get(key) or {}).get("terminated")
+            if not t or t.get("reason") != OOM_KILLED:
+                continue
+            finished = t.get("finishedAt")
+            if not finished:
+                return True
+            at = datetime.fromisoformat(str(finished).replace("Z", "+00:00"))
+            if at >= after:
+                return True
+    return False
+
+
 class Trailer:
     """The client's half of the trailer: passes a stream's bytes on, holding back the longest
-    suffix of what has arrived that is a prefix of the mark (at most the whole mark), so the
-    mark never reaches the caller and ordinary output is held back only while it ends like the
-    start of a mark. The stream is whole when what is held back is the whole mark.
+    suffix of what has arrived that is a prefix of the mark or of the memory trailer (at most a
+    whole one), so the mark never reaches the caller and ordinary output is held back only while
+    it ends like the start of a mark. The stream is whole when what is held back is the whole
+    mark or the whole memory trailer (:func:`memory_trailer`: the command was killed for memory).
     """
 
-    __slots__ = ("held", "mark", "received", "stream")
+    __slots__ = ("held", "mark", "memory_mark", "received", "stream")
 
     def __init__(self, mark: str, stream: str = "stdout") -> None:
         self.mark = mark.encode()
+        self.memory_mark = memory_trailer(mark).encode() if mark else b""
         self.held = b""
         self.received = 0
         self.stream = stream
@@ -270,14 +346,30 @@ class Trailer:
         # What was held back (at most a mark's length) goes first; usually there is none and
         # the chunk is passed on uncopied.
         data = self.held + chunk if self.held else chunk
-        k = _overlap(data[-len(self.mark) :], self.mark) if self.mark else 0
+        k = (
+            max(
+                _overlap(data[-len(self.mark) :], self.mark),
+                _overlap(data[-len(self.mark) :], self.memory_mark),
+            )
+            if self.mark
+            else 0
+        )
         self.held = bytes(data[len(data) - k :])
         return data[: len(data) - k] if k else data
 
     @property
     def whole(self) -> bool:
-        """Whether the stream, as far as it has arrived, ends with the mark."""
-        return self.held == self.mark
+        """Whether the stream, as far as it has arrived, ends with the mark or the memory
+        trailer.
+        """
+        return self.held == self.mark or self.memory
+
+    @property
+    def memory(self) -> bool:
+        """Whether the stream ends with the memory trailer: the command was killed for
+        memory.
+        """
+        return bool(self.mark) and self.held == self.memory_mark
 
     def check(self) -> None:
         """Raises :class:`OutputCutError` unless the stream is whole."""
