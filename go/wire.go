@@ -46,9 +46,14 @@ const (
 // timeout), then prints MARK on stdout and on stderr and lingers until the client closes
 // stdin, so the exit status goes out only after the client has read both streams whole.
 //
+// When the command died of SIGKILL and its container's OOM kill counter rose meanwhile, it
+// prints the memory trailer (MemoryTrailer) instead of MARK: the command was killed for memory.
+//
 // It is the protocol's wrapper (Rust: agentbox_api::remote::WRAPPER), byte for byte:
 // TestWrapperIsTheVectors checks it against the vectors' exec.wrapper.
 const Wrapper = `m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
+_ab_oom() { _ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r "$_ab_f" ] || continue; while read -r _ab_x _ab_y; do [ "$_ab_x" = oom_kill ] && _ab_k=$_ab_y; done <"$_ab_f"; break; done; }
+_ab_k=; [ -z "$m" ] || _ab_oom; _ab_o=$_ab_k
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
 run() {
   if [ -n "$d" ]; then cd -- "$d" || return 126; fi
@@ -73,6 +78,7 @@ case $i in
 esac
 r=$?
 [ -n "$m" ] || exit $r
+if [ $r = 137 ] && [ -n "$_ab_o" ]; then _ab_oom; [ -n "$_ab_k" ] && [ "$_ab_k" -gt "$_ab_o" ] 2>/dev/null && m=${m%?}!; fi
 printf %s "$m"; printf %s "$m" >&2
 [ "$i" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }
 while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
@@ -253,18 +259,53 @@ type notStartedError struct{ msg string }
 func (e *notStartedError) Error() string   { return e.msg }
 func (e *notStartedError) Is(t error) bool { return t == ErrCommandNotStarted }
 
+// MemoryFlag ends the memory trailer (in place of the mark's last character) and follows the
+// exit code in a session's end sentinel: the command was killed for memory.
+const MemoryFlag = "!"
+
+// MemoryTrailer is what the wrapper prints instead of mark when the command was killed for
+// memory: mark with its last character replaced by "!".
+func MemoryTrailer(mark string) string {
+	if mark == "" {
+		return ""
+	}
+	return mark[:len(mark)-1] + MemoryFlag
+}
+
+// SessionOOM is a persistent session's read of the container's OOM kill counter into $_ab_k
+// (Rust: agentbox_api::remote::SESSION_OOM): builtins only, no process.
+const SessionOOM = `_ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r "$_ab_f" ] || continue; while read -r _ab_x _ab_y; do [ "$_ab_x" = oom_kill ] && _ab_k=$_ab_y; done <"$_ab_f"; break; done;`
+
+// ParseSessionEnd reads a session's end-sentinel trailer: the exit code, and whether the
+// command was killed for memory (the code followed by "!"); ok is false when it is not one.
+func ParseSessionEnd(trailer string) (code int, memory bool, ok bool) {
+	t := strings.TrimSpace(trailer)
+	if m, found := strings.CutSuffix(t, MemoryFlag); found {
+		t, memory = m, true
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil {
+		return 0, false, false
+	}
+	return n, memory, true
+}
+
 // Trailer strips a stream's trailer mark as output arrives (docs/protocol.md, "What the
 // client does", 3): it holds back the longest suffix of what arrived that is a prefix of the
-// mark and passes the rest on, so the mark never reaches the caller and ordinary output is
-// held back only while it ends like the start of a mark. An empty mark passes everything.
+// mark or of the memory trailer and passes the rest on, so the mark never reaches the caller
+// and ordinary output is held back only while it ends like the start of a mark. An empty mark
+// passes everything.
 type Trailer struct {
 	mark     []byte
+	memory   []byte
 	held     []byte
 	Received int64 // bytes of the stream received
 }
 
 // NewTrailer is a filter for mark.
-func NewTrailer(mark string) *Trailer { return &Trailer{mark: []byte(mark)} }
+func NewTrailer(mark string) *Trailer {
+	return &Trailer{mark: []byte(mark), memory: []byte(MemoryTrailer(mark))}
+}
 
 // Feed takes a chunk of the stream and returns what may be passed on now.
 func (t *Trailer) Feed(p []byte) []byte {
@@ -278,7 +319,7 @@ func (t *Trailer) Feed(p []byte) []byte {
 	}
 	k := min(len(buf), len(t.mark))
 	for ; k > 0; k-- {
-		if bytes.Equal(buf[len(buf)-k:], t.mark[:k]) {
+		if bytes.Equal(buf[len(buf)-k:], t.mark[:k]) || bytes.Equal(buf[len(buf)-k:], t.memory[:k]) {
 			break
 		}
 	}
@@ -286,8 +327,12 @@ func (t *Trailer) Feed(p []byte) []byte {
 	return buf[:len(buf)-k]
 }
 
-// Complete reports whether the stream so far ends with the whole mark.
+// Complete reports whether the stream so far ends with the whole mark or memory trailer.
 func (t *Trailer) Complete() bool { return len(t.mark) == 0 || len(t.held) == len(t.mark) }
+
+// Memory reports whether the stream so far ends with the memory trailer: the wrapper found the
+// command killed for memory.
+func (t *Trailer) Memory() bool { return len(t.mark) > 0 && bytes.Equal(t.held, t.memory) }
 
 // Held is what is held back (at the end of a cut stream: the start of a mark, or output).
 func (t *Trailer) Held() []byte { return t.held }
