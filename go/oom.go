@@ -66,10 +66,11 @@ func (b *Sandbox) explainFailure(ctx context.Context, since time.Time, err error
 	until := time.Now().Add(OOMSettle)
 	for {
 		pod, gerr := b.sbs.get(ctx, podsGVR, b.PodName())
-		if gerr == nil && pod == nil {
+		if gerr != nil || pod == nil {
+			// Gone, or the API server out of reach: not known to be out of memory.
 			return err
 		}
-		if gerr == nil && OOMKilledSince(pod, SandboxContainer, since) {
+		if OOMKilledSince(pod, SandboxContainer, since) {
 			return &OutOfMemoryError{Container: true}
 		}
 		if time.Now().Add(OOMPoll).After(until) {

@@ -59,7 +59,8 @@ pub fn oom_killed_since<'p>(
 /// Whether the container was killed for memory since `since` (see [`oom_killed_since`]),
 /// looking at the pod for up to [`SETTLE`]: the client's check after an exec that failed
 /// without an exit status (a cut stream, a broken connection, a command that did not start).
-/// A pod that cannot be read is not known to be out of memory.
+/// A pod that cannot be read (gone, or the API server out of reach) is not known to be out of
+/// memory: the answer is no at once.
 pub async fn container_killed_since(
     pods: &Api<Pod>,
     pod: &str,
@@ -71,8 +72,9 @@ pub async fn container_killed_since(
         match pods.get(pod).await {
             Ok(p) if oom_killed_since(&p, container, since).is_some() => return true,
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => return false,
-            Err(_) => {}
+            // Gone, or the API server out of reach: not known to be out of memory (and an
+            // unreachable server should not cost the caller the settle time too).
+            Err(_) => return false,
         }
         if tokio::time::Instant::now() + POLL > until {
             return false;

@@ -556,7 +556,7 @@ async def container_killed_since(
     """Whether the kubelet records ``container`` of ``pod`` killed for memory since ``since``
     (:func:`agentbox._wire.oom_killed_since`), looking for up to ``OOM_SETTLE`` seconds: the
     check after an exec that failed as a dead container makes it fail. A pod that cannot be
-    read is not known to be out of memory.
+    read (gone, or the API server out of reach) is not known to be out of memory: no at once.
     """
     loop = asyncio.get_running_loop()
     until = loop.time() + _wire.OOM_SETTLE
@@ -564,7 +564,8 @@ async def container_killed_since(
         try:
             obj = await kube.get_opt(pod_path(namespace, pod))
         except AgentboxError:
-            obj = {}
+            # The API server out of reach: not known (and no settle time added to the error).
+            return False
         if obj is None:
             return False
         if _wire.oom_killed_since(obj, container, since):
