@@ -10,6 +10,7 @@ pub mod memory;
 pub mod netcheck;
 pub mod nodeloss;
 pub mod noderoot;
+pub mod oomkill;
 pub mod pids;
 pub mod placement;
 pub mod pod;

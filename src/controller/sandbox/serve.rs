@@ -19,7 +19,9 @@ use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
 use crate::controller::podstate::{self, PodState, pod_age};
-use crate::controller::{conditions, helper_pod, netcheck, noderoot, pids, placement, pod};
+use crate::controller::{
+    conditions, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod,
+};
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
 use agentbox_api::exec::session::Session;
@@ -119,6 +121,7 @@ pub(super) async fn serve(
             requeue = sooner(requeue, wait);
         }
         process_limit(h, sbx, pod, &node, old, &mut st, now).await;
+        oom_kill(h, sbx, pod, old, &mut st).await;
         st.node_name = Some(node);
     }
     let serving = serving(h, pod, found.state, now);
@@ -411,6 +414,34 @@ async fn process_limit(
             h.writer(sbx).publish(Some(note)).await;
         }
     }
+}
+
+/// Records a kill of the sandbox's container for memory that the pod's status shows and the
+/// sandbox's status does not have yet (`status.lastOOMKill`), and announces it with an
+/// `OOMKilled` Warning Event: once per kill, whichever state of the container shows it.
+async fn oom_kill(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    pod: &Pod,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+) {
+    let Some(seen) = oomkill::observed(pod) else {
+        return;
+    };
+    if !oomkill::is_new(old.last_oom_kill.as_ref(), &seen) {
+        return;
+    }
+    let rc = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref());
+    let note = Note {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: oomkill::REASON.to_string(),
+        action: "Run",
+        message: oomkill::message(&seen, rc),
+    };
+    info!(sandbox = %sbx.name_any(), restarts = seen.restart_count, "container killed for memory");
+    st.last_oom_kill = Some(seen);
+    h.writer(sbx).publish(Some(note)).await;
 }
 
 /// The process limit a pod's init container was told to set, if it has one.

@@ -701,6 +701,20 @@ impl SandboxHandle {
         }
     }
 
+    /// An exec's failure as the caller should see it (docs/protocol.md, "Out of memory"): one a
+    /// dead container explains is [`ExecError::OutOfMemory`](exec::ExecError::OutOfMemory)
+    /// (`container: true`) when the kubelet recorded the sandbox's container `OOMKilled` since
+    /// `since`, the exec's start. [`Self::exec`] and [`Self::session`] do it themselves; a
+    /// caller of [`Self::exec_stream`] passes the stream's error here.
+    pub async fn explain_exec_error(
+        &self,
+        since: k8s_openapi::jiff::Timestamp,
+        e: exec::ExecError,
+    ) -> exec::ExecError {
+        agentbox_api::oom::explain(&self.pods, &self.pod_name(), exec::SANDBOX_CONTAINER, since, e)
+            .await
+    }
+
     async fn exec_stream_raw(&self, req: ExecRequest) -> Result<ExecStream, ClientError> {
         Ok(exec::stream(&self.pods, &self.pod_name(), exec::SANDBOX_CONTAINER, req).await?)
     }

@@ -118,6 +118,38 @@ class ClusterTest {
     assertEquals("", ready.exec("ps -o pid,args | grep '[s]leep 60' || true").stdoutText());
   }
 
+  /** 200 MiB of zeros into tail, which holds them as one line: far past a 64 MiB limit. */
+  static final String HOG = "head -c 209715200 /dev/zero | tail";
+
+  Sandbox limited(String user, String runtimeClass) {
+    SandboxSpec spec = SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never")
+        .set("resources", Map.of("limits", Map.of("memory", "64Mi"), "requests", Map.of("memory", "64Mi")));
+    if (runtimeClass != null) {
+      spec.set("runtimeClassName", runtimeClass);
+    }
+    return env.sandboxes.getOrCreate(Scope.forUser("java-oom", user), spec);
+  }
+
+  @Test
+  void aCommandKilledForMemoryIsOutOfMemoryUnderRuncAndGvisor() {
+    Sandbox runc = limited("runc", null);
+    Sandbox gvisor = limited("gvisor", "gvisor");
+    runc = runc.waitReady(180_000);
+    gvisor = gvisor.waitReady(180_000);
+    ExecOptions hog = ExecOptions.shell(HOG).timeout(Duration.ofSeconds(60));
+    Sandbox r = runc;
+    OutOfMemoryException e = assertThrows(OutOfMemoryException.class, () -> r.exec(hog));
+    assertFalse(e.container(), e.getMessage());
+    try (Session s = runc.session()) {
+      e = assertThrows(OutOfMemoryException.class, () -> s.run(hog));
+      assertFalse(e.container(), e.getMessage());
+      assertEquals("still\n", s.run("echo still").stdoutText());
+    }
+    Sandbox g = gvisor;
+    e = assertThrows(OutOfMemoryException.class, () -> g.exec(hog));
+    assertTrue(e.container(), e.getMessage());
+  }
+
   @Test
   void aSessionKeepsOneShell() {
     try (Session s = ready.session()) {
