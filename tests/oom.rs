@@ -15,7 +15,7 @@ mod common;
 
 use std::time::Duration;
 
-use agentbox_api::crd::{Sandbox, Scope, ScopeKind, SandboxSpec};
+use agentbox_api::crd::{Sandbox, SandboxSpec, Scope, ScopeKind};
 use agentbox_api::exec::{ExecError, ExecRequest};
 use agentbox_client::client::{ClientError, Sandboxes};
 use common::{TestEnv, cli, events, phase_is};
@@ -54,7 +54,10 @@ async fn a_command_killed_for_memory_is_out_of_memory_and_a_container_kill_an_oo
         user: None,
         session: None,
     };
-    let mut h = sbxs.get_or_create(&scope, spec(&scope)).await.expect("create");
+    let mut h = sbxs
+        .get_or_create(&scope, spec(&scope))
+        .await
+        .expect("create");
     h.wait_ready(Duration::from_secs(180)).await.expect("ready");
     let name = h.name().to_string();
     let hog = || ExecRequest::shell(HOG).timeout(Duration::from_secs(60));
@@ -62,7 +65,10 @@ async fn a_command_killed_for_memory_is_out_of_memory_and_a_container_kill_an_oo
     if !gvisor {
         // The command alone: the container lives on, and the sandbox answers as before.
         assert!(!oom(h.exec(hog()).await), "the command, not the container");
-        let out = h.exec(ExecRequest::shell("echo alive")).await.expect("exec");
+        let out = h
+            .exec(ExecRequest::shell("echo alive"))
+            .await
+            .expect("exec");
         assert_eq!(out.stdout_str().trim(), "alive");
         let session = h.session();
         match session.run(hog()).await {
@@ -93,7 +99,9 @@ async fn a_command_killed_for_memory_is_out_of_memory_and_a_container_kill_an_oo
         format!("echo 1000 > /proc/1/oom_score_adj && {HOG}")
     };
     assert!(
-        oom(h.exec(ExecRequest::shell(script).timeout(Duration::from_secs(60))).await),
+        oom(h
+            .exec(ExecRequest::shell(script).timeout(Duration::from_secs(60)))
+            .await),
         "the whole container"
     );
     let ev = events(&env, &name, "OOMKilled").await;
@@ -114,7 +122,10 @@ async fn a_command_killed_for_memory_is_out_of_memory_and_a_container_kill_an_oo
         .expect("status.lastOOMKill");
     assert_eq!(kill.limit.as_deref(), Some("64Mi"));
     env.wait_for::<Sandbox>(&name, 120, phase_is("Ready")).await;
-    let out = h.exec(ExecRequest::shell("echo back")).await.expect("exec after");
+    let out = h
+        .exec(ExecRequest::shell("echo back"))
+        .await
+        .expect("exec after");
     assert_eq!(out.stdout_str().trim(), "back");
     let ev = events(&env, &name, "OOMKilled").await;
     assert!(

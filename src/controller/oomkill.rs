@@ -110,7 +110,12 @@ mod tests {
     #[test]
     fn one_kill_is_announced_once_as_it_moves_from_state_to_last_state() {
         let running = serde_json::json!({"running": {"startedAt": "2026-01-01T00:00:09Z"}});
-        let down = pod("u1", killed("2026-01-01T00:00:05Z"), serde_json::json!({}), 0);
+        let down = pod(
+            "u1",
+            killed("2026-01-01T00:00:05Z"),
+            serde_json::json!({}),
+            0,
+        );
         let up = pod("u1", running.clone(), killed("2026-01-01T00:00:05Z"), 1);
         let first = observed(&down).expect("a kill in the state");
         assert_eq!(first.limit.as_deref(), Some("64Mi"));
@@ -120,9 +125,21 @@ mod tests {
         assert!(!is_new(Some(&first), &again), "the same kill, restarted");
         assert!(!is_new(Some(&again), &first), "seen out of order");
         // The next kill in the same pod, and one in another pod of the same name.
-        let next = observed(&pod("u1", running.clone(), killed("2026-01-01T00:01:00Z"), 2)).unwrap();
+        let next = observed(&pod(
+            "u1",
+            running.clone(),
+            killed("2026-01-01T00:01:00Z"),
+            2,
+        ))
+        .unwrap();
         assert!(is_new(Some(&again), &next));
-        let other = observed(&pod("u2", running.clone(), killed("2026-01-01T00:00:05Z"), 1)).unwrap();
+        let other = observed(&pod(
+            "u2",
+            running.clone(),
+            killed("2026-01-01T00:00:05Z"),
+            1,
+        ))
+        .unwrap();
         assert!(is_new(Some(&again), &other));
         // Without times, the restart count tells kills apart.
         let bare = |n| OomKill {
@@ -142,9 +159,18 @@ mod tests {
         assert!(observed(&pod("u", error, serde_json::json!({}), 0)).is_none());
         assert!(observed(&pod("u", running, serde_json::json!({}), 0)).is_none());
         let msg = message(
-            &observed(&pod("u", killed("2026-01-01T00:00:05Z"), serde_json::json!({}), 0)).unwrap(),
+            &observed(&pod(
+                "u",
+                killed("2026-01-01T00:00:05Z"),
+                serde_json::json!({}),
+                0,
+            ))
+            .unwrap(),
             Some("gvisor"),
         );
-        assert!(msg.contains("limits.memory 64Mi") && msg.contains("RuntimeClass gvisor"), "{msg}");
+        assert!(
+            msg.contains("limits.memory 64Mi") && msg.contains("RuntimeClass gvisor"),
+            "{msg}"
+        );
     }
 }

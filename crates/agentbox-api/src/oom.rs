@@ -52,7 +52,8 @@ pub fn oom_killed_since<'p>(
         .flatten()
         .filter_map(|s| s.terminated.as_ref())
         .find(|t| {
-            t.reason.as_deref() == Some(OOM_KILLED) && t.finished_at.as_ref().is_none_or(|f| f.0 >= after)
+            t.reason.as_deref() == Some(OOM_KILLED)
+                && t.finished_at.as_ref().is_none_or(|f| f.0 >= after)
         })
 }
 
@@ -129,21 +130,45 @@ mod tests {
                 which: {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": finished}}}]}))
         };
         let since = at("2026-01-01T00:01:00Z");
-        assert!(oom_killed_since(&killed("state", "2026-01-01T00:01:02Z"), "sandbox", since).is_some());
-        assert!(oom_killed_since(&killed("lastState", "2026-01-01T00:01:02Z"), "sandbox", since).is_some());
         assert!(
-            oom_killed_since(&killed("lastState", "2026-01-01T00:00:56Z"), "sandbox", since).is_some(),
+            oom_killed_since(&killed("state", "2026-01-01T00:01:02Z"), "sandbox", since).is_some()
+        );
+        assert!(
+            oom_killed_since(
+                &killed("lastState", "2026-01-01T00:01:02Z"),
+                "sandbox",
+                since
+            )
+            .is_some()
+        );
+        assert!(
+            oom_killed_since(
+                &killed("lastState", "2026-01-01T00:00:56Z"),
+                "sandbox",
+                since
+            )
+            .is_some(),
             "within the clock skew"
         );
         assert!(
-            oom_killed_since(&killed("lastState", "2026-01-01T00:00:50Z"), "sandbox", since).is_none(),
+            oom_killed_since(
+                &killed("lastState", "2026-01-01T00:00:50Z"),
+                "sandbox",
+                since
+            )
+            .is_none(),
             "an earlier kill is not this exec's"
         );
-        assert!(oom_killed_since(&killed("state", "2026-01-01T00:01:02Z"), "other", since).is_none());
+        assert!(
+            oom_killed_since(&killed("state", "2026-01-01T00:01:02Z"), "other", since).is_none()
+        );
         let error = pod(serde_json::json!({"containerStatuses": [{
             "name": "sandbox", "ready": false, "restartCount": 1, "image": "i", "imageID": "",
             "lastState": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": "2026-01-01T00:01:02Z"}}}]}));
-        assert!(oom_killed_since(&error, "sandbox", since).is_none(), "137 alone is not memory");
+        assert!(
+            oom_killed_since(&error, "sandbox", since).is_none(),
+            "137 alone is not memory"
+        );
         assert!(oom_killed_since(&pod(serde_json::json!({})), "sandbox", since).is_none());
     }
 }

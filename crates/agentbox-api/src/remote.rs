@@ -1477,7 +1477,9 @@ mod tests {
     /// raises the count and kills itself with SIGKILL.
     fn with_counter(script: &str, counter: &Path) -> String {
         let c = counter.to_string_lossy();
-        script.replace(OOM_KILLS[0], &c).replace(OOM_KILLS[1], "/nonexistent/memory.events")
+        script
+            .replace(OOM_KILLS[0], &c)
+            .replace(OOM_KILLS[1], "/nonexistent/memory.events")
     }
 
     #[test]
@@ -1485,8 +1487,11 @@ mod tests {
         let dir = scratch("oom");
         let counter = dir.join("memory.oom_control");
         let write = |n: u32| {
-            std::fs::write(&counter, format!("oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"))
-                .unwrap()
+            std::fs::write(
+                &counter,
+                format!("oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"),
+            )
+            .unwrap()
         };
         let bump = format!(
             "printf 'oom_kill_disable 0\\nunder_oom 0\\noom_kill 8\\n' > {}",
@@ -1507,9 +1512,21 @@ mod tests {
                     write(7);
                     let mut argv = sh.clone();
                     argv.extend(
-                        ["-c", &wrapper, "agentbox-exec", MK, "-", timeout, "", "0", "sh", "-c", cmd]
-                            .iter()
-                            .map(|s| s.to_string()),
+                        [
+                            "-c",
+                            &wrapper,
+                            "agentbox-exec",
+                            MK,
+                            "-",
+                            timeout,
+                            "",
+                            "0",
+                            "sh",
+                            "-c",
+                            cmd,
+                        ]
+                        .iter()
+                        .map(|s| s.to_string()),
                     );
                     let (code, out, err) = run_argv(&argv, b"");
                     let end = if *oom { &memory } else { MK };
@@ -1528,9 +1545,21 @@ mod tests {
                 .replace(OOM_KILLS[0], "/nonexistent/a")
                 .replace(OOM_KILLS[1], "/nonexistent/b");
             argv.extend(
-                ["-c", &none, "agentbox-exec", MK, "-", "", "", "0", "sh", "-c", "kill -9 $$"]
-                    .iter()
-                    .map(|s| s.to_string()),
+                [
+                    "-c",
+                    &none,
+                    "agentbox-exec",
+                    MK,
+                    "-",
+                    "",
+                    "",
+                    "0",
+                    "sh",
+                    "-c",
+                    "kill -9 $$",
+                ]
+                .iter()
+                .map(|s| s.to_string()),
             );
             let (code, out, err) = run_argv(&argv, b"");
             assert_eq!((code, unmarked(&out).as_str()), (137, ""), "{sh:?}: {err}");
@@ -1545,7 +1574,12 @@ mod tests {
                 argv.extend(["-c".to_string(), line]);
                 let (_, out, err) = run_argv(&argv, b"");
                 let out = String::from_utf8_lossy(&out).into_owned();
-                let end = out.rsplit("M").next().unwrap_or_default().trim().to_string();
+                let end = out
+                    .rsplit("M")
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string();
                 let (code, memory) = parse_session_end(&end).unwrap_or_else(|| panic!("{out:?}"));
                 assert_eq!(memory, *oom, "{sh:?} {cmd}: {out:?} {err}");
                 if cmd.ends_with("kill -9 $$") {

@@ -471,7 +471,7 @@ fn trailer_cases() -> Vec<Value> {
         trailer_case(m, &[&format!("out{}", &memory[..memory.len() - 1]), "!"]),
         trailer_case(m, &[&memory, "late"]),
         trailer_case(m, &[&format!("{}x", &memory[..memory.len() - 1])]),
-        trailer_case(m, &["a!", &format!("{memory}")]),
+        trailer_case(m, &["a!", &memory]),
     ]
 }
 
@@ -578,9 +578,18 @@ fn oom_vectors() -> Value {
     let running = json!({"running": {"startedAt": "2026-01-01T00:01:03Z"}});
     let statuses = vec![
         container(term("OOMKilled", Some("2026-01-01T00:01:02Z")), json!({})),
-        container(running.clone(), term("OOMKilled", Some("2026-01-01T00:01:02Z"))),
-        container(running.clone(), term("OOMKilled", Some("2026-01-01T00:00:56Z"))),
-        container(running.clone(), term("OOMKilled", Some("2026-01-01T00:00:54Z"))),
+        container(
+            running.clone(),
+            term("OOMKilled", Some("2026-01-01T00:01:02Z")),
+        ),
+        container(
+            running.clone(),
+            term("OOMKilled", Some("2026-01-01T00:00:56Z")),
+        ),
+        container(
+            running.clone(),
+            term("OOMKilled", Some("2026-01-01T00:00:54Z")),
+        ),
         container(running.clone(), term("OOMKilled", None)),
         container(running.clone(), term("Error", Some("2026-01-01T00:01:02Z"))),
         container(term("Error", Some("2026-01-01T00:01:02Z")), json!({})),
@@ -596,8 +605,8 @@ fn oom_vectors() -> Value {
             let pod: k8s_openapi::api::core::v1::Pod =
                 serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status}))
                     .unwrap_or_default();
-            let killed = crate::oom::oom_killed_since(&pod, exec::SANDBOX_CONTAINER, ts(since))
-                .is_some();
+            let killed =
+                crate::oom::oom_killed_since(&pod, exec::SANDBOX_CONTAINER, ts(since)).is_some();
             json!({"status": status, "since": since, "killed": killed})
         })
         .collect();

@@ -432,7 +432,10 @@ async fn oom_kill(
     if !oomkill::is_new(old.last_oom_kill.as_ref(), &seen) {
         return;
     }
-    let rc = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref());
+    let rc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref());
     let note = Note {
         type_: kube::runtime::events::EventType::Warning,
         reason: oomkill::REASON.to_string(),

@@ -932,7 +932,11 @@ pub struct SandboxStatus {
     /// (its `OOMKilled` termination): every process in it ended, and the kubelet restarted it.
     /// An `OOMKilled` Warning Event goes out once per kill. A command the kernel killed alone
     /// (its container lived on) is reported to the client that ran it, not here.
-    #[serde(default, rename = "lastOOMKill", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "lastOOMKill",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub last_oom_kill: Option<OomKill>,
 }
 

@@ -695,9 +695,13 @@ impl SandboxHandle {
         let pod = self.pod_name();
         match exec::run(&self.pods, &pod, exec::SANDBOX_CONTAINER, req).await {
             Ok(out) => Ok(out),
-            Err(e) => Err(agentbox_api::oom::explain(&self.pods, &pod, exec::SANDBOX_CONTAINER, since, e)
-                .await
-                .into()),
+            Err(e) => {
+                Err(
+                    agentbox_api::oom::explain(&self.pods, &pod, exec::SANDBOX_CONTAINER, since, e)
+                        .await
+                        .into(),
+                )
+            }
         }
     }
 
@@ -711,8 +715,14 @@ impl SandboxHandle {
         since: k8s_openapi::jiff::Timestamp,
         e: exec::ExecError,
     ) -> exec::ExecError {
-        agentbox_api::oom::explain(&self.pods, &self.pod_name(), exec::SANDBOX_CONTAINER, since, e)
-            .await
+        agentbox_api::oom::explain(
+            &self.pods,
+            &self.pod_name(),
+            exec::SANDBOX_CONTAINER,
+            since,
+            e,
+        )
+        .await
     }
 
     async fn exec_stream_raw(&self, req: ExecRequest) -> Result<ExecStream, ClientError> {
@@ -882,4 +892,3 @@ mod tests {
         assert!(is_current(&sandbox(Some(3), None)), "nothing to compare");
     }
 }
-
