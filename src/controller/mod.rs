@@ -133,6 +133,7 @@ pub async fn run(
         store,
         node_roots: memory::Checks::default(),
         refusals: memory::Refusals::default(),
+        oom_kills: memory::OomKills::default(),
         sweep: memory::Hints::default(),
         shells: warm_shells::Shells::default(),
         pool_claims: refill_delay::Claims::default(),

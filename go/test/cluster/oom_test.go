@@ -35,29 +35,27 @@ func oomSandbox(t *testing.T, user string, extra map[string]any) *agentbox.Sandb
 }
 
 // A command its sandbox's memory limit kills is ErrOutOfMemory (one-shot exec and session), not
-// exit code 137; under gVisor, where running out kills the whole container, with Container set.
+// exit code 137, and the sandbox carries on. (Under gVisor on the test cluster the kubelet does
+// not record OOMKilled: docs/security.md, "Memory under gVisor".)
 func TestACommandKilledForMemoryIsOutOfMemory(t *testing.T) {
 	ctx := context.Background()
-	runc := oomSandbox(t, "runc", nil)
-	gvisor := oomSandbox(t, "gvisor", map[string]any{"runtimeClassName": "gvisor"})
+	sbx := oomSandbox(t, "runc", nil)
 	opts := agentbox.ExecOptions{Timeout: time.Minute}
 
-	_, err := runc.Run(ctx, hog, opts)
+	_, err := sbx.Run(ctx, hog, opts)
 	var oom *agentbox.OutOfMemoryError
 	if !errors.Is(err, agentbox.ErrOutOfMemory) || !errors.As(err, &oom) || oom.Container {
-		t.Fatalf("runc exec: %v", err)
+		t.Fatalf("exec: %v", err)
 	}
-	s := runc.Session("")
+	s := sbx.Session("")
 	defer s.Close()
 	if _, err := s.Run(ctx, hog, opts); !errors.As(err, &oom) || oom.Container {
-		t.Fatalf("runc session: %v", err)
+		t.Fatalf("session: %v", err)
 	}
 	if r, err := s.Run(ctx, "echo still", agentbox.ExecOptions{}); err != nil || string(r.Stdout) != "still\n" {
 		t.Fatalf("the session after: %+v %v", r, err)
 	}
-
-	_, err = gvisor.Run(ctx, hog, opts)
-	if !errors.As(err, &oom) || !oom.Container {
-		t.Fatalf("gvisor exec: %v", err)
+	if r, err := sbx.Run(ctx, "echo alive", agentbox.ExecOptions{}); err != nil || string(r.Stdout) != "alive\n" {
+		t.Fatalf("exec after: %+v %v", r, err)
 	}
 }

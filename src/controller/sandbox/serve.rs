@@ -155,7 +155,10 @@ pub(super) async fn serve(
     if let Some(wait) = wait {
         requeue = sooner(requeue, wait);
     }
-    h.writer(sbx).publish(out.problem).await;
+    // A container killed for memory has its own Event, once per kill (oom_kill above): the
+    // pod problem's of the same reason would say it again.
+    let problem = out.problem.filter(|n| n.reason != oomkill::REASON);
+    h.writer(sbx).publish(problem).await;
     h.writer(sbx).publish(held).await;
     let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
     if idleness != Idle::Off {
@@ -429,7 +432,15 @@ async fn oom_kill(
     let Some(seen) = oomkill::observed(pod) else {
         return;
     };
-    if !oomkill::is_new(old.last_oom_kill.as_ref(), &seen) {
+    let uid = sbx.uid().unwrap_or_default();
+    let announced = h.ctx.oom_kills.get(&uid);
+    if !oomkill::is_new(old.last_oom_kill.as_ref(), &seen)
+        || !oomkill::is_new(announced.as_ref(), &seen)
+    {
+        // Announced already: the status keeps (or gets again) the record.
+        if old.last_oom_kill.is_none() {
+            st.last_oom_kill = announced;
+        }
         return;
     }
     let rc = pod
@@ -443,6 +454,7 @@ async fn oom_kill(
         message: oomkill::message(&seen, rc),
     };
     info!(sandbox = %sbx.name_any(), restarts = seen.restart_count, "container killed for memory");
+    h.ctx.oom_kills.record(&uid, seen.clone());
     st.last_oom_kill = Some(seen);
     h.writer(sbx).publish(Some(note)).await;
 }
