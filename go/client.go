@@ -695,8 +695,15 @@ func (b *Sandbox) Delete(ctx context.Context, wait time.Duration) error {
 // Exec runs argv in the sandbox's pod to completion (in the workspace root unless
 // opts.Workdir): its real exit code, stdout and stderr. A timeout kills its process group and
 // returns an ExecTimeoutError with the output so far.
+//
+// A command killed for memory is an OutOfMemoryError (errors.Is ErrOutOfMemory).
 func (b *Sandbox) Exec(ctx context.Context, argv []string, opts ExecOptions) (*ExecResult, error) {
-	return b.sbs.Client.ws.collect(ctx, b.Namespace(), b.PodName(), opts.frame(argv, b.WorkspaceRoot()), opts)
+	since := time.Now()
+	res, err := b.sbs.Client.ws.collect(ctx, b.Namespace(), b.PodName(), opts.frame(argv, b.WorkspaceRoot()), opts)
+	if err != nil && res == nil {
+		return nil, b.explainFailure(ctx, since, err)
+	}
+	return res, err
 }
 
 // Run runs a shell command line (sh -c command); see Exec.

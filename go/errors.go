@@ -34,6 +34,10 @@ var (
 	ErrCommandNotStarted = errors.New("agentbox: command not started")
 	// ErrCommand: a command exited non-zero where success was required (CommandError).
 	ErrCommand = errors.New("agentbox: command failed")
+	// ErrOutOfMemory: the command was killed for memory (OutOfMemoryError): the kernel's OOM
+	// killer ended it when its container reached its memory limit, or the whole sandbox
+	// container was killed for memory (the kubelet's OOMKilled) while it ran.
+	ErrOutOfMemory = errors.New("agentbox: out of memory")
 	// ErrSession: the persistent shell died while a command ran.
 	ErrSession = errors.New("agentbox: session error")
 	// ErrSandboxFailed: the Sandbox failed or its start is Stalled (SandboxError).
@@ -237,3 +241,22 @@ func (e *RemoteError) Error() string {
 func (e *RemoteError) Is(t error) bool {
 	return t == ErrRemote || (t == ErrUploadSpool && e.ExitCode == ExitSpoolFailed)
 }
+
+// OutOfMemoryError: a command killed for memory (Is ErrOutOfMemory). Container is true when the
+// whole sandbox container was killed (the kubelet recorded it OOMKilled while the command ran:
+// every process in it, sessions too), false when the kernel's OOM killer ended the command
+// alone (exit code 137 with the container's OOM kill counter risen). Raise the sandbox's
+// resources.limits.memory, or make the command use less.
+type OutOfMemoryError struct {
+	Container bool
+}
+
+func (e *OutOfMemoryError) Error() string {
+	if e.Container {
+		return "agentbox: out of memory: the sandbox's container was killed for memory (OOMKilled) while the command ran, and every process in it with it; raise the sandbox's resources.limits.memory"
+	}
+	return "agentbox: out of memory: the command was killed for memory (the kernel's OOM killer, exit code 137) when its container reached its memory limit; raise the sandbox's resources.limits.memory"
+}
+
+// Is matches ErrOutOfMemory.
+func (e *OutOfMemoryError) Is(t error) bool { return t == ErrOutOfMemory }

@@ -354,6 +354,9 @@ func (r *running) wait() (execOutcome, error) {
 				if !errT.Complete() {
 					return execOutcome{}, &OutputCutError{Stream: "stderr", Received: errT.Received}
 				}
+				if out.Memory() || errT.Memory() {
+					return execOutcome{}, &OutOfMemoryError{}
+				}
 				timedOut := c.frame.Timeout != nil && time.Since(start) >= *c.frame.Timeout
 				return execOutcome{status: st, timedOut: timedOut}, nil
 			}

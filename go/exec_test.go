@@ -23,6 +23,11 @@ type fakeExec struct {
 }
 
 func (f fakeExec) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !gws.IsWebSocketUpgrade(r) {
+		// A client that looks at the pod after a failed exec (is it out of memory?): no pod.
+		http.Error(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`, http.StatusNotFound)
+		return
+	}
 	up := gws.Upgrader{Subprotocols: []string{Protocol}, ReadBufferSize: wsBuffer, WriteBufferSize: wsBuffer}
 	c, err := up.Upgrade(w, r, nil)
 	if err != nil {
@@ -206,5 +211,22 @@ func TestBothTrailersStopTheStdinAndCloseIt(t *testing.T) {
 	}
 	if n := <-got; n >= k {
 		t.Fatalf("all %d bytes were sent before the close", n)
+	}
+}
+
+// The memory trailer on both streams (the wrapper found the command killed for memory) is an
+// OutOfMemoryError, not exit code 137.
+func TestTheMemoryTrailerIsOutOfMemory(t *testing.T) {
+	sbx := sandboxOn(t, func(t *testing.T, c *gws.Conn, argv []string) {
+		m := MemoryTrailer(argv[4])
+		send(c, StdoutChannel, "some output"+m)
+		send(c, StderrChannel, m)
+		_, _ = readStdin(c)
+		send(c, StatusChannel, `{"status":"Failure","reason":"NonZeroExitCode","details":{"causes":[{"reason":"ExitCode","message":"137"}]}}`)
+	})
+	_, err := sbx.Exec(context.Background(), []string{"hog"}, ExecOptions{})
+	var oom *OutOfMemoryError
+	if !errors.As(err, &oom) || !errors.Is(err, ErrOutOfMemory) || oom.Container {
+		t.Fatalf("%v", err)
 	}
 }

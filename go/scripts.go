@@ -103,6 +103,8 @@ exec tar -c -f - -C "$p" .
 
 // Wrapper is the wrapper every command runs under: MARK STDIN TIMEOUT WORKDIR N, N NAME=value entries, then the argv (docs/protocol.md, "The wrapper").
 const Wrapper = `m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
+_ab_oom() { _ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r "$_ab_f" ] || continue; while read -r _ab_x _ab_y; do [ "$_ab_x" = oom_kill ] && _ab_k=$_ab_y; done <"$_ab_f"; break; done; }
+_ab_k=; [ -z "$m" ] || _ab_oom; _ab_o=$_ab_k
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
 run() {
   if [ -n "$d" ]; then cd -- "$d" || return 126; fi
@@ -127,6 +129,7 @@ case $i in
 esac
 r=$?
 [ -n "$m" ] || exit $r
+if [ $r = 137 ] && [ -n "$_ab_o" ]; then _ab_oom; [ -n "$_ab_k" ] && [ "$_ab_k" -gt "$_ab_o" ] 2>/dev/null && m=${m%?}!; fi
 printf %s "$m"; printf %s "$m" >&2
 [ "$i" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }
 while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
@@ -164,6 +167,9 @@ AGENTBOX_PROCESS=$id
   [ $round -lt 50 ] || { echo "agentbox: processes still forking after $round rounds of kills" >&2; exit 1; }
 done
 `
+
+// SessionOOM is a persistent session's read of the container's OOM kill counter into $_ab_k: builtins only, no process.
+const SessionOOM = `_ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r "$_ab_f" ] || continue; while read -r _ab_x _ab_y; do [ "$_ab_x" = oom_kill ] && _ab_k=$_ab_y; done <"$_ab_f"; break; done;`
 
 // scriptSessionShell is a persistent session's shell: `cd` to $1, then `sh`.
 const scriptSessionShell = `cd -- "$1" && exec sh`

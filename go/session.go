@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,8 +39,10 @@ func CommandLine(argv []string, mark string) string {
 	for i, a := range argv {
 		q[i] = ShQuote(a)
 	}
-	return fmt.Sprintf("printf '%%s+\\n' '%s'; ( exec %s ) </dev/null; printf '%%s%%d\\n' '%s' \"$?\"; printf '%%s\\n' '%s' >&2\n",
-		mark, strings.Join(q, " "), mark, mark)
+	// The end sentinel carries $?, and "!" after it when the command died of SIGKILL with the
+	// container's OOM kill counter risen meanwhile.
+	return fmt.Sprintf("printf '%%s+\\n' '%s'; %s _ab_o=$_ab_k; ( exec %s ) </dev/null; _ab_r=$?; _ab_m=; if [ $_ab_r = 137 ] && [ -n \"$_ab_o\" ]; then %s [ -n \"$_ab_k\" ] && [ \"$_ab_k\" -gt \"$_ab_o\" ] 2>/dev/null && _ab_m='%s'; fi; printf '%%s%%d%%s\\n' '%s' \"$_ab_r\" \"$_ab_m\"; printf '%%s\\n' '%s' >&2\n",
+		mark, SessionOOM, strings.Join(q, " "), SessionOOM, MemoryFlag, mark, mark)
 }
 
 // Framer parses one command's frame on one stream (vectors: session.framing): it skips to the
@@ -227,13 +228,22 @@ func (s *Session) Exec(ctx context.Context, argv []string, opts ExecOptions) (*E
 	}
 	mark := NewMark()
 	line := CommandLine(args, mark)
+	since := time.Now()
+	res, err := s.run(ctx, line, mark, f.Timeout, limit)
+	if err != nil {
+		// A shell that died with its container: the kubelet may say it was out of memory.
+		return nil, s.sb.explainFailure(ctx, since, err)
+	}
+	return res, opts.verdict(res, f.Timeout, limit)
+}
+
+func (s *Session) run(ctx context.Context, line, mark string, timeout *time.Duration, limit int) (*ExecResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var res *ExecResult
 	for attempt := 1; ; attempt++ {
-		res, err = s.runOnce(ctx, line, mark, f.Timeout, limit)
+		res, err := s.runOnce(ctx, line, mark, timeout, limit)
 		if err == nil {
-			break
+			return res, nil
 		}
 		s.drop()
 		if errors.Is(err, errNotStarted) && attempt < 2 {
@@ -244,7 +254,6 @@ func (s *Session) Exec(ctx context.Context, argv []string, opts ExecOptions) (*E
 		}
 		return nil, err
 	}
-	return res, opts.verdict(res, f.Timeout, limit)
 }
 
 func (s *Session) drop() {
@@ -344,10 +353,13 @@ func (s *Session) runOnce(ctx context.Context, line, mark string, timeout *time.
 		}
 	}
 	res := &ExecResult{Stdout: out.Out(), Stderr: errF.Out(), StdoutTruncated: out.Truncated(), StderrTruncated: errF.Truncated()}
-	n, err := strconv.Atoi(strings.TrimSpace(code))
-	if err != nil {
+	n, memory, ok := ParseSessionEnd(code)
+	switch {
+	case !ok:
 		res.ExitCode, res.StatusMessage = -1, fmt.Sprintf("unparsable status %q", code)
-	} else {
+	case memory:
+		return nil, &OutOfMemoryError{}
+	default:
 		res.ExitCode = n
 	}
 	res.TimedOut = timeout != nil && time.Since(start) >= *timeout

@@ -570,6 +570,55 @@ func TestTrailer(t *testing.T) {
 		if !reflect.DeepEqual(passed, strs(c["passed"])) || string(out) != c["out"] || tr.Complete() != c["whole"] || tr.Received != num(c["received"]) {
 			t.Errorf("%q: passed %q whole %v received %d", c["chunks"], passed, tr.Complete(), tr.Received)
 		}
+		if m, ok := c["memory"].(bool); ok && tr.Memory() != m {
+			t.Errorf("%q: memory %v", c["chunks"], tr.Memory())
+		}
+	}
+}
+
+func TestSessionEndTrailers(t *testing.T) {
+	for _, c := range cases("session", "end_trailers") {
+		code, memory, ok := ParseSessionEnd(c["trailer"].(string))
+		if _, bad := c["unparsable"]; bad {
+			if ok {
+				t.Errorf("%q: parsed as %d %v", c["trailer"], code, memory)
+			}
+			continue
+		}
+		if !ok || int64(code) != num(c["code"]) || memory != c["memory"] {
+			t.Errorf("%q: %d %v %v", c["trailer"], code, memory, ok)
+		}
+	}
+}
+
+func TestOutOfMemory(t *testing.T) {
+	o := vec("oom").(map[string]any)
+	if o["reason"] != OOMKilled || o["memory_flag"] != MemoryFlag ||
+		num(o["clock_skew_ms"]) != OOMClockSkew.Milliseconds() ||
+		num(o["settle_ms"]) != OOMSettle.Milliseconds() || num(o["poll_ms"]) != OOMPoll.Milliseconds() {
+		t.Errorf("constants differ from the vectors: %v", o)
+	}
+	mt := o["memory_trailer"].(map[string]any)
+	if MemoryTrailer(mt["mark"].(string)) != mt["trailer"] {
+		t.Errorf("memory trailer of %q: %q", mt["mark"], MemoryTrailer(mt["mark"].(string)))
+	}
+	for _, f := range strs(o["counter_files"]) {
+		if !strings.Contains(Wrapper, f) || !strings.Contains(SessionOOM, f) {
+			t.Errorf("%s is not read by the wrapper and the session", f)
+		}
+	}
+	for _, c := range cases("oom", "container") {
+		since, err := time.Parse(time.RFC3339, c["since"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod := map[string]any{"status": c["status"]}
+		if got := OOMKilledSince(pod, SandboxContainer, since); got != c["killed"] {
+			t.Errorf("%v: killed %v", c["status"], got)
+		}
+	}
+	if !errors.Is(&OutOfMemoryError{Container: true}, ErrOutOfMemory) {
+		t.Error("OutOfMemoryError is not ErrOutOfMemory")
 	}
 }
 

@@ -213,18 +213,49 @@ type notStartedError struct{ msg string }
 func (e *notStartedError) Error() string   { return e.msg }
 func (e *notStartedError) Is(t error) bool { return t == ErrCommandNotStarted }
 
+// MemoryFlag ends the memory trailer (in place of the mark's last character) and follows the
+// exit code in a session's end sentinel: the command was killed for memory.
+const MemoryFlag = "!"
+
+// MemoryTrailer is what the wrapper prints instead of mark when the command was killed for
+// memory: mark with its last character replaced by "!".
+func MemoryTrailer(mark string) string {
+	if mark == "" {
+		return ""
+	}
+	return mark[:len(mark)-1] + MemoryFlag
+}
+
+// ParseSessionEnd reads a session's end-sentinel trailer: the exit code, and whether the
+// command was killed for memory (the code followed by "!"); ok is false when it is not one.
+func ParseSessionEnd(trailer string) (code int, memory bool, ok bool) {
+	t := strings.TrimSpace(trailer)
+	if m, found := strings.CutSuffix(t, MemoryFlag); found {
+		t, memory = m, true
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil {
+		return 0, false, false
+	}
+	return n, memory, true
+}
+
 // Trailer strips a stream's trailer mark as output arrives (docs/protocol.md, "What the
 // client does", 3): it holds back the longest suffix of what arrived that is a prefix of the
-// mark and passes the rest on, so the mark never reaches the caller and ordinary output is
-// held back only while it ends like the start of a mark. An empty mark passes everything.
+// mark or of the memory trailer and passes the rest on, so the mark never reaches the caller
+// and ordinary output is held back only while it ends like the start of a mark. An empty mark
+// passes everything.
 type Trailer struct {
 	mark     []byte
+	memory   []byte
 	held     []byte
 	Received int64 // bytes of the stream received
 }
 
 // NewTrailer is a filter for mark.
-func NewTrailer(mark string) *Trailer { return &Trailer{mark: []byte(mark)} }
+func NewTrailer(mark string) *Trailer {
+	return &Trailer{mark: []byte(mark), memory: []byte(MemoryTrailer(mark))}
+}
 
 // Feed takes a chunk of the stream and returns what may be passed on now.
 func (t *Trailer) Feed(p []byte) []byte {
@@ -238,7 +269,7 @@ func (t *Trailer) Feed(p []byte) []byte {
 	}
 	k := min(len(buf), len(t.mark))
 	for ; k > 0; k-- {
-		if bytes.Equal(buf[len(buf)-k:], t.mark[:k]) {
+		if bytes.Equal(buf[len(buf)-k:], t.mark[:k]) || bytes.Equal(buf[len(buf)-k:], t.memory[:k]) {
 			break
 		}
 	}
@@ -246,8 +277,12 @@ func (t *Trailer) Feed(p []byte) []byte {
 	return buf[:len(buf)-k]
 }
 
-// Complete reports whether the stream so far ends with the whole mark.
+// Complete reports whether the stream so far ends with the whole mark or memory trailer.
 func (t *Trailer) Complete() bool { return len(t.mark) == 0 || len(t.held) == len(t.mark) }
+
+// Memory reports whether the stream so far ends with the memory trailer: the wrapper found the
+// command killed for memory.
+func (t *Trailer) Memory() bool { return len(t.mark) > 0 && bytes.Equal(t.held, t.memory) }
 
 // Held is what is held back (at the end of a cut stream: the start of a mark, or output).
 func (t *Trailer) Held() []byte { return t.held }

@@ -104,6 +104,13 @@ const SCRIPTS: &[Script] = &[
         doc: "the script that finds (`list`) or SIGKILLs (`kill`) every process whose initial environment holds AGENTBOX_PROCESS=<id> for one of the ids.",
     },
     Script {
+        text: remote::SESSION_OOM,
+        go: "SessionOOM",
+        python: "SESSION_OOM",
+        java: "SESSION_OOM",
+        doc: "a persistent session's read of the container's OOM kill counter into $_ab_k: builtins only, no process.",
+    },
+    Script {
         text: remote::SESSION_SHELL,
         go: "scriptSessionShell",
         python: "SESSION_SHELL",

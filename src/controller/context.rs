@@ -40,6 +40,8 @@ pub struct Context {
     pub node_roots: memory::Checks,
     /// Permanent restore refusals this process made, by sandbox (beside `status.restoreRefusal`).
     pub refusals: memory::Refusals,
+    /// The kills for memory this process announced, by sandbox (beside `status.lastOOMKill`).
+    pub oom_kills: memory::OomKills,
     /// Workspace directories of deleted sandboxes, left to the sweep.
     pub sweep: memory::Hints,
     /// The pods the operator manages (label `app.kubernetes.io/managed-by: agentbox`), as its

@@ -63,6 +63,34 @@ impl Checks {
     }
 }
 
+// --- kills for memory (super::oomkill) -----------------------------------------------------
+
+/// The last kill for memory this process announced, by sandbox UID, beside
+/// `status.lastOOMKill`: a reconcile that follows the kill's status write closely can read the
+/// Sandbox from a cache that has not caught up with it yet, and would announce the kill again.
+#[derive(Debug, Default)]
+pub struct OomKills(Mutex<HashMap<String, agentbox_api::crd::OomKill>>);
+
+impl OomKills {
+    /// The kill announced last for sandbox `uid`.
+    pub fn get(&self, uid: &str) -> Option<agentbox_api::crd::OomKill> {
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(uid).cloned()
+    }
+
+    /// Records the kill announced for sandbox `uid`.
+    pub fn record(&self, uid: &str, kill: agentbox_api::crd::OomKill) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.insert(uid.to_string(), kill);
+    }
+
+    /// Forgets a deleted sandbox.
+    pub fn forget(&self, uid: &str) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.remove(uid);
+    }
+}
+
 // --- restore refusals (super::restore) ----------------------------------------------------
 
 /// The permanent refusals this process made, by sandbox UID. `status.restoreRefusal` is the

@@ -10,6 +10,7 @@ pub mod memory;
 pub mod netcheck;
 pub mod nodeloss;
 pub mod noderoot;
+pub mod oomkill;
 pub mod pids;
 pub mod placement;
 pub mod pod;
@@ -132,6 +133,7 @@ pub async fn run(
         store,
         node_roots: memory::Checks::default(),
         refusals: memory::Refusals::default(),
+        oom_kills: memory::OomKills::default(),
         sweep: memory::Hints::default(),
         shells: warm_shells::Shells::default(),
         pool_claims: refill_delay::Claims::default(),

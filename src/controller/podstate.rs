@@ -78,10 +78,15 @@ pub fn observe_pod(pod: &Pod) -> PodState {
         }
         if let Some(t) = c.state.as_ref().and_then(|s| s.terminated.as_ref()) {
             let reason = t.reason.clone().unwrap_or_else(|| "ContainerExited".into());
-            return PodState::Problem {
-                message: format!("the sandbox container exited with code {}", t.exit_code),
-                reason,
+            let message = if reason == agentbox_api::oom::OOM_KILLED {
+                format!(
+                    "the sandbox container was killed for memory (OOMKilled, exit code {}): it reached its memory limit",
+                    t.exit_code
+                )
+            } else {
+                format!("the sandbox container exited with code {}", t.exit_code)
             };
+            return PodState::Problem { message, reason };
         }
         return PodState::Starting;
     }

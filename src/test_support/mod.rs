@@ -409,6 +409,7 @@ pub(crate) fn context_on(
         store,
         node_roots: crate::controller::memory::Checks::default(),
         refusals: crate::controller::memory::Refusals::default(),
+        oom_kills: crate::controller::memory::OomKills::default(),
         sweep: crate::controller::memory::Hints::default(),
         shells: crate::controller::warm_shells::Shells::default(),
         pool_claims: crate::controller::refill_delay::Claims::default(),

@@ -234,10 +234,14 @@ pub(crate) fn new_mark() -> String {
 /// stream's bytes on, holding back the longest suffix of what has arrived that is a prefix of
 /// the mark (at most the whole mark), so the mark never reaches the caller and ordinary output
 /// is held back only while it ends like the start of a mark. The stream is whole when what is
-/// held back is the whole mark.
+/// held back is the whole mark, or the whole memory trailer
+/// ([`memory_trailer`](crate::remote::memory_trailer): the mark with its last character `!`,
+/// which the wrapper prints when the command was killed for memory); the hold-back treats both
+/// alike.
 #[derive(Debug)]
 pub(crate) struct Trailer {
     mark: Vec<u8>,
+    memory: Vec<u8>,
     held: Vec<u8>,
     received: u64,
 }
@@ -246,9 +250,16 @@ impl Trailer {
     pub(crate) fn new(mark: &str) -> Self {
         Trailer {
             mark: mark.as_bytes().to_vec(),
+            memory: crate::remote::memory_trailer(mark).into_bytes(),
             held: Vec::new(),
             received: 0,
         }
+    }
+
+    /// Whether byte `b` may stand at position `j` of a trailer (the mark or the memory
+    /// trailer, which differ only in their last byte).
+    fn fits(&self, j: usize, b: u8) -> bool {
+        self.mark[j] == b || self.memory.get(j) == Some(&b)
     }
 
     /// Takes the next chunk of the stream; returns the bytes to pass on (possibly empty).
@@ -264,7 +275,7 @@ impl Trailer {
             }
         };
         let mut k = self.mark.len().min(total);
-        while k > 0 && !(0..k).all(|j| at(total - k + j) == self.mark[j]) {
+        while k > 0 && !(0..k).all(|j| self.fits(j, at(total - k + j))) {
             k -= 1;
         }
         let pass = total - k;
@@ -287,9 +298,15 @@ impl Trailer {
         }
     }
 
-    /// Whether the stream, as far as it has arrived, ends with the mark.
+    /// Whether the stream, as far as it has arrived, ends with the mark or the memory trailer.
     pub(crate) fn whole(&self) -> bool {
-        self.held == self.mark
+        self.held == self.mark || self.memory_killed()
+    }
+
+    /// Whether the stream, as far as it has arrived, ends with the memory trailer: the wrapper
+    /// found the command killed for memory.
+    pub(crate) fn memory_killed(&self) -> bool {
+        !self.mark.is_empty() && self.held == self.memory
     }
 
     /// Bytes received so far, the mark's included.
@@ -452,6 +469,25 @@ pub enum ExecError {
         /// Bytes of that stream that arrived.
         received: u64,
     },
+    /// The command was killed for memory: the kernel's OOM killer ended it (its container's
+    /// OOM kill counter rose while it ran and it died of SIGKILL, exit code 137), or the whole
+    /// sandbox container was killed for memory (the kubelet's `OOMKilled`) while it ran. Not
+    /// transient: the same command will most likely run out again; raise the sandbox's
+    /// `resources.limits.memory`, or make the command use less.
+    #[error("{}", oom_message(*.container))]
+    OutOfMemory {
+        /// The whole container was killed (every process in it, sessions too), not only the
+        /// command.
+        container: bool,
+    },
+}
+
+fn oom_message(container: bool) -> &'static str {
+    if container {
+        "out of memory: the sandbox's container was killed for memory (OOMKilled) while the command ran, and every process in it with it; raise the sandbox's resources.limits.memory"
+    } else {
+        "out of memory: the command was killed for memory (the kernel's OOM killer, exit code 137) when its container reached its memory limit; raise the sandbox's resources.limits.memory"
+    }
 }
 
 /// One of a command's output streams.
@@ -474,7 +510,7 @@ impl fmt::Display for OutputStream {
 
 impl ExecError {
     /// Every [`ExecError::kind`].
-    pub const KINDS: [&'static str; 7] = [
+    pub const KINDS: [&'static str; 8] = [
         "invalid",
         "connect",
         "not_started",
@@ -482,6 +518,7 @@ impl ExecError {
         "timeout",
         "session",
         "output_cut",
+        "out_of_memory",
     ];
 
     /// A short kind for metrics.
@@ -494,6 +531,7 @@ impl ExecError {
             ExecError::Timeout(_) => "timeout",
             ExecError::Session(_) => "session",
             ExecError::OutputCut { .. } => "output_cut",
+            ExecError::OutOfMemory { .. } => "out_of_memory",
         }
     }
 
@@ -508,7 +546,9 @@ impl ExecError {
             | ExecError::Timeout(_)
             | ExecError::Session(_)
             | ExecError::OutputCut { .. } => true,
-            ExecError::Invalid(_) | ExecError::NotStarted(_) => false,
+            ExecError::Invalid(_) | ExecError::NotStarted(_) | ExecError::OutOfMemory { .. } => {
+                false
+            }
         }
     }
 }
@@ -899,6 +939,9 @@ async fn pump(
             });
         }
     }
+    if out.memory_killed() || err.memory_killed() {
+        return Err(ExecError::OutOfMemory { container: false });
+    }
     // The client deadline starts before the in-pod watchdog, so a command the watchdog killed
     // is always seen as timed out here.
     let timed_out = timed_out || timeout.is_some_and(|t| start.elapsed() >= t);
@@ -1052,6 +1095,7 @@ mod tests {
                 stream: OutputStream::Stdout,
                 received: 0,
             },
+            ExecError::OutOfMemory { container: false },
         ];
         let kinds: Vec<&str> = all.iter().map(ExecError::kind).collect();
         assert_eq!(kinds, ExecError::KINDS);

@@ -13,6 +13,7 @@ pub mod guard;
 pub mod kubeclient;
 pub mod labels;
 pub mod names;
+pub mod oom;
 pub mod paths;
 pub mod remote;
 pub mod template;

@@ -525,7 +525,15 @@ confine "$p"
 /// The command runs as `( exec "$@" )`: a program, never a shell builtin or this script's
 /// function, as when the runtime starts it directly; one it cannot find is exit code 127 with
 /// the shell's message on stderr.
+///
+/// Out of memory: with a `MARK`, the wrapper reads its container's OOM kill counter
+/// ([`OOM_KILLS`]) before the command, and again when the command's code is 137 (SIGKILL);
+/// when the counter rose, the kernel's OOM killer killed it (or a process of its, whose death
+/// gave it that code), and the trailer on both streams is the *memory trailer*
+/// ([`memory_trailer`]: the mark with its last character replaced by `!`) instead of the mark.
 pub const WRAPPER: &str = r#"m=$1; i=$2; t=$3; d=$4; n=$5; shift 5
+_ab_oom() { _ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r "$_ab_f" ] || continue; while read -r _ab_x _ab_y; do [ "$_ab_x" = oom_kill ] && _ab_k=$_ab_y; done <"$_ab_f"; break; done; }
+_ab_k=; [ -z "$m" ] || _ab_oom; _ab_o=$_ab_k
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
 run() {
   if [ -n "$d" ]; then cd -- "$d" || return 126; fi
@@ -550,12 +558,36 @@ case $i in
 esac
 r=$?
 [ -n "$m" ] || exit $r
+if [ $r = 137 ] && [ -n "$_ab_o" ]; then _ab_oom; [ -n "$_ab_k" ] && [ "$_ab_k" -gt "$_ab_o" ] 2>/dev/null && m=${m%?}!; fi
 printf %s "$m"; printf %s "$m" >&2
 [ "$i" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }
 while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done
 [ $s = 2 ] && while read -r _; do :; done
 exit $r
 "#;
+
+/// The files whose `oom_kill` line counts the OOM kills in the container's memory cgroup, as a
+/// container sees its own cgroup: cgroup v1 (`memory.oom_control`), then v2 (`memory.events`).
+/// The kernel counts a kill in the cgroup of the process it killed, whichever limit (the
+/// container's, the pod's, the node's) ran out. A runtime that shows neither (gVisor's own
+/// cgroupfs) gives no count, and the wrapper no memory trailer.
+pub const OOM_KILLS: [&str; 2] = [
+    "/sys/fs/cgroup/memory/memory.oom_control",
+    "/sys/fs/cgroup/memory.events",
+];
+
+/// The trailer [`WRAPPER`] prints instead of `mark` when the command was killed for memory:
+/// `mark` with its last character replaced by `!` (`__AGENTBOX_<hex>!`).
+pub fn memory_trailer(mark: &str) -> String {
+    let mut m = mark.to_string();
+    m.pop();
+    m.push(MEMORY_FLAG);
+    m
+}
+
+/// What marks "killed for memory": the last character of the memory trailer, and what follows
+/// the exit code in a persistent session's end sentinel (`<mark>137!`).
+pub const MEMORY_FLAG: char = '!';
 
 /// The environment entry a streamed exec's command gets ([`crate::exec::stream`]):
 /// `AGENTBOX_PROCESS=<id>`, a random id of its own. What the command starts inherits it, which
@@ -625,11 +657,30 @@ pub fn session_line(argv: &[String], mark: &str) -> String {
     framed(&format!("exec {}", cmd.join(" ")), mark)
 }
 
-/// `body` run in a subshell with stdin from `/dev/null`, between the sentinels of `mark`.
+/// `body` run in a subshell with stdin from `/dev/null`, between the sentinels of `mark`. The
+/// end sentinel on stdout carries the exit code, followed by [`MEMORY_FLAG`] when the code is
+/// 137 and the container's OOM kill counter ([`OOM_KILLS`], read by [`SESSION_OOM`] before and
+/// after) rose meanwhile.
 fn framed(body: &str, mark: &str) -> String {
     format!(
-        "printf '%s+\\n' '{mark}'; ( {body} ) </dev/null; printf '%s%d\\n' '{mark}' \"$?\"; printf '%s\\n' '{mark}' >&2\n"
+        "printf '%s+\\n' '{mark}'; {SESSION_OOM} _ab_o=$_ab_k; ( {body} ) </dev/null; _ab_r=$?; _ab_m=; if [ $_ab_r = 137 ] && [ -n \"$_ab_o\" ]; then {SESSION_OOM} [ -n \"$_ab_k\" ] && [ \"$_ab_k\" -gt \"$_ab_o\" ] 2>/dev/null && _ab_m='{MEMORY_FLAG}'; fi; printf '%s%d%s\\n' '{mark}' \"$_ab_r\" \"$_ab_m\"; printf '%s\\n' '{mark}' >&2\n"
     )
+}
+
+/// A persistent session's read of the container's OOM kill counter into `$_ab_k` (empty when
+/// no file of [`OOM_KILLS`] is readable): builtins only, no process.
+pub const SESSION_OOM: &str = r#"_ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r "$_ab_f" ] || continue; while read -r _ab_x _ab_y; do [ "$_ab_x" = oom_kill ] && _ab_k=$_ab_y; done <"$_ab_f"; break; done;"#;
+
+/// A persistent session's end-sentinel trailer (what follows the mark on stdout, up to the
+/// newline): the exit code, and whether the command was killed for memory (the code followed
+/// by [`MEMORY_FLAG`]). `None`: not a trailer the session line writes.
+pub fn parse_session_end(trailer: &str) -> Option<(i32, bool)> {
+    let t = trailer.trim();
+    let (code, oom) = match t.strip_suffix(MEMORY_FLAG) {
+        Some(c) => (c, true),
+        None => (t, false),
+    };
+    code.parse().ok().map(|c| (c, oom))
 }
 
 /// The line a persistent session writes to run the operator's own `script` with `args` as
@@ -1450,6 +1501,138 @@ mod tests {
             assert_eq!(std::fs::read(root.join("dst/a.txt")).unwrap(), b"a");
             assert_eq!(spools(&root), vec!["upload-4000002.tar"], "{what}");
             let _ = std::fs::remove_dir_all(&root);
+        }
+    }
+
+    /// The wrapper and the session line with the counter files replaced by `counter` (a file
+    /// of the test's, in cgroup v1's format), so a command can "be killed for memory": it
+    /// raises the count and kills itself with SIGKILL.
+    fn with_counter(script: &str, counter: &Path) -> String {
+        let c = counter.to_string_lossy();
+        script
+            .replace(OOM_KILLS[0], &c)
+            .replace(OOM_KILLS[1], "/nonexistent/memory.events")
+    }
+
+    #[test]
+    fn the_wrapper_and_a_session_say_killed_for_memory_only_for_sigkill_with_the_counter_risen() {
+        let dir = scratch("oom");
+        let counter = dir.join("memory.oom_control");
+        let write = |n: u32| {
+            std::fs::write(
+                &counter,
+                format!("oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"),
+            )
+            .unwrap()
+        };
+        let bump = format!(
+            "printf 'oom_kill_disable 0\\nunder_oom 0\\noom_kill 8\\n' > {}",
+            counter.to_string_lossy()
+        );
+        let memory = memory_trailer(MK);
+        // (command, the memory trailer expected)
+        let cases = [
+            (format!("{bump}; kill -9 $$"), true),
+            ("kill -9 $$".to_string(), false),
+            (format!("{bump}; exit 3"), false),
+            (format!("{bump}; exit 0"), false),
+        ];
+        let wrapper = with_counter(WRAPPER, &counter);
+        for sh in shells() {
+            for (cmd, oom) in &cases {
+                for timeout in ["", "30.000"] {
+                    write(7);
+                    let mut argv = sh.clone();
+                    argv.extend(
+                        [
+                            "-c",
+                            &wrapper,
+                            "agentbox-exec",
+                            MK,
+                            "-",
+                            timeout,
+                            "",
+                            "0",
+                            "sh",
+                            "-c",
+                            cmd,
+                        ]
+                        .iter()
+                        .map(|s| s.to_string()),
+                    );
+                    let (code, out, err) = run_argv(&argv, b"");
+                    let end = if *oom { &memory } else { MK };
+                    let what = format!("{sh:?} {cmd} timeout {timeout:?}: {err}");
+                    assert!(String::from_utf8_lossy(&out).ends_with(end), "{what}");
+                    assert!(err.ends_with(end), "{what}");
+                    assert!(!err.contains("integer"), "{what}");
+                    if cmd.ends_with("kill -9 $$") {
+                        assert_eq!(code, 137, "{what}");
+                    }
+                }
+            }
+            // No counter file at all (gVisor's cgroupfs): the plain mark, whatever the code.
+            let mut argv = sh.clone();
+            let none = WRAPPER
+                .replace(OOM_KILLS[0], "/nonexistent/a")
+                .replace(OOM_KILLS[1], "/nonexistent/b");
+            argv.extend(
+                [
+                    "-c",
+                    &none,
+                    "agentbox-exec",
+                    MK,
+                    "-",
+                    "",
+                    "",
+                    "0",
+                    "sh",
+                    "-c",
+                    "kill -9 $$",
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
+            let (code, out, err) = run_argv(&argv, b"");
+            assert_eq!((code, unmarked(&out).as_str()), (137, ""), "{sh:?}: {err}");
+            // A persistent session's line: the end sentinel carries the flag after the code.
+            for (cmd, oom) in &cases {
+                write(7);
+                let line = with_counter(
+                    &session_line(&["sh".into(), "-c".into(), cmd.clone()], "M"),
+                    &counter,
+                );
+                let mut argv = sh.clone();
+                argv.extend(["-c".to_string(), line]);
+                let (_, out, err) = run_argv(&argv, b"");
+                let out = String::from_utf8_lossy(&out).into_owned();
+                let end = out
+                    .rsplit("M")
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string();
+                let (code, memory) = parse_session_end(&end).unwrap_or_else(|| panic!("{out:?}"));
+                assert_eq!(memory, *oom, "{sh:?} {cmd}: {out:?} {err}");
+                if cmd.ends_with("kill -9 $$") {
+                    assert_eq!(code, 137);
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn session_end_trailers_carry_the_code_and_the_memory_flag() {
+        assert_eq!(parse_session_end("0"), Some((0, false)));
+        assert_eq!(parse_session_end("137!"), Some((137, true)));
+        assert_eq!(parse_session_end(" 42 "), Some((42, false)));
+        assert_eq!(parse_session_end("!"), None);
+        assert_eq!(parse_session_end("137!!"), None);
+        assert_eq!(memory_trailer(MK), format!("{}!", &MK[..MK.len() - 1]));
+        // The wrapper and the session read the files this crate documents.
+        for f in OOM_KILLS {
+            assert!(WRAPPER.contains(f) && SESSION_OOM.contains(f), "{f}");
         }
     }
 

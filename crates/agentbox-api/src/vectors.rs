@@ -47,6 +47,7 @@ pub fn vectors() -> Value {
         "confine": confine_cases(),
         "exec": exec_vectors(),
         "session": session_vectors(),
+        "oom": oom_vectors(),
         "files": file_vectors(),
         "guard": guard_vectors(),
     })
@@ -348,6 +349,7 @@ fn exec_error(e: &ExecError) -> Value {
         ExecError::Timeout(_) => "Timeout",
         ExecError::Session(_) => "Session",
         ExecError::OutputCut { .. } => "OutputCut",
+        ExecError::OutOfMemory { .. } => "OutOfMemory",
     };
     json!(kind)
 }
@@ -433,6 +435,7 @@ fn trailer_case(mark: &str, chunks: &[&str]) -> Value {
         "passed": passed,
         "out": passed.concat(),
         "whole": t.whole(),
+        "memory": t.memory_killed(),
         "received": t.received(),
     })
 }
@@ -445,6 +448,7 @@ fn trailer_cases() -> Vec<Value> {
     let almost = format!("{}x", &m[..m.len() - 1]);
     let bad_then_good = format!("{half}{m}");
     let under = &m[..1];
+    let memory = crate::remote::memory_trailer(m);
     vec![
         trailer_case(m, &["hello\n", m]),
         trailer_case(m, &[&format!("hello\n{m}")]),
@@ -462,6 +466,12 @@ fn trailer_cases() -> Vec<Value> {
         trailer_case(m, &["x", under, under, &m[1..]]),
         trailer_case(m, &[m, "late output"]),
         trailer_case(m, &["", "", m]),
+        // The memory trailer (the command was killed for memory) ends a stream as the mark does.
+        trailer_case(m, &["out", &memory]),
+        trailer_case(m, &[&format!("out{}", &memory[..memory.len() - 1]), "!"]),
+        trailer_case(m, &[&memory, "late"]),
+        trailer_case(m, &[&format!("{}x", &memory[..memory.len() - 1])]),
+        trailer_case(m, &["a!", &memory]),
     ]
 }
 
@@ -535,7 +545,81 @@ fn session_vectors() -> Value {
         .into_iter()
         .map(|w| json!({"workdir": w, "argv": crate::remote::session_shell_argv(w)}))
         .collect();
-    json!({"command_lines": lines, "framing": framing, "shell_argv": shells})
+    let ends: Vec<Value> = ["0", "42", " 7 ", "137", "137!", "1!", "", "x", "!", "137!!"]
+        .into_iter()
+        .map(|t| match crate::remote::parse_session_end(t) {
+            Some((code, memory)) => json!({"trailer": t, "code": code, "memory": memory}),
+            None => json!({"trailer": t, "unparsable": true}),
+        })
+        .collect();
+    json!({
+        "command_lines": lines,
+        "framing": framing,
+        "shell_argv": shells,
+        "end_trailers": ends,
+    })
+}
+
+/// Whether a pod's status says its sandbox container was killed for memory since an exec began
+/// ([`crate::oom::oom_killed_since`]), and the memory trailer of the vectors' mark.
+fn oom_vectors() -> Value {
+    let since = "2026-01-01T00:01:00Z";
+    let container = |state: Value, last: Value| {
+        json!({"containerStatuses": [{"name": exec::SANDBOX_CONTAINER, "ready": false,
+            "restartCount": 1, "image": "i", "imageID": "", "state": state, "lastState": last}]})
+    };
+    let term = |reason: &str, finished: Option<&str>| {
+        let mut t = json!({"exitCode": 137, "reason": reason});
+        if let Some(f) = finished {
+            t["finishedAt"] = json!(f);
+        }
+        json!({"terminated": t})
+    };
+    let running = json!({"running": {"startedAt": "2026-01-01T00:01:03Z"}});
+    let statuses = vec![
+        container(term("OOMKilled", Some("2026-01-01T00:01:02Z")), json!({})),
+        container(
+            running.clone(),
+            term("OOMKilled", Some("2026-01-01T00:01:02Z")),
+        ),
+        container(
+            running.clone(),
+            term("OOMKilled", Some("2026-01-01T00:00:56Z")),
+        ),
+        container(
+            running.clone(),
+            term("OOMKilled", Some("2026-01-01T00:00:54Z")),
+        ),
+        container(running.clone(), term("OOMKilled", None)),
+        container(running.clone(), term("Error", Some("2026-01-01T00:01:02Z"))),
+        container(term("Error", Some("2026-01-01T00:01:02Z")), json!({})),
+        container(running, json!({})),
+        json!({"containerStatuses": [{"name": "other", "ready": false, "restartCount": 1,
+            "image": "i", "imageID": "",
+            "lastState": term("OOMKilled", Some("2026-01-01T00:01:02Z"))}]}),
+        json!({}),
+    ];
+    let cases: Vec<Value> = statuses
+        .into_iter()
+        .map(|status| {
+            let pod: k8s_openapi::api::core::v1::Pod =
+                serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status}))
+                    .unwrap_or_default();
+            let killed =
+                crate::oom::oom_killed_since(&pod, exec::SANDBOX_CONTAINER, ts(since)).is_some();
+            json!({"status": status, "since": since, "killed": killed})
+        })
+        .collect();
+    json!({
+        "reason": crate::oom::OOM_KILLED,
+        "clock_skew_ms": crate::oom::CLOCK_SKEW.as_millis() as u64,
+        "settle_ms": crate::oom::SETTLE.as_millis() as u64,
+        "poll_ms": crate::oom::POLL.as_millis() as u64,
+        "memory_flag": crate::remote::MEMORY_FLAG.to_string(),
+        "memory_trailer": {"mark": MARK, "trailer": crate::remote::memory_trailer(MARK)},
+        "counter_files": crate::remote::OOM_KILLS,
+        "container": cases,
+    })
 }
 
 fn file_vectors() -> Value {

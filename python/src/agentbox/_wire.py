@@ -19,9 +19,11 @@ import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from ._scripts import PROCESSES as PROCESSES
+from ._scripts import SESSION_OOM as SESSION_OOM
 from ._scripts import SESSION_SHELL as SESSION_SHELL
 from ._scripts import WRAPPER as WRAPPER
 from .errors import CommandNotStartedError, InvalidRequestError, OutputCutError, ProtocolError
@@ -176,17 +178,80 @@ def session_argv(
     return remote_argv(argv, timeout, workdir, env, mark="", stdin="-")
 
 
+MEMORY_FLAG = "!"
+"""Ends the memory trailer (in place of the mark's last character) and follows the exit code in
+a session's end sentinel: the command was killed for memory."""
+
+OOM_KILLED = "OOMKilled"
+"""The kubelet's reason for a container the kernel killed for memory."""
+
+OOM_CLOCK_SKEW = 5.0
+"""Seconds before an exec's start that a container's ``OOMKilled`` may have finished and still
+be taken for the exec's cause (the client's and the node's clocks may differ)."""
+
+OOM_SETTLE = 4.0
+"""Seconds a client looks for the kubelet's record after an exec failed."""
+
+OOM_POLL = 0.4
+"""Seconds between those looks."""
+
+
+def memory_trailer(mark: str) -> str:
+    """The trailer the wrapper prints instead of ``mark`` when the command was killed for
+    memory: ``mark`` with its last character replaced by ``!``.
+    """
+    return mark[:-1] + MEMORY_FLAG
+
+
+def parse_session_end(trailer: str) -> tuple[int, bool] | None:
+    """A session's end-sentinel trailer: the exit code and whether the command was killed for
+    memory (the code followed by ``!``); ``None`` when it is not one.
+    """
+    t = trailer.strip()
+    memory = t.endswith(MEMORY_FLAG)
+    if memory:
+        t = t[: -len(MEMORY_FLAG)]
+    if not t or not (t.isascii() and t.lstrip("-").isdigit()):
+        return None
+    return int(t), memory
+
+
+def oom_killed_since(pod: Mapping[str, Any], container: str, since: datetime) -> bool:
+    """Whether ``pod``'s status records ``container`` killed for memory (reason ``OOMKilled`` in
+    its state or last state) at or after ``since`` less :data:`OOM_CLOCK_SKEW` (a termination
+    without ``finishedAt`` counts).
+    """
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    after = since - timedelta(seconds=OOM_CLOCK_SKEW)
+    for c in statuses:
+        if c.get("name") != container:
+            continue
+        for key in ("state", "lastState"):
+            t = (c.get(key) or {}).get("terminated")
+            if not t or t.get("reason") != OOM_KILLED:
+                continue
+            finished = t.get("finishedAt")
+            if not finished:
+                return True
+            at = datetime.fromisoformat(str(finished).replace("Z", "+00:00"))
+            if at >= after:
+                return True
+    return False
+
+
 class Trailer:
     """The client's half of the trailer: passes a stream's bytes on, holding back the longest
-    suffix of what has arrived that is a prefix of the mark (at most the whole mark), so the
-    mark never reaches the caller and ordinary output is held back only while it ends like the
-    start of a mark. The stream is whole when what is held back is the whole mark.
+    suffix of what has arrived that is a prefix of the mark or of the memory trailer (at most a
+    whole one), so the mark never reaches the caller and ordinary output is held back only while
+    it ends like the start of a mark. The stream is whole when what is held back is the whole
+    mark or the whole memory trailer (:func:`memory_trailer`: the command was killed for memory).
     """
 
-    __slots__ = ("held", "mark", "received", "stream")
+    __slots__ = ("held", "mark", "memory_mark", "received", "stream")
 
     def __init__(self, mark: str, stream: str = "stdout") -> None:
         self.mark = mark.encode()
+        self.memory_mark = memory_trailer(mark).encode() if mark else b""
         self.held = b""
         self.received = 0
         self.stream = stream
@@ -197,14 +262,30 @@ class Trailer:
         # What was held back (at most a mark's length) goes first; usually there is none and
         # the chunk is passed on uncopied.
         data = self.held + chunk if self.held else chunk
-        k = _overlap(data[-len(self.mark) :], self.mark) if self.mark else 0
+        k = (
+            max(
+                _overlap(data[-len(self.mark) :], self.mark),
+                _overlap(data[-len(self.mark) :], self.memory_mark),
+            )
+            if self.mark
+            else 0
+        )
         self.held = bytes(data[len(data) - k :])
         return data[: len(data) - k] if k else data
 
     @property
     def whole(self) -> bool:
-        """Whether the stream, as far as it has arrived, ends with the mark."""
-        return self.held == self.mark
+        """Whether the stream, as far as it has arrived, ends with the mark or the memory
+        trailer.
+        """
+        return self.held == self.mark or self.memory
+
+    @property
+    def memory(self) -> bool:
+        """Whether the stream ends with the memory trailer: the command was killed for
+        memory.
+        """
+        return bool(self.mark) and self.held == self.memory_mark
 
     def check(self) -> None:
         """Raises :class:`OutputCutError` unless the stream is whole."""

@@ -27,6 +27,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidSpecError",
     "NotFoundError",
+    "OutOfMemoryError",
     "OutputCutError",
     "PathError",
     "ProtocolError",
@@ -194,6 +195,30 @@ class OutputCutError(ExecError):
         self.stream = stream
         #: Bytes of that stream that arrived.
         self.received = received
+
+
+class OutOfMemoryError(ExecError):
+    """The command was killed for memory: the kernel's OOM killer ended it when its container
+    reached its memory limit (exit code 137, and the container's OOM kill counter rose while it
+    ran), or, with ``container`` true, the whole sandbox container was killed for memory (the
+    kubelet's ``OOMKilled``) while it ran, every process in it with it. Raise the sandbox's
+    ``resources.limits.memory`` or make the command use less; running it again as it is will
+    most likely end the same way.
+    """
+
+    def __init__(self, container: bool) -> None:
+        super().__init__(
+            "out of memory: the sandbox's container was killed for memory (OOMKilled) while"
+            " the command ran, and every process in it with it; raise the sandbox's"
+            " resources.limits.memory"
+            if container
+            else "out of memory: the command was killed for memory (the kernel's OOM killer,"
+            " exit code 137) when its container reached its memory limit; raise the"
+            " sandbox's resources.limits.memory"
+        )
+        #: The whole container was killed (sessions and every process in it), not only the
+        #: command.
+        self.container = container
 
 
 class SessionError(ExecError):

@@ -25,6 +25,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import IO, Any, Literal, Union
 
 import aiohttp
@@ -32,10 +33,13 @@ import aiohttp
 from . import _wire
 from ._kube import Kube, pod_exec_path, pod_path
 from .errors import (
+    AgentboxError,
     ApiError,
     CommandNotStartedError,
     ExecError,
     NotFoundError,
+    OutOfMemoryError,
+    OutputCutError,
     ProtocolError,
     RemoteError,
     TransportError,
@@ -359,6 +363,8 @@ async def _events(
                     st = _wire.parse_status(data[1:])
                     out.check()
                     err.check()
+                    if out.memory or err.memory:
+                        raise OutOfMemoryError(False)
                     # The client's deadline starts before the in-pod watchdog's, so a command
                     # the watchdog killed is always seen as timed out here.
                     timed_out = give_up is not None or (
@@ -521,18 +527,49 @@ async def run(
     result). Output past ``max_output`` is still read (to find the trailer) and dropped.
     """
     _wire.validate(_wire.command_argv(command), timeout, env, max_output)
-    s = await stream(
-        kube,
-        namespace,
-        pod,
-        command,
-        stdin=stdin,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-        container=container,
-    )
-    result = await s.collect(max_output)
+    since = datetime.now(timezone.utc)
+    try:
+        s = await stream(
+            kube,
+            namespace,
+            pod,
+            command,
+            stdin=stdin,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            container=container,
+        )
+        result = await s.collect(max_output)
+    except (TransportError, OutputCutError, CommandNotStartedError) as e:
+        if await container_killed_since(kube, namespace, pod, container, since):
+            raise OutOfMemoryError(True) from e
+        raise
     if result.timed_out:
         raise ExecTimeoutError(f"command timed out after {timeout}s", result)
     return result.check() if check else result
+
+
+async def container_killed_since(
+    kube: Kube, namespace: str, pod: str, container: str, since: datetime
+) -> bool:
+    """Whether the kubelet records ``container`` of ``pod`` killed for memory since ``since``
+    (:func:`agentbox._wire.oom_killed_since`), looking for up to ``OOM_SETTLE`` seconds: the
+    check after an exec that failed as a dead container makes it fail. A pod that cannot be
+    read (gone, or the API server out of reach) is not known to be out of memory: no at once.
+    """
+    loop = asyncio.get_running_loop()
+    until = loop.time() + _wire.OOM_SETTLE
+    while True:
+        try:
+            obj = await kube.get_opt(pod_path(namespace, pod))
+        except AgentboxError:
+            # The API server out of reach: not known (and no settle time added to the error).
+            return False
+        if obj is None:
+            return False
+        if _wire.oom_killed_since(obj, container, since):
+            return True
+        if loop.time() + _wire.OOM_POLL > until:
+            return False
+        await asyncio.sleep(_wire.OOM_POLL)

@@ -17,13 +17,20 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 
 import aiohttp
 
 from . import _wire
 from ._kube import KubeSource
-from .errors import ProtocolError, SessionError
-from .exec import CLOSED, ExecResult, ExecTimeoutError, _connect
+from .errors import (
+    CommandNotStartedError,
+    OutOfMemoryError,
+    ProtocolError,
+    SessionError,
+    TransportError,
+)
+from .exec import CLOSED, ExecResult, ExecTimeoutError, _connect, container_killed_since
 
 __all__ = ["Session"]
 
@@ -41,9 +48,15 @@ def command_line(argv: Sequence[str], mark: str) -> str:
     made it: the session's shell outlives the command, so it needs no trailer of its own).
     """
     cmd = " ".join(sh_quote(a) for a in argv)
+    oom = _wire.SESSION_OOM
+    # The end sentinel carries the exit code, and ``!`` after it when the command died of
+    # SIGKILL with the container's OOM kill counter risen meanwhile.
     return (
-        f"printf '%s+\\n' '{mark}'; ( exec {cmd} ) </dev/null; "
-        f"printf '%s%d\\n' '{mark}' \"$?\"; printf '%s\\n' '{mark}' >&2\n"
+        f"printf '%s+\\n' '{mark}'; {oom} _ab_o=$_ab_k; ( exec {cmd} ) </dev/null; "
+        f'_ab_r=$?; _ab_m=; if [ $_ab_r = 137 ] && [ -n "$_ab_o" ]; then {oom} '
+        f'[ -n "$_ab_k" ] && [ "$_ab_k" -gt "$_ab_o" ] 2>/dev/null && '
+        f"_ab_m='{_wire.MEMORY_FLAG}'; fi; "
+        f"printf '%s%d%s\\n' '{mark}' \"$_ab_r\" \"$_ab_m\"; printf '%s\\n' '{mark}' >&2\n"
     )
 
 
@@ -181,11 +194,26 @@ class Session:
         mark = f"__AGENTBOX_{secrets.token_hex(16)}_"
         # The shell already runs in the session's cwd: only a command's own cwd is sent.
         line = command_line(_wire.session_argv(argv, timeout, cwd, env), mark)
+        since = datetime.now(timezone.utc)
+        try:
+            result = await self._run_locked(line, mark, timeout, max_output)
+        except (SessionError, TransportError, CommandNotStartedError) as e:
+            # A shell that died with its container: the kubelet may say it was out of memory.
+            kube = await self._kube()
+            if await container_killed_since(kube, self._ns, self._pod, self._container, since):
+                raise OutOfMemoryError(True) from e
+            raise
+        if result.timed_out:
+            raise ExecTimeoutError(f"command timed out after {timeout}s", result)
+        return result.check() if check else result
+
+    async def _run_locked(
+        self, line: str, mark: str, timeout: float | None, max_output: int
+    ) -> ExecResult:
         async with self._lock:
             for attempt in (1, 2):
                 try:
-                    result = await self._run_once(line, mark, timeout, max_output)
-                    break
+                    return await self._run_once(line, mark, timeout, max_output)
                 except _NotStartedError as e:
                     await self._drop()
                     if attempt == 2:
@@ -194,9 +222,7 @@ class Session:
                     # The frames may be out of step now: this shell cannot be trusted.
                     await self._drop()
                     raise
-        if result.timed_out:
-            raise ExecTimeoutError(f"command timed out after {timeout}s", result)
-        return result.check() if check else result
+        raise SessionError("the command did not start")
 
     async def _drop(self) -> None:
         sh, self._shell = self._shell, None
@@ -228,11 +254,11 @@ class Session:
                 raise ExecTimeoutError(
                     f"command timed out after {timeout}s and no exit status arrived", None
                 ) from None
-        try:
-            exit_code: int | None = int(code.strip())
-            message = ""
-        except ValueError:
-            exit_code, message = None, f"unparsable status {code!r}"
+        parsed = _wire.parse_session_end(code)
+        if parsed is not None and parsed[1]:
+            raise OutOfMemoryError(False)
+        exit_code: int | None = parsed[0] if parsed is not None else None
+        message = "" if parsed is not None else f"unparsable status {code!r}"
         return ExecResult(
             exit_code,
             bytes(out.out.buf),

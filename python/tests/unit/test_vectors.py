@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,35 @@ def test_trailer_hold_back(case: dict[str, Any]) -> None:
     assert passed == case["passed"]
     assert "".join(passed) == case["out"]
     assert (t.whole, t.received) == (case["whole"], case["received"])
+    assert t.memory == case["memory"]
+
+
+@pytest.mark.parametrize("case", VECTORS["session"]["end_trailers"], ids=lambda c: c["trailer"])
+def test_session_end_trailer(case: dict[str, Any]) -> None:
+    got = _wire.parse_session_end(case["trailer"])
+    if case.get("unparsable"):
+        assert got is None
+    else:
+        assert got == (case["code"], case["memory"])
+
+
+def test_out_of_memory_constants() -> None:
+    oom = VECTORS["oom"]
+    assert oom["reason"] == _wire.OOM_KILLED
+    assert oom["memory_flag"] == _wire.MEMORY_FLAG
+    assert oom["clock_skew_ms"] == _wire.OOM_CLOCK_SKEW * 1000
+    assert oom["settle_ms"] == _wire.OOM_SETTLE * 1000
+    assert oom["poll_ms"] == round(_wire.OOM_POLL * 1000)
+    assert _wire.memory_trailer(oom["memory_trailer"]["mark"]) == oom["memory_trailer"]["trailer"]
+    for f in oom["counter_files"]:
+        assert f in _wire.WRAPPER and f in _wire.SESSION_OOM
+
+
+@pytest.mark.parametrize("case", VECTORS["oom"]["container"], ids=lambda c: json.dumps(c)[:60])
+def test_container_killed_for_memory(case: dict[str, Any]) -> None:
+    since = datetime.fromisoformat(case["since"].replace("Z", "+00:00"))
+    pod = {"metadata": {"name": "p"}, "status": case["status"]}
+    assert _wire.oom_killed_since(pod, VECTORS["exec"]["container"], since) == case["killed"]
 
 
 @pytest.mark.parametrize("case", VECTORS["exec"]["sleep_arg"], ids=lambda c: str(c["ms"]))

@@ -19,7 +19,9 @@ use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
 use crate::controller::podstate::{self, PodState, pod_age};
-use crate::controller::{conditions, helper_pod, netcheck, noderoot, pids, placement, pod};
+use crate::controller::{
+    conditions, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod,
+};
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
 use agentbox_api::exec::session::Session;
@@ -119,6 +121,7 @@ pub(super) async fn serve(
             requeue = sooner(requeue, wait);
         }
         process_limit(h, sbx, pod, &node, old, &mut st, now).await;
+        oom_kill(h, sbx, pod, old, &mut st).await;
         st.node_name = Some(node);
     }
     let serving = serving(h, pod, found.state, now);
@@ -152,7 +155,10 @@ pub(super) async fn serve(
     if let Some(wait) = wait {
         requeue = sooner(requeue, wait);
     }
-    h.writer(sbx).publish(out.problem).await;
+    // A container killed for memory has its own Event, once per kill (oom_kill above): the
+    // pod problem's of the same reason would say it again.
+    let problem = out.problem.filter(|n| n.reason != oomkill::REASON);
+    h.writer(sbx).publish(problem).await;
     h.writer(sbx).publish(held).await;
     let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
     if idleness != Idle::Off {
@@ -411,6 +417,46 @@ async fn process_limit(
             h.writer(sbx).publish(Some(note)).await;
         }
     }
+}
+
+/// Records a kill of the sandbox's container for memory that the pod's status shows and the
+/// sandbox's status does not have yet (`status.lastOOMKill`), and announces it with an
+/// `OOMKilled` Warning Event: once per kill, whichever state of the container shows it.
+async fn oom_kill(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    pod: &Pod,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+) {
+    let Some(seen) = oomkill::observed(pod) else {
+        return;
+    };
+    let uid = sbx.uid().unwrap_or_default();
+    let announced = h.ctx.oom_kills.get(&uid);
+    if !oomkill::is_new(old.last_oom_kill.as_ref(), &seen)
+        || !oomkill::is_new(announced.as_ref(), &seen)
+    {
+        // Announced already: the status keeps (or gets again) the record.
+        if old.last_oom_kill.is_none() {
+            st.last_oom_kill = announced;
+        }
+        return;
+    }
+    let rc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.as_deref());
+    let note = Note {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: oomkill::REASON.to_string(),
+        action: "Run",
+        message: oomkill::message(&seen, rc),
+    };
+    info!(sandbox = %sbx.name_any(), restarts = seen.restart_count, "container killed for memory");
+    h.ctx.oom_kills.record(&uid, seen.clone());
+    st.last_oom_kill = Some(seen);
+    h.writer(sbx).publish(Some(note)).await;
 }
 
 /// The process limit a pod's init container was told to set, if it has one.

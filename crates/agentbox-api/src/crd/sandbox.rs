@@ -928,6 +928,32 @@ pub struct SandboxStatus {
     /// sandbox's pod runs elsewhere.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub abandoned: Vec<AbandonedWorkspace>,
+    /// The last time the sandbox's container was killed for memory, as the kubelet recorded it
+    /// (its `OOMKilled` termination): every process in it ended, and the kubelet restarted it.
+    /// An `OOMKilled` Warning Event goes out once per kill. A command the kernel killed alone
+    /// (its container lived on) is reported to the client that ran it, not here.
+    #[serde(
+        default,
+        rename = "lastOOMKill",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_oom_kill: Option<OomKill>,
+}
+
+/// A kill of the sandbox's container for memory.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OomKill {
+    /// When the container was killed (the termination's `finishedAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+    /// The UID of the pod it ran in.
+    pub pod_uid: String,
+    /// The container's restart count as the kubelet reported it with the kill.
+    pub restart_count: i32,
+    /// The container's `limits.memory` then (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
 }
 
 /// A node loss the sandbox recovered from (or is recovering from).

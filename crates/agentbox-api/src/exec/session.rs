@@ -36,6 +36,7 @@ pub struct Session {
     container: String,
     workdir: Option<String>,
     shell: Mutex<Option<Shell>>,
+    oom_check: bool,
 }
 
 struct Shell {
@@ -65,7 +66,17 @@ impl Session {
             container: container.into(),
             workdir: None,
             shell: Mutex::new(None),
+            oom_check: false,
         }
+    }
+
+    /// A command that fails as a dead container would make it fail (its shell gone, its
+    /// stream cut) is [`ExecError::OutOfMemory`] when the kubelet recorded the container
+    /// killed for memory meanwhile ([`crate::oom::explain`]: a few reads of the pod, only on
+    /// such a failure). For a harness's session; the operator's own sessions go without.
+    pub fn with_oom_check(mut self) -> Self {
+        self.oom_check = true;
+        self
     }
 
     /// Run commands in `dir` unless the request names its own workdir: the shell starts
@@ -176,6 +187,21 @@ impl Session {
         mark: &str,
         limits: Limits,
     ) -> Result<ExecOutput, ExecError> {
+        let since = k8s_openapi::jiff::Timestamp::now();
+        match self.run_line_once(line, mark, limits).await {
+            Err(e) if self.oom_check => {
+                Err(crate::oom::explain(&self.pods, &self.pod, &self.container, since, e).await)
+            }
+            other => other,
+        }
+    }
+
+    async fn run_line_once(
+        &self,
+        line: &str,
+        mark: &str,
+        limits: Limits,
+    ) -> Result<ExecOutput, ExecError> {
         let mut g = self.shell.lock().await;
         // A shell found dead before the command was sent, or one that ends before printing
         // the command's start sentinel, has not run the command: replace it and try again
@@ -265,9 +291,12 @@ impl Session {
                 .unwrap_or(Err(Failure::Other(ExecError::Timeout(t))))?,
             None => work.await?,
         };
-        let status = match code.trim().parse::<i32>() {
-            Ok(c) => ExitStatus::Code(c),
-            Err(_) => ExitStatus::Unknown(format!("unparsable status {code:?}")),
+        let status = match crate::remote::parse_session_end(&code) {
+            Some((_, true)) => {
+                return Err(Failure::Other(ExecError::OutOfMemory { container: false }));
+            }
+            Some((c, false)) => ExitStatus::Code(c),
+            None => ExitStatus::Unknown(format!("unparsable status {code:?}")),
         };
         let timed_out = req.timeout.is_some_and(|t| started.elapsed() >= t);
         Ok(ExecOutput {

@@ -9,7 +9,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::{Fail, Target, code, open};
 use crate::client::{ClientError, SandboxHandle, Sandboxes};
-use agentbox_api::exec::{ExecEvent, ExecRequest};
+use agentbox_api::exec::{ExecError, ExecEvent, ExecRequest};
 
 #[derive(Args)]
 pub(super) struct ExecArgs {
@@ -67,11 +67,25 @@ pub(super) async fn exec(sbx: &Sandboxes, a: ExecArgs) -> Result<ExitCode, Fail>
 }
 
 async fn exec_streaming(h: &SandboxHandle, req: ExecRequest) -> Result<ExitCode, Fail> {
+    let since = k8s_openapi::jiff::Timestamp::now();
     let mut s = h.exec_stream(req).await?;
     let mut out = tokio::io::stdout();
     let mut err = tokio::io::stderr();
     while let Some(ev) = s.next().await {
-        match ev.map_err(ClientError::from)? {
+        let ev = match ev {
+            Ok(ev) => ev,
+            // Out of memory: said so, with the code of a process killed by SIGKILL (137), as
+            // a shell reports it.
+            Err(e) => match h.explain_exec_error(since, e).await {
+                e @ ExecError::OutOfMemory { .. } => {
+                    out.flush().await?;
+                    eprintln!("agentbox: {e}");
+                    return Ok(ExitCode::from(137));
+                }
+                e => return Err(ClientError::from(e).into()),
+            },
+        };
+        match ev {
             ExecEvent::Stdout(b) => {
                 out.write_all(&b).await?;
                 out.flush().await?;

@@ -691,7 +691,38 @@ impl SandboxHandle {
     }
 
     async fn exec_raw(&self, req: ExecRequest) -> Result<ExecOutput, ClientError> {
-        Ok(exec::run(&self.pods, &self.pod_name(), exec::SANDBOX_CONTAINER, req).await?)
+        let since = k8s_openapi::jiff::Timestamp::now();
+        let pod = self.pod_name();
+        match exec::run(&self.pods, &pod, exec::SANDBOX_CONTAINER, req).await {
+            Ok(out) => Ok(out),
+            Err(e) => {
+                Err(
+                    agentbox_api::oom::explain(&self.pods, &pod, exec::SANDBOX_CONTAINER, since, e)
+                        .await
+                        .into(),
+                )
+            }
+        }
+    }
+
+    /// An exec's failure as the caller should see it (docs/protocol.md, "Out of memory"): one a
+    /// dead container explains is [`ExecError::OutOfMemory`](exec::ExecError::OutOfMemory)
+    /// (`container: true`) when the kubelet recorded the sandbox's container `OOMKilled` since
+    /// `since`, the exec's start. [`Self::exec`] and [`Self::session`] do it themselves; a
+    /// caller of [`Self::exec_stream`] passes the stream's error here.
+    pub async fn explain_exec_error(
+        &self,
+        since: k8s_openapi::jiff::Timestamp,
+        e: exec::ExecError,
+    ) -> exec::ExecError {
+        agentbox_api::oom::explain(
+            &self.pods,
+            &self.pod_name(),
+            exec::SANDBOX_CONTAINER,
+            since,
+            e,
+        )
+        .await
     }
 
     async fn exec_stream_raw(&self, req: ExecRequest) -> Result<ExecStream, ClientError> {
@@ -770,10 +801,13 @@ impl SandboxHandle {
             .await
     }
 
-    /// A persistent shell in the sandbox (commands run in the workspace root by default).
+    /// A persistent shell in the sandbox (commands run in the workspace root by default). A
+    /// command whose shell died with the container killed for memory fails with
+    /// [`ExecError::OutOfMemory`](exec::ExecError::OutOfMemory) (`container: true`).
     pub fn session(&self) -> Session {
         Session::new(self.pods.clone(), self.pod_name(), exec::SANDBOX_CONTAINER)
             .with_workdir(self.workspace_root())
+            .with_oom_check()
     }
 
     /// A harness's call in one step: waits until the sandbox is Ready (resuming it when it is

@@ -418,6 +418,9 @@ final class Exec {
         if (!errT.complete()) {
           throw new OutputCutException("stderr", errT.received());
         }
+        if (outT.memory() || errT.memory()) {
+          throw new OutOfMemoryException(false);
+        }
         // The client's deadline starts before the in-pod watchdog's, so a command the
         // watchdog killed is always seen as timed out here.
         boolean timedOut = giveUp != null

@@ -242,15 +242,16 @@ public final class Sandbox {
   /**
    * Runs a command to completion under the lossless frame: its real exit code, stdout and
    * stderr (capped, with truncation flags). A timeout kills its process group in the pod and
-   * raises {@link ExecTimeoutException}; output that arrived without its trailer raises {@link
+   * raises {@link ExecTimeoutException}; a command killed for memory raises {@link
+   * OutOfMemoryException}; output that arrived without its trailer raises {@link
    * OutputCutException}; output over {@link ExecOptions#maxOutput} is cut there and flagged
    * ({@link ExecResult#truncated()}). Interrupting the calling thread stops the command: it is
    * killed in the pod with every process it started, then {@link AgentboxInterruptedException}
    * is raised.
    */
   public ExecResult exec(ExecOptions o) {
-    return Exec.run(kube(), namespace(), podName(), Wire.SANDBOX_CONTAINER, o,
-        o.workdir != null ? o.workdir : workspaceRoot());
+    return Oom.explained(kube(), namespace(), podName(), () -> Exec.run(kube(), namespace(),
+        podName(), Wire.SANDBOX_CONTAINER, o, o.workdir != null ? o.workdir : workspaceRoot()));
   }
 
   /** Runs a shell command line ({@code sh -c}). */

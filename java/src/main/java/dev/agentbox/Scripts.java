@@ -93,6 +93,8 @@ final class Scripts {
 
   /** The wrapper every command runs under: MARK STDIN TIMEOUT WORKDIR N, N NAME=value entries, then the argv (docs/protocol.md, "The wrapper"). */
   static final String WRAPPER = "m=$1; i=$2; t=$3; d=$4; n=$5; shift 5\n"
+      + "_ab_oom() { _ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r \"$_ab_f\" ] || continue; while read -r _ab_x _ab_y; do [ \"$_ab_x\" = oom_kill ] && _ab_k=$_ab_y; done <\"$_ab_f\"; break; done; }\n"
+      + "_ab_k=; [ -z \"$m\" ] || _ab_oom; _ab_o=$_ab_k\n"
       + "while [ \"$n\" -gt 0 ]; do export \"$1\"; shift; n=$((n-1)); done\n"
       + "run() {\n"
       + "  if [ -n \"$d\" ]; then cd -- \"$d\" || return 126; fi\n"
@@ -117,6 +119,7 @@ final class Scripts {
       + "esac\n"
       + "r=$?\n"
       + "[ -n \"$m\" ] || exit $r\n"
+      + "if [ $r = 137 ] && [ -n \"$_ab_o\" ]; then _ab_oom; [ -n \"$_ab_k\" ] && [ \"$_ab_k\" -gt \"$_ab_o\" ] 2>/dev/null && m=${m%?}!; fi\n"
       + "printf %s \"$m\"; printf %s \"$m\" >&2\n"
       + "[ \"$i\" = - ] || { cat >/dev/null 2>&1 || while read -r _; do :; done; exit $r; }\n"
       + "while read -r -t 600 _ 2>/dev/null; s=$?; [ $s = 0 ]; do :; done\n"
@@ -152,6 +155,9 @@ final class Scripts {
       + "  [ $k = 0 ] && exit 0\n"
       + "  [ $round -lt 50 ] || { echo \"agentbox: processes still forking after $round rounds of kills\" >&2; exit 1; }\n"
       + "done\n";
+
+  /** A persistent session's read of the container's OOM kill counter into $_ab_k: builtins only, no process. */
+  static final String SESSION_OOM = "_ab_k=; for _ab_f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r \"$_ab_f\" ] || continue; while read -r _ab_x _ab_y; do [ \"$_ab_x\" = oom_kill ] && _ab_k=$_ab_y; done <\"$_ab_f\"; break; done;";
 
   /** A persistent session's shell: `cd` to $1, then `sh`. */
   static final String SESSION_SHELL = "cd -- \"$1\" && exec sh";

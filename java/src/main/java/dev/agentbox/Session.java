@@ -37,8 +37,16 @@ public final class Session implements AutoCloseable {
     this.workdir = workdir;
   }
 
-  /** Runs one command in the shell (no stdin: use one-shot exec for that). */
+  /**
+   * Runs one command in the shell (no stdin: use one-shot exec for that). A command killed for
+   * memory raises {@link OutOfMemoryException}: the command alone, or (its shell gone with the
+   * container, which the kubelet recorded {@code OOMKilled}) the whole container.
+   */
   public ExecResult run(ExecOptions o) {
+    return Oom.explained(kube, namespace, pod, () -> runFramed(o));
+  }
+
+  private ExecResult runFramed(ExecOptions o) {
     if (closed) {
       throw new ClientClosedException("the session is closed");
     }
@@ -211,11 +219,14 @@ public final class Session implements AutoCloseable {
     }
     Integer exit;
     String message = "";
-    try {
-      exit = Integer.parseInt(code.strip());
-    } catch (NumberFormatException e) {
+    Wire.SessionEnd end = Wire.parseSessionEnd(code);
+    if (end == null) {
       exit = null;
       message = "unparsable status '" + code + "'";
+    } else if (end.memory()) {
+      throw new OutOfMemoryException(false);
+    } else {
+      exit = end.code();
     }
     boolean timedOut = o.timeoutMs != null && System.nanoTime() - start >= o.timeoutMs * 1_000_000;
     return new ExecResult(exit, out.out().bytes(), err.out().bytes(), out.out().truncated(),

@@ -25,8 +25,14 @@ public final class SessionFrames {
   /** The line written to the shell for one command. */
   public static String commandLine(List<String> argv, String mark) {
     String cmd = argv.stream().map(SessionFrames::shQuote).collect(Collectors.joining(" "));
-    return "printf '%s+\\n' '" + mark + "'; ( exec " + cmd + " ) </dev/null; "
-        + "printf '%s%d\\n' '" + mark + "' \"$?\"; printf '%s\\n' '" + mark + "' >&2\n";
+    // The end sentinel carries $?, and "!" after it when the command died of SIGKILL with the
+    // container's OOM kill counter risen meanwhile.
+    String oom = Wire.SESSION_OOM;
+    return "printf '%s+\\n' '" + mark + "'; " + oom + " _ab_o=$_ab_k; ( exec " + cmd + " ) </dev/null; "
+        + "_ab_r=$?; _ab_m=; if [ $_ab_r = 137 ] && [ -n \"$_ab_o\" ]; then " + oom
+        + " [ -n \"$_ab_k\" ] && [ \"$_ab_k\" -gt \"$_ab_o\" ] 2>/dev/null && _ab_m='" + Wire.MEMORY_FLAG
+        + "'; fi; printf '%s%d%s\\n' '" + mark + "' \"$_ab_r\" \"$_ab_m\"; printf '%s\\n' '" + mark
+        + "' >&2\n";
   }
 
   /** A complete frame: the trailer and the bytes after it. */

@@ -56,7 +56,9 @@ public final class Wire {
    * ARGV...} (docs/protocol.md, "The wrapper"; the Rust crate's {@code exec::WRAPPER}, checked
    * against the vectors' {@code exec.wrapper}). Runs the command (in its own process group
    * under a watchdog when there is a timeout), prints the mark on stdout and stderr after it,
-   * then lingers reading stdin until the client half-closes it, and exits with its code.
+   * then lingers reading stdin until the client half-closes it, and exits with its code. When
+   * the command died of SIGKILL and its container's OOM kill counter rose meanwhile, it prints
+   * the memory trailer ({@link #memoryTrailer}) instead of the mark.
    */
   public static final String WRAPPER = Scripts.WRAPPER;
 
@@ -306,6 +308,40 @@ public final class Wire {
     }
   }
 
+  /** Ends the memory trailer and follows the exit code in a session's end sentinel. */
+  public static final String MEMORY_FLAG = "!";
+
+  /**
+   * What the wrapper prints instead of {@code mark} when the command was killed for memory:
+   * {@code mark} with its last character replaced by {@code !}.
+   */
+  public static String memoryTrailer(String mark) {
+    return mark.isEmpty() ? "" : mark.substring(0, mark.length() - 1) + MEMORY_FLAG;
+  }
+
+  /**
+   * A persistent session's read of the container's OOM kill counter into {@code $_ab_k} (Rust
+   * {@code remote::SESSION_OOM}): builtins only, no process.
+   */
+  public static final String SESSION_OOM = Scripts.SESSION_OOM;
+
+  /** A session's end-sentinel trailer: the exit code and whether the command was killed for memory. */
+  public record SessionEnd(int code, boolean memory) {}
+
+  /** Parses a session's end-sentinel trailer; null when it is not one. */
+  public static SessionEnd parseSessionEnd(String trailer) {
+    String t = trailer.strip();
+    boolean memory = t.endsWith(MEMORY_FLAG);
+    if (memory) {
+      t = t.substring(0, t.length() - MEMORY_FLAG.length());
+    }
+    try {
+      return new SessionEnd(Integer.parseInt(t), memory);
+    } catch (NumberFormatException e) {
+      return null;
+    }
+  }
+
   /**
    * Holds back the trailer from one output stream (docs/protocol.md, "What the client does",
    * step 3): of what has arrived, the longest suffix that is a prefix of the mark (at most the
@@ -315,11 +351,13 @@ public final class Wire {
    */
   public static final class TrailerFilter {
     private final byte[] mark;
+    private final byte[] memory;
     private byte[] held = new byte[0];
     private long received;
 
     public TrailerFilter(String mark) {
       this.mark = mark.getBytes(StandardCharsets.US_ASCII);
+      this.memory = memoryTrailer(mark).getBytes(StandardCharsets.US_ASCII);
     }
 
     /** Feeds a chunk; returns the bytes that may go to the caller now. */
@@ -339,16 +377,21 @@ public final class Wire {
     private boolean endsWithPrefix(byte[] all, int n) {
       int off = all.length - n;
       for (int i = 0; i < n; i++) {
-        if (all[off + i] != mark[i]) {
+        if (all[off + i] != mark[i] && all[off + i] != memory[i]) {
           return false;
         }
       }
       return true;
     }
 
-    /** Whether the stream so far ends with the mark. */
+    /** Whether the stream so far ends with the mark or the memory trailer. */
     public boolean complete() {
       return held.length == mark.length;
+    }
+
+    /** Whether the stream so far ends with the memory trailer: the command was killed for memory. */
+    public boolean memory() {
+      return mark.length > 0 && java.util.Arrays.equals(held, memory);
     }
 
     /** Bytes held back (a partial mark, or the whole mark once complete). */

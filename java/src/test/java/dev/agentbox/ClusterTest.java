@@ -118,6 +118,31 @@ class ClusterTest {
     assertEquals("", ready.exec("ps -o pid,args | grep '[s]leep 60' || true").stdoutText());
   }
 
+  /** 200 MiB of zeros into tail, which holds them as one line: far past a 64 MiB limit. */
+  static final String HOG = "head -c 209715200 /dev/zero | tail";
+
+  /**
+   * A command its sandbox's memory limit kills is an {@link OutOfMemoryException} (one-shot exec
+   * and session), not exit code 137, and the sandbox carries on. (Under gVisor on the test cluster
+   * the kubelet does not record OOMKilled: docs/security.md, "Memory under gVisor".)
+   */
+  @Test
+  void aCommandKilledForMemoryIsOutOfMemory() {
+    Sandbox sbx = env.sandboxes.getOrCreate(Scope.forUser("java-oom", "runc"),
+        SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never").set("resources",
+            Map.of("limits", Map.of("memory", "64Mi"), "requests", Map.of("memory", "64Mi"))))
+        .waitReady(180_000);
+    ExecOptions hog = ExecOptions.shell(HOG).timeout(Duration.ofSeconds(60));
+    OutOfMemoryException e = assertThrows(OutOfMemoryException.class, () -> sbx.exec(hog));
+    assertFalse(e.container(), e.getMessage());
+    try (Session s = sbx.session()) {
+      OutOfMemoryException se = assertThrows(OutOfMemoryException.class, () -> s.run(hog));
+      assertFalse(se.container(), se.getMessage());
+      assertEquals("still\n", s.run("echo still").stdoutText());
+    }
+    assertEquals("alive\n", sbx.exec("echo alive").stdoutText());
+  }
+
   @Test
   void aSessionKeepsOneShell() {
     try (Session s = ready.session()) {

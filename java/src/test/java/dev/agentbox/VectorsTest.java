@@ -2,6 +2,7 @@ package dev.agentbox;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.DynamicTest.dynamicTest;
@@ -284,7 +285,47 @@ class VectorsTest {
       assertEquals(s(c, "out"), out.toString());
       assertEquals(i(c, "received"), f.received());
       assertEquals(c.get("whole"), f.complete());
+      assertEquals(c.get("memory"), f.memory());
     }));
+  }
+
+  @TestFactory
+  Stream<DynamicTest> sessionEndTrailers() {
+    return list(m(V, "session"), "end_trailers").stream().map(c -> dynamicTest(
+        name(s(c, "trailer")), () -> {
+          Wire.SessionEnd got = Wire.parseSessionEnd(s(c, "trailer"));
+          if (c.containsKey("unparsable")) {
+            assertNull(got);
+          } else {
+            assertEquals(new Wire.SessionEnd(i(c, "code"), (Boolean) c.get("memory")), got);
+          }
+        }));
+  }
+
+  @Test
+  void outOfMemoryConstants() {
+    Map<String, Object> o = m(V, "oom");
+    assertEquals(s(o, "reason"), Oom.OOM_KILLED);
+    assertEquals(s(o, "memory_flag"), Wire.MEMORY_FLAG);
+    assertEquals(i(o, "clock_skew_ms"), Oom.CLOCK_SKEW.toMillis());
+    assertEquals(i(o, "settle_ms"), Oom.SETTLE.toMillis());
+    assertEquals(i(o, "poll_ms"), Oom.POLL.toMillis());
+    Map<String, Object> mt = m(o, "memory_trailer");
+    assertEquals(s(mt, "trailer"), Wire.memoryTrailer(s(mt, "mark")));
+    List<String> files = Kube.cast(o.get("counter_files"));
+    for (String f : files) {
+      assertTrue(Wire.WRAPPER.contains(f) && Wire.SESSION_OOM.contains(f), f);
+    }
+  }
+
+  @TestFactory
+  Stream<DynamicTest> containerKilledForMemory() {
+    return list(m(V, "oom"), "container").stream().map(c -> dynamicTest(
+        name(String.valueOf(c.get("status"))), () -> {
+          Map<String, Object> pod = Map.of("status", c.get("status"));
+          assertEquals(c.get("killed"),
+              Oom.killedSince(pod, Wire.SANDBOX_CONTAINER, Instant.parse(s(c, "since"))));
+        }));
   }
 
   @TestFactory
