@@ -263,3 +263,131 @@ async fn bad_allowlists_are_refused_at_admission_with_what_is_wrong() {
     }
     env.finish().await;
 }
+
+/// A pod a tenant plants in the namespace: `name`, on `node`, one container `check` (the
+/// name the operator's probes exec into) running `script`.
+async fn plant(env: &TestEnv, name: &str, node: &str, script: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "check", "image": common::BASE_IMAGE,
+                            "imagePullPolicy": "IfNotPresent", "command": ["sh", "-c", script]}]
+        }
+    }))
+    .unwrap();
+    let made = env
+        .api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    env.wait_for::<Pod>(name, 120, |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.phase.as_deref() == Some("Running") && s.pod_ip.is_some())
+    })
+    .await;
+    made.metadata.uid.unwrap()
+}
+
+/// The enforcement check's verdict cannot be forged by a tenant of the namespace it runs in.
+/// Before, the check reused pods by a name derived from the node (and runtime class), so a
+/// tenant could plant a "listener" that serves nothing and a "canary" that serves `ok` under
+/// those names and have any node "Proven". Here the namespace is set up so that the honest
+/// verdict is "not enforced" (a tenant's policy admits all egress of pods labelled as the
+/// check's canaries, so the canary is not confined), and the planted pods wait under the old
+/// names: the sandbox must not become Ready (NetworkPolicyNotEnforced), the planted pods are
+/// neither used nor deleted, and once the tenant's policy goes the check proves the node.
+#[tokio::test]
+#[ignore = "needs a cluster"]
+async fn a_tenants_planted_check_pods_cannot_forge_proven() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use sha2::{Digest, Sha256};
+    let mut env = TestEnv::new("net-forge").await;
+    common::ensure_crds(&env.client).await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(env.client.clone());
+    let node = nodes.list(&Default::default()).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    // The names the check used before: agentbox-netcheck-<sha256(node \0 runtime class)>-*.
+    let mut h = Sha256::new();
+    h.update(node.as_bytes());
+    h.update([0]);
+    h.update(matrix_runtime_class().unwrap_or_default().as_bytes());
+    let sfx: String = h.finalize()[..5]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let (lname, cname) = (
+        format!("agentbox-netcheck-{sfx}-listener"),
+        format!("agentbox-netcheck-{sfx}-canary"),
+    );
+    let allow: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "tenant-allows-canaries"},
+        "spec": {"podSelector": {"matchLabels": {"agentbox.dev/netcheck": "canary"}},
+                 "policyTypes": ["Egress"], "egress": [{}]}
+    }))
+    .unwrap();
+    let policies = env.api::<NetworkPolicy>();
+    policies
+        .create(&PostParams::default(), &allow)
+        .await
+        .unwrap();
+    let (luid, cuid) = tokio::join!(
+        plant(&env, &lname, &node, "exec sleep 3600"),
+        plant(
+            &env,
+            &cname,
+            &node,
+            "mkdir -p /tmp/w && echo ok > /tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w"
+        )
+    );
+    env.start_operator(&[]);
+    create_sandbox(
+        &env,
+        "s",
+        json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"},
+               "nodeSelector": {"kubernetes.io/hostname": node}, "network": {"egress": "None"}}),
+    )
+    .await
+    .unwrap();
+    // The first verdict, whichever it is.
+    let s = env
+        .wait_for::<Sandbox>("s", 180, |s: Option<&Sandbox>| {
+            s.and_then(|s| condition(s, "NetworkEnforced"))
+                .is_some_and(|c| c.reason != "NetworkCheckPending")
+        })
+        .await;
+    let c = condition(&s, "NetworkEnforced").unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NetworkPolicyNotEnforced"),
+        "the operator's verdict came from the tenant's planted pods: {c:?}"
+    );
+    assert_ne!(
+        s.status.as_ref().and_then(|st| st.phase),
+        Some(agentbox_api::crd::SandboxPhase::Ready)
+    );
+    // The planted pods were neither used nor deleted: the same pods are there.
+    let pods = env.api::<Pod>();
+    for (name, uid) in [(&lname, &luid), (&cname, &cuid)] {
+        assert_eq!(
+            pods.get(name).await.unwrap().metadata.uid.as_ref(),
+            Some(uid),
+            "{name}"
+        );
+    }
+    // The tenant's policy gone, the next check (a failed verdict is retried within seconds)
+    // proves the node, and the sandbox becomes Ready.
+    policies
+        .delete("tenant-allows-canaries", &Default::default())
+        .await
+        .unwrap();
+    let s = env.wait_for::<Sandbox>("s", 180, phase_is("Ready")).await;
+    let c = condition(&s, "NetworkEnforced").unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Proven"));
+    env.finish().await;
+}

@@ -194,10 +194,9 @@ fn network_gate(h: &Hands<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
     };
     let rc = spec.and_then(|s| s.runtime_class_name.as_deref());
     let settings = netcheck::Settings::from_config(&h.ctx.config);
-    let ns = sbx.namespace().unwrap_or_default();
     h.ctx
         .proofs
-        .gate(&h.ctx.client, &settings, &ns, egress, node, rc)
+        .gate(&h.ctx.client, &settings, egress, node, rc)
 }
 
 /// What `pod` looks like to the serve step.
