@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::net::{condition, listener, reaches, until_reaches};
 use common::{TestEnv, create_sandbox, matrix_runtime_class, phase_is};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -16,100 +15,13 @@ use serde_json::json;
 
 use agentbox_api::crd::Sandbox;
 
-/// A listener pod serving `ok` on each of `ports` (busybox httpd), under the matrix's runtime
-/// class; returns its IP once it runs.
-async fn listener(env: &TestEnv, name: &str, ports: &[u16]) -> String {
-    let serve: Vec<String> = ports
-        .iter()
-        .map(|p| format!("httpd -p {p} -h /tmp/w"))
-        .collect();
-    let script = format!(
-        "mkdir -p /tmp/w && echo ok > /tmp/w/index.html && {} && exec sleep 3600",
-        serve.join(" && ")
-    );
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"test-role": "listener"}},
-        "spec": {
-            "runtimeClassName": matrix_runtime_class(),
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "l", "image": common::BASE_IMAGE, "imagePullPolicy": "IfNotPresent",
-                            "command": ["sh", "-c", script]}]
-        }
-    }))
-    .unwrap();
-    env.api::<Pod>()
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    let p = env
-        .wait_for::<Pod>(name, 120, |p: Option<&Pod>| {
-            p.and_then(|p| p.status.as_ref())
-                .is_some_and(|s| s.phase.as_deref() == Some("Running") && s.pod_ip.is_some())
-        })
-        .await;
-    p.status.unwrap().pod_ip.unwrap()
-}
-
-/// Whether the sandbox's pod fetches `ok` from `ip:port` (one try, at most 2 s).
-async fn reaches(env: &TestEnv, sandbox: &str, ip: &str, port: u16) -> bool {
-    probe(env, sandbox, ip, port).await.0
-}
-
-/// One fetch of `ip:port` from the sandbox's pod: whether it got `ok`, and what the probe
-/// printed (for the failure message).
-async fn probe(env: &TestEnv, sandbox: &str, ip: &str, port: u16) -> (bool, String) {
-    let pod = agentbox_api::labels::pod_name(sandbox);
-    let out = agentbox_api::exec::run(
-        &env.api::<Pod>(),
-        &pod,
-        "sandbox",
-        agentbox_api::exec::ExecRequest::shell(format!(
-            "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {ip} {port}; echo \"nc exit $?\""
-        ))
-        .timeout(Duration::from_secs(10)),
-    )
-    .await
-    .expect("exec");
-    let stdout = out.stdout_str();
-    let got = stdout.lines().rev().nth(1).map(str::trim) == Some("ok");
-    (got, format!("{stdout}{}", out.stderr_str()))
-}
-
-/// Polls until `reaches` is `want` (at most 10 s: an edit applies within seconds, and on a
-/// loaded machine one fetch that should succeed can outlast its 2 s).
-async fn until_reaches(env: &TestEnv, sandbox: &str, ip: &str, port: u16, want: bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (got, said) = probe(env, sandbox, ip, port).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{sandbox} -> {ip}:{port}: still {} after 10 s; the last probe said: {said}",
-            if want { "unreachable" } else { "reachable" }
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn condition<'a>(
-    s: &'a Sandbox,
-    type_: &str,
-) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    s.status
-        .as_ref()
-        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_))
-}
-
 #[tokio::test]
 async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_edits_apply_live() {
     let mut env = TestEnv::new("net").await;
     env.start_operator(&[]);
     let (l1, l2) = tokio::join!(
-        listener(&env, "outside-1", &[8080, 8081]),
-        listener(&env, "outside-2", &[8080])
+        listener(&env, "outside-1", &[8080, 8081], None),
+        listener(&env, "outside-2", &[8080], None)
     );
     let base = |network: serde_json::Value| {
         let mut s = json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"}});

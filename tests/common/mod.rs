@@ -945,6 +945,7 @@ pub fn audit_log_text() -> String {
     assert!(!text.is_empty(), "no audit log at {}", path.display());
     text
 }
+pub mod net;
 pub mod pools;
 pub mod store;
 
