@@ -105,17 +105,33 @@ pub enum Gate {
 }
 
 /// The state of one (node, runtime class).
-#[derive(Clone, Debug)]
-pub enum State {
+#[derive(Clone, Debug, Default)]
+pub struct State {
     /// A check runs.
-    Checking,
-    /// The last check ended `at` with `verdict`.
-    Done {
-        /// When.
-        at: Instant,
-        /// Its outcome.
-        verdict: Verdict,
-    },
+    pub checking: bool,
+    /// The last check that ended: when, and its outcome.
+    pub done: Option<(Instant, Verdict)>,
+    /// Check again at the next chance, whatever the age of the last verdict (its beacon is
+    /// gone).
+    pub stale: bool,
+    /// The listener of the last check that proved enforcement, kept as the node's beacon.
+    pub beacon: Option<Beacon>,
+}
+
+/// The listener pod of a check that proved enforcement on a node, kept until the next check
+/// there: a destination every pod of that node reaches unless a policy forbids it, so a new
+/// pod under a policy that does not admit it shows its own rules in force by failing to
+/// reach it ([`release`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Beacon {
+    /// The pod as the check made it (for [`is_ours`]).
+    pub pod: Pod,
+    /// Its UID.
+    pub uid: String,
+    /// Its IP.
+    pub ip: String,
+    /// The page it serves (the check's id).
+    pub page: String,
 }
 
 /// A check's outcome.
@@ -218,25 +234,29 @@ impl Names {
     }
 }
 
-/// What a verdict of `age` means for a sandbox, and whether to check again (pure).
+/// What the state of a node means for a sandbox, and whether to start a check (pure). While
+/// a check runs, the verdict before it stands: a proven node's sandboxes stay Ready through
+/// its periodic re-check.
 pub fn judge(state: Option<&State>, interval: Duration, now: Instant) -> (Gate, bool) {
-    match state {
-        None => (Gate::Pending, true),
-        Some(State::Checking) => (Gate::Pending, false),
-        Some(State::Done { at, verdict }) => {
-            let age = now.saturating_duration_since(*at);
-            match verdict {
-                // A proven node stays proven while its periodic re-check runs.
-                Verdict::Enforced => (Gate::Proven, age >= interval),
-                Verdict::Not(reason, message) => (
-                    Gate::Failed {
-                        reason: reason.clone(),
-                        message: message.clone(),
-                    },
-                    age >= RETRY_FAILED,
-                ),
-            }
-        }
+    let Some(state) = state else {
+        return (Gate::Pending, true);
+    };
+    let Some((at, verdict)) = &state.done else {
+        return (Gate::Pending, !state.checking);
+    };
+    let age = now.saturating_duration_since(*at);
+    match verdict {
+        Verdict::Enforced => (
+            Gate::Proven,
+            !state.checking && (state.stale || age >= interval),
+        ),
+        Verdict::Not(reason, message) => (
+            Gate::Failed {
+                reason: reason.clone(),
+                message: message.clone(),
+            },
+            !state.checking && age >= RETRY_FAILED,
+        ),
     }
 }
 
@@ -264,7 +284,7 @@ impl Proofs {
             };
             let (gate, start) = judge(map.get(&key), settings.interval, Instant::now());
             if start {
-                map.insert(key.clone(), State::Checking);
+                map.entry(key.clone()).or_default().checking = true;
             }
             (gate, start)
         };
@@ -272,17 +292,21 @@ impl Proofs {
             let (client, settings, proofs) = (client.clone(), settings.clone(), self.clone());
             tokio::spawn(async move {
                 proofs.swept.get_or_init(|| sweep(&client, &settings)).await;
-                let verdict = match check(&client, &settings, &key.0, key.1.as_deref()).await {
-                    Ok(v) => v,
-                    Err(e) => Verdict::Not(
-                        INCONCLUSIVE.into(),
-                        format!(
-                            "the NetworkPolicy check on node {} could not finish ({e}); \
-                             sandboxes that rely on NetworkPolicy wait there",
-                            key.0
+                let (verdict, beacon) =
+                    match check(&client, &settings, &key.0, key.1.as_deref()).await {
+                        Ok(v) => v,
+                        Err(e) => (
+                            Verdict::Not(
+                                INCONCLUSIVE.into(),
+                                format!(
+                                    "the NetworkPolicy check on node {} could not finish ({e}); \
+                                     sandboxes that rely on NetworkPolicy wait there",
+                                    key.0
+                                ),
+                            ),
+                            None,
                         ),
-                    ),
-                };
+                    };
                 match &verdict {
                     Verdict::Enforced => {
                         info!(node = %key.0, runtime = ?key.1, "NetworkPolicy enforcement proven")
@@ -291,18 +315,44 @@ impl Proofs {
                         warn!(node = %key.0, runtime = ?key.1, %reason, "{message}")
                     }
                 }
-                if let Ok(mut map) = proofs.inner.lock() {
-                    map.insert(
-                        key,
-                        State::Done {
-                            at: Instant::now(),
-                            verdict,
-                        },
-                    );
+                let old = match proofs.inner.lock() {
+                    Ok(mut map) => {
+                        let state = map.entry(key).or_default();
+                        let old = std::mem::replace(&mut state.beacon, beacon);
+                        state.checking = false;
+                        state.stale = false;
+                        state.done = Some((Instant::now(), verdict));
+                        old
+                    }
+                    Err(_) => None,
+                };
+                // The node's new beacon (or none) takes the old one's place.
+                if let Some(old) = old {
+                    let pods: Api<Pod> = Api::namespaced(client.clone(), &settings.namespace);
+                    delete_own(&pods, &old.pod.name_any(), &old.uid).await;
                 }
             });
         }
         gate
+    }
+
+    /// The beacon of `node` under `rc`: the listener of the check that proved enforcement
+    /// there, if it is kept.
+    pub fn beacon(&self, node: &str, rc: Option<&str>) -> Option<Beacon> {
+        let map = self.inner.lock().ok()?;
+        map.get(&(node.to_string(), rc.map(str::to_string)))?
+            .beacon
+            .clone()
+    }
+
+    /// Marks the beacon of `node` under `rc` gone: the next ask starts a check (its verdict
+    /// stands meanwhile), which keeps a new one.
+    pub fn beacon_gone(&self, node: &str, rc: Option<&str>) {
+        if let Ok(mut map) = self.inner.lock()
+            && let Some(state) = map.get_mut(&(node.to_string(), rc.map(str::to_string)))
+        {
+            state.stale = true;
+        }
     }
 }
 
@@ -358,6 +408,12 @@ pub fn check_pod(
         "mkdir -p /tmp/w && echo {} > /tmp/w/index.html && exec httpd -f -p {PORT} -h /tmp/w",
         names.id
     );
+    // A proof's listener may live on as the node's beacon until the next check there.
+    let deadline = match role {
+        "listener" => POD_DEADLINE_SECONDS
+            .saturating_add(i64::try_from(settings.interval.as_secs()).unwrap_or(i64::MAX / 2)),
+        _ => POD_DEADLINE_SECONDS,
+    };
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -369,7 +425,7 @@ pub fn check_pod(
             "automountServiceAccountToken": false,
             "enableServiceLinks": false,
             "terminationGracePeriodSeconds": 1,
-            "activeDeadlineSeconds": POD_DEADLINE_SECONDS,
+            "activeDeadlineSeconds": deadline,
             "restartPolicy": "Never",
             "tolerations": [{"operator": "Exists"}],
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65534, "runAsGroup": 65534,
@@ -434,6 +490,144 @@ pub fn running_ip(made: &Pod, uid: &str, seen: Option<&Pod>) -> Result<Option<St
         ("Running", Some(ip)) => Ok(Some(ip)),
         ("Succeeded" | "Failed", _) => Err(CheckError::NotOurs(name)),
         _ => Ok(None),
+    }
+}
+
+/// Name of the init container that holds a cold sandbox pod's own containers until its own
+/// rules are in force ([`release`]).
+pub const WAIT_CONTAINER: &str = "network-wait";
+/// What [`WAIT_CONTAINER`] runs: it ends once [`release`] made its file.
+const WAIT_SCRIPT: &str = "until [ -e /tmp/agentbox-network-released ]; do sleep 0.05; done";
+/// [`release`]'s probe: fetch the beacon's page (`$1`:`$2`, page `$3`) until that fails, at
+/// most `$4` times, then release; exit 3 while the beacon is still reached.
+const RELEASE_SCRIPT: &str = r#"i=0
+while printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 1 "$1" "$2" 2>/dev/null | grep -qx -- "$3"; do
+  i=$((i+1)); [ "$i" -lt "$4" ] || exit 3
+  sleep 0.05
+done
+: > /tmp/agentbox-network-released"#;
+/// How many fetches one [`release`] tries before it gives the reconcile back.
+const RELEASE_TRIES: u32 = 40;
+
+/// The init container that holds a cold sandbox pod whose egress relies on enforcement: the
+/// pod's network namespace (and so its policy) is the sandbox's, and its containers start
+/// only after this one ends, which [`release`] allows once the pod fails to reach its node's
+/// beacon: the pod's own rules are in force before any code of the sandbox runs. Image: the
+/// check's (`sh`, `nc`, `grep`); unprivileged, small, no token.
+pub fn wait_container(image: &str) -> k8s_openapi::api::core::v1::Container {
+    serde_json::from_value(serde_json::json!({
+        "name": WAIT_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", WAIT_SCRIPT],
+        "resources": {"requests": {"cpu": "5m", "memory": "8Mi"},
+                       "limits": {"cpu": "100m", "memory": "32Mi"}},
+        "securityContext": {"runAsNonRoot": true, "runAsUser": 65534, "runAsGroup": 65534,
+                            "allowPrivilegeEscalation": false,
+                            "capabilities": {"drop": ["ALL"]}}
+    }))
+    .unwrap_or_default()
+}
+
+/// Whether `pod`'s [`WAIT_CONTAINER`] runs: the pod waits for [`release`].
+pub fn waiting(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.name == WAIT_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+/// Whether `network`'s allowlist admits TCP to `ip`:`port` (pure): then a pod under it
+/// reaches the beacon whether or not its rules are in force, and the beacon proves nothing.
+pub fn admits(network: &agentbox_api::crd::Network, default: Egress, ip: &str, port: u16) -> bool {
+    use agentbox_api::crd::PortProtocol;
+    match network.egress_or(default) {
+        Egress::All => return true,
+        Egress::Denied => return false,
+        Egress::Allowlist => {}
+    }
+    let Ok(ip) = ip.parse::<std::net::IpAddr>() else {
+        return false;
+    };
+    network.allow.iter().any(|a| {
+        a.cidr.as_deref().is_some_and(|c| cidr_contains(c, ip))
+            && (a.ports.is_empty()
+                || a.ports.iter().any(|p| {
+                    p.protocol == PortProtocol::Tcp
+                        && i32::from(port) >= p.port
+                        && i32::from(port) <= p.end_port.unwrap_or(p.port)
+                }))
+    })
+}
+
+/// Whether the block `cidr` holds `ip` (pure; a malformed block holds nothing).
+fn cidr_contains(cidr: &str, ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    let Some((net, len)) = cidr.split_once('/') else {
+        return false;
+    };
+    let (Ok(net), Ok(len)) = (net.parse::<IpAddr>(), len.parse::<u32>()) else {
+        return false;
+    };
+    let bits = |a: IpAddr| match a {
+        IpAddr::V4(v) => (u128::from(u32::from(v)), 32),
+        IpAddr::V6(v) => (u128::from(v), 128),
+    };
+    let ((n, width), (i, iw)) = (bits(net), bits(ip));
+    if width != iw || len > width {
+        return false;
+    }
+    let shift = width - len;
+    shift >= 128 || (n >> shift) == (i >> shift)
+}
+
+/// Whether `beacon` is still the running pod its check made (a dead one is refused by
+/// everyone, which would prove nothing).
+pub async fn beacon_alive(checks: &Api<Pod>, beacon: &Beacon) -> bool {
+    match checks.get_opt(&beacon.pod.name_any()).await {
+        Ok(seen) => matches!(
+            running_ip(&beacon.pod, &beacon.uid, seen.as_ref()),
+            Ok(Some(ip)) if ip == beacon.ip
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Lets the pod `pod`'s [`WAIT_CONTAINER`] end: with `beacon`, only once the pod fails to
+/// fetch the beacon's page (its own rules are in force); without, at once (its egress relies
+/// on nothing, enforcement is attested, or its allowlist admits the beacon). `false`: not
+/// released (the beacon is still reached, or the exec failed), ask again.
+pub async fn release(pods: &Api<Pod>, pod: &str, beacon: Option<&Beacon>) -> bool {
+    let argv: Vec<String> = match beacon {
+        Some(b) => [
+            "sh",
+            "-c",
+            RELEASE_SCRIPT,
+            "sh",
+            &b.ip,
+            &PORT.to_string(),
+            &b.page,
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain([RELEASE_TRIES.to_string()])
+        .collect(),
+        None => ["sh", "-c", ": > /tmp/agentbox-network-released"]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+    };
+    let req = ExecRequest::argv(argv)
+        .timeout(Duration::from_secs(30))
+        .max_output(4096);
+    match exec::run(pods, pod, WAIT_CONTAINER, req).await {
+        Ok(out) => out.success(),
+        Err(e) => {
+            warn!(pod = %pod, error = %e, "could not release a pod's network wait");
+            false
+        }
     }
 }
 
@@ -534,7 +728,7 @@ pub async fn check(
     settings: &Settings,
     node: &str,
     rc: Option<&str>,
-) -> Result<Verdict, CheckError> {
+) -> Result<(Verdict, Option<Beacon>), CheckError> {
     let ns = settings.namespace.as_str();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
@@ -560,7 +754,7 @@ pub async fn check(
         made.push((names.listener.clone(), luid.clone()));
         let cuid = create_pod(&pods, &canary).await?;
         made.push((names.canary.clone(), cuid.clone()));
-        probe(
+        let (verdict, lip) = probe(
             &pods,
             ns,
             node,
@@ -569,13 +763,29 @@ pub async fn check(
             (&listener, &luid),
             (&canary, &cuid),
         )
-        .await
+        .await?;
+        // The listener of a proof stays as the node's beacon (see [`Beacon`]).
+        let beacon = (verdict == Verdict::Enforced).then(|| Beacon {
+            pod: listener.clone(),
+            uid: luid,
+            ip: lip,
+            page: names.id.clone(),
+        });
+        Ok((verdict, beacon))
     }
     .await;
-    // The check's pods and policy go after each check, whatever its verdict: the next check
-    // makes new ones. Only the pods it made (their UIDs).
+    // The check's pods and policy go after each check, whatever its verdict (the next check
+    // makes new ones), but for a proof's listener, kept as the node's beacon. Only the pods it
+    // made (their UIDs).
+    let kept = result
+        .as_ref()
+        .ok()
+        .and_then(|(_, b)| b.as_ref())
+        .map(|b| b.uid.clone());
     for (name, uid) in &made {
-        delete_own(&pods, name, uid).await;
+        if kept.as_ref() != Some(uid) {
+            delete_own(&pods, name, uid).await;
+        }
     }
     match policies
         .delete(&names.policy, &DeleteParams::default())
@@ -597,7 +807,7 @@ async fn probe(
     names: &Names,
     (listener, luid): (&Pod, &str),
     (canary, cuid): (&Pod, &str),
-) -> Result<Verdict, CheckError> {
+) -> Result<(Verdict, String), CheckError> {
     let (lip, cip) = tokio::try_join!(
         running_pod(pods, listener, luid),
         running_pod(pods, canary, cuid),
@@ -631,34 +841,47 @@ async fn probe(
         }
     }
     if !control {
-        return Ok(Verdict::Not(
-            INCONCLUSIVE.into(),
-            format!(
-                "the NetworkPolicy check on node {node}: its listener pod could not reach its \
+        return Ok((
+            Verdict::Not(
+                INCONCLUSIVE.into(),
+                format!(
+                    "the NetworkPolicy check on node {node}: its listener pod could not reach its \
                  canary pod (pod {cname} in namespace {ns}), so enforcement cannot be proven there"
+                ),
             ),
+            lip,
         ));
     }
     if enforced {
-        return Ok(Verdict::Enforced);
+        return Ok((Verdict::Enforced, lip));
     }
-    Ok(Verdict::Not(
-        NOT_ENFORCED.into(),
-        format!(
-            "NetworkPolicy is not enforced on node {node}{}: a pod under a deny-all egress \
+    Ok((
+        Verdict::Not(
+            NOT_ENFORCED.into(),
+            format!(
+                "NetworkPolicy is not enforced on node {node}{}: a pod under a deny-all egress \
              policy (pod {cname} in namespace {ns}) still reached another pod. Install a \
              network plugin that enforces NetworkPolicy (for example Calico, Cilium, or \
              kube-router's firewall), or, if it is enforced, set network.enforcement: Attested \
              in the agentbox Helm values",
-            rc.map(|r| format!(" under runtime class {r}"))
-                .unwrap_or_default()
+                rc.map(|r| format!(" under runtime class {r}"))
+                    .unwrap_or_default()
+            ),
         ),
+        lip,
     ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn done(at: Instant, verdict: Verdict) -> State {
+        State {
+            done: Some((at, verdict)),
+            ..State::default()
+        }
+    }
 
     #[test]
     fn nothing_known_starts_a_check_and_waits() {
@@ -667,8 +890,12 @@ mod tests {
             judge(None, Duration::from_secs(60), now),
             (Gate::Pending, true)
         );
+        let first = State {
+            checking: true,
+            ..State::default()
+        };
         assert_eq!(
-            judge(Some(&State::Checking), Duration::from_secs(60), now),
+            judge(Some(&first), Duration::from_secs(60), now),
             (Gate::Pending, false)
         );
     }
@@ -676,30 +903,147 @@ mod tests {
     #[test]
     fn a_proof_holds_and_is_checked_again_when_due() {
         let at = Instant::now();
-        let done = State::Done {
-            at,
-            verdict: Verdict::Enforced,
-        };
+        let mut state = done(at, Verdict::Enforced);
         let i = Duration::from_secs(60);
         assert_eq!(
-            judge(Some(&done), i, at + Duration::from_secs(1)),
+            judge(Some(&state), i, at + Duration::from_secs(1)),
             (Gate::Proven, false)
         );
-        assert_eq!(judge(Some(&done), i, at + i), (Gate::Proven, true));
+        assert_eq!(judge(Some(&state), i, at + i), (Gate::Proven, true));
+        // Its re-check runs: the node stays proven (its Ready sandboxes stay Ready) and no
+        // second check starts.
+        state.checking = true;
+        assert_eq!(judge(Some(&state), i, at + i), (Gate::Proven, false));
+        // A beacon found gone asks for a check before the interval is up.
+        state.checking = false;
+        state.stale = true;
+        assert_eq!(
+            judge(Some(&state), i, at + Duration::from_secs(1)),
+            (Gate::Proven, true)
+        );
     }
 
     #[test]
     fn a_failure_keeps_the_sandbox_waiting_and_is_retried_soon() {
         let at = Instant::now();
-        let done = State::Done {
-            at,
-            verdict: Verdict::Not(NOT_ENFORCED.into(), "install one".into()),
-        };
-        let (gate, again) = judge(Some(&done), Duration::from_secs(300), at);
+        let mut state = done(at, Verdict::Not(NOT_ENFORCED.into(), "install one".into()));
+        let (gate, again) = judge(Some(&state), Duration::from_secs(300), at);
         assert!(matches!(gate, Gate::Failed { ref reason, .. } if reason == NOT_ENFORCED));
         assert!(!again);
-        let (_, again) = judge(Some(&done), Duration::from_secs(300), at + RETRY_FAILED);
+        let (_, again) = judge(Some(&state), Duration::from_secs(300), at + RETRY_FAILED);
         assert!(again);
+        state.checking = true;
+        let (gate, again) = judge(Some(&state), Duration::from_secs(300), at + RETRY_FAILED);
+        assert!(matches!(gate, Gate::Failed { .. }) && !again);
+    }
+
+    #[test]
+    fn an_allowlist_admits_the_beacon_only_by_block_and_tcp_port() {
+        let net = |v: serde_json::Value| -> agentbox_api::crd::Network {
+            serde_json::from_value(v).unwrap_or_default()
+        };
+        let none = net(serde_json::json!({"egress": "None"}));
+        assert!(!admits(&none, Egress::All, "10.1.2.3", 8080));
+        assert!(admits(
+            &net(serde_json::json!({})),
+            Egress::All,
+            "10.1.2.3",
+            8080
+        ));
+        assert!(!admits(
+            &net(serde_json::json!({})),
+            Egress::Denied,
+            "10.1.2.3",
+            8080
+        ));
+        let list = |allow: serde_json::Value| {
+            net(serde_json::json!({"egress": "Allowlist", "allow": allow}))
+        };
+        let d = Egress::Denied;
+        assert!(admits(
+            &list(serde_json::json!([{"cidr": "10.0.0.0/8"}])),
+            d,
+            "10.1.2.3",
+            8080
+        ));
+        assert!(!admits(
+            &list(serde_json::json!([{"cidr": "10.2.0.0/16"}])),
+            d,
+            "10.1.2.3",
+            8080
+        ));
+        assert!(admits(
+            &list(
+                serde_json::json!([{"cidr": "10.1.2.3/32", "ports": [{"port": 8000, "endPort": 9000}]}])
+            ),
+            d,
+            "10.1.2.3",
+            8080
+        ));
+        assert!(!admits(
+            &list(serde_json::json!([{"cidr": "10.1.2.3/32", "ports": [{"port": 443}]}])),
+            d,
+            "10.1.2.3",
+            8080
+        ));
+        assert!(!admits(
+            &list(
+                serde_json::json!([{"cidr": "10.1.2.3/32", "ports": [{"port": 8080, "protocol": "UDP"}]}])
+            ),
+            d,
+            "10.1.2.3",
+            8080
+        ));
+        assert!(admits(
+            &list(serde_json::json!([{"cidr": "0.0.0.0/0"}])),
+            d,
+            "10.1.2.3",
+            8080
+        ));
+        assert!(!admits(
+            &list(serde_json::json!([{"cidr": "::/0"}])),
+            d,
+            "10.1.2.3",
+            8080
+        ));
+        assert!(admits(
+            &list(serde_json::json!([{"cidr": "fd00::/8"}])),
+            d,
+            "fd00::5",
+            8080
+        ));
+        assert!(!admits(
+            &list(serde_json::json!([{"cidr": "10.1.2.3/33"}])),
+            d,
+            "10.1.2.3",
+            8080
+        ));
+    }
+
+    #[test]
+    fn the_network_wait_holds_until_released_and_is_unprivileged() {
+        let c = wait_container("busybox");
+        assert_eq!(c.name, WAIT_CONTAINER);
+        assert_eq!(c.image.as_deref(), Some("busybox"));
+        let sc = c.security_context.clone().unwrap_or_default();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert!(WAIT_SCRIPT.contains("/tmp/agentbox-network-released"));
+        assert!(RELEASE_SCRIPT.ends_with(": > /tmp/agentbox-network-released"));
+        let pod = |state: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": {
+                "initContainerStatuses": [{"name": WAIT_CONTAINER, "image": "busybox", "imageID": "",
+                    "ready": false, "restartCount": 0, "state": state}]}}))
+            .unwrap_or_default()
+        };
+        assert!(waiting(&pod(serde_json::json!({"running": {}}))));
+        assert!(!waiting(&pod(
+            serde_json::json!({"waiting": {"reason": "PodInitializing"}})
+        )));
+        assert!(!waiting(&pod(
+            serde_json::json!({"terminated": {"exitCode": 0}})
+        )));
+        assert!(!waiting(&Pod::default()));
     }
 
     fn settings() -> Settings {
