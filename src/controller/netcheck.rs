@@ -625,7 +625,8 @@ pub async fn release(pods: &Api<Pod>, pod: &str, beacon: Option<&Beacon>) -> boo
     match exec::run(pods, pod, WAIT_CONTAINER, req).await {
         Ok(out) => out.success(),
         Err(e) => {
-            warn!(pod = %pod, error = %e, "could not release a pod's network wait");
+            // Also when the pod's cached state is behind: its wait has ended already.
+            tracing::debug!(pod = %pod, error = %e, "could not release a pod's network wait");
             false
         }
     }

@@ -207,7 +207,8 @@ fn network_gate(h: &Hands<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
 /// Lets a cold pod's network wait end (its containers start) once its own egress rules are
 /// shown in force by the node's beacon, or at once where its egress relies on nothing or
 /// enforcement is attested. While the node's verdict is pending or failed, the pod keeps
-/// waiting (the gate's condition says why). Returns how soon to look again.
+/// waiting (the gate's condition says why) and its sandbox asks again soon. Returns how soon
+/// to look again.
 async fn release_network_wait(
     h: &Hands<'_>,
     sbx: &Sandbox,
@@ -220,7 +221,10 @@ async fn release_network_wait(
     let rc = spec.and_then(|s| s.runtime_class_name.as_deref());
     let beacon = match gate {
         Gate::NotNeeded | Gate::Attested => None,
-        Gate::Pending | Gate::Failed { .. } => return None,
+        // The pod waits; its sandbox asks again when the node's check may have ended (a
+        // sandbox that is not Ready gets no other requeue for it).
+        Gate::Pending => return Some(Duration::from_millis(500)),
+        Gate::Failed { .. } => return Some(netcheck::RETRY_FAILED),
         Gate::Proven => {
             let Some(b) = h.ctx.proofs.beacon(node, rc) else {
                 h.ctx.proofs.beacon_gone(node, rc);
