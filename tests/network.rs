@@ -44,8 +44,20 @@ async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_ed
         .unwrap();
     let allow = json!({"egress": "Allowlist", "allow": [{"cidr": format!("{l1}/32"), "ports": [{"port": 8080}]}]});
     create_sandbox(&env, "listed", base(allow)).await.unwrap();
+    // A cold pod's own code runs only once its own rules are in force: this one's command
+    // tries the listener from its first moment, 40 times, and writes down what it reached.
+    let early = format!(
+        "i=0; while [ $i -lt 40 ]; do \
+           if printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 1 {l1} 8080 | grep -q ok; then \
+             echo \"reached on try $i\" >> /tmp/early; fi; \
+           i=$((i+1)); sleep 0.05; done; echo $i > /tmp/early-done; {}",
+        agentbox_api::remote::KEEP_ALIVE
+    );
+    let mut early_spec = base(serde_json::Value::Null);
+    early_spec["command"] = json!(["sh", "-c", early]);
+    create_sandbox(&env, "early", early_spec).await.unwrap();
     let mut ready = Vec::new();
-    for name in ["open", "closed", "listed"] {
+    for name in ["open", "closed", "listed", "early"] {
         ready.push(env.wait_for::<Sandbox>(name, 180, phase_is("Ready")).await);
     }
     // Proven, not assumed: the operator's check ran on the node.
@@ -69,11 +81,25 @@ async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_ed
     until_reaches(&env, "open", &l1, 8081, true).await;
     until_reaches(&env, "open", &l2, 8080, true).await;
 
-    // The engine programs a new pod's rules on its next sync (about a second on this
-    // cluster), which a cold start can beat: wait for the first refusal, then hold each
-    // sandbox to the rest at once (docs/limits.md).
-    until_reaches(&env, "closed", &l1, 8080, false).await;
-    until_reaches(&env, "listed", &l1, 8081, false).await;
+    // Ready, a cold sandbox is under its own rules already (its pod started only once they
+    // were in force), so the first try is refused; and its command, run from the pod's
+    // first moment, reached nothing.
+    let early_pod = agentbox_api::labels::pod_name("early");
+    let mut said = String::new();
+    for _ in 0..60 {
+        said = common::sh(&env, &early_pod, "cat /tmp/early-done /tmp/early 2>/dev/null")
+            .await
+            .1;
+        if !said.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert_eq!(said.trim(), "40", "the early command's tries: {said}");
+    for (sandbox, port) in [("closed", 8080), ("listed", 8081), ("early", 8080)] {
+        let (got, said) = common::net::probe(&env, sandbox, &l1, port).await;
+        assert!(!got, "{sandbox} reached {l1}:{port} at Ready: {said}");
+    }
     // None: no pod, and not the API server's address (the `kubernetes` Service; on this
     // cluster pods have no route to it at all, so this part only shows nothing opened it).
     for (ip, port) in [
