@@ -87,9 +87,13 @@ async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_ed
     let early_pod = agentbox_api::labels::pod_name("early");
     let mut said = String::new();
     for _ in 0..60 {
-        said = common::sh(&env, &early_pod, "cat /tmp/early-done /tmp/early 2>/dev/null")
-            .await
-            .1;
+        said = common::sh(
+            &env,
+            &early_pod,
+            "cat /tmp/early-done /tmp/early 2>/dev/null",
+        )
+        .await
+        .1;
         if !said.is_empty() {
             break;
         }

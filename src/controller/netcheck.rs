@@ -445,11 +445,11 @@ pub fn check_pod(
     .unwrap_or_default()
 }
 
-/// Whether `seen` is the pod the check made from `made` and got back as `uid`: the same
-/// object (UID), not being deleted, and still with the spec the check gave it (node, runtime
-/// class, image, command, security context: a container's image is the one part of a pod
-/// spec an update may change). Anything else, a pod planted under the name or one put in
-/// its place, decides nothing (pure).
+/// Whether `seen` is the pod the check made, `made` as the API server returned it from the
+/// create, UID `uid`: the same object (UID), not being deleted, and still with the spec it was
+/// made with (node, runtime class, image, command, security context: a container's image is
+/// the one part of a pod spec an update may change; no ephemeral container added). Anything
+/// else, a pod planted under the name or one put in its place, decides nothing (pure).
 pub fn is_ours(made: &Pod, uid: &str, seen: &Pod) -> bool {
     if uid.is_empty() || seen.metadata.uid.as_deref() != Some(uid) {
         return false;
@@ -633,10 +633,14 @@ pub async fn release(pods: &Api<Pod>, pod: &str, beacon: Option<&Beacon>) -> boo
 }
 
 /// Creates `pod` (never adopts one of its name: with a fresh name, an existing one was
-/// planted) and returns its UID.
-async fn create_pod(api: &Api<Pod>, pod: &Pod) -> Result<String, CheckError> {
+/// planted) and returns it as the API server made it (after admission, which may have
+/// rewritten an image or added defaults: later reads are compared with this) and its UID.
+async fn create_pod(api: &Api<Pod>, pod: &Pod) -> Result<(Pod, String), CheckError> {
     match api.create(&PostParams::default(), pod).await {
-        Ok(p) => Ok(p.uid().unwrap_or_default()),
+        Ok(p) => {
+            let uid = p.uid().unwrap_or_default();
+            Ok((p, uid))
+        }
         Err(kube::Error::Api(e)) if e.code == 409 => {
             Err(CheckError::Planted(format!("pod {}", pod.name_any())))
         }
@@ -747,13 +751,13 @@ pub async fn check(
         }
         Err(e) => return Err(e.into()),
     }
-    let listener = check_pod(settings, &names, "listener", node, rc);
-    let canary = check_pod(settings, &names, "canary", node, rc);
     let mut made: Vec<(String, String)> = Vec::new();
     let result = async {
-        let luid = create_pod(&pods, &listener).await?;
+        let (listener, luid) =
+            create_pod(&pods, &check_pod(settings, &names, "listener", node, rc)).await?;
         made.push((names.listener.clone(), luid.clone()));
-        let cuid = create_pod(&pods, &canary).await?;
+        let (canary, cuid) =
+            create_pod(&pods, &check_pod(settings, &names, "canary", node, rc)).await?;
         made.push((names.canary.clone(), cuid.clone()));
         let (verdict, lip) = probe(
             &pods,
@@ -767,7 +771,7 @@ pub async fn check(
         .await?;
         // The listener of a proof stays as the node's beacon (see [`Beacon`]).
         let beacon = (verdict == Verdict::Enforced).then(|| Beacon {
-            pod: listener.clone(),
+            pod: listener,
             uid: luid,
             ip: lip,
             page: names.id.clone(),
