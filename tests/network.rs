@@ -313,6 +313,14 @@ async fn a_tenants_planted_check_pods_cannot_forge_proven() {
         s.status.as_ref().and_then(|st| st.phase),
         Some(agentbox_api::crd::SandboxPhase::Ready)
     );
+    // Its pod waits for its own rules (it never runs on a node not proven), and its Ready
+    // condition names the cause, which every client's wait reports.
+    let ready = condition(&s, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "NetworkPolicyNotEnforced"),
+        "{ready:?}"
+    );
     // The planted pods were neither used nor deleted: the same pods are there.
     let pods = env.api::<Pod>();
     for (name, uid) in [(&lname, &luid), (&cname, &cuid)] {
