@@ -177,8 +177,10 @@ pub struct Config {
     #[arg(long, env = "AGENTBOX_NETWORK_ENFORCEMENT", default_value = "Probe", value_parser = ["Probe", "Attested"])]
     pub network_enforcement: String,
 
-    /// Namespace of the enforcement check's pods and policy (the operator's own). Empty: the
-    /// namespace of the sandbox that first needs the check on a node.
+    /// Namespace of the enforcement check's pods and policy: the operator's own, where no
+    /// tenant may create pods, exec or make policies (a tenant who can could sway the check).
+    /// Empty: the namespace of the leader-election Lease (`--leader-election-namespace`, else
+    /// `--namespace`, else `default`).
     #[arg(long, env = "AGENTBOX_NETWORK_CHECK_NAMESPACE", default_value = "")]
     pub network_check_namespace: String,
 

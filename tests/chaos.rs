@@ -228,7 +228,7 @@ async fn warm_pool(env: &TestEnv, i: usize, n: usize) -> Result<(String, Vec<Pod
 /// Sandbox has exactly one live pod, the one its status names.
 async fn check_adoptions(env: &TestEnv, v: &mut Vec<String>) {
     let (pods, sandboxes) = match (
-        env.api::<Pod>().list(&ListParams::default()).await,
+        env.api::<Pod>().list(&common::not_the_beacon()).await,
         env.api::<Sandbox>().list(&ListParams::default()).await,
     ) {
         (Ok(p), Ok(s)) => (p.items, s.items),
@@ -528,14 +528,14 @@ async fn tidy_and_check(env: &TestEnv, user: &str, uids: &[String], v: &mut Vec<
     }
     let pods = env.api::<Pod>();
     if !until(60, || async {
-        pods.list(&ListParams::default())
+        pods.list(&common::not_the_beacon())
             .await
             .is_ok_and(|l| l.items.is_empty())
     })
     .await
     {
         let left: Vec<String> = pods
-            .list(&ListParams::default())
+            .list(&common::not_the_beacon())
             .await
             .map(|l| l.items.iter().map(|p| p.name_any()).collect())
             .unwrap_or_default();

@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::net::{condition, listener, reaches, until_reaches};
 use common::{TestEnv, create_sandbox, matrix_runtime_class, phase_is};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -16,101 +15,14 @@ use serde_json::json;
 
 use agentbox_api::crd::Sandbox;
 
-/// A listener pod serving `ok` on each of `ports` (busybox httpd), under the matrix's runtime
-/// class; returns its IP once it runs.
-async fn listener(env: &TestEnv, name: &str, ports: &[u16]) -> String {
-    let serve: Vec<String> = ports
-        .iter()
-        .map(|p| format!("httpd -p {p} -h /tmp/w"))
-        .collect();
-    let script = format!(
-        "mkdir -p /tmp/w && echo ok > /tmp/w/index.html && {} && exec sleep 3600",
-        serve.join(" && ")
-    );
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"test-role": "listener"}},
-        "spec": {
-            "runtimeClassName": matrix_runtime_class(),
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "l", "image": common::BASE_IMAGE, "imagePullPolicy": "IfNotPresent",
-                            "command": ["sh", "-c", script]}]
-        }
-    }))
-    .unwrap();
-    env.api::<Pod>()
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    let p = env
-        .wait_for::<Pod>(name, 120, |p: Option<&Pod>| {
-            p.and_then(|p| p.status.as_ref())
-                .is_some_and(|s| s.phase.as_deref() == Some("Running") && s.pod_ip.is_some())
-        })
-        .await;
-    p.status.unwrap().pod_ip.unwrap()
-}
-
-/// Whether the sandbox's pod fetches `ok` from `ip:port` (one try, at most 2 s).
-async fn reaches(env: &TestEnv, sandbox: &str, ip: &str, port: u16) -> bool {
-    probe(env, sandbox, ip, port).await.0
-}
-
-/// One fetch of `ip:port` from the sandbox's pod: whether it got `ok`, and what the probe
-/// printed (for the failure message).
-async fn probe(env: &TestEnv, sandbox: &str, ip: &str, port: u16) -> (bool, String) {
-    let pod = agentbox_api::labels::pod_name(sandbox);
-    let out = agentbox_api::exec::run(
-        &env.api::<Pod>(),
-        &pod,
-        "sandbox",
-        agentbox_api::exec::ExecRequest::shell(format!(
-            "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {ip} {port}; echo \"nc exit $?\""
-        ))
-        .timeout(Duration::from_secs(10)),
-    )
-    .await
-    .expect("exec");
-    let stdout = out.stdout_str();
-    let got = stdout.lines().rev().nth(1).map(str::trim) == Some("ok");
-    (got, format!("{stdout}{}", out.stderr_str()))
-}
-
-/// Polls until `reaches` is `want` (at most 10 s: an edit applies within seconds, and on a
-/// loaded machine one fetch that should succeed can outlast its 2 s).
-async fn until_reaches(env: &TestEnv, sandbox: &str, ip: &str, port: u16, want: bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (got, said) = probe(env, sandbox, ip, port).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{sandbox} -> {ip}:{port}: still {} after 10 s; the last probe said: {said}",
-            if want { "unreachable" } else { "reachable" }
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn condition<'a>(
-    s: &'a Sandbox,
-    type_: &str,
-) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    s.status
-        .as_ref()
-        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_))
-}
-
 #[tokio::test]
 #[ignore = "needs a cluster"]
 async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_edits_apply_live() {
     let mut env = TestEnv::new("net").await;
     env.start_operator(&[]);
     let (l1, l2) = tokio::join!(
-        listener(&env, "outside-1", &[8080, 8081]),
-        listener(&env, "outside-2", &[8080])
+        listener(&env, "outside-1", &[8080, 8081], None),
+        listener(&env, "outside-2", &[8080], None)
     );
     let base = |network: serde_json::Value| {
         let mut s = json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"}});
@@ -133,8 +45,20 @@ async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_ed
         .unwrap();
     let allow = json!({"egress": "Allowlist", "allow": [{"cidr": format!("{l1}/32"), "ports": [{"port": 8080}]}]});
     create_sandbox(&env, "listed", base(allow)).await.unwrap();
+    // A cold pod's own code runs only once its own rules are in force: this one's command
+    // tries the listener from its first moment, 40 times, and writes down what it reached.
+    let early = format!(
+        "i=0; while [ $i -lt 40 ]; do \
+           if printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 1 {l1} 8080 | grep -q ok; then \
+             echo \"reached on try $i\" >> /tmp/early; fi; \
+           i=$((i+1)); sleep 0.05; done; echo $i > /tmp/early-done; {}",
+        agentbox_api::remote::KEEP_ALIVE
+    );
+    let mut early_spec = base(serde_json::Value::Null);
+    early_spec["command"] = json!(["sh", "-c", early]);
+    create_sandbox(&env, "early", early_spec).await.unwrap();
     let mut ready = Vec::new();
-    for name in ["open", "closed", "listed"] {
+    for name in ["open", "closed", "listed", "early"] {
         ready.push(env.wait_for::<Sandbox>(name, 180, phase_is("Ready")).await);
     }
     // Proven, not assumed: the operator's check ran on the node.
@@ -158,11 +82,29 @@ async fn egress_none_reaches_nothing_an_allowlist_only_its_block_and_port_and_ed
     until_reaches(&env, "open", &l1, 8081, true).await;
     until_reaches(&env, "open", &l2, 8080, true).await;
 
-    // The engine programs a new pod's rules on its next sync (about a second on this
-    // cluster), which a cold start can beat: wait for the first refusal, then hold each
-    // sandbox to the rest at once (docs/limits.md).
-    until_reaches(&env, "closed", &l1, 8080, false).await;
-    until_reaches(&env, "listed", &l1, 8081, false).await;
+    // Ready, a cold sandbox is under its own rules already (its pod started only once they
+    // were in force), so the first try is refused; and its command, run from the pod's
+    // first moment, reached nothing.
+    let early_pod = agentbox_api::labels::pod_name("early");
+    let mut said = String::new();
+    for _ in 0..60 {
+        said = common::sh(
+            &env,
+            &early_pod,
+            "cat /tmp/early-done /tmp/early 2>/dev/null",
+        )
+        .await
+        .1;
+        if !said.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert_eq!(said.trim(), "40", "the early command's tries: {said}");
+    for (sandbox, port) in [("closed", 8080), ("listed", 8081), ("early", 8080)] {
+        let (got, said) = common::net::probe(&env, sandbox, &l1, port).await;
+        assert!(!got, "{sandbox} reached {l1}:{port} at Ready: {said}");
+    }
     // None: no pod, and not the API server's address (the `kubernetes` Service; on this
     // cluster pods have no route to it at all, so this part only shows nothing opened it).
     for (ip, port) in [
@@ -263,5 +205,141 @@ async fn bad_allowlists_are_refused_at_admission_with_what_is_wrong() {
         let msg = err.to_string();
         assert!(msg.contains(says), "{network}: {msg}");
     }
+    env.finish().await;
+}
+
+/// A pod a tenant plants in the namespace: `name`, on `node`, one container `check` (the
+/// name the operator's probes exec into) running `script`.
+async fn plant(env: &TestEnv, name: &str, node: &str, script: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "check", "image": common::BASE_IMAGE,
+                            "imagePullPolicy": "IfNotPresent", "command": ["sh", "-c", script]}]
+        }
+    }))
+    .unwrap();
+    let made = env
+        .api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    env.wait_for::<Pod>(name, 120, |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.phase.as_deref() == Some("Running") && s.pod_ip.is_some())
+    })
+    .await;
+    made.metadata.uid.unwrap()
+}
+
+/// The enforcement check's verdict cannot be forged by a tenant of the namespace it runs in.
+/// Before, the check reused pods by a name derived from the node (and runtime class), so a
+/// tenant could plant a "listener" that serves nothing and a "canary" that serves `ok` under
+/// those names and have any node "Proven". Here the namespace is set up so that the honest
+/// verdict is "not enforced" (a tenant's policy admits all egress of pods labelled as the
+/// check's canaries, so the canary is not confined), and the planted pods wait under the old
+/// names: the sandbox must not become Ready (NetworkPolicyNotEnforced), the planted pods are
+/// neither used nor deleted, and once the tenant's policy goes the check proves the node.
+#[tokio::test]
+#[ignore = "needs a cluster"]
+async fn a_tenants_planted_check_pods_cannot_forge_proven() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use sha2::{Digest, Sha256};
+    let mut env = TestEnv::new("net-forge").await;
+    common::ensure_crds(&env.client).await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(env.client.clone());
+    let node = nodes.list(&Default::default()).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    // The names the check used before: agentbox-netcheck-<sha256(node \0 runtime class)>-*.
+    let mut h = Sha256::new();
+    h.update(node.as_bytes());
+    h.update([0]);
+    h.update(matrix_runtime_class().unwrap_or_default().as_bytes());
+    let sfx: String = h.finalize()[..5]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let (lname, cname) = (
+        format!("agentbox-netcheck-{sfx}-listener"),
+        format!("agentbox-netcheck-{sfx}-canary"),
+    );
+    let allow: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "tenant-allows-canaries"},
+        "spec": {"podSelector": {"matchLabels": {"agentbox.dev/netcheck": "canary"}},
+                 "policyTypes": ["Egress"], "egress": [{}]}
+    }))
+    .unwrap();
+    let policies = env.api::<NetworkPolicy>();
+    policies
+        .create(&PostParams::default(), &allow)
+        .await
+        .unwrap();
+    let (luid, cuid) = tokio::join!(
+        plant(&env, &lname, &node, "exec sleep 3600"),
+        plant(
+            &env,
+            &cname,
+            &node,
+            "mkdir -p /tmp/w && echo ok > /tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w"
+        )
+    );
+    env.start_operator(&[]);
+    create_sandbox(
+        &env,
+        "s",
+        json!({"image": common::BASE_IMAGE, "scope": {"kind": "Global"},
+               "nodeSelector": {"kubernetes.io/hostname": node}, "network": {"egress": "None"}}),
+    )
+    .await
+    .unwrap();
+    // The first verdict, whichever it is.
+    let s = env
+        .wait_for::<Sandbox>("s", 180, |s: Option<&Sandbox>| {
+            s.and_then(|s| condition(s, "NetworkEnforced"))
+                .is_some_and(|c| c.reason != "NetworkCheckPending")
+        })
+        .await;
+    let c = condition(&s, "NetworkEnforced").unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NetworkPolicyNotEnforced"),
+        "the operator's verdict came from the tenant's planted pods: {c:?}"
+    );
+    assert_ne!(
+        s.status.as_ref().and_then(|st| st.phase),
+        Some(agentbox_api::crd::SandboxPhase::Ready)
+    );
+    // Its pod waits for its own rules (it never runs on a node not proven), and its Ready
+    // condition names the cause, which every client's wait reports.
+    let ready = condition(&s, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "NetworkPolicyNotEnforced"),
+        "{ready:?}"
+    );
+    // The planted pods were neither used nor deleted: the same pods are there.
+    let pods = env.api::<Pod>();
+    for (name, uid) in [(&lname, &luid), (&cname, &cuid)] {
+        assert_eq!(
+            pods.get(name).await.unwrap().metadata.uid.as_ref(),
+            Some(uid),
+            "{name}"
+        );
+    }
+    // The tenant's policy gone, the next check (a failed verdict is retried within seconds)
+    // proves the node, and the sandbox becomes Ready.
+    policies
+        .delete("tenant-allows-canaries", &Default::default())
+        .await
+        .unwrap();
+    let s = env.wait_for::<Sandbox>("s", 180, phase_is("Ready")).await;
+    let c = condition(&s, "NetworkEnforced").unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Proven"));
     env.finish().await;
 }

@@ -569,3 +569,93 @@ async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_no
     env.wait_gone::<Sandbox>("moved", 120).await;
     common::finish_with_snapshots(env, Some(&store_dir)).await;
 }
+
+/// Egress on node 2 (kube-router runs there too): the operator's check proves NetworkPolicy
+/// enforced on node 2 itself, a sandbox pinned there with `None` reaches neither a pod nor the
+/// API server's address, an allowlist reaches its address and port and nothing next to them,
+/// while a sandbox with `All` on the same node reaches them all (the control).
+#[tokio::test]
+#[ignore = "needs a cluster"]
+async fn egress_on_node_two_is_proven_there_and_holds() {
+    use common::net::{condition, listener, reaches, until_reaches};
+    let _one_at_a_time = NODE2.lock().await;
+    let (_, node2) = node_names();
+    let mut env = TestEnv::new("net-node2").await;
+    common::ensure_crds(&env.client).await;
+    env.start_operator(&[]);
+    let (l1, l2) = tokio::join!(
+        listener(&env, "outside-1", &[8080, 8081], Some(&node2)),
+        listener(&env, "outside-2", &[8080], Some(&node2))
+    );
+    let on_node2 = |network: serde_json::Value| {
+        json!({
+            "image": common::BASE_IMAGE,
+            "imagePullPolicy": "Never",
+            "scope": {"kind": "Global"},
+            "nodeSelector": {"kubernetes.io/hostname": node2},
+            "tolerations": [{"key": "agentbox.dev/test-node", "operator": "Exists", "effect": "NoSchedule"}],
+            "network": network,
+        })
+    };
+    for (name, network) in [
+        ("open", json!({"egress": "All"})),
+        ("closed", json!({"egress": "None"})),
+        (
+            "listed",
+            json!({"egress": "Allowlist", "allow": [{"cidr": format!("{l1}/32"), "ports": [{"port": 8080}]}]}),
+        ),
+    ] {
+        common::create_sandbox(&env, name, on_node2(network))
+            .await
+            .expect("create sandbox");
+    }
+    for name in ["open", "closed", "listed"] {
+        let s = wait_sandbox(&env, name, 300, "Ready on node 2", |s| {
+            is_ready_on(s, &node2)
+        })
+        .await;
+        let c = condition(&s, "NetworkEnforced");
+        if name == "open" {
+            assert!(c.is_none(), "egress All relies on nothing: {c:?}");
+        } else {
+            let c = c.expect("NetworkEnforced");
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("True", "Proven"),
+                "{name}: {c:?}"
+            );
+        }
+    }
+    until_reaches(&env, "open", &l1, 8080, true).await;
+    until_reaches(&env, "open", &l1, 8081, true).await;
+    until_reaches(&env, "open", &l2, 8080, true).await;
+    until_reaches(&env, "closed", &l1, 8080, false).await;
+    until_reaches(&env, "listed", &l1, 8081, false).await;
+    for (ip, port) in [
+        (l1.as_str(), 8080),
+        (l1.as_str(), 8081),
+        (l2.as_str(), 8080),
+    ] {
+        assert!(
+            !reaches(&env, "closed", ip, port).await,
+            "None on node 2 reached {ip}:{port}"
+        );
+    }
+    let kubernetes: k8s_openapi::api::core::v1::Service =
+        Api::namespaced(env.client.clone(), "default")
+            .get("kubernetes")
+            .await
+            .unwrap();
+    let api_ip = kubernetes.spec.unwrap().cluster_ip.unwrap();
+    assert!(
+        !reaches(&env, "closed", &api_ip, 443).await,
+        "None on node 2 reached the API server's address"
+    );
+    until_reaches(&env, "listed", &l1, 8080, true).await;
+    assert!(
+        !reaches(&env, "listed", &l1, 8081).await,
+        "another port of the allowlisted address"
+    );
+    assert!(!reaches(&env, "listed", &l2, 8080).await, "another address");
+    env.finish().await;
+}

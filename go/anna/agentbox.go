@@ -110,7 +110,8 @@ func (f *Agentbox) Supported(p Policy) error {
 
 // egress maps p's network mode to the sandbox's (the contract's "" is NetworkAllowAll). The
 // operator holds a sandbox whose egress is None not Ready where it cannot prove NetworkPolicy
-// is enforced on its node, so CreateSession fails closed there.
+// is enforced on its node, and CreateSession checks its NetworkEnforced condition itself
+// (recoverEnforced): it fails closed there with a PolicyCompatibilityError naming the cause.
 func egress(p Policy) string {
 	if p.NetworkModeOrDefault() == NetworkDisabled {
 		return "None"
@@ -172,8 +173,9 @@ func (f *Agentbox) start(ctx context.Context, p Policy, sbx *agentbox.Sandbox, g
 		wait = 2 * time.Minute
 	}
 	// Recover, not only WaitReady: a status still Ready from a pod being deleted (the last
-	// session's end) is not a sandbox that serves.
-	if err := sbx.Recover(ctx, wait); err != nil {
+	// session's end) is not a sandbox that serves. With the network disabled, only where the
+	// operator has NetworkPolicy proven enforced (fail closed).
+	if err := f.recoverEnforced(ctx, p, sbx, wait); err != nil {
 		return nil, err
 	}
 	wd, err := f.workingDir(p)

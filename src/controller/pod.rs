@@ -96,6 +96,10 @@ pub struct PodConfig<'a> {
     pub processes: pids::ProcessLimits<'a>,
     /// The egress of sandboxes whose spec sets none (`--default-egress`).
     pub default_egress: Egress,
+    /// The image of the init container that holds a cold pod whose egress relies on
+    /// enforcement until its own rules are in force ([`super::netcheck::wait_container`]):
+    /// the network check's; `None` where enforcement is attested (no check, no beacon).
+    pub network_wait: Option<&'a str>,
 }
 
 impl<'a> PodConfig<'a> {
@@ -119,6 +123,8 @@ impl<'a> PodConfig<'a> {
                 cgroup_root: &c.pids_cgroup_root,
             },
             default_egress: c.default_egress(),
+            network_wait: (c.network_enforcement != "Attested")
+                .then_some(c.network_check_image.as_str()),
         }
     }
 }
@@ -143,7 +149,18 @@ pub fn build_pod_in(
     pin_node: Option<&str>,
 ) -> Pod {
     let ns = sbx.namespace().unwrap_or_default();
-    let (pod_spec, hash) = build_pod_spec(&sbx.spec, cfg, host_dir, pin_node);
+    let (mut pod_spec, hash) = build_pod_spec(&sbx.spec, cfg, host_dir, pin_node);
+    // A cold pod whose egress relies on enforcement starts its own containers only once its
+    // rules are in force (the wait is not in the spec hash, as no init container is). A warm
+    // pod has been under its template's policy long before a claim.
+    if let Some(image) = cfg.network_wait
+        && sbx.spec.pod.network.egress_or(cfg.default_egress) != Egress::All
+    {
+        pod_spec
+            .init_containers
+            .get_or_insert_with(Vec::new)
+            .push(super::netcheck::wait_container(image));
+    }
     let mut annotations = labels::scope_annotations(&sbx.spec.scope);
     annotations.insert(SPEC_HASH.into(), hash);
     Pod {
@@ -680,6 +697,7 @@ pub(super) mod tests {
             default_runtime_class: None,
             processes: pids::ProcessLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
+            network_wait: None,
         }
     }
 
@@ -842,6 +860,59 @@ pub(super) mod tests {
         sbx.metadata.uid = Some("1234-uid".into());
         sbx.spec = agentbox_api::template::resolve(&template(), &sbx.spec);
         sbx
+    }
+
+    #[test]
+    fn a_cold_pod_that_relies_on_enforcement_waits_for_its_own_rules_and_a_warm_pod_does_not() {
+        use agentbox_api::crd::Egress;
+        let probe = PodConfig {
+            network_wait: Some("busybox:check"),
+            default_egress: Egress::Denied,
+            ..cfg("/w")
+        };
+        let waits = |sbx: &Sandbox, c: &PodConfig<'_>| {
+            build_pod(sbx, c, None)
+                .spec
+                .and_then(|s| s.init_containers)
+                .unwrap_or_default()
+                .iter()
+                .any(|i| {
+                    i.name == crate::controller::netcheck::WAIT_CONTAINER
+                        && i.image.as_deref() == Some("busybox:check")
+                })
+        };
+        let unset = sandbox(serde_json::json!({}));
+        assert!(waits(&unset, &probe), "the default None");
+        let listed = sandbox(serde_json::json!({"network": {"egress": "Allowlist",
+            "allow": [{"cidr": "10.0.0.0/8"}]}}));
+        assert!(waits(&listed, &probe));
+        let all = sandbox(serde_json::json!({"network": {"egress": "All"}}));
+        assert!(!waits(&all, &probe), "All relies on nothing");
+        // Attested: no check, no beacon, no wait.
+        let attested = PodConfig {
+            network_wait: None,
+            ..probe
+        };
+        assert!(!waits(&unset, &attested));
+        // Not in the spec hash: a pod made before (or an edit of the egress) is the same pod.
+        let hash = |c: &PodConfig<'_>| {
+            build_pod(&unset, c, None)
+                .metadata
+                .annotations
+                .and_then(|a| a.get(SPEC_HASH).cloned())
+        };
+        assert_eq!(hash(&probe), hash(&attested));
+        // A warm pod has been under its template's policy long before a claim.
+        let spec = agentbox_api::template::for_pool("tpl", &template());
+        let warm = build_warm_pod(&pool(), &spec, &probe, "ab12c", 3);
+        assert!(
+            !warm
+                .spec
+                .and_then(|s| s.init_containers)
+                .unwrap_or_default()
+                .iter()
+                .any(|i| i.name == crate::controller::netcheck::WAIT_CONTAINER)
+        );
     }
 
     #[test]

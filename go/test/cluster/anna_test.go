@@ -3,17 +3,25 @@ package cluster
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	agentbox "agentbox.dev/go"
 	"agentbox.dev/go/anna"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 func factory(id string, guardWait time.Duration) *anna.Agentbox {
@@ -381,4 +389,87 @@ func TestAnnaSessionEndsWhenItsGuardIsLost(t *testing.T) {
 	if _, err := s.Exec(ctx, "true", anna.ExecOptions{}); !errors.Is(err, anna.ErrClosed) {
 		t.Fatalf("exec after the guard was lost: %v", err)
 	}
+}
+
+// Fail closed (issue 45): a session with the network disabled on a node where the operator
+// finds NetworkPolicy not enforced is refused at once, naming the cause, not after the ready
+// wait. The node is made to look unenforced from the operator's side only: a second operator
+// watches a namespace of its own (its own check there), where a policy admits all egress of
+// pods labelled as the check's canaries, so its canary is not confined.
+func TestAnnaRefusesADisabledNetworkWhereItIsNotEnforced(t *testing.T) {
+	ctx := context.Background()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	ns2 := "go-net-" + hex.EncodeToString(b[:])
+	_, err := dyn.Resource(nsGVR).Create(ctx, &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns2}}}, metav1.CreateOptions{})
+	must(t, err)
+	// Last (after its operator stopped): the sandboxes' finalizers go, then the namespace.
+	defer func() {
+		ctx := context.Background()
+		if l, err := dyn.Resource(sbxGVR).Namespace(ns2).List(ctx, metav1.ListOptions{}); err == nil {
+			for _, it := range l.Items {
+				_, _ = dyn.Resource(sbxGVR).Namespace(ns2).Patch(ctx, it.GetName(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+			}
+		}
+		_ = dyn.Resource(nsGVR).Delete(ctx, ns2, metav1.DeleteOptions{})
+	}()
+	for i := 0; i < 100; i++ {
+		if _, err := dyn.Resource(saGVR).Namespace(ns2).Get(ctx, "default", metav1.GetOptions{}); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	npGVR := schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"}
+	_, err = dyn.Resource(npGVR).Namespace(ns2).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+		"metadata": map[string]any{"name": "tenant-allows-canaries"},
+		"spec": map[string]any{
+			"podSelector": map[string]any{"matchLabels": map[string]any{"agentbox.dev/netcheck": "canary"}},
+			"policyTypes": []any{"Egress"}, "egress": []any{map[string]any{}},
+		},
+	}}, metav1.CreateOptions{})
+	must(t, err)
+	log, err := os.CreateTemp("", "agentbox-go-"+ns2+"-*.log")
+	must(t, err)
+	defer os.Remove(log.Name())
+	op := exec.Command(operatorBin(), "--namespace", ns2, "--identity", "op-"+ns2, "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", freePort()), "--lease-seconds", "10")
+	op.Stdout, op.Stderr = log, log
+	op.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	helper := os.Getenv("AGENTBOX_HELPER_IMAGE")
+	if helper == "" {
+		helper = "docker.io/agentbox/helper:dev"
+	}
+	op.Env = append(os.Environ(), "AGENTBOX_HELPER_IMAGE="+helper)
+	must(t, op.Start())
+	log.Close()
+	defer stopOperator(op)
+	f := &anna.Agentbox{
+		Sandboxes:       client.Sandboxes(ns2),
+		Scope:           agentbox.UserScope("go-anna", ns2),
+		Image:           baseImage,
+		ImagePullPolicy: "Never",
+		ReadyTimeout:    3 * time.Minute,
+		Guard:           agentbox.GuardConfig{LeaseDuration: 5 * time.Second, Wait: 10 * time.Second},
+	}
+	start := time.Now()
+	s, err := f.CreateSession(ctx, anna.Policy{Network: anna.NetworkPolicy{Mode: anna.NetworkDisabled}})
+	if err == nil {
+		s.Close()
+		t.Fatalf("a session with the network disabled where it is not enforced\n%s", tail(log.Name(), 30))
+	}
+	var pe *anna.PolicyCompatibilityError
+	if !errors.As(err, &pe) || !strings.HasPrefix(pe.Reason, "Policy.Network.Mode: ") ||
+		!strings.Contains(pe.Reason, "NetworkPolicyNotEnforced") || !strings.Contains(pe.Reason, "Install a network plugin") {
+		t.Fatalf("got %v\n%s", err, tail(log.Name(), 30))
+	}
+	// At once, not at the end of the 3 minute wait (the check's own probes take about 15 s).
+	if waited := time.Since(start); waited > 90*time.Second {
+		t.Fatalf("refused after %v", waited)
+	}
+	// The same factory with the network allowed is served: the refusal was the network's.
+	open := *f
+	open.Scope = agentbox.UserScope("go-anna", ns2+"-open")
+	s, err = open.CreateSession(ctx, anna.Policy{Network: anna.NetworkPolicy{Mode: anna.NetworkAllowAll}})
+	must(t, err)
+	must(t, s.Close())
 }

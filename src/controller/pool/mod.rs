@@ -519,6 +519,7 @@ mod tests {
             default_runtime_class: None,
             processes: crate::controller::pids::ProcessLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
+            network_wait: None,
         };
         pod::build_warm_pod(pool, &spec, &cfg, "ab12c", 1)
     }

@@ -922,7 +922,9 @@ fn running(
 /// on its node (fail closed): with a proof, an attestation, or nothing to enforce it is Ready
 /// (and `NetworkEnforced` says which); otherwise it is Initializing with Ready and
 /// `NetworkEnforced` False, and a Warning Event when the enforcement is known to be missing.
-/// Returns the Event and how soon to look again.
+/// A sandbox whose pod is still starting (held until its own rules are in force) says so too
+/// when the enforcement is known to be missing: that is why it is not Ready. Returns the Event
+/// and how soon to look again.
 pub fn network_gate(
     old: &SandboxStatus,
     st: &mut SandboxStatus,
@@ -949,7 +951,16 @@ pub fn network_gate(
         generation,
         now,
     );
-    if ok || st.phase != Some(SandboxPhase::Ready) {
+    // A cold pod that relies on a policy waits (its network-wait init container) while its
+    // node's verdict is failed: then the failure, not the pod's start, is why it is not Ready.
+    let stalled = conditions::get(&st.conditions, STALLED).is_some_and(|c| c.status == "True");
+    let waits_for_it = matches!(gate, Gate::Failed { .. })
+        && matches!(
+            st.phase,
+            Some(SandboxPhase::Pending | SandboxPhase::Initializing)
+        )
+        && !stalled;
+    if ok || (st.phase != Some(SandboxPhase::Ready) && !waits_for_it) {
         return (None, None);
     }
     st.phase = Some(SandboxPhase::Initializing);
@@ -1028,6 +1039,91 @@ mod tests {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
+
+    #[test]
+    fn a_pod_held_for_its_rules_says_the_network_is_why_it_is_not_ready() {
+        use crate::controller::netcheck::{self, Gate};
+        let failed = Gate::Failed {
+            reason: netcheck::NOT_ENFORCED.into(),
+            message: "NetworkPolicy is not enforced on node n: Install ...".into(),
+        };
+        let stamp = || Stamp {
+            generation: Some(1),
+            now: t(10),
+        };
+        let ready_reason = |st: &SandboxStatus| {
+            conditions::get(&st.conditions, READY).map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        // Starting (its pod waits in network-wait): the failure is the reason, with its Event.
+        let old = SandboxStatus::default();
+        let mut st = SandboxStatus {
+            phase: Some(SandboxPhase::Pending),
+            ..Default::default()
+        };
+        conditions::set(
+            &mut st.conditions,
+            READY,
+            false,
+            "PodStarting",
+            "starting",
+            Some(1),
+            t(5),
+        );
+        let (note, wait) = network_gate(&old, &mut st, &failed, stamp());
+        assert_eq!(
+            ready_reason(&st),
+            Some(("False".into(), netcheck::NOT_ENFORCED.into()))
+        );
+        assert!(note.is_some());
+        assert_eq!(wait, Some(netcheck::RETRY_FAILED));
+        // Still checking: the pod's start stays the reason.
+        let mut st = SandboxStatus {
+            phase: Some(SandboxPhase::Pending),
+            ..Default::default()
+        };
+        conditions::set(
+            &mut st.conditions,
+            READY,
+            false,
+            "PodStarting",
+            "starting",
+            Some(1),
+            t(5),
+        );
+        let _ = network_gate(&old, &mut st, &Gate::Pending, stamp());
+        assert_eq!(
+            ready_reason(&st),
+            Some(("False".into(), "PodStarting".into()))
+        );
+        // Stalled for another reason: that stays the reason.
+        let mut st = SandboxStatus {
+            phase: Some(SandboxPhase::Pending),
+            ..Default::default()
+        };
+        conditions::set(
+            &mut st.conditions,
+            STALLED,
+            true,
+            "ImagePullBackOff",
+            "no image",
+            Some(1),
+            t(5),
+        );
+        conditions::set(
+            &mut st.conditions,
+            READY,
+            false,
+            "ImagePullBackOff",
+            "no image",
+            Some(1),
+            t(5),
+        );
+        let _ = network_gate(&old, &mut st, &failed, stamp());
+        assert_eq!(
+            ready_reason(&st),
+            Some(("False".into(), "ImagePullBackOff".into()))
+        );
+    }
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).unwrap()

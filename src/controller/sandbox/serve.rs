@@ -127,6 +127,11 @@ pub(super) async fn serve(
     let serving = serving(h, pod, found.state, now);
     // Asked before the workspace's start, so that a node's first check runs beside it.
     let gate = network_gate(h, sbx, pod);
+    if netcheck::waiting(pod)
+        && let Some(wait) = release_network_wait(h, sbx, pod, &gate).await
+    {
+        requeue = sooner(requeue, wait);
+    }
     // An adopted pod's open shell (its pool's) is closed only once the status is written: its
     // exit (the exec stream torn down through the API server, the kubelet and the container
     // runtime) would otherwise share the two cores with the claim's Ready status write.
@@ -200,10 +205,61 @@ fn network_gate(h: &Hands<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
     };
     let rc = spec.and_then(|s| s.runtime_class_name.as_deref());
     let settings = netcheck::Settings::from_config(&h.ctx.config);
-    let ns = sbx.namespace().unwrap_or_default();
     h.ctx
         .proofs
-        .gate(&h.ctx.client, &settings, &ns, egress, node, rc)
+        .gate(&h.ctx.client, &settings, egress, node, rc)
+}
+
+/// Lets a cold pod's network wait end (its containers start) once its own egress rules are
+/// shown in force by the node's beacon, or at once where its egress relies on nothing or
+/// enforcement is attested. While the node's verdict is pending or failed, the pod keeps
+/// waiting (the gate's condition says why) and its sandbox asks again soon. Returns how soon
+/// to look again.
+async fn release_network_wait(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    pod: &Pod,
+    gate: &netcheck::Gate,
+) -> Option<Duration> {
+    use netcheck::Gate;
+    let spec = pod.spec.as_ref();
+    let node = spec.and_then(|s| s.node_name.as_deref())?;
+    let rc = spec.and_then(|s| s.runtime_class_name.as_deref());
+    let beacon = match gate {
+        Gate::NotNeeded | Gate::Attested => None,
+        // The pod waits; its sandbox asks again when the node's check may have ended (a
+        // sandbox that is not Ready gets no other requeue for it).
+        Gate::Pending => return Some(Duration::from_millis(500)),
+        Gate::Failed { .. } => return Some(netcheck::RETRY_FAILED),
+        Gate::Proven => {
+            let Some(b) = h.ctx.proofs.beacon(node, rc) else {
+                h.ctx.proofs.beacon_gone(node, rc);
+                return Some(Duration::from_millis(500));
+            };
+            let settings = netcheck::Settings::from_config(&h.ctx.config);
+            let checks: kube::Api<Pod> =
+                kube::Api::namespaced(h.ctx.client.clone(), &settings.namespace);
+            if !netcheck::beacon_alive(&checks, &b).await {
+                h.ctx.proofs.beacon_gone(node, rc);
+                return Some(Duration::from_millis(500));
+            }
+            let admitted = netcheck::admits(
+                &sbx.spec.pod.network,
+                h.podcfg.default_egress,
+                &b.ip,
+                netcheck::PORT,
+            );
+            (!admitted).then_some(b)
+        }
+    };
+    let pods: kube::Api<Pod> =
+        kube::Api::namespaced(h.ctx.client.clone(), &pod.namespace().unwrap_or_default());
+    if netcheck::release(&pods, &pod.name_any(), beacon.as_ref()).await {
+        debug!(sandbox = %sbx.name_any(), pod = %pod.name_any(), proven = beacon.is_some(), "network wait released");
+        None
+    } else {
+        Some(Duration::from_millis(200))
+    }
 }
 
 /// What `pod` looks like to the serve step.
