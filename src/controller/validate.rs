@@ -230,6 +230,7 @@ mod tests {
         default_runtime_class: None,
         processes: crate::controller::pids::ProcessLimits::NONE,
         default_egress: agentbox_api::crd::Egress::All,
+        proxy: None,
     };
 
     fn problems(spec: &SandboxSpec, allowed: &[String]) -> Vec<String> {

@@ -314,6 +314,7 @@ mod tests {
             default_runtime_class: None,
             processes: crate::controller::pids::ProcessLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
+            proxy: None,
         }
     }
 
