@@ -34,11 +34,15 @@ struct Cli {
 enum Command {
     /// Serve: HTTP CONNECT (TLS, server name checked) and plain HTTP, by the table's allowlists.
     Serve(Serve),
-    /// Read a table (JSON) from stdin, check it and write it atomically where `serve` reads it.
+    /// Check a table (JSON) and write it atomically where `serve` reads it: the table is the
+    /// argument (how the operator sends it: an exec without a shell, in an image without one,
+    /// cannot close stdin reliably), or stdin without one.
     WriteTable {
         /// The table file.
         #[arg(long, default_value = TABLE)]
         path: PathBuf,
+        /// The table itself.
+        table: Option<String>,
     },
 }
 
@@ -104,12 +108,17 @@ fn static_hosts(v: &[String]) -> Result<HashMap<String, Vec<IpAddr>>, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::WriteTable { path } => {
+        Command::WriteTable { path, table: arg } => {
             let mut bytes = Vec::new();
             let limit = table::MAX_TABLE + 1;
-            if let Err(e) = std::io::stdin().take(limit).read_to_end(&mut bytes) {
-                eprintln!("agentbox-proxy write-table: stdin: {e}");
-                return ExitCode::FAILURE;
+            match arg {
+                Some(t) => bytes = t.into_bytes(),
+                None => {
+                    if let Err(e) = std::io::stdin().take(limit).read_to_end(&mut bytes) {
+                        eprintln!("agentbox-proxy write-table: stdin: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
             }
             match table::write(&path, &bytes) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -128,7 +137,13 @@ fn main() -> ExitCode {
                     .with_env_filter(filter)
                     .init();
             } else {
-                tracing_subscriber::fmt().with_env_filter(filter).init();
+                // Colours only on a terminal: a container's log is read by tools and people
+                // searching it for `sandbox=NAME`.
+                use std::io::IsTerminal;
+                tracing_subscriber::fmt()
+                    .with_ansi(std::io::stdout().is_terminal())
+                    .with_env_filter(filter)
+                    .init();
             }
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
