@@ -366,7 +366,8 @@ impl Config {
         }
         if !self.egress_proxy_url.trim().is_empty() {
             let url = self.egress_proxy_url.trim();
-            if !url.starts_with("http://") || url.contains(char::is_whitespace) || url.contains(',') {
+            if !url.starts_with("http://") || url.contains(char::is_whitespace) || url.contains(',')
+            {
                 return Err(ConfigError::EgressProxy(format!(
                     "--egress-proxy-url {url:?} must be an http:// URL (the proxy speaks plain HTTP to sandboxes)"
                 )));

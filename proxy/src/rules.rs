@@ -190,10 +190,12 @@ impl fmt::Display for Refusal {
                 f.write_str("a bare address: name a domain (addresses go in a cidr entry)")
             }
             Refusal::BadRequest(why) => write!(f, "bad request: {why}"),
-            Refusal::ServerNameMismatch => {
-                f.write_str("the TLS server name (SNI) is missing or differs from the CONNECT target")
+            Refusal::ServerNameMismatch => f.write_str(
+                "the TLS server name (SNI) is missing or differs from the CONNECT target",
+            ),
+            Refusal::HostMismatch => {
+                f.write_str("the Host header differs from the request's target")
             }
-            Refusal::HostMismatch => f.write_str("the Host header differs from the request's target"),
             Refusal::Address(c) => write!(f, "the name resolves to a {c} address"),
             Refusal::Unresolved => f.write_str("the name does not resolve"),
             Refusal::SandboxLimit => f.write_str("the sandbox has its maximum of open connections"),
@@ -262,7 +264,10 @@ fn v4_class(ip: Ipv4Addr) -> Option<AddressClass> {
         Some(AddressClass::LinkLocal)
     } else if ip.is_multicast() || ip.is_broadcast() {
         Some(AddressClass::Multicast)
-    } else if o[0] >= 240 || (o[0] == 192 && o[1] == 0 && o[2] == 0) || (o[0] == 198 && (o[1] & 0xfe) == 18) {
+    } else if o[0] >= 240
+        || (o[0] == 192 && o[1] == 0 && o[2] == 0)
+        || (o[0] == 198 && (o[1] & 0xfe) == 18)
+    {
         // 240/4, IETF protocol assignments (192.0.0.0/24), benchmarking (198.18.0.0/15).
         Some(AddressClass::Reserved)
     } else {
@@ -319,16 +324,18 @@ pub fn host_name(raw: &str) -> Result<String, Refusal> {
         && h.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         });
     if !valid {
         return Err(Refusal::BadRequest("the host is not a DNS name"));
     }
     // A numeric last label is an address in another spelling (1.2.3.4., 127.1, a.0x10):
     // resolvers read those as addresses, and no top-level domain is numeric.
-    if h.rsplit('.').next().is_some_and(|l| {
-        l.bytes().all(|b| b.is_ascii_digit()) || l.starts_with("0x")
-    }) {
+    if h.rsplit('.')
+        .next()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()) || l.starts_with("0x"))
+    {
         return Err(Refusal::BareAddress);
     }
     Ok(h)
@@ -464,14 +471,25 @@ mod tests {
         assert_eq!(s.allows_name("a.b.github.com", 443), Ok(()));
         // The wildcard's parent is not below it, nor is a name that merely ends the same.
         assert_eq!(s.allows_name("github.com", 443), Err(Refusal::NotAllowed));
-        assert_eq!(s.allows_name("evilgithub.com", 443), Err(Refusal::NotAllowed));
+        assert_eq!(
+            s.allows_name("evilgithub.com", 443),
+            Err(Refusal::NotAllowed)
+        );
         assert_eq!(s.allows_name(".github.com", 443), Err(Refusal::NotAllowed));
     }
 
     #[test]
     fn hosts_are_normalised_and_addresses_in_any_spelling_are_bare() {
         assert_eq!(host_name("PyPI.org."), Ok("pypi.org".into()));
-        for bare in ["10.0.0.1", "[::1]", "::1", "1.2.3.4.", "127.1", "0x7f.0.0.1", "a.0x10"] {
+        for bare in [
+            "10.0.0.1",
+            "[::1]",
+            "::1",
+            "1.2.3.4.",
+            "127.1",
+            "0x7f.0.0.1",
+            "a.0x10",
+        ] {
             let r = host_name(bare);
             assert!(
                 matches!(r, Err(Refusal::BareAddress | Refusal::BadRequest(_))),
@@ -491,14 +509,20 @@ mod tests {
         assert!(split_authority("a.b", None).is_err());
         assert!(split_authority("a.b:0", None).is_err());
         assert!(split_authority("a.b:x", None).is_err());
-        assert_eq!(split_authority("[::1]:443", None), Err(Refusal::BareAddress));
+        assert_eq!(
+            split_authority("[::1]:443", None),
+            Err(Refusal::BareAddress)
+        );
     }
 
     #[test]
     fn private_loopback_link_local_metadata_and_cluster_addresses_are_refused() {
         let s = sandbox(serde_json::json!([{"domain": "a.example"}]));
         let policy = AddressPolicy {
-            cluster: vec!["10.96.0.0/12".parse().unwrap(), "203.0.113.0/24".parse().unwrap()],
+            cluster: vec![
+                "10.96.0.0/12".parse().unwrap(),
+                "203.0.113.0/24".parse().unwrap(),
+            ],
             permitted: vec![],
         };
         for (ip, class) in [
@@ -531,8 +555,16 @@ mod tests {
             };
             assert_eq!(s.allows_address(ip, 443, &policy), Err(want), "{ip}");
         }
-        for ip in ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c", "8.8.8.8"] {
-            assert_eq!(s.allows_address(ip.parse().unwrap(), 443, &policy), Ok(()), "{ip}");
+        for ip in [
+            "93.184.215.14",
+            "2606:2800:21f:cb07:6820:80da:af6b:8b2c",
+            "8.8.8.8",
+        ] {
+            assert_eq!(
+                s.allows_address(ip.parse().unwrap(), 443, &policy),
+                Ok(()),
+                "{ip}"
+            );
         }
     }
 
@@ -567,7 +599,10 @@ mod tests {
         let s = sandbox(serde_json::json!([{"domain": "a.example"}]));
         let p = AddressPolicy::default();
         let addrs: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap(), "8.8.4.4".parse().unwrap()];
-        assert_eq!(s.pick_address(&addrs, 443, &p), Ok("8.8.4.4".parse().unwrap()));
+        assert_eq!(
+            s.pick_address(&addrs, 443, &p),
+            Ok("8.8.4.4".parse().unwrap())
+        );
         assert_eq!(
             s.pick_address(&addrs[..1], 443, &p),
             Err(Refusal::Address(AddressClass::Loopback))

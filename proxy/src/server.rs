@@ -167,7 +167,12 @@ fn refuse_log(
     );
 }
 
-async fn handle(mut conn: TcpStream, peer: SocketAddr, shared: Arc<Shared>, _permit: OwnedSemaphorePermit) {
+async fn handle(
+    mut conn: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    _permit: OwnedSemaphorePermit,
+) {
     let _ = conn.set_nodelay(true);
     let source = rules::canonical(peer.ip());
     let index = shared.index();
@@ -261,7 +266,9 @@ async fn proxy(
         *dest = format!("{host}:{port}");
         let host = rules::host_name(&host).map_err(|e| (e, true))?;
         sandbox.allows_name(&host, port).map_err(|e| (e, true))?;
-        let addr = resolve_checked(sandbox, &host, port, s).await.map_err(|e| (e, true))?;
+        let addr = resolve_checked(sandbox, &host, port, s)
+            .await
+            .map_err(|e| (e, true))?;
         conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await
             .map_err(|_| (Refusal::Upstream, false))?;
@@ -271,14 +278,20 @@ async fn proxy(
             Some(name) if rules::host_name(&name).ok().as_deref() == Some(host.as_str()) => {}
             _ => return Err((Refusal::ServerNameMismatch, false)),
         }
-        let mut up = connect(addr, port, s.connect_timeout).await.map_err(|e| (e, false))?;
-        up.write_all(&hello).await.map_err(|_| (Refusal::Upstream, false))?;
+        let mut up = connect(addr, port, s.connect_timeout)
+            .await
+            .map_err(|e| (e, false))?;
+        up.write_all(&hello)
+            .await
+            .map_err(|_| (Refusal::Upstream, false))?;
         Ok(Some(up))
     } else {
         // Plain HTTP in absolute form: http://host[:port]/path.
         let Some(after) = head.target.strip_prefix("http://") else {
             return Err((
-                Refusal::BadRequest("a plain request needs an absolute http:// target (https goes through CONNECT)"),
+                Refusal::BadRequest(
+                    "a plain request needs an absolute http:// target (https goes through CONNECT)",
+                ),
                 true,
             ));
         };
@@ -295,13 +308,18 @@ async fn proxy(
         let Some(h) = head.host.as_deref() else {
             return Err((Refusal::HostMismatch, true));
         };
-        let (hh, hp) = rules::split_authority(h, Some(80)).map_err(|_| (Refusal::HostMismatch, true))?;
+        let (hh, hp) =
+            rules::split_authority(h, Some(80)).map_err(|_| (Refusal::HostMismatch, true))?;
         if rules::host_name(&hh).ok().as_deref() != Some(host.as_str()) || hp != port {
             return Err((Refusal::HostMismatch, true));
         }
         sandbox.allows_name(&host, port).map_err(|e| (e, true))?;
-        let addr = resolve_checked(sandbox, &host, port, s).await.map_err(|e| (e, true))?;
-        let mut up = connect(addr, port, s.connect_timeout).await.map_err(|e| (e, true))?;
+        let addr = resolve_checked(sandbox, &host, port, s)
+            .await
+            .map_err(|e| (e, true))?;
+        let mut up = connect(addr, port, s.connect_timeout)
+            .await
+            .map_err(|e| (e, true))?;
         // The request in origin form, without the proxy's own headers, one request per
         // connection: the next one on this connection could name another host.
         let mut out = format!("{} {} HTTP/1.{}\r\n", head.method, path, head.version);
@@ -319,7 +337,9 @@ async fn proxy(
         up.write_all(out.as_bytes())
             .await
             .map_err(|_| (Refusal::Upstream, true))?;
-        up.write_all(&rest).await.map_err(|_| (Refusal::Upstream, true))?;
+        up.write_all(&rest)
+            .await
+            .map_err(|_| (Refusal::Upstream, true))?;
         Ok(Some(up))
     }
 }
@@ -452,7 +472,8 @@ pub async fn pipe(a: TcpStream, b: TcpStream, idle: Duration) {
         let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
         loop {
             tokio::time::sleep(tick).await;
-            let since = (start.elapsed().as_millis() as u64).saturating_sub(last.load(Ordering::Relaxed));
+            let since =
+                (start.elapsed().as_millis() as u64).saturating_sub(last.load(Ordering::Relaxed));
             if since >= idle.as_millis() as u64 {
                 break;
             }

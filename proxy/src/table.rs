@@ -58,7 +58,10 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, every: Duration) {
     let mut seen: Option<(SystemTime, u64)> = None;
     loop {
         if let Ok(meta) = tokio::fs::metadata(&path).await {
-            let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
+            let stamp = (
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                meta.len(),
+            );
             if seen != Some(stamp) {
                 match tokio::fs::read(&path).await.map_err(|source| Error::Io {
                     path: path.clone(),
@@ -91,8 +94,14 @@ mod tests {
         let p = dir.join("table.json");
         let good = br#"{"sandboxes": [{"ip": "10.0.0.1", "namespace": "n", "name": "s", "allow": [{"domain": "a.example", "ports": [[443, 443]]}]}]}"#;
         write(&p, good).unwrap();
-        assert_eq!(parse(&std::fs::read(&p).unwrap()).unwrap().sandboxes.len(), 1);
-        assert!(matches!(write(&p, b"{\"sandboxes\": 3}"), Err(Error::Parse(_))));
+        assert_eq!(
+            parse(&std::fs::read(&p).unwrap()).unwrap().sandboxes.len(),
+            1
+        );
+        assert!(matches!(
+            write(&p, b"{\"sandboxes\": 3}"),
+            Err(Error::Parse(_))
+        ));
         assert_eq!(std::fs::read(&p).unwrap(), good, "the good table stays");
         std::fs::remove_dir_all(&dir).unwrap();
     }

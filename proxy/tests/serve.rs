@@ -38,8 +38,14 @@ async fn fixture(tune: impl FnOnce(&mut Settings), allow: serde_json::Value) -> 
             ("api.b.test".to_string(), vec![lo]),
             ("b.test".to_string(), vec![lo]),
             ("other.test".to_string(), vec![lo]),
-            ("private.a.test".to_string(), vec!["10.9.9.9".parse().unwrap()]),
-            ("meta.a.test".to_string(), vec!["169.254.169.254".parse().unwrap()]),
+            (
+                "private.a.test".to_string(),
+                vec!["10.9.9.9".parse().unwrap()],
+            ),
+            (
+                "meta.a.test".to_string(),
+                vec!["169.254.169.254".parse().unwrap()],
+            ),
         ]),
         head_timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(5),
@@ -105,7 +111,10 @@ async fn read_head(s: &mut TcpStream) -> String {
     let mut out = Vec::new();
     let mut b = [0u8; 1];
     while !out.ends_with(b"\r\n\r\n") {
-        let n = tokio::time::timeout(BOUND, s.read(&mut b)).await.unwrap().unwrap();
+        let n = tokio::time::timeout(BOUND, s.read(&mut b))
+            .await
+            .unwrap()
+            .unwrap();
         if n == 0 {
             break;
         }
@@ -130,14 +139,22 @@ async fn an_allowed_name_is_tunnelled_with_its_client_hello_to_the_checked_addre
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let hello = client_hello("a.test");
     c.write_all(&hello).await.unwrap();
-    let (mut up, _) = tokio::time::timeout(BOUND, f.upstream.accept()).await.unwrap().unwrap();
+    let (mut up, _) = tokio::time::timeout(BOUND, f.upstream.accept())
+        .await
+        .unwrap()
+        .unwrap();
     let mut got = vec![0u8; hello.len()];
     up.read_exact(&mut got).await.unwrap();
     assert_eq!(got, hello, "the upstream gets the ClientHello as sent");
     up.write_all(b"server-bytes").await.unwrap();
     drop(up);
     assert_eq!(read_all(&mut c).await, b"server-bytes");
-    assert!(f.shared.metrics.encode().contains("agentbox_proxy_accepted_total 1"));
+    assert!(
+        f.shared
+            .metrics
+            .encode()
+            .contains("agentbox_proxy_accepted_total 1")
+    );
 }
 
 #[tokio::test]
@@ -153,7 +170,9 @@ async fn a_server_name_other_than_the_connect_target_gets_no_tunnel() {
     }
     // Not TLS at all after CONNECT: no server name to check.
     let (mut c, _) = connect_req(&f, &format!("a.test:{}", f.upstream_port)).await;
-    c.write_all(b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n")
+        .await
+        .unwrap();
     assert_eq!(read_all(&mut c).await, b"");
     let nobody = tokio::time::timeout(Duration::from_millis(300), f.upstream.accept()).await;
     assert!(nobody.is_err(), "the upstream was never connected");
@@ -174,7 +193,10 @@ async fn names_outside_the_allowlist_bare_addresses_and_refused_classes_are_refu
         (format!("b.test:{p}"), "not in the sandbox's allowlist"),
         (format!("127.0.0.1:{p}"), "a bare address"),
         (format!("[::1]:{p}"), "a bare address"),
-        (format!("private.a.test:{p}"), "resolves to a private address"),
+        (
+            format!("private.a.test:{p}"),
+            "resolves to a private address",
+        ),
         (format!("meta.a.test:{p}"), "link-local (or metadata)"),
         (format!("unknown.a.test:{p}"), "does not resolve"),
         ("a.test".to_string(), "bad request"),
@@ -196,7 +218,10 @@ async fn a_sandboxs_own_block_lets_a_name_lead_to_a_private_address() {
     let f = fixture(no_permit, default_allow()).await;
     let (mut c, head) = connect_req(&f, &format!("a.test:{}", f.upstream_port)).await;
     let body = String::from_utf8_lossy(&read_all(&mut c).await).into_owned();
-    assert!(head.contains("403") && body.contains("loopback"), "{head}{body}");
+    assert!(
+        head.contains("403") && body.contains("loopback"),
+        "{head}{body}"
+    );
     let mut allow = default_allow();
     allow
         .as_array_mut()
@@ -218,25 +243,54 @@ async fn plain_http_goes_by_host_in_origin_form_one_request_per_connection() {
     )
     .await
     .unwrap();
-    let (mut up, _) = tokio::time::timeout(BOUND, f.upstream.accept()).await.unwrap().unwrap();
+    let (mut up, _) = tokio::time::timeout(BOUND, f.upstream.accept())
+        .await
+        .unwrap()
+        .unwrap();
     let got = read_head(&mut up).await;
     assert!(got.starts_with("GET /x?y=1 HTTP/1.1\r\n"), "{got}");
     assert!(got.contains(&format!("Host: a.test:{p}\r\n")), "{got}");
-    assert!(got.contains("Accept: */*\r\n") && got.contains("Connection: close\r\n"), "{got}");
-    assert!(!got.contains("Proxy-Authorization") && !got.contains("keep-alive"), "{got}");
-    up.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await.unwrap();
+    assert!(
+        got.contains("Accept: */*\r\n") && got.contains("Connection: close\r\n"),
+        "{got}"
+    );
+    assert!(
+        !got.contains("Proxy-Authorization") && !got.contains("keep-alive"),
+        "{got}"
+    );
+    up.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        .await
+        .unwrap();
     drop(up);
     assert!(String::from_utf8_lossy(&read_all(&mut c).await).ends_with("ok"));
 
     for (req, want) in [
         // Host and target disagree.
-        (format!("GET http://a.test:{p}/ HTTP/1.1\r\nHost: other.test:{p}\r\n\r\n"), "Host header differs"),
-        (format!("GET http://a.test:{p}/ HTTP/1.1\r\n\r\n"), "Host header differs"),
-        (format!("GET http://other.test:{p}/ HTTP/1.1\r\nHost: other.test:{p}\r\n\r\n"), "not in the sandbox's allowlist"),
-        (format!("GET http://127.0.0.1:{p}/ HTTP/1.1\r\nHost: 127.0.0.1:{p}\r\n\r\n"), "a bare address"),
+        (
+            format!("GET http://a.test:{p}/ HTTP/1.1\r\nHost: other.test:{p}\r\n\r\n"),
+            "Host header differs",
+        ),
+        (
+            format!("GET http://a.test:{p}/ HTTP/1.1\r\n\r\n"),
+            "Host header differs",
+        ),
+        (
+            format!("GET http://other.test:{p}/ HTTP/1.1\r\nHost: other.test:{p}\r\n\r\n"),
+            "not in the sandbox's allowlist",
+        ),
+        (
+            format!("GET http://127.0.0.1:{p}/ HTTP/1.1\r\nHost: 127.0.0.1:{p}\r\n\r\n"),
+            "a bare address",
+        ),
         // Origin form: no target to check (the proxy is no transparent one).
-        ("GET / HTTP/1.1\r\nHost: a.test\r\n\r\n".to_string(), "absolute http:// target"),
-        ("\x16\x03\x01\x02\x00garbage\r\n\r\n".to_string(), "not an HTTP request"),
+        (
+            "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n".to_string(),
+            "absolute http:// target",
+        ),
+        (
+            "\x16\x03\x01\x02\x00garbage\r\n\r\n".to_string(),
+            "not an HTTP request",
+        ),
     ] {
         let mut c = TcpStream::connect(f.proxy).await.unwrap();
         c.write_all(req.as_bytes()).await.unwrap();
@@ -251,7 +305,10 @@ async fn an_unknown_source_is_refused_and_a_new_table_applies_to_the_next_connec
     f.shared.set_table(&Table::default());
     let (mut c, head) = connect_req(&f, &format!("a.test:{}", f.upstream_port)).await;
     let body = String::from_utf8_lossy(&read_all(&mut c).await).into_owned();
-    assert!(head.contains("403") && body.contains("not a sandbox"), "{head}{body}");
+    assert!(
+        head.contains("403") && body.contains("not a sandbox"),
+        "{head}{body}"
+    );
     let t: Table = serde_json::from_value(serde_json::json!({"sandboxes": [
         {"ip": "127.0.0.1", "namespace": "ns", "name": "s", "allow": [{"domain": "other.test"}]}
     ]}))
@@ -289,20 +346,34 @@ async fn a_sandbox_is_held_to_its_connection_limit_and_slow_heads_time_out() {
     }
     // The count drops just after the close the client saw.
     let zero = async {
-        while !f.shared.metrics.encode().contains("agentbox_proxy_open_connections 0") {
+        while !f
+            .shared
+            .metrics
+            .encode()
+            .contains("agentbox_proxy_open_connections 0")
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    tokio::time::timeout(BOUND, zero).await.expect("no connection stays counted");
+    tokio::time::timeout(BOUND, zero)
+        .await
+        .expect("no connection stays counted");
 }
 
 #[tokio::test]
 async fn an_idle_tunnel_is_closed() {
-    let f = fixture(|s| s.idle_timeout = Duration::from_millis(300), default_allow()).await;
+    let f = fixture(
+        |s| s.idle_timeout = Duration::from_millis(300),
+        default_allow(),
+    )
+    .await;
     let (mut c, head) = connect_req(&f, &format!("a.test:{}", f.upstream_port)).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     c.write_all(&client_hello("a.test")).await.unwrap();
-    let (mut up, _) = tokio::time::timeout(BOUND, f.upstream.accept()).await.unwrap().unwrap();
+    let (mut up, _) = tokio::time::timeout(BOUND, f.upstream.accept())
+        .await
+        .unwrap()
+        .unwrap();
     // Neither side sends anything more: the proxy closes both.
     let mut sink = Vec::new();
     tokio::time::timeout(BOUND, up.read_to_end(&mut sink))

@@ -221,7 +221,8 @@ pub fn build_pod_spec(
     // The proxy's settings are left out of the hash, as the helper's init container is: an
     // operator given a proxy (or another URL) does not restart every sandbox.
     if let Some(proxy) = cfg.proxy.as_ref() {
-        let extra = super::proxy::proxy_env(proxy, &spec.pod.network, cfg.default_egress, &spec.pod.env);
+        let extra =
+            super::proxy::proxy_env(proxy, &spec.pod.network, cfg.default_egress, &spec.pod.env);
         if let Some(c) = pod_spec.containers.first_mut()
             && !extra.is_empty()
         {
@@ -483,10 +484,7 @@ pub fn egress_rules(
                 .filter(|_| via_proxy)
                 .map(super::proxy::proxy_rule)
                 .into_iter()
-                .chain(network
-                .allow
-                .iter()
-                .filter_map(|a| {
+                .chain(network.allow.iter().filter_map(|a| {
                     let cidr = a.cidr.clone()?;
                     let ports = (!a.ports.is_empty()).then(|| {
                         a.ports
@@ -1098,7 +1096,8 @@ pub(super) mod tests {
             "tpl",
             &serde_json::from_value(serde_json::json!({"image": "busybox"})).unwrap(),
         );
-        let np = build_template_policy(&used, Some("ns".into()), &spec, Egress::Denied, None).unwrap();
+        let np =
+            build_template_policy(&used, Some("ns".into()), &spec, Egress::Denied, None).unwrap();
         assert_eq!(np.metadata.name.as_deref(), Some("tpl-tpl-egress"));
         let owner = &np.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
-use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::runtime::reflector::{self, Store};
@@ -57,7 +59,12 @@ pub const PROXY_ENV: [&str; 4] = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "ht
 /// What a sandbox's container gets with a proxy configured and an egress other than `All`:
 /// the proxy for HTTP and HTTPS, and loopback exempt. Names the spec sets itself are left
 /// to it (the NetworkPolicy, not the environment, is what confines the sandbox).
-pub fn proxy_env(proxy: &EgressProxy<'_>, network: &Network, default: Egress, own: &[EnvVar]) -> Vec<EnvVar> {
+pub fn proxy_env(
+    proxy: &EgressProxy<'_>,
+    network: &Network,
+    default: Egress,
+    own: &[EnvVar],
+) -> Vec<EnvVar> {
     if network.egress_or(default) == Egress::All {
         return Vec::new();
     }
@@ -184,7 +191,11 @@ pub fn build_table(
                 .iter()
                 .find(|x| x.name_any() == t.name && x.namespace() == sbx.namespace())
             {
-                Some(tpl) => agentbox_api::template::resolve(&tpl.spec, &sbx.spec).pod.network,
+                Some(tpl) => {
+                    agentbox_api::template::resolve(&tpl.spec, &sbx.spec)
+                        .pod
+                        .network
+                }
                 // Its template is gone: nothing is allowed through the proxy.
                 None => continue,
             },
@@ -199,7 +210,7 @@ pub fn build_table(
             allow,
         });
     }
-    out.sort_by(|a, b| a.ip.cmp(&b.ip));
+    out.sort_by_key(|a| a.ip);
     Table { sandboxes: out }
 }
 
@@ -235,23 +246,38 @@ pub async fn run(
         .reflect(sbx_w)
         .applied_objects()
         .for_each(|_| async {});
-    let pod_watch = watcher(scope_pods, watcher::Config::default().labels(labels::SANDBOX))
-        .default_backoff()
-        .reflect(pod_w)
-        .applied_objects()
-        .for_each(|_| async {});
-    let proxy_watch = watcher(proxy_pods.clone(), watcher::Config::default().labels(&selector))
-        .default_backoff()
-        .reflect(proxy_w)
-        .applied_objects()
-        .for_each(|_| async {});
+    let pod_watch = watcher(
+        scope_pods,
+        watcher::Config::default().labels(labels::SANDBOX),
+    )
+    .default_backoff()
+    .reflect(pod_w)
+    .applied_objects()
+    .for_each(|_| async {});
+    let proxy_watch = watcher(
+        proxy_pods.clone(),
+        watcher::Config::default().labels(&selector),
+    )
+    .default_backoff()
+    .reflect(proxy_w)
+    .applied_objects()
+    .for_each(|_| async {});
     let feed = async {
-        let _ = tokio::join!(sbx_store.wait_until_ready(), pod_store.wait_until_ready(), proxy_store.wait_until_ready());
+        let _ = tokio::join!(
+            sbx_store.wait_until_ready(),
+            pod_store.wait_until_ready(),
+            proxy_store.wait_until_ready()
+        );
         info!(namespace = proxy.namespace, selector = %selector, "feeding the egress proxy");
         // What each proxy pod (by UID) last received.
         let mut sent: HashMap<String, Vec<u8>> = HashMap::new();
         loop {
-            let table = build_table(&sbx_store.state(), &pod_store.state(), &templates.state(), default);
+            let table = build_table(
+                &sbx_store.state(),
+                &pod_store.state(),
+                &templates.state(),
+                default,
+            );
             match serde_json::to_vec(&table) {
                 Ok(bytes) => {
                     let live = proxy_store.state();
@@ -266,7 +292,9 @@ pub async fn run(
                                 debug!(pod = %p.name_any(), sandboxes = table.sandboxes.len(), "proxy table written");
                                 sent.insert(uid, bytes.clone());
                             }
-                            Err(e) => warn!(pod = %p.name_any(), "writing the egress proxy's table: {e}"),
+                            Err(e) => {
+                                warn!(pod = %p.name_any(), "writing the egress proxy's table: {e}")
+                            }
                         }
                     }
                 }
@@ -289,9 +317,10 @@ fn ready_to_feed(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none()
         && p.status.as_ref().is_some_and(|s| {
             s.phase.as_deref() == Some("Running")
-                && s.container_statuses
-                    .as_ref()
-                    .is_some_and(|cs| cs.iter().all(|c| c.state.as_ref().is_some_and(|st| st.running.is_some())))
+                && s.container_statuses.as_ref().is_some_and(|cs| {
+                    cs.iter()
+                        .all(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
+                })
         })
 }
 
@@ -331,7 +360,9 @@ mod tests {
 
     fn proxy() -> EgressProxy<'static> {
         static SELECTOR: std::sync::LazyLock<BTreeMap<String, String>> =
-            std::sync::LazyLock::new(|| parse_selector("app.kubernetes.io/name=agentbox-proxy").unwrap());
+            std::sync::LazyLock::new(|| {
+                parse_selector("app.kubernetes.io/name=agentbox-proxy").unwrap()
+            });
         EgressProxy {
             url: "http://10.0.0.5:3128",
             namespace: "agentbox-system",
@@ -370,7 +401,11 @@ mod tests {
             {"cidr": "10.1.0.0/16", "ports": [{"port": 80, "endPort": 90}, {"port": 53, "protocol": "UDP"}]}]});
         let sbxs = vec![
             sandbox("a", "uid-a", domains),
-            sandbox("b", "uid-b", json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8"}]})),
+            sandbox(
+                "b",
+                "uid-b",
+                json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8"}]}),
+            ),
             sandbox("c", "uid-c", json!({"egress": "None"})),
         ];
         let pods = vec![
@@ -383,24 +418,52 @@ mod tests {
         let t = build_table(&sbxs, &pods, &[], Egress::Denied);
         assert_eq!(t.sandboxes.len(), 1, "{t:?}");
         let e = &t.sandboxes[0];
-        assert_eq!((e.ip.to_string().as_str(), e.name.as_str()), ("10.244.0.7", "a"));
+        assert_eq!(
+            (e.ip.to_string().as_str(), e.name.as_str()),
+            ("10.244.0.7", "a")
+        );
         assert_eq!(e.allow[0].domain.as_deref(), Some("pypi.org"));
         assert_eq!(e.allow[0].ports, vec![(443, 443)]);
         assert_eq!(e.allow[1].cidr.as_deref(), Some("10.1.0.0/16"));
-        assert_eq!(e.allow[1].ports, vec![(80, 90)], "the UDP port is not the proxy's");
+        assert_eq!(
+            e.allow[1].ports,
+            vec![(80, 90)],
+            "the UDP port is not the proxy's"
+        );
     }
 
     #[test]
     fn the_environment_points_at_the_proxy_unless_egress_is_all_or_the_spec_sets_it() {
-        let allow: Network = serde_json::from_value(json!({"egress": "Allowlist", "allow": [{"domain": "a.example"}]})).unwrap();
+        let allow: Network = serde_json::from_value(
+            json!({"egress": "Allowlist", "allow": [{"domain": "a.example"}]}),
+        )
+        .unwrap();
         let env = proxy_env(&proxy(), &allow, Egress::Denied, &[]);
         let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy"]);
+        assert_eq!(
+            names,
+            [
+                "HTTP_PROXY",
+                "HTTPS_PROXY",
+                "http_proxy",
+                "https_proxy",
+                "NO_PROXY",
+                "no_proxy"
+            ]
+        );
         assert_eq!(env[0].value.as_deref(), Some("http://10.0.0.5:3128"));
-        let own = vec![EnvVar { name: "HTTPS_PROXY".into(), value: Some("x".into()), value_from: None }];
+        let own = vec![EnvVar {
+            name: "HTTPS_PROXY".into(),
+            value: Some("x".into()),
+            value_from: None,
+        }];
         assert_eq!(proxy_env(&proxy(), &allow, Egress::Denied, &own).len(), 5);
         let none = Network::default();
-        assert_eq!(proxy_env(&proxy(), &none, Egress::Denied, &[]).len(), 6, "None: an edit to an allowlist needs no restart");
+        assert_eq!(
+            proxy_env(&proxy(), &none, Egress::Denied, &[]).len(),
+            6,
+            "None: an edit to an allowlist needs no restart"
+        );
         assert!(proxy_env(&proxy(), &none, Egress::All, &[]).is_empty());
     }
 

@@ -54,7 +54,8 @@ fn parse_allow(v: &str) -> Result<EgressAllow, Fail> {
     };
     // A name (pypi.org, *.github.com) rather than an address: a domain entry, through the
     // egress proxy. The API server checks its form.
-    let is_domain = !cidr.contains(['/', ':']) && cidr.contains(|c: char| c.is_ascii_alphabetic() || c == '*');
+    let is_domain =
+        !cidr.contains(['/', ':']) && cidr.contains(|c: char| c.is_ascii_alphabetic() || c == '*');
     if !cidr.contains('/') && !is_domain {
         return Err(bad(
             "the address block needs its prefix length, such as 10.0.0.0/8 or 192.0.2.7/32",
@@ -190,7 +191,10 @@ mod tests {
         let s = spec(&a, global()).unwrap();
         let allow = &s.pod.network.allow;
         assert_eq!(allow[0].domain.as_deref(), Some("pypi.org"));
-        assert_eq!((allow[0].cidr.as_deref(), allow[0].ports[0].port), (None, 443));
+        assert_eq!(
+            (allow[0].cidr.as_deref(), allow[0].ports[0].port),
+            (None, 443)
+        );
         assert_eq!(allow[1].domain.as_deref(), Some("*.github.com"));
         a.allow = vec!["10.0.0.1:99999".into()];
         let e = spec(&a, global()).unwrap_err().0;
