@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1.7
-# The agentbox image: static (musl) release binaries of the operator, the node-side helper
+# The agentbox image: static (musl) release binaries of the operator, the egress proxy
+# (agentbox-proxy, run as its own Deployment from this image), the node-side helper
 # (agentbox-helper, which the operator runs in its node-side pods: the chart's default
 # --helper-image is this image) and, when present, the CLI (also as kubectl-agentbox) and
 # agentbox-selftest (what the chart's `helm test` pod runs), on a distroless base that has CA
@@ -27,7 +28,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \
  && mkdir -p /out \
- && for b in agentbox-operator agentbox-helper agentbox kubectl-agentbox agentbox-selftest; do \
+ && for b in agentbox-operator agentbox-helper agentbox-proxy agentbox kubectl-agentbox agentbox-selftest; do \
       if [ -f "target/release/$b" ]; then cp "target/release/$b" /out/; fi; \
     done \
  && test -x /out/agentbox-operator && test -x /out/agentbox-helper

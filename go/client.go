@@ -206,11 +206,13 @@ type NetworkSpec struct {
 	Allow  []EgressAllow `json:"allow,omitempty"`
 }
 
-// EgressAllow is an allowed destination: an address block in CIDR notation and its ports
-// (none: every port).
+// EgressAllow is an allowed destination and its ports (none: every port): an address block
+// in CIDR notation (CIDR), or a DNS name (Domain: "pypi.org", or "*.github.com" for the names
+// below it) reached through agentbox's egress proxy. Exactly one of the two.
 type EgressAllow struct {
-	CIDR  string       `json:"cidr,omitempty"`
-	Ports []EgressPort `json:"ports,omitempty"`
+	CIDR   string       `json:"cidr,omitempty"`
+	Domain string       `json:"domain,omitempty"`
+	Ports  []EgressPort `json:"ports,omitempty"`
 }
 
 // EgressPort is a port (through EndPort, when set) of an allowed destination; Protocol is

@@ -193,6 +193,38 @@ pub struct Config {
     )]
     pub network_check_image: String,
 
+    /// The egress proxy's URL as sandboxes reach it, for example
+    /// `http://agentbox-proxy.agentbox-system.svc:3128` (the chart's proxy Service). Set, a
+    /// sandbox whose egress is not `All` gets `HTTP_PROXY`, `HTTPS_PROXY` (and lower-case)
+    /// pointing here and `NO_PROXY=localhost,127.0.0.1,::1`, and the `domain` entries of an
+    /// allowlist admit the proxy's pods in the sandbox's NetworkPolicy. Empty (the default):
+    /// no proxy, and `domain` entries reach nothing.
+    #[arg(long, env = "AGENTBOX_EGRESS_PROXY_URL", default_value = "")]
+    pub egress_proxy_url: String,
+
+    /// Namespace of the egress proxy's pods (the operator's own in the chart).
+    #[arg(long, env = "AGENTBOX_EGRESS_PROXY_NAMESPACE", default_value = "")]
+    pub egress_proxy_namespace: String,
+
+    /// Labels selecting the egress proxy's pods in its namespace (`key=value`, comma
+    /// separated): the sandboxes' NetworkPolicy admits them, and the operator writes the
+    /// proxy's table (which pod IP is which sandbox, and its allowlist) into each of them.
+    #[arg(
+        long,
+        env = "AGENTBOX_EGRESS_PROXY_SELECTOR",
+        default_value = "app.kubernetes.io/name=agentbox-proxy"
+    )]
+    pub egress_proxy_selector: String,
+
+    /// The TCP port of the egress proxy's pods (the container port, which a NetworkPolicy
+    /// names: a Service in front may map another).
+    #[arg(long, env = "AGENTBOX_EGRESS_PROXY_PORT", default_value_t = 3128, value_parser = clap::value_parser!(u16).range(1..))]
+    pub egress_proxy_port: u16,
+
+    /// `--egress-proxy-selector` parsed (by [`Config::validated`]).
+    #[arg(skip)]
+    pub egress_proxy_labels: std::collections::BTreeMap<String, String>,
+
     /// Seconds between two enforcement checks of a node in use (the first runs when a node is
     /// first used).
     #[arg(long, env = "AGENTBOX_NETWORK_CHECK_INTERVAL_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=86400))]
@@ -358,9 +390,26 @@ pub enum ConfigError {
         "default runtime class {0:?} is not a RuntimeClass name (lowercase letters, digits, '-' and '.')"
     )]
     NotARuntimeClass(String),
+    /// The egress proxy settings cannot work.
+    #[error("egress proxy: {0}")]
+    EgressProxy(String),
 }
 
 impl Config {
+    /// The egress proxy, when one is configured (`--egress-proxy-url`).
+    pub fn egress_proxy(&self) -> Option<crate::controller::proxy::EgressProxy<'_>> {
+        let url = self.egress_proxy_url.trim();
+        if url.is_empty() {
+            return None;
+        }
+        Some(crate::controller::proxy::EgressProxy {
+            url,
+            namespace: self.egress_proxy_namespace.trim(),
+            selector: &self.egress_proxy_labels,
+            port: self.egress_proxy_port,
+        })
+    }
+
     /// The egress of sandboxes and templates that set none (`--default-egress`).
     pub fn default_egress(&self) -> agentbox_api::crd::Egress {
         match self.default_egress.as_str() {
@@ -398,6 +447,23 @@ impl Config {
             return Err(ConfigError::NotARuntimeClass(
                 self.default_runtime_class.clone(),
             ));
+        }
+        if !self.egress_proxy_url.trim().is_empty() {
+            let url = self.egress_proxy_url.trim();
+            if !url.starts_with("http://") || url.contains(char::is_whitespace) || url.contains(',')
+            {
+                return Err(ConfigError::EgressProxy(format!(
+                    "--egress-proxy-url {url:?} must be an http:// URL (the proxy speaks plain HTTP to sandboxes)"
+                )));
+            }
+            if self.egress_proxy_namespace.trim().is_empty() {
+                return Err(ConfigError::EgressProxy(
+                    "--egress-proxy-namespace is needed with --egress-proxy-url".into(),
+                ));
+            }
+            self.egress_proxy_labels =
+                crate::controller::proxy::parse_selector(&self.egress_proxy_selector)
+                    .map_err(ConfigError::EgressProxy)?;
         }
         if self.identity.is_empty() {
             let host = std::env::var("HOSTNAME")

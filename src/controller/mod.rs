@@ -17,6 +17,7 @@ pub mod pod;
 pub mod podstate;
 pub mod policy;
 pub mod pool;
+pub mod proxy;
 pub mod reasons;
 pub mod refill_delay;
 pub mod restore;
@@ -142,10 +143,32 @@ pub async fn run(
         cache: Some(caches),
     });
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let feed_ctx = ctx.clone();
+    let feed_stop = shutdown.clone();
+    let feed = async move {
+        let Some(p) = feed_ctx.config.egress_proxy() else {
+            return;
+        };
+        let templates = match feed_ctx.cache.as_ref() {
+            Some(c) => c.templates.clone(),
+            None => reflector::store().0,
+        };
+        proxy::run(
+            feed_ctx.client.clone(),
+            scoped(&feed_ctx.client, &feed_ctx.config.namespace),
+            scoped(&feed_ctx.client, &feed_ctx.config.namespace),
+            templates,
+            p,
+            feed_ctx.config.default_egress(),
+            feed_stop,
+        )
+        .await;
+    };
     futures::join!(
         run_sandboxes(ctx.clone(), pods_writer, writers, shutdown.clone()),
         run_snapshots(ctx.clone(), shutdown.clone()),
         run_pools(ctx.clone(), shutdown.clone()),
+        feed,
         sweep::run(ctx, shutdown)
     );
     info!("sandbox controller stopped");

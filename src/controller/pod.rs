@@ -100,6 +100,8 @@ pub struct PodConfig<'a> {
     /// enforcement until its own rules are in force ([`super::netcheck::wait_container`]):
     /// the network check's; `None` where enforcement is attested (no check, no beacon).
     pub network_wait: Option<&'a str>,
+    /// The egress proxy (`--egress-proxy-url`); `None` without one.
+    pub proxy: Option<super::proxy::EgressProxy<'a>>,
 }
 
 impl<'a> PodConfig<'a> {
@@ -125,6 +127,7 @@ impl<'a> PodConfig<'a> {
             default_egress: c.default_egress(),
             network_wait: (c.network_enforcement != "Attested")
                 .then_some(c.network_check_image.as_str()),
+            proxy: c.egress_proxy(),
         }
     }
 }
@@ -232,6 +235,17 @@ pub fn build_pod_spec(
         None => json_hash(&pod_spec),
         Some(n) => json_hash(&(&pod_spec, n)),
     };
+    // The proxy's settings are left out of the hash, as the helper's init container is: an
+    // operator given a proxy (or another URL) does not restart every sandbox.
+    if let Some(proxy) = cfg.proxy.as_ref() {
+        let extra =
+            super::proxy::proxy_env(proxy, &spec.pod.network, cfg.default_egress, &spec.pod.env);
+        if let Some(c) = pod_spec.containers.first_mut()
+            && !extra.is_empty()
+        {
+            c.env.get_or_insert_with(Vec::new).extend(extra);
+        }
+    }
     if let Some(node) = pin_node {
         pod_spec.affinity = Some(pin_to_node(node));
     }
@@ -469,17 +483,25 @@ fn pin_to_node(node: &str) -> Affinity {
 }
 
 /// The egress rules of a sandbox's NetworkPolicy: `None` (nothing reachable) is no rule,
-/// `Allowlist` a rule per `allow` entry (its block and ports), `All` no policy at all
+/// `Allowlist` a rule per `allow` address block (its block and ports) and, when it has
+/// `domain` entries and the operator has a `proxy`, one rule admitting the proxy's pods on
+/// their port (without a proxy, domain entries reach nothing); `All` no policy at all
 /// (`None` returned). `default` is the cluster's egress for a spec that sets none.
-pub fn egress_rules(network: &Network, default: Egress) -> Option<Vec<NetworkPolicyEgressRule>> {
+pub fn egress_rules(
+    network: &Network,
+    default: Egress,
+    proxy: Option<&super::proxy::EgressProxy<'_>>,
+) -> Option<Vec<NetworkPolicyEgressRule>> {
+    let via_proxy = network.allow.iter().any(|a| a.domain.is_some());
     match network.egress_or(default) {
         Egress::All => None,
         Egress::Denied => Some(vec![]),
         Egress::Allowlist => Some(
-            network
-                .allow
-                .iter()
-                .filter_map(|a| {
+            proxy
+                .filter(|_| via_proxy)
+                .map(super::proxy::proxy_rule)
+                .into_iter()
+                .chain(network.allow.iter().filter_map(|a| {
                     let cidr = a.cidr.clone()?;
                     let ports = (!a.ports.is_empty()).then(|| {
                         a.ports
@@ -498,7 +520,7 @@ pub fn egress_rules(network: &Network, default: Egress) -> Option<Vec<NetworkPol
                         }]),
                         ports,
                     })
-                })
+                }))
                 .collect(),
         ),
     }
@@ -538,8 +560,12 @@ fn egress_policy(
 
 /// The egress NetworkPolicy of a sandbox without a template, selecting its pod (label
 /// [`labels::SANDBOX`]); `None` when its egress is `All`.
-pub fn build_egress_policy(sbx: &Sandbox, default: Egress) -> Option<NetworkPolicy> {
-    let rules = egress_rules(&sbx.spec.pod.network, default)?;
+pub fn build_egress_policy(
+    sbx: &Sandbox,
+    default: Egress,
+    proxy: Option<&super::proxy::EgressProxy<'_>>,
+) -> Option<NetworkPolicy> {
+    let rules = egress_rules(&sbx.spec.pod.network, default, proxy)?;
     let name = sbx.name_any();
     Some(egress_policy(
         labels::network_policy_name(&name),
@@ -564,8 +590,9 @@ pub fn build_template_policy(
     namespace: Option<String>,
     resolved: &SandboxSpec,
     default: Egress,
+    proxy: Option<&super::proxy::EgressProxy<'_>>,
 ) -> Option<NetworkPolicy> {
-    let rules = egress_rules(&resolved.pod.network, default)?;
+    let rules = egress_rules(&resolved.pod.network, default, proxy)?;
     let owner = OwnerReference {
         api_version: "agentbox.dev/v1alpha1".into(),
         kind: "SandboxTemplate".into(),
@@ -698,6 +725,7 @@ pub(super) mod tests {
             processes: pids::ProcessLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
             network_wait: None,
+            proxy: None,
         }
     }
 
@@ -1078,7 +1106,7 @@ pub(super) mod tests {
     #[test]
     fn deny_egress_policy_selects_the_sandbox() {
         let sbx = sandbox(serde_json::json!({"network": {"egress": "None"}}));
-        let np = build_egress_policy(&sbx, Egress::All).unwrap();
+        let np = build_egress_policy(&sbx, Egress::All, None).unwrap();
         let spec = np.spec.unwrap();
         assert_eq!(spec.policy_types, Some(vec!["Egress".to_string()]));
         assert_eq!(spec.egress, Some(vec![]));
@@ -1089,11 +1117,11 @@ pub(super) mod tests {
     #[test]
     fn the_clusters_default_egress_applies_to_a_spec_without_one() {
         let sbx = sandbox(serde_json::json!({}));
-        assert!(build_egress_policy(&sbx, Egress::All).is_none());
-        let np = build_egress_policy(&sbx, Egress::Denied).unwrap();
+        assert!(build_egress_policy(&sbx, Egress::All, None).is_none());
+        let np = build_egress_policy(&sbx, Egress::Denied, None).unwrap();
         assert_eq!(np.spec.unwrap().egress, Some(vec![]));
         let all = sandbox(serde_json::json!({"network": {"egress": "All"}}));
-        assert!(build_egress_policy(&all, Egress::Denied).is_none());
+        assert!(build_egress_policy(&all, Egress::Denied, None).is_none());
     }
 
     #[test]
@@ -1104,7 +1132,7 @@ pub(super) mod tests {
                 {"cidr": "192.0.2.7/32"}
             ]}}),
         );
-        let np = build_egress_policy(&sbx, Egress::Denied).unwrap();
+        let np = build_egress_policy(&sbx, Egress::Denied, None).unwrap();
         let rules = np.spec.unwrap().egress.unwrap();
         assert_eq!(rules.len(), 2);
         let block = |r: &NetworkPolicyEgressRule| {
@@ -1139,7 +1167,8 @@ pub(super) mod tests {
             "tpl",
             &serde_json::from_value(serde_json::json!({"image": "busybox"})).unwrap(),
         );
-        let np = build_template_policy(&used, Some("ns".into()), &spec, Egress::Denied).unwrap();
+        let np =
+            build_template_policy(&used, Some("ns".into()), &spec, Egress::Denied, None).unwrap();
         assert_eq!(np.metadata.name.as_deref(), Some("tpl-tpl-egress"));
         let owner = &np.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(
@@ -1148,7 +1177,7 @@ pub(super) mod tests {
         );
         let sel = np.spec.unwrap().pod_selector.unwrap().match_labels.unwrap();
         assert_eq!(sel.get(labels::TEMPLATE).map(String::as_str), Some("tpl"));
-        assert!(build_template_policy(&used, None, &spec, Egress::All).is_none());
+        assert!(build_template_policy(&used, None, &spec, Egress::All, None).is_none());
     }
 
     #[test]

@@ -231,6 +231,7 @@ mod tests {
         processes: crate::controller::pids::ProcessLimits::NONE,
         default_egress: agentbox_api::crd::Egress::All,
         network_wait: None,
+        proxy: None,
     };
 
     fn problems(spec: &SandboxSpec, allowed: &[String]) -> Vec<String> {

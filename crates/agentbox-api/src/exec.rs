@@ -733,8 +733,9 @@ async fn connect(
 /// Runs `argv` as it is, without [`WRAPPER`]: no trailer, no linger, no stdin, the framing
 /// one-shot execs had before the lossless protocol (and `kubectl exec`'s), over the same
 /// transport. Its output can lose its tail with no error (kubernetes/kubernetes#124571), so
-/// nothing in agentbox uses it: it is here for benches/exec.rs to measure what the wrapper
-/// costs, interleaved with [`run`].
+/// it is for what needs no output and has no shell: benches/exec.rs measures what the wrapper
+/// costs with it, interleaved with [`run`], and the operator hands the egress proxy (an image
+/// without a shell) its table with it, reading only the exit status.
 #[doc(hidden)]
 pub async fn run_unwrapped(
     pods: &Api<Pod>,

@@ -160,10 +160,15 @@ class EgressPort:
 
 @dataclass
 class EgressAllow:
-    """An allowed destination: an address block in CIDR notation and its ports (none: all)."""
+    """An allowed destination and its ports (none: all): an address block in CIDR notation
+    (``cidr``), or a DNS name (``domain``: ``pypi.org``, or ``*.github.com`` for the names below
+    it) reached through agentbox's egress proxy. Exactly one of the two.
+    """
 
     cidr: str | None = None
     ports: list[EgressPort] = field(default_factory=list)
+    # After ports: positional construction (cidr, ports) keeps its meaning.
+    domain: str | None = None
 
 
 @dataclass

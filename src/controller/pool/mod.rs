@@ -205,8 +205,13 @@ async fn observe_template(
     let policy_name = labels::template_policy_name(tname);
     let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
     let current = policy::current(ctx, &policies, ns, &policy_name).await?;
-    let desired =
-        pod::build_template_policy(&used, Some(ns.to_string()), &spec, podcfg.default_egress);
+    let desired = pod::build_template_policy(
+        &used,
+        Some(ns.to_string()),
+        &spec,
+        podcfg.default_egress,
+        podcfg.proxy.as_ref(),
+    );
     policy::apply(&policies, &policy_name, desired, current.as_ref()).await?;
     let want = Want::Pods {
         shape_hash: pod::shape_hash(&spec, podcfg),
@@ -520,6 +525,7 @@ mod tests {
             processes: crate::controller::pids::ProcessLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
             network_wait: None,
+            proxy: None,
         };
         pod::build_warm_pod(pool, &spec, &cfg, "ab12c", 1)
     }

@@ -123,14 +123,15 @@ async fn expose(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error
 /// restart.
 async fn ensure_network_policy(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error> {
     let default = h.podcfg.default_egress;
+    let proxy = h.podcfg.proxy.as_ref();
     let (name, desired) = match (sbx.spec.template_ref.as_ref(), world.template.as_ref()) {
         (Some(t), Some(used)) => (
             labels::template_policy_name(&t.name),
-            pod::build_template_policy(used, sbx.namespace(), &sbx.spec, default),
+            pod::build_template_policy(used, sbx.namespace(), &sbx.spec, default, proxy),
         ),
         _ => (
             labels::network_policy_name(&sbx.name_any()),
-            pod::build_egress_policy(sbx, default),
+            pod::build_egress_policy(sbx, default, proxy),
         ),
     };
     crate::controller::policy::apply(&h.apis.policies, &name, desired, world.policy.as_ref()).await

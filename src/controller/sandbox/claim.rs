@@ -315,6 +315,7 @@ mod tests {
             processes: crate::controller::pids::ProcessLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
             network_wait: None,
+            proxy: None,
         }
     }
 

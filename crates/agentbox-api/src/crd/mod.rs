@@ -140,6 +140,11 @@ mod tests {
             "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 443}, {"port": 80, "endPort": 90}]}]}}));
         let r = v.validate(&schema, &ok, None);
         assert!(r.is_ok(), "{r:?}");
+        let domains = with(json!({"network": {"egress": "Allowlist",
+            "allow": [{"domain": "pypi.org", "ports": [{"port": 443}]}, {"domain": "*.github.com"},
+                      {"domain": "files.pythonhosted.org", "ports": [{"port": 80, "protocol": "TCP"}]}]}}));
+        let r = v.validate(&schema, &domains, None);
+        assert!(r.is_ok(), "{r:?}");
         for (network, message) in [
             (
                 json!({"egress": "Allowlist"}),
@@ -156,6 +161,34 @@ mod tests {
             (
                 json!({"egress": "Allowlist", "allow": [{"ports": [{"port": 1}]}]}),
                 "a network.allow entry needs cidr",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "domain": "a.example"}]}),
+                "either cidr or domain, not both",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"domain": "localhost"}]}),
+                "domain must be a lower-case DNS name",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"domain": "PyPI.org"}]}),
+                "domain must be a lower-case DNS name",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"domain": "10.0.0.1"}]}),
+                "addresses go in cidr",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"domain": "a.*.example"}]}),
+                "domain must be a lower-case DNS name",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"domain": "*"}]}),
+                "domain must be a lower-case DNS name",
+            ),
+            (
+                json!({"egress": "Allowlist", "allow": [{"domain": "a.example", "ports": [{"port": 53, "protocol": "UDP"}]}]}),
+                "the ports of a domain entry are TCP",
             ),
             (
                 json!({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 90, "endPort": 80}]}]}),

@@ -751,8 +751,10 @@ pub struct Network {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<Egress>,
 
-    /// With `egress: Allowlist`: the destinations the sandbox may reach, each an address block
-    /// and the ports on it (the union of all entries). At most 64 entries.
+    /// With `egress: Allowlist`: the destinations the sandbox may reach (the union of all
+    /// entries), each an address block (`cidr`, enforced by the NetworkPolicy) or a domain
+    /// name (`domain`, reached only through agentbox's egress proxy, which the sandbox's
+    /// policy then admits), with the ports on it. At most 64 entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub allow: Vec<EgressAllow>,
@@ -785,21 +787,39 @@ impl Network {
     }
 }
 
-/// One allowed destination of `network.allow`.
+/// One allowed destination of `network.allow`: an address block (`cidr`) or a domain name
+/// (`domain`), exactly one of them.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = kube::core::Rule::new("has(self.cidr)").message("a network.allow entry needs cidr (an address block such as 10.0.0.0/8)"),
+    validation = kube::core::Rule::new("has(self.cidr) || has(self.domain)").message("a network.allow entry needs cidr (an address block such as 10.0.0.0/8) or domain (a name such as pypi.org or *.github.com)"),
+    validation = kube::core::Rule::new("!(has(self.cidr) && has(self.domain))").message("a network.allow entry has either cidr or domain, not both: write two entries"),
+    validation = kube::core::Rule::new("!has(self.domain) || !has(self.ports) || self.ports.all(p, !has(p.protocol) || p.protocol == 'TCP')").message("the ports of a domain entry are TCP (the egress proxy carries HTTP and TLS over TCP only)"),
 )]
 pub struct EgressAllow {
     /// An IPv4 or IPv6 address block in CIDR notation, such as `10.20.0.0/16` or
-    /// `192.0.2.7/32` (one address).
+    /// `192.0.2.7/32` (one address). Enforced by the sandbox's NetworkPolicy; through the
+    /// egress proxy it also lets a domain entry's name resolve to an address in the block
+    /// that the proxy would otherwise refuse (private, loopback, link-local, the cluster's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     #[x_kube(validation = kube::core::Rule::new("isCIDR(self)").message("cidr must be an address block in CIDR notation, such as 10.0.0.0/8 or 192.0.2.7/32"))]
     pub cidr: Option<String>,
 
-    /// The ports allowed on that block; empty: every port. At most 32.
+    /// A DNS name the sandbox may reach through agentbox's egress proxy (HTTP and HTTPS):
+    /// exact (`pypi.org`) or a wildcard (`*.github.com`: any name below `github.com`, not
+    /// `github.com` itself). Lower case; the proxy matches the TLS server name (SNI) or the
+    /// HTTP Host of each connection against it, requires the two to agree with the proxy
+    /// request's target, resolves the name itself and refuses private, loopback, link-local
+    /// (the cloud metadata address) and cluster addresses unless a `cidr` entry allows them.
+    /// The sandbox's environment gets `HTTP_PROXY`/`HTTPS_PROXY` (and lower-case) pointing
+    /// at the proxy; addresses are not reachable by domain entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$') && self.contains('.') && !self.matches('[.][0-9]+$')").message("domain must be a lower-case DNS name with at least one dot, optionally starting with '*.' (such as pypi.org or *.github.com); addresses go in cidr"))]
+    pub domain: Option<String>,
+
+    /// The ports allowed on that block or name; empty: every port. At most 32.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub ports: Vec<EgressPort>,

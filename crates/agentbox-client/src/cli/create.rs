@@ -29,15 +29,18 @@ pub(super) struct CreateArgs {
     #[arg(long, value_parser = ["None", "All", "Allowlist"], conflicts_with = "template")]
     egress: Option<String>,
     /// An allowed destination: CIDR, or CIDR:PORTS with PORTS a comma-separated list of
-    /// ports or ranges (443, 8000-8010), each optionally /udp or /sctp. Repeatable.
-    #[arg(long, value_name = "CIDR[:PORTS]", conflicts_with = "template")]
+    /// ports or ranges (443, 8000-8010), each optionally /udp or /sctp; or a domain name
+    /// (pypi.org, *.github.com, optionally :PORTS, TCP only) reached through the egress
+    /// proxy. Repeatable.
+    #[arg(long, value_name = "CIDR|DOMAIN[:PORTS]", conflicts_with = "template")]
     allow: Vec<String>,
     /// Wait until it is Ready — at most this many seconds.
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "120")]
     wait: Option<u64>,
 }
 
-/// One `--allow` value: `CIDR[:PORTS]`.
+/// One `--allow` value: `CIDR[:PORTS]` or `DOMAIN[:PORTS]` (a name such as pypi.org or
+/// *.github.com, reached through the egress proxy).
 fn parse_allow(v: &str) -> Result<EgressAllow, Fail> {
     let bad = |why: &str| Fail(format!("--allow {v:?}: {why}"));
     let (cidr, ports) = match v.split_once(':') {
@@ -49,7 +52,11 @@ fn parse_allow(v: &str) -> Result<EgressAllow, Fail> {
         Some((c, p)) => (c, Some(p)),
         None => (v, None),
     };
-    if !cidr.contains('/') {
+    // A name (pypi.org, *.github.com) rather than an address: a domain entry, through the
+    // egress proxy. The API server checks its form.
+    let is_domain =
+        !cidr.contains(['/', ':']) && cidr.contains(|c: char| c.is_ascii_alphabetic() || c == '*');
+    if !cidr.contains('/') && !is_domain {
         return Err(bad(
             "the address block needs its prefix length, such as 10.0.0.0/8 or 192.0.2.7/32",
         ));
@@ -78,7 +85,8 @@ fn parse_allow(v: &str) -> Result<EgressAllow, Fail> {
         });
     }
     Ok(EgressAllow {
-        cidr: Some(cidr.to_string()),
+        cidr: (!is_domain).then(|| cidr.to_string()),
+        domain: is_domain.then(|| cidr.to_string()),
         ports: out,
     })
 }
@@ -179,6 +187,15 @@ mod tests {
         assert_eq!(allow[0].ports[1].end_port, Some(8010));
         assert_eq!(allow[0].ports[1].protocol, PortProtocol::Udp);
         assert!(allow[1].ports.is_empty());
+        a.allow = vec!["pypi.org:443".into(), "*.github.com".into()];
+        let s = spec(&a, global()).unwrap();
+        let allow = &s.pod.network.allow;
+        assert_eq!(allow[0].domain.as_deref(), Some("pypi.org"));
+        assert_eq!(
+            (allow[0].cidr.as_deref(), allow[0].ports[0].port),
+            (None, 443)
+        );
+        assert_eq!(allow[1].domain.as_deref(), Some("*.github.com"));
         a.allow = vec!["10.0.0.1:99999".into()];
         let e = spec(&a, global()).unwrap_err().0;
         assert!(e.contains("prefix length"), "{e}");

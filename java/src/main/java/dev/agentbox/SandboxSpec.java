@@ -66,13 +66,26 @@ public final class SandboxSpec {
    * egress to {@code "Allowlist"}.
    */
   public SandboxSpec allow(String cidr, int... ports) {
+    return allowEntry("cidr", cidr, ports);
+  }
+
+  /**
+   * Allows a DNS name ({@code "pypi.org"}, or {@code "*.github.com"} for the names below it) on
+   * the given TCP ports (none: every port), reached through agentbox's egress proxy, and sets
+   * egress to {@code "Allowlist"}.
+   */
+  public SandboxSpec allowDomain(String domain, int... ports) {
+    return allowEntry("domain", domain, ports);
+  }
+
+  private SandboxSpec allowEntry(String key, String value, int... ports) {
     Map<String, Object> net = new LinkedHashMap<>(Kube.obj(fields, "network"));
     java.util.List<Object> allow = new java.util.ArrayList<>();
     if (net.get("allow") instanceof java.util.List<?> l) {
       allow.addAll(l);
     }
     Map<String, Object> entry = new LinkedHashMap<>();
-    entry.put("cidr", cidr);
+    entry.put(key, value);
     if (ports.length > 0) {
       java.util.List<Object> ps = new java.util.ArrayList<>();
       for (int p : ports) {

@@ -23,5 +23,15 @@ class SpecTest {
                 Map.of("cidr", "10.0.0.0/8", "ports", List.of(Map.of("port", 443))),
                 Map.of("cidr", "192.0.2.7/32"))),
         net);
+    Object dom = SandboxSpec.image("b").allowDomain("pypi.org", 443).allow("10.0.0.0/8").toMap().get("network");
+    assertEquals(
+        Map.of(
+            "egress",
+            "Allowlist",
+            "allow",
+            List.of(
+                Map.of("domain", "pypi.org", "ports", List.of(Map.of("port", 443))),
+                Map.of("cidr", "10.0.0.0/8"))),
+        dom);
   }
 }
