@@ -24,6 +24,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod security;
 pub mod service;
+pub mod sizelimit;
 pub mod snapshot;
 pub mod sources;
 pub mod startup;
@@ -132,6 +133,7 @@ pub async fn run(
         store,
         node_roots: memory::Checks::default(),
         refusals: memory::Refusals::default(),
+        usage_reads: memory::Reads::default(),
         sweep: memory::Hints::default(),
         shells: warm_shells::Shells::default(),
         pool_claims: refill_delay::Claims::default(),

@@ -409,6 +409,7 @@ pub(crate) fn context_on(
         store,
         node_roots: crate::controller::memory::Checks::default(),
         refusals: crate::controller::memory::Refusals::default(),
+        usage_reads: crate::controller::memory::Reads::default(),
         sweep: crate::controller::memory::Hints::default(),
         shells: crate::controller::warm_shells::Shells::default(),
         pool_claims: crate::controller::refill_delay::Claims::default(),

@@ -518,6 +518,7 @@ mod tests {
             },
             default_runtime_class: None,
             processes: crate::controller::pids::ProcessLimits::NONE,
+            sizes: crate::controller::sizelimit::SizeLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
         };
         pod::build_warm_pod(pool, &spec, &cfg, "ab12c", 1)

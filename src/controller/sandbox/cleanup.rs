@@ -49,6 +49,7 @@ pub enum Cleanup {
 /// Deleting a Sandbox; see the module's documentation for the order.
 pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
+    ctx.usage_reads.forget(&sbx.uid().unwrap_or_default());
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let apis = Apis::new(ctx, &ns, MetadataGate::open());
     // spec.snapshot.onStop: persist the workspace before its pod goes.
