@@ -1455,7 +1455,7 @@ mod tests {
         );
         let note = over_limit_suspended(&mut old, message, Some(4), t(0));
         assert_eq!(
-            (note.type_.clone(), note.reason.as_str(), note.action),
+            (note.type_, note.reason.as_str(), note.action),
             (EventType::Warning, sizelimit::OVER_LIMIT, "Suspend")
         );
         assert_eq!(old.phase, Some(SandboxPhase::Suspended));
