@@ -108,7 +108,7 @@ async fn a_write_past_the_limit_fails_and_a_larger_restore_fails_whole() {
     let (code, out) = sh(
         &env,
         &pod_name(&src),
-        "head -c 100M /dev/zero > big && echo wrote",
+        "head -c $((100 << 20)) /dev/zero > big && echo wrote",
     )
     .await;
     assert_eq!((code, out.trim()), (Some(0), "wrote"));
@@ -139,7 +139,9 @@ async fn a_write_past_the_limit_fails_and_a_larger_restore_fails_whole() {
         let (code, out) = sh(
             &env,
             &pod,
-            "head -c 1G /dev/zero > f 2>/tmp/err; echo code=$?; cat /tmp/err; wc -c < f",
+            // busybox head says only "I/O error"; dd names the error (EDQUOT).
+            "head -c $((1 << 30)) /dev/zero > f 2>/tmp/err; echo code=$?; cat /tmp/err; \
+             dd if=/dev/zero of=g bs=4096 count=16 2>&1 | tail -n 1; wc -c < f",
         )
         .await;
         assert_eq!(code, Some(0), "{out}");
@@ -176,7 +178,12 @@ async fn a_write_past_the_limit_fails_and_a_larger_restore_fails_whole() {
             Some(SandboxPhase::Ready)
         );
         // Freed space is writable again.
-        let (code, out) = sh(&env, &pod, "rm f && head -c 1M /dev/zero > g && echo ok").await;
+        let (code, out) = sh(
+            &env,
+            &pod,
+            "rm -f f g && head -c $((1 << 20)) /dev/zero > g && echo ok",
+        )
+        .await;
         assert_eq!((code, out.trim()), (Some(0), "ok"));
     }
 
@@ -227,14 +234,26 @@ async fn a_write_past_the_limit_fails_and_a_larger_restore_fails_whole() {
             == 0.0
     );
 
+    // The workspaces (subvolumes, some of them) go with their sandboxes: removed by the
+    // operator (its cleanup or its sweep) while it runs.
     let ns_dir = format!("{QUOTA_ROOT}/{}", env.ns);
-    finish_with_snapshots(env, Some(&store_dir)).await;
-    // The workspaces (subvolumes, some of them) went with their sandboxes.
+    let sandboxes = env.api::<Sandbox>();
+    sandboxes
+        .delete_collection(&Default::default(), &Default::default())
+        .await
+        .expect("delete sandboxes");
+    for _ in 0..600 {
+        if workspace_names(&ns_dir).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert!(
         workspace_names(&ns_dir).is_empty(),
         "left in {ns_dir}: {:?}",
         workspace_names(&ns_dir)
     );
+    finish_with_snapshots(env, Some(&store_dir)).await;
     let _ = std::fs::remove_dir(&ns_dir);
 }
 
@@ -254,7 +273,7 @@ async fn without_quotas_a_workspace_over_its_limit_is_measured_reported_and_susp
     let (code, out) = sh(
         &env,
         &pod_name(&s),
-        "head -c 40M /dev/zero > f && echo wrote",
+        "head -c $((40 << 20)) /dev/zero > f && echo wrote",
     )
     .await;
     assert_eq!((code, out.trim()), (Some(0), "wrote"), "no hard limit here");

@@ -451,6 +451,10 @@ async fn workspace_limit(
             ws.used_bytes = None;
         }
     }
+    if limit.is_none() {
+        // A limit removed: so is what was said of it.
+        conditions::remove(&mut st.conditions, sizelimit::CONDITION);
+    }
     let (ok, reason, message) = sizelimit::condition(pod, node, limit, podcfg.helper.is_some())?;
     let over = sizelimit::over(pod);
     if let Some(o) = over {
