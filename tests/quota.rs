@@ -297,7 +297,8 @@ async fn without_quotas_a_workspace_over_its_limit_is_measured_reported_and_susp
         (limited.status.as_str(), limited.reason.as_str()),
         ("False", "WorkspaceOverLimit")
     );
-    assert!(used_bytes(&s).unwrap_or(0) >= 40 * MIB, "{st:?}");
+    // Measured over the limit (possibly while the write still ran).
+    assert!(used_bytes(&s).unwrap_or(0) > 16 * MIB, "{st:?}");
     assert_eq!(
         s.spec.lifecycle.mode,
         agentbox_api::crd::LifecycleMode::Suspended
