@@ -91,6 +91,19 @@ pub const HELM_VALUES: &[(&str, &str)] = &[
         "AGENTBOX_RESTORE_MAX_EXPANSION_RATIO",
         "`restoreLimits.maxExpansionRatio`",
     ),
+    ("AGENTBOX_WORKSPACE_SIZE_LIMIT", "`workspace.sizeLimit`"),
+    (
+        "AGENTBOX_WORKSPACE_QUOTA_FALLBACK",
+        "`workspace.quotaFallback`",
+    ),
+    (
+        "AGENTBOX_WORKSPACE_USAGE_INTERVAL_SECONDS",
+        "`workspace.usageIntervalSeconds`",
+    ),
+    ("AGENTBOX_EGRESS_PROXY_URL", "(not in the chart yet)"),
+    ("AGENTBOX_EGRESS_PROXY_NAMESPACE", "(not in the chart yet)"),
+    ("AGENTBOX_EGRESS_PROXY_SELECTOR", "(not in the chart yet)"),
+    ("AGENTBOX_EGRESS_PROXY_PORT", "(not in the chart yet)"),
 ];
 
 /// Configuration of the agentbox operator.
@@ -162,6 +175,24 @@ pub struct Config {
     /// is not supported: the pod does not start and its sandbox says why.
     #[arg(long, env = "AGENTBOX_PIDS_CGROUP_ROOT", default_value = DEFAULT_PIDS_CGROUP_ROOT)]
     pub pids_cgroup_root: String,
+
+    /// The workspace size limit of sandboxes whose spec (or template) sets no
+    /// `workspace.sizeLimit`, a quantity such as `10Gi`. Empty: none. Enforced by the trusted
+    /// helper (`--helper-image`): a btrfs quota group where the node's workspace root is btrfs
+    /// with quotas enabled, else as `--workspace-quota-fallback` says.
+    #[arg(long, env = "AGENTBOX_WORKSPACE_SIZE_LIMIT", default_value = "", value_parser = parse_size_limit)]
+    pub workspace_size_limit: String,
+
+    /// What a sandbox with a workspace size limit gets on a node whose workspace root has no
+    /// quotas: `measure` (its workspace is measured every `--workspace-usage-interval-seconds`
+    /// and the sandbox suspended once it holds more) or `refuse` (its pod does not start).
+    #[arg(long, env = "AGENTBOX_WORKSPACE_QUOTA_FALLBACK", default_value = "measure", value_parser = ["measure", "refuse"])]
+    pub workspace_quota_fallback: String,
+
+    /// Seconds between two measurements of a limited workspace (the sidecar
+    /// `workspace-usage`).
+    #[arg(long, env = "AGENTBOX_WORKSPACE_USAGE_INTERVAL_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub workspace_usage_interval_seconds: u64,
     /// Egress of sandboxes and templates whose spec sets no `network.egress`: `None` (nothing
     /// reachable, the default) or `All`.
     #[arg(long, env = "AGENTBOX_DEFAULT_EGRESS", default_value = "None", value_parser = ["None", "All"])]
@@ -395,6 +426,18 @@ pub enum ConfigError {
     EgressProxy(String),
 }
 
+/// Parses `--workspace-size-limit`: empty, or a quantity of at least 1Mi.
+fn parse_size_limit(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Ok(String::new());
+    }
+    let bytes = agentbox_api::crd::size_limit_bytes(s)?;
+    if bytes < agentbox_api::crd::MIN_SIZE_LIMIT {
+        return Err(format!("{s:?} is less than 1Mi"));
+    }
+    Ok(s.to_string())
+}
+
 impl Config {
     /// The egress proxy, when one is configured (`--egress-proxy-url`).
     pub fn egress_proxy(&self) -> Option<crate::controller::proxy::EgressProxy<'_>> {
@@ -408,6 +451,17 @@ impl Config {
             selector: &self.egress_proxy_labels,
             port: self.egress_proxy_port,
         })
+    }
+
+    /// The workspace size limits (`--workspace-size-limit`, `--workspace-quota-fallback`,
+    /// `--workspace-usage-interval-seconds`).
+    pub fn size_limits(&self) -> crate::controller::sizelimit::SizeLimits {
+        use agentbox_helper::quota::Fallback;
+        crate::controller::sizelimit::SizeLimits {
+            default: agentbox_api::crd::size_limit_bytes(&self.workspace_size_limit).ok(),
+            fallback: Fallback::parse(&self.workspace_quota_fallback).unwrap_or(Fallback::Measure),
+            interval_secs: self.workspace_usage_interval_seconds,
+        }
     }
 
     /// The egress of sandboxes and templates that set none (`--default-egress`).

@@ -27,6 +27,13 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+/// Labels of a workspace limit's enforcement.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitModeLabels {
+    /// `quota`, `measure` or `not_enforced`.
+    mode: &'static str,
+}
+
 /// Labels naming a SandboxPool.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
@@ -248,6 +255,9 @@ pub struct Metrics {
     exec_errors: Family<ExecLabels, Counter>,
     node_losses: Counter,
     idle_suspensions: Counter,
+    over_limit_suspensions: Counter,
+    workspace_used: Histogram,
+    workspace_limit_modes: Family<LimitModeLabels, Counter>,
     workspaces_swept: Counter,
     sweep_failures: Counter,
     pool_replicas: Family<PoolLabels, Gauge>,
@@ -349,6 +359,10 @@ impl Default for Metrics {
             exec_errors: Family::default(),
             node_losses: Counter::default(),
             idle_suspensions: Counter::default(),
+            over_limit_suspensions: Counter::default(),
+            // 1 MiB to 1 TiB.
+            workspace_used: Histogram::new(exponential_buckets(f64::from(1u32 << 20), 4.0, 11)),
+            workspace_limit_modes: Family::default(),
             workspaces_swept: Counter::default(),
             sweep_failures: Counter::default(),
             pool_replicas: Family::default(),
@@ -501,6 +515,24 @@ impl Default for Metrics {
             "Sandboxes the operator suspended because their lifecycle.idleTimeout passed",
             "",
             m.idle_suspensions.clone(),
+        );
+        r.add(
+            "workspace_over_limit_suspensions",
+            "Sandboxes the operator suspended because their workspace held more than workspace.sizeLimit",
+            "",
+            m.over_limit_suspensions.clone(),
+        );
+        r.add(
+            "workspace_used_bytes",
+            "Bytes a limited workspace held, as measured by its workspace-usage sidecar and read by the operator",
+            "",
+            m.workspace_used.clone(),
+        );
+        r.add(
+            "workspace_limit_starts",
+            "Starts of sandbox pods with a workspace size limit, by how the node enforced it (quota, measure, not_enforced)",
+            "`mode` (`quota`, `measure`, `not_enforced`)",
+            m.workspace_limit_modes.clone(),
         );
         r.add(
             "workspaces_swept",
@@ -667,6 +699,24 @@ impl Metrics {
     /// A sandbox was suspended for its idle timeout.
     pub fn idle_suspended(&self) {
         self.idle_suspensions.inc();
+    }
+
+    /// A sandbox was suspended because its workspace held more than its size limit.
+    pub fn over_limit_suspended(&self) {
+        self.over_limit_suspensions.inc();
+    }
+
+    /// The operator read a measurement of a limited workspace: `bytes` held.
+    pub fn workspace_used(&self, bytes: u64) {
+        self.workspace_used.observe(bytes as f64);
+    }
+
+    /// A sandbox pod with a workspace size limit started its sandbox: how the limit is
+    /// enforced (`quota`, `measure`, `not_enforced`).
+    pub fn workspace_limited(&self, mode: &'static str) {
+        self.workspace_limit_modes
+            .get_or_create(&LimitModeLabels { mode })
+            .inc();
     }
 
     /// The sweep removed `n` workspace directories of deleted sandboxes.

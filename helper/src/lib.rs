@@ -11,6 +11,11 @@
 //!   find workspace directories whose sandbox is gone (its orphan sweep);
 //! - [`Job::Prune`]: remove directories only if they are empty (a deleted namespace's, once the
 //!   sweep has removed its workspaces);
+//! - [`Job::Quota`]: give a workspace a hard size limit where the node root can (a btrfs
+//!   subvolume with a quota group limit), as an init container of the sandbox pod; see
+//!   [`quota`];
+//! - [`Job::Watch`]: measure a workspace periodically and end when it is over its limit, as
+//!   a sidecar of the sandbox pod;
 //! - [`Job::Pids`]: set the process limit (`pids.max`) of the pod it runs in, as the first init
 //!   container of a sandbox pod, before any of the sandbox's code runs (the kubelet's own
 //!   `podPidsLimit` is one value per node; this is the sandbox's own limit).
@@ -23,7 +28,10 @@
 //! Only the standard library: the program stays small enough to audit and builds statically in
 //! seconds. `std::fs::remove_dir_all` is symlink-safe on Linux (it walks with `openat` and
 //! `O_NOFOLLOW`, the fix for CVE-2022-21658), which is why removal is not hand-written.
-#![forbid(unsafe_code)]
+// Denied, not forbidden: the one exception is `quota::sys`, the two btrfs ioctls.
+#![deny(unsafe_code)]
+
+pub mod quota;
 
 use std::fmt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -91,6 +99,26 @@ pub enum Job {
         /// The most processes (and threads) the pod may have at once.
         limit: u64,
     },
+    /// Limit the workspace `root/name` to `bytes` ([`quota::limit`]).
+    Quota {
+        /// The namespace's workspace directory (the helper's mount of it).
+        root: PathBuf,
+        /// The workspace directory's name in it.
+        name: String,
+        /// The limit.
+        bytes: u64,
+        /// What to do where no hard limit can be set.
+        fallback: quota::Fallback,
+    },
+    /// Measure `dir` every `interval_secs` until it holds more than `bytes` ([`quota::watch`]).
+    Watch {
+        /// The workspace (the helper's read-only mount of it).
+        dir: PathBuf,
+        /// The limit.
+        bytes: u64,
+        /// Seconds between measurements.
+        interval_secs: u64,
+    },
 }
 
 /// Bytes of names a [`Job::List`] report carries at most: the kubelet keeps 4096 bytes of a
@@ -112,6 +140,11 @@ pub enum Error {
         /// The error.
         source: std::io::Error,
     },
+    /// No hard limit could be set, and that is not a failure by itself (see
+    /// [`quota::Fallback`]).
+    NoQuota(quota::NoQuota),
+    /// No hard limit could be set where one is required.
+    Refused(String),
     /// A directory that must be root's is not.
     NotRootOwned {
         /// The directory.
@@ -128,6 +161,11 @@ impl fmt::Display for Error {
             Error::Io { what, path, source } => {
                 write!(f, "{what} {}: {source}", path.display())
             }
+            Error::NoQuota(why) => write!(f, "{why}"),
+            Error::Refused(why) => write!(
+                f,
+                "the workspace size limit cannot be enforced and this operator refuses to only measure it: {why}"
+            ),
             Error::NotRootOwned { path, uid } => write!(
                 f,
                 "{} is owned by uid {uid}, not root: refusing to use it as a workspace parent",
@@ -139,7 +177,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
+pub(crate) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
     let path = path.to_path_buf();
     move |source| Error::Io { what, path, source }
 }
@@ -173,6 +211,28 @@ impl Job {
             Job::Pids { dir, limit } => {
                 vec!["pids".into(), dir.display().to_string(), limit.to_string()]
             }
+            Job::Quota {
+                root,
+                name,
+                bytes,
+                fallback,
+            } => vec![
+                "quota".into(),
+                root.display().to_string(),
+                name.clone(),
+                bytes.to_string(),
+                fallback.as_str().into(),
+            ],
+            Job::Watch {
+                dir,
+                bytes,
+                interval_secs,
+            } => vec![
+                "watch".into(),
+                dir.display().to_string(),
+                bytes.to_string(),
+                interval_secs.to_string(),
+            ],
         }
     }
 
@@ -182,7 +242,8 @@ impl Job {
         let usage = || {
             Error::Usage(
                 "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID | list DIR [SKIP...] \
-                 | prune ROOT NAME... | pids DIR LIMIT"
+                 | prune ROOT NAME... | pids DIR LIMIT | quota ROOT NAME BYTES measure|refuse \
+                 | watch DIR BYTES SECONDS"
                     .into(),
             )
         };
@@ -198,6 +259,12 @@ impl Job {
         let id = |s: &String| -> Result<u32, Error> {
             s.parse()
                 .map_err(|_| Error::Usage(format!("{s:?} is not a numeric id")))
+        };
+        let positive = |s: &String| -> Result<u64, Error> {
+            match s.parse() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(Error::Usage(format!("{s:?} is not a positive number"))),
+            }
         };
         match args {
             [job, root, names @ ..] if (job == "remove" || job == "prune") && !names.is_empty() => {
@@ -230,6 +297,25 @@ impl Job {
                     _ => return Err(Error::Usage(format!("{limit:?} is not a positive limit"))),
                 },
             }),
+            [job, root, name, bytes, fallback] if job == "quota" => Ok(Job::Quota {
+                root: path(root)?,
+                name: if is_plain_name(name) {
+                    name.clone()
+                } else {
+                    return Err(Error::Usage(format!(
+                        "{name:?} is not a plain directory name"
+                    )));
+                },
+                bytes: positive(bytes)?,
+                fallback: quota::Fallback::parse(fallback).ok_or_else(|| {
+                    Error::Usage(format!("{fallback:?} is neither measure nor refuse"))
+                })?,
+            }),
+            [job, dir, bytes, secs] if job == "watch" => Ok(Job::Watch {
+                dir: path(dir)?,
+                bytes: positive(bytes)?,
+                interval_secs: positive(secs)?,
+            }),
             _ => Err(usage()),
         }
     }
@@ -247,6 +333,22 @@ impl Job {
             Job::List { dir, skip } => list(dir, skip),
             Job::Prune { root, names } => prune(root, names),
             Job::Pids { dir, limit } => pids(dir, *limit),
+            Job::Quota {
+                root,
+                name,
+                bytes,
+                fallback,
+            } => quota::limit(root, name, *bytes, *fallback),
+            Job::Watch {
+                dir,
+                bytes,
+                interval_secs,
+            } => quota::watch(
+                dir,
+                *bytes,
+                std::time::Duration::from_secs(*interval_secs),
+                None,
+            ),
         }
     }
 }
@@ -320,7 +422,7 @@ impl Report {
 }
 
 /// `root/<name>`, refused unless `name` is one plain path component.
-fn entry(root: &Path, name: &str) -> Result<PathBuf, Error> {
+pub(crate) fn entry(root: &Path, name: &str) -> Result<PathBuf, Error> {
     if !is_plain_name(name) {
         return Err(Error::Usage(format!(
             "{name:?} is not a plain directory name"
@@ -688,6 +790,17 @@ mod tests {
                 dir: "/pids".into(),
                 limit: 256,
             },
+            Job::Quota {
+                root: "/ns".into(),
+                name: "uid-1".into(),
+                bytes: 64 << 20,
+                fallback: quota::Fallback::Refuse,
+            },
+            Job::Watch {
+                dir: "/ws".into(),
+                bytes: 1 << 30,
+                interval_secs: 30,
+            },
         ] {
             assert_eq!(Job::parse(&job.to_args()).unwrap(), job);
         }
@@ -695,6 +808,11 @@ mod tests {
             &["pids", "/pids", "0"][..],
             &["pids", "/pids", "-1"],
             &["pids", "/pids", "x"],
+            &["quota", "/ns", "..", "1", "measure"],
+            &["quota", "/ns", "a", "0", "measure"],
+            &["quota", "/ns", "a", "1", "maybe"],
+            &["watch", "/ws", "1", "0"],
+            &["watch", "ws", "1", "1"],
         ] {
             assert!(Job::parse(&args(bad)).is_err(), "{bad:?}");
         }

@@ -2,7 +2,7 @@
 //! to the container's termination message, where the operator reads it.
 #![forbid(unsafe_code)]
 
-use agentbox_helper::{Error, Job};
+use agentbox_helper::{Error, Job, quota};
 
 /// The kubelet's default `terminationMessagePath`.
 const TERMINATION_LOG: &str = "/dev/termination-log";
@@ -11,11 +11,13 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let outcome = Job::parse(&args).and_then(|job| job.run());
     let (line, code) = match &outcome {
+        // A workspace over its limit: a report, and a code the operator tells apart.
+        Ok(report) if report.flag("over") == Some(true) => (report.line(), quota::OVER_LIMIT_EXIT),
         Ok(report) => (report.line(), 0),
         Err(e @ Error::Usage(_)) => (format!("agentbox-helper: {e}"), 2),
         Err(e) => (format!("agentbox-helper: {e}"), 1),
     };
-    if code == 0 {
+    if code == 0 || code == quota::OVER_LIMIT_EXIT {
         println!("{line}");
     } else {
         eprintln!("{line}");

@@ -42,6 +42,8 @@ pub struct Context {
     pub refusals: memory::Refusals,
     /// The kills for memory this process announced, by sandbox (beside `status.lastOOMKill`).
     pub oom_kills: memory::OomKills,
+    /// When this process last read each limited workspace's usage, by sandbox uid.
+    pub usage_reads: memory::Reads,
     /// Workspace directories of deleted sandboxes, left to the sweep.
     pub sweep: memory::Hints,
     /// The pods the operator manages (label `app.kubernetes.io/managed-by: agentbox`), as its
@@ -67,12 +69,13 @@ pub fn operator_holder(ctx: &Context, what: &str) -> String {
 
 /// The jobs the operator takes a scope's guard for, as the last part of its holder identities
 /// ([`operator_holder`]).
-const OPERATOR_JOBS: [&str; 5] = [
+const OPERATOR_JOBS: [&str; 6] = [
     "snapshot",
     "restore",
     "idle_suspend",
     "suspend",
     "idle-suspend",
+    "over-limit-suspend",
 ];
 
 /// Whether a guard holder is an operator's (this one's or another's, a killed one's included):

@@ -123,6 +123,34 @@ impl Refusals {
     }
 }
 
+/// When something was last done per sandbox (by uid): the reads of a limited workspace's
+/// usage, at most one per interval.
+#[derive(Debug, Default)]
+pub struct Reads(Mutex<HashMap<String, Instant>>);
+
+impl Reads {
+    /// Whether sandbox `uid` is due (nothing done within `every` before `now`); if so, records
+    /// `now`. Otherwise how long until it is.
+    pub fn due(&self, uid: &str, every: Duration, now: Instant) -> Result<(), Duration> {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match map.get(uid) {
+            Some(last) if now.saturating_duration_since(*last) < every => {
+                Err(every - now.saturating_duration_since(*last))
+            }
+            _ => {
+                map.insert(uid.to_string(), now);
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets sandbox `uid` (it is gone).
+    pub fn forget(&self, uid: &str) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.remove(uid);
+    }
+}
+
 // --- sweep hints (super::sweep) -----------------------------------------------------------
 
 /// One workspace directory a deletion left to the sweep.

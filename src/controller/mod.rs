@@ -26,6 +26,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod security;
 pub mod service;
+pub mod sizelimit;
 pub mod snapshot;
 pub mod sources;
 pub mod startup;
@@ -135,6 +136,7 @@ pub async fn run(
         node_roots: memory::Checks::default(),
         refusals: memory::Refusals::default(),
         oom_kills: memory::OomKills::default(),
+        usage_reads: memory::Reads::default(),
         sweep: memory::Hints::default(),
         shells: warm_shells::Shells::default(),
         pool_claims: refill_delay::Claims::default(),

@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
-use super::{pids, security};
+use super::{pids, security, sizelimit};
 use crate::config::Config;
 use agentbox_api::crd::{Egress, Network, Sandbox, SandboxPool, SandboxSpec, TemplateUse};
 use agentbox_api::labels;
@@ -94,6 +94,9 @@ pub struct PodConfig<'a> {
     pub default_runtime_class: Option<&'a str>,
     /// The sandboxes' process limits (`--process-limit`, `--pids-cgroup-root`).
     pub processes: pids::ProcessLimits<'a>,
+    /// The workspaces' size limits (`--workspace-size-limit`, `--workspace-quota-fallback`,
+    /// `--workspace-usage-interval-seconds`).
+    pub sizes: sizelimit::SizeLimits,
     /// The egress of sandboxes whose spec sets none (`--default-egress`).
     pub default_egress: Egress,
     /// The image of the init container that holds a cold pod whose egress relies on
@@ -124,6 +127,7 @@ impl<'a> PodConfig<'a> {
                 default: (c.process_limit > 0).then_some(c.process_limit),
                 cgroup_root: &c.pids_cgroup_root,
             },
+            sizes: c.size_limits(),
             default_egress: c.default_egress(),
             network_wait: (c.network_enforcement != "Attested")
                 .then_some(c.network_check_image.as_str()),
@@ -230,10 +234,12 @@ pub fn build_pod_spec(
         ..Default::default()
     };
     let limit = pids::effective(spec, &cfg.processes);
-    // Without a limit the hash is the one pods had before limits existed.
-    let hash = match limit {
-        None => json_hash(&pod_spec),
-        Some(n) => json_hash(&(&pod_spec, n)),
+    let size = sizelimit::effective(spec, &cfg.sizes);
+    // Without limits the hash is the one pods had before limits existed.
+    let hash = match (limit, size) {
+        (None, None) => json_hash(&pod_spec),
+        (Some(n), None) => json_hash(&(&pod_spec, n)),
+        (n, Some(bytes)) => json_hash(&(&pod_spec, n, bytes)),
     };
     // The proxy's settings are left out of the hash, as the helper's init container is: an
     // operator given a proxy (or another URL) does not restart every sandbox.
@@ -257,6 +263,17 @@ pub fn build_pod_spec(
             .get_or_insert_with(Vec::new)
             .push(pids::volume(cfg.processes.cgroup_root));
     }
+    // Before the workspace is handed to a non-root sandbox: the limit may replace its
+    // (empty) directory with a subvolume.
+    let sized = size.zip(cfg.helper.as_ref()).and_then(|(bytes, helper)| {
+        sizelimit::containers(host_dir, WORKSPACE_VOLUME, bytes, &cfg.sizes, helper)
+    });
+    let mut sidecar = None;
+    if let Some((init, watch, volume)) = sized {
+        inits.push(init);
+        sidecar = Some(watch);
+        pod_spec.volumes.get_or_insert_with(Vec::new).push(volume);
+    }
     if let (Some((uid, gid)), Some(helper)) = (sec.workspace_owner, cfg.helper.as_ref()) {
         let job = agentbox_helper::Job::Own {
             dir: OWN_MOUNT.into(),
@@ -276,6 +293,8 @@ pub fn build_pod_spec(
             mount,
         ));
     }
+    // The sidecar after every plain init container: it starts once they are done.
+    inits.extend(sidecar);
     pod_spec.init_containers = (!inits.is_empty()).then_some(inits);
     (pod_spec, hash)
 }
@@ -723,6 +742,7 @@ pub(super) mod tests {
             },
             default_runtime_class: None,
             processes: pids::ProcessLimits::NONE,
+            sizes: sizelimit::SizeLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
             network_wait: None,
             proxy: None,

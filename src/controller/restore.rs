@@ -268,7 +268,11 @@ async fn source(
     };
     let keys = store.keys(&ns, &scope_key, &uid);
     let size = st.size_bytes.and_then(|s| u64::try_from(s).ok());
-    let limits = ctx.config.restore_limits();
+    // A restore must fit the workspace's size limit: refused whole, before anything is
+    // swapped in, when the files would take more (recorded in the basis, so a raised limit
+    // judges the snapshot again).
+    let size_limit = super::sizelimit::effective(&sbx.spec, &ctx.config.size_limits());
+    let limits = super::sizelimit::restore_limits(ctx.config.restore_limits(), size_limit);
     let (object_version, object_size) = snapshot::object_version(store, &keys.object)
         .await
         .map_err(from_snapshot)?;

@@ -67,6 +67,15 @@ fn scope_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
 
 /// The workspace root, the files and the projections.
 fn workspace_problems(spec: &SandboxSpec, out: &mut Vec<String>) {
+    if let Some(q) = &spec.workspace.size_limit {
+        match agentbox_api::crd::size_limit_bytes(q) {
+            Ok(b) if b < agentbox_api::crd::MIN_SIZE_LIMIT => {
+                out.push(format!("workspace.sizeLimit {q:?} is less than 1Mi"));
+            }
+            Ok(_) => {}
+            Err(e) => out.push(e),
+        }
+    }
     let root = &spec.workspace.root;
     if !is_clean_absolute(root) || root == "/" {
         out.push(format!(
@@ -229,6 +238,7 @@ mod tests {
         },
         default_runtime_class: None,
         processes: crate::controller::pids::ProcessLimits::NONE,
+        sizes: crate::controller::sizelimit::SizeLimits::NONE,
         default_egress: agentbox_api::crd::Egress::All,
         network_wait: None,
         proxy: None,

@@ -410,6 +410,7 @@ pub(crate) fn context_on(
         node_roots: crate::controller::memory::Checks::default(),
         refusals: crate::controller::memory::Refusals::default(),
         oom_kills: crate::controller::memory::OomKills::default(),
+        usage_reads: crate::controller::memory::Reads::default(),
         sweep: crate::controller::memory::Hints::default(),
         shells: crate::controller::warm_shells::Shells::default(),
         pool_claims: crate::controller::refill_delay::Claims::default(),

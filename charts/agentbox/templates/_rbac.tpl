@@ -45,6 +45,10 @@
 - apiGroups: [""]
   resources: ["pods/exec"]
   verbs: ["get", "create"]
+# pods/log: the last line of a limited workspace's workspace-usage sidecar (agentbox's helper), for status.workspace.usedBytes.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 # NetworkPolicies: the deny-all-egress policy of a sandbox with network.egress None; watched, server-side applied, deleted.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]

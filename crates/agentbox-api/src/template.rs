@@ -27,6 +27,7 @@ pub fn resolve(template: &SandboxTemplateSpec, spec: &SandboxSpec) -> SandboxSpe
             files: merge_by(t.workspace.files, &spec.workspace.files, |f| f.path.clone()),
             projections: t.workspace.projections,
             mounts: spec.workspace.mounts.clone(),
+            size_limit: t.workspace.size_limit,
         },
         snapshot: if spec.snapshot == SnapshotPolicy::default() {
             t.snapshot

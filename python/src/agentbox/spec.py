@@ -93,12 +93,18 @@ class HostMount:
 
 @dataclass
 class WorkspaceSpec:
-    """The workspace: its root in the container and what is written into it."""
+    """The workspace: its root in the container, what is written into it, and the most
+    bytes it may hold (``size_limit``, a quantity such as ``"64Mi"``; None: the operator's
+    default, Helm ``workspace.sizeLimit``; not with ``template_ref``). Past a hard limit a
+    write fails with EDQUOT; where the node gives none, the sandbox is suspended once it holds
+    more (condition ``WorkspaceLimited``; docs/security.md).
+    """
 
     root: str = "/workspace"
     files: list[WorkspaceFile] = field(default_factory=list)
     projections: list[Projection] = field(default_factory=list)
     mounts: list[HostMount] = field(default_factory=list)
+    size_limit: str | None = None
 
 
 @dataclass

@@ -523,6 +523,7 @@ mod tests {
             },
             default_runtime_class: None,
             processes: crate::controller::pids::ProcessLimits::NONE,
+            sizes: crate::controller::sizelimit::SizeLimits::NONE,
             default_egress: agentbox_api::crd::Egress::All,
             network_wait: None,
             proxy: None,

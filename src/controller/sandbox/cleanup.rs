@@ -50,6 +50,7 @@ pub enum Cleanup {
 pub async fn cleanup(sbx: &Sandbox, ctx: &Context) -> Result<Cleanup, Error> {
     ctx.refusals.set(&sbx.uid().unwrap_or_default(), None);
     ctx.oom_kills.forget(&sbx.uid().unwrap_or_default());
+    ctx.usage_reads.forget(&sbx.uid().unwrap_or_default());
     let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
     let apis = Apis::new(ctx, &ns, MetadataGate::open());
     // spec.snapshot.onStop: persist the workspace before its pod goes.

@@ -16,6 +16,7 @@ use crate::controller::conditions::{self, GUARDED, POD_READY, READY, STALLED, WO
 use crate::controller::context::Note;
 use crate::controller::nodeloss::{self, NodeHealth};
 use crate::controller::podstate::{self, PodState};
+use crate::controller::sizelimit;
 use crate::controller::{netcheck, placement, runtime, service, workspace};
 use agentbox_api::crd::{
     AbandonedWorkspace, GuardStatus, LifecycleMode, NodeLoss, RestoreRefusal, Sandbox,
@@ -236,6 +237,14 @@ fn pod_step(sbx: &Sandbox, w: &World, st: &mut SandboxStatus) -> (Step, Option<N
             suspended(st, generation, now, Some(&message));
             return (Step::Suspend, None);
         }
+        // So did an over-limit suspension.
+        if let Some(c) = conditions::get(&w.old.conditions, sizelimit::CONDITION)
+            .filter(|c| c.reason == sizelimit::OVER_LIMIT)
+        {
+            let message = c.message.clone();
+            suspended_because(st, generation, now, Some((sizelimit::OVER_LIMIT, &message)));
+            return (Step::Suspend, None);
+        }
         suspended(st, generation, now, None);
         let note = Note::new(
             EventType::Normal,
@@ -418,10 +427,19 @@ fn runtime_refused(st: &mut SandboxStatus, message: &str, generation: Option<i64
 /// Suspended: no pod, the workspace kept on its node. `idle` is the message of a suspension
 /// by the idle timeout (reason [`idle::REASON`]).
 fn suspended(st: &mut SandboxStatus, generation: Option<i64>, now: Timestamp, idle: Option<&str>) {
-    let (reason, ready) = match idle {
-        Some(message) => (idle::REASON, message),
-        None => ("Suspended", "the sandbox is suspended"),
-    };
+    let why = idle.map(|message| (idle::REASON, message));
+    suspended_because(st, generation, now, why);
+}
+
+/// [`suspended`] with the reason and message of an operator's suspension (`None`: the
+/// spec's).
+fn suspended_because(
+    st: &mut SandboxStatus,
+    generation: Option<i64>,
+    now: Timestamp,
+    why: Option<(&str, &str)>,
+) {
+    let (reason, ready) = why.unwrap_or(("Suspended", "the sandbox is suspended"));
     let messages = [
         (
             POD_READY,
@@ -455,6 +473,26 @@ pub fn idle_suspended(
     suspended(st, generation, now, Some(&message));
     st.pod_name = pod;
     Note::new(EventType::Normal, idle::REASON, "Suspend", &message)
+}
+
+/// The status an over-limit suspension writes with the mode it sets (as
+/// [`idle_suspended`]), and its Warning Event ([`sizelimit::OVER_LIMIT`]).
+pub fn over_limit_suspended(
+    st: &mut SandboxStatus,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Note {
+    let pod = st.pod_name.clone();
+    st.observed_generation = generation;
+    suspended_because(st, generation, now, Some((sizelimit::OVER_LIMIT, message)));
+    st.pod_name = pod;
+    Note::new(
+        EventType::Warning,
+        sizelimit::OVER_LIMIT,
+        "Suspend",
+        message,
+    )
 }
 
 /// No pod for now (its sources are missing, or the API server refused it): Pending, PodReady
@@ -1490,6 +1528,44 @@ mod tests {
         assert_eq!(plan.step, Step::CreatePod);
         assert_eq!(plan.status.idle_since, Some(Time(t(-90))), "until it runs");
         assert_eq!(reason(&st, READY), "PodStarting");
+    }
+
+    #[test]
+    fn an_over_limit_suspension_keeps_its_reason_and_was_announced_already() {
+        let sbx = sandbox(json!({"lifecycle": {"mode": "Suspended"}}));
+        let mut w = world(Some(pod("sbx-uid")));
+        let mut old = SandboxStatus {
+            phase: Some(SandboxPhase::Ready),
+            pod_name: Some("s-sandbox".into()),
+            ..Default::default()
+        };
+        let message = "the workspace holds 70 MiB, more than its size limit of 64 MiB";
+        conditions::set(
+            &mut old.conditions,
+            sizelimit::CONDITION,
+            false,
+            sizelimit::OVER_LIMIT,
+            message,
+            Some(3),
+            t(0),
+        );
+        let note = over_limit_suspended(&mut old, message, Some(4), t(0));
+        assert_eq!(
+            (note.type_, note.reason.as_str(), note.action),
+            (EventType::Warning, sizelimit::OVER_LIMIT, "Suspend")
+        );
+        assert_eq!(old.phase, Some(SandboxPhase::Suspended));
+        assert_eq!(old.pod_name.as_deref(), Some("s-sandbox"));
+        assert_eq!(reason(&old, READY), sizelimit::OVER_LIMIT);
+        w.old = old;
+        let plan = decide(&sbx, &w);
+        assert_eq!(plan.step, Step::Suspend);
+        assert_eq!(plan.note, None, "one Event per over-limit suspension");
+        assert_eq!(reason(&plan.status, READY), sizelimit::OVER_LIMIT);
+        assert_eq!(
+            reason(&plan.status, sizelimit::CONDITION),
+            sizelimit::OVER_LIMIT
+        );
     }
 
     #[test]

@@ -136,6 +136,8 @@ pub async fn init_workspace(
         projection_hash: hash,
         initialized_pod_uid: None,
         host_dir: ws.host_dir.clone(),
+        used_bytes: ws.used_bytes,
+        limit_bytes: ws.limit_bytes,
     };
     Ok((new_ws, decision))
 }

@@ -20,7 +20,7 @@ use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
 use crate::controller::podstate::{self, PodState, pod_age};
 use crate::controller::{
-    conditions, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod,
+    conditions, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod, sizelimit,
 };
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
@@ -122,7 +122,15 @@ pub(super) async fn serve(
         }
         process_limit(h, sbx, pod, &node, old, &mut st, now).await;
         oom_kill(h, sbx, pod, old, &mut st).await;
-        st.node_name = Some(node);
+        let over = workspace_limit(h, sbx, pod, &node, old, &mut st, now).await;
+        st.node_name = Some(node.clone());
+        if let Some(o) = over {
+            return suspend::over_limit_suspend(h, sbx, st, &sizelimit::over_message(o, &node))
+                .await;
+        }
+        if let Some(wait) = read_usage(h, sbx, pod, &found.state, &mut st).await {
+            requeue = sooner(requeue, wait);
+        }
     }
     let serving = serving(h, pod, found.state, now);
     // Asked before the workspace's start, so that a node's first check runs beside it.
@@ -513,6 +521,126 @@ async fn oom_kill(
     h.ctx.oom_kills.record(&uid, seen.clone());
     st.last_oom_kill = Some(seen);
     h.writer(sbx).publish(Some(note)).await;
+}
+
+/// Sets the [`sizelimit::CONDITION`] of a sandbox whose pod on `node` should have a
+/// workspace size limit, from what the pod's helper containers reported, and the limit and
+/// (once over it) the usage in `status.workspace`; a Warning Event when it turns False.
+/// Returns the over-limit measurement when the sidecar ended with one: the sandbox must stop.
+async fn workspace_limit(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    pod: &Pod,
+    node: &str,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+    now: Timestamp,
+) -> Option<sizelimit::Over> {
+    let podcfg = h.podcfg;
+    let limit =
+        sizelimit::pod_limit(pod).or_else(|| sizelimit::effective(&sbx.spec, &podcfg.sizes));
+    // Only a limited workspace's status (or one that was) changes: no write for the others.
+    let was_limited = st
+        .workspace
+        .as_ref()
+        .is_some_and(|w| w.limit_bytes.is_some());
+    if limit.is_some() || was_limited {
+        let ws = st.workspace.get_or_insert_with(WorkspaceStatus::default);
+        ws.limit_bytes = limit;
+        if limit.is_none() {
+            ws.used_bytes = None;
+        }
+    }
+    if limit.is_none() {
+        // A limit removed: so is what was said of it.
+        conditions::remove(&mut st.conditions, sizelimit::CONDITION);
+    }
+    let (ok, reason, message) = sizelimit::condition(pod, node, limit, podcfg.helper.is_some())?;
+    let over = sizelimit::over(pod);
+    if let Some(o) = over {
+        st.workspace
+            .get_or_insert_with(WorkspaceStatus::default)
+            .used_bytes = Some(o.used);
+        h.ctx.metrics.workspace_used(o.used);
+    }
+    let was = conditions::get(&old.conditions, sizelimit::CONDITION)
+        .map(|c| (c.status == "True", c.reason.clone()));
+    conditions::set(
+        &mut st.conditions,
+        sizelimit::CONDITION,
+        ok,
+        reason,
+        &message,
+        sbx.metadata.generation,
+        now,
+    );
+    if was.as_ref().map(|(_, r)| r.as_str()) != Some(reason) {
+        // Counted once per change of reason: a start's outcome, not every look at it.
+        let mode = match reason {
+            sizelimit::QUOTA => Some("quota"),
+            sizelimit::MEASURED => Some("measure"),
+            sizelimit::NOT_ENFORCED => Some("not_enforced"),
+            _ => None,
+        };
+        if let Some(mode) = mode {
+            h.ctx.metrics.workspace_limited(mode);
+        }
+    }
+    if !ok && was != Some((false, reason.to_string())) {
+        let note = Note {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: reason.to_string(),
+            action: "LimitWorkspace",
+            message,
+        };
+        h.writer(sbx).publish(Some(note)).await;
+    }
+    over
+}
+
+/// Reads the usage a limited workspace's sidecar last printed (the last line of its log), at
+/// most once per `--workspace-usage-interval-seconds` per sandbox, into
+/// `status.workspace.usedBytes` (kept within a MiB of the last written, so the status is not
+/// rewritten for every byte) and the metric. Returns when to read again; `None` for a pod
+/// without the sidecar or not running. A failed read waits for the next.
+async fn read_usage(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    pod: &Pod,
+    state: &PodState,
+    st: &mut SandboxStatus,
+) -> Option<Duration> {
+    let has_sidecar = pod
+        .spec
+        .as_ref()?
+        .init_containers
+        .iter()
+        .flatten()
+        .any(|c| c.name == sizelimit::SIDECAR);
+    if !has_sidecar || *state != PodState::Ready {
+        return None;
+    }
+    let every = Duration::from_secs(h.podcfg.sizes.interval_secs.max(1));
+    let uid = sbx.uid().unwrap_or_default();
+    if let Err(wait) = h.ctx.usage_reads.due(&uid, every, Instant::now()) {
+        return Some(wait);
+    }
+    let params = kube::api::LogParams {
+        container: Some(sizelimit::SIDECAR.into()),
+        tail_lines: Some(1),
+        ..Default::default()
+    };
+    match h.apis.pods.logs(&pod.name_any(), &params).await {
+        Ok(text) => {
+            if let Some(used) = sizelimit::measured(&text) {
+                h.ctx.metrics.workspace_used(used);
+                let ws = st.workspace.get_or_insert_with(WorkspaceStatus::default);
+                ws.used_bytes = Some(sizelimit::reported(ws.used_bytes, used));
+            }
+        }
+        Err(e) => debug!(sandbox = %sbx.name_any(), "reading the workspace usage: {e}"),
+    }
+    Some(every)
 }
 
 /// The process limit a pod's init container was told to set, if it has one.

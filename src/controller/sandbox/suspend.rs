@@ -134,10 +134,55 @@ async fn take_guard(
 pub(super) async fn idle_suspend(
     h: &Hands<'_>,
     sbx: &Sandbox,
+    st: SandboxStatus,
+) -> Result<Action, Error> {
+    let finish = |st: &mut SandboxStatus, generation| {
+        let timeout = idle::timeout(sbx).unwrap_or_default();
+        let note = decide::idle_suspended(st, timeout, generation, Timestamp::now());
+        h.ctx.metrics.idle_suspended();
+        note
+    };
+    operator_suspend(
+        h,
+        sbx,
+        st,
+        "idle-suspend",
+        Some(GuardOp::IdleSuspend),
+        finish,
+    )
+    .await
+}
+
+/// Suspends a sandbox whose workspace holds more than its size limit (measured where the
+/// node root gives no hard limit), as the idle timeout does ([`idle_suspend`]): Suspended
+/// rather than Failed, because the workspace is the user's data and stays on the node (and
+/// in the on-stop snapshot, if the spec asks for one); a raised `workspace.sizeLimit`, or
+/// data removed, and a resume bring it back. `message` says why (the Warning Event's).
+pub(super) async fn over_limit_suspend(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    st: SandboxStatus,
+    message: &str,
+) -> Result<Action, Error> {
+    let finish = |st: &mut SandboxStatus, generation| {
+        h.ctx.metrics.over_limit_suspended();
+        decide::over_limit_suspended(st, message, generation, Timestamp::now())
+    };
+    operator_suspend(h, sbx, st, "over-limit-suspend", None, finish).await
+}
+
+/// Sets `spec.lifecycle.mode: Suspended` under the scope's guard (see [`idle_suspend`]) and
+/// writes the status `finish` makes (given the new generation), with its Event.
+async fn operator_suspend(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
     mut st: SandboxStatus,
+    purpose: &str,
+    counted: Option<GuardOp>,
+    finish: impl FnOnce(&mut SandboxStatus, Option<i64>) -> context::Note,
 ) -> Result<Action, Error> {
     let name = sbx.name_any();
-    let Some(g) = take_guard(h, sbx, "idle-suspend", Some(GuardOp::IdleSuspend)).await? else {
+    let Some(g) = take_guard(h, sbx, purpose, counted).await? else {
         // A harness got there first: not idle. Its release brings the next look; the
         // requeue is the fallback.
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -163,18 +208,16 @@ pub(super) async fn idle_suspend(
                 && s.code == 409
             {
                 // Changed since it was read: the newer version's event brings a fresh look.
-                debug!(sandbox = %name, "the sandbox changed as its idle timeout passed; looking again");
+                debug!(sandbox = %name, "the sandbox changed as it was to be suspended ({purpose}); looking again");
                 return Ok(Action::requeue(Duration::from_millis(500)));
             }
             return Err(e);
         }
     };
     SUPERSEDED.record(sbx, Instant::now());
-    let timeout = idle::timeout(sbx).unwrap_or_default();
     let generation = updated.metadata.generation;
-    let note = decide::idle_suspended(&mut st, timeout, generation, Timestamp::now());
+    let note = finish(&mut st, generation);
     info!("{}", note.message);
-    h.ctx.metrics.idle_suspended();
     h.writer(sbx).publish(Some(note)).await;
     // Written over the version the mode change returned, so that version, seen without
     // this status, is not acted on as a plain suspend.

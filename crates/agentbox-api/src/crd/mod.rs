@@ -635,4 +635,42 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn size_limits_are_quantities_of_whole_bytes_and_come_from_a_template() {
+        use super::size_limit_bytes;
+        assert_eq!(size_limit_bytes("64Mi"), Ok(64 << 20));
+        assert_eq!(size_limit_bytes("1Gi"), Ok(1 << 30));
+        assert_eq!(size_limit_bytes("500M"), Ok(500_000_000));
+        assert_eq!(size_limit_bytes("4096"), Ok(4096));
+        for bad in ["1.5Gi", "1e9", "64MB", "Mi", "", "99999999999Pi"] {
+            assert!(size_limit_bytes(bad).is_err(), "{bad}");
+        }
+        // The CRD's pattern admits exactly what the parser reads.
+        use kube::CustomResourceExt;
+        let schema = schema(crate::crd::Sandbox::crd());
+        let field =
+            &schema["properties"]["spec"]["properties"]["workspace"]["properties"]["sizeLimit"];
+        assert_eq!(
+            field["pattern"],
+            "^[1-9][0-9]{0,17}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+        );
+        let v = kube::core::cel::Validator::new();
+        let templated = serde_json::json!({"apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s"}, "spec": {"templateRef": {"name": "t"},
+            "scope": {"kind": "Global"}, "workspace": {"sizeLimit": "64Mi"}}});
+        let e = format!("{:?}", v.validate(&schema, &templated, None));
+        assert!(
+            e.contains("workspace.sizeLimit comes from the template"),
+            "{e}"
+        );
+        assert!(
+            v.validate(
+                &schema,
+                &with(serde_json::json!({"workspace": {"sizeLimit": "64Mi"}})),
+                None
+            )
+            .is_ok()
+        );
+    }
 }

@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Last-Snapshot","type":"string","priority":1,"description":"Name of the newest Ready snapshot of this sandbox","jsonPath":".status.lastSnapshot.name"}"#,
     printcolumn = r#"{"name":"Template","type":"string","priority":1,"description":"The SandboxTemplate the sandbox is made from","jsonPath":".spec.templateRef.name"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","priority":1,"jsonPath":".status.podName"}"#,
+    printcolumn = r#"{"name":"Used","type":"integer","format":"int64","priority":1,"description":"Bytes the workspace holds, as last measured (with workspace.sizeLimit)","jsonPath":".status.workspace.usedBytes"}"#,
+    printcolumn = r#"{"name":"Limit","type":"string","priority":1,"description":"The workspace's size limit (workspace.sizeLimit)","jsonPath":".spec.workspace.sizeLimit"}"#,
     printcolumn = r#"{"name":"Runtime","type":"string","priority":1,"description":"RuntimeClass the sandbox's pod runs under (empty: the node's default runtime)","jsonPath":".status.runtimeClassName"}"#,
     printcolumn = r#"{"name":"Idle-Since","type":"date","priority":1,"description":"Since when the sandbox has been idle (Ready, its scope's guard free), with lifecycle.idleTimeout","jsonPath":".status.idleSince"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","description":"Reason of the Ready condition","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
@@ -47,6 +49,7 @@ use serde::{Deserialize, Serialize};
     validation = crate::crd::fixed_by_template("securityContext"),
     validation = crate::crd::fixed_by_template("ports"),
     validation = crate::crd::fixed_by_template("workspace.projections"),
+    validation = crate::crd::fixed_by_template("workspace.sizeLimit"),
     validation = kube::core::Rule::new("!has(self.templateRef) || !has(self.network) || ((!has(self.network.egress) || self.network.egress == 'All') && (!has(self.network.allow) || size(self.network.allow) == 0))").message("network comes from the template: a Sandbox with templateRef cannot set it"),
     validation = kube::core::Rule::new("has(self.templateRef) == has(oldSelf.templateRef)").message("templateRef cannot be added or removed; create a new Sandbox"),
 )]
@@ -60,7 +63,8 @@ pub struct SandboxSpec {
     /// template's whole policy); `lifecycle` (`mode` and `shutdownTime` are the sandbox's
     /// own; `idleTimeout`, when set, replaces the template's). Setting `image`,
     /// `imagePullPolicy`, `command`, `args`, `resources`, `processLimit`, `runtimeClassName`, `nodeSelector`,
-    /// `tolerations`, `securityContext`, `ports`, `network` or `workspace.projections` is
+    /// `tolerations`, `securityContext`, `ports`, `network`, `workspace.projections` or
+    /// `workspace.sizeLimit` is
     /// refused at admission (except `network.egress: All`, the old clients' default, which is
     /// accepted and has no effect: the template's egress applies). The template is read when the sandbox's pod is made, and
     /// `status.template` records which version was used: a later edit of the template does
@@ -441,6 +445,25 @@ pub struct WorkspaceSpec {
     #[schemars(length(max = 16))]
     #[x_kube(validation = crate::crd::unique_by("path", "mount paths"))]
     pub mounts: Vec<HostMount>,
+
+    /// The most bytes the workspace may hold (a quantity: `64Mi`, `10Gi`, `500M`; at least
+    /// 1Mi). Unset: the operator's `--workspace-size-limit` (Helm `workspace.sizeLimit`; none
+    /// by default). Where the node's workspace root is btrfs with quotas enabled, it is a hard
+    /// limit: the workspace is a subvolume of its own with a quota group limit, and a write
+    /// past it fails in the sandbox with `EDQUOT` ("Disk quota exceeded"); elsewhere the
+    /// operator's `--workspace-quota-fallback` decides: `measure` (the default) measures the
+    /// workspace periodically and suspends the sandbox once it holds more (Warning Event
+    /// `WorkspaceOverLimit`), `refuse` keeps the pod from starting. The condition
+    /// `WorkspaceLimited` says which a sandbox got (reason `Quota`, `Measured` or
+    /// `NotEnforced`), `status.workspace.usedBytes` how much it holds. A restore whose
+    /// snapshot holds more is refused whole. Comes from the template for a Sandbox with
+    /// `templateRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 32),
+        regex(pattern = r"^[1-9][0-9]{0,17}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+    )]
+    pub size_limit: Option<String>,
 }
 
 impl Default for WorkspaceSpec {
@@ -450,9 +473,45 @@ impl Default for WorkspaceSpec {
             files: Vec::new(),
             projections: Vec::new(),
             mounts: Vec::new(),
+            size_limit: None,
         }
     }
 }
+
+/// Bytes of a workspace size limit (`workspace.sizeLimit`): a whole number with an optional
+/// binary (`Ki`, `Mi`, `Gi`, `Ti`, `Pi`) or decimal (`k`, `M`, `G`, `T`, `P`) suffix, the
+/// quantities the CRD's pattern admits. Anything else (a fraction, an exponent, an overflow)
+/// is an error naming the value.
+pub fn size_limit_bytes(q: &str) -> Result<u64, String> {
+    let digits = q.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &q[digits.len()..];
+    let factor: u64 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "workspace.sizeLimit {q:?}: unknown suffix {suffix:?}"
+            ));
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("workspace.sizeLimit {q:?} is not a whole number of bytes with a suffix such as Mi or Gi"))?;
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("workspace.sizeLimit {q:?} is too large"))
+}
+
+/// The smallest workspace size limit: 1 MiB.
+pub const MIN_SIZE_LIMIT: u64 = 1 << 20;
 
 fn default_root() -> String {
     "/workspace".to_string()
@@ -1191,6 +1250,14 @@ pub struct WorkspaceStatus {
     /// the workspace is `<nodeRoot>/<namespace>/<sandbox uid>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_dir: Option<String>,
+    /// Bytes the workspace holds, as last measured by agentbox's helper beside the sandbox
+    /// (only for a sandbox with `workspace.sizeLimit`; rounded to whole MiB between
+    /// measurements, so a sandbox's status is not rewritten for every byte).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+    /// The workspace's size limit in bytes, as its pod was made with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
 }
 
 /// Holder of the scope's execution guard.

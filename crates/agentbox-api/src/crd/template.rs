@@ -66,6 +66,15 @@ pub struct TemplateWorkspace {
     #[schemars(length(max = 16))]
     #[x_kube(validation = crate::crd::unique_by("path", "projection paths"))]
     pub projections: Vec<Projection>,
+
+    /// The most bytes each sandbox's workspace may hold (as a Sandbox's
+    /// `workspace.sizeLimit`, which a Sandbox naming the template cannot set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 32),
+        regex(pattern = r"^[1-9][0-9]{0,17}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+    )]
+    pub size_limit: Option<String>,
 }
 
 /// Lifecycle defaults of a template's sandboxes.
