@@ -524,6 +524,27 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     std::fs::create_dir_all(&prev_dir).expect("temp dir");
     let (prev_version, prev_chart) = previous_chart(&prev_dir);
     let prev_values = prev_dir.join("hack/values-local.yaml");
+    // The previous chart runs this tree's image, whose NetworkPolicy check runs in the release
+    // namespace with RBAC that chart lacks (in a real upgrade the old chart runs the old
+    // image): it attests enforcement (true here: hack/cluster runs kube-router). The upgrade's
+    // values (hack/values-local.yaml's extraEnv) drop that, and this chart's check runs.
+    let attested = prev_dir.join("attested.yaml");
+    {
+        let prev: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&prev_values).expect("values"))
+                .expect("values YAML");
+        let mut env_list = prev
+            .get("extraEnv")
+            .and_then(|e| e.as_sequence())
+            .cloned()
+            .unwrap_or_default();
+        env_list.push(
+            serde_yaml::from_str("{name: AGENTBOX_NETWORK_ENFORCEMENT, value: Attested}").unwrap(),
+        );
+        let mut doc = serde_yaml::Mapping::new();
+        doc.insert("extraEnv".into(), serde_yaml::Value::Sequence(env_list));
+        std::fs::write(&attested, serde_yaml::to_string(&doc).unwrap()).expect("write values");
+    }
     let prev_crds: Vec<_> = std::fs::read_dir(prev_chart.join("crds"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
@@ -555,6 +576,8 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
         "--create-namespace",
         "-f",
         prev_values.to_str().unwrap(),
+        "-f",
+        attested.to_str().unwrap(),
         "--set",
         &format!("image.repository={repo}"),
         "--set",

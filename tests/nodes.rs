@@ -532,7 +532,8 @@ async fn a_sandbox_on_a_lost_node_is_ready_on_the_other_with_its_snapshot_and_no
     })
     .await;
     let on_node2 = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node2}")))
+        // (but the network check's beacon: the test operator's check namespace is this one)
+        .list(&common::not_the_beacon().fields(&format!("spec.nodeName={node2}")))
         .await
         .expect("pods");
     assert!(
