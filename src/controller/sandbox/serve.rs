@@ -20,7 +20,8 @@ use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
 use crate::controller::podstate::{self, PodState, pod_age};
 use crate::controller::{
-    conditions, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod, sizelimit,
+    conditions, domain_egress, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod,
+    sizelimit,
 };
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
@@ -132,6 +133,17 @@ pub(super) async fn serve(
             requeue = sooner(requeue, wait);
         }
     }
+    // Domain entries without an egress proxy: said on the Sandbox (they stay closed).
+    let no_proxy = domain_egress::apply(
+        &sbx.spec.pod.network,
+        h.podcfg.default_egress,
+        h.podcfg.proxy.as_ref(),
+        &old.conditions,
+        &mut st.conditions,
+        sbx.metadata.generation,
+        now,
+    );
+    h.writer(sbx).publish(no_proxy).await;
     let serving = serving(h, pod, found.state, now);
     // Asked before the workspace's start, so that a node's first check runs beside it.
     let gate = network_gate(h, sbx, pod);
