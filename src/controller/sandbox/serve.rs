@@ -143,7 +143,6 @@ pub(super) async fn serve(
         sbx.metadata.generation,
         now,
     );
-    h.writer(sbx).publish(no_proxy).await;
     let serving = serving(h, pod, found.state, now);
     // Asked before the workspace's start, so that a node's first check runs beside it.
     let gate = network_gate(h, sbx, pod);
@@ -200,6 +199,8 @@ pub(super) async fn serve(
     if old != &st {
         h.writer(sbx).status(&st).await?;
     }
+    // Once the condition is written: a reconcile that wrote no status tells it again.
+    h.writer(sbx).publish(no_proxy).await;
     // Its stdin closes and it exits: nothing of the pool's stays in the pod.
     drop(shell);
     if out.started.is_some() {
