@@ -329,15 +329,42 @@ async fn the_charts_proxy_serves_a_domain_and_holds_against_a_flooding_sandbox()
 
     // The flood: for 6 s, a new connection every 100 ms that sends nothing (each held open
     // 12 s from the sandbox's side), and 4 that send a header byte a second for 12 s. Each
-    // answer lands in a file of its own.
+    // answer lands in a file of its own. It runs in a session of its own (setsid), so that
+    // the exec that starts it returns at once and ends none of it.
     let flood = format!(
-        "p={proxy_ip}; i=0; \
-         for j in 1 2 3 4; do ((for k in $(seq 12); do printf G; sleep 1; done) | nc $p 3128 > /tmp/slow$j 2>&1 &); done; \
-         end=$(( $(cut -d. -f1 /proc/uptime) + 6 )); \
-         while [ $(cut -d. -f1 /proc/uptime) -lt $end ]; do i=$((i+1)); (sleep 12 | nc $p 3128 > /tmp/stall$i 2>&1 &); sleep 0.1; done; \
-         echo opened $i"
+        "p={proxy_ip}; i=0\n\
+         for j in 1 2 3 4; do ((for k in $(seq 12); do printf G; sleep 1; done) | nc $p 3128 > /tmp/slow$j 2>&1) </dev/null >/dev/null 2>&1 & done\n\
+         end=$(( $(cut -d. -f1 /proc/uptime) + 6 ))\n\
+         while [ $(cut -d. -f1 /proc/uptime) -lt $end ]; do i=$((i+1)); (sleep 12 | nc $p 3128 > /tmp/stall$i 2>&1) </dev/null >/dev/null 2>&1 & sleep 0.1; done\n\
+         echo opened $i > /tmp/flood.done\n"
     );
-    let flooding = sh(&env, "flood", &flood);
+    let pods_api = env.api::<Pod>();
+    let r = run(
+        &pods_api,
+        &agentbox_api::labels::pod_name("flood"),
+        "sandbox",
+        ExecRequest::shell("cat > /tmp/flood.sh").stdin(flood.into_bytes()),
+    )
+    .await
+    .unwrap();
+    assert!(r.success(), "{}", r.stderr_str());
+    sh(
+        &env,
+        "flood",
+        "setsid sh /tmp/flood.sh </dev/null >/tmp/flood.out 2>&1 &",
+    )
+    .await;
+    let flooding = async {
+        for _ in 0..120 {
+            let out = sh(&env, "flood", "cat /tmp/flood.done 2>/dev/null").await;
+            if out.contains("opened") {
+                return out;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let out = sh(&env, "flood", "cat /tmp/flood.out").await;
+        panic!("the flood did not finish in 60 s: {out}");
+    };
     // While it floods: the second sandbox is served, and the flooder holds no more than its
     // limit (read twice during the flood).
     let during = async {
