@@ -20,7 +20,8 @@ use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
 use crate::controller::podstate::{self, PodState, pod_age};
 use crate::controller::{
-    conditions, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod, sizelimit,
+    conditions, domain_egress, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod,
+    sizelimit,
 };
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
@@ -132,6 +133,16 @@ pub(super) async fn serve(
             requeue = sooner(requeue, wait);
         }
     }
+    // Domain entries without an egress proxy: said on the Sandbox (they stay closed).
+    let no_proxy = domain_egress::apply(
+        &sbx.spec.pod.network,
+        h.podcfg.default_egress,
+        h.podcfg.proxy.as_ref(),
+        &old.conditions,
+        &mut st.conditions,
+        sbx.metadata.generation,
+        now,
+    );
     let serving = serving(h, pod, found.state, now);
     // Asked before the workspace's start, so that a node's first check runs beside it.
     let gate = network_gate(h, sbx, pod);
@@ -188,6 +199,8 @@ pub(super) async fn serve(
     if old != &st {
         h.writer(sbx).status(&st).await?;
     }
+    // Once the condition is written: a reconcile that wrote no status tells it again.
+    h.writer(sbx).publish(no_proxy).await;
     // Its stdin closes and it exits: nothing of the pool's stays in the pod.
     drop(shell);
     if out.started.is_some() {
