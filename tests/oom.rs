@@ -145,15 +145,21 @@ async fn a_command_killed_for_memory_is_out_of_memory_and_a_container_kill_an_oo
 /// kill in its status, and comes back (the kubelet restarts the container) to answer again.
 async fn under_gvisor(env: &TestEnv, h: &mut agentbox_client::client::SandboxHandle, name: &str) {
     let hog = || ExecRequest::shell(HOG).timeout(Duration::from_secs(60));
+    // Until the sandbox answers again: the kubelet restarts the container (the Sandbox may
+    // still say Ready while it does, and an exec then finds no container).
     let back = |h: &agentbox_client::client::SandboxHandle| {
         let h = h.clone();
         async move {
             env.wait_for::<Sandbox>(name, 180, phase_is("Ready")).await;
-            let out = h
-                .exec(ExecRequest::shell("echo back"))
-                .await
-                .expect("exec after");
-            assert_eq!(out.stdout_str().trim(), "back");
+            for _ in 0..120 {
+                if let Ok(out) = h.exec(ExecRequest::shell("echo back")).await
+                    && out.stdout_str().trim() == "back"
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            panic!("the sandbox did not come back after its container was killed");
         }
     };
 
