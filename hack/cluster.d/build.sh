@@ -161,6 +161,8 @@ build_gvisor() {
   log "building gVisor $GVISOR_VERSION (runsc) from the Go module proxy (once per machine, ~25 min on 2 cores)"
   local t0=$SECONDS
   mkdir -p "$CACHE/gvisor"
+  # A build stopped half-way (hack/cluster down) left its directory: this one holds the lock.
+  rm -rf "$CACHE/gvisor/.build-$GVISOR_VERSION".*
   local tmp; tmp=$(mktemp -d "$CACHE/gvisor/.build-$GVISOR_VERSION.XXXXXX")
   mkdir -p "$tmp/bin"
   (cd "$tmp" && GOBIN="$tmp/bin" go install -trimpath \
@@ -192,7 +194,23 @@ gvisor_build_background() {
   flock -n "$CACHE/gvisor/.lock" true || return 0
   local logf=$CACHE/gvisor/build-$GVISOR_VERSION.log
   log "gVisor $GVISOR_VERSION is not built: building it in the background (nice 19, log $logf); Debian's runsc until then"
+  # Its own session (setsid execs in place: $! leads it), so that `hack/cluster down` stops the
+  # build and everything go started by this PID's group; the next `up` starts it again, and go's
+  # build cache keeps what was compiled.
   setsid nice -n 19 "$HERE/cluster" build-gvisor >>"$logf" 2>&1 </dev/null 9>&- &
+  echo $! >"$CACHE/gvisor/.build.pid"
+}
+
+# Stops a background build this machine's `up` started (by its process group), if one runs.
+gvisor_build_stop() {
+  local pidf=$CACHE/gvisor/.build.pid pid
+  pid=$(cat "$pidf" 2>/dev/null) || return 0
+  rm -f "$pidf"
+  [[ $pid =~ ^[0-9]+$ ]] || return 0
+  # Only the build's own session leader (its command line names build-gvisor), never a PID reused.
+  grep -qa build-gvisor "/proc/$pid/cmdline" 2>/dev/null || return 0
+  log "stopping the background gVisor build (process group $pid)"
+  kill -TERM -- "-$pid" 2>/dev/null || true
 }
 
 cmd_build_gvisor() { # in the foreground, one build per machine at a time
