@@ -1,6 +1,6 @@
 //! Credentials added at the egress hop (issue 46), against the real cluster: a TLS server pod
 //! of the test's namespace (proxy/examples/cred_server.rs, built static and copied into a
-//! busybox pod, with a certificate of a CA made here) prints the request heads it gets; the
+//! busybox pod, with a certificate of a CA made here) records the request heads it gets; the
 //! proxy pod (AGENTBOX_PROXY_IMAGE, else hack/proxy-image --dev) trusts that CA by
 //! `--upstream-ca`; the operator reads the Secret and writes the value into the proxy's table.
 //! The sandbox sends `GET http://api.cred.test/` with a header of its own through the proxy
@@ -206,7 +206,7 @@ async fn a_credential_arrives_at_the_server_and_is_found_nowhere_else() {
             "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "s", "image": common::BASE_IMAGE, "imagePullPolicy": "IfNotPresent",
-                            "command": ["sh", "-c", "while [ ! -x /tmp/srv ]; do sleep 0.2; done; exec /tmp/srv /tmp/cert.pem /tmp/key.pem 443"]}]
+                            "command": ["sh", "-c", "while [ ! -x /tmp/srv ]; do sleep 0.2; done; exec /tmp/srv /tmp/cert.pem /tmp/key.pem 443 /tmp/heads"]}]
         }
     }))
     .unwrap();
@@ -293,8 +293,12 @@ async fn a_credential_arrives_at_the_server_and_is_found_nowhere_else() {
              "credential": {"secretName": "model-key", "key": "token"}}
         ]}})
     };
-    create_sandbox(&env, "cred", spec("api.cred.test")).await;
-    create_sandbox(&env, "elsewhere", spec("other.cred.test")).await;
+    create_sandbox(&env, "cred", spec("api.cred.test"))
+        .await
+        .expect("create cred");
+    create_sandbox(&env, "elsewhere", spec("other.cred.test"))
+        .await
+        .expect("create elsewhere");
     env.wait_for::<Sandbox>("cred", 180, phase_is("Ready"))
         .await;
 
@@ -318,10 +322,18 @@ async fn a_credential_arrives_at_the_server_and_is_found_nowhere_else() {
     }
     assert!(last.contains("cred-server-ok"), "through the proxy: {last}");
     assert!(!last.contains(&key), "the response holds the key: {last}");
-    let server_log = pods
-        .logs("tls-server", &LogParams::default())
+    // What the server got (its file of request heads, read by exec).
+    let server_log = {
+        let r = run(
+            &pods,
+            "tls-server",
+            "s",
+            ExecRequest::shell("cat /tmp/heads".to_string()),
+        )
         .await
-        .unwrap();
+        .expect("exec");
+        r.stdout_str().to_string()
+    };
     assert!(
         server_log.contains(&format!("got: Authorization: {key}")),
         "the server did not get the credential: {server_log}"

@@ -1,7 +1,8 @@
-//! A TLS server for tests/credential.rs (not shipped): `cred_server CERT.pem KEY.pem PORT`
-//! answers every request with `200 cred-server-ok` and prints each request head it received
-//! (`got: ` and the head's lines) on stdout, so the test reads from the pod's log which
-//! headers arrived. Built static and copied into a busybox pod (the cluster has no image with
+//! A TLS server for tests/credential.rs (not shipped): `cred_server CERT.pem KEY.pem PORT
+//! HEADS` answers every request with `200 cred-server-ok` and appends each request head it
+//! received (`got: ` and the head's lines) to the file HEADS, which the test reads through
+//! the pod's exec (not the pod's log: under gVisor on the test cluster a container's output
+//! did not reach its log). Built static and copied into a busybox pod (the cluster has no image with
 //! a TLS server).
 #![forbid(unsafe_code)]
 
@@ -15,9 +16,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, cert, key, port] = args.as_slice() else {
-        return Err("usage: cred_server CERT.pem KEY.pem PORT".into());
+    let [_, cert, key, port, heads] = args.as_slice() else {
+        return Err("usage: cred_server CERT.pem KEY.pem PORT HEADS".into());
     };
+    let heads = Arc::new(std::sync::Mutex::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(heads)?,
+    ));
     let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
     let key = PrivateKeyDer::from_pem_file(key)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -31,6 +38,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     loop {
         let (conn, peer) = listener.accept().await?;
         let acceptor = acceptor.clone();
+        let heads = Arc::clone(&heads);
         tokio::spawn(async move {
             let mut tls = match acceptor.accept(conn).await {
                 Ok(t) => t,
@@ -49,11 +57,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             {
                 let text = String::from_utf8_lossy(&head);
-                let mut out = std::io::stdout().lock();
+                let mut lines = String::new();
                 for line in text.lines().filter(|l| !l.is_empty()) {
-                    let _ = writeln!(out, "got: {line}");
+                    lines.push_str(&format!("got: {line}\n"));
                 }
-                let _ = out.flush();
+                if let Ok(mut f) = heads.lock() {
+                    let _ = f.write_all(lines.as_bytes());
+                    let _ = f.flush();
+                }
             }
             let body = "cred-server-ok";
             let resp = format!(
