@@ -69,8 +69,11 @@ pub struct Sandbox {
     domains: Vec<(Domain, Vec<(u16, u16)>)>,
     blocks: Vec<(IpNet, Vec<(u16, u16)>)>,
     /// Exact names with a credential, their ports and the credential.
-    credentials: Vec<(String, Vec<(u16, u16)>, Credential)>,
+    credentials: Vec<(String, PortRanges, Credential)>,
 }
+
+/// Inclusive TCP port ranges; empty: every port.
+type PortRanges = Vec<(u16, u16)>;
 
 /// A parsed domain entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
