@@ -295,6 +295,10 @@ pub async fn run(
         info!(namespace = proxy.namespace, selector = %selector, "feeding the egress proxy");
         // What each proxy pod (by UID) last received.
         let mut sent: HashMap<String, Vec<u8>> = HashMap::new();
+        // The credentials refused last time, logged when they change (a running sandbox's
+        // edited allowlist is not checked by the sandbox controller: its entry just allows
+        // nothing, and this says why).
+        let mut refused_before: Vec<String> = Vec::new();
         loop {
             let sandboxes = sbx_store.state();
             let tpls = templates.state();
@@ -303,6 +307,13 @@ pub async fn run(
                 .await;
             let lookup = |ns: &str, name: &str, key: &str| secrets.facts(ns, name, key);
             let table = build_table(&sandboxes, &pod_store.state(), &tpls, default, &lookup);
+            let refused = refused_credentials(&sandboxes, &tpls, &lookup);
+            if refused != refused_before {
+                for r in refused.iter().filter(|r| !refused_before.contains(r)) {
+                    warn!("egress proxy credential left out: {r}");
+                }
+                refused_before = refused;
+            }
             match serde_json::to_vec(&table) {
                 Ok(bytes) => {
                     let live = proxy_store.state();
@@ -345,19 +356,7 @@ fn credential_secrets(
     let mut out: Vec<(String, String)> = Vec::new();
     for sbx in sandboxes {
         let ns = sbx.namespace().unwrap_or_default();
-        let tpl = sbx.spec.template_ref.as_ref().and_then(|t| {
-            templates
-                .iter()
-                .find(|x| x.name_any() == t.name && x.namespace().as_deref() == Some(&ns))
-        });
-        let network = match tpl {
-            Some(t) => {
-                agentbox_api::template::resolve(&t.spec, &sbx.spec)
-                    .pod
-                    .network
-            }
-            None => sbx.spec.pod.network.clone(),
-        };
+        let network = effective_network(sbx, templates);
         for (_, c) in credential::refs(&network) {
             let k = (ns.clone(), c.secret_name.clone());
             if !out.contains(&k) {
@@ -366,6 +365,45 @@ fn credential_secrets(
         }
     }
     out
+}
+
+/// Each sandbox's credentials that [`credential::decide`] refuses, as `namespace/name:
+/// cause` (the cause names the Secret, key and domain, never a value).
+fn refused_credentials(
+    sandboxes: &[Arc<Sandbox>],
+    templates: &[Arc<SandboxTemplate>],
+    secrets: &SecretLookup<'_>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for sbx in sandboxes {
+        let ns = sbx.namespace().unwrap_or_default();
+        let network = effective_network(sbx, templates);
+        for (domain, c) in credential::refs(&network) {
+            let facts = secrets(&ns, &c.secret_name, &c.key);
+            if let Err(r) = credential::decide(domain, c, facts.as_ref()) {
+                out.push(format!("{ns}/{}: {r}", sbx.name_any()));
+            }
+        }
+    }
+    out
+}
+
+/// The sandbox's network in force: its template's when it names one that exists.
+fn effective_network(sbx: &Sandbox, templates: &[Arc<SandboxTemplate>]) -> Network {
+    let ns = sbx.namespace();
+    let tpl = sbx.spec.template_ref.as_ref().and_then(|t| {
+        templates
+            .iter()
+            .find(|x| x.name_any() == t.name && x.namespace() == ns)
+    });
+    match tpl {
+        Some(t) => {
+            agentbox_api::template::resolve(&t.spec, &sbx.spec)
+                .pod
+                .network
+        }
+        None => sbx.spec.pod.network.clone(),
+    }
 }
 
 /// A proxy pod whose container runs (its exec works).
