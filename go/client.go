@@ -208,11 +208,25 @@ type NetworkSpec struct {
 
 // EgressAllow is an allowed destination and its ports (none: every port): an address block
 // in CIDR notation (CIDR), or a DNS name (Domain: "pypi.org", or "*.github.com" for the names
-// below it) reached through agentbox's egress proxy. Exactly one of the two.
+// below it) reached through agentbox's egress proxy. Exactly one of the two. An exact Domain
+// may carry a Credential the proxy adds at the hop.
 type EgressAllow struct {
-	CIDR   string       `json:"cidr,omitempty"`
-	Domain string       `json:"domain,omitempty"`
-	Ports  []EgressPort `json:"ports,omitempty"`
+	CIDR       string            `json:"cidr,omitempty"`
+	Domain     string            `json:"domain,omitempty"`
+	Ports      []EgressPort      `json:"ports,omitempty"`
+	Credential *EgressCredential `json:"credential,omitempty"`
+}
+
+// EgressCredential is a key of a Secret (SecretName, in the sandbox's namespace) that the
+// egress proxy sends as the header Header ("": Authorization) to the entry's exact domain, so
+// the sandbox never holds it: the sandbox calls http://that-name/... through the proxy, which
+// speaks TLS to the server, verifies it and sets the header. The Secret's annotation
+// agentbox.dev/credential-domains must allow the domain (set by whoever owns the Secret);
+// otherwise the sandbox gets no pod (reason CredentialRefused).
+type EgressCredential struct {
+	SecretName string `json:"secretName"`
+	Key        string `json:"key"`
+	Header     string `json:"header,omitempty"`
 }
 
 // EgressPort is a port (through EndPort, when set) of an allowed destination; Protocol is

@@ -2,6 +2,7 @@
 //! See docs/security.md for what it trusts and what it refuses.
 #![forbid(unsafe_code)]
 
+pub mod credential;
 pub mod metrics;
 pub mod rules;
 pub mod server;

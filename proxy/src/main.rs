@@ -34,15 +34,18 @@ struct Cli {
 enum Command {
     /// Serve: HTTP CONNECT (TLS, server name checked) and plain HTTP, by the table's allowlists.
     Serve(Serve),
-    /// Check a table (JSON) and write it atomically where `serve` reads it: the table is the
-    /// argument (how the operator sends it: an exec without a shell, in an image without one,
-    /// cannot close stdin reliably), or stdin without one.
+    /// Read a table (JSON) from stdin, check it and write it atomically where `serve` reads
+    /// it. Never an argument: the table holds credentials, and an exec's command line is in
+    /// the request's URL (the API server's audit log) and in the pod's process list.
     WriteTable {
         /// The table file.
         #[arg(long, default_value = TABLE)]
         path: PathBuf,
-        /// The table itself.
-        table: Option<String>,
+        /// Read exactly this many bytes of stdin (how the operator sends it: the end of an
+        /// exec's stdin is not always passed on to a process without a shell), else up to
+        /// its end.
+        #[arg(long)]
+        length: Option<u64>,
     },
     /// Exit 0 when a TCP connection to ADDR opens within two seconds: the chart's liveness
     /// and readiness probes, run in the pod (its loopback), so they need no route from the
@@ -92,6 +95,10 @@ struct Serve {
     /// Open connections the proxy holds in all.
     #[arg(long, default_value_t = 8192)]
     max_connections: usize,
+    /// A PEM bundle of CA certificates trusted for credentialed names beside the compiled-in
+    /// Mozilla roots (an internal API's CA).
+    #[arg(long, value_name = "FILE")]
+    upstream_ca: Option<String>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -116,17 +123,27 @@ fn static_hosts(v: &[String]) -> Result<HashMap<String, Vec<IpAddr>>, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::WriteTable { path, table: arg } => {
+        Command::WriteTable { path, length } => {
             let mut bytes = Vec::new();
-            let limit = table::MAX_TABLE + 1;
-            match arg {
-                Some(t) => bytes = t.into_bytes(),
-                None => {
-                    if let Err(e) = std::io::stdin().take(limit).read_to_end(&mut bytes) {
-                        eprintln!("agentbox-proxy write-table: stdin: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                }
+            if length.is_some_and(|n| n > table::MAX_TABLE) {
+                eprintln!(
+                    "agentbox-proxy write-table: the table is larger than {} bytes",
+                    table::MAX_TABLE
+                );
+                return ExitCode::FAILURE;
+            }
+            let limit = length.unwrap_or(table::MAX_TABLE + 1);
+            if let Err(e) = std::io::stdin().take(limit).read_to_end(&mut bytes) {
+                eprintln!("agentbox-proxy write-table: stdin: {e}");
+                return ExitCode::FAILURE;
+            }
+            if length.is_some_and(|n| n != bytes.len() as u64) {
+                eprintln!(
+                    "agentbox-proxy write-table: stdin ended after {} of {} bytes",
+                    bytes.len(),
+                    length.unwrap_or_default()
+                );
+                return ExitCode::FAILURE;
             }
             match table::write(&path, &bytes) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -196,7 +213,13 @@ async fn serve(s: Serve) -> Result<(), String> {
         max_per_sandbox: s.max_per_sandbox.max(1),
         max_connections: s.max_connections.max(1),
     };
+    let extra = match &s.upstream_ca {
+        Some(p) => agentbox_proxy::credential::read_bundle(p).map_err(|e| e.to_string())?,
+        None => Vec::new(),
+    };
+    let tls = agentbox_proxy::credential::client_config(&extra).map_err(|e| e.to_string())?;
     let shared = Shared::new(settings);
+    shared.set_upstream_tls(tls);
     let listener = TcpListener::bind(s.listen)
         .await
         .map_err(|e| format!("listen on {}: {e}", s.listen))?;

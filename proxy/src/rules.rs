@@ -10,6 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use crate::credential::Credential;
+
 /// The proxy's whole view of the cluster, written by the operator from its own watch of
 /// Sandboxes and their pods: one entry per sandbox pod with an IP and an allowlist.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -45,6 +47,10 @@ pub struct Allow {
     /// Allowed TCP port ranges (inclusive); empty: every port.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<(u16, u16)>,
+    /// A header the proxy adds to plain HTTP requests for this (exact) domain, sent over
+    /// TLS it opens itself ([`crate::credential`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<Credential>,
 }
 
 /// The table indexed for lookups by source address.
@@ -62,7 +68,12 @@ pub struct Sandbox {
     pub name: String,
     domains: Vec<(Domain, Vec<(u16, u16)>)>,
     blocks: Vec<(IpNet, Vec<(u16, u16)>)>,
+    /// Exact names with a credential, their ports and the credential.
+    credentials: Vec<(String, PortRanges, Credential)>,
 }
+
+/// Inclusive TCP port ranges; empty: every port.
+type PortRanges = Vec<(u16, u16)>;
 
 /// A parsed domain entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +97,7 @@ impl Index {
                     name: s.name.clone(),
                     domains: Vec::new(),
                     blocks: Vec::new(),
+                    credentials: Vec::new(),
                 };
                 for a in &s.allow {
                     if let Some(d) = a.domain.as_deref() {
@@ -96,6 +108,17 @@ impl Index {
                             None if d.is_empty() => continue,
                             None => Domain::Exact(d),
                         };
+                        // A credential holds only for an exact name (the API server's rule
+                        // too); on a wildcard it is dropped, and the entry allows nothing.
+                        match (&parsed, &a.credential) {
+                            (Domain::Exact(n), Some(c)) => {
+                                sbx.credentials
+                                    .push((n.clone(), a.ports.clone(), c.clone()));
+                                continue;
+                            }
+                            (Domain::Below(_), Some(_)) => continue,
+                            _ => {}
+                        }
                         sbx.domains.push((parsed, a.ports.clone()));
                     }
                     if let Some(net) = a.cidr.as_deref().and_then(|c| c.parse::<IpNet>().ok()) {
@@ -159,6 +182,13 @@ pub enum Refusal {
     Timeout,
     /// The upstream connection failed.
     Upstream,
+    /// A CONNECT to a name whose credential the proxy adds: only plain HTTP requests to it
+    /// are taken (the proxy opens the TLS itself).
+    CredentialTunnel,
+    /// The name's credential in the table cannot be sent (a bad header name or value).
+    CredentialUnusable,
+    /// The server of a credentialed name failed TLS verification (or the handshake).
+    UpstreamUnverified,
 }
 
 impl Refusal {
@@ -177,6 +207,9 @@ impl Refusal {
             Refusal::ProxyLimit => "proxy_limit",
             Refusal::Timeout => "timeout",
             Refusal::Upstream => "upstream",
+            Refusal::CredentialTunnel => "credential_tunnel",
+            Refusal::CredentialUnusable => "credential_unusable",
+            Refusal::UpstreamUnverified => "upstream_unverified",
         }
     }
 }
@@ -202,6 +235,15 @@ impl fmt::Display for Refusal {
             Refusal::ProxyLimit => f.write_str("the proxy has its maximum of open connections"),
             Refusal::Timeout => f.write_str("the request did not arrive in time"),
             Refusal::Upstream => f.write_str("the destination did not accept the connection"),
+            Refusal::CredentialTunnel => f.write_str(
+                "the proxy adds this name's credential itself: send plain http:// requests (the proxy speaks TLS to the server), not CONNECT",
+            ),
+            Refusal::CredentialUnusable => {
+                f.write_str("this name's credential cannot be sent (bad header name or value)")
+            }
+            Refusal::UpstreamUnverified => f.write_str(
+                "the server's TLS certificate did not verify for this name (or the handshake failed)",
+            ),
         }
     }
 }
@@ -379,8 +421,25 @@ fn domain_matches(d: &Domain, host: &str) -> bool {
 }
 
 impl Sandbox {
+    /// The credential the proxy adds for exactly `host` (normalised), with its entry's ports:
+    /// such a name is reached only by plain HTTP to the proxy and TLS from it, whatever other
+    /// entry (a wildcard) would cover it.
+    pub fn credential_for(&self, host: &str) -> Option<(&[(u16, u16)], &Credential)> {
+        self.credentials
+            .iter()
+            .find(|(n, _, _)| n == host)
+            .map(|(_, ports, c)| (ports.as_slice(), c))
+    }
+
     /// Whether a domain entry allows `host` (normalised) on `port`.
     pub fn allows_name(&self, host: &str, port: u16) -> Result<(), Refusal> {
+        if let Some((ports, _)) = self.credential_for(host) {
+            return if port_in(ports, port) {
+                Ok(())
+            } else {
+                Err(Refusal::NotAllowed)
+            };
+        }
         if self
             .domains
             .iter()

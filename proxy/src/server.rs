@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout};
 
+use crate::credential;
 use crate::metrics::Metrics;
 use crate::rules::{self, AddressPolicy, Index, Refusal, Sandbox};
 
@@ -53,6 +54,9 @@ pub struct Shared {
     index: RwLock<Arc<Index>>,
     open: Mutex<HashMap<IpAddr, usize>>,
     slots: Arc<Semaphore>,
+    /// The TLS client of credentialed names ([`crate::credential`]); the compiled-in roots
+    /// until [`Shared::set_upstream_tls`].
+    upstream_tls: RwLock<Option<Arc<rustls::ClientConfig>>>,
     /// The metrics the proxy serves.
     pub metrics: Metrics,
 }
@@ -66,8 +70,25 @@ impl Shared {
             index: RwLock::new(Arc::new(Index::default())),
             open: Mutex::new(HashMap::new()),
             slots,
+            upstream_tls: RwLock::new(None),
             metrics: Metrics::new(),
         })
+    }
+
+    /// Sets the TLS client of credentialed names (roots with the administrator's extra CA).
+    pub fn set_upstream_tls(&self, cfg: Arc<rustls::ClientConfig>) {
+        if let Ok(mut g) = self.upstream_tls.write() {
+            *g = Some(cfg);
+        }
+    }
+
+    fn upstream_tls(&self) -> Result<Arc<rustls::ClientConfig>, Refusal> {
+        if let Some(c) = self.upstream_tls.read().ok().and_then(|g| g.clone()) {
+            return Ok(c);
+        }
+        let c = credential::client_config(&[]).map_err(|_| Refusal::UpstreamUnverified)?;
+        self.set_upstream_tls(Arc::clone(&c));
+        Ok(c)
     }
 
     /// Replaces the table: new connections are checked against it at once (open tunnels keep
@@ -188,7 +209,12 @@ async fn handle(
     };
     let mut dest = String::from("-");
     match proxy(&mut conn, &sandbox, &shared, &mut dest).await {
-        Ok(Some(upstream)) => {
+        Ok(Some(Upstream::Tls(upstream))) => {
+            shared.metrics.accepted.inc();
+            tracing::debug!(namespace = %sandbox.namespace, sandbox = %sandbox.name, destination = %dest, "credentialed request");
+            pipe(conn, *upstream, shared.settings.idle_timeout).await;
+        }
+        Ok(Some(Upstream::Tcp(upstream))) => {
             shared.metrics.accepted.inc();
             tracing::debug!(namespace = %sandbox.namespace, sandbox = %sandbox.name, destination = %dest, "tunnel");
             pipe(conn, upstream, shared.settings.idle_timeout).await;
@@ -200,7 +226,7 @@ async fn handle(
                 let code = match why {
                     Refusal::BadRequest(_) => 400,
                     Refusal::Timeout => 408,
-                    Refusal::Upstream | Refusal::Unresolved => 502,
+                    Refusal::Upstream | Refusal::Unresolved | Refusal::UpstreamUnverified => 502,
                     _ => 403,
                 };
                 let _ = respond(&mut conn, code, &why).await;
@@ -230,6 +256,13 @@ async fn respond(conn: &mut TcpStream, code: u16, why: &Refusal) -> std::io::Res
 /// CONNECT's 200).
 type Refused = (Refusal, bool);
 
+/// The connection to the destination: a TCP stream the sandbox's bytes go through as they
+/// are, or TLS the proxy opened for a credentialed name.
+enum Upstream {
+    Tcp(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
 /// Reads and checks the request; returns the connected upstream with everything the client
 /// sent so far already written to it, or `None` when nothing more is to be done.
 async fn proxy(
@@ -237,7 +270,7 @@ async fn proxy(
     sandbox: &Sandbox,
     shared: &Shared,
     dest: &mut String,
-) -> Result<Option<TcpStream>, Refused> {
+) -> Result<Option<Upstream>, Refused> {
     let s = &shared.settings;
     let mut buf = Vec::with_capacity(2048);
     let deadline = Instant::now() + s.head_timeout;
@@ -265,6 +298,9 @@ async fn proxy(
         let (host, port) = rules::split_authority(&head.target, None).map_err(|e| (e, true))?;
         *dest = format!("{host}:{port}");
         let host = rules::host_name(&host).map_err(|e| (e, true))?;
+        if sandbox.credential_for(&host).is_some() {
+            return Err((Refusal::CredentialTunnel, true));
+        }
         sandbox.allows_name(&host, port).map_err(|e| (e, true))?;
         let addr = resolve_checked(sandbox, &host, port, s)
             .await
@@ -284,7 +320,7 @@ async fn proxy(
         up.write_all(&hello)
             .await
             .map_err(|_| (Refusal::Upstream, false))?;
-        Ok(Some(up))
+        Ok(Some(Upstream::Tcp(up)))
     } else {
         // Plain HTTP in absolute form: http://host[:port]/path.
         let Some(after) = head.target.strip_prefix("http://") else {
@@ -313,6 +349,15 @@ async fn proxy(
         if rules::host_name(&hh).ok().as_deref() != Some(host.as_str()) || hp != port {
             return Err((Refusal::HostMismatch, true));
         }
+        if let Some((_, cred)) = sandbox.credential_for(&host) {
+            let cred = cred.clone();
+            return credentialed(
+                sandbox, shared, &head, &host, port, path, &cred, &rest, dest,
+            )
+            .await
+            .map(|t| Some(Upstream::Tls(Box::new(t))))
+            .map_err(|e| (e, true));
+        }
         sandbox.allows_name(&host, port).map_err(|e| (e, true))?;
         let addr = resolve_checked(sandbox, &host, port, s)
             .await
@@ -340,8 +385,47 @@ async fn proxy(
         up.write_all(&rest)
             .await
             .map_err(|_| (Refusal::Upstream, true))?;
-        Ok(Some(up))
+        Ok(Some(Upstream::Tcp(up)))
     }
+}
+
+/// A plain HTTP request for a credentialed name: TLS to the server (verified for `host`),
+/// the request with the credential's header, and whatever body bytes came with the head.
+#[allow(clippy::too_many_arguments)]
+async fn credentialed(
+    sandbox: &Sandbox,
+    shared: &Shared,
+    head: &Head,
+    host: &str,
+    port: u16,
+    path: &str,
+    cred: &credential::Credential,
+    rest: &[u8],
+    dest: &mut String,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Refusal> {
+    let s = &shared.settings;
+    if !cred.usable() {
+        return Err(Refusal::CredentialUnusable);
+    }
+    let tls_port = credential::upstream_port(port);
+    *dest = format!("{host}:{tls_port} (tls, credential)");
+    sandbox.allows_name(host, tls_port)?;
+    let addr = resolve_checked(sandbox, host, tls_port, s).await?;
+    let tcp = connect(addr, tls_port, s.connect_timeout).await?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|_| Refusal::BadRequest("the name is no TLS server name"))?;
+    let connector = tokio_rustls::TlsConnector::from(shared.upstream_tls()?);
+    let mut tls = match timeout(s.connect_timeout, connector.connect(name, tcp)).await {
+        Ok(Ok(t)) => t,
+        _ => return Err(Refusal::UpstreamUnverified),
+    };
+    let out = credential::request_head(&head.method, path, head.version, &head.headers, cred);
+    tls.write_all(out.as_bytes())
+        .await
+        .map_err(|_| Refusal::Upstream)?;
+    tls.write_all(rest).await.map_err(|_| Refusal::Upstream)?;
+    tls.flush().await.map_err(|_| Refusal::Upstream)?;
+    Ok(tls)
 }
 
 fn deadline_from_now(d: Duration) -> Instant {
@@ -457,11 +541,15 @@ async fn connect(ip: IpAddr, port: u16, within: Duration) -> Result<TcpStream, R
 }
 
 /// Copies both ways until both sides are done or nothing moved for `idle`.
-pub async fn pipe(a: TcpStream, b: TcpStream, idle: Duration) {
+pub async fn pipe<A, B>(a: A, b: B, idle: Duration)
+where
+    A: AsyncRead + AsyncWrite,
+    B: AsyncRead + AsyncWrite,
+{
     let start = Instant::now();
     let last = AtomicU64::new(0);
-    let (mut ar, mut aw) = a.into_split();
-    let (mut br, mut bw) = b.into_split();
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
     let both = async {
         tokio::join!(
             copy_half(&mut ar, &mut bw, &last, start),

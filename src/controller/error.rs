@@ -27,6 +27,11 @@ pub enum Error {
     /// made readable by sandboxes (label `agentbox.dev/sandbox-readable: "true"`).
     #[error("{0}")]
     SourceNotReadable(String),
+    /// A `network.allow` credential the operator may not hand to the egress proxy: its
+    /// Secret or key is missing, or the Secret's `agentbox.dev/credential-domains` does not
+    /// allow the entry's domain. The message names the Secret, key and domain, never a value.
+    #[error("{0}")]
+    CredentialRefused(String),
     /// Building the file archive failed.
     #[error("building the file archive: {0}")]
     Archive(#[from] std::io::Error),
@@ -103,6 +108,7 @@ impl Error {
             Error::Init(_) => "init",
             Error::SourceMissing(_) => "source_missing",
             Error::SourceNotReadable(_) => "source_not_readable",
+            Error::CredentialRefused(_) => "credential_refused",
             Error::Archive(_) => "archive",
             Error::Cleanup(_) => "cleanup",
             Error::NoHelper(_) => "no_helper",
@@ -135,6 +141,7 @@ impl Error {
         match self {
             Error::SourceMissing(_) => W::SourceMissing,
             Error::SourceNotReadable(_) => W::SourceNotReadable,
+            Error::CredentialRefused(_) => W::CredentialRefused,
             Error::Exec(_) => W::ExecFailed,
             Error::Restore { reason, .. } => W::Restore(*reason),
             Error::WorkspaceLost(_) => W::WorkspaceLost,
@@ -165,6 +172,9 @@ pub fn retry_after(err: &Error, jitter: f64, permanent: Duration) -> Duration {
     let base = match err.root() {
         // Waits for someone to create or label an object (no watch on those): a slow poll.
         Error::SourceMissing(_) | Error::SourceNotReadable(_) => 30.0,
+        // Waits for the Secret's owner (or the Sandbox's author) to fix it: polled sooner,
+        // as a credential usually is fixed while someone waits for the sandbox.
+        Error::CredentialRefused(_) => 10.0,
         Error::Restore {
             reason: reasons::RestoreReason::SnapshotNotFound,
             ..
@@ -202,6 +212,10 @@ mod tests {
         assert_eq!(
             retry_after(&Error::SourceNotReadable("secret".into()), 0.0, SLOW),
             Duration::from_secs(30)
+        );
+        assert_eq!(
+            retry_after(&Error::CredentialRefused("secret".into()), 0.0, SLOW),
+            Duration::from_secs(10)
         );
         use reasons::RestoreReason::*;
         let refused = |reason| Error::Restore {

@@ -21,6 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tracing::{debug, info, warn};
 
+use super::credential::{self, SecretCache, SecretFacts};
 use agentbox_api::crd::{Egress, Network, Sandbox, SandboxTemplate};
 use agentbox_api::labels;
 use agentbox_proxy::rules::{Allow, SandboxEntry, Table};
@@ -108,9 +109,21 @@ pub fn proxy_rule(proxy: &EgressProxy<'_>) -> NetworkPolicyEgressRule {
     }
 }
 
+/// Where the table's credentials come from: the facts of key `key` of Secret `secret` in
+/// namespace `ns` (`None` when it does not exist or was not read).
+pub type SecretLookup<'a> = dyn Fn(&str, &str, &str) -> Option<SecretFacts> + 'a;
+
 /// The allowlist entries of `network` as the proxy reads them; `None` unless its egress in
 /// force is `Allowlist` with at least one domain entry (other sandboxes are not the proxy's).
-pub fn allowlist(network: &Network, default: Egress) -> Option<Vec<Allow>> {
+/// A credentialed entry is in it with its credential when [`credential::decide`] allows
+/// that (the Secret of namespace `ns` lists the domain), and left out otherwise: it then
+/// allows nothing, and its key goes nowhere.
+pub fn allowlist(
+    network: &Network,
+    default: Egress,
+    ns: &str,
+    secrets: &SecretLookup<'_>,
+) -> Option<Vec<Allow>> {
     if network.egress_or(default) != Egress::Allowlist
         || !network.allow.iter().any(|a| a.domain.is_some())
     {
@@ -135,10 +148,18 @@ pub fn allowlist(network: &Network, default: Egress) -> Option<Vec<Allow>> {
                 if !a.ports.is_empty() && tcp.is_empty() {
                     return None;
                 }
+                let credential = match (&a.domain, &a.credential) {
+                    (Some(d), Some(c)) => {
+                        let facts = secrets(ns, &c.secret_name, &c.key);
+                        Some(credential::decide(d, c, facts.as_ref()).ok()?)
+                    }
+                    _ => None,
+                };
                 Some(Allow {
                     domain: a.domain.clone(),
                     cidr: a.cidr.clone(),
                     ports: tcp,
+                    credential,
                 })
             })
             .collect(),
@@ -158,6 +179,7 @@ pub fn build_table(
     pods: &[Arc<Pod>],
     templates: &[Arc<SandboxTemplate>],
     default: Egress,
+    secrets: &SecretLookup<'_>,
 ) -> Table {
     let by_uid: HashMap<String, &Sandbox> = sandboxes
         .iter()
@@ -200,12 +222,13 @@ pub fn build_table(
                 None => continue,
             },
         };
-        let Some(allow) = allowlist(&network, default) else {
+        let ns = sbx.namespace().unwrap_or_default();
+        let Some(allow) = allowlist(&network, default, &ns, secrets) else {
             continue;
         };
         out.push(SandboxEntry {
             ip,
-            namespace: sbx.namespace().unwrap_or_default(),
+            namespace: ns,
             name: sbx.name_any(),
             allow,
         });
@@ -231,7 +254,8 @@ pub async fn run(
     default: Egress,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let proxy_pods: Api<Pod> = Api::namespaced(client, proxy.namespace);
+    let proxy_pods: Api<Pod> = Api::namespaced(client.clone(), proxy.namespace);
+    let mut secrets = SecretCache::new(client);
     let selector = proxy
         .selector
         .iter()
@@ -271,13 +295,25 @@ pub async fn run(
         info!(namespace = proxy.namespace, selector = %selector, "feeding the egress proxy");
         // What each proxy pod (by UID) last received.
         let mut sent: HashMap<String, Vec<u8>> = HashMap::new();
+        // The credentials refused last time, logged when they change (a running sandbox's
+        // edited allowlist is not checked by the sandbox controller: its entry just allows
+        // nothing, and this says why).
+        let mut refused_before: Vec<String> = Vec::new();
         loop {
-            let table = build_table(
-                &sbx_store.state(),
-                &pod_store.state(),
-                &templates.state(),
-                default,
-            );
+            let sandboxes = sbx_store.state();
+            let tpls = templates.state();
+            secrets
+                .refresh(&credential_secrets(&sandboxes, &tpls))
+                .await;
+            let lookup = |ns: &str, name: &str, key: &str| secrets.facts(ns, name, key);
+            let table = build_table(&sandboxes, &pod_store.state(), &tpls, default, &lookup);
+            let refused = refused_credentials(&sandboxes, &tpls, &lookup);
+            if refused != refused_before {
+                for r in refused.iter().filter(|r| !refused_before.contains(r)) {
+                    warn!("egress proxy credential left out: {r}");
+                }
+                refused_before = refused;
+            }
             match serde_json::to_vec(&table) {
                 Ok(bytes) => {
                     let live = proxy_store.state();
@@ -312,6 +348,64 @@ pub async fn run(
     }
 }
 
+/// The Secrets (namespace, name) the sandboxes' credentials name, their templates' included.
+fn credential_secrets(
+    sandboxes: &[Arc<Sandbox>],
+    templates: &[Arc<SandboxTemplate>],
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for sbx in sandboxes {
+        let ns = sbx.namespace().unwrap_or_default();
+        let network = effective_network(sbx, templates);
+        for (_, c) in credential::refs(&network) {
+            let k = (ns.clone(), c.secret_name.clone());
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// Each sandbox's credentials that [`credential::decide`] refuses, as `namespace/name:
+/// cause` (the cause names the Secret, key and domain, never a value).
+fn refused_credentials(
+    sandboxes: &[Arc<Sandbox>],
+    templates: &[Arc<SandboxTemplate>],
+    secrets: &SecretLookup<'_>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for sbx in sandboxes {
+        let ns = sbx.namespace().unwrap_or_default();
+        let network = effective_network(sbx, templates);
+        for (domain, c) in credential::refs(&network) {
+            let facts = secrets(&ns, &c.secret_name, &c.key);
+            if let Err(r) = credential::decide(domain, c, facts.as_ref()) {
+                out.push(format!("{ns}/{}: {r}", sbx.name_any()));
+            }
+        }
+    }
+    out
+}
+
+/// The sandbox's network in force: its template's when it names one that exists.
+fn effective_network(sbx: &Sandbox, templates: &[Arc<SandboxTemplate>]) -> Network {
+    let ns = sbx.namespace();
+    let tpl = sbx.spec.template_ref.as_ref().and_then(|t| {
+        templates
+            .iter()
+            .find(|x| x.name_any() == t.name && x.namespace() == ns)
+    });
+    match tpl {
+        Some(t) => {
+            agentbox_api::template::resolve(&t.spec, &sbx.spec)
+                .pod
+                .network
+        }
+        None => sbx.spec.pod.network.clone(),
+    }
+}
+
 /// A proxy pod whose container runs (its exec works).
 fn ready_to_feed(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none()
@@ -324,12 +418,13 @@ fn ready_to_feed(p: &Pod) -> bool {
         })
 }
 
-/// Runs `agentbox-proxy write-table TABLE` in the proxy pod. The proxy's image has no shell,
-/// so the exec is the plain one ([`agentbox_api::exec::run_unwrapped`]: no wrapper, no
-/// stdin): the table travels as the argument (in the exec request's URL, which bounds it to
-/// about a megabyte: thousands of sandboxes), and only the exit status is read.
+/// Runs `agentbox-proxy write-table --length N` in the proxy pod with the table on its
+/// stdin. Never as an argument: the table holds credentials, and an exec's command is in the
+/// request's URL (the API server's audit log) and in the pod's process list. The proxy's
+/// image has no shell, so the exec is the plain one
+/// ([`agentbox_api::exec::run_unwrapped_stdin`]: no wrapper); the command reads exactly N
+/// bytes, so it needs no end of stdin; only the exit status is read.
 async fn write_table(pods: &Api<Pod>, pod: &Pod, bytes: &[u8]) -> Result<(), String> {
-    let table = String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())?;
     let container = pod
         .spec
         .as_ref()
@@ -338,10 +433,12 @@ async fn write_table(pods: &Api<Pod>, pod: &Pod, bytes: &[u8]) -> Result<(), Str
     let argv = vec![
         "/usr/local/bin/agentbox-proxy".to_string(),
         "write-table".to_string(),
-        table,
+        "--length".to_string(),
+        bytes.len().to_string(),
     ];
     let name = pod.name_any();
-    let run = agentbox_api::exec::run_unwrapped(pods, &name, &container, argv);
+    let stdin = bytes::Bytes::copy_from_slice(bytes);
+    let run = agentbox_api::exec::run_unwrapped_stdin(pods, &name, &container, argv, stdin);
     let out = tokio::time::timeout(WRITE_TIMEOUT, run)
         .await
         .map_err(|_| format!("no answer within {WRITE_TIMEOUT:?}"))?
@@ -415,7 +512,7 @@ mod tests {
             pod("uid-c", "10.244.0.10", "Running"),
             pod("uid-unknown", "10.244.0.11", "Running"),
         ];
-        let t = build_table(&sbxs, &pods, &[], Egress::Denied);
+        let t = build_table(&sbxs, &pods, &[], Egress::Denied, &|_, _, _| None);
         assert_eq!(t.sandboxes.len(), 1, "{t:?}");
         let e = &t.sandboxes[0];
         assert_eq!(
@@ -430,6 +527,48 @@ mod tests {
             vec![(80, 90)],
             "the UDP port is not the proxy's"
         );
+    }
+
+    #[test]
+    fn a_credential_is_in_the_table_only_when_its_secret_allows_the_domain() {
+        let net = json!({"egress": "Allowlist", "allow": [
+            {"domain": "api.example.com", "ports": [{"port": 443}],
+             "credential": {"secretName": "model-key", "key": "token"}},
+            {"domain": "pypi.org"}]});
+        let sbxs = vec![sandbox("a", "uid-a", net)];
+        let pods = vec![pod("uid-a", "10.244.0.7", "Running")];
+        let allowed = |ns: &str, name: &str, key: &str| {
+            assert_eq!((ns, name, key), ("ns", "model-key", "token"));
+            Some(SecretFacts {
+                domains: Some("api.example.com".into()),
+                value: Some(b"Bearer sk-1".to_vec()),
+            })
+        };
+        let t = build_table(&sbxs, &pods, &[], Egress::Denied, &allowed);
+        let allow = &t.sandboxes[0].allow;
+        assert_eq!(allow.len(), 2);
+        let c = allow[0].credential.as_ref().expect("the credential");
+        assert_eq!(c.header, "Authorization");
+        assert!(
+            !format!("{t:?}").contains("sk-1"),
+            "the table Debug-prints no value"
+        );
+        let elsewhere = |_: &str, _: &str, _: &str| {
+            Some(SecretFacts {
+                domains: Some("other.example.com".into()),
+                value: Some(b"Bearer sk-1".to_vec()),
+            })
+        };
+        for lookup in [&elsewhere as &SecretLookup<'_>, &|_, _, _| None] {
+            let t = build_table(&sbxs, &pods, &[], Egress::Denied, lookup);
+            let allow = &t.sandboxes[0].allow;
+            assert_eq!(
+                allow.len(),
+                1,
+                "the refused entry allows nothing: {allow:?}"
+            );
+            assert_eq!(allow[0].domain.as_deref(), Some("pypi.org"));
+        }
     }
 
     #[test]

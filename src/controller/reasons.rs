@@ -108,6 +108,8 @@ pub enum WorkspaceReason {
     SourceMissing,
     /// Such an object has not been made readable by sandboxes.
     SourceNotReadable,
+    /// A `network.allow` credential's Secret is missing or does not allow the domain.
+    CredentialRefused,
     /// An exec into the sandbox failed.
     ExecFailed,
     /// Restoring a snapshot did not happen.
@@ -124,6 +126,7 @@ impl WorkspaceReason {
         match self {
             WorkspaceReason::SourceMissing => "SourceMissing",
             WorkspaceReason::SourceNotReadable => "SourceNotReadable",
+            WorkspaceReason::CredentialRefused => "CredentialRefused",
             WorkspaceReason::ExecFailed => "ExecFailed",
             WorkspaceReason::Restore(r) => r.as_str(),
             WorkspaceReason::WorkspaceLost => "WorkspaceLost",

@@ -146,6 +146,14 @@ impl Reader {
         };
         let labels = match &found {
             Some(Source::ConfigMap(o)) => o.labels(),
+            Some(Source::Secret(o)) if super::credential::is_credential(o) => {
+                // A Secret of credentials goes only to the egress proxy, for its domains:
+                // never into a sandbox, whatever its labels say.
+                return Err(Error::SourceNotReadable(format!(
+                    "{used_by}: Secret {name} holds credentials for the egress proxy (annotation {}): a sandbox's files and environment cannot name it",
+                    super::credential::DOMAINS
+                )));
+            }
             Some(Source::Secret(o)) => o.labels(),
             None => return Ok(None),
         };

@@ -61,7 +61,7 @@
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get"]
-# Secrets: read by name (no list/watch) as sources of workspace files and env values named in a Sandbox spec; used only when labelled agentbox.dev/sandbox-readable=true.
+# Secrets: read by name (no list/watch) as sources of workspace files and env values named in a Sandbox spec, used only when labelled agentbox.dev/sandbox-readable=true; and the credentials of network.allow domain entries (sent only by the egress proxy, only to the domains the Secret's annotation agentbox.dev/credential-domains lists).
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]

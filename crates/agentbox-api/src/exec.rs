@@ -759,6 +759,33 @@ pub async fn run_unwrapped(
     collect(ExecStream { rx, killer: None }, DEFAULT_MAX_OUTPUT).await
 }
 
+/// [`run_unwrapped`] with `stdin` sent to the command, then its stdin half-closed: for what
+/// must not be in the command line (which is in the exec request's URL, so in the API
+/// server's audit log, and in the pod's process list), such as the egress proxy's table with
+/// its credentials. The command should read a known length: its stdin's end is passed on
+/// only where the API server speaks `v5.channel.k8s.io`.
+pub async fn run_unwrapped_stdin(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    argv: Vec<String>,
+    stdin: Bytes,
+) -> Result<ExecOutput, ExecError> {
+    if argv.is_empty() {
+        return Err(ExecError::Invalid("empty argv".into()));
+    }
+    let conn = connect(pods, pod, container, argv, true).await?;
+    let (tx, rx) = mpsc::channel(16);
+    let frame = Frame {
+        mark: String::new(),
+        linger: false,
+        stdin: true,
+        stop: None,
+    };
+    tokio::spawn(drive(conn, Some(Stdin::Bytes(stdin)), None, frame, tx));
+    collect(ExecStream { rx, killer: None }, DEFAULT_MAX_OUTPUT).await
+}
+
 /// Runs a command to completion and collects its output (each stream capped at
 /// `req.max_output`; the rest is read and dropped so the command is never blocked).
 pub async fn run(

@@ -65,6 +65,7 @@ from .snapshots import Snapshot
 from .spec import (
     Capabilities,
     EgressAllow,
+    EgressCredential,
     EgressPort,
     FileSource,
     HostMount,
@@ -91,6 +92,7 @@ __all__ = [
     "ConflictError",
     "DirEntry",
     "EgressAllow",
+    "EgressCredential",
     "EgressPort",
     "EndedScope",
     "Endpoint",

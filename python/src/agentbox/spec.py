@@ -165,16 +165,33 @@ class EgressPort:
 
 
 @dataclass
+class EgressCredential:
+    """A key of a Secret (``secret_name``, in the sandbox's namespace) that the egress proxy
+    sends as the header ``header`` (``None``: ``Authorization``) to an exact domain entry's
+    name, so the sandbox never holds it: the sandbox calls ``http://that-name/...`` through
+    the proxy, which speaks TLS to the server, verifies it and sets the header. The Secret's
+    annotation ``agentbox.dev/credential-domains`` must allow the domain (set by whoever owns
+    the Secret); otherwise the sandbox gets no pod (reason ``CredentialRefused``).
+    """
+
+    secret_name: str
+    key: str
+    header: str | None = None
+
+
+@dataclass
 class EgressAllow:
     """An allowed destination and its ports (none: all): an address block in CIDR notation
     (``cidr``), or a DNS name (``domain``: ``pypi.org``, or ``*.github.com`` for the names below
-    it) reached through agentbox's egress proxy. Exactly one of the two.
+    it) reached through agentbox's egress proxy. Exactly one of the two. An exact ``domain``
+    may carry a ``credential`` the proxy adds at the hop.
     """
 
     cidr: str | None = None
     ports: list[EgressPort] = field(default_factory=list)
     # After ports: positional construction (cidr, ports) keeps its meaning.
     domain: str | None = None
+    credential: EgressCredential | None = None
 
 
 @dataclass

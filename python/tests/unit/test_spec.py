@@ -225,3 +225,39 @@ def test_network_is_the_clusters_default_unless_set_and_an_allowlist_round_trips
         ],
     }
     assert SandboxSpec.from_dict(d).to_dict() == d
+
+
+def test_a_domain_entry_carries_a_credential_on_the_wire() -> None:
+    spec = SandboxSpec(
+        image="busybox",
+        scope=agentbox.Scope.for_global(),
+        network=agentbox.Network(
+            "Allowlist",
+            [
+                agentbox.EgressAllow(
+                    domain="api.example.com",
+                    ports=[agentbox.EgressPort(443)],
+                    credential=agentbox.EgressCredential("model-key", "token"),
+                ),
+                agentbox.EgressAllow(
+                    domain="api.example.org",
+                    credential=agentbox.EgressCredential("k", "t", header="X-Api-Key"),
+                ),
+            ],
+        ),
+    )
+    d = spec.to_dict()
+    assert d["network"]["allow"] == [
+        {
+            "domain": "api.example.com",
+            "ports": [{"port": 443, "protocol": "TCP"}],
+            "credential": {"secretName": "model-key", "key": "token"},
+        },
+        {
+            "domain": "api.example.org",
+            "credential": {"secretName": "k", "key": "t", "header": "X-Api-Key"},
+        },
+    ]
+    back = SandboxSpec.from_dict(d)
+    assert back.network.allow[0].credential == agentbox.EgressCredential("model-key", "token")
+    assert back.to_dict() == d

@@ -19,7 +19,7 @@ use super::observe::World;
 use super::serve::{Adopted, Found, Seen};
 use super::{lost, serve};
 use crate::controller::context::{Error, FIELD_MANAGER, Note};
-use crate::controller::{placement, pod, podstate, restore_source, runtime, sources};
+use crate::controller::{credential, placement, pod, podstate, restore_source, runtime, sources};
 use agentbox_api::crd::{Sandbox, SandboxStatus};
 use agentbox_api::guard::LeaseView;
 
@@ -73,10 +73,14 @@ async fn check_sources(
     old: &SandboxStatus,
     st: &mut SandboxStatus,
 ) -> Result<(), Error> {
-    let Err(e) = sources::check_env(sbx, h.ctx).await else {
+    let checked = match sources::check_env(sbx, h.ctx).await {
+        Ok(()) => credential::check(sbx, &sbx.spec.pod.network, h.ctx).await,
+        e => e,
+    };
+    let Err(e) = checked else {
         return Ok(());
     };
-    if let Error::SourceMissing(_) | Error::SourceNotReadable(_) = e {
+    if let Error::SourceMissing(_) | Error::SourceNotReadable(_) | Error::CredentialRefused(_) = e {
         let (reason, message) = e.reason_and_message();
         let generation = sbx.metadata.generation;
         let stamp = Stamp {

@@ -854,6 +854,7 @@ impl Network {
     validation = kube::core::Rule::new("has(self.cidr) || has(self.domain)").message("a network.allow entry needs cidr (an address block such as 10.0.0.0/8) or domain (a name such as pypi.org or *.github.com)"),
     validation = kube::core::Rule::new("!(has(self.cidr) && has(self.domain))").message("a network.allow entry has either cidr or domain, not both: write two entries"),
     validation = kube::core::Rule::new("!has(self.domain) || !has(self.ports) || self.ports.all(p, !has(p.protocol) || p.protocol == 'TCP')").message("the ports of a domain entry are TCP (the egress proxy carries HTTP and TLS over TCP only)"),
+    validation = kube::core::Rule::new("!has(self.credential) || (has(self.domain) && !self.domain.startsWith('*.'))").message("a credential goes with an exact domain (such as api.example.com), not a cidr or a '*.' wildcard: a wildcard would send the key to every name below it"),
 )]
 pub struct EgressAllow {
     /// An IPv4 or IPv6 address block in CIDR notation, such as `10.20.0.0/16` or
@@ -882,6 +883,52 @@ pub struct EgressAllow {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub ports: Vec<EgressPort>,
+
+    /// A key of a Secret that the egress proxy adds as a header to every request to this
+    /// (exact) domain, so the sandbox never holds it. The sandbox sends plain HTTP to the
+    /// proxy (`http://api.example.com/...`, its environment already names the proxy); the
+    /// proxy opens TLS to the server itself (port 443 for a request to port 80, else the
+    /// request's port, which must be allowed by `ports`), verifies the server's certificate
+    /// and sets the header, replacing any the sandbox sent. A CONNECT to this domain is
+    /// refused (the proxy could not add the header inside the sandbox's own TLS). The Secret
+    /// is in the Sandbox's namespace and must allow the domain in its annotation
+    /// `agentbox.dev/credential-domains` (comma-separated exact names or `*.` wildcards, set
+    /// by whoever owns the Secret); otherwise the Sandbox is refused (condition
+    /// `CredentialRefused`). Such a Secret is never readable by sandboxes as a file or an
+    /// environment value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<EgressCredential>,
+}
+
+/// A Secret key sent as a header by the egress proxy (see `credential`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressCredential {
+    /// The Secret's name, in the Sandbox's namespace (a Kubernetes object name).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::OBJECT_NAME_RULE).message(crate::names::OBJECT_NAME_MESSAGE))]
+    pub secret_name: String,
+
+    /// The key of the Secret whose value is the header's value (sent as it is, so include
+    /// a scheme such as `Bearer ` if the server expects one).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(crate::names::DATA_KEY_RULE).message(crate::names::DATA_KEY_MESSAGE))]
+    pub key: String,
+
+    /// The header's name; default `Authorization`. An HTTP token (letters, digits and
+    /// ``!#$%&'*+-.^_`|~``), not one the proxy owns (`Host`, `Connection`, `Content-Length`,
+    /// `Transfer-Encoding`, `Proxy-*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^[-!#$%&\\'*+.^_`|~0-9a-zA-Z]+$') && !(self.lowerAscii() in ['host', 'connection', 'content-length', 'transfer-encoding', 'keep-alive', 'upgrade', 'te', 'trailer']) && !self.lowerAscii().startsWith('proxy-')").message("header must be an HTTP header name that is not Host, Connection, Content-Length, Transfer-Encoding, Keep-Alive, Upgrade, TE, Trailer or Proxy-*"))]
+    pub header: Option<String>,
+}
+
+impl EgressCredential {
+    /// The header's name in force.
+    pub fn header_or_default(&self) -> &str {
+        self.header.as_deref().unwrap_or("Authorization")
+    }
 }
 
 /// A port (or range) of an allowed destination.

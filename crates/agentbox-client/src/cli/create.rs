@@ -10,7 +10,7 @@ use super::get::print_sandboxes;
 use super::{Fail, ScopeFlags};
 use crate::client::Sandboxes;
 use agentbox_api::crd::{
-    Egress, EgressAllow, EgressPort, Network, PortProtocol, SandboxSpec, Scope,
+    Egress, EgressAllow, EgressCredential, EgressPort, Network, PortProtocol, SandboxSpec, Scope,
 };
 
 #[derive(Args)]
@@ -34,6 +34,17 @@ pub(super) struct CreateArgs {
     /// proxy. Repeatable.
     #[arg(long, value_name = "CIDR|DOMAIN[:PORTS]", conflicts_with = "template")]
     allow: Vec<String>,
+    /// A credential the egress proxy adds for an --allow domain (exact name):
+    /// DOMAIN=SECRET/KEY, optionally /HEADER (default Authorization). The sandbox calls
+    /// http://DOMAIN/...; the proxy speaks TLS to the server and sets the header to the
+    /// Secret key's value, which the sandbox never sees. The Secret's annotation
+    /// agentbox.dev/credential-domains must allow DOMAIN. Repeatable.
+    #[arg(
+        long,
+        value_name = "DOMAIN=SECRET/KEY[/HEADER]",
+        conflicts_with = "template"
+    )]
+    credential: Vec<String>,
     /// Wait until it is Ready — at most this many seconds.
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "120")]
     wait: Option<u64>,
@@ -88,16 +99,58 @@ fn parse_allow(v: &str) -> Result<EgressAllow, Fail> {
         cidr: (!is_domain).then(|| cidr.to_string()),
         domain: is_domain.then(|| cidr.to_string()),
         ports: out,
+        credential: None,
     })
+}
+
+/// One `--credential` value: `DOMAIN=SECRET/KEY[/HEADER]`.
+fn parse_credential(v: &str) -> Result<(String, EgressCredential), Fail> {
+    let bad = |why: &str| Fail(format!("--credential {v:?}: {why}"));
+    let (domain, rest) = v
+        .split_once('=')
+        .ok_or_else(|| bad("expected DOMAIN=SECRET/KEY[/HEADER]"))?;
+    let mut parts = rest.split('/');
+    let (Some(secret), Some(key)) = (parts.next(), parts.next()) else {
+        return Err(bad("expected DOMAIN=SECRET/KEY[/HEADER]"));
+    };
+    let header = parts.next();
+    if parts.next().is_some() || secret.is_empty() || key.is_empty() || header == Some("") {
+        return Err(bad("expected DOMAIN=SECRET/KEY[/HEADER]"));
+    }
+    if domain.starts_with("*.") {
+        return Err(bad(
+            "a credential goes with an exact domain, not a wildcard (the key would go to every name below it)",
+        ));
+    }
+    Ok((
+        domain.to_string(),
+        EgressCredential {
+            secret_name: secret.to_string(),
+            key: key.to_string(),
+            header: header.map(str::to_string),
+        },
+    ))
 }
 
 /// The network of a sandbox without a template, from `--egress` and `--allow`.
 fn network(a: &CreateArgs) -> Result<Network, Fail> {
-    let allow = a
+    let mut allow = a
         .allow
         .iter()
         .map(|v| parse_allow(v))
         .collect::<Result<Vec<_>, _>>()?;
+    for c in &a.credential {
+        let (domain, cred) = parse_credential(c)?;
+        let entry = allow
+            .iter_mut()
+            .find(|e| e.domain.as_deref() == Some(domain.as_str()))
+            .ok_or_else(|| {
+                Fail(format!(
+                    "--credential {c:?}: no --allow names the domain {domain}"
+                ))
+            })?;
+        entry.credential = Some(cred);
+    }
     let egress = match (a.egress.as_deref(), allow.is_empty()) {
         (None, true) => None,
         (None | Some("Allowlist"), false) => Some(Egress::Allowlist),
@@ -151,6 +204,7 @@ mod tests {
             image: image.map(String::from),
             egress: None,
             allow: Vec::new(),
+            credential: Vec::new(),
             wait: None,
         }
     }
@@ -209,5 +263,34 @@ mod tests {
         );
         let plain = spec(&args(None, Some("busybox")), global()).unwrap();
         assert_eq!(plain.pod.network.egress, None, "the cluster's default");
+    }
+
+    #[test]
+    fn credential_flags_attach_to_their_domain_entry() {
+        let mut a = args(None, Some("busybox"));
+        a.allow = vec!["api.example.com:443".into(), "pypi.org".into()];
+        a.credential = vec!["api.example.com=model-key/token".into()];
+        let s = spec(&a, global()).unwrap();
+        let c = s.pod.network.allow[0].credential.as_ref().unwrap();
+        assert_eq!(
+            (c.secret_name.as_str(), c.key.as_str()),
+            ("model-key", "token")
+        );
+        assert_eq!(c.header_or_default(), "Authorization");
+        assert_eq!(s.pod.network.allow[1].credential, None);
+        a.credential = vec!["api.example.com=model-key/token/X-Api-Key".into()];
+        let s = spec(&a, global()).unwrap();
+        let c = s.pod.network.allow[0].credential.as_ref().unwrap();
+        assert_eq!(c.header_or_default(), "X-Api-Key");
+        for (bad, says) in [
+            ("other.example.com=k/t", "no --allow names"),
+            ("api.example.com=k", "DOMAIN=SECRET/KEY"),
+            ("api.example.com=k/t/h/x", "DOMAIN=SECRET/KEY"),
+            ("*.example.com=k/t", "exact domain"),
+        ] {
+            a.credential = vec![bad.into()];
+            let e = spec(&a, global()).unwrap_err().0;
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 }

@@ -105,6 +105,43 @@ public final class SandboxSpec {
   private static final java.util.regex.Pattern NUMERIC_END =
       java.util.regex.Pattern.compile("[.][0-9]+$");
 
+  /**
+   * Allows an exact DNS name through agentbox's egress proxy, which adds key {@code key} of
+   * Secret {@code secretName} (in the sandbox's namespace) as the header {@code header} ({@code
+   * null}: {@code Authorization}) to every request to it, so the sandbox never holds the key: the
+   * sandbox calls {@code http://domain/...} through the proxy, which speaks TLS to the server,
+   * verifies it and sets the header. The Secret's annotation {@code
+   * agentbox.dev/credential-domains} must allow the domain; otherwise the sandbox gets no pod
+   * (reason {@code CredentialRefused}). Sets egress to {@code "Allowlist"}.
+   */
+  public SandboxSpec allowDomainWithCredential(
+      String domain, String secretName, String key, String header, int... ports) {
+    if (domain != null && domain.startsWith("*.")) {
+      // The CRD's rule: a wildcard would send the key to every name below it.
+      throw new InvalidRequestException(
+          "a credential goes only on an exact domain, not the wildcard \"" + domain + "\"");
+    }
+    allowDomain(domain, ports);
+    Map<String, Object> net = new LinkedHashMap<>(Kube.obj(fields, "network"));
+    java.util.List<Object> allow = new java.util.ArrayList<>();
+    if (net.get("allow") instanceof java.util.List<?> l) {
+      allow.addAll(l);
+    }
+    @SuppressWarnings("unchecked")
+    Map<String, Object> last =
+        new LinkedHashMap<>((Map<String, Object>) allow.get(allow.size() - 1));
+    Map<String, Object> cred = new LinkedHashMap<>();
+    cred.put("secretName", secretName);
+    cred.put("key", key);
+    if (header != null) {
+      cred.put("header", header);
+    }
+    last.put("credential", cred);
+    allow.set(allow.size() - 1, last);
+    net.put("allow", allow);
+    return set("network", net);
+  }
+
   private SandboxSpec allowEntry(String key, String value, int... ports) {
     Map<String, Object> net = new LinkedHashMap<>(Kube.obj(fields, "network"));
     java.util.List<Object> allow = new java.util.ArrayList<>();

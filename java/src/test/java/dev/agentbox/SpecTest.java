@@ -35,6 +35,33 @@ class SpecTest {
                 Map.of("domain", "pypi.org", "ports", List.of(Map.of("port", 443))),
                 Map.of("cidr", "10.0.0.0/8"))),
         dom);
+    Object cred =
+        SandboxSpec.image("b")
+            .allowDomain("pypi.org")
+            .allowDomainWithCredential("api.example.com", "model-key", "token", null, 443)
+            .allowDomainWithCredential("api.example.org", "k", "t", "X-Api-Key")
+            .toMap()
+            .get("network");
+    assertEquals(
+        Map.of(
+            "egress",
+            "Allowlist",
+            "allow",
+            List.of(
+                Map.of("domain", "pypi.org"),
+                Map.of(
+                    "domain",
+                    "api.example.com",
+                    "ports",
+                    List.of(Map.of("port", 443)),
+                    "credential",
+                    Map.of("secretName", "model-key", "key", "token")),
+                Map.of(
+                    "domain",
+                    "api.example.org",
+                    "credential",
+                    Map.of("secretName", "k", "key", "t", "header", "X-Api-Key")))),
+        cred);
   }
 
   @Test
