@@ -945,6 +945,41 @@ fn the_chart_runs_the_egress_proxy_and_points_the_operator_at_it() {
         assert!(targs.contains(want), "{want} not in {targs}");
     }
     assert!(find(&tuned, "PodDisruptionBudget", "rel-agentbox-proxy").is_none());
+    // The table (which holds credentials' values) stays in memory, never on the node's disk.
+    let volumes = &dep["spec"]["template"]["spec"]["volumes"];
+    assert_eq!(volumes[0]["name"].as_str(), Some("table"));
+    assert_eq!(volumes[0]["emptyDir"]["medium"].as_str(), Some("Memory"));
+    // An internal API's CA for the TLS the proxy opens to a credentialed domain.
+    let ca = docs(&template(&["egressProxy.upstreamCA.configMap=internal-ca"]));
+    let cpod = &find(&ca, "Deployment", "rel-agentbox-proxy").unwrap()["spec"]["template"]["spec"];
+    let cargs = serde_json::to_string(&cpod["containers"][0]["args"]).unwrap();
+    assert!(
+        cargs.contains("--upstream-ca=/etc/agentbox-proxy/upstream-ca/ca.crt"),
+        "{cargs}"
+    );
+    assert_eq!(
+        cpod["volumes"][1]["configMap"]["name"].as_str(),
+        Some("internal-ca")
+    );
+    assert_eq!(
+        cpod["containers"][0]["volumeMounts"][1]["mountPath"].as_str(),
+        Some("/etc/agentbox-proxy/upstream-ca")
+    );
+    assert!(!targs.contains("--upstream-ca"), "none by default: {targs}");
+    // The operator reads the proxy's Service for its ClusterIP.
+    assert!(
+        rules_of(
+            find(
+                &docs(&template(&["watchNamespace=team-a"])),
+                "Role",
+                "rel-agentbox-helpers"
+            )
+            .unwrap()
+        )
+        .iter()
+        .any(|(_, r, v)| r == "services" && v == "get"),
+        "the helpers Role gets the proxy's Service"
+    );
     // With a watched namespace elsewhere, the release namespace's Role lets the operator watch
     // the proxy's pods (it execs into them already).
     let scoped = docs(&template(&["watchNamespace=team-a"]));
