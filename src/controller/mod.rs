@@ -20,23 +20,18 @@ pub mod pool;
 pub mod proxy;
 pub mod reasons;
 pub mod refill_delay;
-pub mod restore;
 pub mod restore_source;
 pub mod runtime;
 pub mod sandbox;
 pub mod security;
-pub mod service;
 pub mod sizelimit;
 pub mod snapshot;
-pub mod sources;
 pub mod startup;
 pub mod sweep;
 pub mod template;
 pub mod validate;
-pub mod wake;
 pub mod warm_shells;
 pub mod watch;
-pub mod workspace;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -319,16 +314,16 @@ async fn run_sandboxes(
     ctx.metrics.count_phases_from(Box::new(move || {
         counted.state().iter().map(|s| counted_phase(s)).collect()
     }));
-    let guard_to_sandboxes = wake::by_scope(controller.store());
-    let template_to_sandboxes = wake::by_template(controller.store());
-    let snapshot_to_sandboxes = wake::by_snapshot(controller.store());
+    let guard_to_sandboxes = sandbox::triggers::by_scope(controller.store());
+    let template_to_sandboxes = sandbox::triggers::by_template(controller.store());
+    let snapshot_to_sandboxes = sandbox::triggers::by_snapshot(controller.store());
     // A pod of a Sandbox that is gone already, seen being deleted (the garbage collector
     // after a Sandbox deleted before its finalizer was on: see `sandbox::reconcile`), leaves
     // its directory to the sweep, once per pod.
     let orphans = controller.store();
     let orphan_ctx = ctx.clone();
     let on_pod = move |p: &Pod| {
-        if sandbox::orphan_hint(&orphan_ctx, p, &orphans) {
+        if sandbox::orphan::orphan_hint(&orphan_ctx, p, &orphans) {
             tracing::debug!(pod = %p.name_any(), "a deleted sandbox's pod is going: its directory is left to the sweep");
         }
     };

@@ -440,7 +440,8 @@ pub(crate) fn adopted(name: &str, spec: Value, status: Value) -> Value {
         serde_json::from_value(sandbox(name, spec.clone(), json!({}), Value::Null))
             .expect("sandbox");
     let labels = agentbox_api::labels::scope_labels(&probe.spec.scope);
-    let meta = json!({"finalizers": [crate::controller::sandbox::FINALIZER], "labels": labels});
+    let meta =
+        json!({"finalizers": [crate::controller::sandbox::write::FINALIZER], "labels": labels});
     sandbox(name, spec, meta, status)
 }
 

@@ -10,7 +10,7 @@
 //! The controller still gets the same event and reconciles the same object; [`FirstStarts`]
 //! serialises the two by the Sandbox's UID ([`FirstStarts::serialised`], which the controller's
 //! reconcile goes through too), so they never run side by side. Whichever comes second sees the
-//! version the first wrote over ([`super::Superseded`]) and only requeues; after a failed first
+//! version the first wrote over ([`super::write::Superseded`]) and only requeues; after a failed first
 //! start it is the retry (at once, or after that short requeue when the failed start wrote).
 //! The first starts in flight are bounded ([`MAX_IN_FLIGHT`]): beyond that a new Sandbox waits
 //! for the controller's queue, as before.

@@ -1,12 +1,12 @@
 //! What every step of a reconcile has in hand, and where its status and Events go.
 
 use super::write::{Apis, Writer};
-use crate::controller::context::{Context, Note};
+use crate::controller::context::Context;
 use crate::controller::pod::PodConfig;
-use agentbox_api::crd::{Sandbox, SandboxStatus};
+use agentbox_api::crd::Sandbox;
 
 /// One reconcile's hands, what it works with: the operator's context, the namespace's API
-/// handles and the pod settings. Every step of [`super::act`] takes them beside the Sandbox
+/// handles and the pod settings. Every step takes them beside the Sandbox
 /// it works on, which travels on its own so that a helper that needs no sandbox gets none.
 #[derive(Clone, Copy)]
 pub(super) struct Hands<'a> {
@@ -19,6 +19,11 @@ pub(super) struct Hands<'a> {
 }
 
 impl<'a> Hands<'a> {
+    /// The hands of one reconcile.
+    pub fn new(ctx: &'a Context, apis: &'a Apis, podcfg: &'a PodConfig<'a>) -> Self {
+        Self { ctx, apis, podcfg }
+    }
+
     /// Where `sbx`'s status and Events go.
     pub fn writer(&self, sbx: &'a Sandbox) -> Writer<'a> {
         Writer {
@@ -27,12 +32,4 @@ impl<'a> Hands<'a> {
             apis: self.apis,
         }
     }
-}
-
-/// A status to write with the Event that says why.
-pub(super) struct Transition {
-    /// The status after the step.
-    pub status: SandboxStatus,
-    /// The Event that goes with it.
-    pub note: Option<Note>,
 }

@@ -1,5 +1,5 @@
 //! Workspace initialisation in the sandbox's pod: probe the marker, decide the start branch
-//! ([`workspace::decide`]), restore a snapshot (branches B and C), write the files.
+//! ([`init_plan::decide`]), restore a snapshot (branches B and C), write the files.
 
 use std::time::Duration;
 
@@ -9,10 +9,11 @@ use kube::ResourceExt;
 use kube::api::Api;
 use tracing::debug;
 
+use super::init_plan::{self, Observed};
+use super::{restore, sources};
 use crate::controller::context::{Context, Error};
 use crate::controller::pod::CONTAINER;
-use crate::controller::workspace::{self, Observed};
-use crate::controller::{restore, restore_source, sources};
+use crate::controller::restore_source;
 use agentbox_api::crd::{Sandbox, WorkspaceStatus};
 use agentbox_api::exec::session::Session;
 use agentbox_api::exec::{self, ExecRequest};
@@ -63,7 +64,7 @@ pub async fn init_workspace(
     pods: &Api<Pod>,
     pod_name: &str,
     start: Start<'_>,
-) -> Result<(WorkspaceStatus, workspace::Decision), Error> {
+) -> Result<(WorkspaceStatus, init_plan::Decision), Error> {
     let Start { ws, marker, shell } = start;
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let uid = sbx.uid().unwrap_or_default();
@@ -90,14 +91,14 @@ pub async fn init_workspace(
             }
         })?
     };
-    let decision = workspace::decide(Observed {
+    let decision = init_plan::decide(Observed {
         marker_present,
         root_was_ready: ws.root_ready,
         snapshot: snapshot.as_deref(),
         can_restore: ctx.store.is_some(),
     });
     if let Some(why) =
-        workspace::refused_when_lost(&decision, ws.root_ready, sbx.spec.snapshot.when_lost)
+        init_plan::refused_when_lost(&decision, ws.root_ready, sbx.spec.snapshot.when_lost)
     {
         return Err(Error::WorkspaceLost(why));
     }
@@ -109,9 +110,9 @@ pub async fn init_workspace(
 
     let files = sources::resolve_files(sbx, ctx).await?;
     let projections = sources::resolve_projections(sbx, ctx).await?;
-    let hash = workspace::projection_hash(&projections);
+    let hash = init_plan::projection_hash(&projections);
     let writes =
-        workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
+        init_plan::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
     let prepared = t0.elapsed();
     if warm && decision.restore.is_none() && writes.is_empty() {
         // The pool's marker stands as this fresh workspace's (see `marked`): nothing runs on
@@ -121,8 +122,8 @@ pub async fn init_workspace(
             "the pool's marker stands: no workspace command"
         );
     } else if !writes.is_empty() || !marker_present {
-        let via = workspace::files_via(&writes, shell.is_some());
-        let args = workspace::script_args(&root, &uid, &writes, via);
+        let via = init_plan::files_via(&writes, shell.is_some());
+        let args = init_plan::script_args(&root, &uid, &writes, via);
         run_script(pods, pod_name, shell, args, &writes, via).await?;
     }
     debug!(
@@ -179,7 +180,7 @@ async fn run_script(
     pod_name: &str,
     shell: Option<&Session>,
     args: Vec<String>,
-    writes: &workspace::Writes,
+    writes: &init_plan::Writes,
     via: FilesVia,
 ) -> Result<(), Error> {
     let out = match shell {
@@ -201,7 +202,7 @@ async fn run_script(
                 .max_output(16 * 1024);
             if via == FilesVia::Archive {
                 let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
-                req = req.stdin(workspace::archive(&writes.files, mtime)?);
+                req = req.stdin(init_plan::archive(&writes.files, mtime)?);
             }
             exec::run(pods, pod_name, CONTAINER, req).await?
         }

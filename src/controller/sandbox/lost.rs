@@ -10,9 +10,9 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use tracing::{debug, warn};
 
-use super::decide::{self, Lost, Stamp};
 use super::hands::Hands;
 use super::observe::{World, node_health};
+use super::status::{self, Lost, Stamp};
 use super::write::force_delete;
 use crate::controller::context::{Error, Note};
 use crate::controller::nodeloss::NodeHealth;
@@ -66,7 +66,7 @@ pub(super) async fn pin(
     Ok(None)
 }
 
-/// Gives the workspace `dir` on the lost node up in `st` (see [`decide::node_lost`]),
+/// Gives the workspace `dir` on the lost node up in `st` (see [`status::node_lost`]),
 /// with what the recovery will restore; counts the loss. Returns the Event that says so.
 async fn lose_node(
     h: &Hands<'_>,
@@ -75,14 +75,14 @@ async fn lose_node(
     lost: &Lost,
     dir: &str,
 ) -> Result<Note, Error> {
-    let recovery = decide::Recovery {
+    let recovery = status::Recovery {
         snapshot: recovery_snapshot(h, sbx).await?,
     };
     let stamp = Stamp {
         generation: sbx.metadata.generation,
         now: Timestamp::now(),
     };
-    let note = decide::node_lost(st, lost, dir, &recovery, stamp);
+    let note = status::node_lost(st, lost, dir, &recovery, stamp);
     h.ctx.metrics.node_lost();
     warn!("{}", note.message);
     Ok(note)

@@ -10,11 +10,12 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::{debug, info};
 
-use super::decide::{self, Init, Serving, Stamp};
+use super::claim::{Adopted, Claimed};
 use super::hands::Hands;
 use super::idle::{self, Idle};
 use super::observe::World;
-use super::suspend;
+use super::readiness::{self, Init, Serving};
+use super::status::Stamp;
 use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
@@ -28,38 +29,37 @@ use agentbox_api::exec::session::Session;
 use agentbox_api::guard::LeaseView;
 use agentbox_api::labels;
 
-/// What a start that adopted a warm pod brings to [`Act::serve`]: the snapshot lookup made
-/// beside the adoption, the shell its pool left open in the pod, and whether its pool marked
-/// the directory.
-pub(super) struct Adopted {
-    /// The restore's snapshot lookup.
-    pub lookup: init::Lookup,
-    /// The pool's open shell, if it left one.
-    pub shell: Option<Box<Session>>,
-    /// Whether the directory holds its pool's marker (`remote::WARM_MARKER`).
-    pub marked: bool,
-}
-
 /// The pod to serve, as found.
-pub(super) struct Found<'p> {
+struct Found<'p> {
     /// The pod.
-    pub pod: &'p Pod,
+    pod: &'p Pod,
     /// Its state.
-    pub state: PodState,
+    state: PodState,
     /// The scope's guard Lease, as seen (for the idle clock).
-    pub guard: &'p LeaseView,
+    guard: &'p LeaseView,
     /// A warm pod adopted just now, whose directory has no sandbox's marker.
-    pub adopted: Option<Adopted>,
+    adopted: Option<Adopted>,
 }
 
 /// The status as read, the one the step builds on, and when.
-pub(super) struct Seen<'o> {
+struct Seen<'o> {
     /// The status as read.
-    pub old: &'o SandboxStatus,
+    old: &'o SandboxStatus,
     /// The planned status the serve step completes.
-    pub status: SandboxStatus,
+    status: SandboxStatus,
     /// Now.
-    pub now: Timestamp,
+    now: Timestamp,
+}
+
+/// How the serve step ended: done, or the sandbox is to be suspended by the operator (the
+/// driver runs the suspend step with the status served so far).
+pub(super) enum Outcome {
+    /// Served: look again as the action says.
+    Done(Action),
+    /// The idle timeout has passed.
+    IdleSuspend(SandboxStatus),
+    /// The workspace holds more than its size limit; the message says so.
+    OverLimitSuspend(SandboxStatus, String),
 }
 
 /// `requeue`, or `d` if that is sooner.
@@ -68,16 +68,16 @@ fn sooner(requeue: Option<Duration>, d: Duration) -> Option<Duration> {
 }
 
 /// The serve step on the pod that observe found: a second pod of the sandbox goes, the
-/// directories on nodes that came back are removed, then [`Act::serve`].
+/// directories on nodes that came back are removed, then [`serve`].
 pub(super) async fn serve_found(
     h: &Hands<'_>,
     sbx: &Sandbox,
     world: &World,
     mut status: SandboxStatus,
     mut requeue: Option<Duration>,
-) -> Result<Action, Error> {
+) -> Result<Outcome, Error> {
     let Some(pod) = world.pod.as_ref() else {
-        return Ok(Action::requeue(Duration::from_secs(1)));
+        return Ok(Outcome::Done(Action::requeue(Duration::from_secs(1))));
     };
     second_pods(h, sbx, pod, &world.old).await?;
     if !status.abandoned.is_empty()
@@ -99,16 +99,79 @@ pub(super) async fn serve_found(
     serve(h, sbx, found, seen, requeue).await
 }
 
+/// The serve step on a warm pod the create step has just adopted: served at once.
+pub(super) async fn serve_claimed(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    world: &World,
+    claimed: Claimed,
+    requeue: Option<Duration>,
+) -> Result<Outcome, Error> {
+    let Claimed {
+        pod,
+        adopted,
+        status,
+    } = claimed;
+    let found = Found {
+        state: podstate::observe_pod(&pod),
+        pod: &pod,
+        guard: &LeaseView::of(world.lease.as_ref(), world.now),
+        adopted: Some(adopted),
+    };
+    let seen = Seen {
+        old: &world.old,
+        status,
+        now: world.now,
+    };
+    serve(h, sbx, found, seen, requeue).await
+}
+
+/// What the node checks of the serve step found.
+enum NodeChecked {
+    /// All is well: look again after this, if at all.
+    Fine(Option<Duration>),
+    /// The workspace is over its size limit: the message that says so.
+    OverLimit(String),
+}
+
+/// The checks of `pod`'s node: its workspace directory, the process limit, a kill for
+/// memory, the workspace's size, the usage read.
+async fn node_checks(
+    h: &Hands<'_>,
+    sbx: &Sandbox,
+    pod: &Pod,
+    state: &PodState,
+    seen: (&SandboxStatus, Timestamp),
+    st: &mut SandboxStatus,
+) -> Result<NodeChecked, Error> {
+    let (old, now) = seen;
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Ok(NodeChecked::Fine(None));
+    };
+    let mut requeue = node_root(h, sbx, &node, old, st, now).await?;
+    process_limit(h, sbx, pod, &node, old, st, now).await;
+    oom_kill(h, sbx, pod, old, st).await;
+    let over = workspace_limit(h, sbx, pod, &node, old, st, now).await;
+    st.node_name = Some(node.clone());
+    if let Some(o) = over {
+        return Ok(NodeChecked::OverLimit(sizelimit::over_message(o, &node)));
+    }
+    if let Some(wait) = read_usage(h, sbx, pod, state, st).await {
+        requeue = sooner(requeue, wait);
+    }
+    Ok(NodeChecked::Fine(requeue))
+}
+
 /// Serves `found`: the node's workspace directory checked, the workspace initialised once
 /// the kubelet reports the container running and ready, the idle clock kept, the status
-/// written once (not before [`decide::defer_first_status`] allows), Ready recorded.
-pub(super) async fn serve(
+/// written once (not before [`readiness::defer_first_status`] allows), Ready recorded.
+async fn serve(
     h: &Hands<'_>,
     sbx: &Sandbox,
     found: Found<'_>,
     seen: Seen<'_>,
     mut requeue: Option<Duration>,
-) -> Result<Action, Error> {
+) -> Result<Outcome, Error> {
     let Seen {
         old,
         status: mut st,
@@ -116,21 +179,10 @@ pub(super) async fn serve(
     } = seen;
     let pod = found.pod;
     let was_adopted = found.adopted.is_some();
-    if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-        if let Some(wait) = node_root(h, sbx, &node, old, &mut st, now).await? {
-            requeue = sooner(requeue, wait);
-        }
-        process_limit(h, sbx, pod, &node, old, &mut st, now).await;
-        oom_kill(h, sbx, pod, old, &mut st).await;
-        let over = workspace_limit(h, sbx, pod, &node, old, &mut st, now).await;
-        st.node_name = Some(node.clone());
-        if let Some(o) = over {
-            return suspend::over_limit_suspend(h, sbx, st, &sizelimit::over_message(o, &node))
-                .await;
-        }
-        if let Some(wait) = read_usage(h, sbx, pod, &found.state, &mut st).await {
-            requeue = sooner(requeue, wait);
-        }
+    match node_checks(h, sbx, pod, &found.state, (old, now), &mut st).await? {
+        NodeChecked::Fine(Some(wait)) => requeue = sooner(requeue, wait),
+        NodeChecked::Fine(None) => {}
+        NodeChecked::OverLimit(message) => return Ok(Outcome::OverLimitSuspend(st, message)),
     }
     let serving = serving(h, pod, found.state, now);
     // Asked before the workspace's start, so that a node's first check runs beside it.
@@ -156,7 +208,7 @@ pub(super) async fn serve(
         generation: sbx.metadata.generation,
         now,
     };
-    let out = decide::served(old, &mut st, &serving, init, stamp);
+    let out = readiness::served(old, &mut st, &serving, init, stamp);
     if let (Some(note), Some(e)) = (out.failed, error) {
         h.writer(sbx).transition(old, &st, Some(note)).await?;
         return Err(e);
@@ -164,7 +216,7 @@ pub(super) async fn serve(
     if let Some(retry) = out.retry {
         requeue = sooner(requeue, retry);
     }
-    let (held, wait) = decide::network_gate(old, &mut st, &gate, stamp);
+    let (held, wait) = readiness::network_gate(old, &mut st, &gate, stamp);
     if let Some(wait) = wait {
         requeue = sooner(requeue, wait);
     }
@@ -178,12 +230,14 @@ pub(super) async fn serve(
         debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
     }
     match idleness {
-        Idle::Suspend => return suspend::idle_suspend(h, sbx, st).await,
+        Idle::Suspend => return Ok(Outcome::IdleSuspend(st)),
         Idle::Wait(d) | Idle::Busy(Some(d)) => requeue = sooner(requeue, d),
         Idle::Busy(None) | Idle::Off => {}
     }
-    if let Some(wait) = decide::defer_first_status(old.phase, out.starting, serving.age) {
-        return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
+    if let Some(wait) = readiness::defer_first_status(old.phase, out.starting, serving.age) {
+        return Ok(Outcome::Done(Action::requeue(
+            sooner(requeue, wait).unwrap_or(wait),
+        )));
     }
     if old != &st {
         h.writer(sbx).status(&st).await?;
@@ -193,10 +247,12 @@ pub(super) async fn serve(
     if out.started.is_some() {
         record_ready(&h.ctx.metrics, sbx, pod, old, &st);
     }
-    if decide::announce_start(was_adopted, &st) {
+    if readiness::announce_start(was_adopted, &st) {
         h.writer(sbx).publish(out.started).await;
     }
-    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+    Ok(Outcome::Done(
+        requeue.map_or_else(Action::await_change, Action::requeue),
+    ))
 }
 
 /// What is known of the enforcement of `sbx`'s egress policy on `pod`'s node (a check
@@ -696,7 +752,7 @@ fn record_ready(
 /// errors are counted in `metrics`.
 fn outcome(
     metrics: &Metrics,
-    result: Result<(WorkspaceStatus, crate::controller::workspace::Decision), Error>,
+    result: Result<(WorkspaceStatus, super::init_plan::Decision), Error>,
 ) -> (Init, Option<Error>) {
     match result {
         Ok((workspace, decision)) => (

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
-use super::workspace::{self, FileEntry, ResolvedProjection};
+use super::init_plan::{self, FileEntry, ResolvedProjection};
 use crate::controller::context::{Context, Error};
 use agentbox_api::crd::Sandbox;
 use agentbox_api::names;
@@ -228,7 +228,7 @@ pub async fn resolve_files(sbx: &Sandbox, ctx: &Context) -> Result<Vec<FileEntry
             }
         };
         out.push(FileEntry {
-            path: workspace::normalize(&f.path),
+            path: init_plan::normalize(&f.path),
             data,
             mode: f.mode.map_or(0o644, |m| (m & 0o777) as u32),
             ephemeral: f.ephemeral,
@@ -269,7 +269,7 @@ pub async fn resolve_projections(
         entries.sort();
         out.push(ResolvedProjection {
             config_map: p.config_map.clone(),
-            dir: workspace::normalize(&p.path),
+            dir: init_plan::normalize(&p.path),
             entries,
         });
     }
