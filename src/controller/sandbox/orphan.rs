@@ -82,6 +82,16 @@ pub fn orphan_hint(
     true
 }
 
+/// What the sandbox controller does with each pod it manages as its watch sees it: a pod of
+/// a Sandbox that is gone already, seen being deleted (the garbage collector after a Sandbox
+/// deleted before its finalizer was on: see `write::with_metadata`), leaves its directory to
+/// the sweep, once per pod.
+pub fn on_pod(ctx: &Context, pod: &Pod, sandboxes: &kube::runtime::reflector::Store<Sandbox>) {
+    if orphan_hint(ctx, pod, sandboxes) {
+        tracing::debug!(pod = %pod.name_any(), "a deleted sandbox's pod is going: its directory is left to the sweep");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,8 @@
 //! The status transitions of the sandbox controller, pure: what the status becomes after what
 //! a step's I/O found (a pod held or made, a node lost, a suspension, a template missing).
 //! The plan ([`super::plan`]) starts from them too; the serve step's own are
-//! [`super::readiness`]'s. A leaf: it uses no other module of the sandbox controller.
+//! [`super::readiness`]'s. A leaf: of the sandbox controller it uses only two leaves, `idle`
+//! and `service`'s endpoints; no step, and not the plan.
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use super::idle;
 use super::service;
 use crate::controller::conditions::{self, POD_READY, READY, STALLED, WORKSPACE_READY};
 use crate::controller::context::Note;
-use crate::controller::podstate::{self};
+use crate::controller::podstate;
 use crate::controller::sizelimit;
 use crate::controller::{placement, runtime};
 use agentbox_api::crd::{
