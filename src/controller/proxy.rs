@@ -280,23 +280,8 @@ pub async fn run(
             );
             match serde_json::to_vec(&table) {
                 Ok(bytes) => {
-                    let live = proxy_store.state();
-                    sent.retain(|uid, _| live.iter().any(|p| p.uid().as_deref() == Some(uid)));
-                    for p in live.iter().filter(|p| ready_to_feed(p)) {
-                        let uid = p.uid().unwrap_or_default();
-                        if sent.get(&uid) == Some(&bytes) {
-                            continue;
-                        }
-                        match write_table(&proxy_pods, p, &bytes).await {
-                            Ok(()) => {
-                                debug!(pod = %p.name_any(), sandboxes = table.sandboxes.len(), "proxy table written");
-                                sent.insert(uid, bytes.clone());
-                            }
-                            Err(e) => {
-                                warn!(pod = %p.name_any(), "writing the egress proxy's table: {e}")
-                            }
-                        }
-                    }
+                    let n = table.sandboxes.len();
+                    feed_pods(&proxy_pods, &proxy_store.state(), &bytes, n, &mut sent).await;
                 }
                 Err(e) => warn!("encoding the egress proxy's table: {e}"),
             }
@@ -309,6 +294,32 @@ pub async fn run(
         _ = proxy_watch => {}
         _ = feed => {}
         _ = shutdown => {}
+    }
+}
+
+/// Writes the table `bytes` (of `sandboxes` sandboxes) into each of the `live` proxy pods
+/// ready for it that did not receive these bytes last (`sent`, by pod UID, forgets the pods
+/// gone).
+async fn feed_pods(
+    proxy_pods: &Api<Pod>,
+    live: &[Arc<Pod>],
+    bytes: &[u8],
+    sandboxes: usize,
+    sent: &mut HashMap<String, Vec<u8>>,
+) {
+    sent.retain(|uid, _| live.iter().any(|p| p.uid().as_deref() == Some(uid)));
+    for p in live.iter().filter(|p| ready_to_feed(p)) {
+        let uid = p.uid().unwrap_or_default();
+        if sent.get(&uid).map(Vec::as_slice) == Some(bytes) {
+            continue;
+        }
+        match write_table(proxy_pods, p, bytes).await {
+            Ok(()) => {
+                debug!(pod = %p.name_any(), sandboxes, "proxy table written");
+                sent.insert(uid, bytes.to_vec());
+            }
+            Err(e) => warn!(pod = %p.name_any(), "writing the egress proxy's table: {e}"),
+        }
     }
 }
 

@@ -174,6 +174,15 @@ pub(super) struct Adopted {
     pub marked: bool,
 }
 
+impl Adopted {
+    /// What the workspace's start takes (the lookup, and whether the pool marked the
+    /// directory), and the pool's shell, which the serve step closes once the status is
+    /// written.
+    pub fn split(self) -> (Option<(init::Lookup, bool)>, Option<Box<Session>>) {
+        (Some((self.lookup, self.marked)), self.shell)
+    }
+}
+
 /// A warm pod the create step adopted, for the serve step to serve at once.
 pub(super) struct Claimed {
     /// The pod, as the adopting write returned it.

@@ -52,6 +52,25 @@ pub struct Start<'a> {
     pub shell: Option<&'a Session>,
 }
 
+/// The snapshot a workspace without its marker restores, if any: the lookup made already
+/// (beside a warm pod's adoption), else made now.
+async fn restore_candidate(
+    ctx: &Context,
+    sbx: &Sandbox,
+    lookup: Option<Lookup>,
+) -> Result<Option<String>, Error> {
+    let found = match lookup {
+        Some(found) => found,
+        None => restore_source::candidate(ctx, sbx).await,
+    };
+    // A snapshot named but not restorable (missing, of another scope) is a failed restore.
+    found.inspect_err(|e| {
+        if let Error::Restore { .. } = e {
+            ctx.metrics.restore_failed(restore::failure_reason(e));
+        }
+    })
+}
+
 /// Probes the marker (unless known absent), decides the branch, resolves file sources, and
 /// writes. With `shell` (a claimed warm pod's, [`crate::controller::warm_shells`]), a write
 /// without files runs over it instead of a new exec.
@@ -80,16 +99,7 @@ pub async fn init_workspace(
     let snapshot = if marker_present {
         None
     } else {
-        let found = match lookup {
-            Some(found) => found,
-            None => restore_source::candidate(ctx, sbx).await,
-        };
-        // A snapshot named but not restorable (missing, of another scope) is a failed restore.
-        found.inspect_err(|e| {
-            if let Error::Restore { .. } = e {
-                ctx.metrics.restore_failed(restore::failure_reason(e));
-            }
-        })?
+        restore_candidate(ctx, sbx, lookup).await?
     };
     let decision = init_plan::decide(Observed {
         marker_present,

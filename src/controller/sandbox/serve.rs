@@ -195,14 +195,7 @@ async fn serve(
     // An adopted pod's open shell (its pool's) is closed only once the status is written: its
     // exit (the exec stream torn down through the API server, the kubelet and the container
     // runtime) would otherwise share the two cores with the claim's Ready status write.
-    let (adopted, shell) = match found.adopted {
-        Some(Adopted {
-            lookup,
-            shell,
-            marked,
-        }) => (Some((lookup, marked)), shell),
-        None => (None, None),
-    };
+    let (adopted, shell) = found.adopted.map_or((None, None), Adopted::split);
     let (init, error) = initialise(h, sbx, &serving, pod, &st, adopted, shell.as_deref()).await;
     let stamp = Stamp {
         generation: sbx.metadata.generation,
@@ -225,11 +218,7 @@ async fn serve(
     let problem = out.problem.filter(|n| n.reason != oomkill::REASON);
     h.writer(sbx).publish(problem).await;
     h.writer(sbx).publish(held).await;
-    let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
-    if idleness != Idle::Off {
-        debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
-    }
-    match idleness {
+    match idleness(sbx, &mut st, found.guard, now) {
         Idle::Suspend => return Ok(Outcome::IdleSuspend(st)),
         Idle::Wait(d) | Idle::Busy(Some(d)) => requeue = sooner(requeue, d),
         Idle::Busy(None) | Idle::Off => {}
@@ -253,6 +242,15 @@ async fn serve(
     Ok(Outcome::Done(
         requeue.map_or_else(Action::await_change, Action::requeue),
     ))
+}
+
+/// The idle clock kept in the served status `st`: what it says.
+fn idleness(sbx: &Sandbox, st: &mut SandboxStatus, guard: &LeaseView, now: Timestamp) -> Idle {
+    let idleness = idle::track(st, idle::timeout(sbx), guard, now);
+    if idleness != Idle::Off {
+        debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
+    }
+    idleness
 }
 
 /// What is known of the enforcement of `sbx`'s egress policy on `pod`'s node (a check
