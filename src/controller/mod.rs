@@ -4,9 +4,10 @@
 pub mod cache;
 pub mod conditions;
 pub mod context;
+pub mod effective;
 pub mod error;
 pub mod helper_pod;
-pub mod memory;
+pub mod memos;
 pub mod netcheck;
 pub mod nodeloss;
 pub mod noderoot;
@@ -28,7 +29,6 @@ pub mod sizelimit;
 pub mod snapshot;
 pub mod startup;
 pub mod sweep;
-pub mod template;
 pub mod validate;
 pub mod warm_shells;
 pub mod watch;
@@ -120,11 +120,11 @@ fn context(
         store: build_store(&config),
         config,
         metrics,
-        node_roots: memory::Checks::default(),
-        refusals: memory::Refusals::default(),
-        oom_kills: memory::OomKills::default(),
-        usage_reads: memory::Reads::default(),
-        sweep: memory::Hints::default(),
+        node_roots: memos::Checks::default(),
+        refusals: memos::Refusals::default(),
+        oom_kills: memos::OomKills::default(),
+        usage_reads: memos::Reads::default(),
+        sweep: memos::Hints::default(),
         shells: warm_shells::Shells::default(),
         pool_claims: refill_delay::Claims::default(),
         proofs: crate::controller::netcheck::Proofs::default(),

@@ -417,7 +417,7 @@ fn hint_removal(ctx: &Context, p: &Pod) {
     ) else {
         return;
     };
-    ctx.sweep.add(super::memory::Hint {
+    ctx.sweep.add(super::memos::Hint {
         node,
         namespace: ns,
         dir,

@@ -22,7 +22,7 @@ use super::write::{Apis, Writer, delete_if_present, force_delete, write_status};
 use super::write::{FINALIZER, MetadataGate, apply_metadata, without_finalizer};
 use crate::controller::context::Note;
 use crate::controller::context::{Context, Error, LeaseFate};
-use crate::controller::memory::Hint;
+use crate::controller::memos::Hint;
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::placement::NodeDir;
 use crate::controller::pod::PodConfig;
@@ -65,7 +65,7 @@ pub(super) async fn deleting(sbx: &Sandbox, ctx: &Context) -> Result<Action, Err
         return Ok(Action::await_change());
     }
     // The on-stop snapshot follows the template's policy when the Sandbox names one.
-    let effective = crate::controller::template::resolved_or_own(&ctx.client, &fresh).await?;
+    let effective = crate::controller::effective::resolved_or_own(&ctx.client, &fresh).await?;
     if cleanup(&effective, ctx).await? == Cleanup::Pending {
         return Ok(Action::requeue(std::time::Duration::from_secs(1)));
     }

@@ -13,11 +13,11 @@ use kube::runtime::controller::Action;
 use tracing::{debug, info};
 
 use super::claim::{self, Adopted, Claimed};
-use super::hands::Hands;
 use super::observe::World;
 use super::plan;
 use super::sources;
 use super::status::{self, Stamp};
+use super::tools::Tools;
 use crate::controller::context::{Error, FIELD_MANAGER, Note};
 use crate::controller::{placement, pod, restore_source, runtime};
 use agentbox_api::crd::{Sandbox, SandboxStatus};
@@ -41,7 +41,7 @@ pub(super) enum Created {
 /// start may ([`plan::may_claim`]) and one fits; else checks the runtime class, and the
 /// sandbox's own pod is to be made.
 pub(super) async fn create_pod(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     mut st: SandboxStatus,
@@ -70,7 +70,7 @@ pub(super) async fn create_pod(
 /// that opted in, checked before each pod is made (a running pod keeps what it got). A
 /// source missing or not readable is recorded before its error goes back.
 async fn check_sources(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     st: &mut SandboxStatus,
@@ -94,7 +94,7 @@ async fn check_sources(
 /// Adopts a warm pod that fits, if one does: the pod as the adopting write returned it,
 /// with the restore's snapshot lookup (made beside the adopting write, as it needs no pod:
 /// one read wasted when no warm pod is taken) and the shell its pool left open in it.
-async fn claim_warm(h: &Hands<'_>, sbx: &Sandbox) -> Result<Option<(Box<Pod>, Adopted)>, Error> {
+async fn claim_warm(h: &Tools<'_>, sbx: &Sandbox) -> Result<Option<(Box<Pod>, Adopted)>, Error> {
     let started = Instant::now();
     let ((claimed, patched), (lookup, looked)) = tokio::join!(
         async {
@@ -128,7 +128,7 @@ async fn claim_warm(h: &Hands<'_>, sbx: &Sandbox) -> Result<Option<(Box<Pod>, Ad
 /// server does not check, Pending for ever): said at once, and looked at again after the
 /// returned wait.
 async fn check_runtime_class(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     st: &mut SandboxStatus,
@@ -156,7 +156,7 @@ async fn check_runtime_class(
 /// The create step's second half: applies the sandbox's own pod, on `pin`'s node if any, mounting the workspace's
 /// directory (kept across a suspend or a pod's loss; the derived one when there is none).
 pub(super) async fn apply_pod(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     mut st: SandboxStatus,

@@ -5,16 +5,16 @@
 use kube::ResourceExt;
 use tracing::debug;
 
-use super::hands::Hands;
 use super::observe::World;
 use super::service;
+use super::tools::Tools;
 use crate::controller::context::Error;
 use crate::controller::{pod, policy};
 use agentbox_api::crd::Sandbox;
 use agentbox_api::labels;
 
 /// Makes the egress policy and the Service what the spec asks for.
-pub(super) async fn expose(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error> {
+pub(super) async fn expose(h: &Tools<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error> {
     ensure_network_policy(h, sbx, world).await?;
     if service::ensure(&h.apis.services, sbx, &world.old).await? > 0 {
         debug!(sandbox = %sbx.name_any(), "applied the Service of spec.ports");
@@ -27,7 +27,7 @@ pub(super) async fn expose(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> Resul
 /// claim of a warm pod finds it in place); removed for egress `All`. Writes nothing when it
 /// is already as wanted, so an edit of `network` applies on the next reconcile, without a
 /// restart.
-async fn ensure_network_policy(h: &Hands<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error> {
+async fn ensure_network_policy(h: &Tools<'_>, sbx: &Sandbox, world: &World) -> Result<(), Error> {
     let default = h.podcfg.default_egress;
     let proxy = h.podcfg.proxy.as_ref();
     let (name, desired) = match (sbx.spec.template_ref.as_ref(), world.template.as_ref()) {

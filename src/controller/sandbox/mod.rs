@@ -11,7 +11,6 @@ mod cleanup;
 mod create;
 mod expose;
 pub mod first_start;
-mod hands;
 pub mod idle;
 mod init;
 pub mod init_plan;
@@ -29,6 +28,7 @@ mod short;
 pub mod sources;
 pub mod status;
 mod suspend;
+mod tools;
 pub mod triggers;
 pub mod write;
 
@@ -36,9 +36,9 @@ use std::{sync::Arc, time::Duration, time::Instant};
 
 use kube::{ResourceExt, runtime::controller::Action};
 
-use super::{context::Context, context::Error, pod::PodConfig, template, template::Effective};
+use super::{context::Context, context::Error, effective, effective::Effective, pod::PodConfig};
 use agentbox_api::crd::Sandbox;
-use {create::Created, hands::Hands, observe::World, plan::Plan, plan::Step, serve::Outcome};
+use {create::Created, observe::World, plan::Plan, plan::Step, serve::Outcome, tools::Tools};
 use {write::Apis, write::MetadataGate};
 
 /// Reconciles one Sandbox.
@@ -61,14 +61,14 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
 async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Result<Action, Error> {
     let apis = Apis::new(&ctx, &sbx.namespace().ok_or(Error::NotNamespaced)?, gate);
     let _claiming = plan::may_be_first_claim(&sbx).then(|| ctx.pool_claims.in_flight());
-    let (effective, reads) = tokio::join!(
-        template::effective_cached(&ctx, &sbx),
+    let (resolved, reads) = tokio::join!(
+        effective::effective_cached(&ctx, &sbx),
         observe::read(&sbx, &ctx, &apis)
     );
     let podcfg = PodConfig::from_config(&ctx.config);
-    let h = Hands::new(&ctx, &apis, &podcfg);
+    let h = Tools::new(&ctx, &apis, &podcfg);
     // From here on the sandbox is its effective spec: with a template, resolved against it.
-    let (sbx, template) = match effective? {
+    let (sbx, template) = match resolved? {
         Effective::Own => (sbx, None),
         Effective::Templated(resolved, used) => (Arc::new(*resolved), Some(used)),
         Effective::Missing(name) => return short::template_missing(&h, &sbx, &name).await,
@@ -80,7 +80,7 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
 
 /// One arm per step of `plan`, as decided from `world`; each step ends in at most one status
 /// write, made only when the status changed, with the Event that goes with it.
-async fn act(h: &Hands<'_>, sbx: &Sandbox, world: World, plan: Plan) -> Result<Action, Error> {
+async fn act(h: &Tools<'_>, sbx: &Sandbox, world: World, plan: Plan) -> Result<Action, Error> {
     let (step, t, requeue) = plan.into_parts();
     let (old, pod_name) = (&world.old, observe::pod_name(sbx, &world));
     match step {
@@ -114,7 +114,7 @@ async fn act(h: &Hands<'_>, sbx: &Sandbox, world: World, plan: Plan) -> Result<A
 }
 
 /// The serve step's outcome: done, or the operator's suspension it calls for.
-async fn after_serve(h: &Hands<'_>, sbx: &Sandbox, served: Outcome) -> Result<Action, Error> {
+async fn after_serve(h: &Tools<'_>, sbx: &Sandbox, served: Outcome) -> Result<Action, Error> {
     match served {
         Outcome::Done(action) => Ok(action),
         Outcome::IdleSuspend(st) => suspend::idle_suspend(h, sbx, st).await,

@@ -541,7 +541,7 @@ async fn discard(pods: &Api<Pod>, pod_name: &str, root: &str, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::memory::Refusals;
+    use crate::controller::memos::Refusals;
 
     fn judged() -> Judged {
         Judged(RestoreBasis {

@@ -1217,7 +1217,7 @@ async fn ready_in_pod_1(
     let p = pod_as(&ctx, name, &fake, "pod-1", Kubelet::Serving("node-1"));
     fake.put(&format!("{PODS}/{}", pod(name)), p);
     node_root_checked(&ctx);
-    let found = crate::controller::memory::Found::Checked {
+    let found = crate::controller::memos::Found::Checked {
         nosuid: true,
         nodev: true,
         mount: "/".into(),

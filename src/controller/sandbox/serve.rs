@@ -11,11 +11,11 @@ use kube::runtime::controller::Action;
 use tracing::{debug, info};
 
 use super::claim::{Adopted, Claimed};
-use super::hands::Hands;
 use super::idle::{self, Idle};
 use super::observe::World;
 use super::readiness::{self, Init, Serving};
 use super::status::Stamp;
+use super::tools::Tools;
 use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
@@ -70,7 +70,7 @@ fn sooner(requeue: Option<Duration>, d: Duration) -> Option<Duration> {
 /// The serve step on the pod that observe found: a second pod of the sandbox goes, the
 /// directories on nodes that came back are removed, then [`serve`].
 pub(super) async fn serve_found(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     mut status: SandboxStatus,
@@ -101,7 +101,7 @@ pub(super) async fn serve_found(
 
 /// The serve step on a warm pod the create step has just adopted: served at once.
 pub(super) async fn serve_claimed(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     claimed: Claimed,
@@ -137,7 +137,7 @@ enum NodeChecked {
 /// The checks of `pod`'s node: its workspace directory, the process limit, a kill for
 /// memory, the workspace's size, the usage read.
 async fn node_checks(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     state: &PodState,
@@ -166,7 +166,7 @@ async fn node_checks(
 /// the kubelet reports the container running and ready, the idle clock kept, the status
 /// written once (not before [`readiness::defer_first_status`] allows), Ready recorded.
 async fn serve(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     found: Found<'_>,
     seen: Seen<'_>,
@@ -255,7 +255,7 @@ fn idleness(sbx: &Sandbox, st: &mut SandboxStatus, guard: &LeaseView, now: Times
 
 /// What is known of the enforcement of `sbx`'s egress policy on `pod`'s node (a check
 /// starts in the background where nothing is).
-fn network_gate(h: &Hands<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
+fn network_gate(h: &Tools<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
     let egress = sbx.spec.pod.network.egress_or(h.podcfg.default_egress);
     let spec = pod.spec.as_ref();
     let Some(node) = spec.and_then(|s| s.node_name.as_deref()) else {
@@ -278,7 +278,7 @@ fn network_gate(h: &Hands<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
 /// waiting (the gate's condition says why) and its sandbox asks again soon. Returns how soon
 /// to look again.
 async fn release_network_wait(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     gate: &netcheck::Gate,
@@ -325,7 +325,7 @@ async fn release_network_wait(
 }
 
 /// What `pod` looks like to the serve step.
-fn serving(h: &Hands<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving {
+fn serving(h: &Tools<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving {
     let problem_for = match &state {
         PodState::Problem { reason, .. } => podstate::problem_since(pod, reason)
             .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or_default()),
@@ -345,7 +345,7 @@ fn serving(h: &Hands<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving
 /// operator's own record of a permanent refusal follows (it outlives a status that could
 /// not keep it).
 async fn initialise(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     serving: &Serving,
     pod: &Pod,
@@ -390,7 +390,7 @@ async fn initialise(
 /// deletion is conditioned on the pod's UID. Nothing while the status does not name
 /// `served` yet.
 async fn second_pods(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     served: &Pod,
     old: &SandboxStatus,
@@ -424,7 +424,7 @@ async fn second_pods(
             && placement::recorded_host_dir(sbx).as_deref() != Some(dir.as_str())
             && let Some(entry) = placement::dir_name(&dir, &ctx.config.node_root, &ns)
         {
-            ctx.sweep.add(crate::controller::memory::Hint {
+            ctx.sweep.add(crate::controller::memos::Hint {
                 node,
                 namespace: ns.clone(),
                 dir: entry.to_string(),
@@ -439,7 +439,7 @@ async fn second_pods(
 /// helper pod that prepares it. Returns when to look again while that pod runs. A Warning
 /// Event goes out when the condition turns False.
 async fn node_root(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     node: &str,
     old: &SandboxStatus,
@@ -495,7 +495,7 @@ async fn node_root(
 /// nothing while it has not finished, nor for a sandbox without a limit. A Warning Event goes
 /// out when either turns False.
 async fn process_limit(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     node: &str,
@@ -541,7 +541,7 @@ async fn process_limit(
 /// sandbox's status does not have yet (`status.lastOOMKill`), and announces it with an
 /// `OOMKilled` Warning Event: once per kill, whichever state of the container shows it.
 async fn oom_kill(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     old: &SandboxStatus,
@@ -582,7 +582,7 @@ async fn oom_kill(
 /// (once over it) the usage in `status.workspace`; a Warning Event when it turns False.
 /// Returns the over-limit measurement when the sidecar ended with one: the sandbox must stop.
 async fn workspace_limit(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     node: &str,
@@ -658,7 +658,7 @@ async fn workspace_limit(
 /// rewritten for every byte) and the metric. Returns when to read again; `None` for a pod
 /// without the sidecar or not running. A failed read waits for the next.
 async fn read_usage(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     state: &PodState,

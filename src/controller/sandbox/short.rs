@@ -8,10 +8,10 @@ use kube::ResourceExt;
 use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
 
-use super::hands::Hands;
 use super::observe::{self, World};
 use super::status;
 use super::status::Transition;
+use super::tools::Tools;
 use super::write::delete_if_present;
 use crate::controller::context::{Error, Note};
 use agentbox_api::crd::{Sandbox, SandboxStatus};
@@ -23,7 +23,7 @@ pub(super) fn then(requeue: Option<Duration>) -> Action {
 
 /// The spec cannot be honoured: a pod of ours goes, the refusal is recorded.
 pub(super) async fn refuse(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     t: Transition,
@@ -40,7 +40,7 @@ pub(super) async fn refuse(
 
 /// `shutdownTime` has passed: the Sandbox deletes itself.
 pub(super) async fn shut_down(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     note: Option<Note>,
 ) -> Result<Action, Error> {
@@ -56,7 +56,7 @@ pub(super) async fn shut_down(
 
 /// The pod is terminating: the status says so, and the next look follows shortly.
 pub(super) async fn await_pod_gone(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     t: Transition,
@@ -69,7 +69,7 @@ pub(super) async fn await_pod_gone(
 
 /// A pod of the sandbox's name belongs to something else: said, and looked at again later.
 pub(super) async fn name_conflict(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     t: Transition,
@@ -81,7 +81,7 @@ pub(super) async fn name_conflict(
 /// The pod must go (its spec changed, or it ended): deleted, with the Event that says why; a
 /// later reconcile makes the new one.
 pub(super) async fn replace_pod(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod_name: &str,
     note: Option<Note>,
@@ -94,7 +94,7 @@ pub(super) async fn replace_pod(
 /// The template `name` the Sandbox names does not exist: Pending with its reason. The
 /// template's watch brings the sandbox back when it is created.
 pub(super) async fn template_missing(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     name: &str,
 ) -> Result<Action, Error> {

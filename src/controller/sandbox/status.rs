@@ -287,14 +287,14 @@ pub fn template_missing(
     let mut st = old.clone();
     st.scope_key = Some(labels::scope_key(&sbx.spec.scope));
     st.observed_generation = sbx.metadata.generation;
-    let message = crate::controller::template::missing_message(name);
+    let message = crate::controller::effective::missing_message(name);
     let stamp = Stamp {
         generation: sbx.metadata.generation,
         now,
     };
     let note = held(
         &mut st,
-        crate::controller::template::NOT_FOUND,
+        crate::controller::effective::NOT_FOUND,
         &message,
         stamp,
     );

@@ -8,10 +8,10 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use tracing::{debug, info, warn};
 
-use super::hands::Hands;
 use super::idle;
 use super::status;
 use super::status::Transition;
+use super::tools::Tools;
 use super::write::{SUPERSEDED, delete_if_present, write_status};
 use crate::controller::context::{self, Error, FIELD_MANAGER};
 use crate::controller::snapshot;
@@ -29,7 +29,7 @@ use agentbox_api::guard::{self, GuardConfig, GuardError};
 /// harness at work keeps its pod until it lets go; its release, a watched Lease event,
 /// brings the next look).
 pub(super) async fn suspend(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     pod_name: &str,
@@ -44,7 +44,7 @@ pub(super) async fn suspend(
 
 /// The suspend step's work (see [`suspend`]): whether the pod is gone.
 async fn stop_pod(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     pod_name: &str,
@@ -106,7 +106,7 @@ async fn stop_pod(
 /// holds it (their release, a watched Lease event, brings the next look). The outcome is
 /// counted under `counted`, if given.
 async fn take_guard(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     purpose: &str,
     counted: Option<GuardOp>,
@@ -148,7 +148,7 @@ async fn take_guard(
 /// sandbox Suspended, which `get_or_create` resumes. The suspend step that the mode change
 /// brings takes the on-stop snapshot and deletes the pod, as for any suspend.
 pub(super) async fn idle_suspend(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     st: SandboxStatus,
 ) -> Result<Action, Error> {
@@ -175,7 +175,7 @@ pub(super) async fn idle_suspend(
 /// in the on-stop snapshot, if the spec asks for one); a raised `workspace.sizeLimit`, or
 /// data removed, and a resume bring it back. `message` says why (the Warning Event's).
 pub(super) async fn over_limit_suspend(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     st: SandboxStatus,
     message: &str,
@@ -190,7 +190,7 @@ pub(super) async fn over_limit_suspend(
 /// Sets `spec.lifecycle.mode: Suspended` under the scope's guard (see [`idle_suspend`]) and
 /// writes the status `finish` makes (given the new generation), with its Event.
 async fn operator_suspend(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     mut st: SandboxStatus,
     purpose: &str,

@@ -1,15 +1,15 @@
-//! What every step of a reconcile has in hand, and where its status and Events go.
+//! The tools every step of a reconcile works with, and where its status and Events go.
 
 use super::write::{Apis, Writer};
 use crate::controller::context::Context;
 use crate::controller::pod::PodConfig;
 use agentbox_api::crd::Sandbox;
 
-/// One reconcile's hands, what it works with: the operator's context, the namespace's API
-/// handles and the pod settings. Every step takes them beside the Sandbox
-/// it works on, which travels on its own so that a helper that needs no sandbox gets none.
+/// One reconcile's tools, what every step works with: the operator's [`Context`], the
+/// namespace's API handles and the pod settings. Every step takes them beside the Sandbox it
+/// works on, which travels on its own so that a helper that needs no sandbox gets none.
 #[derive(Clone, Copy)]
-pub(super) struct Hands<'a> {
+pub(super) struct Tools<'a> {
     /// The operator's context.
     pub ctx: &'a Context,
     /// The namespace's API handles.
@@ -18,8 +18,8 @@ pub(super) struct Hands<'a> {
     pub podcfg: &'a PodConfig<'a>,
 }
 
-impl<'a> Hands<'a> {
-    /// The hands of one reconcile.
+impl<'a> Tools<'a> {
+    /// The tools of one reconcile.
     pub fn new(ctx: &'a Context, apis: &'a Apis, podcfg: &'a PodConfig<'a>) -> Self {
         Self { ctx, apis, podcfg }
     }
