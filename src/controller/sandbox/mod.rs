@@ -1,9 +1,7 @@
-//! The sandbox controller: Sandbox → Pod, workspace initialisation, lifecycle, cleanup. This
-//! file is one reconcile, every stage and step in order: a deleting Sandbox is cleaned up; a
-//! version this process wrote over waits; a live one has its template and first reads side
-//! by side, then [`observe`] → [`plan`] (pure) → one arm per [`Step`]: a module each, which
-//! returns its outcome here and calls no other step. The status an outcome leads to is
-//! [`status`]'s (the serve step's, [`readiness`]'s).
+//! The sandbox controller, one reconcile top to bottom: deletion → cleanup; a version this
+//! process wrote over → requeue; template and reads → [`observe`] → [`plan`] (pure) → one arm
+//! per [`Step`], a module each that returns its outcome here and calls no other step. What an
+//! outcome makes of the status is [`status`]'s (the serve step's, [`readiness`]'s).
 
 mod abandoned;
 pub mod claim;
@@ -47,9 +45,8 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         return cleanup::deleting(&sbx, &ctx).await;
     }
     if write::SUPERSEDED.is_stale(&sbx, Instant::now()) {
-        // The cache still holds the version this process already wrote over: acting on it
-        // would write the same status (and Event) again. The newer version's watch event
-        // brings us back; the requeue is the fallback.
+        // The cache holds a version this process wrote over: acting on it would repeat its
+        // writes. The newer version's watch event brings us back; the requeue is the fallback.
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
     write::with_metadata(&sbx, &ctx, |gate| start(sbx.clone(), ctx.clone(), gate)).await
