@@ -100,10 +100,19 @@ pub const HELM_VALUES: &[(&str, &str)] = &[
         "AGENTBOX_WORKSPACE_USAGE_INTERVAL_SECONDS",
         "`workspace.usageIntervalSeconds`",
     ),
-    ("AGENTBOX_EGRESS_PROXY_URL", "(not in the chart yet)"),
-    ("AGENTBOX_EGRESS_PROXY_NAMESPACE", "(not in the chart yet)"),
-    ("AGENTBOX_EGRESS_PROXY_SELECTOR", "(not in the chart yet)"),
-    ("AGENTBOX_EGRESS_PROXY_PORT", "(not in the chart yet)"),
+    (
+        "AGENTBOX_EGRESS_PROXY_URL",
+        "`egressProxy.url` (default: the chart's proxy Service, by `egressProxy.service.clusterIP` when set; unset with `egressProxy.enabled` off)",
+    ),
+    (
+        "AGENTBOX_EGRESS_PROXY_NAMESPACE",
+        "the release namespace (with `egressProxy.enabled`)",
+    ),
+    (
+        "AGENTBOX_EGRESS_PROXY_SELECTOR",
+        "the chart's proxy pods (with `egressProxy.enabled`)",
+    ),
+    ("AGENTBOX_EGRESS_PROXY_PORT", "`egressProxy.port`"),
 ];
 
 /// Configuration of the agentbox operator.

@@ -49,10 +49,16 @@ fn find<'a>(
         .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
 }
 
+/// The operator's Deployment (the egress proxy's is another).
+fn operator_deployment(docs: &[serde_yaml::Value]) -> Option<&serde_yaml::Value> {
+    docs.iter().find(|d| {
+        d["kind"].as_str() == Some("Deployment")
+            && d["spec"]["template"]["spec"]["containers"][0]["name"].as_str() == Some("operator")
+    })
+}
+
 fn env_value(docs: &[serde_yaml::Value], name: &str) -> Option<String> {
-    let dep = docs
-        .iter()
-        .find(|d| d["kind"].as_str() == Some("Deployment"))?;
+    let dep = operator_deployment(docs)?;
     dep["spec"]["template"]["spec"]["containers"][0]["env"]
         .as_sequence()?
         .iter()
@@ -272,11 +278,8 @@ fn harness_service_accounts_get_exactly_what_a_harness_calls() {
 #[test]
 #[ignore = "needs helm (hack/cluster fetches it)"]
 fn a_disruption_budget_only_with_more_than_one_replica() {
-    assert!(
-        !docs(&template(&[]))
-            .iter()
-            .any(|d| d["kind"].as_str() == Some("PodDisruptionBudget"))
-    );
+    // (The egress proxy's own budget follows its own replicas: egressProxy.replicas.)
+    assert!(find(&docs(&template(&[])), "PodDisruptionBudget", "rel-agentbox").is_none());
     let two = docs(&template(&["replicas=2"]));
     let pdb = find(&two, "PodDisruptionBudget", "rel-agentbox").expect("a PDB with 2 replicas");
     assert_eq!(pdb["spec"]["maxUnavailable"].as_i64(), Some(1));
@@ -521,9 +524,7 @@ fn values_reach_the_operator_environment() {
     );
     // The helper image defaults to the operator's own (which carries agentbox-helper): never a
     // sandbox's image.
-    let image = d
-        .iter()
-        .find(|x| x["kind"].as_str() == Some("Deployment"))
+    let image = operator_deployment(&d)
         .map(|dep| dep["spec"]["template"]["spec"]["containers"][0]["image"].clone())
         .and_then(|i| i.as_str().map(str::to_string));
     assert_eq!(env_value(&d, "AGENTBOX_HELPER_IMAGE"), image);
@@ -564,10 +565,7 @@ fn values_reach_the_operator_environment() {
     ] {
         assert_eq!(env_value(&secure, k).as_deref(), Some(v), "{k}");
     }
-    let dep = d
-        .iter()
-        .find(|x| x["kind"].as_str() == Some("Deployment"))
-        .unwrap();
+    let dep = operator_deployment(&d).unwrap();
     let c = &dep["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(
         c["envFrom"][0]["secretRef"]["name"].as_str(),
@@ -738,10 +736,11 @@ fn the_dashboard_and_the_alerts_query_only_what_the_operator_registers() {
         .chain(alerts.into_iter().map(|(_, e)| e))
         .collect();
     let queried = metric_names(&exprs.join("\n"));
+    let proxy = proxy_series();
     for name in &queried {
         assert!(
-            registered.contains(name),
-            "{name} is queried but the operator registers no such series: {registered:?}"
+            registered.contains(name) || proxy.contains(name),
+            "{name} is queried but neither the operator nor the egress proxy registers such a series: {registered:?} {proxy:?}"
         );
     }
     // And the dashboard shows every metric the operator has (some sample of each).
@@ -761,4 +760,206 @@ fn the_dashboard_and_the_alerts_query_only_what_the_operator_registers() {
             "the dashboard has no panel for {family}"
         );
     }
+    // And every metric of the egress proxy (its own /metrics, in the same dashboard).
+    let proxy_families = proxy_families();
+    assert!(
+        proxy_families.len() >= 4,
+        "the proxy's families: {proxy_families:?}"
+    );
+    for family in &proxy_families {
+        assert!(
+            shown.iter().any(|n| n.starts_with(family.as_str())),
+            "the dashboard has no panel for the egress proxy's {family}"
+        );
+    }
+}
+
+/// The egress proxy's registry encoded with a sample in every family: a labelled family
+/// without samples (the refusals', before the first) is not encoded at all.
+fn proxy_metrics_text() -> String {
+    let m = agentbox_proxy::metrics::Metrics::new();
+    m.refused("ns", "sandbox", "not_allowed");
+    m.encode()
+}
+
+/// The egress proxy's metric families, from its own registry's `# TYPE` lines.
+fn proxy_families() -> std::collections::BTreeSet<String> {
+    proxy_metrics_text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// The series names the egress proxy can serve: its families, counters with `_total`.
+fn proxy_series() -> std::collections::BTreeSet<String> {
+    let text = proxy_metrics_text();
+    let mut out = std::collections::BTreeSet::new();
+    for l in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let mut it = l.split_whitespace();
+        let (Some(name), Some(kind)) = (it.next(), it.next()) else {
+            continue;
+        };
+        match kind {
+            "counter" => out.insert(format!("{name}_total")),
+            "histogram" => {
+                for s in ["_bucket", "_sum", "_count"] {
+                    out.insert(format!("{name}{s}"));
+                }
+                true
+            }
+            _ => out.insert(name.to_string()),
+        };
+    }
+    out
+}
+
+/// The Deployment, Service and NetworkPolicy of the egress proxy (default values), and what
+/// the operator is told of them.
+#[test]
+#[ignore = "needs helm (hack/cluster fetches it)"]
+fn the_chart_runs_the_egress_proxy_and_points_the_operator_at_it() {
+    let d = docs(&template(&[]));
+    let dep = find(&d, "Deployment", "rel-agentbox-proxy").expect("the proxy's Deployment");
+    let op = find(&d, "Deployment", "rel-agentbox").expect("the operator's Deployment");
+    assert_eq!(dep["spec"]["replicas"].as_i64(), Some(2));
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+    let c = &pod["containers"][0];
+    let opc = &op["spec"]["template"]["spec"]["containers"][0];
+    // The operator's image, which carries agentbox-proxy, and its security settings.
+    assert_eq!(c["image"], opc["image"]);
+    assert_eq!(c["securityContext"], opc["securityContext"]);
+    assert_eq!(
+        pod["securityContext"],
+        op["spec"]["template"]["spec"]["securityContext"]
+    );
+    assert_eq!(
+        c["command"][0].as_str(),
+        Some("/usr/local/bin/agentbox-proxy")
+    );
+    assert_eq!(c["command"][1].as_str(), Some("serve"));
+    let args: Vec<&str> = c["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    for want in [
+        "--listen=0.0.0.0:3128",
+        "--metrics=0.0.0.0:9090",
+        "--max-per-sandbox=256",
+        "--max-connections=8192",
+        "--head-timeout=10",
+        "--idle-timeout=300",
+    ] {
+        assert!(args.contains(&want), "{want} not in {args:?}");
+    }
+    assert_eq!(c["resources"]["limits"]["memory"].as_str(), Some("256Mi"));
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(
+            c[probe]["exec"]["command"][1].as_str(),
+            Some("probe"),
+            "{probe}"
+        );
+    }
+    assert_eq!(
+        c["volumeMounts"][0]["mountPath"].as_str(),
+        Some("/run/agentbox-proxy")
+    );
+    // The operator's flags name the Service, the namespace, the pods' labels and the port.
+    assert_eq!(
+        env_value(&d, "AGENTBOX_EGRESS_PROXY_URL").as_deref(),
+        Some("http://rel-agentbox-proxy.agentbox-system.svc:3128")
+    );
+    assert_eq!(
+        env_value(&d, "AGENTBOX_EGRESS_PROXY_NAMESPACE").as_deref(),
+        Some("agentbox-system")
+    );
+    assert_eq!(
+        env_value(&d, "AGENTBOX_EGRESS_PROXY_PORT").as_deref(),
+        Some("3128")
+    );
+    let selector = env_value(&d, "AGENTBOX_EGRESS_PROXY_SELECTOR").unwrap();
+    let labels = &dep["spec"]["template"]["metadata"]["labels"];
+    for pair in selector.split(',') {
+        let (k, v) = pair.split_once('=').unwrap();
+        assert_eq!(labels[k].as_str(), Some(v), "{k} of {selector}");
+    }
+    // ... and not the operator's own pods: its Deployment's selector does not take them.
+    let op_sel = op["spec"]["selector"]["matchLabels"].as_mapping().unwrap();
+    assert!(
+        !op_sel
+            .iter()
+            .all(|(k, v)| labels[k.as_str().unwrap()] == *v),
+        "the operator's selector takes the proxy's pods"
+    );
+    let svc = find(&d, "Service", "rel-agentbox-proxy").expect("the proxy's Service");
+    assert_eq!(svc["spec"]["ports"][0]["port"].as_i64(), Some(3128));
+    assert_eq!(
+        svc["spec"]["selector"],
+        dep["spec"]["selector"]["matchLabels"]
+    );
+    // Its NetworkPolicy: in, sandbox pods on the proxy port; out, DNS and the outside but
+    // link-local (the metadata address).
+    let np = find(&d, "NetworkPolicy", "rel-agentbox-proxy").expect("the proxy's NetworkPolicy");
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"],
+        svc["spec"]["selector"]
+    );
+    let ingress = &np["spec"]["ingress"][0];
+    assert_eq!(
+        ingress["from"][0]["podSelector"]["matchExpressions"][0]["key"].as_str(),
+        Some("agentbox.dev/sandbox")
+    );
+    assert_eq!(ingress["ports"][0]["port"].as_i64(), Some(3128));
+    let egress = np["spec"]["egress"].as_sequence().unwrap();
+    assert_eq!(egress[0]["ports"][0]["port"].as_i64(), Some(53));
+    assert_eq!(
+        egress[1]["to"][0]["ipBlock"]["except"][0].as_str(),
+        Some("169.254.0.0/16")
+    );
+    assert!(find(&d, "PodDisruptionBudget", "rel-agentbox-proxy").is_some());
+
+    // A fixed ClusterIP: sandboxes need no DNS to find the proxy.
+    let fixed = docs(&template(&["egressProxy.service.clusterIP=10.96.0.20"]));
+    assert_eq!(
+        env_value(&fixed, "AGENTBOX_EGRESS_PROXY_URL").as_deref(),
+        Some("http://10.96.0.20:3128")
+    );
+    // The limits and names are the administrator's.
+    let tuned = docs(&template(&[
+        "egressProxy.maxPerSandbox=32",
+        "egressProxy.replicas=1",
+        "egressProxy.staticHosts={mirror.internal=10.1.2.3}",
+        "egressProxy.clusterCIDRs={10.244.0.0/16}",
+    ]));
+    let tdep = find(&tuned, "Deployment", "rel-agentbox-proxy").unwrap();
+    let targs =
+        serde_json::to_string(&tdep["spec"]["template"]["spec"]["containers"][0]["args"]).unwrap();
+    for want in [
+        "--max-per-sandbox=32",
+        "--static-host=mirror.internal=10.1.2.3",
+        "--cluster-cidr=10.244.0.0/16",
+    ] {
+        assert!(targs.contains(want), "{want} not in {targs}");
+    }
+    assert!(find(&tuned, "PodDisruptionBudget", "rel-agentbox-proxy").is_none());
+    // With a watched namespace elsewhere, the release namespace's Role lets the operator watch
+    // the proxy's pods (it execs into them already).
+    let scoped = docs(&template(&["watchNamespace=team-a"]));
+    let role = find(&scoped, "Role", "rel-agentbox-helpers").expect("the helpers Role");
+    assert!(
+        rules_of(role)
+            .iter()
+            .any(|(_, r, v)| r == "pods" && v == "watch"),
+        "{:?}",
+        rules_of(role)
+    );
+
+    // Off: no proxy objects, no proxy for the operator.
+    let off = docs(&template(&["egressProxy.enabled=false"]));
+    assert!(find(&off, "Deployment", "rel-agentbox-proxy").is_none());
+    assert!(find(&off, "NetworkPolicy", "rel-agentbox-proxy").is_none());
+    assert_eq!(env_value(&off, "AGENTBOX_EGRESS_PROXY_URL"), None);
 }

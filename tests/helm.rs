@@ -144,7 +144,16 @@ impl Release {
             .current_dir(repo_root()))
     }
 
+    /// The release's operator objects (not its egress proxy's, which share the instance).
     fn selector(&self) -> String {
+        format!(
+            "app.kubernetes.io/instance={},app.kubernetes.io/component=operator",
+            self.name
+        )
+    }
+
+    /// Every labelled object of the release.
+    fn release_selector(&self) -> String {
         format!("app.kubernetes.io/instance={}", self.name)
     }
 }
@@ -823,7 +832,7 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     rel.helm(&["uninstall", &rel.name, "--wait", "--timeout", "120s"]);
     rel.uninstalled = true;
     eprintln!("[helm test] uninstalled in {:.1?}", t.elapsed());
-    let lp = ListParams::default().labels(&rel.selector());
+    let lp = ListParams::default().labels(&rel.release_selector());
     eventually("the operator pods to go", 60, || async {
         operator_pods(&client, &rel).await.is_empty().then_some(())
     })

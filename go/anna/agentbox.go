@@ -37,6 +37,14 @@ type Agentbox struct {
 	// Guard configures the scope's guard; Guard.Wait bounds the wait for another session of
 	// the scope to end (0 : 30 s).
 	Guard agentbox.GuardConfig
+	// Allow narrows the contract's NetworkAllowAll to these destinations: address blocks
+	// (CIDR) and domain names (Domain: "pypi.org", or "*.github.com" for the names below it),
+	// the latter reached through agentbox's egress proxy. Set, a policy that allows the
+	// network gets a sandbox with egress Allowlist of exactly these, which relies on the
+	// cluster enforcing NetworkPolicy as NetworkDisabled does (the same fail-closed check);
+	// NetworkDisabled stays egress None. Empty: NetworkAllowAll is egress All. Checked by
+	// Supported (each entry has exactly one of CIDR and Domain, a domain's ports are TCP).
+	Allow []agentbox.EgressAllow
 }
 
 var _ Factory = (*Agentbox)(nil)
@@ -105,19 +113,34 @@ func (f *Agentbox) Supported(p Policy) error {
 	if f.MaxOutput < 0 {
 		return fmt.Errorf("%w: Agentbox.MaxOutput must not be negative", agentbox.ErrInvalid)
 	}
+	if err := checkAllow(f.Allow); err != nil {
+		return err
+	}
 	return nil
 }
 
-// egress maps p's network mode to the sandbox's (the contract's "" is NetworkAllowAll). The
-// operator holds a sandbox whose egress is None not Ready where it cannot prove NetworkPolicy
-// is enforced on its node, and CreateSession checks its NetworkEnforced condition itself
-// (recoverEnforced): it fails closed there with a PolicyCompatibilityError naming the cause.
-func egress(p Policy) string {
-	if p.NetworkModeOrDefault() == NetworkDisabled {
-		return "None"
+// network maps p's network mode to the sandbox's (the contract's "" is NetworkAllowAll):
+// disabled is egress None; allowed is All, or with Allow set an Allowlist of exactly it. The
+// operator holds a sandbox whose egress relies on NetworkPolicy (None, Allowlist) not Ready
+// where it cannot prove NetworkPolicy is enforced on its node, and CreateSession checks its
+// NetworkEnforced condition itself (recoverEnforced): it fails closed there with a
+// PolicyCompatibilityError naming the cause.
+func (f *Agentbox) network(p Policy) *agentbox.NetworkSpec {
+	switch {
+	case p.NetworkModeOrDefault() == NetworkDisabled:
+		return &agentbox.NetworkSpec{Egress: "None"}
+	case len(f.Allow) > 0:
+		return &agentbox.NetworkSpec{Egress: "Allowlist", Allow: append([]agentbox.EgressAllow(nil), f.Allow...)}
 	}
-	return "All"
+	return &agentbox.NetworkSpec{Egress: "All"}
 }
+
+// egress is the sandbox's egress for p ([Agentbox.network]'s).
+func (f *Agentbox) egress(p Policy) string { return f.network(p).Egress }
+
+// reliesOnPolicy says whether p's sandbox is confined by a NetworkPolicy (egress None or
+// Allowlist): then it is only used where enforcement is proven or attested.
+func (f *Agentbox) reliesOnPolicy(p Policy) bool { return f.egress(p) != "All" }
 
 // CreateSession is Open as a Session.
 func (f *Agentbox) CreateSession(ctx context.Context, p Policy) (Session, error) {
@@ -138,7 +161,7 @@ func (f *Agentbox) Open(ctx context.Context, p Policy) (*AgentboxSession, error)
 		Image:           f.Image,
 		ImagePullPolicy: f.ImagePullPolicy,
 		Workspace:       &agentbox.WorkspaceSpec{Root: f.root()},
-		Network:         &agentbox.NetworkSpec{Egress: egress(p)},
+		Network:         f.network(p),
 	}
 	sbx, err := f.Sandboxes.GetOrCreate(ctx, f.Scope, spec)
 	if err != nil {
@@ -148,7 +171,7 @@ func (f *Agentbox) Open(ctx context.Context, p Policy) (*AgentboxSession, error)
 	if got := sbx.WorkspaceRoot(); got != f.root() {
 		return nil, f.incompatible(p, "Filesystem", fmt.Sprintf("the scope's sandbox %s has its workspace at %s", sbx.Name(), got))
 	}
-	if got := sbx.Egress(); got != egress(p) {
+	if got := sbx.Egress(); got != f.egress(p) {
 		return nil, f.incompatible(p, "Network.Mode", fmt.Sprintf("the scope's sandbox %s has egress %s", sbx.Name(), got))
 	}
 	gcfg := f.Guard

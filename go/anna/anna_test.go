@@ -47,7 +47,7 @@ func TestSupportedNamesTheFieldItCannotHonour(t *testing.T) {
 // The contract's network modes map to the sandbox's egress ("" is NetworkAllowAll there).
 func TestNetworkModesMapToTheSandboxsEgress(t *testing.T) {
 	for mode, want := range map[NetworkMode]string{"": "All", NetworkAllowAll: "All", NetworkDisabled: "None"} {
-		if got := egress(Policy{Network: NetworkPolicy{Mode: mode}}); got != want {
+		if got := (&Agentbox{}).egress(Policy{Network: NetworkPolicy{Mode: mode}}); got != want {
 			t.Errorf("%q: %s, want %s", mode, got, want)
 		}
 	}

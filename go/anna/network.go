@@ -3,6 +3,9 @@ package anna
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"regexp"
+	"strings"
 	"time"
 
 	agentbox "agentbox.dev/go"
@@ -54,10 +57,10 @@ func condition(obj map[string]any, typ string) (status, reason, message string, 
 	return "", "", "", false
 }
 
-// networkVerdict is what obj (a Sandbox) means for a session under mode, and why when it is
-// not enforced (pure).
-func networkVerdict(mode NetworkMode, obj map[string]any) (netVerdict, string) {
-	if mode != NetworkDisabled {
+// networkVerdict is what obj (a Sandbox) means for a session whose egress relies on
+// NetworkPolicy (relies: None or Allowlist) or not, and why when it is not enforced (pure).
+func networkVerdict(relies bool, obj map[string]any) (netVerdict, string) {
+	if !relies {
 		return netEnforced, ""
 	}
 	status, reason, message, found := condition(obj, condNetworkEnforced)
@@ -75,8 +78,12 @@ func networkVerdict(mode NetworkMode, obj map[string]any) (netVerdict, string) {
 // networkRefusal is the error of a session under p on sandbox name that cannot be given
 // because its egress is not known to be enforced: why says what the operator reported.
 func (f *Agentbox) networkRefusal(p Policy, name, why string) error {
+	what := "disabled"
+	if p.NetworkModeOrDefault() != NetworkDisabled {
+		what = "allowed through Agentbox.Allow (egress Allowlist)"
+	}
 	return f.incompatible(p, "Network.Mode", fmt.Sprintf(
-		"disabled needs NetworkPolicy enforced on the node of sandbox %s, and it is not known to be: %s", name, why))
+		"%s needs NetworkPolicy enforced on the node of sandbox %s, and it is not known to be: %s", what, name, why))
 }
 
 // watchNetwork reads the sandbox (read) every `every` until ctx ends (nil) or the operator
@@ -86,7 +93,7 @@ func (f *Agentbox) watchNetwork(ctx context.Context, p Policy, name string, read
 	defer t.Stop()
 	for {
 		if obj, err := read(ctx); err == nil {
-			if v, why := networkVerdict(p.NetworkModeOrDefault(), obj); v == netRefused {
+			if v, why := networkVerdict(f.reliesOnPolicy(p), obj); v == netRefused {
 				return f.networkRefusal(p, name, why)
 			}
 		}
@@ -99,11 +106,10 @@ func (f *Agentbox) watchNetwork(ctx context.Context, p Policy, name string, read
 }
 
 // recoverEnforced is sbx.Recover, and for a policy that relies on enforcement (its network
-// disabled) a refusal as soon as the operator finds it not enforced, or once the sandbox
+// disabled, or allowed through Agentbox.Allow) a refusal as soon as the operator finds it not enforced, or once the sandbox
 // serves without NetworkEnforced True, or when the wait ends with the network the cause.
 func (f *Agentbox) recoverEnforced(ctx context.Context, p Policy, sbx *agentbox.Sandbox, wait time.Duration) error {
-	mode := p.NetworkModeOrDefault()
-	if mode != NetworkDisabled {
+	if !f.reliesOnPolicy(p) {
 		return sbx.Recover(ctx, wait)
 	}
 	name := sbx.Name()
@@ -133,7 +139,7 @@ func (f *Agentbox) recoverEnforced(ctx context.Context, p Policy, sbx *agentbox.
 // True is refused, and a wait that failed while the network was not known to be enforced is
 // refused naming that cause.
 func (f *Agentbox) afterRecover(p Policy, obj map[string]any, err error) error {
-	v, why := networkVerdict(p.NetworkModeOrDefault(), obj)
+	v, why := networkVerdict(f.reliesOnPolicy(p), obj)
 	if v == netEnforced {
 		return err
 	}
@@ -143,4 +149,49 @@ func (f *Agentbox) afterRecover(p Policy, obj map[string]any, err error) error {
 		why = fmt.Sprintf("%s (the sandbox did not become ready: %v)", why, err)
 	}
 	return f.networkRefusal(p, name, why)
+}
+
+// domainPattern is the CRD's rule for a domain entry: a lower-case DNS name with at least one
+// dot, optionally "*." first; a name ending in a number (an address) is refused apart.
+var domainPattern = regexp.MustCompile(`^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// numericEnd matches a name whose last label is a number (an address, which goes in CIDR).
+var numericEnd = regexp.MustCompile(`[.][0-9]+$`)
+
+// checkAllow refuses, naming the entry and the cause, what the CRD's rules would refuse in an
+// Agentbox.Allow (pure): an entry with neither or both of CIDR and Domain, a CIDR that is not
+// an address block, a domain not in the CRD's form, a domain's port other than TCP, a port out
+// of range.
+func checkAllow(allow []agentbox.EgressAllow) error {
+	bad := func(i int, format string, a ...any) error {
+		return fmt.Errorf("%w: Agentbox.Allow[%d]: %s", agentbox.ErrInvalid, i, fmt.Sprintf(format, a...))
+	}
+	if len(allow) > 64 {
+		return fmt.Errorf("%w: Agentbox.Allow has %d entries; at most 64 are allowed", agentbox.ErrInvalid, len(allow))
+	}
+	for i, a := range allow {
+		switch {
+		case a.CIDR == "" && a.Domain == "":
+			return bad(i, "needs CIDR (an address block such as 10.0.0.0/8) or Domain (a name such as pypi.org or *.github.com)")
+		case a.CIDR != "" && a.Domain != "":
+			return bad(i, "has either CIDR or Domain, not both: write two entries")
+		case a.CIDR != "":
+			if _, err := netip.ParsePrefix(a.CIDR); err != nil {
+				return bad(i, "CIDR must be an address block in CIDR notation, such as 10.0.0.0/8, not %q", a.CIDR)
+			}
+		default:
+			if len(a.Domain) > 253 || !domainPattern.MatchString(a.Domain) || !strings.Contains(a.Domain, ".") || numericEnd.MatchString(a.Domain) {
+				return bad(i, "Domain must be a lower-case DNS name with at least one dot, optionally starting with '*.' (such as pypi.org or *.github.com), not %q; addresses go in CIDR", a.Domain)
+			}
+		}
+		for j, p := range a.Ports {
+			if p.Port < 1 || p.Port > 65535 || (p.EndPort != 0 && (p.EndPort < p.Port || p.EndPort > 65535)) {
+				return bad(i, "Ports[%d]: port %d through %d is not a range within 1-65535", j, p.Port, p.EndPort)
+			}
+			if a.Domain != "" && p.Protocol != "" && p.Protocol != "TCP" {
+				return bad(i, "Ports[%d]: the ports of a domain entry are TCP (the egress proxy carries HTTP and TLS over TCP only), not %s", j, p.Protocol)
+			}
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package anna
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -43,7 +44,7 @@ func TestNetworkVerdictFailsClosedUnlessEnforcementIsProvenOrAttested(t *testing
 		{NetworkDisabled, sandboxWith("", "", ""), netPending},
 		{NetworkDisabled, map[string]any{}, netPending},
 	} {
-		if got, why := networkVerdict(c.mode, c.obj); got != c.want || (got != netEnforced) == (why == "") {
+		if got, why := networkVerdict(c.mode == NetworkDisabled, c.obj); got != c.want || (got != netEnforced) == (why == "") {
 			t.Errorf("%q %v: %v %q, want %v", c.mode, c.obj["status"], got, why, c.want)
 		}
 	}
@@ -114,5 +115,77 @@ func TestWatchNetworkRefusesAsSoonAsTheOperatorSaysNotEnforced(t *testing.T) {
 	}
 	if short.Err() == nil {
 		t.Fatal("watchNetwork returned before its context ended")
+	}
+}
+
+// Agentbox.Allow narrows an allowed network to an allowlist (domain entries through the egress
+// proxy beside address blocks); a disabled network stays None; a sandbox with the allowlist is
+// held to the same fail-closed enforcement check as None.
+func TestAllowNarrowsAnAllowedNetworkToAnAllowlist(t *testing.T) {
+	allow := []agentbox.EgressAllow{
+		{Domain: "pypi.org", Ports: []agentbox.EgressPort{{Port: 443}}},
+		{Domain: "*.github.com"},
+		{CIDR: "10.96.0.0/12", Ports: []agentbox.EgressPort{{Port: 53, Protocol: "UDP"}}},
+	}
+	f := &Agentbox{Allow: allow}
+	allowed := Policy{Network: NetworkPolicy{Mode: NetworkAllowAll}}
+	disabled := Policy{Network: NetworkPolicy{Mode: NetworkDisabled}}
+	got, err := json.Marshal(f.network(allowed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"egress":"Allowlist","allow":[{"domain":"pypi.org","ports":[{"port":443}]},{"domain":"*.github.com"},{"cidr":"10.96.0.0/12","ports":[{"port":53,"protocol":"UDP"}]}]}`
+	if string(got) != want {
+		t.Errorf("allowed with Allow:\n got %s\nwant %s", got, want)
+	}
+	if n := f.network(Policy{}); n.Egress != "Allowlist" {
+		t.Errorf("the contract's default (allow_all): %+v", n)
+	}
+	if n := f.network(disabled); n.Egress != "None" || n.Allow != nil {
+		t.Errorf("disabled: %+v", n)
+	}
+	if !f.reliesOnPolicy(allowed) || !f.reliesOnPolicy(disabled) || (&Agentbox{}).reliesOnPolicy(allowed) {
+		t.Error("reliesOnPolicy: an allowlist and None rely on NetworkPolicy, All does not")
+	}
+	// The spec's allowlist is a copy: a later change of the factory's does not reach it.
+	n := f.network(allowed)
+	f.Allow[0].Domain = "evil.example"
+	if n.Allow[0].Domain != "pypi.org" {
+		t.Error("the spec shares the factory's slice")
+	}
+	// An allowlisted sandbox the operator finds not enforced is refused, naming the cause.
+	err = (&Agentbox{Allow: allow}).afterRecover(allowed, notEnforced, nil)
+	var pe *PolicyCompatibilityError
+	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, "egress Allowlist") || !strings.Contains(pe.Reason, "NetworkPolicyNotEnforced") {
+		t.Errorf("not enforced: %v", err)
+	}
+}
+
+// A bad Agentbox.Allow is refused by Supported, naming the entry and the cause, before any
+// request.
+func TestSupportedRefusesABadAllowNamingIt(t *testing.T) {
+	p := Policy{Filesystem: FilesystemPolicy{WorkingDir: "/workspace"}}
+	for _, c := range []struct {
+		allow agentbox.EgressAllow
+		says  string
+	}{
+		{agentbox.EgressAllow{}, "Allow[0]: needs CIDR"},
+		{agentbox.EgressAllow{CIDR: "10.0.0.0/8", Domain: "pypi.org"}, "either CIDR or Domain, not both"},
+		{agentbox.EgressAllow{CIDR: "10.0.0.1"}, "CIDR notation"},
+		{agentbox.EgressAllow{Domain: "PyPI.org"}, "Domain must be a lower-case DNS name"},
+		{agentbox.EgressAllow{Domain: "localhost"}, "at least one dot"},
+		{agentbox.EgressAllow{Domain: "10.0.0.1"}, "addresses go in CIDR"},
+		{agentbox.EgressAllow{Domain: "a.*.example.com"}, "Domain must be"},
+		{agentbox.EgressAllow{Domain: "pypi.org", Ports: []agentbox.EgressPort{{Port: 53, Protocol: "UDP"}}}, "Ports[0]: the ports of a domain entry are TCP"},
+		{agentbox.EgressAllow{Domain: "pypi.org", Ports: []agentbox.EgressPort{{Port: 90, EndPort: 80}}}, "not a range"},
+	} {
+		err := (&Agentbox{Allow: []agentbox.EgressAllow{c.allow}}).Supported(p)
+		if !errors.Is(err, agentbox.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%+v: %v, want %q", c.allow, err, c.says)
+		}
+	}
+	ok := []agentbox.EgressAllow{{Domain: "*.github.com", Ports: []agentbox.EgressPort{{Port: 443, Protocol: "TCP"}}}, {CIDR: "2001:db8::/32"}}
+	if err := (&Agentbox{Allow: ok}).Supported(p); err != nil {
+		t.Error(err)
 	}
 }

@@ -44,6 +44,14 @@ enum Command {
         /// The table itself.
         table: Option<String>,
     },
+    /// Exit 0 when a TCP connection to ADDR opens within two seconds: the chart's liveness
+    /// and readiness probes, run in the pod (its loopback), so they need no route from the
+    /// node to the pod network and no shell in the image.
+    Probe {
+        /// The address to connect to.
+        #[arg(default_value = "127.0.0.1:3128")]
+        addr: SocketAddr,
+    },
 }
 
 #[derive(clap::Args)]
@@ -124,6 +132,15 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("agentbox-proxy write-table: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Probe { addr } => {
+            match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("agentbox-proxy probe {addr}: {e}");
                     ExitCode::FAILURE
                 }
             }

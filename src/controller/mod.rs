@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod conditions;
 pub mod context;
+pub mod domain_egress;
 pub mod effective;
 pub mod error;
 pub mod helper_pod;

@@ -63,3 +63,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "agentbox.testNamespace" -}}
 {{- default .Release.Namespace .Values.watchNamespace }}
 {{- end }}
+
+{{/* Labels that select the egress proxy's pods (the operator's --egress-proxy-selector). */}}
+{{- define "agentbox.proxySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "agentbox.name" . }}-proxy
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of the egress proxy's objects. */}}
+{{- define "agentbox.proxyLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "agentbox.proxySelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: egress-proxy
+{{- end }}
+
+{{/* The egress proxy's URL as sandboxes reach it (AGENTBOX_EGRESS_PROXY_URL). */}}
+{{- define "agentbox.proxyUrl" -}}
+{{- if .Values.egressProxy.url }}
+{{- .Values.egressProxy.url }}
+{{- else if .Values.egressProxy.service.clusterIP }}
+{{- printf "http://%s:%v" .Values.egressProxy.service.clusterIP .Values.egressProxy.port }}
+{{- else }}
+{{- printf "http://%s-proxy.%s.svc:%v" (include "agentbox.fullname" .) .Release.Namespace .Values.egressProxy.port }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's --egress-proxy-selector: the proxy pods' selector labels as key=value,… */}}
+{{- define "agentbox.proxySelector" -}}
+{{- printf "app.kubernetes.io/name=%s-proxy,app.kubernetes.io/instance=%s" (include "agentbox.name" .) .Release.Name }}
+{{- end }}

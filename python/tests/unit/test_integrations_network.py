@@ -41,10 +41,28 @@ ALLOWLIST_JSON = {
         {"cidr": "2001:db8::/32"},
     ],
 }
+# Domain entries (through agentbox's egress proxy) beside an address block.
+DOMAINS = Network(
+    "Allowlist",
+    [
+        EgressAllow(domain="pypi.org", ports=[EgressPort(443)]),
+        EgressAllow(domain="*.github.com"),
+        EgressAllow("10.96.0.0/12", [EgressPort(53, protocol="UDP")]),
+    ],
+)
+DOMAINS_JSON = {
+    "egress": "Allowlist",
+    "allow": [
+        {"domain": "pypi.org", "ports": [{"port": 443, "protocol": "TCP"}]},
+        {"domain": "*.github.com"},
+        {"cidr": "10.96.0.0/12", "ports": [{"port": 53, "protocol": "UDP"}]},
+    ],
+}
 GIVEN = [
     (Network("None"), {"egress": "None"}),
     (Network("All"), {"egress": "All"}),
     (ALLOWLIST, ALLOWLIST_JSON),
+    (DOMAINS, DOMAINS_JSON),
 ]
 
 # Each bad network (in its dict form) and the words its refusal must name.
@@ -53,7 +71,10 @@ BAD: list[tuple[Any, str]] = [
     ({"egress": "Allowlist"}, "Allowlist needs at least one network.allow entry"),
     ({"egress": "All", "allow": [{"cidr": "10.0.0.0/8"}]}, "applies only with egress: Allowlist"),
     ({"allow": [{"cidr": "10.0.0.0/8"}]}, "applies only with egress: Allowlist"),
-    ({"egress": "Allowlist", "allow": [{"ports": [{"port": 80}]}]}, r"allow\[0\] needs cidr"),
+    (
+        {"egress": "Allowlist", "allow": [{"ports": [{"port": 80}]}]},
+        r"allow\[0\] needs cidr .* or domain",
+    ),
     ({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.1"}]}, r"allow\[0\]\.cidr must be"),
     ({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/33"}]}, "CIDR notation"),
     ({"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/255.0.0.0"}]}, "CIDR notation"),
@@ -94,6 +115,23 @@ BAD: list[tuple[Any, str]] = [
         r"unknown field\(s\) port",
     ),
     ({"egres": "None"}, r"unknown field\(s\) egres"),
+    # Domain entries: the CRD's rules, in its words.
+    (
+        {"egress": "Allowlist", "allow": [{"domain": "pypi.org", "cidr": "10.0.0.0/8"}]},
+        "either cidr or domain, not both",
+    ),
+    ({"egress": "Allowlist", "allow": [{"domain": "PyPI.org"}]}, r"allow\[0\]\.domain must be"),
+    ({"egress": "Allowlist", "allow": [{"domain": "localhost"}]}, "at least one dot"),
+    ({"egress": "Allowlist", "allow": [{"domain": "10.0.0.1"}]}, "addresses go in cidr"),
+    ({"egress": "Allowlist", "allow": [{"domain": "a.*.example.com"}]}, "domain must be"),
+    ({"egress": "Allowlist", "allow": [{"domain": "x" * 250 + ".com"}]}, "domain must be"),
+    (
+        {
+            "egress": "Allowlist",
+            "allow": [{"domain": "pypi.org", "ports": [{"port": 53, "protocol": "UDP"}]}],
+        },
+        r"allow\[0\]\.ports\[0\]: the ports of a domain entry are TCP",
+    ),
 ]
 
 
@@ -229,6 +267,7 @@ def _from_dict(bad: dict[str, Any]) -> Network:
                 EgressPort(p.get("port"), p.get("endPort"), p.get("protocol", "TCP"))
                 for p in a.get("ports", [])
             ],
+            a.get("domain"),
         )
         for a in bad.get("allow", [])
     ]

@@ -21,7 +21,8 @@ use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
 use crate::controller::podstate::{self, PodState, pod_age};
 use crate::controller::{
-    conditions, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod, sizelimit,
+    conditions, domain_egress, helper_pod, netcheck, noderoot, oomkill, pids, placement, pod,
+    sizelimit,
 };
 use crate::metrics::{COLD, ExecOp, Metrics, WARM};
 use agentbox_api::crd::{Sandbox, SandboxStatus, WorkspaceStatus};
@@ -172,11 +173,7 @@ async fn serve(
     seen: Seen<'_>,
     mut requeue: Option<Duration>,
 ) -> Result<Outcome, Error> {
-    let Seen {
-        old,
-        status: mut st,
-        now,
-    } = seen;
+    let (old, mut st, now) = (seen.old, seen.status, seen.now);
     let pod = found.pod;
     let was_adopted = found.adopted.is_some();
     match node_checks(h, sbx, pod, &found.state, (old, now), &mut st).await? {
@@ -184,6 +181,7 @@ async fn serve(
         NodeChecked::Fine(None) => {}
         NodeChecked::OverLimit(message) => return Ok(Outcome::OverLimitSuspend(st, message)),
     }
+    let no_proxy = domain_entries(h, sbx, old, &mut st, now);
     let serving = serving(h, pod, found.state, now);
     // Asked before the workspace's start, so that a node's first check runs beside it.
     let gate = network_gate(h, sbx, pod);
@@ -231,6 +229,8 @@ async fn serve(
     if old != &st {
         h.writer(sbx).status(&st).await?;
     }
+    // Once the condition is written: a reconcile that wrote no status tells it again.
+    h.writer(sbx).publish(no_proxy).await;
     // Its stdin closes and it exits: nothing of the pool's stays in the pod.
     drop(shell);
     if out.started.is_some() {
@@ -242,6 +242,26 @@ async fn serve(
     Ok(Outcome::Done(
         requeue.map_or_else(Action::await_change, Action::requeue),
     ))
+}
+
+/// Domain entries without an egress proxy: said on the Sandbox (they stay closed). The
+/// Event that goes with a change.
+fn domain_entries(
+    h: &Tools<'_>,
+    sbx: &Sandbox,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+    now: Timestamp,
+) -> Option<Note> {
+    domain_egress::apply(
+        &sbx.spec.pod.network,
+        h.podcfg.default_egress,
+        h.podcfg.proxy.as_ref(),
+        &old.conditions,
+        &mut st.conditions,
+        sbx.metadata.generation,
+        now,
+    )
 }
 
 /// The idle clock kept in the served status `st`: what it says.

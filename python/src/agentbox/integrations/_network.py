@@ -8,6 +8,7 @@ should fail where it is made. These checks are the CRD's rules, in its words.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -21,14 +22,22 @@ PROTOCOLS = ("TCP", "UDP", "SCTP")
 MAX_ALLOW = 64
 MAX_PORTS = 32
 MAX_CIDR = 64
+#: The CRD's bound on a domain entry's characters, and its pattern: a lower-case DNS name with
+#: at least one dot, optionally ``*.`` first, and not ending in a number (an address).
+MAX_DOMAIN = 253
+_DOMAIN = re.compile(
+    r"^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+)
+_NUMERIC_END = re.compile(r"[.][0-9]+$")
 
 
 def network_of(value: Network | Mapping[str, Any] | None) -> Network | None:
     """The network an option gives (pure): ``None`` (the cluster's default) as it is, a
     :class:`~agentbox.Network` checked, or its dict form — a Sandbox's ``spec.network``, such
     as ``{"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 443}]}]}``
-    — read and checked. A bad value raises :class:`~agentbox.errors.InvalidRequestError` (a
-    ``ValueError``) that names it.
+    or ``{"egress": "Allowlist", "allow": [{"domain": "pypi.org", "ports": [{"port": 443}]}]}``
+    (a name reached through agentbox's egress proxy) — read and checked. A bad value raises
+    :class:`~agentbox.errors.InvalidRequestError` (a ``ValueError``) that names it.
     """
     if value is None:
         return None
@@ -92,7 +101,7 @@ def check_network(network: Network) -> None:
         where = f"network.allow[{i}]"
         if not isinstance(entry, EgressAllow):
             raise InvalidRequestError(f"{where} must be an EgressAllow, not {type(entry).__name__}")
-        _check_cidr(entry.cidr, where)
+        _check_destination(entry, where)
         if not isinstance(entry.ports, list):
             raise InvalidRequestError(
                 f"{where}.ports must be a list of EgressPort, not {type(entry.ports).__name__}"
@@ -103,11 +112,41 @@ def check_network(network: Network) -> None:
             )
         for j, port in enumerate(entry.ports):
             _check_port(port, f"{where}.ports[{j}]")
+            if entry.domain is not None and port.protocol != "TCP":
+                raise InvalidRequestError(
+                    f"{where}.ports[{j}]: the ports of a domain entry are TCP (the egress proxy "
+                    f"carries HTTP and TLS over TCP only), not {port.protocol}"
+                )
+
+
+def _check_destination(entry: EgressAllow, where: str) -> None:
+    """Exactly one of ``cidr`` and ``domain``, each in the CRD's form."""
+    if entry.cidr is not None and entry.domain is not None:
+        raise InvalidRequestError(f"{where} has either cidr or domain, not both: write two entries")
+    if entry.domain is None:
+        _check_cidr(entry.cidr, where)
+        return
+    domain = entry.domain
+    if (
+        not isinstance(domain, str)
+        or len(domain) > MAX_DOMAIN
+        or not _DOMAIN.match(domain)
+        or "." not in domain
+        or _NUMERIC_END.search(domain)
+    ):
+        raise InvalidRequestError(
+            f"{where}.domain must be a lower-case DNS name with at least one dot, optionally "
+            f"starting with '*.' (such as pypi.org or *.github.com), not {domain!r}; "
+            f"addresses go in cidr"
+        )
 
 
 def _check_cidr(cidr: object, where: str) -> None:
     if cidr is None:
-        raise InvalidRequestError(f"{where} needs cidr (an address block such as 10.0.0.0/8)")
+        raise InvalidRequestError(
+            f"{where} needs cidr (an address block such as 10.0.0.0/8) or domain (a name such "
+            f"as pypi.org or *.github.com)"
+        )
     bad = InvalidRequestError(
         f"{where}.cidr must be an address block in CIDR notation, such as 10.0.0.0/8 or "
         f"192.0.2.7/32, not {cidr!r}"
@@ -176,7 +215,7 @@ def _read(data: Mapping[str, Any]) -> Network:
         where = f"network.allow[{i}]"
         if not isinstance(entry, Mapping):
             raise InvalidRequestError(f"{where} must be a mapping, not {type(entry).__name__}")
-        _keys(entry, ("cidr", "ports"), where)
+        _keys(entry, ("cidr", "domain", "ports"), where)
         ports: list[EgressPort] = []
         for j, port in enumerate(_list(entry.get("ports"), f"{where}.ports")):
             pw = f"{where}.ports[{j}]"
@@ -191,5 +230,5 @@ def _read(data: Mapping[str, Any]) -> Network:
                     protocol=port.get("protocol", "TCP"),
                 )
             )
-        allow.append(EgressAllow(cidr=entry.get("cidr"), ports=ports))
+        allow.append(EgressAllow(cidr=entry.get("cidr"), ports=ports, domain=entry.get("domain")))
     return Network(egress=data.get("egress"), allow=allow)

@@ -75,8 +75,35 @@ public final class SandboxSpec {
    * egress to {@code "Allowlist"}.
    */
   public SandboxSpec allowDomain(String domain, int... ports) {
+    if (domain == null
+        || domain.length() > 253
+        || !DOMAIN.matcher(domain).matches()
+        || !domain.contains(".")
+        || NUMERIC_END.matcher(domain).find()) {
+      // The CRD's rule, said here: a framework configures this long before the API server
+      // sees it.
+      throw new InvalidRequestException(
+          "domain must be a lower-case DNS name with at least one dot, optionally starting with"
+              + " '*.' (such as pypi.org or *.github.com), not "
+              + (domain == null ? "null" : "\"" + domain + "\"")
+              + "; addresses go in allow(cidr)");
+    }
+    for (int p : ports) {
+      if (p < 1 || p > 65535) {
+        throw new InvalidRequestException("port must be from 1 to 65535, not " + p);
+      }
+    }
     return allowEntry("domain", domain, ports);
   }
+
+  /** The CRD's pattern of a domain entry. */
+  private static final java.util.regex.Pattern DOMAIN =
+      java.util.regex.Pattern.compile(
+          "^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$");
+
+  /** A name whose last label is a number: an address, which goes in a cidr entry. */
+  private static final java.util.regex.Pattern NUMERIC_END =
+      java.util.regex.Pattern.compile("[.][0-9]+$");
 
   private SandboxSpec allowEntry(String key, String value, int... ports) {
     Map<String, Object> net = new LinkedHashMap<>(Kube.obj(fields, "network"));

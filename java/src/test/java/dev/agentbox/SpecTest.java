@@ -2,6 +2,8 @@ package dev.agentbox;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
 import java.util.Map;
@@ -33,5 +35,17 @@ class SpecTest {
                 Map.of("domain", "pypi.org", "ports", List.of(Map.of("port", 443))),
                 Map.of("cidr", "10.0.0.0/8"))),
         dom);
+  }
+
+  @Test
+  void aBadDomainIsRefusedNamingIt() {
+    for (String bad : new String[] {"PyPI.org", "localhost", "10.0.0.1", "a.*.example.com", "", null}) {
+      InvalidRequestException e =
+          assertThrows(InvalidRequestException.class, () -> SandboxSpec.image("b").allowDomain(bad));
+      assertTrue(e.getMessage().contains("domain must be a lower-case DNS name"), e.getMessage());
+    }
+    assertThrows(InvalidRequestException.class, () -> SandboxSpec.image("b").allowDomain("pypi.org", 0));
+    Object ok = SandboxSpec.image("b").allowDomain("*.github.com").toMap().get("network");
+    assertEquals(Map.of("egress", "Allowlist", "allow", List.of(Map.of("domain", "*.github.com"))), ok);
   }
 }
