@@ -18,7 +18,7 @@ const (
 	// and still be taken for the exec's cause (client and node clocks may differ).
 	OOMClockSkew = 5 * time.Second
 	// OOMSettle: how long a client looks for the kubelet's record after an exec failed.
-	OOMSettle = 4 * time.Second
+	OOMSettle = 10 * time.Second
 	// OOMPoll: how often it looks meanwhile.
 	OOMPoll = 400 * time.Millisecond
 )

@@ -234,7 +234,9 @@ pub struct Config {
     pub network_check_image: String,
 
     /// The egress proxy's URL as sandboxes reach it, for example
-    /// `http://agentbox-proxy.agentbox-system.svc:3128` (the chart's proxy Service). Set, a
+    /// `http://agentbox-proxy.agentbox-system.svc:3128` (the chart's proxy Service; a Service's
+    /// DNS name is replaced by its ClusterIP, read at start, as allowlisted sandboxes have no
+    /// DNS). Set, a
     /// sandbox whose egress is not `All` gets `HTTP_PROXY`, `HTTPS_PROXY` (and lower-case)
     /// pointing here and `NO_PROXY=localhost,127.0.0.1,::1`, and the `domain` entries of an
     /// allowlist admit the proxy's pods in the sandbox's NetworkPolicy. Empty (the default):

@@ -87,6 +87,11 @@ pub async fn run(config: Config) -> Result<(), OperatorError> {
         }
     });
 
+    // Sandboxes get the proxy's Service by its ClusterIP: an allowlisted sandbox has no DNS.
+    let mut config = config;
+    config.egress_proxy_url =
+        crate::controller::proxy_address::resolve(&client, &config.egress_proxy_url).await;
+
     if !config.leader_election {
         info!(identity = %config.identity, "leader election disabled; reconciling");
         metrics.leader.set(1);

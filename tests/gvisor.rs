@@ -1,9 +1,11 @@
 //! Sandboxes under gVisor (`runtimeClassName: gvisor`, the RuntimeClass `hack/cluster up`
-//! creates: Debian's runsc through containerd's runc v2 shim). One sandbox's whole life under
+//! creates: the pinned gVisor it builds, or Debian's runsc until that is built, through
+//! containerd's runc v2 shim). One sandbox's whole life under
 //! runsc — workspace init and hostPath workspace, exec (exit codes, stdin, the timeout that
 //! kills the command), the file API, a snapshot restored into a new gVisor sandbox of the
 //! scope, suspend and resume — and what holds only under gVisor: the kernel the sandbox sees is
-//! gVisor's, where a runc sandbox of the same test sees the host's.
+//! gVisor's, where a runc sandbox of the same test sees the host's, and the pod's seccomp
+//! profile (`RuntimeDefault`) filters the sandbox's system calls under gVisor as under runc.
 //!
 //! And the runtime-class policy: the operator's `--default-runtime-class` reaching cold,
 //! templated and warm pods (and the status and `kubectl get sbx -o wide`), a namespace's
@@ -37,6 +39,21 @@ fn spec(user: &str, runtime_class: Option<&str>) -> serde_json::Value {
         o.insert("runtimeClassName".into(), json!(rc));
     }
     s
+}
+
+/// What tells gVisor's kernel from the host's in a sandbox: `/proc/version` (the built gVisor's
+/// says `4.19.0-gvisor`) and the kernel log (Debian's runsc writes gVisor's boot lines there;
+/// the built one runs with the pod's seccomp profile, which refuses `syslog`).
+const KERNEL: &str = "cat /proc/version; dmesg 2>&1 | head -n 3";
+
+fn gvisors_kernel(seen: &str) -> bool {
+    seen.to_lowercase().contains("gvisor")
+}
+
+/// hack/cluster's gVisor flavour (`hack/cluster env`): `debian` (Debian's runsc, which is not
+/// given the pod's seccomp profile) or, by default, the built one.
+fn debian_runsc() -> bool {
+    std::env::var("AGENTBOX_GVISOR_FLAVOUR").is_ok_and(|f| f == "debian")
 }
 
 fn pod_of(s: &Sandbox) -> String {
@@ -96,9 +113,9 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
 
     // The kernel each one sees: gVisor's under runsc, the host's under runc.
     let host = std::fs::read_to_string("/proc/version").expect("host /proc/version");
-    let (code, seen_g) = sh(&env, &pod_g, "cat /proc/version; dmesg | head -n 3").await;
+    let (code, seen_g) = sh(&env, &pod_g, KERNEL).await;
     assert_eq!(code, Some(0), "{seen_g}");
-    assert!(seen_g.contains("gVisor"), "not gVisor's kernel: {seen_g}");
+    assert!(gvisors_kernel(&seen_g), "not gVisor's kernel: {seen_g}");
     assert!(!seen_g.contains(host.trim()), "{seen_g}");
     let (code, seen_r) = sh(&env, &pod_r, "cat /proc/version").await;
     assert_eq!(code, Some(0), "{seen_r}");
@@ -107,14 +124,37 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
         host.trim(),
         "runc sandbox sees the host kernel"
     );
-    assert!(!seen_r.contains("gVisor"));
-    // A host-kernel interface runc passes through is not there under gVisor: the kernel's
-    // sysctl tree (/proc/sys/kernel/osrelease is the host's release under runc).
+    assert!(!gvisors_kernel(&seen_r), "{seen_r}");
+    // A host-kernel interface runc passes through is not the host's under gVisor (absent under
+    // runsc 2022-12, gVisor's own release under the current one): the kernel's sysctl tree (/proc/sys/kernel/osrelease is the host's release under runc).
     let (code, release) = sh(&env, &pod_r, "cat /proc/sys/kernel/osrelease").await;
     assert_eq!(code, Some(0), "{release}");
     assert!(host.contains(release.trim()), "{release} / {host}");
     let (code, out) = sh(&env, &pod_g, "cat /proc/sys/kernel/osrelease").await;
-    assert_ne!(code, Some(0), "the host's sysctl under gVisor: {out}");
+    assert!(
+        code != Some(0) || !host.contains(out.trim()),
+        "the host's sysctl under gVisor: {out}"
+    );
+
+    // Seccomp: the pod's RuntimeDefault profile refuses unshare(CLONE_NEWUSER) to a container
+    // without CAP_SYS_ADMIN, under runc by the node's kernel and under the built gVisor by the
+    // Sentry (runsc --oci-seccomp). Without a profile gVisor lets it pass (Debian's runsc, which
+    // hack/cluster runs until its build is there, is not given the profile).
+    let userns = "unshare -U true 2>&1; echo rc=$?";
+    let (_, out) = sh(&env, &pod_r, userns).await;
+    assert!(
+        out.contains("Operation not permitted") && out.contains("rc=1"),
+        "runc: {out}"
+    );
+    let (_, out) = sh(&env, &pod_g, userns).await;
+    if debian_runsc() {
+        assert!(out.contains("rc=0"), "Debian's runsc, no profile: {out}");
+    } else {
+        assert!(
+            out.contains("Operation not permitted") && out.contains("rc=1"),
+            "gVisor with the pod's seccomp profile: {out}"
+        );
+    }
 
     // Exec: exit codes, stdin, stdout and stderr apart.
     let out = run(
@@ -203,8 +243,8 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
         before,
         "restored workspace differs"
     );
-    let (_, k) = sh(&env, &pod_g2, "dmesg | head -n 1").await;
-    assert!(k.contains("gVisor"), "{k}");
+    let (_, k) = sh(&env, &pod_g2, KERNEL).await;
+    assert!(gvisors_kernel(&k), "{k}");
 
     // Suspend and resume: the pod goes, the workspace stays, the new pod runs under gVisor.
     sh(&env, &pod_g2, "echo kept > /workspace/after-restore").await;
@@ -217,12 +257,12 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
     let (code, out) = sh(
         &env,
         &pod_back,
-        "cat /workspace/after-restore /workspace/d/e/f; dmesg | head -n 1",
+        &format!("cat /workspace/after-restore /workspace/d/e/f; {KERNEL}"),
     )
     .await;
     assert_eq!(code, Some(0), "{out}");
     assert!(out.starts_with("kept\nhi\n"), "{out}");
-    assert!(out.contains("gVisor"), "{out}");
+    assert!(gvisors_kernel(&out), "{out}");
     let pod = pods.get(&pod_back).await.expect("resumed pod");
     assert_eq!(
         pod.spec
@@ -283,8 +323,8 @@ async fn the_operators_default_runtime_class_reaches_cold_templated_and_warm_pod
             .and_then(|s| s.runtime_class_name.as_deref()),
         Some("gvisor")
     );
-    let (_, k) = sh(&env, &pod_of(&cold), "dmesg | head -n 1").await;
-    assert!(k.contains("gVisor"), "{k}");
+    let (_, k) = sh(&env, &pod_of(&cold), KERNEL).await;
+    assert!(gvisors_kernel(&k), "{k}");
     let (ok, out, err) = kubectl(&["get", "sbx", "-n", &env.ns, "-o", "wide"], "");
     assert!(ok, "{err}");
     let header = out.lines().next().unwrap_or_default();
@@ -319,8 +359,8 @@ async fn the_operators_default_runtime_class_reaches_cold_templated_and_warm_pod
             .and_then(|s| s.runtime_class_name.as_deref()),
         Some("gvisor")
     );
-    let (_, k) = sh(&env, &warm_name, "dmesg | head -n 1").await;
-    assert!(k.contains("gVisor"), "{k}");
+    let (_, k) = sh(&env, &warm_name, KERNEL).await;
+    assert!(gvisors_kernel(&k), "{k}");
     env.finish().await;
 }
 

@@ -348,8 +348,9 @@ async fn delete_sandbox(env: &TestEnv, s: &Sandbox) {
 /// Events' reporting instance): create → Ready (files from inline content, a ConfigMap and a
 /// Secret, a projection, egress denied) → exec → snapshot into the file store → delete (pod,
 /// policy, workspace directory gone) → create again: restored from the snapshot (branch C) →
-/// delete → delete the snapshot (its object goes, policy Delete).
-async fn lifecycle(env: &TestEnv, name: &str, operator_pod: &str) {
+/// delete → delete the snapshot (its object goes, policy Delete). `proxy`: the egress proxy URL
+/// the sandbox's pod must get (`HTTP_PROXY`), `None` for none.
+async fn lifecycle(env: &TestEnv, name: &str, operator_pod: &str, proxy: Option<&str>) {
     create_sandbox(env, name, sandbox_spec(name))
         .await
         .expect("create sandbox");
@@ -359,6 +360,12 @@ async fn lifecycle(env: &TestEnv, name: &str, operator_pod: &str) {
         .as_ref()
         .and_then(|st| st.pod_name.clone())
         .expect("pod name");
+    let sandbox_pod = env.api::<Pod>().get(&pod).await.expect("sandbox pod");
+    assert_eq!(
+        env_of(&sandbox_pod, "HTTP_PROXY").as_deref(),
+        proxy,
+        "the egress proxy's address in the sandbox's environment"
+    );
     let (code, out) = sh(
         env,
         &pod,
@@ -631,7 +638,7 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     assert_eq!(code, 200);
     assert!(body.contains("# EOF"), "OpenMetrics text: {body}");
 
-    lifecycle(&env, "life", &pod_name).await;
+    lifecycle(&env, "life", &pod_name, None).await;
 
     // --- upgrade to this chart, with a changed value (JSON logs): the CRDs come along -----
     // --take-ownership: the previous chart's CRDs were not the release's (Helm installs a
@@ -739,7 +746,27 @@ async fn helm_install_lifecycle_upgrade_uninstall() {
     })
     .await;
     assert_eq!(holder, new_name);
-    lifecycle(&env, "after-upgrade", &new_name).await;
+    // This chart runs the egress proxy: its Service's DNS name is the operator's URL, and the
+    // operator gives sandboxes the Service's ClusterIP (an allowlisted sandbox has no DNS).
+    let proxy_service = Api::<Service>::namespaced(client.clone(), &rel.ns)
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/instance={},app.kubernetes.io/component=egress-proxy",
+            rel.name
+        )))
+        .await
+        .expect("list the proxy's Service");
+    assert_eq!(proxy_service.items.len(), 1, "one egress proxy Service");
+    let proxy_ip = proxy_service.items[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.clone())
+        .expect("the proxy Service's ClusterIP");
+    assert!(
+        env_of(&new_pod, "AGENTBOX_EGRESS_PROXY_URL").is_some_and(|u| u.contains(".svc:")),
+        "the chart names the proxy by its Service's DNS name"
+    );
+    let proxy_url = format!("http://{proxy_ip}:3128");
+    lifecycle(&env, "after-upgrade", &new_name, Some(&proxy_url)).await;
 
     // --- helm test: the chart's test pod creates a Sandbox, execs, deletes ---------------
     let t = Instant::now();

@@ -8,8 +8,11 @@
 //! Under runc the kernel's OOM killer ends the biggest process of the container's memory cgroup:
 //! the command, and the container lives on. To kill the container itself, the sandbox's main
 //! process (PID 1) grows its own memory when told (SIGUSR1), so that it is the biggest.
-//! Under gVisor on the test cluster the kubelet does not record `OOMKilled` (docs/security.md,
-//! "Memory under gVisor"): this test is not in hack/test's gVisor lane.
+//! Under gVisor (hack/test's gVisor lane, `AGENTBOX_TEST_RUNTIME_CLASS=gvisor`) the kernel's OOM
+//! killer ends the sandbox's runtime (the Sentry, which holds every process of the sandbox) when
+//! a command passes the limit: the one-shot exec, the session and the CLI each say out of memory
+//! of the whole container, from the kubelet's `OOMKilled` (docs/security.md, "Memory under
+//! gVisor"), with the Event and `status.lastOOMKill`.
 //!
 //! Memory hogs bound themselves: `head -c 200 MiB /dev/zero | tail` (busybox's `tail` keeps the
 //! one endless line whole) allocates at most 200 MiB, and every command has a timeout.
@@ -65,6 +68,11 @@ async fn a_command_killed_for_memory_is_out_of_memory_and_a_container_kill_an_oo
     h.wait_ready(Duration::from_secs(180)).await.expect("ready");
     let name = h.name().to_string();
     let hog = || ExecRequest::shell(HOG).timeout(Duration::from_secs(60));
+    if common::matrix_runtime_class().is_some() {
+        under_gvisor(&env, &mut h, &name).await;
+        env.finish().await;
+        return;
+    }
 
     // The command alone: the container lives on, and the sandbox answers as before.
     assert!(!oom(h.exec(hog()).await), "the command, not the container");
@@ -130,6 +138,67 @@ async fn a_command_killed_for_memory_is_out_of_memory_and_a_container_kill_an_oo
         "announced once: {ev:?}"
     );
     env.finish().await;
+}
+
+/// Under gVisor a command over the limit takes the whole sandbox with it, whichever way it ran:
+/// each is out of memory of the container, the sandbox publishes `OOMKilled` and records the
+/// kill in its status, and comes back (the kubelet restarts the container) to answer again.
+async fn under_gvisor(env: &TestEnv, h: &mut agentbox_client::client::SandboxHandle, name: &str) {
+    let hog = || ExecRequest::shell(HOG).timeout(Duration::from_secs(60));
+    // Until the sandbox answers again: the kubelet restarts the container (the Sandbox may
+    // still say Ready while it does, and an exec then finds no container).
+    let back = |h: &agentbox_client::client::SandboxHandle| {
+        let h = h.clone();
+        async move {
+            env.wait_for::<Sandbox>(name, 180, phase_is("Ready")).await;
+            for _ in 0..120 {
+                if let Ok(out) = h.exec(ExecRequest::shell("echo back")).await
+                    && out.stdout_str().trim() == "back"
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            panic!("the sandbox did not come back after its container was killed");
+        }
+    };
+
+    // The one-shot exec.
+    assert!(
+        oom(h.exec(hog()).await),
+        "under gVisor, the whole container"
+    );
+    let ev = events(env, name, "OOMKilled").await;
+    assert!(!ev.is_empty(), "an OOMKilled Event");
+    let note = ev[0].note.clone().unwrap_or_default();
+    assert!(note.contains("limits.memory 64Mi"), "{note}");
+    let sbx = env
+        .wait_for::<Sandbox>(name, 120, |s: Option<&Sandbox>| {
+            s.and_then(|s| s.status.as_ref())
+                .is_some_and(|st| st.last_oom_kill.is_some())
+        })
+        .await;
+    let kill = sbx
+        .status
+        .and_then(|s| s.last_oom_kill)
+        .expect("status.lastOOMKill");
+    assert_eq!(kill.limit.as_deref(), Some("64Mi"));
+    back(h).await;
+
+    // The session.
+    let session = h.session();
+    match session.run(hog()).await {
+        Err(ExecError::OutOfMemory { container: true }) => {}
+        other => panic!("session: expected out of memory of the container, got {other:?}"),
+    }
+    session.close().await;
+    back(h).await;
+
+    // The CLI, with the code of a SIGKILL.
+    let (code, _, err) = cli(env, &["exec", name, "--", "sh", "-c", HOG]);
+    assert_eq!(code, Some(137), "{err}");
+    assert!(err.contains("out of memory"), "{err}");
+    back(h).await;
 }
 
 /// The chart's admission warning: a Sandbox under a RuntimeClass with a memory limit below

@@ -146,3 +146,77 @@ build_helm() {
   mkdir -p "$CACHE/bin"
   ln -sfn "$dest/bin/helm" "$CACHE/bin/helm.tmp" && mv -T "$CACHE/bin/helm.tmp" "$CACHE/bin/helm"
 }
+
+# gVisor (GVISOR_VERSION in hack/cluster): runsc from the Go module proxy, into $GVISOR_DIR/bin
+# (gVisor's containerd shim does not work with this containerd: cluster.d/nodes.sh). Measured:
+# 23 min 41 s of wall time at nice 19 on a 2-core machine busy with other builds and tests (load
+# about 14), empty Go build cache, modules already downloaded; 175 s user + 21 s system CPU as
+# `time -v` counts it, 676 MiB peak RSS. So `hack/cluster up` never waits for it: see
+# gvisor_build_background.
+gvisor_built() { [[ -x $GVISOR_DIR/bin/runsc ]]; }
+
+build_gvisor() {
+  gvisor_built && return 0
+  go_env
+  log "building gVisor $GVISOR_VERSION (runsc) from the Go module proxy (once per machine, ~25 min on 2 cores)"
+  local t0=$SECONDS
+  mkdir -p "$CACHE/gvisor"
+  # A build stopped half-way (hack/cluster down) left its directory: this one holds the lock.
+  rm -rf "$CACHE/gvisor/.build-$GVISOR_VERSION".*
+  local tmp; tmp=$(mktemp -d "$CACHE/gvisor/.build-$GVISOR_VERSION.XXXXXX")
+  mkdir -p "$tmp/bin"
+  (cd "$tmp" && GOBIN="$tmp/bin" go install -trimpath \
+    -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" \
+    "gvisor.dev/gvisor/runsc@$GVISOR_VERSION" >"$tmp/install.log" 2>&1) ||
+    { cat "$tmp/install.log" >&2; rm -rf "$tmp"; die "gVisor build failed"; }
+  "$tmp/bin/runsc" --version | grep -q "$GVISOR_VERSION" || { rm -rf "$tmp"; die "built runsc does not report $GVISOR_VERSION"; }
+  commit_dir "$tmp" "$GVISOR_DIR"
+  log "gVisor $GVISOR_VERSION built in $((SECONDS - t0))s"
+}
+
+# The build in the background (AGENTBOX_GVISOR_BUILD=background, the default): detached from
+# hack/cluster and from the lock, at nice 19 so that it takes only CPU the cluster and the tests
+# leave idle, at most one at a time per machine (a lock file beside it). A cluster started while it
+# runs uses Debian's runsc; the first `hack/cluster up` (or `hack/cluster gvisor`) after it has
+# finished switches node 1 to the built one (a containerd restart, pods keep running), and a
+# cluster started from scratch after it uses it from the start. AGENTBOX_GVISOR_BUILD=wait builds
+# in the foreground before the cluster starts; =no never builds.
+gvisor_build_background() {
+  gvisor_built && return 0
+  case ${AGENTBOX_GVISOR_BUILD:-background} in
+    no) return 0 ;;
+    wait) cmd_build_gvisor; return 0 ;;
+    background) ;;
+    *) die "AGENTBOX_GVISOR_BUILD: background, wait or no (not ${AGENTBOX_GVISOR_BUILD})" ;;
+  esac
+  mkdir -p "$CACHE/gvisor"
+  # Already running (it holds the build's lock): leave it be.
+  flock -n "$CACHE/gvisor/.lock" true || return 0
+  local logf=$CACHE/gvisor/build-$GVISOR_VERSION.log
+  log "gVisor $GVISOR_VERSION is not built: building it in the background (nice 19, log $logf); Debian's runsc until then"
+  # Its own session (setsid execs in place: $! leads it), so that `hack/cluster down` stops the
+  # build and everything go started by this PID's group; the next `up` starts it again, and go's
+  # build cache keeps what was compiled.
+  setsid nice -n 19 "$HERE/cluster" build-gvisor >>"$logf" 2>&1 </dev/null 9>&- &
+  echo $! >"$CACHE/gvisor/.build.pid"
+}
+
+# Stops a background build this machine's `up` started (by its process group), if one runs.
+gvisor_build_stop() {
+  local pidf=$CACHE/gvisor/.build.pid pid
+  pid=$(cat "$pidf" 2>/dev/null) || return 0
+  rm -f "$pidf"
+  [[ $pid =~ ^[0-9]+$ ]] || return 0
+  # Only the build's own session leader (its command line names build-gvisor), never a PID reused.
+  grep -qa build-gvisor "/proc/$pid/cmdline" 2>/dev/null || return 0
+  log "stopping the background gVisor build (process group $pid)"
+  kill -TERM -- "-$pid" 2>/dev/null || true
+}
+
+cmd_build_gvisor() { # in the foreground, one build per machine at a time
+  mkdir -p "$CACHE/gvisor"
+  exec 8>>"$CACHE/gvisor/.lock"
+  flock -w 7200 8 || die "another gVisor build is running"
+  build_gvisor
+  exec 8>&-
+}

@@ -76,12 +76,29 @@ node_ready_named() { # name [since]: Ready, and (with since, RFC 3339 UTC, micro
   [[ -n $renewed && ! $renewed < $2 ]]
 }
 
-# gVisor: Debian's runsc (gVisor 2022-12, ptrace platform: no KVM here) driven by containerd's
-# own runc v2 shim, whose BinaryName is a wrapper adding runsc's flags (gVisor's
-# containerd-shim-runsc-v1 is not needed). The CRI plugin starts every container of a pod (the
-# pause container first) through the handler's shim, and runsc reads the CRI annotations
-# (io.kubernetes.cri.container-type / sandbox-id) and puts the pod's containers into one gVisor
-# sandbox, which joins the pod's netns (set up by CNI). Found on this cluster (kernel 6.18):
+# gVisor: the RuntimeClass gvisor, containerd CRI handler "runsc", in one of two flavours
+# (gvisor_flavour; `hack/cluster status` says which is in use):
+# - built: gVisor GVISOR_VERSION, built once per machine into GVISOR_DIR (cluster.d/build.sh),
+#   on the systrap platform (no KVM here; ptrace, the old default, is slower) with directfs (the
+#   Sentry opens the container's files itself from descriptors the gofer hands it, instead of
+#   asking the gofer for every file operation; runsc's default, passed to be sure), and
+#   --oci-seccomp: the pod's seccomp profile (RuntimeDefault for every sandbox) filters the
+#   guest's system calls inside the Sentry (docs/security.md, "Seccomp under gVisor").
+# - debian: Debian's runsc (gVisor 2022-12, ptrace platform), the fallback while the build is not
+#   cached (or with AGENTBOX_GVISOR=debian); it has no --oci-seccomp of use here (not passed).
+# Both run through containerd's own runc v2 shim, whose BinaryName is a wrapper adding runsc's
+# flags (one wrapper and one runsc root per flavour, so that pods started before a switch keep
+# theirs). gVisor's own shim (containerd-shim-runsc-v1, built from the same version) does not
+# work with this containerd (Debian's 1.6.20), tried: it must lower its daemon's oom_score_adj
+# (-999), which needs CAP_SYS_RESOURCE, which this machine's root lacks ("failed to set OOM
+# Score on shim: permission denied"), and once that is let pass it answers containerd 2.x's
+# bootstrap (JSON) where 1.6 expects a bare address ("dial unix {"version":2,...}"); 1.6 also
+# ignores the handler's runtime_path (an absolute path in runtime_type works).
+# The CRI plugin starts every container of a pod (the pause container first) through the
+# handler's shim, and runsc reads the CRI annotations (io.kubernetes.cri.container-type /
+# sandbox-id) and puts the pod's containers into one gVisor sandbox, which joins the pod's netns
+# (set up by CNI). Found on this cluster (kernel 6.18) with Debian's runsc, and kept for the
+# built one (the shim-facing behaviour is the same):
 # - --network=host: with runsc's own netstack (the default, --network=sandbox) the pod never
 #   starts: "cannot run with network enabled in root network namespace". runsc 2022-12 tells the
 #   root netns by /proc/sys/net/core/rmem_default existing, which kernel 6.x shows in every
@@ -96,21 +113,54 @@ node_ready_named() { # name [since]: Ready, and (with since, RFC 3339 UTC, micro
 #   pods stayed Terminating for ever. The wrapper gives the shim a waiter's PID (`runsc wait`).
 # - `runsc kill` of a pod sandbox already gone fails "sandbox is not running", which the shim
 #   does not read as "already exited": StopPodSandbox failed for ever. It succeeds now.
+# - Out of memory: the kernel kills the Sentry, in the pause container's memory cgroup under the
+#   pod's (whose limit it hit); the shim watches the cgroup of the PID it is given for OOM
+#   (memory.oom_control, cgroup v1) and tells containerd, whose CRI then records OOMKilled. The
+#   waiter below was outside the pod's cgroups, so the kubelet recorded "Error". The wrapper moves
+#   the waiter into the container's own memory cgroup (a v1 OOM notification reaches every
+#   cgroup below the one out of memory) before the shim reads its PID; the runsc processes the
+#   waiter runs leave that cgroup before they start, so that the pod is charged for a shell only.
+#   (cgroup v2 is not handled: there the waiter stays where it was, and OOM is "Error".)
 # - --net-raw: without it runsc removes CAP_NET_RAW from every container, so a Sandbox that the
 #   operator's --allowed-capabilities lets add NET_RAW silently lacked it under gVisor (seen by
 #   tests/security.rs in hack/test's gVisor matrix). Sandboxes drop NET_RAW by default, under
 #   both runtimes; with the flag, gVisor gives a container exactly the capabilities its spec has.
-# (gVisor's containerd-shim-runsc-v1 does the second to fourth itself; the wrapper keeps to the packaged
-# runsc and containerd's own shim, nothing to build.)
-# No runsc on the machine: no handler, nothing changes.
-RUNSC=/usr/bin/runsc
-runsc_wrapper() { echo "$N_CONF/runsc-wrapper"; }
+# Neither (no build, no Debian runsc): no handler, nothing changes.
+DEBIAN_RUNSC=/usr/bin/runsc
+gvisor_flavour() { # built | debian | none
+  if [[ ${AGENTBOX_GVISOR:-} != debian ]] && gvisor_built; then echo built
+  elif [[ -x $DEBIAN_RUNSC ]]; then echo debian
+  else echo none; fi
+}
+gvisor_describe() { # one line for hack/cluster status
+  case $(gvisor_flavour) in
+    built) echo "gVisor $GVISOR_VERSION built in $GVISOR_DIR, systrap, directfs, oci-seccomp, runc shim + wrapper" ;;
+    debian) echo "Debian's runsc $(dpkg-query -W -f='${Version}' runsc 2>/dev/null), ptrace, runc shim + wrapper" ;;
+  esac
+}
+runsc_wrapper() { # per flavour (debian keeps the name it always had)
+  case $(gvisor_flavour) in
+    built) echo "$N_CONF/gvisor-wrapper" ;;
+    *) echo "$N_CONF/runsc-wrapper" ;;
+  esac
+}
+runsc_root() {
+  case $(gvisor_flavour) in
+    built) echo "$N_RUN/gvisor" ;;
+    *) echo "$N_RUN/runsc" ;;
+  esac
+}
 write_runsc_wrapper() {
-  [[ -x $RUNSC ]] || return 0
-  mkdir -p "$N_RUN/runsc" "$N_DIR/runsc-logs"
+  local run
   # The shim adds --root/--log/--log-format; the flags before them are ours. --debug-log: runsc's
   # own per-command logs, where its refusals are explained.
-  local run="$RUNSC --platform=ptrace --network=host --net-raw --debug-log=$N_DIR/runsc-logs/"
+  case $(gvisor_flavour) in
+    built) run="$GVISOR_DIR/bin/runsc --platform=systrap --directfs --oci-seccomp" ;;
+    debian) run="$DEBIAN_RUNSC --platform=ptrace" ;;
+    *) return 0 ;;
+  esac
+  run+=" --network=host --net-raw --debug-log=$N_DIR/runsc-logs/"
+  mkdir -p "$(runsc_root)" "$N_DIR/runsc-logs"
   cat >"$(runsc_wrapper).tmp" <<EOF
 #!/bin/sh
 RUNSC="$run"
@@ -144,21 +194,31 @@ grep -q '"io.kubernetes.cri.container-type": *"container"' "$bundle/config.json"
 # A container joining a pod's sandbox: the PID runsc wrote is the sandbox's, alive until the
 # whole pod goes. The shim reaps that PID to learn the container's exit, so it would wait
 # forever (pods stuck Terminating). Hand it a waiter instead: a child of the shim (its
-# subreaper once we exit) that exits with the container, with its exit code.
+# subreaper once we exit) that exits with the container, with its exit code. It runs runsc
+# through `out`, which first moves itself back to this wrapper's memory cgroup.
+mem=$(sed -n 's/^[0-9]*:memory:\(.*\)/\1/p' /proc/self/cgroup)
 setsid sh -c '
-  while [ "$($0 state "$1" 2>/dev/null | sed -n "s/.*status.: .\([a-z]*\).*/\1/p")" = created ]; do
+  runsc=$0 id=$1 mem=$2
+  out() { sh -c "[ -z \"\$0\" ] || echo \$\$ >/sys/fs/cgroup/memory\$0/cgroup.procs; exec \"\$@\"" "$mem" $runsc "$@"; }
+  while [ "$(out state "$id" 2>/dev/null | sed -n "s/.*status.: .\([a-z]*\).*/\1/p")" = created ]; do
     sleep 0.05
   done
-  st=$($0 wait "$1" 2>/dev/null | sed -n "s/.*exitStatus.: *\(-*[0-9]*\).*/\1/p")
+  st=$(out wait "$id" 2>/dev/null | sed -n "s/.*exitStatus.: *\(-*[0-9]*\).*/\1/p")
   case $st in "" | -*) exit 137 ;; esac
-  exit $((st > 255 ? st >> 8 : st))' "$RUNSC --root=$root" "$id" </dev/null >/dev/null 2>&1 &
-printf %s $! >"$pidfile" # no newline: the shim parses it as is
+  exit $((st > 255 ? st >> 8 : st))' "$RUNSC --root=$root" "$id" "$mem" </dev/null >/dev/null 2>&1 &
+waiter=$!
+# Into the container's memory cgroup (cgroup v1, cgroupfs paths) before the shim reads the PID.
+cg=$(sed -n 's/.*"cgroupsPath": *"\([^"]*\)".*/\1/p' "$bundle/config.json")
+if [ -n "$mem" ] && [ -n "$cg" ] && [ -d "/sys/fs/cgroup/memory$cg" ]; then
+  echo "$waiter" >"/sys/fs/cgroup/memory$cg/cgroup.procs" || true
+fi
+printf %s "$waiter" >"$pidfile" # no newline: the shim parses it as is
 EOF
   chmod 755 "$(runsc_wrapper).tmp"
   mv "$(runsc_wrapper).tmp" "$(runsc_wrapper)"
 }
-runsc_runtime_config() { # the containerd CRI runtime handler "runsc" (empty without runsc)
-  [[ -x $RUNSC ]] || return 0
+runsc_runtime_config() { # the containerd CRI runtime handler "runsc" (empty without gVisor)
+  [[ $(gvisor_flavour) != none ]] || return 0
   cat <<EOF
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
   runtime_type = "io.containerd.runc.v2"
@@ -166,7 +226,7 @@ runsc_runtime_config() { # the containerd CRI runtime handler "runsc" (empty wit
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
   SystemdCgroup = false
   BinaryName = "$(runsc_wrapper)"
-  Root = "$N_RUN/runsc"
+  Root = "$(runsc_root)"
 EOF
 }
 

@@ -20,6 +20,7 @@ pub mod podstate;
 pub mod policy;
 pub mod pool;
 pub mod proxy;
+pub mod proxy_address;
 pub mod reasons;
 pub mod refill_delay;
 pub mod restore_source;

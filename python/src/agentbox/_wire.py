@@ -189,7 +189,7 @@ OOM_CLOCK_SKEW = 5.0
 """Seconds before an exec's start that a container's ``OOMKilled`` may have finished and still
 be taken for the exec's cause (the client's and the node's clocks may differ)."""
 
-OOM_SETTLE = 4.0
+OOM_SETTLE = 10.0
 """Seconds a client looks for the kubelet's record after an exec failed."""
 
 OOM_POLL = 0.4

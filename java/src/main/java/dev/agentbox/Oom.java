@@ -24,7 +24,7 @@ public final class Oom {
   /** How far before an exec's start an {@code OOMKilled} may have finished and still count. */
   public static final Duration CLOCK_SKEW = Duration.ofSeconds(5);
   /** How long a client looks for the kubelet's record after an exec failed. */
-  public static final Duration SETTLE = Duration.ofSeconds(4);
+  public static final Duration SETTLE = Duration.ofSeconds(10);
   /** How often it looks meanwhile. */
   public static final Duration POLL = Duration.ofMillis(400);
 

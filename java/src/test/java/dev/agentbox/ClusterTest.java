@@ -123,8 +123,8 @@ class ClusterTest {
 
   /**
    * A command its sandbox's memory limit kills is an {@link OutOfMemoryException} (one-shot exec
-   * and session), not exit code 137, and the sandbox carries on. (Under gVisor on the test cluster
-   * the kubelet does not record OOMKilled: docs/security.md, "Memory under gVisor".)
+   * and session), not exit code 137, and the sandbox carries on. (Under gVisor the whole
+   * container: the test below.)
    */
   @Test
   void aCommandKilledForMemoryIsOutOfMemory() {
@@ -141,6 +141,45 @@ class ClusterTest {
       assertEquals("still\n", s.run("echo still").stdoutText());
     }
     assertEquals("alive\n", sbx.exec("echo alive").stdoutText());
+  }
+
+  /**
+   * Under gVisor a command over the limit takes the whole sandbox with it (the kernel kills
+   * gVisor's runtime, which holds every process): an {@link OutOfMemoryException} of the
+   * container, from the kubelet's OOMKilled (docs/security.md, "Memory under gVisor"), one-shot
+   * exec and session.
+   */
+  @Test
+  void underGVisorACommandKilledForMemoryIsOutOfMemoryOfTheContainer() throws Exception {
+    Sandbox sbx = env.sandboxes.getOrCreate(Scope.forUser("java-oom", "gvisor"),
+        SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never")
+            .set("runtimeClassName", "gvisor").set("resources",
+                Map.of("limits", Map.of("memory", "64Mi"), "requests", Map.of("memory", "64Mi"))))
+        .waitReady(180_000);
+    ExecOptions hog = ExecOptions.shell(HOG).timeout(Duration.ofSeconds(60));
+    OutOfMemoryException e = assertThrows(OutOfMemoryException.class, () -> sbx.exec(hog));
+    assertTrue(e.container(), e.getMessage());
+    back(sbx);
+    try (Session s = sbx.session()) {
+      OutOfMemoryException se = assertThrows(OutOfMemoryException.class, () -> s.run(hog));
+      assertTrue(se.container(), se.getMessage());
+    }
+    back(sbx);
+  }
+
+  /** Until the sandbox answers again (the kubelet restarts a container killed for memory). */
+  static void back(Sandbox sbx) throws InterruptedException {
+    for (int i = 0; i < 120; i++) {
+      try {
+        if ("back\n".equals(sbx.exec("echo back").stdoutText())) {
+          return;
+        }
+      } catch (AgentboxException e) {
+        // not yet
+      }
+      Thread.sleep(1000);
+    }
+    fail("the sandbox did not come back after its container was killed");
   }
 
   @Test
