@@ -113,7 +113,7 @@ async fn ports_become_an_owned_service_and_a_server_in_the_sandbox_is_reached_th
         .await;
     let st = web.status.clone().expect("status");
     let ep = &st.endpoints[0];
-    let svc_name = agentbox_operator::controller::service::service_name("web");
+    let svc_name = agentbox_operator::controller::sandbox::service::service_name("web");
     assert_eq!(
         (ep.name.as_str(), ep.port, ep.protocol.as_str()),
         ("http", 8080, "TCP")
@@ -167,9 +167,7 @@ async fn ports_become_an_owned_service_and_a_server_in_the_sandbox_is_reached_th
     // No Service for the sandbox without ports, and no request about one.
     assert!(
         env.api::<Service>()
-            .get_opt(&agentbox_operator::controller::service::service_name(
-                "plain"
-            ))
+            .get_opt(&agentbox_operator::controller::sandbox::service::service_name("plain"))
             .await
             .expect("get")
             .is_none()
@@ -215,7 +213,7 @@ async fn ports_become_an_owned_service_and_a_server_in_the_sandbox_is_reached_th
     assert!(
         service_writes(
             &env.ns,
-            &agentbox_operator::controller::service::service_name("plain")
+            &agentbox_operator::controller::sandbox::service::service_name("plain")
         )
         .is_empty()
     );

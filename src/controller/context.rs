@@ -12,7 +12,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{debug, warn};
 
 pub use super::error::{Error, retry_after};
-use super::memory;
+use super::memos;
 use super::{refill_delay, warm_shells};
 use crate::config::Config;
 use crate::metrics::{GuardOp, GuardOutcome, Metrics};
@@ -37,15 +37,15 @@ pub struct Context {
     /// The snapshot store; `None` when snapshots are off or the store could not be built.
     pub store: Option<Store>,
     /// What the helper found on each node's workspace directory of each namespace.
-    pub node_roots: memory::Checks,
+    pub node_roots: memos::Checks,
     /// Permanent restore refusals this process made, by sandbox (beside `status.restoreRefusal`).
-    pub refusals: memory::Refusals,
+    pub refusals: memos::Refusals,
     /// The kills for memory this process announced, by sandbox (beside `status.lastOOMKill`).
-    pub oom_kills: memory::OomKills,
+    pub oom_kills: memos::OomKills,
     /// When this process last read each limited workspace's usage, by sandbox uid.
-    pub usage_reads: memory::Reads,
+    pub usage_reads: memos::Reads,
     /// Workspace directories of deleted sandboxes, left to the sweep.
-    pub sweep: memory::Hints,
+    pub sweep: memos::Hints,
     /// The pods the operator manages (label `app.kubernetes.io/managed-by: agentbox`), as its
     /// watch last saw them: where a sandbox's pod not named in its status is found, without a
     /// LIST on each reconcile.

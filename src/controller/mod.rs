@@ -6,9 +6,10 @@ pub mod conditions;
 pub mod context;
 pub mod credential;
 pub mod domain_egress;
+pub mod effective;
 pub mod error;
 pub mod helper_pod;
-pub mod memory;
+pub mod memos;
 pub mod netcheck;
 pub mod nodeloss;
 pub mod noderoot;
@@ -23,23 +24,17 @@ pub mod proxy;
 pub mod proxy_address;
 pub mod reasons;
 pub mod refill_delay;
-pub mod restore;
 pub mod restore_source;
 pub mod runtime;
 pub mod sandbox;
 pub mod security;
-pub mod service;
 pub mod sizelimit;
 pub mod snapshot;
-pub mod sources;
 pub mod startup;
 pub mod sweep;
-pub mod template;
 pub mod validate;
-pub mod wake;
 pub mod warm_shells;
 pub mod watch;
-pub mod workspace;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -109,6 +104,38 @@ fn build_store(config: &Config) -> Option<Store> {
     }
 }
 
+/// The operator's context: the API client, the Event recorder, the configuration, the
+/// metrics and store, the in-process memos and the pod cache's reader.
+fn context(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    pods: reflector::Store<Pod>,
+    caches: cache::Caches,
+) -> Context {
+    let reporter = Reporter {
+        controller: "agentbox-operator".into(),
+        instance: Some(config.identity.clone()),
+    };
+    Context {
+        client: client.clone(),
+        recorder: Recorder::new(client, reporter),
+        store: build_store(&config),
+        config,
+        metrics,
+        node_roots: memos::Checks::default(),
+        refusals: memos::Refusals::default(),
+        oom_kills: memos::OomKills::default(),
+        usage_reads: memos::Reads::default(),
+        sweep: memos::Hints::default(),
+        shells: warm_shells::Shells::default(),
+        pool_claims: refill_delay::Claims::default(),
+        proofs: crate::controller::netcheck::Proofs::default(),
+        pods,
+        cache: Some(caches),
+    }
+}
+
 /// Runs the sandbox and snapshot controllers until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -116,7 +143,6 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let store = build_store(&config);
     if config.helper_image.trim().is_empty() {
         warn!(
             "no helper image (--helper-image): workspaces of deleted sandboxes cannot be removed, namespace directories are not closed or checked, and non-root sandboxes are refused"
@@ -124,59 +150,40 @@ pub async fn run(
     }
     let (pods, pods_writer) = reflector::store();
     let (caches, writers) = cache::Caches::new();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "agentbox-operator".into(),
-                instance: Some(config.identity.clone()),
-            },
-        ),
-        config,
-        metrics,
-        store,
-        node_roots: memory::Checks::default(),
-        refusals: memory::Refusals::default(),
-        oom_kills: memory::OomKills::default(),
-        usage_reads: memory::Reads::default(),
-        sweep: memory::Hints::default(),
-        shells: warm_shells::Shells::default(),
-        pool_claims: refill_delay::Claims::default(),
-        proofs: crate::controller::netcheck::Proofs::default(),
-        pods,
-        cache: Some(caches),
-    });
+    let ctx = Arc::new(context(client, config, metrics, pods, caches));
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
-    let feed_ctx = ctx.clone();
-    let feed_stop = shutdown.clone();
-    let feed = async move {
-        let Some(p) = feed_ctx.config.egress_proxy() else {
-            return;
-        };
-        let templates = match feed_ctx.cache.as_ref() {
-            Some(c) => c.templates.clone(),
-            None => reflector::store().0,
-        };
-        proxy::run(
-            feed_ctx.client.clone(),
-            scoped(&feed_ctx.client, &feed_ctx.config.namespace),
-            scoped(&feed_ctx.client, &feed_ctx.config.namespace),
-            templates,
-            p,
-            feed_ctx.config.default_egress(),
-            feed_stop,
-        )
-        .await;
-    };
     futures::join!(
         run_sandboxes(ctx.clone(), pods_writer, writers, shutdown.clone()),
         run_snapshots(ctx.clone(), shutdown.clone()),
         run_pools(ctx.clone(), shutdown.clone()),
-        feed,
+        run_proxy_feed(ctx.clone(), shutdown.clone()),
         sweep::run(ctx, shutdown)
     );
     info!("sandbox controller stopped");
+}
+
+/// Feeds the egress proxy its routes (see [`proxy`]), when there is one.
+async fn run_proxy_feed(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let Some(p) = ctx.config.egress_proxy() else {
+        return;
+    };
+    let templates = match ctx.cache.as_ref() {
+        Some(c) => c.templates.clone(),
+        None => reflector::store().0,
+    };
+    proxy::run(
+        ctx.client.clone(),
+        scoped(&ctx.client, &ctx.config.namespace),
+        scoped(&ctx.client, &ctx.config.namespace),
+        templates,
+        p,
+        ctx.config.default_egress(),
+        shutdown,
+    )
+    .await;
 }
 
 /// Runs one reconcile of `obj` in a span that carries a reconcile id of its own and the
@@ -260,115 +267,32 @@ async fn run_sandboxes(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     info!("sandbox controller starting");
-    let ns = ctx.config.namespace.clone();
-    let owned =
-        watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
-    // The Sandboxes' own watch, kept here (not by `Controller::new`) so that a new Sandbox's
-    // event starts its first reconcile at once, ahead of the controller's queue
-    // ([`sandbox::first_start`]).
     let first_starts = Arc::new(sandbox::first_start::FirstStarts::default());
     let first_pass = Arc::new(startup::FirstPass::new(Instant::now()));
     let (reader, writer) = reflector::store();
     let (listed_tx, listed) = tokio::sync::watch::channel(false);
-    let offer = (first_starts.clone(), ctx.clone(), first_pass.clone());
-    let sandboxes = reflector::reflector(
-        writer,
-        watcher(
-            scoped::<Sandbox>(&ctx.client, &ns),
-            watcher::Config::default(),
-        )
-        .backoff(watch::TriggerBackoff::default())
-        .modify(cache::slim),
+    let events = watcher(
+        scoped::<Sandbox>(&ctx.client, &ctx.config.namespace),
+        watcher::Config::default(),
     )
-    // The first listing is in the cache once its InitDone has passed the reflector: the
-    // first pass starts counting then (see `watch_first_pass`).
-    .inspect(move |e| {
-        if let Ok(watcher::Event::InitDone) = e {
-            listed_tx.send_replace(true);
-        }
-    })
-    .applied_objects()
-    .inspect(move |s| {
-        if let Ok(sbx) = s {
-            let (starts, ctx, pass) = (&offer.0, offer.1.clone(), offer.2.clone());
-            starts.offer(sbx, || {
-                let sbx = Arc::new(sbx.clone());
-                async move {
-                    // The controller's reconcile of the same event follows it and retries a
-                    // failure (at once, or after the short requeue of a version this one wrote
-                    // over); the failure is counted here as the controller counts its own.
-                    let metrics = ctx.metrics.clone();
-                    let uid = sbx.uid().unwrap_or_default();
-                    match traced("sandbox", sbx, ctx, sandbox::reconcile).await {
-                        Ok(_) => pass.reconciled(&uid),
-                        Err(e) => metrics.failed("sandbox", e.kind()),
-                    }
-                }
-            });
-        }
-    });
+    .backoff(watch::TriggerBackoff::default())
+    .modify(cache::slim);
+    let run_first = first_start_run(ctx.clone(), first_pass.clone());
+    let sandboxes = reflector::reflector(writer, events);
+    let sandboxes =
+        sandbox::first_start::offered(sandboxes, listed_tx, first_starts.clone(), run_first);
     // Reconciles run `--reconcile-concurrency` at a time: a leader that starts with thousands
     // of Sandboxes listed reconciles them in bounded batches instead of all at once, each
     // with its reads and connections in flight (docs/operations.md, "Memory").
     let controller = Controller::for_stream(sandboxes, reader)
         .with_config(ControllerConfig::default().concurrency(ctx.config.reconcile_concurrency));
-    tokio::spawn(watch_first_pass(
-        first_pass.clone(),
-        controller.store(),
-        listed,
-        ctx.metrics.clone(),
-    ));
+    let (pass, store) = (first_pass.clone(), controller.store());
+    tokio::spawn(watch_first_pass(pass, store, listed, ctx.metrics.clone()));
     let counted = controller.store();
     ctx.metrics.count_phases_from(Box::new(move || {
         counted.state().iter().map(|s| counted_phase(s)).collect()
     }));
-    let guard_to_sandboxes = wake::by_scope(controller.store());
-    let template_to_sandboxes = wake::by_template(controller.store());
-    let snapshot_to_sandboxes = wake::by_snapshot(controller.store());
-    // A pod of a Sandbox that is gone already, seen being deleted (the garbage collector
-    // after a Sandbox deleted before its finalizer was on: see `sandbox::reconcile`), leaves
-    // its directory to the sweep, once per pod.
-    let orphans = controller.store();
-    let orphan_ctx = ctx.clone();
-    let on_pod = move |p: &Pod| {
-        if sandbox::orphan_hint(&orphan_ctx, p, &orphans) {
-            tracing::debug!(pod = %p.name_any(), "a deleted sandbox's pod is going: its directory is left to the sweep");
-        }
-    };
-    // The templates, snapshots, policies and Leases come from the watch caches the first
-    // start reads ([`cache`]); the same watches wake the sandboxes.
-    let cache::Writers {
-        templates,
-        leases,
-        policies,
-        snapshots,
-    } = writers;
-    let wc = watcher::Config::default;
-    controller
-        .watches_stream(
-            cache::reflect(scoped::<SandboxTemplate>(&ctx.client, &ns), wc(), templates),
-            template_to_sandboxes,
-        )
-        .watches_stream(
-            cache::reflect(scoped::<SandboxSnapshot>(&ctx.client, &ns), wc(), snapshots),
-            snapshot_to_sandboxes,
-        )
-        .owns_stream(
-            managed_pods(&ctx, &ns, owned.clone(), pods).inspect(move |p| {
-                if let Ok(p) = p {
-                    on_pod(p);
-                }
-            }),
-        )
-        .owns_stream(cache::reflect(
-            scoped::<NetworkPolicy>(&ctx.client, &ns),
-            owned,
-            policies,
-        ))
-        .watches_stream(
-            cache::reflect(scoped::<Lease>(&ctx.client, &ns), guard_leases(), leases),
-            guard_to_sandboxes,
-        )
+    sandbox_watches(controller, &ctx, pods, writers)
         .trigger_backoff(watch::TriggerBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(
@@ -389,6 +313,83 @@ async fn run_sandboxes(
         )
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// A first start's reconcile, run ahead of the controller's queue
+/// ([`sandbox::first_start::offered`]). The controller's reconcile of the same event follows
+/// it and retries a failure (at once, or after the short requeue of a version this one wrote
+/// over); the failure is counted here as the controller counts its own.
+fn first_start_run(
+    ctx: Arc<Context>,
+    pass: Arc<startup::FirstPass>,
+) -> impl Fn(Arc<Sandbox>) -> futures::future::BoxFuture<'static, ()> + Send + 'static {
+    move |sbx: Arc<Sandbox>| {
+        let (ctx, pass) = (ctx.clone(), pass.clone());
+        Box::pin(async move {
+            let metrics = ctx.metrics.clone();
+            let uid = sbx.uid().unwrap_or_default();
+            match traced("sandbox", sbx, ctx, sandbox::reconcile).await {
+                Ok(_) => pass.reconciled(&uid),
+                Err(e) => metrics.failed("sandbox", e.kind()),
+            }
+        })
+    }
+}
+
+/// What wakes a sandbox besides its own watch: its template, the snapshots of its scope, its
+/// pods (whose watch fills the [`Context::pods`] cache), its policy, and its scope's guard
+/// Lease. The templates, snapshots, policies and Leases come from the watch caches the first
+/// start reads ([`cache`]).
+fn sandbox_watches(
+    controller: Controller<Sandbox>,
+    ctx: &Arc<Context>,
+    pods: reflector::store::Writer<Pod>,
+    writers: cache::Writers,
+) -> Controller<Sandbox> {
+    use sandbox::triggers;
+    let ns = ctx.config.namespace.clone();
+    let owned =
+        watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGER));
+    let (by_template, by_snapshot, by_scope) = (
+        triggers::by_template(controller.store()),
+        triggers::by_snapshot(controller.store()),
+        triggers::by_scope(controller.store()),
+    );
+    let (orphans, pod_ctx) = (controller.store(), ctx.clone());
+    let on_pod = move |p: &Pod| sandbox::orphan::on_pod(&pod_ctx, p, &orphans);
+    let cache::Writers {
+        templates,
+        leases,
+        policies,
+        snapshots,
+    } = writers;
+    let wc = watcher::Config::default;
+    let client = &ctx.client;
+    controller
+        .watches_stream(
+            cache::reflect(scoped::<SandboxTemplate>(client, &ns), wc(), templates),
+            by_template,
+        )
+        .watches_stream(
+            cache::reflect(scoped::<SandboxSnapshot>(client, &ns), wc(), snapshots),
+            by_snapshot,
+        )
+        .owns_stream(
+            managed_pods(ctx, &ns, owned.clone(), pods).inspect(move |p| {
+                if let Ok(p) = p {
+                    on_pod(p);
+                }
+            }),
+        )
+        .owns_stream(cache::reflect(
+            scoped::<NetworkPolicy>(client, &ns),
+            owned,
+            policies,
+        ))
+        .watches_stream(
+            cache::reflect(scoped::<Lease>(client, &ns), guard_leases(), leases),
+            by_scope,
+        )
 }
 
 /// The watch of the scopes' guard Leases: every Lease that carries a scope key
@@ -460,44 +461,11 @@ async fn run_pools(
         scoped::<SandboxPool>(&ctx.client, &ns),
         watcher::Config::default(),
     );
-    let pod_store = controller.store();
-    let hinted = Arc::new(std::sync::Mutex::new(
-        std::collections::HashSet::<String>::new(),
-    ));
-    let hint_ctx = ctx.clone();
-    let pod_to_pools = move |p: Pod| {
-        // A warm pod being deleted (by its pool, by hand, or with its pool) leaves its
-        // directory to the sweep, once per pod.
-        if pool::is_deleting_warm_pod(&p) {
-            let first = p.uid().is_some_and(|uid| {
-                hinted.lock().is_ok_and(|mut seen| {
-                    if seen.len() > 10_000 {
-                        seen.clear();
-                    }
-                    seen.insert(uid)
-                })
-            });
-            if first {
-                pool::hint_removal(&hint_ctx, &p);
-            }
-        }
-        pool::pools_of_pod(&p, pod_store.state().iter())
-    };
+    let (pod_store, hint_ctx) = (controller.store(), ctx.clone());
+    let pod_to_pools = move |p: Pod| pool::on_pod(&hint_ctx, &p, pod_store.state().iter());
     let counted = controller.store();
-    ctx.metrics.count_pools_from(Box::new(move || {
-        counted
-            .state()
-            .iter()
-            .map(|p| {
-                let st = p.status.clone().unwrap_or_default();
-                let l = crate::metrics::PoolLabels {
-                    namespace: p.namespace().unwrap_or_default(),
-                    pool: p.name_any(),
-                };
-                (l, st.replicas, st.ready_replicas)
-            })
-            .collect()
-    }));
+    ctx.metrics
+        .count_pools_from(Box::new(move || pool::counts(counted.state().iter())));
     let template_store = controller.store();
     let template_to_pools =
         move |t: SandboxTemplate| pool::pools_of_template(&t, template_store.state().iter());

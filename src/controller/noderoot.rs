@@ -14,7 +14,7 @@ use tracing::info;
 
 use super::helper_pod;
 use super::helper_pod::helper_outcome;
-use super::memory::Found;
+use super::memos::Found;
 use crate::controller::context::{Context, Error};
 
 /// Condition type on a Sandbox: its workspace's directory on the node is hardened.
@@ -150,7 +150,7 @@ pub fn no_helper(node: &str, dir: &str) -> (bool, &'static str, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::memory::{Checks, RETRY_FAILED_AFTER};
+    use crate::controller::memos::{Checks, RETRY_FAILED_AFTER};
     use agentbox_helper::Report;
 
     fn finished(phase: &str, message: &str) -> Pod {

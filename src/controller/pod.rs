@@ -235,12 +235,7 @@ pub fn build_pod_spec(
     };
     let limit = pids::effective(spec, &cfg.processes);
     let size = sizelimit::effective(spec, &cfg.sizes);
-    // Without limits the hash is the one pods had before limits existed.
-    let hash = match (limit, size) {
-        (None, None) => json_hash(&pod_spec),
-        (Some(n), None) => json_hash(&(&pod_spec, n)),
-        (n, Some(bytes)) => json_hash(&(&pod_spec, n, bytes)),
-    };
+    let hash = limited_hash(&pod_spec, limit, size);
     // The proxy's settings are left out of the hash, as the helper's init container is: an
     // operator given a proxy (or another URL) does not restart every sandbox.
     if let Some(proxy) = cfg.proxy.as_ref() {
@@ -274,29 +269,44 @@ pub fn build_pod_spec(
         sidecar = Some(watch);
         pod_spec.volumes.get_or_insert_with(Vec::new).push(volume);
     }
-    if let (Some((uid, gid)), Some(helper)) = (sec.workspace_owner, cfg.helper.as_ref()) {
-        let job = agentbox_helper::Job::Own {
-            dir: OWN_MOUNT.into(),
-            uid,
-            gid,
-        };
-        let mount = VolumeMount {
-            name: WORKSPACE_VOLUME.into(),
-            mount_path: OWN_MOUNT.into(),
-            ..Default::default()
-        };
-        inits.push(helper_container(
-            OWN_CONTAINER,
-            helper,
-            &job,
-            OWN_CAPS,
-            mount,
-        ));
-    }
+    inits.extend(own_container(&sec, cfg));
     // The sidecar after every plain init container: it starts once they are done.
     inits.extend(sidecar);
     pod_spec.init_containers = (!inits.is_empty()).then_some(inits);
     (pod_spec, hash)
+}
+
+/// The pod's shape hash, over its spec and its limits. Without limits the hash is the one
+/// pods had before limits existed.
+fn limited_hash(pod_spec: &PodSpec, limit: Option<u32>, size: Option<u64>) -> String {
+    match (limit, size) {
+        (None, None) => json_hash(pod_spec),
+        (Some(n), None) => json_hash(&(pod_spec, n)),
+        (n, Some(bytes)) => json_hash(&(pod_spec, n, bytes)),
+    }
+}
+
+/// The init container that hands the workspace to a non-root sandbox's user, when it runs as
+/// one and there is a helper image.
+fn own_container(sec: &security::Effective, cfg: &PodConfig<'_>) -> Option<Container> {
+    let ((uid, gid), helper) = sec.workspace_owner.zip(cfg.helper.as_ref())?;
+    let job = agentbox_helper::Job::Own {
+        dir: OWN_MOUNT.into(),
+        uid,
+        gid,
+    };
+    let mount = VolumeMount {
+        name: WORKSPACE_VOLUME.into(),
+        mount_path: OWN_MOUNT.into(),
+        ..Default::default()
+    };
+    Some(helper_container(
+        OWN_CONTAINER,
+        helper,
+        &job,
+        OWN_CAPS,
+        mount,
+    ))
 }
 
 /// Stands for the workspace directory in [`shape_hash`]: every pod has its own.

@@ -256,12 +256,7 @@ pub async fn run(
 ) {
     let proxy_pods: Api<Pod> = Api::namespaced(client.clone(), proxy.namespace);
     let mut secrets = SecretCache::new(client);
-    let selector = proxy
-        .selector
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let selector = label_selector(proxy.selector);
     let (sbx_store, sbx_w) = reflector::store::<Sandbox>();
     let (pod_store, pod_w) = reflector::store::<Pod>();
     let (proxy_store, proxy_w) = reflector::store::<Pod>();
@@ -295,9 +290,7 @@ pub async fn run(
         info!(namespace = proxy.namespace, selector = %selector, "feeding the egress proxy");
         // What each proxy pod (by UID) last received.
         let mut sent: HashMap<String, Vec<u8>> = HashMap::new();
-        // The credentials refused last time, logged when they change (a running sandbox's
-        // edited allowlist is not checked by the sandbox controller: its entry just allows
-        // nothing, and this says why).
+        // The credentials refused last time (see log_refused).
         let mut refused_before: Vec<String> = Vec::new();
         loop {
             let sandboxes = sbx_store.state();
@@ -308,31 +301,12 @@ pub async fn run(
             let lookup = |ns: &str, name: &str, key: &str| secrets.facts(ns, name, key);
             let table = build_table(&sandboxes, &pod_store.state(), &tpls, default, &lookup);
             let refused = refused_credentials(&sandboxes, &tpls, &lookup);
-            if refused != refused_before {
-                for r in refused.iter().filter(|r| !refused_before.contains(r)) {
-                    warn!("egress proxy credential left out: {r}");
-                }
-                refused_before = refused;
-            }
+            log_refused(&refused, &refused_before);
+            refused_before = refused;
             match serde_json::to_vec(&table) {
                 Ok(bytes) => {
-                    let live = proxy_store.state();
-                    sent.retain(|uid, _| live.iter().any(|p| p.uid().as_deref() == Some(uid)));
-                    for p in live.iter().filter(|p| ready_to_feed(p)) {
-                        let uid = p.uid().unwrap_or_default();
-                        if sent.get(&uid) == Some(&bytes) {
-                            continue;
-                        }
-                        match write_table(&proxy_pods, p, &bytes).await {
-                            Ok(()) => {
-                                debug!(pod = %p.name_any(), sandboxes = table.sandboxes.len(), "proxy table written");
-                                sent.insert(uid, bytes.clone());
-                            }
-                            Err(e) => {
-                                warn!(pod = %p.name_any(), "writing the egress proxy's table: {e}")
-                            }
-                        }
-                    }
+                    let n = table.sandboxes.len();
+                    feed_pods(&proxy_pods, &proxy_store.state(), &bytes, n, &mut sent).await;
                 }
                 Err(e) => warn!("encoding the egress proxy's table: {e}"),
             }
@@ -345,6 +319,47 @@ pub async fn run(
         _ = proxy_watch => {}
         _ = feed => {}
         _ = shutdown => {}
+    }
+}
+
+/// `key=value,...`: the proxy pods' labels as a list selector.
+fn label_selector(labels: &BTreeMap<String, String>) -> String {
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join(",")
+}
+
+/// Logs each credential refused now that was not refused last time: a running sandbox's edited
+/// allowlist is not checked by the sandbox controller (its entry just allows nothing), and this
+/// says why.
+fn log_refused(refused: &[String], before: &[String]) {
+    for r in refused.iter().filter(|r| !before.contains(r)) {
+        warn!("egress proxy credential left out: {r}");
+    }
+}
+
+/// Writes the table `bytes` (of `sandboxes` sandboxes) into each of the `live` proxy pods
+/// ready for it that did not receive these bytes last (`sent`, by pod UID, forgets the pods
+/// gone).
+async fn feed_pods(
+    proxy_pods: &Api<Pod>,
+    live: &[Arc<Pod>],
+    bytes: &[u8],
+    sandboxes: usize,
+    sent: &mut HashMap<String, Vec<u8>>,
+) {
+    sent.retain(|uid, _| live.iter().any(|p| p.uid().as_deref() == Some(uid)));
+    for p in live.iter().filter(|p| ready_to_feed(p)) {
+        let uid = p.uid().unwrap_or_default();
+        if sent.get(&uid).map(Vec::as_slice) == Some(bytes) {
+            continue;
+        }
+        match write_table(proxy_pods, p, bytes).await {
+            Ok(()) => {
+                debug!(pod = %p.name_any(), sandboxes, "proxy table written");
+                sent.insert(uid, bytes.to_vec());
+            }
+            Err(e) => warn!(pod = %p.name_any(), "writing the egress proxy's table: {e}"),
+        }
     }
 }
 

@@ -39,7 +39,7 @@ use tracing::{debug, info, warn};
 use super::context::{LeaseFate, lease_fate};
 use super::helper_pod::HELPER_LABEL;
 use super::helper_pod::{self, namespace_takes_no_pods};
-use super::memory::Hint;
+use super::memos::Hint;
 use super::pod::{self, PodConfig};
 use super::{nodeloss, placement};
 use crate::controller::context::{Context, Error};
@@ -697,7 +697,7 @@ async fn delete_leftovers(pods: &Api<Pod>, selector: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::memory::Hints;
+    use crate::controller::memos::Hints;
 
     const UID_A: &str = "0b6c1f4e-8f3a-4c2d-9e1f-123456789abc";
     const UID_B: &str = "1b6c1f4e-8f3a-4c2d-9e1f-123456789abc";

@@ -407,11 +407,11 @@ pub(crate) fn context_on(
         config,
         metrics: Arc::new(Metrics::default()),
         store,
-        node_roots: crate::controller::memory::Checks::default(),
-        refusals: crate::controller::memory::Refusals::default(),
-        oom_kills: crate::controller::memory::OomKills::default(),
-        usage_reads: crate::controller::memory::Reads::default(),
-        sweep: crate::controller::memory::Hints::default(),
+        node_roots: crate::controller::memos::Checks::default(),
+        refusals: crate::controller::memos::Refusals::default(),
+        oom_kills: crate::controller::memos::OomKills::default(),
+        usage_reads: crate::controller::memos::Reads::default(),
+        sweep: crate::controller::memos::Hints::default(),
         shells: crate::controller::warm_shells::Shells::default(),
         pool_claims: crate::controller::refill_delay::Claims::default(),
         proofs: crate::controller::netcheck::Proofs::default(),
@@ -440,7 +440,8 @@ pub(crate) fn adopted(name: &str, spec: Value, status: Value) -> Value {
         serde_json::from_value(sandbox(name, spec.clone(), json!({}), Value::Null))
             .expect("sandbox");
     let labels = agentbox_api::labels::scope_labels(&probe.spec.scope);
-    let meta = json!({"finalizers": [crate::controller::sandbox::FINALIZER], "labels": labels});
+    let meta =
+        json!({"finalizers": [crate::controller::sandbox::write::FINALIZER], "labels": labels});
     sandbox(name, spec, meta, status)
 }
 
@@ -473,7 +474,7 @@ pub(crate) fn event_and_status(name: &str) -> Vec<String> {
 /// its container running and ready.
 /// node-1's workspace root as the node-root check leaves it: checked, nosuid and nodev.
 pub(crate) fn node_root_checked(ctx: &Context) {
-    let found = crate::controller::memory::Found::Checked {
+    let found = crate::controller::memos::Found::Checked {
         nosuid: true,
         nodev: true,
         mount: "/".into(),

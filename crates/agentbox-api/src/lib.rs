@@ -17,6 +17,7 @@ pub mod oom;
 pub mod paths;
 pub mod remote;
 pub mod template;
+#[cfg(feature = "generators")]
 pub mod vectors;
 
 pub use kubeclient::kube_client;

@@ -12,6 +12,7 @@
 /// this one.
 pub use crate::paths::STATE_DIR;
 /// Marker file, relative to the workspace root. Written last, so it means "initialised".
+#[cfg(feature = "operator")]
 pub const MARKER: &str = ".agentbox/marker";
 
 /// The argv that runs `script` with `sh -c`, `$0` = `sh`, then `args` as `$1`...
@@ -22,9 +23,11 @@ pub fn sh<S: Into<String>>(script: &str, args: impl IntoIterator<Item = S>) -> V
 }
 
 /// Default entrypoint: stay alive and exit promptly on TERM, since commands arrive by exec.
+#[cfg(feature = "operator")]
 pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
 
 /// Probe: prints the marker's content when the workspace is initialised. `$1` is the root.
+#[cfg(feature = "operator")]
 pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || true"#;
 
 /// The marker a warm pod's pool writes ([`WARM_INIT_SCRIPT`]), naming no sandbox. It counts as
@@ -32,6 +35,7 @@ pub const PROBE_SCRIPT: &str = r#"cat -- "$1/.agentbox/marker" 2>/dev/null || tr
 /// (`workspace.rootReady`, written with Ready after the start's command): a claim with nothing
 /// to restore or write runs no command and leaves it as its workspace's, while a start that
 /// stopped between the adoption and that status finds the workspace uninitialised.
+#[cfg(feature = "operator")]
 pub const WARM_MARKER: &str = "warm";
 
 /// A warm pod's share of initialisation, the part that names no sandbox: the state directory
@@ -39,6 +43,7 @@ pub const WARM_MARKER: &str = "warm";
 /// the root. Fails on a directory that has a marker of its own (a sandbox's, a link, anything
 /// but a regular file: writing into a FIFO would block): a warm pod's directory was never a
 /// sandbox's. Run again, it finds its own marker and succeeds.
+#[cfg(feature = "operator")]
 pub const WARM_INIT_SCRIPT: &str = r#"set -eu
 mkdir -p -- "$1/.agentbox/tmp"
 m="$1/.agentbox/marker"
@@ -63,6 +68,7 @@ fi
 /// so a failed run leaves the workspace uninitialised: a marker that exists is replaced
 /// atomically (`mv`), a first one is written in place (no `mv` process on a claim's path: an
 /// interrupted write leaves it empty, which the probe reads as absent, i.e. never initialised).
+#[cfg(feature = "operator")]
 pub const INIT_SCRIPT: &str = r#"set -eu
 root="$1"; marker="$2"; files="$3"; n="$4"; shift 4
 cd "$root"
@@ -87,6 +93,7 @@ fi
 "#;
 
 /// How [`INIT_SCRIPT`] gets the workspace's files.
+#[cfg(feature = "operator")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FilesVia {
     /// No files.
@@ -98,6 +105,7 @@ pub enum FilesVia {
 }
 
 /// A file [`INIT_SCRIPT`] writes from its arguments.
+#[cfg(feature = "operator")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InlineFile<'a> {
     /// Path relative to the workspace root.
@@ -108,6 +116,7 @@ pub struct InlineFile<'a> {
     pub data: &'a [u8],
 }
 
+#[cfg(feature = "operator")]
 impl InlineFile<'_> {
     /// Its four arguments: path, umask, mode to set afterwards (empty when the umask gives
     /// it: no `chmod` process), content as a `printf` format ([`printf_format`]).
@@ -132,6 +141,7 @@ impl InlineFile<'_> {
 /// `data` as a `printf` format that prints exactly it: ASCII letters, digits and ` ._/,:=+`
 /// as themselves, every other byte a three-digit octal escape (so no `%`, `\` or leading `-`
 /// is ever read as anything but a byte, and NUL and non-UTF-8 bytes pass).
+#[cfg(feature = "operator")]
 pub fn printf_format(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len() * 2);
     for &b in data {
@@ -146,6 +156,7 @@ pub fn printf_format(data: &[u8]) -> String {
 
 /// Arguments of [`INIT_SCRIPT`]: the root, the marker's content, how files arrive, the
 /// directories to replace, the parent directories to create, and (inline) the files.
+#[cfg(feature = "operator")]
 pub fn init_args(
     root: &str,
     marker: &str,
@@ -177,6 +188,7 @@ pub fn init_args(
 /// directories (ancestors of host mounts, listed entry by entry instead of archived whole),
 /// then the excluded paths (host mounts). `.agentbox` is always excluded. busybox tar has no
 /// `--exclude`, so the members are named one by one at the top and in expanded directories.
+#[cfg(feature = "operator")]
 pub const TAR_SCRIPT: &str = r#"set -u
 root=$1; n=$2; shift 2
 nl='
@@ -230,6 +242,7 @@ exit "${st:-1}"
 
 /// Arguments of [`TAR_SCRIPT`] for a sandbox: its root, then the ancestors of its host mounts,
 /// then the mounts.
+#[cfg(feature = "operator")]
 pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
     let mounts: Vec<String> = mounts
         .iter()
@@ -254,6 +267,7 @@ pub fn tar_args(root: &str, mounts: &[String]) -> Vec<String> {
 /// The restore's spool, written by [`SPOOL_SCRIPT`] and read by [`EXTRACT_SCRIPT`]: `$2` is
 /// the restore's id. Beside the staging directory, never in it (a member of that name would
 /// land on it), under the state directory that no member can name.
+#[cfg(feature = "operator")]
 pub const SPOOL: &str = ".agentbox/spool-$2.tar";
 
 /// Receiving a restore's archive: `$1` root, `$2` id; the archive on stdin, written whole into
@@ -261,6 +275,7 @@ pub const SPOOL: &str = ".agentbox/spool-$2.tar";
 /// a few hundred bytes per read and so wakes the pipe's writer (the container runtime's copy
 /// loop) again and again; `cat` takes what is there and `tar` then reads a file (docs/
 /// benchmarks.md, the transport rows). A failed write (a full disk) removes what was written.
+#[cfg(feature = "operator")]
 pub const SPOOL_SCRIPT: &str = r#"set -eu
 cd "$1"
 mkdir -p .agentbox
@@ -273,6 +288,7 @@ cat > "$sp" || { r=$?; rm -f -- "$sp"; exit "$r"; }
 /// directory: `$1` root, `$2` id. The spool goes however it ends. `-v` lists each member as
 /// it is extracted: the operator's progress deadline counts that output, so a `tar` that
 /// stops is caught as a stream that stops reading is.
+#[cfg(feature = "operator")]
 pub const EXTRACT_SCRIPT: &str = r#"set -eu
 cd "$1"
 st=".agentbox/staging-$2"; sp=".agentbox/spool-$2.tar"
@@ -286,6 +302,7 @@ tar -x -v -f "$sp" -C "$st"
 /// Extraction into a new staging directory straight from stdin: `$1` root, `$2` id; the
 /// archive on stdin. For archives whose members are large (a pipe costs nothing per byte,
 /// only per read), where a spool would only write everything twice.
+#[cfg(feature = "operator")]
 pub const EXTRACT_STREAM_SCRIPT: &str = r#"set -eu
 cd "$1"
 mkdir -p .agentbox
@@ -296,11 +313,13 @@ tar -x -f - -C "$st"
 "#;
 
 /// Removes a staging directory and the restore's spool: `$1` root, `$2` id.
+#[cfg(feature = "operator")]
 pub const DISCARD_SCRIPT: &str =
     r#"cd "$1" && rm -rf -- ".agentbox/staging-$2" ".agentbox/old-$2" ".agentbox/spool-$2.tar""#;
 
 /// The swap: `$1` root, `$2` id, then top-level names to leave alone (they hold host mounts).
 /// Undoes its own moves when one fails.
+#[cfg(feature = "operator")]
 pub const SWAP_SCRIPT: &str = r#"set -u
 root=$1; id=$2; shift 2
 nl='
@@ -343,6 +362,7 @@ rm -rf -- "$st" "$old"
 
 /// Arguments of [`SWAP_SCRIPT`]: the root, the staging id, then the top-level names to leave
 /// alone.
+#[cfg(feature = "operator")]
 pub fn swap_args(root: &str, id: &str, keep: &[String]) -> Vec<String> {
     let mut args = vec![root.to_string(), id.to_string()];
     args.extend(keep.iter().cloned());

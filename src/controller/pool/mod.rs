@@ -361,9 +361,55 @@ async fn delete_warm(ctx: &Context, api: &Api<Pod>, p: &Pod) -> bool {
     }
 }
 
+/// UIDs of the warm pods whose directory this process has left to the sweep: a later event of
+/// the same pod hints nothing more.
+static HINTED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// What the pool controller does with each pod of a pool its watch sees: a warm pod being
+/// deleted (by its pool, by hand, or with its pool) leaves its directory to the sweep, once
+/// per pod; then the pools it wakes.
+pub fn on_pod<'a>(
+    ctx: &Context,
+    p: &Pod,
+    pools: impl IntoIterator<Item = &'a Arc<SandboxPool>>,
+) -> Vec<kube::runtime::reflector::ObjectRef<SandboxPool>> {
+    if is_deleting_warm_pod(p) {
+        let first = p.uid().is_some_and(|uid| {
+            HINTED.lock().is_ok_and(|mut seen| {
+                if seen.len() > 10_000 {
+                    seen.clear();
+                }
+                seen.insert(uid)
+            })
+        });
+        if first {
+            hint_removal(ctx, p);
+        }
+    }
+    pools_of_pod(p, pools)
+}
+
+/// Each pool's replicas and ready replicas, as `agentbox_pool_*` counts them.
+pub fn counts<'a>(
+    pools: impl IntoIterator<Item = &'a Arc<SandboxPool>>,
+) -> Vec<(crate::metrics::PoolLabels, i32, i32)> {
+    pools
+        .into_iter()
+        .map(|p| {
+            let st = p.status.clone().unwrap_or_default();
+            let l = crate::metrics::PoolLabels {
+                namespace: p.namespace().unwrap_or_default(),
+                pool: p.name_any(),
+            };
+            (l, st.replicas, st.ready_replicas)
+        })
+        .collect()
+}
+
 /// Leaves a deleted warm pod's workspace directory to the sweep, which removes it once the
 /// pod has stopped mounting it.
-pub fn hint_removal(ctx: &Context, p: &Pod) {
+fn hint_removal(ctx: &Context, p: &Pod) {
     let (Some(node), Some(dir), Some(ns)) = (
         p.spec.as_ref().and_then(|s| s.node_name.clone()),
         warm_dir_of(p),
@@ -371,7 +417,7 @@ pub fn hint_removal(ctx: &Context, p: &Pod) {
     ) else {
         return;
     };
-    ctx.sweep.add(super::memory::Hint {
+    ctx.sweep.add(super::memos::Hint {
         node,
         namespace: ns,
         dir,

@@ -1,5 +1,5 @@
 //! Claiming a warm pod: a Sandbox made from a template adopts one of a SandboxPool's warm pods
-//! instead of making a pod, on its first start (see [`super::decide::may_claim`]).
+//! instead of making a pod, on its first start (see [`super::plan::may_claim`]).
 //!
 //! Candidates come from the operator's watch cache of managed pods ([`Context::pods`]): no
 //! LIST on the hot path. A candidate is a warm pod of the namespace that is ready to be
@@ -22,11 +22,12 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use tracing::debug;
 
+use super::init;
 use crate::controller::context::{Context, Error, FIELD_MANAGER};
 use crate::controller::pod::{self, PodConfig, SPEC_HASH};
 use crate::controller::{placement, pool};
 use crate::metrics::ClaimResult;
-use agentbox_api::crd::{Sandbox, SandboxPool};
+use agentbox_api::crd::{Sandbox, SandboxPool, SandboxStatus};
 use agentbox_api::exec::session::Session;
 use agentbox_api::labels;
 
@@ -159,6 +160,37 @@ pub fn start_at(uid: &str, n: usize) -> usize {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     usize::try_from(h % n.max(1) as u64).unwrap_or(0)
+}
+
+/// What a start that adopted a warm pod brings to the serve step: the snapshot lookup made
+/// beside the adoption, the shell its pool left open in the pod, and whether its pool marked
+/// the directory.
+pub(super) struct Adopted {
+    /// The restore's snapshot lookup.
+    pub lookup: init::Lookup,
+    /// The pool's open shell, if it left one.
+    pub shell: Option<Box<Session>>,
+    /// Whether the directory holds its pool's marker (`remote::WARM_MARKER`).
+    pub marked: bool,
+}
+
+impl Adopted {
+    /// What the workspace's start takes (the lookup, and whether the pool marked the
+    /// directory), and the pool's shell, which the serve step closes once the status is
+    /// written.
+    pub fn split(self) -> (Option<(init::Lookup, bool)>, Option<Box<Session>>) {
+        (Some((self.lookup, self.marked)), self.shell)
+    }
+}
+
+/// A warm pod the create step adopted, for the serve step to serve at once.
+pub(super) struct Claimed {
+    /// The pod, as the adopting write returned it.
+    pub pod: Box<Pod>,
+    /// What the adoption brings.
+    pub adopted: Adopted,
+    /// The planned status, with the pod recorded.
+    pub status: SandboxStatus,
 }
 
 /// What one try to claim came to.

@@ -10,7 +10,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
@@ -18,10 +19,10 @@ use super::abandoned;
 use super::observe::find_pod;
 use super::observe::node_health;
 use super::write::{Apis, Writer, delete_if_present, force_delete, write_status};
-use super::write::{FINALIZER, MetadataGate};
+use super::write::{FINALIZER, MetadataGate, apply_metadata, without_finalizer};
 use crate::controller::context::Note;
 use crate::controller::context::{Context, Error, LeaseFate};
-use crate::controller::memory::Hint;
+use crate::controller::memos::Hint;
 use crate::controller::nodeloss::NodeHealth;
 use crate::controller::placement::NodeDir;
 use crate::controller::pod::PodConfig;
@@ -44,6 +45,40 @@ pub enum Cleanup {
     /// A step is under way (an onStop snapshot, a directory left on a lost node): look again
     /// shortly.
     Pending,
+}
+
+/// The reconcile of a deleting Sandbox: [`cleanup`], then the finalizer off.
+pub(super) async fn deleting(sbx: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+    let ns = sbx.namespace().ok_or(Error::NotNamespaced)?;
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = sbx.name_any();
+    if !sbx.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    // The cache may trail the API server: a reconcile queued before the finalizer went
+    // would otherwise clean up again (and leave a cleanup pod behind). Act only on what
+    // the API server says now.
+    let Some(fresh) = api.get_opt(&name).await? else {
+        return Ok(Action::await_change());
+    };
+    if fresh.uid() != sbx.uid() || !fresh.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    // The on-stop snapshot follows the template's policy when the Sandbox names one.
+    let effective = crate::controller::effective::resolved_or_own(&ctx.client, &fresh).await?;
+    if cleanup(&effective, ctx).await? == Cleanup::Pending {
+        return Ok(Action::requeue(std::time::Duration::from_secs(1)));
+    }
+    // Applying our metadata without the finalizer gives up the operator's hold on it; a
+    // finalizer someone else also set (a manifest that carries it) is theirs under
+    // server-side apply too, so it goes by a patch of the list, conditioned on the version
+    // just returned.
+    let applied = apply_metadata(&api, &name, &fresh, false).await?;
+    if let Some(patch) = without_finalizer(&applied) {
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(Action::await_change())
 }
 
 /// Deleting a Sandbox; see the module's documentation for the order.

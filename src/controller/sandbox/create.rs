@@ -12,63 +12,65 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use tracing::{debug, info};
 
-use super::claim;
-use super::decide::{self, Stamp};
-use super::hands::Hands;
+use super::claim::{self, Adopted, Claimed};
 use super::observe::World;
-use super::serve::{Adopted, Found, Seen};
-use super::{lost, serve};
+use super::plan;
+use super::sources;
+use super::status::{self, Stamp};
+use super::tools::Tools;
 use crate::controller::context::{Error, FIELD_MANAGER, Note};
-use crate::controller::{credential, placement, pod, podstate, restore_source, runtime, sources};
+use crate::controller::{credential, placement, pod, restore_source, runtime};
 use agentbox_api::crd::{Sandbox, SandboxStatus};
-use agentbox_api::guard::LeaseView;
 
 /// How soon a sandbox whose RuntimeClass does not exist looks again (RuntimeClasses are not
 /// watched).
 const RUNTIME_CLASS_POLL: Duration = Duration::from_secs(30);
 
+/// How the create step's first half ended.
+pub(super) enum Created {
+    /// Done for now (a source or the runtime class is missing): look again as the action says.
+    Done(Action),
+    /// A warm pod adopted: the serve step serves it at once.
+    Claimed(Claimed),
+    /// No warm pod: the sandbox's own pod is to be made ([`apply_pod`]), once its node is
+    /// known (the lost step's `pin`), with this status.
+    Unplaced(SandboxStatus),
+}
+
 /// No pod: checks the sources the environment names, then adopts a warm pod when this
-/// start may ([`decide::may_claim`]) and one fits, and serves it at once; else pins the
-/// pod to the workspace's node if it still exists, and applies the pod.
+/// start may ([`plan::may_claim`]) and one fits; else checks the runtime class, and the
+/// sandbox's own pod is to be made.
 pub(super) async fn create_pod(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     mut st: SandboxStatus,
-    requeue: Option<Duration>,
-) -> Result<Action, Error> {
+) -> Result<Created, Error> {
     let old = &world.old;
     check_sources(h, sbx, old, &mut st).await?;
-    if decide::may_claim(sbx, old)
+    if plan::may_claim(sbx, old)
         && let Some((pod, adopted)) = claim_warm(h, sbx).await?
     {
         debug!(pod = %pod.name_any(), "adopted warm pod {}", pod.name_any());
-        decide::serving(sbx, &mut st, &pod, world.template.as_ref());
-        let found = Found {
-            state: podstate::observe_pod(&pod),
-            pod: &pod,
-            guard: &LeaseView::of(world.lease.as_ref(), world.now),
-            adopted: Some(adopted),
-        };
-        let seen = Seen {
-            old,
+        status::serving(sbx, &mut st, &pod, world.template.as_ref());
+        let claimed = Claimed {
+            pod,
+            adopted,
             status: st,
-            now: world.now,
         };
-        return serve::serve(h, sbx, found, seen, requeue).await;
+        return Ok(Created::Claimed(claimed));
     }
     if let Some(wait) = check_runtime_class(h, sbx, old, &mut st).await? {
-        return Ok(Action::requeue(wait));
+        return Ok(Created::Done(Action::requeue(wait)));
     }
-    let pin = lost::pin(h, sbx, &mut st).await?;
-    apply_pod(h, sbx, world, st, pin).await
+    Ok(Created::Unplaced(st))
 }
 
 /// The kubelet reads what the environment names on the operator's word: only objects
 /// that opted in, checked before each pod is made (a running pod keeps what it got). A
 /// source missing or not readable is recorded before its error goes back.
 async fn check_sources(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     st: &mut SandboxStatus,
@@ -87,7 +89,7 @@ async fn check_sources(
             generation,
             now: Timestamp::now(),
         };
-        let note = decide::held(st, reason, &message, stamp);
+        let note = status::held(st, reason, &message, stamp);
         h.writer(sbx).transition(old, st, Some(note)).await?;
     }
     Err(e)
@@ -96,7 +98,7 @@ async fn check_sources(
 /// Adopts a warm pod that fits, if one does: the pod as the adopting write returned it,
 /// with the restore's snapshot lookup (made beside the adopting write, as it needs no pod:
 /// one read wasted when no warm pod is taken) and the shell its pool left open in it.
-async fn claim_warm(h: &Hands<'_>, sbx: &Sandbox) -> Result<Option<(Box<Pod>, Adopted)>, Error> {
+async fn claim_warm(h: &Tools<'_>, sbx: &Sandbox) -> Result<Option<(Box<Pod>, Adopted)>, Error> {
     let started = Instant::now();
     let ((claimed, patched), (lookup, looked)) = tokio::join!(
         async {
@@ -130,7 +132,7 @@ async fn claim_warm(h: &Hands<'_>, sbx: &Sandbox) -> Result<Option<(Box<Pod>, Ad
 /// server does not check, Pending for ever): said at once, and looked at again after the
 /// returned wait.
 async fn check_runtime_class(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     st: &mut SandboxStatus,
@@ -140,10 +142,10 @@ async fn check_runtime_class(
     };
     let classes: Api<RuntimeClass> = Api::all(h.ctx.client.clone());
     match classes.get_opt(rc).await {
-        Ok(Some(_)) => decide::clear_stall(st, runtime::NOT_FOUND),
+        Ok(Some(_)) => status::clear_stall(st, runtime::NOT_FOUND),
         Ok(None) => {
             let generation = sbx.metadata.generation;
-            let note = decide::runtime_class_missing(st, rc, generation, Timestamp::now());
+            let note = status::runtime_class_missing(st, rc, generation, Timestamp::now());
             h.writer(sbx).transition(old, st, Some(note)).await?;
             return Ok(Some(RUNTIME_CLASS_POLL));
         }
@@ -155,10 +157,10 @@ async fn check_runtime_class(
     Ok(None)
 }
 
-/// Applies the sandbox's own pod, on `pin`'s node if any, mounting the workspace's
+/// The create step's second half: applies the sandbox's own pod, on `pin`'s node if any, mounting the workspace's
 /// directory (kept across a suspend or a pod's loss; the derived one when there is none).
-async fn apply_pod(
-    h: &Hands<'_>,
+pub(super) async fn apply_pod(
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     mut st: SandboxStatus,
@@ -195,7 +197,7 @@ async fn apply_pod(
         // Refused by the API server: an unknown RuntimeClass, a policy (Pod Security
         // admission, a quota), a field it rejects. Say so instead of retrying blindly.
         let msg = format!("the API server refused the sandbox pod: {}", s.message);
-        let note = decide::held(&mut st, "PodRejected", &msg, Stamp { generation, now });
+        let note = status::held(&mut st, "PodRejected", &msg, Stamp { generation, now });
         h.writer(sbx).transition(old, &st, Some(note)).await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
@@ -216,7 +218,7 @@ async fn apply_pod(
         message: msg,
     };
     h.writer(sbx).publish(Some(note)).await;
-    if decide::pod_created(old, &mut st, &pod_name, Stamp { generation, now }) {
+    if status::pod_created(old, &mut st, &pod_name, Stamp { generation, now }) {
         h.writer(sbx).status(&st).await?;
     }
     Ok(Action::requeue(Duration::from_secs(10)))

@@ -10,7 +10,7 @@
 //! The controller still gets the same event and reconciles the same object; [`FirstStarts`]
 //! serialises the two by the Sandbox's UID ([`FirstStarts::serialised`], which the controller's
 //! reconcile goes through too), so they never run side by side. Whichever comes second sees the
-//! version the first wrote over ([`super::Superseded`]) and only requeues; after a failed first
+//! version the first wrote over ([`super::write::Superseded`]) and only requeues; after a failed first
 //! start it is the retry (at once, or after that short requeue when the failed start wrote).
 //! The first starts in flight are bounded ([`MAX_IN_FLIGHT`]): beyond that a new Sandbox waits
 //! for the controller's queue, as before.
@@ -19,7 +19,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use futures::{Stream, StreamExt};
 use kube::ResourceExt;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Semaphore;
 
 use agentbox_api::crd::Sandbox;
@@ -104,6 +106,36 @@ impl FirstStarts {
         // A panic while the map was held leaves it consistent (every change is one call).
         self.locks.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The Sandboxes' own watch as the controller's stream, kept by the sandbox controller (not
+/// by `Controller::new`) so that a new Sandbox's event starts its first reconcile at once,
+/// ahead of the controller's queue: each Sandbox applied is offered to `starts`
+/// ([`FirstStarts::offer`]), which runs `run` on it. `listed` is told once the first listing
+/// has passed the reflector (the first pass counts from then).
+pub fn offered<S, R, F>(
+    events: S,
+    listed: tokio::sync::watch::Sender<bool>,
+    starts: Arc<FirstStarts>,
+    run: R,
+) -> impl Stream<Item = Result<Sandbox, watcher::Error>> + Send + 'static
+where
+    S: Stream<Item = Result<watcher::Event<Sandbox>, watcher::Error>> + Send + 'static,
+    R: Fn(Arc<Sandbox>) -> F + Send + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    events
+        .inspect(move |e| {
+            if let Ok(watcher::Event::InitDone) = e {
+                listed.send_replace(true);
+            }
+        })
+        .applied_objects()
+        .inspect(move |s| {
+            if let Ok(sbx) = s {
+                starts.offer(sbx, || run(Arc::new(sbx.clone())));
+            }
+        })
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Workspace initialisation in the sandbox's pod: probe the marker, decide the start branch
-//! ([`workspace::decide`]), restore a snapshot (branches B and C), write the files.
+//! ([`init_plan::decide`]), restore a snapshot (branches B and C), write the files.
 
 use std::time::Duration;
 
@@ -9,10 +9,11 @@ use kube::ResourceExt;
 use kube::api::Api;
 use tracing::debug;
 
+use super::init_plan::{self, Observed};
+use super::{restore, sources};
 use crate::controller::context::{Context, Error};
 use crate::controller::pod::CONTAINER;
-use crate::controller::workspace::{self, Observed};
-use crate::controller::{restore, restore_source, sources};
+use crate::controller::restore_source;
 use agentbox_api::crd::{Sandbox, WorkspaceStatus};
 use agentbox_api::exec::session::Session;
 use agentbox_api::exec::{self, ExecRequest};
@@ -51,6 +52,25 @@ pub struct Start<'a> {
     pub shell: Option<&'a Session>,
 }
 
+/// The snapshot a workspace without its marker restores, if any: the lookup made already
+/// (beside a warm pod's adoption), else made now.
+async fn restore_candidate(
+    ctx: &Context,
+    sbx: &Sandbox,
+    lookup: Option<Lookup>,
+) -> Result<Option<String>, Error> {
+    let found = match lookup {
+        Some(found) => found,
+        None => restore_source::candidate(ctx, sbx).await,
+    };
+    // A snapshot named but not restorable (missing, of another scope) is a failed restore.
+    found.inspect_err(|e| {
+        if let Error::Restore { .. } = e {
+            ctx.metrics.restore_failed(restore::failure_reason(e));
+        }
+    })
+}
+
 /// Probes the marker (unless known absent), decides the branch, resolves file sources, and
 /// writes. With `shell` (a claimed warm pod's, [`crate::controller::warm_shells`]), a write
 /// without files runs over it instead of a new exec.
@@ -63,7 +83,7 @@ pub async fn init_workspace(
     pods: &Api<Pod>,
     pod_name: &str,
     start: Start<'_>,
-) -> Result<(WorkspaceStatus, workspace::Decision), Error> {
+) -> Result<(WorkspaceStatus, init_plan::Decision), Error> {
     let Start { ws, marker, shell } = start;
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let uid = sbx.uid().unwrap_or_default();
@@ -79,25 +99,16 @@ pub async fn init_workspace(
     let snapshot = if marker_present {
         None
     } else {
-        let found = match lookup {
-            Some(found) => found,
-            None => restore_source::candidate(ctx, sbx).await,
-        };
-        // A snapshot named but not restorable (missing, of another scope) is a failed restore.
-        found.inspect_err(|e| {
-            if let Error::Restore { .. } = e {
-                ctx.metrics.restore_failed(restore::failure_reason(e));
-            }
-        })?
+        restore_candidate(ctx, sbx, lookup).await?
     };
-    let decision = workspace::decide(Observed {
+    let decision = init_plan::decide(Observed {
         marker_present,
         root_was_ready: ws.root_ready,
         snapshot: snapshot.as_deref(),
         can_restore: ctx.store.is_some(),
     });
     if let Some(why) =
-        workspace::refused_when_lost(&decision, ws.root_ready, sbx.spec.snapshot.when_lost)
+        init_plan::refused_when_lost(&decision, ws.root_ready, sbx.spec.snapshot.when_lost)
     {
         return Err(Error::WorkspaceLost(why));
     }
@@ -109,9 +120,9 @@ pub async fn init_workspace(
 
     let files = sources::resolve_files(sbx, ctx).await?;
     let projections = sources::resolve_projections(sbx, ctx).await?;
-    let hash = workspace::projection_hash(&projections);
+    let hash = init_plan::projection_hash(&projections);
     let writes =
-        workspace::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
+        init_plan::plan_writes(&decision, &files, &projections, hash != ws.projection_hash);
     let prepared = t0.elapsed();
     if warm && decision.restore.is_none() && writes.is_empty() {
         // The pool's marker stands as this fresh workspace's (see `marked`): nothing runs on
@@ -121,8 +132,8 @@ pub async fn init_workspace(
             "the pool's marker stands: no workspace command"
         );
     } else if !writes.is_empty() || !marker_present {
-        let via = workspace::files_via(&writes, shell.is_some());
-        let args = workspace::script_args(&root, &uid, &writes, via);
+        let via = init_plan::files_via(&writes, shell.is_some());
+        let args = init_plan::script_args(&root, &uid, &writes, via);
         run_script(pods, pod_name, shell, args, &writes, via).await?;
     }
     debug!(
@@ -179,7 +190,7 @@ async fn run_script(
     pod_name: &str,
     shell: Option<&Session>,
     args: Vec<String>,
-    writes: &workspace::Writes,
+    writes: &init_plan::Writes,
     via: FilesVia,
 ) -> Result<(), Error> {
     let out = match shell {
@@ -201,7 +212,7 @@ async fn run_script(
                 .max_output(16 * 1024);
             if via == FilesVia::Archive {
                 let mtime = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
-                req = req.stdin(workspace::archive(&writes.files, mtime)?);
+                req = req.stdin(init_plan::archive(&writes.files, mtime)?);
             }
             exec::run(pods, pod_name, CONTAINER, req).await?
         }

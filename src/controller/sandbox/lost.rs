@@ -10,9 +10,9 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use tracing::{debug, warn};
 
-use super::decide::{self, Lost, Stamp};
-use super::hands::Hands;
 use super::observe::{World, node_health};
+use super::status::{self, Lost, Stamp};
+use super::tools::Tools;
 use super::write::force_delete;
 use crate::controller::context::{Error, Note};
 use crate::controller::nodeloss::NodeHealth;
@@ -22,7 +22,7 @@ use agentbox_api::crd::{Sandbox, SandboxSnapshot, SandboxStatus};
 /// The pod's node is lost: records the loss once (a repeat, after a failed force-delete,
 /// only deletes), then force-deletes the pod.
 pub(super) async fn node_lost(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     pod_name: &str,
@@ -47,7 +47,7 @@ pub(super) async fn node_lost(
 /// node yet or its node is lost — then the workspace is given up in `st` first and the
 /// next start is B (restore) or D (fresh), on another node.
 pub(super) async fn pin(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     st: &mut SandboxStatus,
 ) -> Result<Option<String>, Error> {
@@ -66,23 +66,23 @@ pub(super) async fn pin(
     Ok(None)
 }
 
-/// Gives the workspace `dir` on the lost node up in `st` (see [`decide::node_lost`]),
+/// Gives the workspace `dir` on the lost node up in `st` (see [`status::node_lost`]),
 /// with what the recovery will restore; counts the loss. Returns the Event that says so.
 async fn lose_node(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     st: &mut SandboxStatus,
     lost: &Lost,
     dir: &str,
 ) -> Result<Note, Error> {
-    let recovery = decide::Recovery {
+    let recovery = status::Recovery {
         snapshot: recovery_snapshot(h, sbx).await?,
     };
     let stamp = Stamp {
         generation: sbx.metadata.generation,
         now: Timestamp::now(),
     };
-    let note = decide::node_lost(st, lost, dir, &recovery, stamp);
+    let note = status::node_lost(st, lost, dir, &recovery, stamp);
     h.ctx.metrics.node_lost();
     warn!("{}", note.message);
     Ok(note)
@@ -92,7 +92,7 @@ async fn lose_node(
 /// completed. `None` without a store or a snapshot; a refused one (a named snapshot gone,
 /// of another scope) is left to the restore to report.
 async fn recovery_snapshot(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
 ) -> Result<Option<(String, Timestamp)>, Error> {
     let (ctx, sbx) = (h.ctx, sbx);

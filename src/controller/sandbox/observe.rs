@@ -2,7 +2,7 @@
 //! was, the scope's guard Lease, the problems of its spec, its pod, its deny-egress
 //! NetworkPolicy, and — when that pod is not serving — the node it is bound to. Reads only
 //! (the independent ones side by side: a first start waits for them); the decisions are in
-//! [`super::decide`].
+//! [`super::plan`].
 
 use k8s_openapi::api::coordination::v1::Lease;
 use std::time::Duration;
@@ -319,6 +319,15 @@ pub(super) async fn node_health(
         now,
         grace,
     ))
+}
+
+/// The name of the pod `world` found (it may not have the recorded or derived name: see
+/// [`find_pod`]), else the name the sandbox's pod is to have.
+pub(super) fn pod_name(sbx: &Sandbox, world: &World) -> String {
+    world
+        .pod
+        .as_ref()
+        .map_or_else(|| placement::pod_name(sbx), |p| p.name_any())
 }
 
 #[cfg(test)]

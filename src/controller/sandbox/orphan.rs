@@ -21,7 +21,7 @@ pub fn orphan_sweep_hint(
     pod: &Pod,
     node_root: &str,
     sandboxes: &kube::runtime::reflector::Store<Sandbox>,
-) -> Option<crate::controller::memory::Hint> {
+) -> Option<crate::controller::memos::Hint> {
     pod.metadata.deletion_timestamp.as_ref()?;
     let ns = pod.namespace()?;
     let owner = pod
@@ -37,7 +37,7 @@ pub fn orphan_sweep_hint(
     let node = pod.spec.as_ref()?.node_name.clone()?;
     let mounted = placement::pod_host_dir(pod)?;
     let dir = placement::dir_name(&mounted, node_root, &ns)?.to_string();
-    Some(crate::controller::memory::Hint {
+    Some(crate::controller::memos::Hint {
         node,
         namespace: ns,
         dir,
@@ -82,6 +82,16 @@ pub fn orphan_hint(
     true
 }
 
+/// What the sandbox controller does with each pod it manages as its watch sees it: a pod of
+/// a Sandbox that is gone already, seen being deleted (the garbage collector after a Sandbox
+/// deleted before its finalizer was on: see `write::with_metadata`), leaves its directory to
+/// the sweep, once per pod.
+pub fn on_pod(ctx: &Context, pod: &Pod, sandboxes: &kube::runtime::reflector::Store<Sandbox>) {
+    if orphan_hint(ctx, pod, sandboxes) {
+        tracing::debug!(pod = %pod.name_any(), "a deleted sandbox's pod is going: its directory is left to the sweep");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,7 +117,7 @@ mod tests {
             }
             p
         };
-        let hint = crate::controller::memory::Hint {
+        let hint = crate::controller::memos::Hint {
             node: "n1".into(),
             namespace: "team".into(),
             dir: "warm-abcde".into(),

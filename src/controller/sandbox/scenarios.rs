@@ -30,7 +30,10 @@ async fn a_new_sandbox_gets_its_pod_then_finalizer_and_labels_in_one_write() {
          before the pod reports"
     );
     let s = fake.get(&format!("{SBX}/fresh")).expect("sandbox");
-    assert_eq!(s["metadata"]["finalizers"], json!([super::FINALIZER]));
+    assert_eq!(
+        s["metadata"]["finalizers"],
+        json!([super::write::FINALIZER])
+    );
     assert_eq!(
         s["metadata"]["labels"][agentbox_api::labels::AGENT],
         json!("fresh")
@@ -483,7 +486,10 @@ async fn the_metadata_write_follows_the_ready_status_and_neither_version_is_star
     );
     let s = fake.get(&format!("{SBX}/meta")).expect("sandbox");
     assert_eq!(s["status"]["phase"], json!("Ready"));
-    assert_eq!(s["metadata"]["finalizers"], json!([super::FINALIZER]));
+    assert_eq!(
+        s["metadata"]["finalizers"],
+        json!([super::write::FINALIZER])
+    );
     // The version the status write made (Ready, no finalizer yet) and the one read are
     // written over: a lagging cache that hands either back costs no request.
     let seen = fake.requests();
@@ -533,7 +539,10 @@ async fn a_failed_metadata_write_after_the_status_is_the_error_and_is_made_again
     assert_eq!(fake.writes().len(), 3, "{:?}", fake.writes());
     assert_eq!(fake.writes()[2], format!("PATCH {SBX}/nometa"));
     let s = fake.get(&format!("{SBX}/nometa")).expect("sandbox");
-    assert_eq!(s["metadata"]["finalizers"], json!([super::FINALIZER]));
+    assert_eq!(
+        s["metadata"]["finalizers"],
+        json!([super::write::FINALIZER])
+    );
 }
 
 #[tokio::test]
@@ -1208,7 +1217,7 @@ async fn ready_in_pod_1(
     let p = pod_as(&ctx, name, &fake, "pod-1", Kubelet::Serving("node-1"));
     fake.put(&format!("{PODS}/{}", pod(name)), p);
     node_root_checked(&ctx);
-    let found = crate::controller::memory::Found::Checked {
+    let found = crate::controller::memos::Found::Checked {
         nosuid: true,
         nodev: true,
         mount: "/".into(),

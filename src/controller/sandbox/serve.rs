@@ -10,11 +10,12 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::{debug, info};
 
-use super::decide::{self, Init, Serving, Stamp};
-use super::hands::Hands;
+use super::claim::{Adopted, Claimed};
 use super::idle::{self, Idle};
 use super::observe::World;
-use super::suspend;
+use super::readiness::{self, Init, Serving};
+use super::status::Stamp;
+use super::tools::Tools;
 use super::write::delete_by_uid;
 use super::{abandoned, init};
 use crate::controller::context::{Error, Note};
@@ -29,38 +30,37 @@ use agentbox_api::exec::session::Session;
 use agentbox_api::guard::LeaseView;
 use agentbox_api::labels;
 
-/// What a start that adopted a warm pod brings to [`Act::serve`]: the snapshot lookup made
-/// beside the adoption, the shell its pool left open in the pod, and whether its pool marked
-/// the directory.
-pub(super) struct Adopted {
-    /// The restore's snapshot lookup.
-    pub lookup: init::Lookup,
-    /// The pool's open shell, if it left one.
-    pub shell: Option<Box<Session>>,
-    /// Whether the directory holds its pool's marker (`remote::WARM_MARKER`).
-    pub marked: bool,
-}
-
 /// The pod to serve, as found.
-pub(super) struct Found<'p> {
+struct Found<'p> {
     /// The pod.
-    pub pod: &'p Pod,
+    pod: &'p Pod,
     /// Its state.
-    pub state: PodState,
+    state: PodState,
     /// The scope's guard Lease, as seen (for the idle clock).
-    pub guard: &'p LeaseView,
+    guard: &'p LeaseView,
     /// A warm pod adopted just now, whose directory has no sandbox's marker.
-    pub adopted: Option<Adopted>,
+    adopted: Option<Adopted>,
 }
 
 /// The status as read, the one the step builds on, and when.
-pub(super) struct Seen<'o> {
+struct Seen<'o> {
     /// The status as read.
-    pub old: &'o SandboxStatus,
+    old: &'o SandboxStatus,
     /// The planned status the serve step completes.
-    pub status: SandboxStatus,
+    status: SandboxStatus,
     /// Now.
-    pub now: Timestamp,
+    now: Timestamp,
+}
+
+/// How the serve step ended: done, or the sandbox is to be suspended by the operator (the
+/// driver runs the suspend step with the status served so far).
+pub(super) enum Outcome {
+    /// Served: look again as the action says.
+    Done(Action),
+    /// The idle timeout has passed.
+    IdleSuspend(SandboxStatus),
+    /// The workspace holds more than its size limit; the message says so.
+    OverLimitSuspend(SandboxStatus, String),
 }
 
 /// `requeue`, or `d` if that is sooner.
@@ -69,16 +69,16 @@ fn sooner(requeue: Option<Duration>, d: Duration) -> Option<Duration> {
 }
 
 /// The serve step on the pod that observe found: a second pod of the sandbox goes, the
-/// directories on nodes that came back are removed, then [`Act::serve`].
+/// directories on nodes that came back are removed, then [`serve`].
 pub(super) async fn serve_found(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     world: &World,
     mut status: SandboxStatus,
     mut requeue: Option<Duration>,
-) -> Result<Action, Error> {
+) -> Result<Outcome, Error> {
     let Some(pod) = world.pod.as_ref() else {
-        return Ok(Action::requeue(Duration::from_secs(1)));
+        return Ok(Outcome::Done(Action::requeue(Duration::from_secs(1))));
     };
     second_pods(h, sbx, pod, &world.old).await?;
     if !status.abandoned.is_empty()
@@ -100,49 +100,88 @@ pub(super) async fn serve_found(
     serve(h, sbx, found, seen, requeue).await
 }
 
+/// The serve step on a warm pod the create step has just adopted: served at once.
+pub(super) async fn serve_claimed(
+    h: &Tools<'_>,
+    sbx: &Sandbox,
+    world: &World,
+    claimed: Claimed,
+    requeue: Option<Duration>,
+) -> Result<Outcome, Error> {
+    let Claimed {
+        pod,
+        adopted,
+        status,
+    } = claimed;
+    let found = Found {
+        state: podstate::observe_pod(&pod),
+        pod: &pod,
+        guard: &LeaseView::of(world.lease.as_ref(), world.now),
+        adopted: Some(adopted),
+    };
+    let seen = Seen {
+        old: &world.old,
+        status,
+        now: world.now,
+    };
+    serve(h, sbx, found, seen, requeue).await
+}
+
+/// What the node checks of the serve step found.
+enum NodeChecked {
+    /// All is well: look again after this, if at all.
+    Fine(Option<Duration>),
+    /// The workspace is over its size limit: the message that says so.
+    OverLimit(String),
+}
+
+/// The checks of `pod`'s node: its workspace directory, the process limit, a kill for
+/// memory, the workspace's size, the usage read.
+async fn node_checks(
+    h: &Tools<'_>,
+    sbx: &Sandbox,
+    pod: &Pod,
+    state: &PodState,
+    seen: (&SandboxStatus, Timestamp),
+    st: &mut SandboxStatus,
+) -> Result<NodeChecked, Error> {
+    let (old, now) = seen;
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Ok(NodeChecked::Fine(None));
+    };
+    let mut requeue = node_root(h, sbx, &node, old, st, now).await?;
+    process_limit(h, sbx, pod, &node, old, st, now).await;
+    oom_kill(h, sbx, pod, old, st).await;
+    let over = workspace_limit(h, sbx, pod, &node, old, st, now).await;
+    st.node_name = Some(node.clone());
+    if let Some(o) = over {
+        return Ok(NodeChecked::OverLimit(sizelimit::over_message(o, &node)));
+    }
+    if let Some(wait) = read_usage(h, sbx, pod, state, st).await {
+        requeue = sooner(requeue, wait);
+    }
+    Ok(NodeChecked::Fine(requeue))
+}
+
 /// Serves `found`: the node's workspace directory checked, the workspace initialised once
 /// the kubelet reports the container running and ready, the idle clock kept, the status
-/// written once (not before [`decide::defer_first_status`] allows), Ready recorded.
-pub(super) async fn serve(
-    h: &Hands<'_>,
+/// written once (not before [`readiness::defer_first_status`] allows), Ready recorded.
+async fn serve(
+    h: &Tools<'_>,
     sbx: &Sandbox,
     found: Found<'_>,
     seen: Seen<'_>,
     mut requeue: Option<Duration>,
-) -> Result<Action, Error> {
-    let Seen {
-        old,
-        status: mut st,
-        now,
-    } = seen;
+) -> Result<Outcome, Error> {
+    let (old, mut st, now) = (seen.old, seen.status, seen.now);
     let pod = found.pod;
     let was_adopted = found.adopted.is_some();
-    if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-        if let Some(wait) = node_root(h, sbx, &node, old, &mut st, now).await? {
-            requeue = sooner(requeue, wait);
-        }
-        process_limit(h, sbx, pod, &node, old, &mut st, now).await;
-        oom_kill(h, sbx, pod, old, &mut st).await;
-        let over = workspace_limit(h, sbx, pod, &node, old, &mut st, now).await;
-        st.node_name = Some(node.clone());
-        if let Some(o) = over {
-            return suspend::over_limit_suspend(h, sbx, st, &sizelimit::over_message(o, &node))
-                .await;
-        }
-        if let Some(wait) = read_usage(h, sbx, pod, &found.state, &mut st).await {
-            requeue = sooner(requeue, wait);
-        }
+    match node_checks(h, sbx, pod, &found.state, (old, now), &mut st).await? {
+        NodeChecked::Fine(Some(wait)) => requeue = sooner(requeue, wait),
+        NodeChecked::Fine(None) => {}
+        NodeChecked::OverLimit(message) => return Ok(Outcome::OverLimitSuspend(st, message)),
     }
-    // Domain entries without an egress proxy: said on the Sandbox (they stay closed).
-    let no_proxy = domain_egress::apply(
-        &sbx.spec.pod.network,
-        h.podcfg.default_egress,
-        h.podcfg.proxy.as_ref(),
-        &old.conditions,
-        &mut st.conditions,
-        sbx.metadata.generation,
-        now,
-    );
+    let no_proxy = domain_entries(h, sbx, old, &mut st, now);
     let serving = serving(h, pod, found.state, now);
     // Asked before the workspace's start, so that a node's first check runs beside it.
     let gate = network_gate(h, sbx, pod);
@@ -154,20 +193,13 @@ pub(super) async fn serve(
     // An adopted pod's open shell (its pool's) is closed only once the status is written: its
     // exit (the exec stream torn down through the API server, the kubelet and the container
     // runtime) would otherwise share the two cores with the claim's Ready status write.
-    let (adopted, shell) = match found.adopted {
-        Some(Adopted {
-            lookup,
-            shell,
-            marked,
-        }) => (Some((lookup, marked)), shell),
-        None => (None, None),
-    };
+    let (adopted, shell) = found.adopted.map_or((None, None), Adopted::split);
     let (init, error) = initialise(h, sbx, &serving, pod, &st, adopted, shell.as_deref()).await;
     let stamp = Stamp {
         generation: sbx.metadata.generation,
         now,
     };
-    let out = decide::served(old, &mut st, &serving, init, stamp);
+    let out = readiness::served(old, &mut st, &serving, init, stamp);
     if let (Some(note), Some(e)) = (out.failed, error) {
         h.writer(sbx).transition(old, &st, Some(note)).await?;
         return Err(e);
@@ -175,7 +207,7 @@ pub(super) async fn serve(
     if let Some(retry) = out.retry {
         requeue = sooner(requeue, retry);
     }
-    let (held, wait) = decide::network_gate(old, &mut st, &gate, stamp);
+    let (held, wait) = readiness::network_gate(old, &mut st, &gate, stamp);
     if let Some(wait) = wait {
         requeue = sooner(requeue, wait);
     }
@@ -184,17 +216,15 @@ pub(super) async fn serve(
     let problem = out.problem.filter(|n| n.reason != oomkill::REASON);
     h.writer(sbx).publish(problem).await;
     h.writer(sbx).publish(held).await;
-    let idleness = idle::track(&mut st, idle::timeout(sbx), found.guard, now);
-    if idleness != Idle::Off {
-        debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
-    }
-    match idleness {
-        Idle::Suspend => return suspend::idle_suspend(h, sbx, st).await,
+    match idleness(sbx, &mut st, found.guard, now) {
+        Idle::Suspend => return Ok(Outcome::IdleSuspend(st)),
         Idle::Wait(d) | Idle::Busy(Some(d)) => requeue = sooner(requeue, d),
         Idle::Busy(None) | Idle::Off => {}
     }
-    if let Some(wait) = decide::defer_first_status(old.phase, out.starting, serving.age) {
-        return Ok(Action::requeue(requeue.map_or(wait, |r| r.min(wait))));
+    if let Some(wait) = readiness::defer_first_status(old.phase, out.starting, serving.age) {
+        return Ok(Outcome::Done(Action::requeue(
+            sooner(requeue, wait).unwrap_or(wait),
+        )));
     }
     if old != &st {
         h.writer(sbx).status(&st).await?;
@@ -206,15 +236,46 @@ pub(super) async fn serve(
     if out.started.is_some() {
         record_ready(&h.ctx.metrics, sbx, pod, old, &st);
     }
-    if decide::announce_start(was_adopted, &st) {
+    if readiness::announce_start(was_adopted, &st) {
         h.writer(sbx).publish(out.started).await;
     }
-    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+    Ok(Outcome::Done(
+        requeue.map_or_else(Action::await_change, Action::requeue),
+    ))
+}
+
+/// Domain entries without an egress proxy: said on the Sandbox (they stay closed). The
+/// Event that goes with a change.
+fn domain_entries(
+    h: &Tools<'_>,
+    sbx: &Sandbox,
+    old: &SandboxStatus,
+    st: &mut SandboxStatus,
+    now: Timestamp,
+) -> Option<Note> {
+    domain_egress::apply(
+        &sbx.spec.pod.network,
+        h.podcfg.default_egress,
+        h.podcfg.proxy.as_ref(),
+        &old.conditions,
+        &mut st.conditions,
+        sbx.metadata.generation,
+        now,
+    )
+}
+
+/// The idle clock kept in the served status `st`: what it says.
+fn idleness(sbx: &Sandbox, st: &mut SandboxStatus, guard: &LeaseView, now: Timestamp) -> Idle {
+    let idleness = idle::track(st, idle::timeout(sbx), guard, now);
+    if idleness != Idle::Off {
+        debug!(sandbox = %sbx.name_any(), since = ?st.idle_since, "idle timeout: {idleness:?}");
+    }
+    idleness
 }
 
 /// What is known of the enforcement of `sbx`'s egress policy on `pod`'s node (a check
 /// starts in the background where nothing is).
-fn network_gate(h: &Hands<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
+fn network_gate(h: &Tools<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
     let egress = sbx.spec.pod.network.egress_or(h.podcfg.default_egress);
     let spec = pod.spec.as_ref();
     let Some(node) = spec.and_then(|s| s.node_name.as_deref()) else {
@@ -237,7 +298,7 @@ fn network_gate(h: &Hands<'_>, sbx: &Sandbox, pod: &Pod) -> netcheck::Gate {
 /// waiting (the gate's condition says why) and its sandbox asks again soon. Returns how soon
 /// to look again.
 async fn release_network_wait(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     gate: &netcheck::Gate,
@@ -284,7 +345,7 @@ async fn release_network_wait(
 }
 
 /// What `pod` looks like to the serve step.
-fn serving(h: &Hands<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving {
+fn serving(h: &Tools<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving {
     let problem_for = match &state {
         PodState::Problem { reason, .. } => podstate::problem_since(pod, reason)
             .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or_default()),
@@ -304,7 +365,7 @@ fn serving(h: &Hands<'_>, pod: &Pod, state: PodState, now: Timestamp) -> Serving
 /// operator's own record of a permanent refusal follows (it outlives a status that could
 /// not keep it).
 async fn initialise(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     serving: &Serving,
     pod: &Pod,
@@ -349,7 +410,7 @@ async fn initialise(
 /// deletion is conditioned on the pod's UID. Nothing while the status does not name
 /// `served` yet.
 async fn second_pods(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     served: &Pod,
     old: &SandboxStatus,
@@ -383,7 +444,7 @@ async fn second_pods(
             && placement::recorded_host_dir(sbx).as_deref() != Some(dir.as_str())
             && let Some(entry) = placement::dir_name(&dir, &ctx.config.node_root, &ns)
         {
-            ctx.sweep.add(crate::controller::memory::Hint {
+            ctx.sweep.add(crate::controller::memos::Hint {
                 node,
                 namespace: ns.clone(),
                 dir: entry.to_string(),
@@ -398,7 +459,7 @@ async fn second_pods(
 /// helper pod that prepares it. Returns when to look again while that pod runs. A Warning
 /// Event goes out when the condition turns False.
 async fn node_root(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     node: &str,
     old: &SandboxStatus,
@@ -454,7 +515,7 @@ async fn node_root(
 /// nothing while it has not finished, nor for a sandbox without a limit. A Warning Event goes
 /// out when either turns False.
 async fn process_limit(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     node: &str,
@@ -500,7 +561,7 @@ async fn process_limit(
 /// sandbox's status does not have yet (`status.lastOOMKill`), and announces it with an
 /// `OOMKilled` Warning Event: once per kill, whichever state of the container shows it.
 async fn oom_kill(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     old: &SandboxStatus,
@@ -541,7 +602,7 @@ async fn oom_kill(
 /// (once over it) the usage in `status.workspace`; a Warning Event when it turns False.
 /// Returns the over-limit measurement when the sidecar ended with one: the sandbox must stop.
 async fn workspace_limit(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     node: &str,
@@ -617,7 +678,7 @@ async fn workspace_limit(
 /// rewritten for every byte) and the metric. Returns when to read again; `None` for a pod
 /// without the sidecar or not running. A failed read waits for the next.
 async fn read_usage(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     pod: &Pod,
     state: &PodState,
@@ -709,7 +770,7 @@ fn record_ready(
 /// errors are counted in `metrics`.
 fn outcome(
     metrics: &Metrics,
-    result: Result<(WorkspaceStatus, crate::controller::workspace::Decision), Error>,
+    result: Result<(WorkspaceStatus, super::init_plan::Decision), Error>,
 ) -> (Init, Option<Error>) {
     match result {
         Ok((workspace, decision)) => (

@@ -8,9 +8,10 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use tracing::{debug, info, warn};
 
-use super::decide;
-use super::hands::{Hands, Transition};
 use super::idle;
+use super::status;
+use super::status::Transition;
+use super::tools::Tools;
 use super::write::{SUPERSEDED, delete_if_present, write_status};
 use crate::controller::context::{self, Error, FIELD_MANAGER};
 use crate::controller::snapshot;
@@ -19,8 +20,8 @@ use agentbox_api::crd::{LifecycleMode, Sandbox, SandboxStatus};
 use agentbox_api::guard::{self, GuardConfig, GuardError};
 
 /// Suspends: takes the on-stop snapshot the spec asks for, deletes the pod, records the
-/// transition. Whether the pod is gone (false: it still terminates, the snapshot runs, or
-/// a harness holds the scope's guard).
+/// transition. Looked at again as planned once the pod is gone, else shortly (it still
+/// terminates, the snapshot runs, or a harness holds the scope's guard).
 ///
 /// Never under a harness at work: the pod goes under the hold the harness handed over in
 /// `spec.lifecycle.guard` (it keeps the guard until the sandbox is Suspended, so nobody
@@ -28,7 +29,22 @@ use agentbox_api::guard::{self, GuardConfig, GuardError};
 /// harness at work keeps its pod until it lets go; its release, a watched Lease event,
 /// brings the next look).
 pub(super) async fn suspend(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
+    sbx: &Sandbox,
+    old: &SandboxStatus,
+    pod_name: &str,
+    t: Transition,
+    requeue: Option<Duration>,
+) -> Result<Action, Error> {
+    Ok(match stop_pod(h, sbx, old, pod_name, t).await? {
+        true => requeue.map_or_else(Action::await_change, Action::requeue),
+        false => Action::requeue(Duration::from_secs(2)),
+    })
+}
+
+/// The suspend step's work (see [`suspend`]): whether the pod is gone.
+async fn stop_pod(
+    h: &Tools<'_>,
     sbx: &Sandbox,
     old: &SandboxStatus,
     pod_name: &str,
@@ -90,7 +106,7 @@ pub(super) async fn suspend(
 /// holds it (their release, a watched Lease event, brings the next look). The outcome is
 /// counted under `counted`, if given.
 async fn take_guard(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     purpose: &str,
     counted: Option<GuardOp>,
@@ -132,13 +148,13 @@ async fn take_guard(
 /// sandbox Suspended, which `get_or_create` resumes. The suspend step that the mode change
 /// brings takes the on-stop snapshot and deletes the pod, as for any suspend.
 pub(super) async fn idle_suspend(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     st: SandboxStatus,
 ) -> Result<Action, Error> {
     let finish = |st: &mut SandboxStatus, generation| {
         let timeout = idle::timeout(sbx).unwrap_or_default();
-        let note = decide::idle_suspended(st, timeout, generation, Timestamp::now());
+        let note = status::idle_suspended(st, timeout, generation, Timestamp::now());
         h.ctx.metrics.idle_suspended();
         note
     };
@@ -159,14 +175,14 @@ pub(super) async fn idle_suspend(
 /// in the on-stop snapshot, if the spec asks for one); a raised `workspace.sizeLimit`, or
 /// data removed, and a resume bring it back. `message` says why (the Warning Event's).
 pub(super) async fn over_limit_suspend(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     st: SandboxStatus,
     message: &str,
 ) -> Result<Action, Error> {
     let finish = |st: &mut SandboxStatus, generation| {
         h.ctx.metrics.over_limit_suspended();
-        decide::over_limit_suspended(st, message, generation, Timestamp::now())
+        status::over_limit_suspended(st, message, generation, Timestamp::now())
     };
     operator_suspend(h, sbx, st, "over-limit-suspend", None, finish).await
 }
@@ -174,7 +190,7 @@ pub(super) async fn over_limit_suspend(
 /// Sets `spec.lifecycle.mode: Suspended` under the scope's guard (see [`idle_suspend`]) and
 /// writes the status `finish` makes (given the new generation), with its Event.
 async fn operator_suspend(
-    h: &Hands<'_>,
+    h: &Tools<'_>,
     sbx: &Sandbox,
     mut st: SandboxStatus,
     purpose: &str,

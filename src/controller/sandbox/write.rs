@@ -1,6 +1,6 @@
 //! The sandbox controller's writes: the metadata write (finalizer and scope labels) and the
 //! gate that says when it is made, the status and transition writes with the versions they
-//! wrote over, and deletes. `act`, `cleanup` and `abandoned` write through these.
+//! wrote over, and deletes. The steps, `cleanup` and `abandoned` write through these.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +23,7 @@ pub const FINALIZER: &str = "agentbox.dev/workspace";
 
 /// When a reconcile's metadata write (finalizer and scope labels) is made: on already (or
 /// not this reconcile's business: the cleanup), or following this reconcile's start
-/// ([`reconcile`]), whose status writes then do not wait for it; a step that needs the
+/// ([`with_metadata`]), whose status writes then do not wait for it; a step that needs the
 /// finalizer on makes it first ([`MetadataGate::needed`]). Clones share whether it is made.
 #[derive(Clone, Debug)]
 pub struct MetadataGate(Option<Arc<AtomicBool>>);
@@ -269,6 +269,57 @@ pub(super) async fn apply_metadata(
             &Patch::Apply(&body),
         )
         .await?)
+}
+
+/// Runs a live Sandbox's `start` with its metadata (finalizer and scope labels) in place:
+/// when both are on already, with the gate open; else with a deferred gate, and the one
+/// write that puts both on follows the start instead of preceding it or running beside it
+/// (issue 32): nothing the start reads or decides depends on it, and on a warm claim it was
+/// a third write on the way to Ready, sharing two cores with the adopting patch and the
+/// status. This way `kubectl get sbx -l agentbox.dev/user=alice` finds hand-written
+/// sandboxes too. A Sandbox deleted before it lands is gone at once, without the cleanup the
+/// finalizer runs: its pod goes with it (the Sandbox is the pod's controller owner, so the
+/// garbage collector deletes it) and its directory is left to the sweep when that pod is
+/// seen going (`orphan_hint`), else by the sweep's next pass (docs/sandboxes.md). The write
+/// is a server-side apply: on a Sandbox deleted meanwhile it would be a create, which the API
+/// server refuses (a Sandbox needs a spec).
+pub(super) async fn with_metadata<F, Fut>(
+    sbx: &Sandbox,
+    ctx: &Context,
+    start: F,
+) -> Result<kube::runtime::controller::Action, Error>
+where
+    F: FnOnce(MetadataGate) -> Fut,
+    Fut: std::future::Future<Output = Result<kube::runtime::controller::Action, Error>>,
+{
+    let has_finalizer = sbx.finalizers().iter().any(|f| f == FINALIZER);
+    let wanted = labels::scope_labels(&sbx.spec.scope);
+    let labelled = wanted.iter().all(|(k, v)| sbx.labels().get(k) == Some(v));
+    if has_finalizer && labelled {
+        return start(MetadataGate::open()).await;
+    }
+    let gate = MetadataGate::deferred();
+    let started = start(gate.clone()).await;
+    let written = match (gate.pending(), sbx.namespace()) {
+        (true, Some(ns)) => {
+            let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
+            apply_metadata(&api, &sbx.name_any(), sbx, true)
+                .await
+                .map(drop)
+        }
+        (true, None) => Err(Error::NotNamespaced),
+        (false, _) => Ok(()),
+    };
+    match &written {
+        Ok(()) => SUPERSEDED.record(sbx, Instant::now()),
+        // The versions the start wrote over are the latest there are: the retry acts on them.
+        Err(_) => SUPERSEDED.forget(sbx),
+    }
+    // The start's error says more than the metadata write's (which fails too when the
+    // Sandbox went meanwhile).
+    let action = started?;
+    written?;
+    Ok(action)
 }
 
 /// The merge patch that takes [`FINALIZER`] off `sbx` and leaves every other finalizer,

@@ -544,7 +544,7 @@ async fn apply_retention(
     scope_key: &str,
 ) -> Result<(), Error> {
     // The policy of a templated sandbox may be its template's.
-    let sbx = &crate::controller::template::resolved_or_own(&ctx.client, sbx).await?;
+    let sbx = &crate::controller::effective::resolved_or_own(&ctx.client, sbx).await?;
     let Some(keep) = sbx
         .spec
         .snapshot

@@ -5,6 +5,7 @@
 //! bad specs at admission, so most mistakes never reach the controller.
 
 mod pool;
+#[cfg(feature = "generators")]
 pub mod reference;
 mod sandbox;
 mod snapshot;

@@ -1,4 +1,5 @@
-//! Workspace initialisation: which start branch to take, and what to write.
+//! Workspace initialisation, the pure half of [`super::init`]: which start branch to take, and
+//! what to write.
 //!
 //! After a sandbox pod runs, the operator probes the workspace for its marker and then writes
 //! files with one exec of `tar -x` fed from stdin, or, in a claimed warm pod, small files

@@ -21,9 +21,9 @@ use kube::ResourceExt;
 use kube::api::Api;
 use tracing::info;
 
-use super::pod::CONTAINER;
-use super::reasons::RestoreReason;
 use crate::controller::context::{Context, Error};
+use crate::controller::pod::CONTAINER;
+use crate::controller::reasons::RestoreReason;
 use crate::metrics::GuardOp;
 use crate::progress;
 use crate::snapshot::{self, SnapshotError, archive};
@@ -256,7 +256,7 @@ async fn source(
         )
     })?;
     // Checked again here, on the object this restore reads.
-    super::restore_source::verify(ctx, sbx, &snap, true).await?;
+    crate::controller::restore_source::verify(ctx, sbx, &snap, true).await?;
     let st = snap.status.clone().unwrap_or_default();
     let (Some(sha), Some(scope_key), Some(uid)) =
         (st.sha256.clone(), st.scope_key.clone(), snap.uid())
@@ -271,8 +271,9 @@ async fn source(
     // A restore must fit the workspace's size limit: refused whole, before anything is
     // swapped in, when the files would take more (recorded in the basis, so a raised limit
     // judges the snapshot again).
-    let size_limit = super::sizelimit::effective(&sbx.spec, &ctx.config.size_limits());
-    let limits = super::sizelimit::restore_limits(ctx.config.restore_limits(), size_limit);
+    let size_limit = crate::controller::sizelimit::effective(&sbx.spec, &ctx.config.size_limits());
+    let limits =
+        crate::controller::sizelimit::restore_limits(ctx.config.restore_limits(), size_limit);
     let (object_version, object_size) = snapshot::object_version(store, &keys.object)
         .await
         .map_err(from_snapshot)?;
@@ -540,7 +541,7 @@ async fn discard(pods: &Api<Pod>, pod_name: &str, root: &str, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::memory::Refusals;
+    use crate::controller::memos::Refusals;
 
     fn judged() -> Judged {
         Judged(RestoreBasis {

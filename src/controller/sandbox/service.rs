@@ -14,8 +14,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
-use super::pod::{SPEC_HASH, owned_labels};
 use crate::controller::context::{Error, FIELD_MANAGER};
+use crate::controller::pod::{SPEC_HASH, owned_labels};
 use agentbox_api::crd::{PortEndpoint, Sandbox, SandboxStatus};
 use agentbox_api::labels;
 

@@ -1,6 +1,6 @@
-//! What the operator remembers in-process between reconciles, shared through the
-//! [`Context`](super::context::Context): the node-root checks, the restore refusals this
-//! process made, and the directories deletions left to the sweep. A leaf: plain state, no I/O.
+//! The memos the operator keeps in-process between reconciles (what it remembers, not memory
+//! limits), shared through the [`Context`](super::context::Context): the node-root checks,
+//! the restore refusals this process made, and the directories deletions left to the sweep. A leaf: plain state, no I/O.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
-use super::workspace::{self, FileEntry, ResolvedProjection};
+use super::init_plan::{self, FileEntry, ResolvedProjection};
 use crate::controller::context::{Context, Error};
 use agentbox_api::crd::Sandbox;
 use agentbox_api::names;
@@ -146,12 +146,12 @@ impl Reader {
         };
         let labels = match &found {
             Some(Source::ConfigMap(o)) => o.labels(),
-            Some(Source::Secret(o)) if super::credential::is_credential(o) => {
+            Some(Source::Secret(o)) if crate::controller::credential::is_credential(o) => {
                 // A Secret of credentials goes only to the egress proxy, for its domains:
                 // never into a sandbox, whatever its labels say.
                 return Err(Error::SourceNotReadable(format!(
                     "{used_by}: Secret {name} holds credentials for the egress proxy (annotation {}): a sandbox's files and environment cannot name it",
-                    super::credential::DOMAINS
+                    crate::controller::credential::DOMAINS
                 )));
             }
             Some(Source::Secret(o)) => o.labels(),
@@ -236,7 +236,7 @@ pub async fn resolve_files(sbx: &Sandbox, ctx: &Context) -> Result<Vec<FileEntry
             }
         };
         out.push(FileEntry {
-            path: workspace::normalize(&f.path),
+            path: init_plan::normalize(&f.path),
             data,
             mode: f.mode.map_or(0o644, |m| (m & 0o777) as u32),
             ephemeral: f.ephemeral,
@@ -277,7 +277,7 @@ pub async fn resolve_projections(
         entries.sort();
         out.push(ResolvedProjection {
             config_map: p.config_map.clone(),
-            dir: workspace::normalize(&p.path),
+            dir: init_plan::normalize(&p.path),
             entries,
         });
     }
