@@ -149,7 +149,9 @@ fn a_partial_run_replaces_its_figures_alone_and_the_document_names_it() {
     // others stay, and the new bench joins.
     assert_eq!(data.meta, old.meta);
     let lines = |text: &str, needle: &str| text.lines().filter(|l| l.contains(needle)).count();
-    assert_eq!(lines(&merged, r#""key":"bare_ready_p50_ms""#), 1);
+    let figure = r#""bench":"lifecycle","key":"bare_ready_p50_ms""#;
+    assert_eq!(lines(&last, figure), 1);
+    assert_eq!(lines(&merged, figure), 1);
     assert!(merged.contains("4321.0"));
     assert_eq!(
         lines(&merged, r#""bench":"lifecycle""#),
