@@ -18,12 +18,20 @@
 //!   Sandboxes apart: none is expected, every status is already true);
 //! - one `deletecollection`, and the time until every sandbox is gone (finalizers removed).
 //!
-//! The limit is the chart's default `resources.limits.memory` (charts/agentbox/values.yaml;
-//! `BENCH_SCALE_LIMIT_MIB` overrides it), enforced as the kubelet would: each operator runs in
-//! a memory cgroup of its own (cgroup v1 or v2 under `/sys/fs/cgroup`) with that limit, so an
-//! operator that needs more is killed by the kernel and the bench fails saying so. Where no
-//! cgroup can be made (not root, no writable hierarchy), the limit is checked instead against
-//! the operator's `VmHWM`, and the output says which.
+//! With `BENCH_SCALE_IMAGE` (an operator image of this tree, `hack/image`; `hack/bench` sets
+//! it) the operator runs as the chart runs it: `helm install` of charts/agentbox in the bench's
+//! namespace with hack/values-local.yaml and the chart's default `resources`, so the kubelet's
+//! memory cgroup holds it to the chart's limit; a restart is a rollout of its Deployment, timed
+//! from the rollout; the pod's process is found by its container's cgroup, and its memory is
+//! read from `/proc/<pid>/status` and from that cgroup (working set, peak usage).
+//!
+//! Without it the bench runs this build's binary, and the limit is the chart's default
+//! `resources.limits.memory` (charts/agentbox/values.yaml; `BENCH_SCALE_LIMIT_MIB` overrides
+//! it in both modes), enforced as the kubelet would: each operator runs in a memory cgroup of
+//! its own (cgroup v1 or v2 under `/sys/fs/cgroup`) with that limit, so an operator that needs
+//! more is killed by the kernel and the bench fails saying so. Where no cgroup can be made (not
+//! root, no writable hierarchy), the limit is checked instead against the operator's `VmHWM`,
+//! and the output says which.
 //!
 //! Figures go to `BENCH_RESULTS` as JSON lines under the bench `scale_<N>`.
 
@@ -164,31 +172,87 @@ impl Drop for Cgroup {
     }
 }
 
-/// One operator process of the bench: leader election on, its metrics on `port`, in a memory
-/// cgroup of its own when one could be made.
+/// Where one operator of the bench runs.
+enum Run {
+    /// A process of this build, in a memory cgroup of its own when one could be made.
+    Process {
+        op: Operator,
+        cgroup: Option<Cgroup>,
+        log: PathBuf,
+    },
+    /// The chart's Deployment (`BENCH_SCALE_IMAGE`): its one pod, the container's process
+    /// (`pid`, as the node sees it) in the memory cgroup the kubelet made with the chart's limit.
+    Pod {
+        name: String,
+        pid: u32,
+        cgroup: PathBuf,
+    },
+}
+
+/// One operator of the bench: leader election on, its metrics on `port`.
 struct Op {
-    op: Operator,
+    run: Run,
     port: u16,
-    cgroup: Option<Cgroup>,
-    log: PathBuf,
 }
 
 impl Op {
     fn pid(&self) -> u32 {
-        self.op.pid()
+        match &self.run {
+            Run::Process { op, .. } => op.pid(),
+            Run::Pod { pid, .. } => *pid,
+        }
+    }
+
+    /// Whether a memory limit is enforced by a cgroup (else it is checked against `VmHWM`).
+    fn enforced(&self) -> bool {
+        match &self.run {
+            Run::Process { cgroup, .. } => cgroup.is_some(),
+            Run::Pod { .. } => true,
+        }
+    }
+
+    /// The memory cgroup the operator runs in, if any.
+    fn cgroup(&self) -> Option<CgroupFiles> {
+        match &self.run {
+            Run::Process { cgroup, .. } => cgroup.as_ref().map(|c| CgroupFiles {
+                dir: c.dir.clone(),
+                v1: c.v1,
+            }),
+            Run::Pod { cgroup, .. } => Some(CgroupFiles {
+                dir: cgroup.clone(),
+                v1: cgroup.starts_with("/sys/fs/cgroup/memory"),
+            }),
+        }
     }
 
     /// The process has exited (an OOM kill, a crash): how, with the log's last lines.
     fn exited(&mut self) -> Option<String> {
-        let status = self.op.0.try_wait().ok().flatten()?;
-        let kills = self.cgroup.as_ref().map_or(0, Cgroup::oom_kills);
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(5).collect();
-        Some(format!(
-            "the operator exited ({status}; OOM kills in its cgroup: {kills}); log {}: {}",
-            self.log.display(),
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        ))
+        match &mut self.run {
+            Run::Process { op, cgroup, log } => {
+                let status = op.0.try_wait().ok().flatten()?;
+                let kills = cgroup.as_ref().map_or(0, Cgroup::oom_kills);
+                let text = std::fs::read_to_string(&*log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                Some(format!(
+                    "the operator exited ({status}; OOM kills in its cgroup: {kills}); log {}: {}",
+                    log.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                ))
+            }
+            Run::Pod { name, pid, cgroup } => {
+                if Path::new(&format!("/proc/{pid}")).exists() {
+                    return None;
+                }
+                let kills = CgroupFiles {
+                    dir: cgroup.clone(),
+                    v1: cgroup.starts_with("/sys/fs/cgroup/memory"),
+                }
+                .oom_kills();
+                Some(format!(
+                    "the operator pod {name}'s process {pid} is gone (OOM kills in its cgroup: {kills}); see `kubectl describe pod {name}`"
+                ))
+            }
+        }
     }
 
     /// Its `/metrics` text.
@@ -203,6 +267,76 @@ impl Op {
         s.read_to_end(&mut buf).await.ok()?;
         let text = String::from_utf8_lossy(&buf).into_owned();
         text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    }
+}
+
+/// The memory files of a cgroup (v1 or v2) the bench reads.
+struct CgroupFiles {
+    dir: PathBuf,
+    v1: bool,
+}
+
+impl CgroupFiles {
+    fn read_u64(&self, file: &str) -> Option<u64> {
+        std::fs::read_to_string(self.dir.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// A field of `memory.stat`.
+    fn stat(&self, field: &str) -> u64 {
+        std::fs::read_to_string(self.dir.join("memory.stat"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(field)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+
+    /// The working set in KiB, as the kubelet counts it against the limit: the usage less the
+    /// inactive file pages.
+    fn working_set_kib(&self) -> u64 {
+        let (usage, inactive) = if self.v1 {
+            (
+                self.read_u64("memory.usage_in_bytes"),
+                self.stat("total_inactive_file"),
+            )
+        } else {
+            (self.read_u64("memory.current"), self.stat("inactive_file"))
+        };
+        usage.unwrap_or(0).saturating_sub(inactive) >> 10
+    }
+
+    /// The cgroup's peak usage in KiB (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`).
+    fn peak_kib(&self) -> u64 {
+        self.read_u64(if self.v1 {
+            "memory.max_usage_in_bytes"
+        } else {
+            "memory.peak"
+        })
+        .unwrap_or(0)
+            >> 10
+    }
+
+    fn oom_kills(&self) -> u64 {
+        let file = if self.v1 {
+            "memory.oom_control"
+        } else {
+            "memory.events"
+        };
+        std::fs::read_to_string(self.dir.join(file))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     }
 }
 
@@ -259,11 +393,15 @@ async fn start_operator(
     run.env("RUST_LOG", common::operator_log_level());
     let op = Operator::start(&mut run, &log)?;
     let mut op = Op {
-        op,
+        run: Run::Process { op, cgroup, log },
         port,
-        cgroup,
-        log,
     };
+    leads(client, ns, identity, &mut op).await?;
+    Ok(op)
+}
+
+/// Waits (up to 60 s) until `op` holds the leader Lease as `identity`.
+async fn leads(client: &kube::Client, ns: &str, identity: &str, op: &mut Op) -> Res<()> {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), ns);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -277,13 +415,203 @@ async fn start_operator(
             .and_then(|l| l.spec)
             .and_then(|s| s.holder_identity);
         if holder.as_deref() == Some(identity) {
-            return Ok(op);
+            return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("{identity} did not lead within 60 s; see {:?}", op.log).into());
+            return Err(format!("{identity} did not lead within 60 s").into());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The chart installed as a release in the bench's namespace, watching it, with this tree's
+/// image (`BENCH_SCALE_IMAGE`, from `hack/image`) and the local cluster's values
+/// (hack/values-local.yaml); its resources are the chart's defaults unless
+/// `BENCH_SCALE_LIMIT_MIB` sets the limit. Uninstalled when dropped.
+struct Release {
+    name: String,
+    ns: String,
+    installed: bool,
+}
+
+fn helm() -> String {
+    std::env::var("HELM")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "helm".into())
+}
+
+impl Release {
+    fn install(ns: &str, image: &str, port: u16, limit_mib: Option<u64>) -> Res<Release> {
+        let (repo, tag) = image
+            .rsplit_once(':')
+            .ok_or_else(|| format!("BENCH_SCALE_IMAGE {image:?} is not <repository>:<tag>"))?;
+        let mut cmd = Command::new(helm());
+        cmd.current_dir(repo_root())
+            .args(["install", ns, "charts/agentbox", "-n", ns])
+            .args(["-f", "hack/values-local.yaml"]);
+        let mut set = vec![
+            format!("image.repository={repo}"),
+            format!("image.tag={tag}"),
+            format!("watchNamespace={ns}"),
+            "crds.install=false".into(),
+            format!("leaderElection.leaseName={LEADER_LEASE}"),
+            format!("metrics.port={port}"),
+            "metrics.service.enabled=false".into(),
+        ];
+        // The helper image hack/helper-image imports, as the process mode's (common.rs).
+        if let Some(helper) = std::env::var("AGENTBOX_HELPER_IMAGE")
+            .ok()
+            .filter(|s| !s.is_empty())
+        {
+            set.push(format!("helperImage={helper}"));
+        }
+        if let Some(mib) = limit_mib {
+            set.push(format!("resources.limits.memory={mib}Mi"));
+        }
+        for v in &set {
+            cmd.args(["--set", v]);
+        }
+        let out = cmd.output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "helm install: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+            .into());
+        }
+        Ok(Release {
+            name: ns.to_string(),
+            ns: ns.to_string(),
+            installed: true,
+        })
+    }
+
+    /// `helm uninstall` (its cluster-scoped objects too).
+    fn uninstall(&mut self) {
+        if std::mem::take(&mut self.installed) {
+            let _ = Command::new(helm())
+                .args(["uninstall", &self.name, "-n", &self.ns, "--wait"])
+                .args(["--timeout", "120s"])
+                .stdout(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.uninstall();
+    }
+}
+
+/// The pid (as the node sees it) of the container `container_id` of the pod `uid`, and its
+/// memory cgroup, found under `/sys/fs/cgroup` (v1's memory hierarchy, or v2).
+fn container_process(uid: &str, container_id: &str) -> Option<(u32, PathBuf)> {
+    fn find(dir: &Path, depth: u32, pod: &[String], id: &str, in_pod: bool) -> Option<PathBuf> {
+        for e in std::fs::read_dir(dir).ok()?.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().to_string();
+            if in_pod && name.contains(id) {
+                return Some(e.path());
+            }
+            let here = pod.iter().any(|p| name.contains(p.as_str()));
+            if (here || (!in_pod && depth > 0))
+                && let Some(found) = find(&e.path(), depth.saturating_sub(1), pod, id, here)
+            {
+                return Some(found);
+            }
+        }
+        None
+    }
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    let root = if v1.is_dir() {
+        v1
+    } else {
+        Path::new("/sys/fs/cgroup")
+    };
+    let pod = [format!("pod{uid}"), format!("pod{}", uid.replace('-', "_"))];
+    let dir = find(root, 5, &pod, container_id, false)?;
+    let pid = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((pid, dir))
+}
+
+/// Waits (up to 180 s) for the release's operator pod other than `old` to run, and then to
+/// lead: the operator of the chart, as a rollout leaves it.
+async fn chart_operator(client: &kube::Client, ns: &str, port: u16, old: Option<&str>) -> Res<Op> {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={ns}"));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut op = loop {
+        if Instant::now() > deadline {
+            return Err("the chart's operator pod did not run within 180 s".into());
+        }
+        let found = pods.list(&lp).await?.items.into_iter().find_map(|p| {
+            let name = p.name_any();
+            if Some(name.as_str()) == old || p.metadata.deletion_timestamp.is_some() {
+                return None;
+            }
+            let uid = p.metadata.uid.clone()?;
+            let status = p.status?;
+            let cs = status
+                .container_statuses?
+                .into_iter()
+                .find(|c| c.name == "operator")?;
+            cs.state.as_ref()?.running.as_ref()?;
+            let id = cs.container_id?;
+            let id = id.rsplit_once("://").map_or(id.as_str(), |(_, i)| i);
+            let (pid, cgroup) = container_process(&uid, id)?;
+            Some((name, pid, cgroup))
+        });
+        if let Some((name, pid, cgroup)) = found {
+            break Op {
+                run: Run::Pod { name, pid, cgroup },
+                port,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let Run::Pod { name, .. } = &op.run else {
+        return Err("not a pod".into());
+    };
+    let name = name.clone();
+    leads(client, ns, &name, &mut op).await?;
+    Ok(op)
+}
+
+/// A rollout of the chart's Deployment (`kubectl rollout restart`: with hostNetwork the old pod
+/// goes before the new one starts).
+async fn rollout(client: &kube::Client, ns: &str, k: u64) -> Res<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={ns}"));
+    let d = deploys
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .ok_or("the release has no Deployment")?;
+    let patch = json!({"spec": {"template": {"metadata": {"annotations": {
+        "kubectl.kubernetes.io/restartedAt": format!("bench-restart-{k}-{}", Timestamp::now())
+    }}}}});
+    deploys
+        .patch(
+            &d.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
 }
 
 /// What one restart came to.
@@ -296,6 +624,10 @@ struct Restart {
     peak_kib: u64,
     /// VmRSS at the end of the settle window (KiB).
     rss_kib: u64,
+    /// The cgroup's working set at the end of the settle window and its peak usage (KiB; 0
+    /// without a cgroup).
+    cgroup_ws_kib: u64,
+    cgroup_peak_kib: u64,
     /// The limit the operator saw (`agentbox_memory_limit_bytes`).
     seen_limit: f64,
     /// The audit window: from the process start to the end of the settle window.
@@ -304,7 +636,9 @@ struct Restart {
 }
 
 /// Stops `old` (SIGTERM, as a rollout does: it hands the leader Lease over), starts a new
-/// operator and follows it until every Sandbox is reconciled, then `settle` at rest.
+/// operator and follows it until every Sandbox is reconciled, then `settle` at rest. With the
+/// chart (`chart`), a rollout of its Deployment does both; the time runs from the rollout.
+#[allow(clippy::too_many_arguments)]
 async fn restart(
     client: &kube::Client,
     ns: &str,
@@ -313,11 +647,23 @@ async fn restart(
     k: u64,
     limit_mib: u64,
     settle: Duration,
+    chart: bool,
 ) -> Res<(Op, Restart)> {
-    drop(old.take()); // SIGTERM, then waits for it to exit (SIGKILL after 5 s)
     let from = Timestamp::now();
     let t = Instant::now();
-    let mut op = start_operator(client, ns, &format!("bench-scale-r{k}"), limit_mib).await?;
+    let mut op = if chart {
+        let (port, old_name) = match old.as_ref().map(|o| (o.port, &o.run)) {
+            Some((port, Run::Pod { name, .. })) => (port, name.clone()),
+            _ => return Err("no chart operator to restart".into()),
+        };
+        rollout(client, ns, k).await?;
+        let op = chart_operator(client, ns, port, Some(&old_name)).await?;
+        drop(old.take());
+        op
+    } else {
+        drop(old.take()); // SIGTERM, then waits for it to exit (SIGKILL after 5 s)
+        start_operator(client, ns, &format!("bench-scale-r{k}"), limit_mib).await?
+    };
     let (reconciled, operator_secs) = loop {
         if let Some(e) = op.exited() {
             return Err(format!("restart {k}: {e}").into());
@@ -348,11 +694,14 @@ async fn restart(
         return Err(format!("restart {k}, at rest: {e}").into());
     }
     let m = op.metrics().await.unwrap_or_default();
+    let cg = op.cgroup();
     let r = Restart {
         reconciled,
         operator_secs,
         peak_kib: proc_kib(op.pid(), "VmHWM:"),
         rss_kib: proc_kib(op.pid(), "VmRSS:"),
+        cgroup_ws_kib: cg.as_ref().map_or(0, CgroupFiles::working_set_kib),
+        cgroup_peak_kib: cg.as_ref().map_or(0, CgroupFiles::peak_kib),
         seen_limit: sample(&m, "agentbox_memory_limit_bytes").unwrap_or(0.0),
         from,
         to: Timestamp::now(),
@@ -363,8 +712,21 @@ async fn restart(
 /// After a failure with thousands of Sandboxes left: an operator without a limit (the one
 /// given, while it still runs) deletes them all and removes their finalizers, so that the
 /// namespace does not stay Terminating on a cluster others share.
-async fn rescue(client: &kube::Client, ns: &str, sbxs: &Api<Sandbox>, op: Option<Op>) {
+async fn rescue(
+    client: &kube::Client,
+    ns: &str,
+    sbxs: &Api<Sandbox>,
+    op: Option<Op>,
+    release: Option<&mut Release>,
+) {
     let mut op = op;
+    if let Some(r) = release
+        && op.as_mut().is_none_or(|o| o.exited().is_some())
+    {
+        // Its pod would compete for the Lease with the rescuer.
+        drop(op.take());
+        r.uninstall();
+    }
     if op.as_mut().is_none_or(|o| o.exited().is_some()) {
         drop(op.take());
         match start_operator(client, ns, "bench-scale-rescue", 1 << 20).await {
@@ -393,6 +755,8 @@ struct Settings {
     settle: Duration,
     inflight: usize,
     limit_mib: u64,
+    /// The chart's operator pod (`BENCH_SCALE_IMAGE`) instead of a process of this build.
+    chart: bool,
 }
 
 #[tokio::main]
@@ -400,29 +764,53 @@ async fn main() -> Res<()> {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return Ok(()); // `cargo test --benches` / `--list`: nothing to list.
     }
+    let image = std::env::var("BENCH_SCALE_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let limit_override = match std::env::var("BENCH_SCALE_LIMIT_MIB") {
+        Ok(v) => Some(v.parse::<u64>()?),
+        Err(_) => None,
+    };
     let set = Settings {
         n: env_num("BENCH_SCALE_N", 500) as usize,
         idle: env_num("BENCH_SCALE_IDLE_SECS", 60),
         restarts: env_num("BENCH_SCALE_RESTARTS", 1),
         settle: Duration::from_secs(env_num("BENCH_SCALE_SETTLE_SECS", 30)),
         inflight: env_num("BENCH_SCALE_INFLIGHT", 16) as usize,
-        limit_mib: match std::env::var("BENCH_SCALE_LIMIT_MIB") {
-            Ok(v) => v.parse()?,
-            Err(_) => chart_limit_mib()?,
+        limit_mib: match limit_override {
+            Some(mib) => mib,
+            None => chart_limit_mib()?,
         },
+        chart: image.is_some(),
     };
     let audit = audit_log()?;
     let client = agentbox_api::kube_client().await?;
     let cleanup = namespace(&client, "bench-scale").await?;
     let ns = cleanup.1.clone();
-    let mut op = Some(start_operator(&client, &ns, "bench-scale", set.limit_mib).await?);
+    let (mut release, mut op) = match &image {
+        Some(image) => {
+            let port = free_port();
+            let mut release = Release::install(&ns, image, port, limit_override)?;
+            match chart_operator(&client, &ns, port, None).await {
+                Ok(op) => (Some(release), Some(op)),
+                Err(e) => {
+                    release.uninstall();
+                    return Err(e);
+                }
+            }
+        }
+        None => (
+            None,
+            Some(start_operator(&client, &ns, "bench-scale", set.limit_mib).await?),
+        ),
+    };
     let sbxs: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
     // Declared after `op`: dropped first, so the operator is there to remove the finalizers.
     let _delete_all = DeleteAll::of(&client, &ns);
     let out = measure(&set, &client, &ns, &audit, &sbxs, &mut op).await;
     if let Err(e) = &out {
         eprintln!("{e}");
-        rescue(&client, &ns, &sbxs, op.take()).await;
+        rescue(&client, &ns, &sbxs, op.take(), release.as_mut()).await;
     }
     out
 }
@@ -443,20 +831,23 @@ async fn measure(
         settle,
         inflight,
         limit_mib,
+        chart,
     } = *set;
     let bench = format!("scale_{n}");
-    let enforced = op.as_ref().is_some_and(|o| o.cgroup.is_some());
+    let enforced = op.as_ref().is_some_and(Op::enforced);
     let pid = op.as_ref().map_or(0, Op::pid);
     let ticks = clock_ticks();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_before = proc_kib(pid, "VmRSS:");
+    let where_ = if chart {
+        "the chart's operator pod"
+    } else if enforced {
+        "a memory cgroup"
+    } else {
+        "checked against VmHWM"
+    };
     eprintln!(
-        "operator pid {pid} leads in {ns} ({limit_mib} MiB limit, {}); creating {n} Suspended sandboxes",
-        if enforced {
-            "a memory cgroup"
-        } else {
-            "checked against VmHWM"
-        }
+        "operator pid {pid} leads in {ns} ({limit_mib} MiB limit, {where_}); creating {n} Suspended sandboxes"
     );
 
     // The watch is open before the first create, so no status is missed.
@@ -540,6 +931,10 @@ async fn measure(
     let cpu_rest_pct = (cpu_b - cpu_a) / idle_secs * 100.0;
     let rss_rest = proc_kib(pid, "VmRSS:");
     let peak_first = proc_kib(pid, "VmHWM:");
+    let cg_rest = op
+        .as_ref()
+        .and_then(Op::cgroup)
+        .map_or(0, |c| c.working_set_kib());
     if let Some(e) = op.as_mut().and_then(Op::exited) {
         return Err(e.into());
     }
@@ -547,14 +942,16 @@ async fn measure(
     // Restarts in a row, each under the same limit.
     let mut after: Vec<Restart> = Vec::new();
     for k in 1..=restarts {
-        let (new, r) = restart(client, ns, op, n, k, limit_mib, settle).await?;
+        let (new, r) = restart(client, ns, op, n, k, limit_mib, settle, chart).await?;
         eprintln!(
-            "restart {k}: every sandbox reconciled {:.1} s after the start (operator: {:.1} s), peak {:.1} MiB, {:.1} MiB after {} s at rest; limit seen {:.0} MiB",
+            "restart {k}: every sandbox reconciled {:.1} s after the start (operator: {:.1} s), peak {:.1} MiB, {:.1} MiB after {} s at rest (cgroup: working set {:.1} MiB, peak {:.1} MiB); limit seen {:.0} MiB",
             r.reconciled.as_secs_f64(),
             r.operator_secs,
             r.peak_kib as f64 / 1024.0,
             r.rss_kib as f64 / 1024.0,
             settle.as_secs(),
+            r.cgroup_ws_kib as f64 / 1024.0,
+            r.cgroup_peak_kib as f64 / 1024.0,
             r.seen_limit / 1048576.0
         );
         *op = Some(new);
@@ -624,15 +1021,12 @@ async fn measure(
     let restart_peak = worst(|r| r.peak_kib as f64) as u64;
     let restart_rss = worst(|r| r.rss_kib as f64) as u64;
     let peak_ratio = restart_peak as f64 / rss_rest.max(1) as f64;
+    let restart_cg_ws = worst(|r| r.cgroup_ws_kib as f64) as u64;
+    let restart_cg_peak = worst(|r| r.cgroup_peak_kib as f64) as u64;
 
     println!();
     println!(
-        "{n} Suspended sandboxes, one operator at a time under a {limit_mib} MiB limit ({}):",
-        if enforced {
-            "its memory cgroup"
-        } else {
-            "VmHWM checked against it"
-        }
+        "{n} Suspended sandboxes, one operator at a time under a {limit_mib} MiB limit ({where_}):"
     );
     println!(
         "  created in {:.1} s ({:.0}/s, {inflight} in flight); all reconciled {:.1} s after the first create",
@@ -653,6 +1047,14 @@ async fn measure(
         mib(rss_max),
         mib(peak_first)
     );
+    if cg_rest > 0 {
+        println!(
+            "  at rest: the cgroup's working set {:.1} MiB; after the restarts (worst) {:.1} MiB, the cgroup's peak {:.1} MiB",
+            mib(cg_rest),
+            mib(restart_cg_ws),
+            mib(restart_cg_peak)
+        );
+    }
     println!(
         "  at rest: {w_idle} writes ({:.1}/min) {k_idle:?}, and {w_leader} leader-election Lease renewals ({:.1}/min)",
         per_min(w_idle),
@@ -720,6 +1122,15 @@ async fn measure(
         emit(b, "restart_sandbox_writes", sw, "writes", k);
     }
     emit(b, "limit_mib", limit_mib as f64, "MiB", u64::from(enforced));
+    emit(b, "chart_pod", f64::from(u8::from(chart)), "", 1);
+    if cg_rest > 0 {
+        emit(b, "rest_cgroup_ws_mib", mib(cg_rest), "MiB", n64);
+        if !after.is_empty() {
+            let k = after.len() as u64;
+            emit(b, "restart_cgroup_ws_mib", mib(restart_cg_ws), "MiB", k);
+            emit(b, "restart_cgroup_peak_mib", mib(restart_cg_peak), "MiB", k);
+        }
+    }
     emit(b, "delete_all_secs", delete_time.as_secs_f64(), "s", n64);
     emit(b, "deleted_rss_mib", mib(rss_deleted), "MiB", n64);
 

@@ -125,6 +125,66 @@ fn a_row_carries_the_marker_of_the_note_its_figures_come_from() {
     assert!(err.contains("names no row \"No such figure\""), "{err}");
 }
 
+#[test]
+fn a_partial_run_replaces_its_figures_alone_and_the_document_names_it() {
+    let last = read(render::LAST_RUN);
+    let old = render::parse(&last).expect("the last run's data");
+    let results = [
+        r#"{"bench":"scale_2000","key":"rest_kib_per_sandbox","n":2000,"unit":"KiB","value":12.5}"#,
+        r#"{"bench":"lifecycle","key":"bare_ready_p50_ms","n":20,"unit":"ms","value":4321.0}"#,
+    ]
+    .join("\n");
+    let meta = |run: &str| render::Meta {
+        command: "BENCH_ONLY=scale hack/bench".into(),
+        run: run.into(),
+        commit: "abc".into(),
+        date: "today".into(),
+        wall_secs: 7,
+        machine: vec!["m".into()],
+        versions: vec!["etcd: 3.5".into(), "agentbox: commit abc".into()],
+    };
+    let merged = render::merge(&last, &results, meta("p1")).expect("merged");
+    let data = render::parse(&merged).expect("parse");
+    // The full run's facts stay; its figure the partial run measured again is replaced, the
+    // others stay, and the new bench joins.
+    assert_eq!(data.meta, old.meta);
+    let lines = |text: &str, needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+    let figure = r#""bench":"lifecycle","key":"bare_ready_p50_ms""#;
+    assert_eq!(lines(&last, figure), 1);
+    assert_eq!(lines(&merged, figure), 1);
+    assert!(merged.contains("4321.0"));
+    assert_eq!(
+        lines(&merged, r#""bench":"lifecycle""#),
+        lines(&last, r#""bench":"lifecycle""#)
+    );
+    assert_eq!(lines(&merged, r#""bench":"scale_2000""#), 1);
+    assert_eq!(data.partials.len(), 1);
+    assert_eq!(data.partials[0].benches, ["lifecycle", "scale_2000"]);
+    let doc = render::document(&data, &read(render::NOTES)).expect("the document");
+    assert!(
+        doc.contains(
+            "The rows of the benches `lifecycle`, `scale_2000` come from a later run of them alone: `BENCH_ONLY=scale hack/bench` (run p1 at commit abc), today, 7 s in all; etcd: 3.5."
+        ),
+        "{doc}"
+    );
+    // A second partial run of the same benches replaces the first's record; one of other
+    // benches keeps it.
+    let again = render::merge(&merged, &results, meta("p2")).expect("merged again");
+    let data = render::parse(&again).expect("parse");
+    assert_eq!(data.partials.len(), 1);
+    assert_eq!(data.partials[0].meta.run, "p2");
+    let other =
+        r#"{"bench":"scale_500","key":"rest_kib_per_sandbox","n":500,"unit":"KiB","value":20.0}"#;
+    let data =
+        render::parse(&render::merge(&again, other, meta("p3")).expect("merged")).expect("parse");
+    assert_eq!(data.partials.len(), 2);
+    // Results with nothing measured, or a line that is not a figure, are refused.
+    let err = render::merge(&last, "", meta("p4")).unwrap_err();
+    assert!(err.contains("measured nothing"), "{err}");
+    let err = render::merge(&last, r#"{"meta": {}}"#, meta("p5")).unwrap_err();
+    assert!(err.contains("results line 1: not a figure"), "{err}");
+}
+
 /// Every text file of the source tree a citation could be in.
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {

@@ -4,7 +4,9 @@
 //! writes them to `benches/report/last-run.jsonl` and the document to `$BENCH_REPORT`
 //! (docs/benchmarks.md) with the notes of `benches/report/notes.md` (render.rs). With
 //! `$BENCH_REPORT` and no `$BENCH_RESULTS` it writes the document again from
-//! `last-run.jsonl` (after a note changed) without running anything. Does nothing without
+//! `last-run.jsonl` (after a note changed) without running anything. With `$BENCH_PARTIAL`
+//! set (`hack/bench` with `BENCH_ONLY`) the run's figures replace only the same figures of
+//! `last-run.jsonl` (render.rs, `merge`). Does nothing without
 //! either, so a plain `cargo bench` passes over it.
 
 use std::process::Command;
@@ -163,8 +165,15 @@ fn main() -> Res<()> {
                 machine,
                 versions,
             };
-            let meta = serde_json::json!({ "meta": meta });
-            let text = format!("{}\n{meta}\n", figures.trim_end());
+            let text = if std::env::var_os("BENCH_PARTIAL").is_some() {
+                // Some benches alone: their figures replace the same figures of the last
+                // run, whose facts stay, with this run's beside them.
+                let last = std::fs::read_to_string(root.join(render::LAST_RUN))?;
+                render::merge(&last, &figures, meta)?
+            } else {
+                let meta = serde_json::json!({ "meta": meta });
+                format!("{}\n{meta}\n", figures.trim_end())
+            };
             if report.is_some() {
                 std::fs::write(root.join(render::LAST_RUN), &text)?;
             }

@@ -31,6 +31,71 @@ pub struct Meta {
     pub versions: Vec<String>,
 }
 
+/// A later run of some benches alone (`BENCH_ONLY=... hack/bench`): its facts and the benches
+/// (as the figures name them) it measured. Its figures replace the same figures of
+/// `last-run.jsonl`; the others stay the full run's, and the document names both runs.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct Partial {
+    /// The run's facts.
+    pub meta: Meta,
+    /// The benches its figures name (`scale_2000`, ...).
+    pub benches: Vec<String>,
+}
+
+/// `last-run.jsonl` after a partial run with facts `meta`: each figure of its `results`
+/// replaces the same (bench, key) of `last`, every other line stays (an earlier partial run's
+/// record too, unless this one measured all its benches again), and this run's record is
+/// added. Fails on a line that is not JSON, or on results without a figure.
+pub fn merge(last: &str, results: &str, meta: Meta) -> Result<String, String> {
+    let mut new = std::collections::BTreeSet::new();
+    let mut benches = std::collections::BTreeSet::new();
+    for (i, line) in results
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("results line {}: {e}", i + 1))?;
+        let (Some(b), Some(k)) = (v["bench"].as_str(), v["key"].as_str()) else {
+            return Err(format!("results line {}: not a figure", i + 1));
+        };
+        new.insert((b.to_string(), k.to_string()));
+        benches.insert(b.to_string());
+    }
+    if new.is_empty() {
+        return Err("the partial run measured nothing".into());
+    }
+    let mut out = String::new();
+    for (i, line) in last
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{LAST_RUN} line {}: {e}", i + 1))?;
+        let replaced = match (v["bench"].as_str(), v["key"].as_str()) {
+            (Some(b), Some(k)) => new.contains(&(b.to_string(), k.to_string())),
+            _ => v["partial"]["benches"].as_array().is_some_and(|bs| {
+                bs.iter()
+                    .all(|b| b.as_str().is_some_and(|b| benches.contains(b)))
+            }),
+        };
+        if !replaced {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(results.trim_end());
+    out.push('\n');
+    let partial = Partial {
+        meta,
+        benches: benches.into_iter().collect(),
+    };
+    out.push_str(&serde_json::json!({ "partial": partial }).to_string());
+    out.push('\n');
+    Ok(out)
+}
+
 /// The contents of `last-run.jsonl`.
 pub struct Data {
     /// The figures.
@@ -40,6 +105,8 @@ pub struct Data {
     /// (note marker, figure prefixes): rows whose figure text starts with a prefix came from
     /// the measurement the note records, not from the run.
     pub provenance: Vec<(String, Vec<String>)>,
+    /// Later runs of some benches alone, whose figures replaced the full run's.
+    pub partials: Vec<Partial>,
 }
 
 /// Reads `last-run.jsonl` (or the results a run just wrote): figure lines
@@ -48,6 +115,7 @@ pub fn parse(jsonl: &str) -> Result<Data, String> {
     let mut figures = BTreeMap::new();
     let mut meta = None;
     let mut provenance = Vec::new();
+    let mut partials = Vec::new();
     for (i, line) in jsonl
         .lines()
         .enumerate()
@@ -58,6 +126,10 @@ pub fn parse(jsonl: &str) -> Result<Data, String> {
         if let Some(m) = v.get("meta") {
             meta = Some(
                 serde_json::from_value(m.clone()).map_err(|e| format!("line {}: {e}", i + 1))?,
+            );
+        } else if let Some(p) = v.get("partial") {
+            partials.push(
+                serde_json::from_value(p.clone()).map_err(|e| format!("line {}: {e}", i + 1))?,
             );
         } else if let Some(note) = v["note"].as_str() {
             let rows = v["rows"]
@@ -84,6 +156,7 @@ pub fn parse(jsonl: &str) -> Result<Data, String> {
         figures: Figures(figures),
         meta: meta.unwrap_or_default(),
         provenance,
+        partials,
     })
 }
 
@@ -166,6 +239,29 @@ pub fn document(data: &Data, notes_md: &str) -> Result<String, String> {
         m.command, m.run, m.commit
     );
     let _ = writeln!(doc, "Run: {}, {} s in all.\n", m.date, m.wall_secs);
+    for p in &data.partials {
+        let families: Vec<String> = p.benches.iter().map(|b| format!("`{b}`")).collect();
+        let _ = writeln!(
+            doc,
+            "The rows of the bench{} {} come from a later run of {} alone: `{}` (run {} at \
+             commit {}), {}, {} s in all; {}.\n",
+            if families.len() == 1 { "" } else { "es" },
+            families.join(", "),
+            if families.len() == 1 { "it" } else { "them" },
+            p.meta.command,
+            p.meta.run,
+            p.meta.commit,
+            p.meta.date,
+            p.meta.wall_secs,
+            p.meta
+                .versions
+                .iter()
+                .filter(|v| !v.starts_with("agentbox:"))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
     doc.push_str(&table(&rows));
     for n in notes.iter().filter(|n| n.is_footnote()) {
         let _ = write!(doc, "\n{} {}\n", n.heading, n.body);
@@ -895,7 +991,9 @@ fn scale_rows(f: &Figures, n: u64) -> Vec<Row> {
         c("rest_rss_before_mib"),
     ) {
         let (limit, enforced) = (c("limit_mib"), f.n(&bench, "limit_mib") == 1);
+        let pod = c("chart_pod") == Some(1.0);
         let how = match (limit, enforced) {
+            (Some(l), true) if pod => format!("; limit {l:.0} MiB, the chart's operator pod"),
             (Some(l), true) => format!("; limit {l:.0} MiB, a memory cgroup"),
             (Some(l), false) => format!("; limit {l:.0} MiB, checked against the peak"),
             (None, _) => String::new(),
@@ -904,6 +1002,19 @@ fn scale_rows(f: &Figures, n: u64) -> Vec<Row> {
             format!("Scale {n}: operator RSS at rest / after a restart / restart's peak"),
             format!("{rest:.1} / {after:.1} / {peak:.1} MiB"),
             format!("RSS with no sandbox {before:.1} MiB{how}"),
+        ));
+    }
+    if let (Some(rest), Some(after), Some(peak)) = (
+        c("rest_cgroup_ws_mib"),
+        c("restart_cgroup_ws_mib"),
+        c("restart_cgroup_peak_mib"),
+    ) {
+        out.push(row(
+            format!(
+                "Scale {n}: the operator's memory cgroup, working set at rest / after a restart / restart's peak usage"
+            ),
+            format!("{rest:.1} / {after:.1} / {peak:.1} MiB"),
+            "—".into(),
         ));
     }
     if let Some(x) = c("restart_peak_ratio") {
@@ -1248,12 +1359,18 @@ const METHOD: &str = "\
   started operator; reconciled = phase Suspended with `observedGeneration` current, seen on a
   watch; then a window at rest (RSS and CPU from `/proc/<pid>`, writes from the audit log), then
   one `deletecollection` until the last finalizer is gone (`benches/scale.rs`). The rows
-  `Scale <n>` (issue 44) run each operator in a memory cgroup limited to the chart's default
-  `resources.limits.memory`, restart it (SIGTERM, a new process) three times in a row and time
-  each until its `agentbox_startup_reconciled_seconds` says every Sandbox was reconciled; its
-  peak is `VmHWM`, its RSS after a restart is read after a settle window; memory per sandbox is
-  (RSS − the RSS of an operator with none) / n; writes during a restart are the operator's
-  from its start to the end of that window, those to Sandboxes apart.
+  `Scale <n>` (issue 44) run the operator as the chart runs it: `hack/bench` installs the chart
+  (`helm install`, hack/values-local.yaml, this tree's image from `hack/image`, the chart's
+  default `resources`) in the bench's namespace, so the kubelet's memory cgroup holds it to the
+  chart's limit; each of three restarts in a row is a rollout of its Deployment (the old pod
+  stops, SIGTERM, before the new one starts), timed from the rollout until the new pod's
+  `agentbox_startup_reconciled_seconds` says every Sandbox was reconciled (run alone, the bench
+  runs this build's binary in a memory cgroup of its own instead, and the row says so). Its
+  peak is `VmHWM` of the pod's process, its RSS after a restart is read after a settle window
+  (`VmRSS`), beside the container cgroup's working set (usage less inactive file pages) and its
+  peak usage; memory per sandbox is (RSS − the RSS of an operator with none) / n; writes during
+  a restart are the operator's from the rollout to the end of that window, those to Sandboxes
+  apart.
 
 Timings share the machine with the whole cluster (API server, etcd, kubelet, containerd) and
 with whatever else runs on it; figures from a busy machine are slower, not wrong in kind.
