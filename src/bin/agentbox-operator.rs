@@ -6,8 +6,24 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Worker threads' stacks: reconciles nest deep async calls, which a debug build keeps large.
+const WORKER_STACK_BYTES: usize = 8 * 1024 * 1024;
+
+fn main() -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(WORKER_STACK_BYTES)
+        .build()
+    {
+        Ok(rt) => rt.block_on(run()),
+        Err(e) => {
+            eprintln!("agentbox-operator: starting the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let config = match agentbox_operator::config::Config::parse().validated() {
         Ok(c) => c,
         Err(e) => {

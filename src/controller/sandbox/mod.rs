@@ -1,7 +1,6 @@
-//! The sandbox controller, one reconcile top to bottom: deletion → cleanup; a version this
-//! process wrote over → requeue; template and reads → [`observe`] → [`plan`] (pure) → one arm
-//! per [`Step`], a module each that returns its outcome here and calls no other step. What an
-//! outcome makes of the status is [`status`]'s (the serve step's, [`readiness`]'s).
+//! One reconcile top to bottom: deletion → cleanup; stale → requeue; template and reads →
+//! [`observe`] → [`plan`] (pure) → one arm per [`Step`], a module each that returns its outcome
+//! here and calls no other step; [`status`] (serve's: [`readiness`]) says what it makes of status.
 
 mod abandoned;
 pub mod claim;
@@ -45,16 +44,15 @@ pub async fn reconcile(sbx: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, E
         return cleanup::deleting(&sbx, &ctx).await;
     }
     if write::SUPERSEDED.is_stale(&sbx, Instant::now()) {
-        // The cache holds a version this process wrote over: acting on it would repeat its
-        // writes. The newer version's watch event brings us back; the requeue is the fallback.
+        // A version this process wrote over: acting on it would repeat its writes (its newer
+        // version's event brings us back; the requeue is the fallback).
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
     write::with_metadata(&sbx, &ctx, |gate| start(sbx.clone(), ctx.clone(), gate)).await
 }
 
-/// A live Sandbox's reconcile past its metadata: the template and the reads that need only
-/// the Sandbox's name, UID, scope and status (none of which a template sets) side by side,
-/// then observe → plan → the step.
+/// A live Sandbox past its metadata: the template and the reads that need only its name, UID,
+/// scope and status (no template sets them) side by side, then observe → plan → the step.
 async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Result<Action, Error> {
     let apis = Apis::new(&ctx, &sbx.namespace().ok_or(Error::NotNamespaced)?, gate);
     let _claiming = plan::may_be_first_claim(&sbx).then(|| ctx.pool_claims.in_flight());
@@ -72,11 +70,10 @@ async fn start(sbx: Arc<Sandbox>, ctx: Arc<Context>, gate: MetadataGate) -> Resu
     };
     let world = observe::observe(&sbx, &ctx, &podcfg, template, reads?).await?;
     let plan = plan::decide(&sbx, &world);
-    act(&h, &sbx, world, plan).await
+    Box::pin(act(&h, &sbx, world, plan)).await // boxed, as the steps: one future overflowed a stack
 }
 
-/// One arm per step of `plan`, as decided from `world`; each step ends in at most one status
-/// write, made only when the status changed, with the Event that goes with it.
+/// One arm per step of `plan`; each ends in at most one status write and its Event.
 async fn act(h: &Tools<'_>, sbx: &Sandbox, world: World, plan: Plan) -> Result<Action, Error> {
     let (step, t, requeue) = plan.into_parts();
     let (old, pod_name) = (&world.old, observe::pod_name(sbx, &world));
@@ -87,25 +84,28 @@ async fn act(h: &Tools<'_>, sbx: &Sandbox, world: World, plan: Plan) -> Result<A
     }
     match step {
         Step::Suspend => suspend::suspend(h, sbx, old, &pod_name, t, requeue).await,
-        Step::CreatePod => match create::create_pod(h, sbx, &world, t.status).await? {
+        Step::CreatePod => match Box::pin(create::create_pod(h, sbx, &world, t.status)).await? {
             Created::Done(action) => Ok(action),
             Created::Claimed(claimed) => {
-                let served = serve::serve_claimed(h, sbx, &world, claimed, requeue).await?;
+                let served =
+                    Box::pin(serve::serve_claimed(h, sbx, &world, claimed, requeue)).await?;
                 after_serve(h, sbx, served).await
             }
             Created::Unplaced(mut st) => {
                 let pin = lost::pin(h, sbx, &mut st).await?;
-                create::apply_pod(h, sbx, &world, st, pin).await
+                Box::pin(create::apply_pod(h, sbx, &world, st, pin)).await
             }
         },
         Step::AwaitPodGone => short::await_pod_gone(h, sbx, old, t).await,
         Step::PodNameConflict => short::name_conflict(h, sbx, old, t).await,
         Step::ReplacePod => short::replace_pod(h, sbx, &pod_name, t.note).await,
         Step::Serve => {
-            let served = serve::serve_found(h, sbx, &world, t.status, requeue).await?;
+            let served = Box::pin(serve::serve_found(h, sbx, &world, t.status, requeue)).await?;
             after_serve(h, sbx, served).await
         }
-        Step::NodeLost(lost) => lost::node_lost(h, sbx, &world, &pod_name, t.status, &lost).await,
+        Step::NodeLost(l) => {
+            Box::pin(lost::node_lost(h, sbx, &world, &pod_name, t.status, &l)).await
+        }
         Step::Invalid | Step::ShutDown => Ok(Action::await_change()),
     }
 }
