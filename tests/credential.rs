@@ -25,24 +25,6 @@ use agentbox_api::exec::{ExecRequest, run, run_unwrapped_stdin};
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
-fn proxy_image() -> String {
-    if let Some(i) = std::env::var("AGENTBOX_PROXY_IMAGE")
-        .ok()
-        .filter(|s| !s.is_empty())
-    {
-        return i;
-    }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new(root.join("hack/proxy-image"))
-        .arg("--dev")
-        .current_dir(root)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("hack/proxy-image runs");
-    assert!(out.status.success(), "hack/proxy-image failed");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// The static TLS server binary: AGENTBOX_CRED_SERVER_BIN (hack/test builds it before its
 /// lanes), else built here.
 fn server_bin() -> Vec<u8> {
@@ -171,7 +153,7 @@ async fn condition_reason(env: &TestEnv, name: &str) -> Option<(String, String)>
 #[tokio::test]
 #[ignore = "needs a cluster"]
 async fn a_credential_arrives_at_the_server_and_is_found_nowhere_else() {
-    let image = proxy_image();
+    let image = common::proxy_image();
     let bin = server_bin();
     let mut env = TestEnv::new("credential").await;
     let keeper_client = env.client.clone();

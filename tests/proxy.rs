@@ -24,25 +24,6 @@ use serde_json::json;
 use agentbox_api::crd::Sandbox;
 use agentbox_api::exec::{ExecRequest, run};
 
-/// The proxy image: AGENTBOX_PROXY_IMAGE, else built and imported by hack/proxy-image --dev.
-fn proxy_image() -> String {
-    if let Some(i) = std::env::var("AGENTBOX_PROXY_IMAGE")
-        .ok()
-        .filter(|s| !s.is_empty())
-    {
-        return i;
-    }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new(root.join("hack/proxy-image"))
-        .arg("--dev")
-        .current_dir(root)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("hack/proxy-image runs");
-    assert!(out.status.success(), "hack/proxy-image failed");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// An "outside" server pod: HTTP `ok` on port 80, and `tls-reached` to whatever connects to
 /// port 443. Returns its IP once it runs.
 async fn outside(env: &TestEnv, name: &str) -> String {
@@ -206,7 +187,7 @@ where
 #[tokio::test]
 #[ignore = "needs a cluster"]
 async fn domains_reach_through_the_proxy_and_every_lie_is_refused() {
-    let image = proxy_image();
+    let image = common::proxy_image();
     let mut env = TestEnv::new("proxy").await;
     // This build's CRDs, kept: on a shared cluster a test process of an older build applies
     // CRDs without domain entries, and while those are in force the API server prunes the

@@ -29,25 +29,6 @@ use serde_json::json;
 use agentbox_api::crd::Sandbox;
 use agentbox_api::exec::{ExecRequest, run};
 
-/// The proxy image: AGENTBOX_PROXY_IMAGE, else built and imported by hack/proxy-image --dev.
-fn proxy_image() -> String {
-    if let Some(i) = std::env::var("AGENTBOX_PROXY_IMAGE")
-        .ok()
-        .filter(|s| !s.is_empty())
-    {
-        return i;
-    }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new(root.join("hack/proxy-image"))
-        .arg("--dev")
-        .current_dir(root)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("hack/proxy-image runs");
-    assert!(out.status.success(), "hack/proxy-image failed");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 async fn running_ip(env: &TestEnv, name: &str) -> String {
     let p = env
         .wait_for::<Pod>(name, 180, |p: Option<&Pod>| {
@@ -229,7 +210,7 @@ const HEAD_TIMEOUT: u64 = 3;
 #[tokio::test]
 #[ignore = "needs a cluster"]
 async fn the_charts_proxy_serves_a_domain_and_holds_against_a_flooding_sandbox() {
-    let image = proxy_image();
+    let image = common::proxy_image();
     let mut env = TestEnv::new("proxyops").await;
     let allowed_ip = outside(&env).await;
     let (dep, np) = chart_proxy(

@@ -1112,3 +1112,23 @@ chmod 0755 /usr/local/bin/sh"#
         Err(e) => Err(format!("planting the shell: {e}")),
     }
 }
+
+/// The egress proxy's image: AGENTBOX_PROXY_IMAGE (hack/test builds it before the lanes), else
+/// `hack/proxy-image --dev` builds and imports one.
+pub fn proxy_image() -> String {
+    if let Some(i) = std::env::var("AGENTBOX_PROXY_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty())
+    {
+        return i;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("hack/proxy-image"))
+        .arg("--dev")
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("hack/proxy-image runs");
+    assert!(out.status.success(), "hack/proxy-image failed");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
