@@ -196,11 +196,19 @@ async fn vanished_holder_is_taken_over_after_the_duration_not_before() {
 async fn stale_update_gets_409_and_the_holder_knows_it_lost() {
     let env = common::TestEnv::new("guard-stale").await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    // A long lease renewed every second: the holder renews often enough to make our copy
+    // stale quickly, and a renewal slowed by a loaded API server (CI's parallel lanes) stays
+    // inside the trust window, so the only way to lose it here is the takeover below. With
+    // a 3 s lease a renewal slower than 1.4 s lost it, correctly, before the assertion.
+    let holder = GuardConfig {
+        renew_interval: Some(Duration::from_secs(1)),
+        ..cfg("holder", 20)
+    };
     let g = guard::acquire(
         &leases,
         "scope",
         BTreeMap::new(),
-        &cfg("holder", 3),
+        &holder,
         Some(Duration::from_secs(10)),
     )
     .await
