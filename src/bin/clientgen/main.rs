@@ -1,8 +1,11 @@
 //! Writes the Python, Go and Java clients' copies of the in-pod scripts from the Rust source
-//! (`agentbox_api::remote`), so a script changes in one place: `cargo run --bin clientgen`.
-//! Its unit test fails while a committed copy differs from what it would write (as the CRDs,
-//! the reference and the vectors are checked).
+//! (`agentbox_api::remote`) and of the error kinds (`agentbox_api::kinds`, in [`kinds`]), so a
+//! script or a kind changes in one place: `cargo run --bin clientgen`. Its unit test fails
+//! while a committed copy differs from what it would write (as the CRDs, the reference and the
+//! vectors are checked).
 #![forbid(unsafe_code)]
+
+mod kinds;
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -234,11 +237,15 @@ fn java_doc(s: &str) -> String {
 }
 
 /// Every generated file: its path under the repository root and its text.
-fn files() -> [(&'static str, String); 3] {
+fn files() -> [(&'static str, String); 6] {
+    let k = agentbox_api::kinds::KINDS;
     [
         (GO_PATH, go()),
         (PYTHON_PATH, python()),
         (JAVA_PATH, java()),
+        (kinds::GO_PATH, kinds::go(k)),
+        (kinds::PYTHON_PATH, kinds::python(k)),
+        (kinds::JAVA_PATH, kinds::java(k)),
     ]
 }
 
