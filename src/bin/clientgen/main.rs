@@ -249,12 +249,17 @@ fn files() -> [(&'static str, String); 6] {
     ]
 }
 
-fn main() -> std::io::Result<()> {
+fn main() -> Result<(), String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (path, text) in files() {
-        std::fs::write(root.join(path), text)?;
+        std::fs::write(root.join(path), text).map_err(|e| format!("{path}: {e}"))?;
         println!("wrote {path}");
     }
+    let page_path = root.join(kinds::PAGE);
+    let page = std::fs::read_to_string(&page_path).map_err(|e| format!("{}: {e}", kinds::PAGE))?;
+    let page = kinds::render_page(&page, agentbox_api::kinds::KINDS)?;
+    std::fs::write(&page_path, page).map_err(|e| format!("{}: {e}", kinds::PAGE))?;
+    println!("wrote {}'s error kinds", kinds::PAGE);
     Ok(())
 }
 
@@ -272,6 +277,17 @@ mod tests {
                 "{path} is stale: run `cargo run --bin clientgen`"
             );
         }
+    }
+
+    #[test]
+    fn the_protocol_page_has_the_kinds_table() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let page = std::fs::read_to_string(root.join(kinds::PAGE)).unwrap();
+        assert!(
+            kinds::render_page(&page, agentbox_api::kinds::KINDS).unwrap() == page,
+            "{}'s error kinds are stale: run `cargo run --bin clientgen`",
+            kinds::PAGE
+        );
     }
 
     #[test]
