@@ -2,7 +2,8 @@
 //! what it means, and its name in Python, Go and Java. The clients' copies (Python's kind →
 //! class map, Go's sentinel errors, Java's `ErrorKind` enum) are written from it by
 //! `cargo run --bin clientgen`, and the protocol vectors carry it (`error_kinds`) so each
-//! client's own tests fail when a kind has no error of its own there.
+//! client's own tests fail when a kind has no error of its own there. Rust's `ClientError`
+//! (agentbox-client) keeps its own variants and names each one's kind with `kind()`.
 //!
 //! A new kind is added here first; then the generator, the vectors, and the hand-written
 //! class or typed error a language needs for its fields (Python's `errors.py`, Java's
