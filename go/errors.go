@@ -1,72 +1,12 @@
 package agentbox
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 )
 
-// Sentinel errors: every error this package returns matches one of them with errors.Is, and
-// the typed ones below carry the details (errors.As).
-var (
-	// ErrInvalid: a request refused before anything was sent (bad scope, argv, env name...).
-	ErrInvalid = errors.New("agentbox: invalid request")
-	// ErrNotFound: the object does not exist (API 404).
-	ErrNotFound = errors.New("agentbox: not found")
-	// ErrConflict: the API server refused a write that lost a race (409).
-	ErrConflict = errors.New("agentbox: conflict")
-	// ErrAPI: any other refusal of the API server.
-	ErrAPI = errors.New("agentbox: API error")
-	// ErrTransport: the API server or the exec stream could not be reached or broke.
-	ErrTransport = errors.New("agentbox: transport error")
-	// ErrProtocol: the server said something this client cannot read.
-	ErrProtocol = errors.New("agentbox: protocol error")
-	// ErrPath: a workspace path refused (PathError says why).
-	ErrPath = errors.New("agentbox: path refused")
-	// ErrOutputCut: an exec stream ended without its trailer: output was lost on the way.
-	ErrOutputCut = errors.New("agentbox: output cut")
-	// ErrOutputTruncated: a command printed more than its cap (ExecOptions.MaxOutput) and
-	// ExecOptions.FailTruncated asked for an error (OutputTruncatedError, with the result).
-	ErrOutputTruncated = errors.New("agentbox: output truncated")
-	// ErrExecTimeout: the command's timeout passed and it was killed (ExecTimeoutError).
-	ErrExecTimeout = errors.New("agentbox: command timed out")
-	// ErrCommandNotStarted: the runtime could not start the command.
-	ErrCommandNotStarted = errors.New("agentbox: command not started")
-	// ErrCommand: a command exited non-zero where success was required (CommandError).
-	ErrCommand = errors.New("agentbox: command failed")
-	// ErrOutOfMemory: the command was killed for memory (OutOfMemoryError): the kernel's OOM
-	// killer ended it when its container reached its memory limit, or the whole sandbox
-	// container was killed for memory (the kubelet's OOMKilled) while it ran.
-	ErrOutOfMemory = errors.New("agentbox: out of memory")
-	// ErrSession: the persistent shell died while a command ran.
-	ErrSession = errors.New("agentbox: session error")
-	// ErrSandboxFailed: the Sandbox failed or its start is Stalled (SandboxError).
-	ErrSandboxFailed = errors.New("agentbox: sandbox failed")
-	// ErrSandboxSuspended: the Sandbox's spec suspends it (SandboxError).
-	ErrSandboxSuspended = errors.New("agentbox: sandbox suspended")
-	// ErrSandboxNotReady: the wait for Ready timed out (SandboxError).
-	ErrSandboxNotReady = errors.New("agentbox: sandbox not ready")
-	// ErrSandboxNotDeleted: the Sandbox still exists after the wait (SandboxError).
-	ErrSandboxNotDeleted = errors.New("agentbox: sandbox not deleted")
-	// ErrScopeMismatch: the scope's Sandbox name holds a Sandbox of another scope.
-	ErrScopeMismatch = errors.New("agentbox: scope mismatch")
-	// ErrGuardTimeout: the scope's guard stayed held by another until the deadline.
-	ErrGuardTimeout = errors.New("agentbox: guard timeout")
-	// ErrGuardLost: the guard was lost (taken over, deleted, or not renewed in time).
-	ErrGuardLost = errors.New("agentbox: guard lost")
-	// ErrSnapshotFailed: a snapshot failed, was not Ready in time, or cannot be restored.
-	ErrSnapshotFailed = errors.New("agentbox: snapshot failed")
-	// ErrFileNotFound: a workspace path is missing or of the wrong type.
-	ErrFileNotFound = errors.New("agentbox: file not found")
-	// ErrFileTooLarge: a file is larger than the read cap.
-	ErrFileTooLarge = errors.New("agentbox: file too large")
-	// ErrRemote: a file script failed in the pod (RemoteError has its exit code).
-	ErrRemote = errors.New("agentbox: remote error")
-	// ErrUploadSpool: a directory upload's archive could not be written to its spool in the
-	// pod, most often because the workspace's disk is full; nothing was extracted (a
-	// RemoteError with ExitSpoolFailed, so also ErrRemote).
-	ErrUploadSpool = errors.New("agentbox: upload could not be spooled (is the workspace's disk full?)")
-)
+// The sentinel errors (ErrInvalid, ErrNotFound, ...) and KindOf are generated from the Rust
+// crate's table of error kinds into kinds.go.
 
 func invalidf(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
@@ -76,8 +16,8 @@ func protocolf(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrProtocol, fmt.Sprintf(format, a...))
 }
 
-// APIError is a refusal of the API server (Is ErrNotFound for 404, ErrConflict for 409, else
-// ErrAPI).
+// APIError is a refusal of the API server (Is ErrNotFound for 404, ErrConflict for 409,
+// ErrInvalidSpec and ErrAPI for 422, else ErrAPI).
 type APIError struct {
 	Code    int
 	Reason  string
@@ -95,6 +35,8 @@ func (e *APIError) Is(t error) bool {
 		return t == ErrNotFound
 	case 409:
 		return t == ErrConflict
+	case 422:
+		return t == ErrInvalidSpec || t == ErrAPI
 	}
 	return t == ErrAPI
 }

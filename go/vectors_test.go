@@ -3,6 +3,7 @@ package agentbox
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -666,6 +667,75 @@ func TestSessionShellArgv(t *testing.T) {
 			if got[i] != want[i] {
 				t.Errorf("%q: got %q want %q", wd, got, want)
 			}
+		}
+	}
+}
+
+// TestErrorKinds: every error kind of the vectors that names a Go sentinel has it in
+// errorKinds (kinds.go, generated from the same Rust table), none is there that the vectors do
+// not name, and KindOf names each typed error's most specific kind.
+func TestErrorKinds(t *testing.T) {
+	inTable := map[string]error{}
+	for _, k := range errorKinds {
+		if k.err == nil || inTable[k.kind] != nil {
+			t.Fatalf("kind %q: nil or twice in errorKinds", k.kind)
+		}
+		inTable[k.kind] = k.err
+	}
+	named := 0
+	for _, raw := range vec("error_kinds").([]any) {
+		k := raw.(map[string]any)
+		name := k["kind"].(string)
+		if k["go"] == nil {
+			if inTable[name] != nil {
+				t.Errorf("kind %s has no Go sentinel in the vectors but one in errorKinds", name)
+			}
+			continue
+		}
+		named++
+		err := inTable[name]
+		if err == nil {
+			t.Errorf("kind %s (%v) has no sentinel in errorKinds: run `cargo run --bin clientgen`", name, k["go"])
+			continue
+		}
+		if got := KindOf(err); got != name {
+			t.Errorf("KindOf(%v) = %q, want %q", err, got, name)
+		}
+	}
+	if named != len(errorKinds) {
+		t.Errorf("the vectors name %d Go sentinels, errorKinds has %d", named, len(errorKinds))
+	}
+
+	res := &ExecResult{ExitCode: 2, StdoutTruncated: true}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{&APIError{Code: 404}, "NotFound"},
+		{&APIError{Code: 409}, "Conflict"},
+		{&APIError{Code: 422}, "InvalidSpec"},
+		{&APIError{Code: 500}, "Api"},
+		{invalidf("bad %s", "scope"), "InvalidRequest"},
+		{&PathError{Path: "../x", Reason: "DotDot"}, "Path"},
+		{protocolf("what"), "Protocol"},
+		{&SandboxError{Kind: ErrSandboxFailed}, "SandboxFailed"},
+		{&SandboxError{Kind: ErrSandboxNotReady}, "SandboxNotReady"},
+		{&SnapshotError{Name: "s"}, "SnapshotFailed"},
+		{&GuardError{Kind: ErrGuardLost}, "GuardLost"},
+		{&GuardError{Kind: ErrGuardTimeout}, "GuardTimeout"},
+		{&RemoteError{ExitCode: 1}, "Remote"},
+		{&RemoteError{ExitCode: ExitSpoolFailed}, "UploadSpool"},
+		{&OutputCutError{Stream: "stdout"}, "OutputCut"},
+		{&OutputTruncatedError{Limit: 1, Result: res}, "OutputTruncated"},
+		{&ExecTimeoutError{Timeout: 1}, "ExecTimeout"},
+		{&CommandError{Result: res}, "Command"},
+		{&OutOfMemoryError{}, "OutOfMemory"},
+		{fmt.Errorf("wrapped: %w", ErrSession), "Session"},
+		{errors.New("not ours"), ""},
+		{nil, ""},
+	} {
+		if got := KindOf(c.err); got != c.want {
+			t.Errorf("KindOf(%#v) = %q, want %q", c.err, got, c.want)
 		}
 	}
 }

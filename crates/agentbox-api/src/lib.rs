@@ -10,6 +10,7 @@ pub mod crd;
 pub mod exec;
 pub mod files;
 pub mod guard;
+pub mod kinds;
 pub mod kubeclient;
 pub mod labels;
 pub mod names;

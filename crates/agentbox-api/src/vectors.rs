@@ -8,7 +8,7 @@
 //! value validity and bounded names; workspace path confinement; the exec wrapper's argv, the
 //! trailer's hold-back and the status channel's exit codes; the persistent session's command line and sentinel
 //! framing; the file scripts and their listing format; the guard's expiry verdicts, taken
-//! Lease spec and timings.
+//! Lease spec and timings; the error kinds and each client's name for them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -50,7 +50,25 @@ pub fn vectors() -> Value {
         "oom": oom_vectors(),
         "files": file_vectors(),
         "guard": guard_vectors(),
+        "error_kinds": error_kinds(),
     })
+}
+
+/// The error kinds ([`crate::kinds::KINDS`]): each client's tests check that every kind it
+/// names has its own error there, refining its parent's.
+fn error_kinds() -> Value {
+    crate::kinds::KINDS
+        .iter()
+        .map(|k| {
+            json!({
+                "kind": k.name,
+                "parent": k.parent,
+                "python": k.python,
+                "go": k.go.map(|g| g.name),
+                "java": k.java,
+            })
+        })
+        .collect()
 }
 
 fn label_keys() -> Value {

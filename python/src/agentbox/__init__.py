@@ -16,6 +16,7 @@ The async API is the core::
 """
 
 from . import labels
+from ._kinds import ERROR_KINDS, kind_of
 from ._version import __version__
 from .client import EndedScope, Sandbox, Sandboxes
 from .errors import (
@@ -84,6 +85,7 @@ from .spec import (
 )
 
 __all__ = [
+    "ERROR_KINDS",
     "AgentboxError",
     "ApiError",
     "Capabilities",
@@ -149,5 +151,6 @@ __all__ = [
     "WorkspaceFile",
     "WorkspaceSpec",
     "__version__",
+    "kind_of",
     "labels",
 ]

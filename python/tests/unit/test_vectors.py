@@ -415,3 +415,32 @@ def test_micro_time_round_trips() -> None:
 @pytest.mark.parametrize("case", VECTORS["session"]["shell_argv"], ids=lambda c: str(c["workdir"]))
 def test_session_shell_argv(case: dict[str, Any]) -> None:
     assert _wire.session_shell_argv(case["workdir"]) == case["argv"]
+
+
+def test_every_error_kind_has_its_own_class() -> None:
+    # ERROR_KINDS is generated from the same Rust table as the vectors: a kind the vectors name
+    # for Python must map to that class, exported by the package, refining its parent's class;
+    # no kind falls back to a vaguer class.
+    kinds = VECTORS["error_kinds"]
+    named = [k for k in kinds if k["python"] is not None]
+    assert sorted(agentbox.ERROR_KINDS) == sorted(k["kind"] for k in named)
+    for k in kinds:
+        if k["python"] is None:
+            assert k["kind"] not in agentbox.ERROR_KINDS
+            continue
+        cls = agentbox.ERROR_KINDS[k["kind"]]
+        assert cls.__name__ == k["python"]
+        assert getattr(agentbox, k["python"]) is cls
+        assert k["python"] in agentbox.__all__
+        parent = agentbox.ERROR_KINDS[k["parent"]] if k["parent"] else agentbox.AgentboxError
+        assert issubclass(cls, parent) and cls is not parent, k
+
+
+def test_kind_of_names_the_most_specific_kind() -> None:
+    assert agentbox.kind_of(agentbox.RemoteFileNotFoundError("x")) == "FileNotFound"
+    assert agentbox.kind_of(agentbox.NotFoundError("x")) == "NotFound"
+    assert agentbox.kind_of(agentbox.UploadSpoolError(96, "disk full")) == "UploadSpool"
+    assert agentbox.kind_of(agentbox.GuardLostError("lease")) == "GuardLost"
+    assert agentbox.kind_of(agentbox.OutputCutError("stdout", 3)) == "OutputCut"
+    assert agentbox.kind_of(agentbox.AgentboxError("root")) is None
+    assert agentbox.kind_of(ValueError("not ours")) is None

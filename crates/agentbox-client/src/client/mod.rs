@@ -45,6 +45,7 @@
 //! ```
 
 pub(crate) mod files;
+mod kind;
 mod snapshots;
 mod watch;
 

@@ -244,6 +244,9 @@ final class Kube {
     if (code == 409) {
       return new ConflictException(reason, what + ": " + message, e);
     }
+    if (code == 422) {
+      return new InvalidSpecException(reason, what + ": " + message, e);
+    }
     if (code == 0 || hasCause(e, IOException.class)) {
       return new TransportException(what + ": " + e.getMessage(), e);
     }

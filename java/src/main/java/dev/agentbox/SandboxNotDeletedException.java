@@ -1,9 +1,9 @@
 package dev.agentbox;
 
 /**
- * A deleted Sandbox still existed when {@link Sandbox#delete(boolean, long)} stopped waiting:
- * a timeout (its finalizer's cleanup — the on-stop snapshot, the pod, the workspace — was not
- * done in time), not a Sandbox that failed to become Ready.
+ * A deleted Sandbox still existed when {@link SandboxHandle#delete(boolean, long)} stopped
+ * waiting: a timeout (its finalizer's cleanup — the on-stop snapshot, the pod, the workspace —
+ * was not done in time), not a Sandbox that failed to become Ready.
  */
 public class SandboxNotDeletedException extends AgentboxException {
   private static final long serialVersionUID = 1L;

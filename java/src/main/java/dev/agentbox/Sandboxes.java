@@ -85,7 +85,7 @@ public final class Sandboxes implements AutoCloseable {
    * under the scope's deterministic name, or the existing one if someone created it first —
    * two racing callers, in any language, get the same Sandbox. A suspended one is resumed.
    */
-  public Sandbox getOrCreate(Scope scope, SandboxSpec spec) {
+  public SandboxHandle getOrCreate(Scope scope, SandboxSpec spec) {
     Map<String, Object> body = spec.toMap();
     body.put("scope", scope.toMap());
     String name = Labels.sandboxNameForScope(scope);
@@ -108,7 +108,7 @@ public final class Sandboxes implements AutoCloseable {
       }
       throw e;
     }
-    Sandbox s = new Sandbox(this, obj);
+    SandboxHandle s = new SandboxHandle(this, obj);
     // The name is a hash of the scope; another scope under it was made by hand.
     if (!scope.equals(s.scope())) {
       throw new ScopeMismatchException("sandbox " + name + " exists with a different scope");
@@ -120,23 +120,23 @@ public final class Sandboxes implements AutoCloseable {
   }
 
   /** An existing Sandbox by name ({@link NotFoundException} if none). */
-  public Sandbox open(String name) {
+  public SandboxHandle open(String name) {
     GenericKubernetesResource o = kube.get(Kube.SANDBOXES, namespace, name);
     if (o == null) {
       throw new NotFoundException("sandbox " + namespace + "/" + name + " not found");
     }
-    return new Sandbox(this, o);
+    return new SandboxHandle(this, o);
   }
 
   /** The Sandbox of a scope, without creating it. */
-  public Sandbox openScope(Scope scope) {
+  public SandboxHandle openScope(Scope scope) {
     return open(Labels.sandboxNameForScope(scope));
   }
 
   /** Sandboxes, optionally of one scope. */
-  public List<Sandbox> list(Scope scope) {
+  public List<SandboxHandle> list(Scope scope) {
     return kube.list(Kube.SANDBOXES, namespace, scope == null ? null : Labels.scopeSelector(scope))
-        .stream().map(o -> new Sandbox(this, o)).toList();
+        .stream().map(o -> new SandboxHandle(this, o)).toList();
   }
 
   /** The namespace's SandboxTemplates (typed). */
@@ -155,7 +155,7 @@ public final class Sandboxes implements AutoCloseable {
    * Creates a Sandbox (the scope's name unless {@code name}) whose fresh workspace is restored
    * from the Ready snapshot {@code snapshot} ({@code snapshot.restore: Named}).
    */
-  public Sandbox createRestored(Scope scope, SandboxSpec spec, String snapshot, String name) {
+  public SandboxHandle createRestored(Scope scope, SandboxSpec spec, String snapshot, String name) {
     Snapshot snap = getSnapshot(snapshot);
     if (!snap.ready()) {
       throw new SnapshotFailedException(snapshot, snap.phase(), "NotReady", "only a Ready snapshot can be restored");
@@ -168,7 +168,7 @@ public final class Sandboxes implements AutoCloseable {
     body.put("snapshot", sn);
     GenericKubernetesResource o = kube.create(Kube.SANDBOXES, namespace,
         sandboxObject(name != null ? name : Labels.sandboxNameForScope(scope), scope, body));
-    return new Sandbox(this, o);
+    return new SandboxHandle(this, o);
   }
 
   /** A SandboxSnapshot by name. */
@@ -188,7 +188,7 @@ public final class Sandboxes implements AutoCloseable {
       }
       String phase = Kube.str(Kube.obj(obj.getAdditionalProperties(), "status"), "phase");
       if ("Failed".equals(phase)) {
-        String[] rm = Sandbox.failingCondition(obj);
+        String[] rm = SandboxHandle.failingCondition(obj);
         throw new SnapshotFailedException(name, "Failed", rm[0].isEmpty() ? "Failed" : rm[0], rm[1]);
       }
       return "Ready".equals(phase);
@@ -218,13 +218,13 @@ public final class Sandboxes implements AutoCloseable {
   // ---- the harness's shapes ----
 
   /** The sandbox of a harness state: opened, or created from {@code spec} if gone. */
-  public Sandbox open(SandboxState state, SandboxSpec spec) {
+  public SandboxHandle open(SandboxState state, SandboxSpec spec) {
     if (!state.namespace().equals(namespace)) {
       throw new InvalidRequestException("state of namespace " + state.namespace() + ", not " + namespace);
     }
     GenericKubernetesResource o = kube.get(Kube.SANDBOXES, namespace, state.sandbox());
     if (o != null) {
-      return new Sandbox(this, o);
+      return new SandboxHandle(this, o);
     }
     return getOrCreate(state.scope(), spec);
   }
@@ -235,7 +235,7 @@ public final class Sandboxes implements AutoCloseable {
    * snapshot: a small reference a harness stores instead of an archive.
    */
   public SandboxState persistWorkspace(SandboxState state, long timeoutMs) {
-    Sandbox s = open(state.sandbox());
+    SandboxHandle s = open(state.sandbox());
     Snapshot snap = s.snapshot(null, true, timeoutMs);
     return state.withLastSnapshot(snap.name());
   }
@@ -245,14 +245,14 @@ public final class Sandboxes implements AutoCloseable {
    * workspace (or created, if it is gone) and waited for. Without a last snapshot, the
    * sandbox of the state is got or created as it is.
    */
-  public Sandbox hydrateWorkspace(SandboxState state, SandboxSpec spec, long timeoutMs) {
+  public SandboxHandle hydrateWorkspace(SandboxState state, SandboxSpec spec, long timeoutMs) {
     if (state.lastSnapshot() == null) {
       return open(state, spec).waitReady(timeoutMs);
     }
     GenericKubernetesResource o = kube.get(Kube.SANDBOXES, namespace, state.sandbox());
-    Sandbox s = o == null
+    SandboxHandle s = o == null
         ? createRestored(state.scope(), spec, state.lastSnapshot(), state.sandbox())
-        : new Sandbox(this, o).restore(state.lastSnapshot(), timeoutMs);
+        : new SandboxHandle(this, o).restore(state.lastSnapshot(), timeoutMs);
     return s.waitReady(timeoutMs);
   }
 }

@@ -51,7 +51,7 @@ public final class Session implements AutoCloseable {
       throw new ClientClosedException("the session is closed");
     }
     if (o.stdinBytes != null || o.stdinStream != null) {
-      throw new InvalidRequestException("a session command takes no stdin; use Sandbox.exec");
+      throw new InvalidRequestException("a session command takes no stdin; use SandboxHandle.exec");
     }
     // The shell already runs in the session's workdir: only a command's own is sent.
     List<String> argv = Wire.sessionArgv(o.argv, o.timeoutMs, o.workdir, o.env);

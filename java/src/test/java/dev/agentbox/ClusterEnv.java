@@ -139,8 +139,8 @@ final class ClusterEnv implements AutoCloseable {
   }
 
   /** A Ready sandbox of a scope of its own. */
-  Sandbox ready(Scope scope) {
-    Sandbox s = sandboxes.getOrCreate(scope, SandboxSpec.image(BASE_IMAGE).imagePullPolicy("Never"));
+  SandboxHandle ready(Scope scope) {
+    SandboxHandle s = sandboxes.getOrCreate(scope, SandboxSpec.image(BASE_IMAGE).imagePullPolicy("Never"));
     try {
       return s.waitReady(180_000);
     } catch (SandboxNotReadyException e) {

@@ -36,7 +36,7 @@ import org.junit.jupiter.api.Timeout;
 @Timeout(value = 6, unit = TimeUnit.MINUTES)
 class ClusterTest {
   ClusterEnv env;
-  Sandbox ready;
+  SandboxHandle ready;
 
   @BeforeAll
   void setUp() {
@@ -63,7 +63,7 @@ class ClusterTest {
     assertEquals(Labels.scopeLabels(scope), o.getMetadata().getLabels());
     assertEquals(Labels.scopeAnnotations(scope), o.getMetadata().getAnnotations());
     // get-or-create again (as a second harness would) gets the same object
-    Sandbox again = env.sandboxes.getOrCreate(scope, SandboxSpec.image(ClusterEnv.BASE_IMAGE));
+    SandboxHandle again = env.sandboxes.getOrCreate(scope, SandboxSpec.image(ClusterEnv.BASE_IMAGE));
     assertEquals(o.getMetadata().getUid(), again.resource().getMetadata().getUid());
     assertEquals("Ready", again.resource().getStatus().get("phase"));
   }
@@ -128,7 +128,7 @@ class ClusterTest {
    */
   @Test
   void aCommandKilledForMemoryIsOutOfMemory() {
-    Sandbox sbx = env.sandboxes.getOrCreate(Scope.forUser("java-oom", "runc"),
+    SandboxHandle sbx = env.sandboxes.getOrCreate(Scope.forUser("java-oom", "runc"),
         SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never").set("resources",
             Map.of("limits", Map.of("memory", "64Mi"), "requests", Map.of("memory", "64Mi"))))
         .waitReady(180_000);
@@ -151,7 +151,7 @@ class ClusterTest {
    */
   @Test
   void underGVisorACommandKilledForMemoryIsOutOfMemoryOfTheContainer() throws Exception {
-    Sandbox sbx = env.sandboxes.getOrCreate(Scope.forUser("java-oom", "gvisor"),
+    SandboxHandle sbx = env.sandboxes.getOrCreate(Scope.forUser("java-oom", "gvisor"),
         SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never")
             .set("runtimeClassName", "gvisor").set("resources",
                 Map.of("limits", Map.of("memory", "64Mi"), "requests", Map.of("memory", "64Mi"))))
@@ -168,7 +168,7 @@ class ClusterTest {
   }
 
   /** Until the sandbox answers again (the kubelet restarts a container killed for memory). */
-  static void back(Sandbox sbx) throws InterruptedException {
+  static void back(SandboxHandle sbx) throws InterruptedException {
     for (int i = 0; i < 120; i++) {
       try {
         if ("back\n".equals(sbx.exec("echo back").stdoutText())) {
@@ -341,7 +341,7 @@ class ClusterTest {
 
   @Test
   void snapshotRestoreAndTheHarnessState() {
-    Sandbox s = env.ready(Scope.forUser("java-tests", "snap@example.com"));
+    SandboxHandle s = env.ready(Scope.forUser("java-tests", "snap@example.com"));
     s.write("keep.txt", b("v1"));
     SandboxState state = env.sandboxes.persistWorkspace(s.state(), 300_000);
     assertNotNull(state.lastSnapshot());
@@ -350,7 +350,7 @@ class ClusterTest {
     assertEquals(Labels.scopeKey(s.scope()), snap.scopeKey());
     assertEquals(List.of(snap.name()), s.snapshots().stream().map(Snapshot::name).toList());
     s.write("keep.txt", b("v2"));
-    Sandbox back = env.sandboxes.hydrateWorkspace(state, SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never"), 300_000);
+    SandboxHandle back = env.sandboxes.hydrateWorkspace(state, SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never"), 300_000);
     assertEquals("v1", new String(back.read("keep.txt"), StandardCharsets.UTF_8));
     assertEquals(s.name(), back.name());
     assertThrows(NotFoundException.class, () -> back.restore("no-such-snapshot", 10_000));
@@ -358,13 +358,13 @@ class ClusterTest {
 
   @Test
   void suspendIsReportedAndResumeBringsTheWorkspaceBack() {
-    Sandbox s = env.ready(Scope.forAgent("java-suspend"));
+    SandboxHandle s = env.ready(Scope.forAgent("java-suspend"));
     s.write("kept", b("yes"));
     s.suspend();
     assertThrows(SandboxSuspendedException.class, () -> s.waitReady(60_000));
     s.resume();
     s.waitReady(180_000);
-    Sandbox served = s.recover(180_000);
+    SandboxHandle served = s.recover(180_000);
     assertEquals("yes", new String(served.read("kept"), StandardCharsets.UTF_8));
     s.delete(true, 120_000);
     assertThrows(NotFoundException.class, () -> env.sandboxes.open(s.name()));
@@ -372,7 +372,7 @@ class ClusterTest {
 
   @Test
   void aPodDeletedUnderARunningClientFailsTheCommandNotTheData() throws Exception {
-    Sandbox s = env.ready(Scope.forAgent("java-pod-loss"));
+    SandboxHandle s = env.ready(Scope.forAgent("java-pod-loss"));
     s.write("kept", b("still here"));
     CompletableFuture<ExecResult> running = CompletableFuture.supplyAsync(
         () -> s.exec("echo started; sleep 120; echo never"));
@@ -391,7 +391,7 @@ class ClusterTest {
           String.valueOf(e.getCause()));
       System.err.println("the command of the deleted pod: " + e.getCause());
     }
-    Sandbox back = s.recover(180_000);
+    SandboxHandle back = s.recover(180_000);
     assertEquals("still here", new String(back.read("kept"), StandardCharsets.UTF_8));
   }
 
@@ -400,7 +400,7 @@ class ClusterTest {
     assertThrows(InvalidRequestException.class, () -> Scope.forSession("a", ""));
     assertThrows(InvalidRequestException.class, () -> ready.exec(ExecOptions.argv("true").env("1BAD", "x")));
     // a missing image: never Ready, with the kubelet's reason
-    Sandbox s = env.sandboxes.getOrCreate(Scope.forAgent("java-missing-image"),
+    SandboxHandle s = env.sandboxes.getOrCreate(Scope.forAgent("java-missing-image"),
         SandboxSpec.image("docker.io/library/agentbox-no-such-image:0").imagePullPolicy("Never"));
     SandboxNotReadyException e = assertThrows(SandboxNotReadyException.class, () -> s.waitReady(30_000));
     assertTrue(e.getMessage().contains("agentbox-no-such-image") || e.reason().contains("Image"), e.getMessage());
@@ -589,7 +589,7 @@ class ClusterTest {
 
   @Test
   void aDeleteThatDoesNotFinishInTimeIsSandboxNotDeleted() throws Exception {
-    Sandbox s = env.sandboxes.getOrCreate(Scope.forAgent("java-delete-timeout"),
+    SandboxHandle s = env.sandboxes.getOrCreate(Scope.forAgent("java-delete-timeout"),
         SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never"));
     String hold = "test.agentbox.dev/hold";
     holdFinalizer(s.name(), hold, true);

@@ -94,14 +94,14 @@ class FailuresTest {
         .build()).build();
   }
 
-  static Sandbox sandboxOf(Sandboxes s) {
+  static SandboxHandle sandboxOf(Sandboxes s) {
     Map<String, Object> body = new LinkedHashMap<>(SPEC.toMap());
     body.put("scope", SCOPE.toMap());
-    return new Sandbox(s, Sandboxes.sandboxObject("sbx", SCOPE, body));
+    return new SandboxHandle(s, Sandboxes.sandboxObject("sbx", SCOPE, body));
   }
 
   /** Every public call that reaches the cluster, by name. */
-  static Map<String, Executable> calls(Sandboxes s, Sandbox sbx) {
+  static Map<String, Executable> calls(Sandboxes s, SandboxHandle sbx) {
     SandboxState st = SandboxState.of(IsolationKey.of(SCOPE), s.namespace());
     SandboxState snapped = st.withLastSnapshot("snap-1");
     Map<String, Executable> m = new LinkedHashMap<>();
@@ -180,7 +180,7 @@ class FailuresTest {
         }
       }
       assertEquals("team-a", s.namespace());
-      Sandbox sbx = sandboxOf(s);
+      SandboxHandle sbx = sandboxOf(s);
       Session opened = sbx.session();
       s.close();
       s.close(); // idempotent

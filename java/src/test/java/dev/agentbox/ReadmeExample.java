@@ -11,7 +11,7 @@ final class ReadmeExample {
     try (Sandboxes sandboxes = Sandboxes.connect(namespace)) { // null: the kubeconfig's
       Scope scope = Scope.forUser("coder", "alice@example.com");
       SandboxSpec spec = SandboxSpec.image("docker.io/library/busybox:1.37");
-      Sandbox sbx = sandboxes.getOrCreate(scope, spec); // racing harnesses: one Sandbox
+      SandboxHandle sbx = sandboxes.getOrCreate(scope, spec); // racing harnesses: one Sandbox
       sbx.waitReady(120_000);
       try (Guard guard = sbx.guard(60_000L).acquire()) { // the scope's Lease
         ExecResult r = sbx.exec(ExecOptions.shell("ls; exit 3").timeout(Duration.ofSeconds(30))

@@ -580,4 +580,48 @@ class VectorsTest {
     assertEquals(t, Guard.parseTime("2027-01-15T08:00:30.123456Z"));
     assertEquals(t, Guard.parseTime("2027-01-15T09:00:30.1234567+01:00"));
   }
+
+  /**
+   * Every error kind the vectors name for Java has its own {@link ErrorKind} (generated from the
+   * same Rust table) with that exception class, which extends its parent kind's class; a kind
+   * Java never throws has none. No kind falls back to a vaguer exception.
+   */
+  @TestFactory
+  Stream<DynamicTest> errorKinds() {
+    List<Map<String, Object>> kinds = list(V, "error_kinds");
+    long named = kinds.stream().filter(k -> k.get("java") != null).count();
+    assertEquals(named, ErrorKind.values().length, "ErrorKind is stale: run `cargo run --bin clientgen`");
+    return kinds.stream().map(k -> dynamicTest(s(k, "kind"), () -> {
+      ErrorKind found = null;
+      for (ErrorKind e : ErrorKind.values()) {
+        if (e.kindName().equals(s(k, "kind"))) {
+          found = e;
+        }
+      }
+      if (s(k, "java") == null) {
+        assertNull(found, s(k, "kind") + " is not thrown by Java but has an ErrorKind");
+        return;
+      }
+      assertTrue(found != null, s(k, "kind") + " has no ErrorKind: run `cargo run --bin clientgen`");
+      Class<? extends AgentboxException> c = found.exceptionClass();
+      assertEquals("dev.agentbox." + s(k, "java"), c.getName());
+      Class<?> parent = s(k, "parent") == null
+          ? AgentboxException.class
+          : found.parent().orElseThrow().exceptionClass();
+      assertEquals(s(k, "parent"), found.parent().map(ErrorKind::kindName).orElse(null));
+      assertTrue(parent.isAssignableFrom(c) && parent != c, c + " extends " + parent);
+    }));
+  }
+
+  @Test
+  void errorKindOfNamesTheMostSpecificKind() {
+    assertEquals(ErrorKind.FILE_NOT_FOUND, ErrorKind.of(new RemoteFileNotFoundException("x")).orElseThrow());
+    assertEquals(ErrorKind.NOT_FOUND, ErrorKind.of(new NotFoundException("x")).orElseThrow());
+    assertEquals(ErrorKind.INVALID_SPEC, ErrorKind.of(Kube.mapStatus(
+        new io.fabric8.kubernetes.client.KubernetesClientException("bad", 422, null), "sandbox s")).orElseThrow());
+    assertEquals(ErrorKind.GUARD_LOST, ErrorKind.of(new GuardLostException("lease")).orElseThrow());
+    assertEquals(ErrorKind.OUTPUT_CUT, ErrorKind.of(new OutputCutException("stdout", 3)).orElseThrow());
+    assertFalse(ErrorKind.of(new ClientClosedException("closed")).isPresent());
+    assertFalse(ErrorKind.of(new IllegalStateException("not ours")).isPresent());
+  }
 }

@@ -6,15 +6,17 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * One Sandbox: exec, sessions, files, lifecycle, snapshots and its scope's guard. Get one from
- * {@link Sandboxes}. Paths are relative to the workspace root (or absolute under it); commands
- * run in the workspace root unless their options say otherwise.
+ * A handle on one Sandbox: exec, sessions, files, lifecycle, snapshots and its scope's guard. Get
+ * one from {@link Sandboxes}. Paths are relative to the workspace root (or absolute under it);
+ * commands run in the workspace root unless their options say otherwise. The resource itself, as
+ * the API server holds it, is {@link dev.agentbox.model.Sandbox} ({@link #resource()}); this
+ * class was named {@code Sandbox} too until it took the name Rust's handle has.
  */
-public final class Sandbox {
+public final class SandboxHandle {
   private final Sandboxes sandboxes;
   private volatile GenericKubernetesResource obj;
 
-  Sandbox(Sandboxes sandboxes, GenericKubernetesResource obj) {
+  SandboxHandle(Sandboxes sandboxes, GenericKubernetesResource obj) {
     this.sandboxes = sandboxes;
     this.obj = obj;
   }
@@ -73,7 +75,7 @@ public final class Sandbox {
   }
 
   /** Reads the Sandbox again. */
-  public Sandbox refresh() {
+  public SandboxHandle refresh() {
     GenericKubernetesResource o = kube().get(Kube.SANDBOXES, namespace(), name());
     if (o == null) {
       throw new NotFoundException("sandbox " + namespace() + "/" + name() + " not found");
@@ -159,7 +161,7 @@ public final class Sandbox {
    * Stalled, {@link SandboxSuspendedException} when its spec suspends it, and {@link
    * SandboxNotReadyException} at the timeout.
    */
-  public Sandbox waitReady(long timeoutMs) {
+  public SandboxHandle waitReady(long timeoutMs) {
     GenericKubernetesResource o = kube().watchUntil(Kube.SANDBOXES, namespace(), name(), cur -> {
       if (cur == null) {
         throw new NotFoundException("sandbox " + namespace() + "/" + name() + " was deleted");
@@ -195,7 +197,7 @@ public final class Sandbox {
    * evicted, or the sandbox suspended (it is resumed): Ready, and its workspace initialised in
    * exactly the pod that now exists.
    */
-  public Sandbox recover(long timeoutMs) {
+  public SandboxHandle recover(long timeoutMs) {
     long deadline = System.nanoTime() + timeoutMs * 1_000_000;
     while (true) {
       refresh();
@@ -447,7 +449,7 @@ public final class Sandbox {
    * labels and spec with {@code snapshot.restore: Named}. Returns once created; then
    * {@link #waitReady}.
    */
-  public Sandbox restore(String snapshot, long timeoutMs) {
+  public SandboxHandle restore(String snapshot, long timeoutMs) {
     Snapshot snap = sandboxes.getSnapshot(snapshot);
     if (!snap.ready()) {
       throw new SnapshotFailedException(snapshot, snap.phase(), "NotReady", "only a Ready snapshot can be restored");

@@ -1,8 +1,11 @@
 //! Writes the Python, Go and Java clients' copies of the in-pod scripts from the Rust source
-//! (`agentbox_api::remote`), so a script changes in one place: `cargo run --bin clientgen`.
-//! Its unit test fails while a committed copy differs from what it would write (as the CRDs,
-//! the reference and the vectors are checked).
+//! (`agentbox_api::remote`) and of the error kinds (`agentbox_api::kinds`, in [`kinds`]), so a
+//! script or a kind changes in one place: `cargo run --bin clientgen`. Its unit test fails
+//! while a committed copy differs from what it would write (as the CRDs, the reference and the
+//! vectors are checked).
 #![forbid(unsafe_code)]
+
+mod kinds;
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -234,20 +237,29 @@ fn java_doc(s: &str) -> String {
 }
 
 /// Every generated file: its path under the repository root and its text.
-fn files() -> [(&'static str, String); 3] {
+fn files() -> [(&'static str, String); 6] {
+    let k = agentbox_api::kinds::KINDS;
     [
         (GO_PATH, go()),
         (PYTHON_PATH, python()),
         (JAVA_PATH, java()),
+        (kinds::GO_PATH, kinds::go(k)),
+        (kinds::PYTHON_PATH, kinds::python(k)),
+        (kinds::JAVA_PATH, kinds::java(k)),
     ]
 }
 
-fn main() -> std::io::Result<()> {
+fn main() -> Result<(), String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (path, text) in files() {
-        std::fs::write(root.join(path), text)?;
+        std::fs::write(root.join(path), text).map_err(|e| format!("{path}: {e}"))?;
         println!("wrote {path}");
     }
+    let page_path = root.join(kinds::PAGE);
+    let page = std::fs::read_to_string(&page_path).map_err(|e| format!("{}: {e}", kinds::PAGE))?;
+    let page = kinds::render_page(&page, agentbox_api::kinds::KINDS)?;
+    std::fs::write(&page_path, page).map_err(|e| format!("{}: {e}", kinds::PAGE))?;
+    println!("wrote {}'s error kinds", kinds::PAGE);
     Ok(())
 }
 
@@ -265,6 +277,17 @@ mod tests {
                 "{path} is stale: run `cargo run --bin clientgen`"
             );
         }
+    }
+
+    #[test]
+    fn the_protocol_page_has_the_kinds_table() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let page = std::fs::read_to_string(root.join(kinds::PAGE)).unwrap();
+        assert!(
+            kinds::render_page(&page, agentbox_api::kinds::KINDS).unwrap() == page,
+            "{}'s error kinds are stale: run `cargo run --bin clientgen`",
+            kinds::PAGE
+        );
     }
 
     #[test]
