@@ -75,4 +75,32 @@ class SpecTest {
     Object ok = SandboxSpec.image("b").allowDomain("*.github.com").toMap().get("network");
     assertEquals(Map.of("egress", "Allowlist", "allow", List.of(Map.of("domain", "*.github.com"))), ok);
   }
+
+  @Test
+  void aBadCredentialIsRefusedNamingItsCause() {
+    String[][] bad = {
+      {"*.example.com", "k", "t", null, "not the wildcard"},
+      {"api.example.com", "", "t", null, "secretName must be a Kubernetes object name"},
+      {"api.example.com", null, "t", null, "secretName must be"},
+      {"api.example.com", "Model_Key", "t", null, "secretName must be"},
+      {"api.example.com", "k", "", null, "key must be a Secret key"},
+      {"api.example.com", "k", null, null, "key must be a Secret key"},
+      {"api.example.com", "k", "a/b", null, "key must be a Secret key"},
+      {"api.example.com", "k", "..", null, "key must be a Secret key"},
+      {"api.example.com", "k", "t", "", "header must be an HTTP header name"},
+      {"api.example.com", "k", "t", "Host", "header must be"},
+      {"api.example.com", "k", "t", "Proxy-Authorization", "header must be"},
+      {"api.example.com", "k", "t", "X Key", "header must be"},
+      {"api.example.com", "k", "t", "a".repeat(65), "header must be"},
+    };
+    for (String[] c : bad) {
+      SandboxSpec spec = SandboxSpec.image("b");
+      InvalidRequestException e =
+          assertThrows(
+              InvalidRequestException.class,
+              () -> spec.allowDomainWithCredential(c[0], c[1], c[2], c[3]));
+      assertTrue(e.getMessage().contains(c[4]), e.getMessage());
+      assertEquals(null, spec.toMap().get("network"), "nothing is left half-set");
+    }
+  }
 }
