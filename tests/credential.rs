@@ -499,7 +499,15 @@ async fn a_credential_arrives_at_the_server_and_is_found_nowhere_else() {
         last.contains(" 200"),
         "the plain entry through the proxy: {last}"
     );
-    // Several feeder ticks later: still one Event, still False, the same pod.
+    // Several feeder ticks later: still one Event, still False, the same pod, and no write
+    // to the Sandbox meanwhile (the condition is written when it changes, not per tick).
+    let rv_before = env
+        .api::<Sandbox>()
+        .get("cred")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let evs = common::events_now(&env, "cred", "CredentialRefused").await;
     assert_eq!(
@@ -508,6 +516,10 @@ async fn a_credential_arrives_at_the_server_and_is_found_nowhere_else() {
         "one Event per change, not per tick: {evs:?}"
     );
     let sbx = env.api::<Sandbox>().get("cred").await.unwrap();
+    assert_eq!(
+        sbx.metadata.resource_version, rv_before,
+        "the Sandbox was written at rest"
+    );
     assert_eq!(
         sbx.status.as_ref().and_then(|s| s.phase),
         Some(agentbox_api::crd::SandboxPhase::Ready),
@@ -530,6 +542,7 @@ async fn a_credential_arrives_at_the_server_and_is_found_nowhere_else() {
         )
         .await
         .unwrap();
+    let mut cond = None;
     for _ in 0..120 {
         cond = credentials_condition(&env, "cred").await;
         if cond.as_ref().is_some_and(|(s, _, _)| s == "True") {

@@ -894,6 +894,8 @@ pub struct EgressAllow {
     /// is in the Sandbox's namespace and must allow the domain in its annotation
     /// `agentbox.dev/credential-domains` (comma-separated exact names or `*.` wildcards, set
     /// by whoever owns the Secret); otherwise the Sandbox is refused (condition
+    /// `CredentialRefused`). A running sandbox whose credential stops passing keeps its pod
+    /// (the entry then allows nothing) and says it on condition `Credentials` (False, reason
     /// `CredentialRefused`). Such a Secret is never readable by sandboxes as a file or an
     /// environment value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
