@@ -247,6 +247,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// and the proxy's pods, and writes the table into a proxy pod whenever it differs from what
 /// that pod (by UID) last received. The credentials it leaves out go to `reporter` (the
 /// sandboxes' `Credentials` condition and Events).
+// Eight: what it watches, where it writes, and the reporter; a struct for one caller would
+// only rename them.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     scope: Api<Sandbox>,
@@ -604,6 +607,34 @@ mod tests {
             );
             assert_eq!(allow[0].domain.as_deref(), Some("pypi.org"));
         }
+    }
+
+    #[test]
+    fn refusals_are_by_sandbox_and_name_secret_key_and_domain() {
+        let net = |key: &str| {
+            json!({"egress": "Allowlist", "allow": [
+                {"domain": "api.example.com", "credential": {"secretName": "model-key", "key": key}},
+                {"domain": "pypi.org"}]})
+        };
+        let sbxs = vec![
+            sandbox("a", "uid-a", net("token")),
+            sandbox("b", "uid-b", net("gone")),
+            sandbox("c", "uid-c", json!({"egress": "None"})),
+        ];
+        let secret = |_: &str, _: &str, key: &str| {
+            Some(SecretFacts {
+                domains: Some("api.example.com".into()),
+                value: (key == "token").then(|| b"Bearer sk-1".to_vec()),
+            })
+        };
+        let r = refused_credentials(&sbxs, &[], &secret);
+        assert_eq!(r.len(), 1, "{r:?}");
+        let causes = &r["uid-b"];
+        assert_eq!(causes.len(), 1);
+        for part in ["model-key", "gone", "api.example.com"] {
+            assert!(causes[0].contains(part), "{part}: {causes:?}");
+        }
+        assert!(!causes[0].contains("sk-1"));
     }
 
     #[test]
