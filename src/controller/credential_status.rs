@@ -18,7 +18,7 @@
 //! resourceVersion: the condition list is one field, and a copy from a lagging watch must not
 //! put back conditions the sandbox controller has moved on from.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,7 +130,7 @@ impl Reporter {
         sandboxes: &[Arc<Sandbox>],
         refused: &HashMap<String, Vec<String>>,
     ) {
-        let live: Vec<String> = sandboxes.iter().filter_map(|s| s.uid()).collect();
+        let live: HashSet<String> = sandboxes.iter().filter_map(|s| s.uid()).collect();
         self.written_over.retain(|u, _| live.contains(u));
         self.announced.retain(|u, _| live.contains(u));
         let mut todo = Vec::new();
