@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -215,4 +216,56 @@ func TestSupportedRefusesABadAllowNamingIt(t *testing.T) {
 
 func cred(secret, key, header string) *agentbox.EgressCredential {
 	return &agentbox.EgressCredential{SecretName: secret, Key: key, Header: header}
+}
+
+// The cross-language rule (tests/vectors/protocol.json, from EgressCredential::fault):
+// Supported refuses exactly the credentials the CRD's rules refuse, naming the fault.
+func TestCredentialsAreRefusedAsTheCRDsRulesRefuseThem(t *testing.T) {
+	raw, err := os.ReadFile("../../tests/vectors/protocol.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Credentials []struct {
+			Domain     *string `json:"domain"`
+			SecretName string  `json:"secretName"`
+			Key        string  `json:"key"`
+			Header     *string `json:"header"`
+			Fault      *string `json:"fault"`
+		} `json:"credentials"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Credentials) < 10 {
+		t.Fatalf("%d credential vectors", len(v.Credentials))
+	}
+	words := map[string]string{
+		"domain":      "a credential goes with an exact domain",
+		"secret_name": "Credential.SecretName must be",
+		"key":         "Credential.Key must be",
+		"header":      "Credential.Header must be",
+	}
+	p := Policy{Filesystem: FilesystemPolicy{WorkingDir: "/workspace"}}
+	for _, c := range v.Credentials {
+		a := agentbox.EgressAllow{CIDR: "10.0.0.0/8", Credential: &agentbox.EgressCredential{SecretName: c.SecretName, Key: c.Key}}
+		if c.Domain != nil {
+			a.CIDR, a.Domain = "", *c.Domain
+		}
+		if c.Header != nil {
+			if *c.Header == "" {
+				// Go's "" is the default header; the empty header the vector means cannot be
+				// said in Go (the json tag drops it), so it is never sent.
+				continue
+			}
+			a.Credential.Header = *c.Header
+		}
+		err := (&Agentbox{Allow: []agentbox.EgressAllow{a}}).Supported(p)
+		switch {
+		case c.Fault == nil && err != nil:
+			t.Errorf("%+v: refused: %v", c, err)
+		case c.Fault != nil && (!errors.Is(err, agentbox.ErrInvalid) || !strings.Contains(err.Error(), words[*c.Fault])):
+			t.Errorf("%+v: %v, want %q", c, err, words[*c.Fault])
+		}
+	}
 }

@@ -5,6 +5,8 @@ request."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -232,6 +234,34 @@ BAD: list[tuple[Any, str]] = [
         r"credential has unknown field\(s\) kee",
     ),
 ]
+
+
+VECTORS: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[3] / "tests" / "vectors" / "protocol.json").read_text()
+)
+# What each fault of the vectors' credentials is called in the refusal.
+FAULT_WORDS = {
+    "domain": "a credential goes with an exact domain",
+    "secret_name": "credential.secret_name must be",
+    "key": "credential.key must be",
+    "header": "credential.header must be",
+}
+
+
+@pytest.mark.parametrize("case", VECTORS["credentials"], ids=lambda c: json.dumps(c)[:60])
+def test_credentials_are_refused_as_the_crds_rules_refuse_them(case: dict[str, Any]) -> None:
+    # The cross-language rule (tests/vectors/protocol.json, from EgressCredential::fault).
+    entry = EgressAllow(
+        cidr="10.0.0.0/8" if case["domain"] is None else None,
+        domain=case["domain"],
+        credential=EgressCredential(case["secretName"], case["key"], case["header"]),
+    )
+    network = Network("Allowlist", [entry])
+    if case["fault"] is None:
+        AgentboxSandboxClientOptions(image="img", network=network)
+    else:
+        with pytest.raises(ValueError, match=FAULT_WORDS[case["fault"]]):
+            AgentboxSandboxClientOptions(image="img", network=network)
 
 
 class RefuseAll:

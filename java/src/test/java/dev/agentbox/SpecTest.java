@@ -76,6 +76,44 @@ class SpecTest {
     assertEquals(Map.of("egress", "Allowlist", "allow", List.of(Map.of("domain", "*.github.com"))), ok);
   }
 
+  /**
+   * The cross-language rule ({@code tests/vectors/protocol.json}, from {@code
+   * EgressCredential::fault}): allowDomainWithCredential refuses exactly what the CRD's rules
+   * refuse. A cidr entry cannot carry a credential here at all (no such method).
+   */
+  @Test
+  void credentialsAreRefusedAsTheCrdsRulesRefuseThem() {
+    Map<String, String> words =
+        Map.of(
+            "domain", "not the wildcard",
+            "secret_name", "secretName must be",
+            "key", "key must be",
+            "header", "header must be");
+    List<Map<String, Object>> cases = VectorsTest.list(VectorsTest.V, "credentials");
+    assertTrue(cases.size() > 10, "credential vectors");
+    for (Map<String, Object> c : cases) {
+      String domain = VectorsTest.s(c, "domain");
+      if (domain == null) {
+        continue;
+      }
+      String fault = VectorsTest.s(c, "fault");
+      SandboxSpec spec = SandboxSpec.image("b");
+      Runnable call =
+          () ->
+              spec.allowDomainWithCredential(
+                  domain,
+                  VectorsTest.s(c, "secretName"),
+                  VectorsTest.s(c, "key"),
+                  VectorsTest.s(c, "header"));
+      if (fault == null) {
+        call.run();
+      } else {
+        InvalidRequestException e = assertThrows(InvalidRequestException.class, call::run);
+        assertTrue(e.getMessage().contains(words.get(fault)), c + ": " + e.getMessage());
+      }
+    }
+  }
+
   @Test
   void aBadCredentialIsRefusedNamingItsCause() {
     String[][] bad = {
