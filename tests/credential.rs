@@ -9,7 +9,9 @@
 //! Sandbox, the namespace's Events, the operator's and the proxy's logs, and the API server's
 //! audit log. A Sandbox naming the key for a domain its Secret does not allow gets no pod (a
 //! condition and a Warning Event naming the cause), and recovers when the Secret's owner
-//! allows the domain.
+//! allows the domain. A Running sandbox edited to a key its Secret lacks keeps its pod and its
+//! other entries, and says the refusal on its `Credentials` condition and in one Warning
+//! Event; edited back, the condition turns True.
 
 mod common;
 
@@ -148,6 +150,17 @@ async fn condition_reason(env: &TestEnv, name: &str) -> Option<(String, String)>
         .into_iter()
         .find(|c| c.type_ == "Ready")?;
     Some((c.reason, c.message))
+}
+
+/// The sandbox's `Credentials` condition: status, reason, message.
+async fn credentials_condition(env: &TestEnv, name: &str) -> Option<(String, String, String)> {
+    let s = env.api::<Sandbox>().get(name).await.ok()?;
+    let c = s
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Credentials")?;
+    Some((c.status, c.reason, c.message))
 }
 
 #[tokio::test]
@@ -418,6 +431,154 @@ async fn a_credential_arrives_at_the_server_and_is_found_nowhere_else() {
         .unwrap();
     env.wait_for::<Sandbox>("elsewhere", 120, phase_is("Ready"))
         .await;
+
+    // A Running sandbox edited to a credential its Secret refuses (a key it does not have),
+    // beside a plain domain entry: the condition `Credentials` False and one Warning Event
+    // naming the Secret, key and domain; the pod stays (same UID) and the plain entry still
+    // works through the proxy.
+    let uid_before = pods
+        .get(&agentbox_api::labels::pod_name("cred"))
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+    let edit = |key: &str| {
+        json!({"spec": {"network": {"egress": "Allowlist", "allow": [
+            {"domain": "api.cred.test", "ports": [{"port": 443}],
+             "credential": {"secretName": "model-key", "key": key}},
+            {"domain": "other.cred.test", "ports": [{"port": 443}]}
+        ]}}})
+    };
+    env.api::<Sandbox>()
+        .patch(
+            "cred",
+            &PatchParams::default(),
+            &Patch::Merge(&edit("no-such-key")),
+        )
+        .await
+        .unwrap();
+    let mut cond = None;
+    for _ in 0..120 {
+        cond = credentials_condition(&env, "cred").await;
+        if cond.as_ref().is_some_and(|(s, _, _)| s == "False") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (status, reason, message) = cond.expect("a Credentials condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "CredentialRefused"),
+        "{message}"
+    );
+    for part in ["model-key", "no-such-key", "api.cred.test"] {
+        assert!(message.contains(part), "{part} not in {message}");
+    }
+    let evs = common::events(&env, "cred", "CredentialRefused").await;
+    assert_eq!(evs.len(), 1, "one Warning Event for the change: {evs:?}");
+    assert_eq!(evs[0].type_.as_deref(), Some("Warning"));
+    let count = |e: &k8s_openapi::api::events::v1::Event| e.series.as_ref().map_or(1, |s| s.count);
+    assert_eq!(count(&evs[0]), 1, "{evs:?}");
+    // Through the proxy to the plain entry (polled: the table follows the edit).
+    let mut last = String::new();
+    for _ in 0..60 {
+        last = sh(
+            &env,
+            "cred",
+            "p=${http_proxy#http://}; p=${p%/}; \
+             printf 'CONNECT other.cred.test:443 HTTP/1.1\\r\\nHost: other.cred.test:443\\r\\n\\r\\n' \
+             | nc -w 3 ${p%:*} ${p##*:}",
+        )
+        .await;
+        if last.contains(" 200") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        last.contains(" 200"),
+        "the plain entry through the proxy: {last}"
+    );
+    // Several feeder ticks later: still one Event, still False, the same pod, and no write
+    // to the Sandbox meanwhile (the condition is written when it changes, not per tick).
+    let rv_before = env
+        .api::<Sandbox>()
+        .get("cred")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let evs = common::events_now(&env, "cred", "CredentialRefused").await;
+    assert_eq!(
+        (evs.len(), evs.first().map(count)),
+        (1, Some(1)),
+        "one Event per change, not per tick: {evs:?}"
+    );
+    let sbx = env.api::<Sandbox>().get("cred").await.unwrap();
+    assert_eq!(
+        sbx.metadata.resource_version, rv_before,
+        "the Sandbox was written at rest"
+    );
+    assert_eq!(
+        sbx.status.as_ref().and_then(|s| s.phase),
+        Some(agentbox_api::crd::SandboxPhase::Ready),
+        "the sandbox keeps running"
+    );
+    let uid_after = pods
+        .get(&agentbox_api::labels::pod_name("cred"))
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+    assert_eq!(uid_before, uid_after, "the pod was replaced");
+
+    // Fixed: the condition turns True (a Normal Event says so), the pod still the same.
+    env.api::<Sandbox>()
+        .patch(
+            "cred",
+            &PatchParams::default(),
+            &Patch::Merge(&edit("token")),
+        )
+        .await
+        .unwrap();
+    let mut cond = None;
+    for _ in 0..120 {
+        cond = credentials_condition(&env, "cred").await;
+        if cond.as_ref().is_some_and(|(s, _, _)| s == "True") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (status, reason, message) = cond.expect("a Credentials condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "CredentialsAllowed"),
+        "{message}"
+    );
+    assert!(
+        !common::events(&env, "cred", "CredentialsAllowed")
+            .await
+            .is_empty()
+    );
+    let uid_fixed = pods
+        .get(&agentbox_api::labels::pod_name("cred"))
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+    assert_eq!(uid_before, uid_fixed, "the pod was replaced");
+    // None of it holds the value.
+    let obj = serde_json::to_string(&env.api::<Sandbox>().get("cred").await.unwrap()).unwrap();
+    let events = env
+        .api::<k8s_openapi::api::events::v1::Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let events = serde_json::to_string(&events).unwrap();
+    for text in [obj, events, env.operator_logs()] {
+        assert!(!text.contains(&key) && !text.contains(&key_b64));
+    }
 
     keeper.abort();
     env.finish().await;

@@ -42,8 +42,12 @@ type Agentbox struct {
 	// the latter reached through agentbox's egress proxy. Set, a policy that allows the
 	// network gets a sandbox with egress Allowlist of exactly these, which relies on the
 	// cluster enforcing NetworkPolicy as NetworkDisabled does (the same fail-closed check);
-	// NetworkDisabled stays egress None. Empty: NetworkAllowAll is egress All. Checked by
-	// Supported (each entry has exactly one of CIDR and Domain, a domain's ports are TCP).
+	// NetworkDisabled stays egress None. Empty: NetworkAllowAll is egress All. An exact
+	// Domain may carry a Credential (a Secret's key the proxy sends as a header to that
+	// name, so the sandbox never holds it; the Secret's annotation
+	// agentbox.dev/credential-domains must allow the domain). Checked by Supported (each
+	// entry has exactly one of CIDR and Domain, a domain's ports are TCP, a credential goes
+	// on an exact domain with a Secret name, key and header in the CRD's form).
 	Allow []agentbox.EgressAllow
 }
 
@@ -130,7 +134,15 @@ func (f *Agentbox) network(p Policy) *agentbox.NetworkSpec {
 	case p.NetworkModeOrDefault() == NetworkDisabled:
 		return &agentbox.NetworkSpec{Egress: "None"}
 	case len(f.Allow) > 0:
-		return &agentbox.NetworkSpec{Egress: "Allowlist", Allow: append([]agentbox.EgressAllow(nil), f.Allow...)}
+		allow := append([]agentbox.EgressAllow(nil), f.Allow...)
+		for i, a := range allow {
+			// A copy of the credential too: the spec shares nothing with the factory.
+			if a.Credential != nil {
+				c := *a.Credential
+				allow[i].Credential = &c
+			}
+		}
+		return &agentbox.NetworkSpec{Egress: "Allowlist", Allow: allow}
 	}
 	return &agentbox.NetworkSpec{Egress: "All"}
 }

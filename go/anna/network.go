@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -158,10 +159,44 @@ var domainPattern = regexp.MustCompile(`^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0
 // numericEnd matches a name whose last label is a number (an address, which goes in CIDR).
 var numericEnd = regexp.MustCompile(`[.][0-9]+$`)
 
+// objectName is the CRD's rule for a credential's Secret name: a Kubernetes object name (a
+// DNS-1123 subdomain).
+var objectName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// dataKey is the CRD's rule for a credential's key: a Secret data key.
+var dataKey = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
+
+// headerName is the CRD's rule for a credential's header: an HTTP token.
+var headerName = regexp.MustCompile("^[-!#$%&'*+.^_`|~0-9a-zA-Z]+$")
+
+// proxyHeaders are the headers the egress proxy owns (a credential cannot be one of them, nor
+// Proxy-*).
+var proxyHeaders = []string{"host", "connection", "content-length", "transfer-encoding", "keep-alive", "upgrade", "te", "trailer"}
+
+// checkCredential refuses, naming the cause in the CRD's words, a credential the CRD would
+// refuse (pure): on a CIDR or a "*." wildcard (the key would go to every name below it), a
+// SecretName that is no object name, a Key that is no Secret key, a Header the proxy may not
+// set. Whether the Secret allows the domain is the operator's to check (CredentialRefused).
+func checkCredential(a agentbox.EgressAllow) string {
+	c := a.Credential
+	lower := strings.ToLower(c.Header)
+	switch {
+	case a.Domain == "" || strings.HasPrefix(a.Domain, "*."):
+		return "Credential: a credential goes with an exact domain (such as api.example.com), not a CIDR or a '*.' wildcard: a wildcard would send the key to every name below it"
+	case len(c.SecretName) > 253 || !objectName.MatchString(c.SecretName):
+		return fmt.Sprintf("Credential.SecretName must be a Kubernetes object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, not %q", c.SecretName)
+	case len(c.Key) > 253 || c.Key == "." || c.Key == ".." || !dataKey.MatchString(c.Key):
+		return fmt.Sprintf("Credential.Key must be a Secret key: letters, digits, '-', '_' and '.', not %q", c.Key)
+	case c.Header != "" && (len(c.Header) > 64 || !headerName.MatchString(c.Header) || slices.Contains(proxyHeaders, lower) || strings.HasPrefix(lower, "proxy-")):
+		return fmt.Sprintf("Credential.Header must be an HTTP header name that is not Host, Connection, Content-Length, Transfer-Encoding, Keep-Alive, Upgrade, TE, Trailer or Proxy-*, not %q (\"\": Authorization)", c.Header)
+	}
+	return ""
+}
+
 // checkAllow refuses, naming the entry and the cause, what the CRD's rules would refuse in an
 // Agentbox.Allow (pure): an entry with neither or both of CIDR and Domain, a CIDR that is not
 // an address block, a domain not in the CRD's form, a domain's port other than TCP, a port out
-// of range.
+// of range, a credential that checkCredential refuses.
 func checkAllow(allow []agentbox.EgressAllow) error {
 	bad := func(i int, format string, a ...any) error {
 		return fmt.Errorf("%w: Agentbox.Allow[%d]: %s", agentbox.ErrInvalid, i, fmt.Sprintf(format, a...))
@@ -182,6 +217,11 @@ func checkAllow(allow []agentbox.EgressAllow) error {
 		default:
 			if len(a.Domain) > 253 || !domainPattern.MatchString(a.Domain) || !strings.Contains(a.Domain, ".") || numericEnd.MatchString(a.Domain) {
 				return bad(i, "Domain must be a lower-case DNS name with at least one dot, optionally starting with '*.' (such as pypi.org or *.github.com), not %q; addresses go in CIDR", a.Domain)
+			}
+		}
+		if a.Credential != nil {
+			if why := checkCredential(a); why != "" {
+				return bad(i, "%s", why)
 			}
 		}
 		for j, p := range a.Ports {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +127,8 @@ func TestAllowNarrowsAnAllowedNetworkToAnAllowlist(t *testing.T) {
 		{Domain: "pypi.org", Ports: []agentbox.EgressPort{{Port: 443}}},
 		{Domain: "*.github.com"},
 		{CIDR: "10.96.0.0/12", Ports: []agentbox.EgressPort{{Port: 53, Protocol: "UDP"}}},
+		{Domain: "api.openai.com", Ports: []agentbox.EgressPort{{Port: 443}}, Credential: &agentbox.EgressCredential{SecretName: "model-key", Key: "token"}},
+		{Domain: "api.example.com", Credential: &agentbox.EgressCredential{SecretName: "other-key", Key: "api_key.v1", Header: "X-Api-Key"}},
 	}
 	f := &Agentbox{Allow: allow}
 	allowed := Policy{Network: NetworkPolicy{Mode: NetworkAllowAll}}
@@ -134,7 +137,9 @@ func TestAllowNarrowsAnAllowedNetworkToAnAllowlist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"egress":"Allowlist","allow":[{"domain":"pypi.org","ports":[{"port":443}]},{"domain":"*.github.com"},{"cidr":"10.96.0.0/12","ports":[{"port":53,"protocol":"UDP"}]}]}`
+	want := `{"egress":"Allowlist","allow":[{"domain":"pypi.org","ports":[{"port":443}]},{"domain":"*.github.com"},{"cidr":"10.96.0.0/12","ports":[{"port":53,"protocol":"UDP"}]},` +
+		`{"domain":"api.openai.com","ports":[{"port":443}],"credential":{"secretName":"model-key","key":"token"}},` +
+		`{"domain":"api.example.com","credential":{"secretName":"other-key","key":"api_key.v1","header":"X-Api-Key"}}]}`
 	if string(got) != want {
 		t.Errorf("allowed with Allow:\n got %s\nwant %s", got, want)
 	}
@@ -150,9 +155,11 @@ func TestAllowNarrowsAnAllowedNetworkToAnAllowlist(t *testing.T) {
 	// The spec's allowlist is a copy: a later change of the factory's does not reach it.
 	n := f.network(allowed)
 	f.Allow[0].Domain = "evil.example"
-	if n.Allow[0].Domain != "pypi.org" {
-		t.Error("the spec shares the factory's slice")
+	f.Allow[3].Credential.SecretName = "elsewhere"
+	if n.Allow[0].Domain != "pypi.org" || n.Allow[3].Credential.SecretName != "model-key" {
+		t.Error("the spec shares the factory's slice or credentials")
 	}
+	f.Allow[3].Credential.SecretName = "model-key"
 	// An allowlisted sandbox the operator finds not enforced is refused, naming the cause.
 	err = (&Agentbox{Allow: allow}).afterRecover(allowed, notEnforced, nil)
 	var pe *PolicyCompatibilityError
@@ -178,14 +185,87 @@ func TestSupportedRefusesABadAllowNamingIt(t *testing.T) {
 		{agentbox.EgressAllow{Domain: "a.*.example.com"}, "Domain must be"},
 		{agentbox.EgressAllow{Domain: "pypi.org", Ports: []agentbox.EgressPort{{Port: 53, Protocol: "UDP"}}}, "Ports[0]: the ports of a domain entry are TCP"},
 		{agentbox.EgressAllow{Domain: "pypi.org", Ports: []agentbox.EgressPort{{Port: 90, EndPort: 80}}}, "not a range"},
+		// Credentials: the CRD's rules, in its words.
+		{agentbox.EgressAllow{Domain: "*.openai.com", Credential: cred("model-key", "token", "")}, "Allow[0]: Credential: a credential goes with an exact domain"},
+		{agentbox.EgressAllow{CIDR: "10.0.0.0/8", Credential: cred("model-key", "token", "")}, "not a CIDR or a '*.' wildcard"},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("", "token", "")}, `Credential.SecretName must be a Kubernetes object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, not ""`},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("Model_Key", "token", "")}, "Credential.SecretName must be"},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("model-key", "", "")}, `Credential.Key must be a Secret key: letters, digits, '-', '_' and '.', not ""`},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("model-key", "a/b", "")}, "Credential.Key must be"},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("model-key", "..", "")}, "Credential.Key must be"},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("model-key", "token", "Host")}, "Credential.Header must be an HTTP header name"},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("model-key", "token", "Proxy-Authorization")}, "Credential.Header must be"},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("model-key", "token", "X Key")}, "Credential.Header must be"},
+		{agentbox.EgressAllow{Domain: "api.openai.com", Credential: cred("model-key", "token", strings.Repeat("a", 65))}, "Credential.Header must be"},
 	} {
 		err := (&Agentbox{Allow: []agentbox.EgressAllow{c.allow}}).Supported(p)
 		if !errors.Is(err, agentbox.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%+v: %v, want %q", c.allow, err, c.says)
 		}
 	}
-	ok := []agentbox.EgressAllow{{Domain: "*.github.com", Ports: []agentbox.EgressPort{{Port: 443, Protocol: "TCP"}}}, {CIDR: "2001:db8::/32"}}
+	ok := []agentbox.EgressAllow{
+		{Domain: "*.github.com", Ports: []agentbox.EgressPort{{Port: 443, Protocol: "TCP"}}},
+		{CIDR: "2001:db8::/32"},
+		{Domain: "api.openai.com", Credential: cred("model-key", "token", "")},
+		{Domain: "api.example.com", Credential: cred("k.v1", "api_key.v1", "X-Api-Key")},
+	}
 	if err := (&Agentbox{Allow: ok}).Supported(p); err != nil {
 		t.Error(err)
+	}
+}
+
+func cred(secret, key, header string) *agentbox.EgressCredential {
+	return &agentbox.EgressCredential{SecretName: secret, Key: key, Header: header}
+}
+
+// The cross-language rule (tests/vectors/protocol.json, from EgressCredential::fault):
+// Supported refuses exactly the credentials the CRD's rules refuse, naming the fault.
+func TestCredentialsAreRefusedAsTheCRDsRulesRefuseThem(t *testing.T) {
+	raw, err := os.ReadFile("../../tests/vectors/protocol.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Credentials []struct {
+			Domain     *string `json:"domain"`
+			SecretName string  `json:"secretName"`
+			Key        string  `json:"key"`
+			Header     *string `json:"header"`
+			Fault      *string `json:"fault"`
+		} `json:"credentials"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Credentials) < 10 {
+		t.Fatalf("%d credential vectors", len(v.Credentials))
+	}
+	words := map[string]string{
+		"domain":      "a credential goes with an exact domain",
+		"secret_name": "Credential.SecretName must be",
+		"key":         "Credential.Key must be",
+		"header":      "Credential.Header must be",
+	}
+	p := Policy{Filesystem: FilesystemPolicy{WorkingDir: "/workspace"}}
+	for _, c := range v.Credentials {
+		a := agentbox.EgressAllow{CIDR: "10.0.0.0/8", Credential: &agentbox.EgressCredential{SecretName: c.SecretName, Key: c.Key}}
+		if c.Domain != nil {
+			a.CIDR, a.Domain = "", *c.Domain
+		}
+		if c.Header != nil {
+			if *c.Header == "" {
+				// Go's "" is the default header; the empty header the vector means cannot be
+				// said in Go (the json tag drops it), so it is never sent.
+				continue
+			}
+			a.Credential.Header = *c.Header
+		}
+		err := (&Agentbox{Allow: []agentbox.EgressAllow{a}}).Supported(p)
+		switch {
+		case c.Fault == nil && err != nil:
+			t.Errorf("%+v: refused: %v", c, err)
+		case c.Fault != nil && (!errors.Is(err, agentbox.ErrInvalid) || !strings.Contains(err.Error(), words[*c.Fault])):
+			t.Errorf("%+v: %v, want %q", c, err, words[*c.Fault])
+		}
 	}
 }

@@ -166,7 +166,8 @@ pub fn decide(
         return Err(Refusal::Wildcard { domain: d() });
     }
     let header = cred.header_or_default();
-    if !credential::header_name_ok(header) {
+    // The CRD's rule (the clients check it too) and the proxy's own.
+    if !agentbox_api::crd::is_credential_header(header) || !credential::header_name_ok(header) {
         return Err(Refusal::Header {
             domain: d(),
             header: header.to_string(),
@@ -450,6 +451,31 @@ mod tests {
             assert!(msg.contains(domain), "{msg}");
             assert!(!msg.contains("sk-must-not-show"), "{msg}");
             assert!(!format!("{r:?} {f:?}").contains("sk-must-not-show"));
+        }
+    }
+
+    #[test]
+    fn the_operator_refuses_what_the_clients_refuse() {
+        // The clients check the CRD's rules (EgressCredential::fault, the vectors); the
+        // operator checks again in decide (an older CRD): the two agree on every case.
+        let allowed = facts(Some("api.example.com"), Some(b"v"));
+        let cases = agentbox_api::vectors::vectors();
+        let cases = cases["credentials"].as_array().expect("credential vectors");
+        assert!(cases.len() > 10);
+        for c in cases {
+            let Some(domain) = c["domain"].as_str() else {
+                continue; // a cidr entry: decide sees only domain entries
+            };
+            let cred = cred(
+                c["secretName"].as_str().unwrap(),
+                c["key"].as_str().unwrap(),
+                c["header"].as_str(),
+            );
+            assert_eq!(
+                decide(domain, &cred, Some(&allowed)).is_err(),
+                !c["fault"].is_null(),
+                "{c}"
+            );
         }
     }
 

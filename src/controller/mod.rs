@@ -5,6 +5,7 @@ pub mod cache;
 pub mod conditions;
 pub mod context;
 pub mod credential;
+pub mod credential_status;
 pub mod domain_egress;
 pub mod effective;
 pub mod error;
@@ -181,6 +182,7 @@ async fn run_proxy_feed(
         templates,
         p,
         ctx.config.default_egress(),
+        credential_status::Reporter::new(ctx.clone()),
         shutdown,
     )
     .await;

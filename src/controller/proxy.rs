@@ -22,6 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::credential::{self, SecretCache, SecretFacts};
+use super::credential_status::Reporter;
 use agentbox_api::crd::{Egress, Network, Sandbox, SandboxTemplate};
 use agentbox_api::labels;
 use agentbox_proxy::rules::{Allow, SandboxEntry, Table};
@@ -244,7 +245,11 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Keeps every proxy pod's table current until `shutdown`: watches Sandboxes, their pods
 /// and the proxy's pods, and writes the table into a proxy pod whenever it differs from what
-/// that pod (by UID) last received.
+/// that pod (by UID) last received. The credentials it leaves out go to `reporter` (the
+/// sandboxes' `Credentials` condition and Events).
+// Eight: what it watches, where it writes, and the reporter; a struct for one caller would
+// only rename them.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     scope: Api<Sandbox>,
@@ -252,6 +257,7 @@ pub async fn run(
     templates: Store<SandboxTemplate>,
     proxy: EgressProxy<'_>,
     default: Egress,
+    mut reporter: Reporter,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let proxy_pods: Api<Pod> = Api::namespaced(client.clone(), proxy.namespace);
@@ -291,7 +297,7 @@ pub async fn run(
         // What each proxy pod (by UID) last received.
         let mut sent: HashMap<String, Vec<u8>> = HashMap::new();
         // The credentials refused last time (see log_refused).
-        let mut refused_before: Vec<String> = Vec::new();
+        let mut refused_before: HashMap<String, Vec<String>> = HashMap::new();
         loop {
             let sandboxes = sbx_store.state();
             let tpls = templates.state();
@@ -301,8 +307,7 @@ pub async fn run(
             let lookup = |ns: &str, name: &str, key: &str| secrets.facts(ns, name, key);
             let table = build_table(&sandboxes, &pod_store.state(), &tpls, default, &lookup);
             let refused = refused_credentials(&sandboxes, &tpls, &lookup);
-            log_refused(&refused, &refused_before);
-            refused_before = refused;
+            log_refused(&sandboxes, &refused, &refused_before);
             match serde_json::to_vec(&table) {
                 Ok(bytes) => {
                     let n = table.sandboxes.len();
@@ -310,6 +315,9 @@ pub async fn run(
                 }
                 Err(e) => warn!("encoding the egress proxy's table: {e}"),
             }
+            // After the table: a refused credential leaves the proxy first, then it is said.
+            reporter.report(&sandboxes, &refused).await;
+            refused_before = refused;
             tokio::time::sleep(TICK).await;
         }
     };
@@ -328,12 +336,26 @@ fn label_selector(labels: &BTreeMap<String, String>) -> String {
     pairs.join(",")
 }
 
-/// Logs each credential refused now that was not refused last time: a running sandbox's edited
-/// allowlist is not checked by the sandbox controller (its entry just allows nothing), and this
-/// says why.
-fn log_refused(refused: &[String], before: &[String]) {
-    for r in refused.iter().filter(|r| !before.contains(r)) {
-        warn!("egress proxy credential left out: {r}");
+/// Logs each credential refused now that was not refused last time (`refused` and `before`
+/// by Sandbox UID): a running sandbox's edited allowlist is not checked by the sandbox
+/// controller (its entry just allows nothing), and this says why beside the condition.
+fn log_refused(
+    sandboxes: &[Arc<Sandbox>],
+    refused: &HashMap<String, Vec<String>>,
+    before: &HashMap<String, Vec<String>>,
+) {
+    for sbx in sandboxes {
+        let Some(uid) = sbx.uid() else { continue };
+        let was = before.get(&uid);
+        for r in refused.get(&uid).into_iter().flatten() {
+            if !was.is_some_and(|w| w.contains(r)) {
+                let ns = sbx.namespace().unwrap_or_default();
+                warn!(
+                    "egress proxy credential left out: {ns}/{}: {r}",
+                    sbx.name_any()
+                );
+            }
+        }
     }
 }
 
@@ -382,21 +404,22 @@ fn credential_secrets(
     out
 }
 
-/// Each sandbox's credentials that [`credential::decide`] refuses, as `namespace/name:
-/// cause` (the cause names the Secret, key and domain, never a value).
+/// Each sandbox's credentials that [`credential::decide`] refuses: the causes (each names the
+/// Secret, key and domain, never a value) by Sandbox UID; a sandbox with none is not in it.
 fn refused_credentials(
     sandboxes: &[Arc<Sandbox>],
     templates: &[Arc<SandboxTemplate>],
     secrets: &SecretLookup<'_>,
-) -> Vec<String> {
-    let mut out = Vec::new();
+) -> HashMap<String, Vec<String>> {
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
     for sbx in sandboxes {
+        let Some(uid) = sbx.uid() else { continue };
         let ns = sbx.namespace().unwrap_or_default();
         let network = effective_network(sbx, templates);
         for (domain, c) in credential::refs(&network) {
             let facts = secrets(&ns, &c.secret_name, &c.key);
             if let Err(r) = credential::decide(domain, c, facts.as_ref()) {
-                out.push(format!("{ns}/{}: {r}", sbx.name_any()));
+                out.entry(uid.clone()).or_default().push(r.to_string());
             }
         }
     }
@@ -584,6 +607,34 @@ mod tests {
             );
             assert_eq!(allow[0].domain.as_deref(), Some("pypi.org"));
         }
+    }
+
+    #[test]
+    fn refusals_are_by_sandbox_and_name_secret_key_and_domain() {
+        let net = |key: &str| {
+            json!({"egress": "Allowlist", "allow": [
+                {"domain": "api.example.com", "credential": {"secretName": "model-key", "key": key}},
+                {"domain": "pypi.org"}]})
+        };
+        let sbxs = vec![
+            sandbox("a", "uid-a", net("token")),
+            sandbox("b", "uid-b", net("gone")),
+            sandbox("c", "uid-c", json!({"egress": "None"})),
+        ];
+        let secret = |_: &str, _: &str, key: &str| {
+            Some(SecretFacts {
+                domains: Some("api.example.com".into()),
+                value: (key == "token").then(|| b"Bearer sk-1".to_vec()),
+            })
+        };
+        let r = refused_credentials(&sbxs, &[], &secret);
+        assert_eq!(r.len(), 1, "{r:?}");
+        let causes = &r["uid-b"];
+        assert_eq!(causes.len(), 1);
+        for part in ["model-key", "gone", "api.example.com"] {
+            assert!(causes[0].contains(part), "{part}: {causes:?}");
+        }
+        assert!(!causes[0].contains("sk-1"));
     }
 
     #[test]

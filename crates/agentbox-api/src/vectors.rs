@@ -8,7 +8,8 @@
 //! value validity and bounded names; workspace path confinement; the exec wrapper's argv, the
 //! trailer's hold-back and the status channel's exit codes; the persistent session's command line and sentinel
 //! framing; the file scripts and their listing format; the guard's expiry verdicts, taken
-//! Lease spec and timings; the error kinds and each client's name for them.
+//! Lease spec and timings; the error kinds and each client's name for them; what a
+//! `network.allow` credential's rules refuse.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -51,6 +52,7 @@ pub fn vectors() -> Value {
         "files": file_vectors(),
         "guard": guard_vectors(),
         "error_kinds": error_kinds(),
+        "credentials": credential_cases(),
     })
 }
 
@@ -69,6 +71,68 @@ fn error_kinds() -> Value {
             })
         })
         .collect()
+}
+
+/// A `network.allow` entry's credential (`domain` null: a `cidr` entry) and what
+/// [`crate::crd::EgressCredential::fault`] finds wrong in it (null: nothing), which every
+/// client and backend refuses before any request.
+fn credential_cases() -> Value {
+    let (long, longest) = ("a".repeat(65), "a".repeat(64));
+    let cases: [(Option<&str>, &str, &str, Option<&str>); 20] = [
+        (Some("api.example.com"), "model-key", "token", None),
+        (
+            Some("api.example.com"),
+            "k.v1",
+            "api_key.v1",
+            Some("X-Api-Key"),
+        ),
+        (
+            Some("api.example.com"),
+            "k",
+            "K-1_.x",
+            Some("authorization"),
+        ),
+        (Some("*.example.com"), "model-key", "token", None),
+        (None, "model-key", "token", None),
+        (Some("api.example.com"), "", "token", None),
+        (Some("api.example.com"), "Model-Key", "token", None),
+        (Some("api.example.com"), "model_key", "token", None),
+        (Some("api.example.com"), "-k", "token", None),
+        (Some("api.example.com"), "k", "", None),
+        (Some("api.example.com"), "k", "a/b", None),
+        (Some("api.example.com"), "k", "..", None),
+        (Some("api.example.com"), "k", "t", Some("")),
+        (Some("api.example.com"), "k", "t", Some("Host")),
+        (Some("api.example.com"), "k", "t", Some("transfer-encoding")),
+        (
+            Some("api.example.com"),
+            "k",
+            "t",
+            Some("Proxy-Authorization"),
+        ),
+        (Some("api.example.com"), "k", "t", Some("X Key")),
+        (Some("api.example.com"), "k", "t", Some("X-Key:")),
+        (Some("api.example.com"), "k", "t", Some(long.as_str())),
+        (Some("api.example.com"), "k", "t", Some(longest.as_str())),
+    ];
+    let out: Vec<Value> = cases
+        .iter()
+        .map(|(domain, secret, key, header)| {
+            let c = crate::crd::EgressCredential {
+                secret_name: secret.to_string(),
+                key: key.to_string(),
+                header: header.map(str::to_string),
+            };
+            json!({
+                "domain": domain,
+                "secretName": secret,
+                "key": key,
+                "header": header,
+                "fault": c.fault(*domain).map(|f| f.as_str()),
+            })
+        })
+        .collect();
+    Value::Array(out)
 }
 
 fn label_keys() -> Value {

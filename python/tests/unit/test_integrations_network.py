@@ -5,6 +5,8 @@ request."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ from agents.sandbox.session.sandbox_client import BaseSandboxClientOptions
 
 import agentbox
 import agentbox.client
-from agentbox import EgressAllow, EgressPort, Network, SandboxSpec
+from agentbox import EgressAllow, EgressCredential, EgressPort, Network, SandboxSpec
 from agentbox.integrations.agentscope import AgentboxWorkspace, AgentboxWorkspaceManager
 from agentbox.integrations.openai_agents import (
     AgentboxSandboxClient,
@@ -48,6 +50,16 @@ DOMAINS = Network(
         EgressAllow(domain="pypi.org", ports=[EgressPort(443)]),
         EgressAllow(domain="*.github.com"),
         EgressAllow("10.96.0.0/12", [EgressPort(53, protocol="UDP")]),
+        # A credential the proxy adds at the hop, with its default header and with one named.
+        EgressAllow(
+            domain="api.openai.com",
+            ports=[EgressPort(443)],
+            credential=EgressCredential("model-key", "token"),
+        ),
+        EgressAllow(
+            domain="api.example.com",
+            credential=EgressCredential("other-key", "api_key.v1", "X-Api-Key"),
+        ),
     ],
 )
 DOMAINS_JSON = {
@@ -56,6 +68,15 @@ DOMAINS_JSON = {
         {"domain": "pypi.org", "ports": [{"port": 443, "protocol": "TCP"}]},
         {"domain": "*.github.com"},
         {"cidr": "10.96.0.0/12", "ports": [{"port": 53, "protocol": "UDP"}]},
+        {
+            "domain": "api.openai.com",
+            "ports": [{"port": 443, "protocol": "TCP"}],
+            "credential": {"secretName": "model-key", "key": "token"},
+        },
+        {
+            "domain": "api.example.com",
+            "credential": {"secretName": "other-key", "key": "api_key.v1", "header": "X-Api-Key"},
+        },
     ],
 }
 GIVEN = [
@@ -64,6 +85,8 @@ GIVEN = [
     (ALLOWLIST, ALLOWLIST_JSON),
     (DOMAINS, DOMAINS_JSON),
 ]
+
+CRED = {"secretName": "model-key", "key": "token"}
 
 # Each bad network (in its dict form) and the words its refusal must name.
 BAD: list[tuple[Any, str]] = [
@@ -132,7 +155,113 @@ BAD: list[tuple[Any, str]] = [
         },
         r"allow\[0\]\.ports\[0\]: the ports of a domain entry are TCP",
     ),
+    # Credentials: the CRD's rules, in its words, before any request.
+    (
+        {"egress": "Allowlist", "allow": [{"domain": "*.openai.com", "credential": CRED}]},
+        r"allow\[0\]\.credential: a credential goes with an exact domain .* not a cidr or a "
+        r"'\*\.' wildcard",
+    ),
+    (
+        {"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "credential": CRED}]},
+        "a credential goes with an exact domain",
+    ),
+    (
+        {
+            "egress": "Allowlist",
+            "allow": [{"domain": "api.openai.com", "credential": {"key": "t"}}],
+        },
+        r"credential\.secret_name must be a Kubernetes object name.*not None",
+    ),
+    (
+        {
+            "egress": "Allowlist",
+            "allow": [{"domain": "api.openai.com", "credential": {"secretName": "", "key": "t"}}],
+        },
+        r"secret_name must be a Kubernetes object name.*not ''",
+    ),
+    (
+        {
+            "egress": "Allowlist",
+            "allow": [
+                {"domain": "api.openai.com", "credential": {"secretName": "Model_Key", "key": "t"}}
+            ],
+        },
+        "secret_name must be a Kubernetes object name",
+    ),
+    (
+        {
+            "egress": "Allowlist",
+            "allow": [{"domain": "api.openai.com", "credential": {"secretName": "k", "key": ""}}],
+        },
+        r"credential\.key must be a Secret key.*not ''",
+    ),
+    (
+        {
+            "egress": "Allowlist",
+            "allow": [
+                {"domain": "api.openai.com", "credential": {"secretName": "k", "key": "a/b"}}
+            ],
+        },
+        "key must be a Secret key",
+    ),
+    (
+        {
+            "egress": "Allowlist",
+            "allow": [{"domain": "api.openai.com", "credential": {"secretName": "k", "key": ".."}}],
+        },
+        "key must be a Secret key",
+    ),
+    *[
+        (
+            {
+                "egress": "Allowlist",
+                "allow": [
+                    {
+                        "domain": "api.openai.com",
+                        "credential": {"secretName": "k", "key": "t", "header": header},
+                    }
+                ],
+            },
+            r"credential\.header must be an HTTP header name",
+        )
+        for header in ("", "Host", "proxy-authorization", "X Key", "X-Key:", "a" * 65)
+    ],
+    (
+        {
+            "egress": "Allowlist",
+            "allow": [{"domain": "api.openai.com", "credential": {"secretName": "k", "kee": "t"}}],
+        },
+        r"credential has unknown field\(s\) kee",
+    ),
 ]
+
+
+VECTORS: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[3] / "tests" / "vectors" / "protocol.json").read_text()
+)
+# What each fault of the vectors' credentials is called in the refusal.
+FAULT_WORDS = {
+    "domain": "a credential goes with an exact domain",
+    "secret_name": "credential.secret_name must be",
+    "key": "credential.key must be",
+    "header": "credential.header must be",
+}
+
+
+@pytest.mark.parametrize("case", VECTORS["credentials"], ids=lambda c: json.dumps(c)[:60])
+def test_credentials_are_refused_as_the_crds_rules_refuse_them(case: dict[str, Any]) -> None:
+    # The cross-language rule (tests/vectors/protocol.json, from EgressCredential::fault).
+    entry = EgressAllow(
+        cidr="10.0.0.0/8" if case["domain"] is None else None,
+        domain=case["domain"],
+        credential=EgressCredential(case["secretName"], case["key"], case["header"]),
+    )
+    network = Network("Allowlist", [entry])
+    if case["fault"] is None:
+        AgentboxSandboxClientOptions(image="img", network=network)
+    else:
+        with pytest.raises(ValueError, match=FAULT_WORDS[case["fault"]]):
+            AgentboxSandboxClientOptions(image="img", network=network)
 
 
 class RefuseAll:
@@ -268,6 +397,13 @@ def _from_dict(bad: dict[str, Any]) -> Network:
                 for p in a.get("ports", [])
             ],
             a.get("domain"),
+            None
+            if a.get("credential") is None
+            else EgressCredential(
+                a["credential"].get("secretName"),
+                a["credential"].get("key"),
+                a["credential"].get("header"),
+            ),
         )
         for a in bad.get("allow", [])
     ]

@@ -894,6 +894,8 @@ pub struct EgressAllow {
     /// is in the Sandbox's namespace and must allow the domain in its annotation
     /// `agentbox.dev/credential-domains` (comma-separated exact names or `*.` wildcards, set
     /// by whoever owns the Secret); otherwise the Sandbox is refused (condition
+    /// `CredentialRefused`). A running sandbox whose credential stops passing keeps its pod
+    /// (the entry then allows nothing) and says it on condition `Credentials` (False, reason
     /// `CredentialRefused`). Such a Secret is never readable by sandboxes as a file or an
     /// environment value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -929,6 +931,80 @@ impl EgressCredential {
     pub fn header_or_default(&self) -> &str {
         self.header.as_deref().unwrap_or("Authorization")
     }
+
+    /// What the CRD's rules refuse in this credential on an entry of `domain` (`None`: a
+    /// `cidr` entry), if anything (pure). Every client and framework backend checks the same
+    /// before any request; the protocol vectors' `credentials` hold the cases. Whether the
+    /// Secret allows the domain is the operator's to decide (it alone reads the Secret).
+    pub fn fault(&self, domain: Option<&str>) -> Option<CredentialFault> {
+        if domain.is_none_or(|d| d.starts_with("*.")) {
+            return Some(CredentialFault::Domain);
+        }
+        if !crate::names::is_object_name(&self.secret_name) {
+            return Some(CredentialFault::SecretName);
+        }
+        if !crate::names::is_data_key(&self.key) {
+            return Some(CredentialFault::Key);
+        }
+        if self
+            .header
+            .as_deref()
+            .is_some_and(|h| !is_credential_header(h))
+        {
+            return Some(CredentialFault::Header);
+        }
+        None
+    }
+}
+
+/// What [`EgressCredential::fault`] finds wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CredentialFault {
+    /// On a `cidr` entry or a `*.` wildcard (the key would go to every name below it).
+    Domain,
+    /// The Secret's name is no Kubernetes object name.
+    SecretName,
+    /// The key is no Secret data key.
+    Key,
+    /// The header is no HTTP token, or one the egress proxy owns.
+    Header,
+}
+
+impl CredentialFault {
+    /// Its name in the protocol vectors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialFault::Domain => "domain",
+            CredentialFault::SecretName => "secret_name",
+            CredentialFault::Key => "key",
+            CredentialFault::Header => "header",
+        }
+    }
+}
+
+/// The headers the egress proxy sets or strips itself, which a credential cannot name (nor any
+/// `Proxy-*`); the CRD's CEL rule on `header` lists the same.
+pub const PROXY_HEADERS: [&str; 8] = [
+    "host",
+    "connection",
+    "content-length",
+    "transfer-encoding",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+];
+
+/// Whether `h` may be a credential's header: an HTTP token of 1 to 64 characters, not one of
+/// [`PROXY_HEADERS`] and not `Proxy-*` (the CRD's rule on `header`).
+pub fn is_credential_header(h: &str) -> bool {
+    let lower = h.to_ascii_lowercase();
+    !h.is_empty()
+        && h.len() <= 64
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        && !PROXY_HEADERS.contains(&lower.as_str())
+        && !lower.starts_with("proxy-")
 }
 
 /// A port (or range) of an allowed destination.

@@ -10,7 +10,8 @@ use super::get::print_sandboxes;
 use super::{Fail, ScopeFlags};
 use crate::client::Sandboxes;
 use agentbox_api::crd::{
-    Egress, EgressAllow, EgressCredential, EgressPort, Network, PortProtocol, SandboxSpec, Scope,
+    CredentialFault, Egress, EgressAllow, EgressCredential, EgressPort, Network, PortProtocol,
+    SandboxSpec, Scope,
 };
 
 #[derive(Args)]
@@ -117,19 +118,27 @@ fn parse_credential(v: &str) -> Result<(String, EgressCredential), Fail> {
     if parts.next().is_some() || secret.is_empty() || key.is_empty() || header == Some("") {
         return Err(bad("expected DOMAIN=SECRET/KEY[/HEADER]"));
     }
-    if domain.starts_with("*.") {
-        return Err(bad(
+    let cred = EgressCredential {
+        secret_name: secret.to_string(),
+        key: key.to_string(),
+        header: header.map(str::to_string),
+    };
+    match cred.fault(Some(domain)) {
+        None => Ok((domain.to_string(), cred)),
+        Some(CredentialFault::Domain) => Err(bad(
             "a credential goes with an exact domain, not a wildcard (the key would go to every name below it)",
-        ));
+        )),
+        Some(CredentialFault::SecretName) => Err(bad(&format!(
+            "SECRET {}",
+            agentbox_api::names::OBJECT_NAME_MESSAGE
+        ))),
+        Some(CredentialFault::Key) => Err(bad(
+            "KEY must be a Secret key: letters, digits, '-', '_' and '.'",
+        )),
+        Some(CredentialFault::Header) => Err(bad(
+            "HEADER must be an HTTP header name that is not Host, Connection, Content-Length, Transfer-Encoding, Keep-Alive, Upgrade, TE, Trailer or Proxy-*",
+        )),
     }
-    Ok((
-        domain.to_string(),
-        EgressCredential {
-            secret_name: secret.to_string(),
-            key: key.to_string(),
-            header: header.map(str::to_string),
-        },
-    ))
 }
 
 /// The network of a sandbox without a template, from `--egress` and `--allow`.
@@ -287,6 +296,16 @@ mod tests {
             ("api.example.com=k", "DOMAIN=SECRET/KEY"),
             ("api.example.com=k/t/h/x", "DOMAIN=SECRET/KEY"),
             ("*.example.com=k/t", "exact domain"),
+            (
+                "api.example.com=Model_Key/t",
+                "SECRET must be a Kubernetes object name",
+            ),
+            ("api.example.com=k/..", "KEY must be a Secret key"),
+            (
+                "api.example.com=k/t/Host",
+                "HEADER must be an HTTP header name",
+            ),
+            ("api.example.com=k/t/X Key", "HEADER must be"),
         ] {
             a.credential = vec![bad.into()];
             let e = spec(&a, global()).unwrap_err().0;

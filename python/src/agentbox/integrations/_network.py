@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from ..errors import InvalidRequestError
-from ..spec import EgressAllow, EgressPort, Network, SandboxSpec
+from ..spec import EgressAllow, EgressCredential, EgressPort, Network, SandboxSpec
 
 #: The egress policies (the strings; Python's ``None`` is "unset": the cluster's default).
 EGRESS = ("None", "All", "Allowlist")
@@ -29,6 +29,24 @@ _DOMAIN = re.compile(
     r"^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 )
 _NUMERIC_END = re.compile(r"[.][0-9]+$")
+#: A credential's Secret name (a Kubernetes object name: a DNS-1123 subdomain) and key (a
+#: Secret data key), both at most 253 characters, and its header (an HTTP token of at most 64
+#: characters, not one the egress proxy owns).
+MAX_NAME = 253
+MAX_HEADER = 64
+_OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DATA_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_HEADER = re.compile(r"^[-!#$%&'*+.^_`|~0-9a-zA-Z]+$")
+_PROXY_HEADERS = (
+    "host",
+    "connection",
+    "content-length",
+    "transfer-encoding",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+)
 
 
 def network_of(value: Network | Mapping[str, Any] | None) -> Network | None:
@@ -36,7 +54,9 @@ def network_of(value: Network | Mapping[str, Any] | None) -> Network | None:
     :class:`~agentbox.Network` checked, or its dict form — a Sandbox's ``spec.network``, such
     as ``{"egress": "Allowlist", "allow": [{"cidr": "10.0.0.0/8", "ports": [{"port": 443}]}]}``
     or ``{"egress": "Allowlist", "allow": [{"domain": "pypi.org", "ports": [{"port": 443}]}]}``
-    (a name reached through agentbox's egress proxy) — read and checked. A bad value raises
+    (a name reached through agentbox's egress proxy), whose exact domains may carry a
+    credential the proxy adds at the hop (``"credential": {"secretName": "model-key", "key":
+    "token", "header": "Authorization"}``) — read and checked. A bad value raises
     :class:`~agentbox.errors.InvalidRequestError` (a ``ValueError``) that names it.
     """
     if value is None:
@@ -110,6 +130,8 @@ def check_network(network: Network) -> None:
             raise InvalidRequestError(
                 f"{where}.ports has {len(entry.ports)} entries; at most {MAX_PORTS} are allowed"
             )
+        if entry.credential is not None:
+            _check_credential(entry, where)
         for j, port in enumerate(entry.ports):
             _check_port(port, f"{where}.ports[{j}]")
             if entry.domain is not None and port.protocol != "TCP":
@@ -138,6 +160,51 @@ def _check_destination(entry: EgressAllow, where: str) -> None:
             f"{where}.domain must be a lower-case DNS name with at least one dot, optionally "
             f"starting with '*.' (such as pypi.org or *.github.com), not {domain!r}; "
             f"addresses go in cidr"
+        )
+
+
+def _check_credential(entry: EgressAllow, where: str) -> None:
+    """A credential goes on an exact domain, and names a Secret key and a header the proxy may
+    set (the CRD's rules, in its words). Whether the Secret allows the domain is the
+    operator's to check (condition ``CredentialRefused``): only the cluster knows the Secret.
+    """
+    cred = entry.credential
+    where = f"{where}.credential"
+    if not isinstance(cred, EgressCredential):
+        raise InvalidRequestError(f"{where} must be an EgressCredential, not {type(cred).__name__}")
+    if entry.domain is None or entry.domain.startswith("*."):
+        raise InvalidRequestError(
+            f"{where}: a credential goes with an exact domain (such as api.example.com), not "
+            f"a cidr or a '*.' wildcard: a wildcard would send the key to every name below it"
+        )
+    name = cred.secret_name
+    if not isinstance(name, str) or len(name) > MAX_NAME or not _OBJECT_NAME.match(name):
+        raise InvalidRequestError(
+            f"{where}.secret_name must be a Kubernetes object name: lowercase letters, digits, "
+            f"'-' and '.', starting and ending with a letter or digit, not {name!r}"
+        )
+    key = cred.key
+    if (
+        not isinstance(key, str)
+        or len(key) > MAX_NAME
+        or key in (".", "..")
+        or not _DATA_KEY.match(key)
+    ):
+        raise InvalidRequestError(
+            f"{where}.key must be a Secret key: letters, digits, '-', '_' and '.', not {key!r}"
+        )
+    header = cred.header
+    if header is not None and (
+        not isinstance(header, str)
+        or len(header) > MAX_HEADER
+        or not _HEADER.match(header)
+        or header.lower() in _PROXY_HEADERS
+        or header.lower().startswith("proxy-")
+    ):
+        raise InvalidRequestError(
+            f"{where}.header must be an HTTP header name that is not Host, Connection, "
+            f"Content-Length, Transfer-Encoding, Keep-Alive, Upgrade, TE, Trailer or Proxy-*, "
+            f"not {header!r}"
         )
 
 
@@ -215,7 +282,7 @@ def _read(data: Mapping[str, Any]) -> Network:
         where = f"network.allow[{i}]"
         if not isinstance(entry, Mapping):
             raise InvalidRequestError(f"{where} must be a mapping, not {type(entry).__name__}")
-        _keys(entry, ("cidr", "domain", "ports"), where)
+        _keys(entry, ("cidr", "domain", "ports", "credential"), where)
         ports: list[EgressPort] = []
         for j, port in enumerate(_list(entry.get("ports"), f"{where}.ports")):
             pw = f"{where}.ports[{j}]"
@@ -230,5 +297,29 @@ def _read(data: Mapping[str, Any]) -> Network:
                     protocol=port.get("protocol", "TCP"),
                 )
             )
-        allow.append(EgressAllow(cidr=entry.get("cidr"), ports=ports, domain=entry.get("domain")))
+        allow.append(
+            EgressAllow(
+                cidr=entry.get("cidr"),
+                ports=ports,
+                domain=entry.get("domain"),
+                credential=_read_credential(entry.get("credential"), f"{where}.credential"),
+            )
+        )
     return Network(egress=data.get("egress"), allow=allow)
+
+
+def _read_credential(data: Any, where: str) -> EgressCredential | None:
+    """A credential from its dict form (``secretName``, ``key``, ``header``); checked with its
+    entry.
+    """
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise InvalidRequestError(f"{where} must be a mapping, not {type(data).__name__}")
+    _keys(data, ("secretName", "key", "header"), where)
+    return EgressCredential(
+        # Checked with the entry (a missing name or key is named there).
+        secret_name=cast(str, data.get("secretName")),
+        key=cast(str, data.get("key")),
+        header=data.get("header"),
+    )

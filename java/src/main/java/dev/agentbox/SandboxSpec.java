@@ -121,6 +121,31 @@ public final class SandboxSpec {
       throw new InvalidRequestException(
           "a credential goes only on an exact domain, not the wildcard \"" + domain + "\"");
     }
+    // The CRD's rules for the credential, said before any request (the value stays in the
+    // Secret: whether it allows the domain is the operator's to check).
+    if (secretName == null
+        || secretName.length() > 253
+        || !OBJECT_NAME.matcher(secretName).matches()) {
+      throw new InvalidRequestException(
+          "secretName must be a Kubernetes object name: lowercase letters, digits, '-' and '.',"
+              + " starting and ending with a letter or digit, not "
+              + quoted(secretName));
+    }
+    if (key == null
+        || key.length() > 253
+        || key.equals(".")
+        || key.equals("..")
+        || !DATA_KEY.matcher(key).matches()) {
+      throw new InvalidRequestException(
+          "key must be a Secret key: letters, digits, '-', '_' and '.', not " + quoted(key));
+    }
+    if (header != null && !headerOk(header)) {
+      throw new InvalidRequestException(
+          "header must be an HTTP header name that is not Host, Connection, Content-Length,"
+              + " Transfer-Encoding, Keep-Alive, Upgrade, TE, Trailer or Proxy-*, not "
+              + quoted(header)
+              + " (null: Authorization)");
+    }
     allowDomain(domain, ports);
     Map<String, Object> net = new LinkedHashMap<>(Kube.obj(fields, "network"));
     java.util.List<Object> allow = new java.util.ArrayList<>();
@@ -140,6 +165,43 @@ public final class SandboxSpec {
     allow.set(allow.size() - 1, last);
     net.put("allow", allow);
     return set("network", net);
+  }
+
+  /** The CRD's pattern of a credential's Secret name (a Kubernetes object name). */
+  private static final java.util.regex.Pattern OBJECT_NAME =
+      java.util.regex.Pattern.compile(
+          "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$");
+
+  /** The CRD's pattern of a credential's key (a Secret data key). */
+  private static final java.util.regex.Pattern DATA_KEY =
+      java.util.regex.Pattern.compile("^[-._a-zA-Z0-9]+$");
+
+  /** The CRD's pattern of a credential's header (an HTTP token). */
+  private static final java.util.regex.Pattern HEADER =
+      java.util.regex.Pattern.compile("^[-!#$%&'*+.^_`|~0-9a-zA-Z]+$");
+
+  /** The headers the egress proxy owns (nor may a credential be Proxy-*). */
+  private static final java.util.Set<String> PROXY_HEADERS =
+      java.util.Set.of(
+          "host",
+          "connection",
+          "content-length",
+          "transfer-encoding",
+          "keep-alive",
+          "upgrade",
+          "te",
+          "trailer");
+
+  private static boolean headerOk(String header) {
+    String lower = header.toLowerCase(java.util.Locale.ROOT);
+    return header.length() <= 64
+        && HEADER.matcher(header).matches()
+        && !PROXY_HEADERS.contains(lower)
+        && !lower.startsWith("proxy-");
+  }
+
+  private static String quoted(String s) {
+    return s == null ? "null" : "\"" + s + "\"";
   }
 
   private SandboxSpec allowEntry(String key, String value, int... ports) {

@@ -75,4 +75,70 @@ class SpecTest {
     Object ok = SandboxSpec.image("b").allowDomain("*.github.com").toMap().get("network");
     assertEquals(Map.of("egress", "Allowlist", "allow", List.of(Map.of("domain", "*.github.com"))), ok);
   }
+
+  /**
+   * The cross-language rule ({@code tests/vectors/protocol.json}, from {@code
+   * EgressCredential::fault}): allowDomainWithCredential refuses exactly what the CRD's rules
+   * refuse. A cidr entry cannot carry a credential here at all (no such method).
+   */
+  @Test
+  void credentialsAreRefusedAsTheCrdsRulesRefuseThem() {
+    Map<String, String> words =
+        Map.of(
+            "domain", "not the wildcard",
+            "secret_name", "secretName must be",
+            "key", "key must be",
+            "header", "header must be");
+    List<Map<String, Object>> cases = VectorsTest.list(VectorsTest.V, "credentials");
+    assertTrue(cases.size() > 10, "credential vectors");
+    for (Map<String, Object> c : cases) {
+      String domain = VectorsTest.s(c, "domain");
+      if (domain == null) {
+        continue;
+      }
+      String fault = VectorsTest.s(c, "fault");
+      SandboxSpec spec = SandboxSpec.image("b");
+      Runnable call =
+          () ->
+              spec.allowDomainWithCredential(
+                  domain,
+                  VectorsTest.s(c, "secretName"),
+                  VectorsTest.s(c, "key"),
+                  VectorsTest.s(c, "header"));
+      if (fault == null) {
+        call.run();
+      } else {
+        InvalidRequestException e = assertThrows(InvalidRequestException.class, call::run);
+        assertTrue(e.getMessage().contains(words.get(fault)), c + ": " + e.getMessage());
+      }
+    }
+  }
+
+  @Test
+  void aBadCredentialIsRefusedNamingItsCause() {
+    String[][] bad = {
+      {"*.example.com", "k", "t", null, "not the wildcard"},
+      {"api.example.com", "", "t", null, "secretName must be a Kubernetes object name"},
+      {"api.example.com", null, "t", null, "secretName must be"},
+      {"api.example.com", "Model_Key", "t", null, "secretName must be"},
+      {"api.example.com", "k", "", null, "key must be a Secret key"},
+      {"api.example.com", "k", null, null, "key must be a Secret key"},
+      {"api.example.com", "k", "a/b", null, "key must be a Secret key"},
+      {"api.example.com", "k", "..", null, "key must be a Secret key"},
+      {"api.example.com", "k", "t", "", "header must be an HTTP header name"},
+      {"api.example.com", "k", "t", "Host", "header must be"},
+      {"api.example.com", "k", "t", "Proxy-Authorization", "header must be"},
+      {"api.example.com", "k", "t", "X Key", "header must be"},
+      {"api.example.com", "k", "t", "a".repeat(65), "header must be"},
+    };
+    for (String[] c : bad) {
+      SandboxSpec spec = SandboxSpec.image("b");
+      InvalidRequestException e =
+          assertThrows(
+              InvalidRequestException.class,
+              () -> spec.allowDomainWithCredential(c[0], c[1], c[2], c[3]));
+      assertTrue(e.getMessage().contains(c[4]), e.getMessage());
+      assertEquals(null, spec.toMap().get("network"), "nothing is left half-set");
+    }
+  }
 }
