@@ -6,6 +6,9 @@
 
 #[path = "../benches/report/render.rs"]
 mod render;
+// The scale bench's deletion rounds: pure, tested here with the renderer.
+#[path = "../benches/scale/rounds.rs"]
+mod rounds;
 
 use std::path::{Path, PathBuf};
 
