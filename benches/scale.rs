@@ -16,7 +16,9 @@
 //!   metrics endpoint), its peak RSS meanwhile (`VmHWM`), its RSS after
 //!   `BENCH_SCALE_SETTLE_SECS` (30) at rest, and its writes from its start to then (to
 //!   Sandboxes apart: none is expected, every status is already true);
-//! - one `deletecollection`, and the time until every sandbox is gone (finalizers removed).
+//! - `deletecollection`, sent again while some are not marked deleted (the API server ends a
+//!   long one at its request timeout; scale/rounds.rs), and the time from the first until every
+//!   sandbox is gone (finalizers removed).
 //!
 //! With `BENCH_SCALE_IMAGE` (an operator image of this tree, `hack/image`; `hack/bench` sets
 //! it) the operator runs as the chart runs it: `helm install` of charts/agentbox in the bench's
@@ -50,6 +52,8 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 mod common;
+#[path = "scale/rounds.rs"]
+mod rounds;
 
 use common::{
     DeleteAll, LEADER_LEASE, OPERATOR_UA, Operator, audit_log, emit, env_num, namespace, p50_p95,
@@ -734,16 +738,58 @@ async fn rescue(
             Err(e) => eprintln!("no operator to remove the finalizers: {e}"),
         }
     }
-    let _ = sbxs
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await;
-    for _ in 0..1800 {
-        match sbxs.list_metadata(&ListParams::default()).await {
-            Ok(l) if !l.items.is_empty() => tokio::time::sleep(Duration::from_millis(500)).await,
-            _ => break,
-        }
+    if let Err(e) = delete_all(sbxs, Duration::from_secs(900)).await {
+        eprintln!("the rescue's deletion: {e}");
     }
     drop(op);
+}
+
+/// Deletes every Sandbox of `sbxs`: `deletecollection` sent again while some are not marked
+/// deleted, at most [`rounds::MAX_ROUNDS`] times, and waits up to `wait` until none is left.
+/// How long that took from the first request, and how many requests it took.
+async fn delete_all(sbxs: &Api<Sandbox>, wait: Duration) -> Res<(Duration, u32)> {
+    let t = Instant::now();
+    let (mut sent, mut last_error) = (0, None::<String>);
+    loop {
+        let listed = sbxs.list_metadata(&ListParams::default()).await?.items;
+        let unmarked = listed
+            .iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+            .count();
+        match rounds::next(
+            listed.len(),
+            unmarked,
+            sent,
+            rounds::MAX_ROUNDS,
+            last_error.as_deref(),
+        ) {
+            rounds::Next::Done => return Ok((t.elapsed(), sent)),
+            rounds::Next::GiveUp(why) => return Err(why.into()),
+            rounds::Next::Send => {
+                sent += 1;
+                let out = sbxs
+                    .delete_collection(&DeleteParams::default(), &ListParams::default())
+                    .await;
+                // A round the API server ended early (its request timeout) is not the end:
+                // what it did not reach is sent again.
+                last_error = out.err().map(|e| e.to_string());
+                if let Some(e) = &last_error {
+                    eprintln!("deletecollection {sent}: {e} ({unmarked} were not marked)");
+                }
+            }
+            rounds::Next::Wait => {
+                if t.elapsed() > wait {
+                    return Err(format!(
+                        "{} sandboxes still there {} s after the first deletecollection",
+                        listed.len(),
+                        wait.as_secs()
+                    )
+                    .into());
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
 }
 
 /// The settings of a run.
@@ -958,24 +1004,10 @@ async fn measure(
         after.push(r);
     }
 
-    // Delete them all with one request; done when the last finalizer is gone.
-    let t = Instant::now();
+    // Delete them all: `deletecollection`, again while some are not marked deleted (the API
+    // server cuts a long one off); done when the last finalizer is gone.
     let del_start = Timestamp::now();
-    sbxs.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
-    let mut left = n;
-    while left > 0 {
-        if t.elapsed() > Duration::from_secs(900) {
-            return Err(format!("{left} sandboxes still there after 900 s").into());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        left = sbxs
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .len();
-    }
-    let delete_time = t.elapsed();
+    let (delete_time, delete_rounds) = delete_all(sbxs, Duration::from_secs(900)).await?;
     let del_end = Timestamp::now();
     let last_pid = op.as_ref().map_or(0, Op::pid);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -1076,7 +1108,7 @@ async fn measure(
         "  restarts: {restart_writes} operator writes ({restart_sandbox_writes} to Sandboxes) {restart_kinds:?}"
     );
     println!(
-        "  deletecollection → all gone {:.1} s; operator writes {w_delete}: {k_delete:?}; its RSS 5 s later {:.1} MiB",
+        "  deletecollection → all gone {:.1} s ({delete_rounds} requests); operator writes {w_delete}: {k_delete:?}; its RSS 5 s later {:.1} MiB",
         delete_time.as_secs_f64(),
         mib(rss_deleted)
     );
@@ -1132,6 +1164,13 @@ async fn measure(
         }
     }
     emit(b, "delete_all_secs", delete_time.as_secs_f64(), "s", n64);
+    emit(
+        b,
+        "delete_rounds",
+        f64::from(delete_rounds),
+        "requests",
+        n64,
+    );
     emit(b, "deleted_rss_mib", mib(rss_deleted), "MiB", n64);
 
     // The limit, where no cgroup enforced it: the peak must have stayed under it.

@@ -6,6 +6,9 @@
 
 #[path = "../benches/report/render.rs"]
 mod render;
+// The scale bench's deletion rounds: pure, tested here with the renderer.
+#[path = "../benches/scale/rounds.rs"]
+mod rounds;
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +28,16 @@ fn marker(n: u32) -> String {
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The last run's data as its full run left it: without the records and figures of the partial
+/// runs merged into it since (the scale rows of `BENCH_ONLY=scale` runs), so these tests start
+/// from the same kind of data whatever later partial runs brought.
+fn full_run(last: &str) -> String {
+    last.lines()
+        .filter(|l| !l.starts_with(r#"{"partial":"#) && !l.contains(r#""bench":"scale_"#))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 fn read(path: &str) -> String {
@@ -127,7 +140,7 @@ fn a_row_carries_the_marker_of_the_note_its_figures_come_from() {
 
 #[test]
 fn a_partial_run_replaces_its_figures_alone_and_the_document_names_it() {
-    let last = read(render::LAST_RUN);
+    let last = full_run(&read(render::LAST_RUN));
     let old = render::parse(&last).expect("the last run's data");
     let results = [
         r#"{"bench":"scale_2000","key":"rest_kib_per_sandbox","n":2000,"unit":"KiB","value":12.5}"#,
@@ -488,7 +501,7 @@ fn each_scale_size_has_its_rows_with_memory_per_sandbox_at_rest_and_after_a_rest
     }
     let data = render::parse(&format!(
         "{}\n{}\n",
-        read(render::LAST_RUN),
+        full_run(&read(render::LAST_RUN)),
         lines.join("\n")
     ))
     .expect("parse");
@@ -534,7 +547,7 @@ fn each_scale_size_has_its_rows_with_memory_per_sandbox_at_rest_and_after_a_rest
     );
     // The committed run has none of them: its document is unchanged by these rows.
     let plain = render::document(
-        &render::parse(&read(render::LAST_RUN)).expect("parse"),
+        &render::parse(&full_run(&read(render::LAST_RUN))).expect("parse"),
         &read(render::NOTES),
     )
     .expect("the document");

@@ -1063,7 +1063,12 @@ fn scale_rows(f: &Figures, n: u64) -> Vec<Row> {
         out.push(row(
             format!("Scale {n}: deletecollection → all gone"),
             format!("{d:.1} s"),
-            c("deleted_rss_mib").map_or("—".into(), |m| format!("operator RSS after {m:.1} MiB")),
+            match (c("delete_rounds"), c("deleted_rss_mib")) {
+                (Some(r), Some(m)) => format!("{r:.0} requests; operator RSS after {m:.1} MiB"),
+                (None, Some(m)) => format!("operator RSS after {m:.1} MiB"),
+                (Some(r), None) => format!("{r:.0} requests"),
+                (None, None) => "—".into(),
+            },
         ));
     }
     out

@@ -15,6 +15,7 @@ pub mod netcheck;
 pub mod nodeloss;
 pub mod noderoot;
 pub mod oomkill;
+pub mod paged;
 pub mod pids;
 pub mod placement;
 pub mod pod;

@@ -266,8 +266,12 @@ pub async fn run(
     let (sbx_store, sbx_w) = reflector::store::<Sandbox>();
     let (pod_store, pod_w) = reflector::store::<Pod>();
     let (proxy_store, proxy_w) = reflector::store::<Pod>();
+    // Slimmed as the sandbox controller's own caches (cache::slim): without it this second
+    // copy of every Sandbox kept its managed fields, most of a Suspended Sandbox's size
+    // (docs/operations.md, "Memory").
     let sbx_watch = watcher(scope, watcher::Config::default())
         .default_backoff()
+        .modify(super::cache::slim)
         .reflect(sbx_w)
         .applied_objects()
         .for_each(|_| async {});
@@ -276,6 +280,7 @@ pub async fn run(
         watcher::Config::default().labels(labels::SANDBOX),
     )
     .default_backoff()
+    .modify(super::cache::slim)
     .reflect(pod_w)
     .applied_objects()
     .for_each(|_| async {});
@@ -284,6 +289,7 @@ pub async fn run(
         watcher::Config::default().labels(&selector),
     )
     .default_backoff()
+    .modify(super::cache::slim)
     .reflect(proxy_w)
     .applied_objects()
     .for_each(|_| async {});

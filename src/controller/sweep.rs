@@ -40,6 +40,7 @@ use super::context::{LeaseFate, lease_fate};
 use super::helper_pod::HELPER_LABEL;
 use super::helper_pod::{self, namespace_takes_no_pods};
 use super::memos::Hint;
+use super::paged;
 use super::pod::{self, PodConfig};
 use super::{nodeloss, placement};
 use crate::controller::context::{Context, Error};
@@ -350,9 +351,13 @@ async fn pass(ctx: &Context) -> Result<(), Error> {
     if ctx.config.namespace.is_empty() {
         // Those, and those this process deleted from.
         let all: Api<Sandbox> = Api::all(ctx.client.clone());
-        for s in all.list_metadata(&ListParams::default()).await?.items {
-            live.extend(s.namespace());
-        }
+        let all = &all;
+        paged::fold(
+            &ListParams::default(),
+            |lp| async move { all.list_metadata(&lp).await },
+            |s| live.extend(s.namespace()),
+        )
+        .await?;
         let pools: Api<SandboxPool> = Api::all(ctx.client.clone());
         for p in pools.list_metadata(&ListParams::default()).await?.items {
             live.extend(p.namespace());
@@ -389,13 +394,17 @@ async fn pass(ctx: &Context) -> Result<(), Error> {
 /// guard taken meanwhile stays.
 async fn forget_lapsed_leases(ctx: &Context, ns: &str) -> Result<(), Error> {
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
-    let scopes: BTreeSet<String> = sandboxes
-        .list_metadata(&ListParams::default().labels(labels::SCOPE_KEY))
-        .await?
-        .items
-        .iter()
-        .filter_map(|s| s.labels().get(labels::SCOPE_KEY).cloned())
-        .collect();
+    let mut scopes: BTreeSet<String> = BTreeSet::new();
+    let lp = ListParams::default().labels(labels::SCOPE_KEY);
+    paged::fold(
+        &lp,
+        |lp| {
+            let sandboxes = &sandboxes;
+            async move { sandboxes.list_metadata(&lp).await }
+        },
+        |s| scopes.extend(s.labels().get(labels::SCOPE_KEY).cloned()),
+    )
+    .await?;
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
     let selector = format!(
         "{},{}={}",
@@ -574,17 +583,37 @@ async fn remove(ctx: &Context, node: &str, ns: &str, names: Vec<String>) -> Resu
 /// server (not a cache: the decision must not trail a create).
 async fn in_use(ctx: &Context, ns: &str) -> Result<InUse, Error> {
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
-    // Whole objects, not metadata: the recorded directory is in the status.
-    let dirs: Vec<String> = sandboxes
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .flat_map(|s| sandbox_dirs(s, &ctx.config.node_root))
-        .collect();
+    // Whole objects, not metadata: the recorded directory is in the status. A page at a time,
+    // each reduced to its directories (paged: a single LIST of 10,000 was a restart's peak).
+    let mut dirs: Vec<String> = Vec::new();
+    paged::each(&sandboxes, &ListParams::default(), |s| {
+        dirs.extend(sandbox_dirs(&s, &ctx.config.node_root))
+    })
+    .await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let pods = pods.list(&ListParams::default()).await?.items;
-    Ok(InUse::of(dirs, &pods, &ctx.config.node_root, ns))
+    let mut kept = Vec::new();
+    paged::each(&pods, &ListParams::default(), |p| kept.push(mounts_only(p))).await?;
+    Ok(InUse::of(dirs, &kept, &ctx.config.node_root, ns))
+}
+
+/// Of a pod, what [`InUse::of`] reads: whether it is being deleted and its hostPath volumes.
+fn mounts_only(p: Pod) -> Pod {
+    let volumes = p.spec.and_then(|s| s.volumes).map(|vs| {
+        vs.into_iter()
+            .filter(|v| v.host_path.is_some())
+            .collect::<Vec<_>>()
+    });
+    Pod {
+        metadata: kube::api::ObjectMeta {
+            deletion_timestamp: p.metadata.deletion_timestamp,
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::PodSpec {
+            volumes,
+            ..Default::default()
+        }),
+        status: None,
+    }
 }
 
 /// Selects the sweep's helper pods (both jobs, [`helper_pod::build_list_pod`] and
