@@ -30,6 +30,8 @@ pub mod restore_source;
 pub mod runtime;
 pub mod sandbox;
 pub mod security;
+#[cfg(test)]
+mod shape;
 pub mod sizelimit;
 pub mod snapshot;
 pub mod startup;

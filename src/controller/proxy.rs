@@ -263,36 +263,15 @@ pub async fn run(
     let proxy_pods: Api<Pod> = Api::namespaced(client.clone(), proxy.namespace);
     let mut secrets = SecretCache::new(client);
     let selector = label_selector(proxy.selector);
-    let (sbx_store, sbx_w) = reflector::store::<Sandbox>();
-    let (pod_store, pod_w) = reflector::store::<Pod>();
-    let (proxy_store, proxy_w) = reflector::store::<Pod>();
-    // Slimmed as the sandbox controller's own caches (cache::slim): without it this second
-    // copy of every Sandbox kept its managed fields, most of a Suspended Sandbox's size
-    // (docs/operations.md, "Memory").
-    let sbx_watch = watcher(scope, watcher::Config::default())
-        .default_backoff()
-        .modify(super::cache::slim)
-        .reflect(sbx_w)
-        .applied_objects()
-        .for_each(|_| async {});
-    let pod_watch = watcher(
+    let (sbx_store, sbx_watch) = mirror(scope, watcher::Config::default());
+    let (pod_store, pod_watch) = mirror(
         scope_pods,
         watcher::Config::default().labels(labels::SANDBOX),
-    )
-    .default_backoff()
-    .modify(super::cache::slim)
-    .reflect(pod_w)
-    .applied_objects()
-    .for_each(|_| async {});
-    let proxy_watch = watcher(
+    );
+    let (proxy_store, proxy_watch) = mirror(
         proxy_pods.clone(),
         watcher::Config::default().labels(&selector),
-    )
-    .default_backoff()
-    .modify(super::cache::slim)
-    .reflect(proxy_w)
-    .applied_objects()
-    .for_each(|_| async {});
+    );
     let feed = async {
         let _ = tokio::join!(
             sbx_store.wait_until_ready(),
@@ -334,6 +313,34 @@ pub async fn run(
         _ = feed => {}
         _ = shutdown => {}
     }
+}
+
+/// A cache of the objects `api` and `config` select, and the watch that fills it (to be
+/// polled for as long as the cache is read). Slimmed as the sandbox controller's own caches
+/// ([`super::cache::slim`]): without it the feed's copy of every Sandbox kept its managed
+/// fields, most of a Suspended Sandbox's size (docs/operations.md, "Memory").
+fn mirror<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (Store<K>, impl std::future::Future<Output = ()>)
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store::<K>();
+    let watch = watcher(api, config)
+        .default_backoff()
+        .modify(super::cache::slim)
+        .reflect(writer)
+        .applied_objects()
+        .for_each(|_| async {});
+    (store, watch)
 }
 
 /// `key=value,...`: the proxy pods' labels as a list selector.
