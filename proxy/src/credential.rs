@@ -75,8 +75,10 @@ pub struct Credential {
     pub value: SecretValue,
 }
 
-/// Header names the proxy owns: a credential never replaces them.
-const RESERVED: [&str; 8] = [
+/// Header names the proxy owns: a credential never replaces them. The admission rule and the
+/// clients refuse the same names (`agentbox_api::crd::PROXY_HEADERS`; this crate does not
+/// depend on that one): the operator's unit tests hold the two lists equal.
+pub const RESERVED: [&str; 8] = [
     "host",
     "connection",
     "content-length",

@@ -335,6 +335,16 @@ impl SecretCache {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_proxy_owns_the_headers_admission_refuses() {
+        // Two crates, one list: a header admitted but owned by the proxy would be dropped at
+        // the hop in silence, one refused but not owned would be refused for nothing.
+        assert_eq!(
+            agentbox_proxy::credential::RESERVED,
+            agentbox_api::crd::PROXY_HEADERS
+        );
+    }
+
     fn cred(secret: &str, key: &str, header: Option<&str>) -> EgressCredential {
         EgressCredential {
             secret_name: secret.into(),
