@@ -115,8 +115,15 @@ fn credential_cases() -> Value {
         (Some("api.example.com"), "k", "t", Some(long.as_str())),
         (Some("api.example.com"), "k", "t", Some(longest.as_str())),
     ];
-    let out: Vec<Value> = cases
+    // Every header the proxy owns, from the list itself: each client keeps its own copy of
+    // it (Python's integrations, Java's SandboxSpec, Go's anna), and these cases are what
+    // holds those copies to this one.
+    let owned = crate::crd::PROXY_HEADERS
         .iter()
+        .map(|h| (Some("api.example.com"), "k", "t", Some(*h)));
+    let out: Vec<Value> = cases
+        .into_iter()
+        .chain(owned)
         .map(|(domain, secret, key, header)| {
             let c = crate::crd::EgressCredential {
                 secret_name: secret.to_string(),
@@ -128,7 +135,7 @@ fn credential_cases() -> Value {
                 "secretName": secret,
                 "key": key,
                 "header": header,
-                "fault": c.fault(*domain).map(|f| f.as_str()),
+                "fault": c.fault(domain).map(|f| f.as_str()),
             })
         })
         .collect();
