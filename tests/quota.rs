@@ -294,12 +294,22 @@ async fn an_upload_that_would_pass_the_limit_fails_whole() {
     .expect("create");
     let s = env.wait_for::<Sandbox>("up", 180, phase_is("Ready")).await;
     let pod = pod_name(&s);
-    let ws = Workspace::new(env.api(), pod.clone(), "sandbox", s.spec.workspace.root.clone());
+    let ws = Workspace::new(
+        env.api(),
+        pod.clone(),
+        "sandbox",
+        s.spec.workspace.root.clone(),
+    );
     let limit = (64 * MIB).to_string();
     // What the workspace holds of the uploads, then `/`, then the upload spools left (the destination
     // itself was made by the first upload).
     let left = async || {
-        let (code, out) = sh(&env, &pod, "echo $(ls -A dst)/$(ls -A .agentbox/tmp | grep upload-)").await;
+        let (code, out) = sh(
+            &env,
+            &pod,
+            "echo $(ls -A dst)/$(ls -A .agentbox/tmp | grep upload-)",
+        )
+        .await;
         assert_eq!(code, Some(0), "{out}");
         out.trim().to_string()
     };
@@ -318,7 +328,8 @@ async fn an_upload_that_would_pass_the_limit_fails_whole() {
         panic!("not an UploadTooLarge error: {r:?}");
     };
     assert!(
-        msg.contains(&format!("size limit of {limit} bytes")) && msg.contains("nothing was extracted"),
+        msg.contains(&format!("size limit of {limit} bytes"))
+            && msg.contains("nothing was extracted"),
         "{msg}"
     );
     assert_eq!(left().await, "/");
@@ -326,13 +337,19 @@ async fn an_upload_that_would_pass_the_limit_fails_whole() {
     let forty = tmp.join("forty").to_string_lossy().into_owned();
     let (code, _, err) = common::cli(&env, &["cp", &forty, "up:dst"]);
     assert_ne!(code, Some(0), "{err}");
-    assert!(err.contains(&format!("size limit of {limit} bytes")), "{err}");
+    assert!(
+        err.contains(&format!("size limit of {limit} bytes")),
+        "{err}"
+    );
     assert_eq!(left().await, "/");
     // ~80 MiB: more than the limit by itself.
     let r = ws.upload_dir(&dir("eighty", 80), "dst").await;
     match &r {
         Err(ClientError::UploadSpool(m)) if hard => {
-            assert!(m.contains(&format!("its size limit is {limit} bytes")), "{m}");
+            assert!(
+                m.contains(&format!("its size limit is {limit} bytes")),
+                "{m}"
+            );
         }
         Err(ClientError::UploadTooLarge(m)) if !hard => {
             assert!(m.contains(&format!("size limit of {limit} bytes")), "{m}");
@@ -341,10 +358,15 @@ async fn an_upload_that_would_pass_the_limit_fails_whole() {
     }
     assert_eq!(left().await, "/");
     // One that fits goes through, and leaves no spool.
-    ws.upload_dir(&dir("eight", 8), "dst").await.expect("an upload that fits");
+    ws.upload_dir(&dir("eight", 8), "dst")
+        .await
+        .expect("an upload that fits");
     let (code, out) = sh(&env, &pod, "wc -c < dst/sub/blob; cat dst/first.txt").await;
     assert_eq!(code, Some(0), "{out}");
-    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), [(8 * MIB).to_string().as_str(), "first"]);
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        [(8 * MIB).to_string().as_str(), "first"]
+    );
     assert_eq!(left().await, "first.txt sub/");
     let _ = std::fs::remove_dir_all(&tmp);
 

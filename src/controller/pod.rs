@@ -791,7 +791,8 @@ pub(super) mod tests {
         };
         let hash = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH].clone();
         // The spec's own entry of that name is replaced, its other entries kept.
-        let own = serde_json::json!([{"name": LIMIT_ENV, "value": "1"}, {"name": "A", "value": "b"}]);
+        let own =
+            serde_json::json!([{"name": LIMIT_ENV, "value": "1"}, {"name": "A", "value": "b"}]);
         let sbx = sandbox(serde_json::json!({"workspace": {"sizeLimit": "64Mi"}, "env": own}));
         let limited = build_pod(&sbx, &cfg("/w"), None);
         assert_eq!(

@@ -1322,13 +1322,13 @@ mod tests {
         upload_limited(root, dest, stdin, (fsize, None), bin)
     }
 
-    /// [`upload_run`] with the workspace's size limit `limit` in [`LIMIT_ENV`], as the operator
+    /// [`upload_run`] with the workspace's size limit `size_limit` in [`LIMIT_ENV`], as the operator
     /// gives a limited sandbox's container.
     fn upload_limited(
         root: &Path,
         dest: &str,
         stdin: &[u8],
-        (fsize, limit): (Option<u32>, Option<u64>),
+        (fsize, size_limit): (Option<u32>, Option<u64>),
         bin: Option<&Path>,
     ) -> (i32, String, bool) {
         use std::io::Write;
@@ -1340,7 +1340,7 @@ mod tests {
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..]);
         cmd.env_remove(LIMIT_ENV);
-        if let Some(bytes) = limit {
+        if let Some(bytes) = size_limit {
             cmd.env(LIMIT_ENV, bytes.to_string());
         }
         if let Some(bin) = bin {
@@ -1498,8 +1498,7 @@ mod tests {
             // The spool (the archive's size) fits, the spool and what extraction writes do
             // not: refused with the numbers, nothing extracted, no spool, the stream read whole.
             let limit = n + n / 2;
-            let (code, err, wrote) =
-                upload_limited(&root, "dst", &tar, (None, Some(limit)), bin);
+            let (code, err, wrote) = upload_limited(&root, "dst", &tar, (None, Some(limit)), bin);
             assert_eq!(code, TOO_LARGE, "{what}: {err}");
             assert!(wrote, "the script stopped reading its stdin: {what}: {err}");
             assert!(
@@ -1519,8 +1518,7 @@ mod tests {
             assert!(spools(&root).is_empty(), "{what}");
 
             // A spool that cannot be written says the limit too.
-            let (code, err, _) =
-                upload_limited(&root, "dst", &tar, (Some(32), Some(limit)), bin);
+            let (code, err, _) = upload_limited(&root, "dst", &tar, (Some(32), Some(limit)), bin);
             assert_eq!(code, SPOOL_FAILED, "{what}: {err}");
             assert!(
                 err.contains(&format!("its size limit is {limit} bytes")),

@@ -270,10 +270,17 @@ mod tests {
 
     #[test]
     fn an_upload_s_refusals_are_errors_of_their_own_kinds() {
-        let said = b"agentbox: the upload would pass the workspace's size limit of 67108864 bytes\n";
+        let said =
+            b"agentbox: the upload would pass the workspace's size limit of 67108864 bytes\n";
         let e = check("/w/d", &ExitStatus::Code(TOO_LARGE), said).unwrap_err();
-        assert!(matches!(&e, ClientError::UploadTooLarge(m) if m.contains("67108864")), "{e:?}");
-        assert!(e.to_string().contains("size limit of 67108864 bytes"), "{e}");
+        assert!(
+            matches!(&e, ClientError::UploadTooLarge(m) if m.contains("67108864")),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("size limit of 67108864 bytes"),
+            "{e}"
+        );
         let e = check("/w/d", &ExitStatus::Code(SPOOL_FAILED), b"No space").unwrap_err();
         assert!(matches!(e, ClientError::UploadSpool(_)), "{e:?}");
         let e = check("/w/d", &ExitStatus::Code(1), b"tar").unwrap_err();

@@ -427,7 +427,6 @@ class VectorsTest {
         new ExecResult(Files.TOO_LARGE, new byte[0], err, false, false, false, "")));
     assertEquals(Files.TOO_LARGE, e.exitCode());
     assertTrue(e instanceof RemoteException);
-    assertFalse(e instanceof UploadSpoolException);
     assertTrue(e.getMessage().contains("size limit of 67108864 bytes"), e.getMessage());
     assertEquals("UploadTooLarge", ErrorKind.of(e).orElseThrow().kindName());
   }
