@@ -802,13 +802,20 @@ pub(super) mod tests {
                 (LIMIT_ENV.to_string(), Some((64u64 << 20).to_string()))
             ]
         );
-        // Without a helper no limit is set up, so none is announced; the hash is the same.
+        // Without a helper no limit is set up, so none is announced (the spec's env is left as
+        // it is); the hash is the same.
         let bare = PodConfig {
             helper: None,
             ..cfg("/w")
         };
         let unenforced = build_pod(&sbx, &bare, None);
-        assert!(!env(&unenforced).iter().any(|(n, _)| n == LIMIT_ENV));
+        assert_eq!(
+            env(&unenforced),
+            [
+                (LIMIT_ENV.to_string(), Some("1".to_string())),
+                ("A".to_string(), Some("b".to_string()))
+            ]
+        );
         assert_eq!(hash(&limited), hash(&unenforced));
         let plain = build_pod(&sandbox(serde_json::json!({})), &cfg("/w"), None);
         assert!(env(&plain).is_empty());
