@@ -173,15 +173,20 @@ type RemoteError struct {
 }
 
 func (e *RemoteError) Error() string {
-	if e.ExitCode == ExitSpoolFailed {
+	switch e.ExitCode {
+	case ExitSpoolFailed:
 		return fmt.Sprintf("%v: %s", ErrUploadSpool, e.Stderr)
+	case ExitUploadTooLarge:
+		return fmt.Sprintf("%v: %s", ErrUploadTooLarge, e.Stderr)
 	}
 	return fmt.Sprintf("agentbox: remote command exited %d: %s", e.ExitCode, e.Stderr)
 }
 
-// Is matches ErrRemote, and ErrUploadSpool for an upload whose spool failed.
+// Is matches ErrRemote, ErrUploadSpool for an upload whose spool failed, and ErrUploadTooLarge
+// for one that would pass the workspace's size limit.
 func (e *RemoteError) Is(t error) bool {
-	return t == ErrRemote || (t == ErrUploadSpool && e.ExitCode == ExitSpoolFailed)
+	return t == ErrRemote || (t == ErrUploadSpool && e.ExitCode == ExitSpoolFailed) ||
+		(t == ErrUploadTooLarge && e.ExitCode == ExitUploadTooLarge)
 }
 
 // OutOfMemoryError: a command killed for memory (Is ErrOutOfMemory). Container is true when the

@@ -25,6 +25,10 @@ const (
 	// ExitSpoolFailed is the upload script's exit code for "the archive could not be written
 	// to its spool" (a full disk, most often): nothing was extracted, no spool is left.
 	ExitSpoolFailed = 95
+	// ExitUploadTooLarge is the upload script's exit code for "extracting the archive would pass
+	// the workspace's size limit" (stderr names the sizes and the limit): nothing was extracted,
+	// no spool is left.
+	ExitUploadTooLarge = 94
 	// ReadCap is the largest file ReadFile returns by default.
 	ReadCap = 64 << 20
 	// FilesArgv0 is argv[0] of the file scripts.
@@ -282,7 +286,8 @@ func (b *Sandbox) Mkdir(ctx context.Context, path string) error {
 // symlinks, never followed. In the pod the stream is spooled to a file under the workspace's
 // .agentbox state directory and extracted from there, so the workspace's disk needs room for
 // the archive beside its files while the upload lasts; a spool that cannot be written (a full
-// disk) is a *RemoteError that Is ErrUploadSpool, with nothing extracted.
+// disk) is a *RemoteError that Is ErrUploadSpool, and an upload that would pass the workspace's
+// size limit one that Is ErrUploadTooLarge, each with nothing extracted.
 func (b *Sandbox) UploadDir(ctx context.Context, local, remote string) error {
 	if st, err := os.Stat(local); err != nil || !st.IsDir() {
 		return invalidf("%s is not a directory", local)

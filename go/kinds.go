@@ -105,6 +105,11 @@ var (
 	// RemoteError with ExitSpoolFailed, so also ErrRemote.
 	ErrUploadSpool = errors.New("agentbox: upload could not be spooled (is the workspace's disk full?)")
 
+	// ErrUploadTooLarge: a directory upload would pass the workspace's size limit (the workspace's
+	// use, its spool and what extraction needs, against workspace.sizeLimit): refused before anything
+	// was extracted, and no spool is left. A RemoteError with ExitUploadTooLarge, so also ErrRemote.
+	ErrUploadTooLarge = errors.New("agentbox: upload would pass the workspace's size limit")
+
 	// ErrFileTooLarge: a workspace file is larger than the read cap.
 	ErrFileTooLarge = errors.New("agentbox: file too large")
 
@@ -146,6 +151,7 @@ var errorKinds = []struct {
 	{"Session", ErrSession},
 	{"Remote", ErrRemote},
 	{"UploadSpool", ErrUploadSpool},
+	{"UploadTooLarge", ErrUploadTooLarge},
 	{"FileTooLarge", ErrFileTooLarge},
 	{"GuardTimeout", ErrGuardTimeout},
 	{"GuardLost", ErrGuardLost},

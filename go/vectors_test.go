@@ -249,7 +249,7 @@ func TestFileScriptsAreTheRustOnes(t *testing.T) {
 	if !reflect.DeepEqual(got, v["scripts"]) || v["prologue"] != FilesPrologue || v["argv0"] != FilesArgv0 {
 		t.Fatal("the file scripts differ from the vectors'")
 	}
-	if num(v["exit_escapes"]) != ExitEscapes || num(v["exit_missing"]) != ExitMissing || num(v["exit_spool_failed"]) != ExitSpoolFailed || num(v["read_cap"]) != ReadCap {
+	if num(v["exit_escapes"]) != ExitEscapes || num(v["exit_missing"]) != ExitMissing || num(v["exit_spool_failed"]) != ExitSpoolFailed || num(v["exit_too_large"]) != ExitUploadTooLarge || num(v["read_cap"]) != ReadCap {
 		t.Fatal("the file constants differ from the vectors'")
 	}
 }
@@ -267,6 +267,22 @@ func TestAFailedUploadSpoolIsItsOwnError(t *testing.T) {
 	other := checkFile("/workspace/src", &ExecResult{ExitCode: 1})
 	if errors.Is(other, ErrUploadSpool) || !errors.Is(other, ErrRemote) {
 		t.Fatalf("exit 1: %v", other)
+	}
+}
+
+func TestAnUploadPastTheSizeLimitIsItsOwnError(t *testing.T) {
+	said := "agentbox: the upload would pass the workspace's size limit of 67108864 bytes: extracting it needs up to 41947136 bytes"
+	err := checkFile("/workspace/src", &ExecResult{ExitCode: ExitUploadTooLarge, Stderr: []byte(said + "\n")})
+	var re *RemoteError
+	if !errors.Is(err, ErrUploadTooLarge) || !errors.Is(err, ErrRemote) || errors.Is(err, ErrUploadSpool) || !errors.As(err, &re) || re.ExitCode != ExitUploadTooLarge {
+		t.Fatalf("got %v", err)
+	}
+	if !strings.Contains(err.Error(), "size limit of 67108864 bytes") || KindOf(err) != "UploadTooLarge" {
+		t.Fatalf("the message names no cause, or the kind is wrong: %v (%s)", err, KindOf(err))
+	}
+	v := vec("files").(map[string]any)
+	if !strings.Contains(ScriptUpload, "${"+v["limit_env"].(string)+":-}") {
+		t.Fatal("the upload script does not read the vectors' limit variable")
 	}
 }
 
@@ -725,6 +741,7 @@ func TestErrorKinds(t *testing.T) {
 		{&GuardError{Kind: ErrGuardTimeout}, "GuardTimeout"},
 		{&RemoteError{ExitCode: 1}, "Remote"},
 		{&RemoteError{ExitCode: ExitSpoolFailed}, "UploadSpool"},
+		{&RemoteError{ExitCode: ExitUploadTooLarge}, "UploadTooLarge"},
 		{&OutputCutError{Stream: "stdout"}, "OutputCut"},
 		{&OutputTruncatedError{Limit: 1, Result: res}, "OutputTruncated"},
 		{&ExecTimeoutError{Timeout: 1}, "ExecTimeout"},

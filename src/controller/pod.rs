@@ -265,6 +265,9 @@ pub fn build_pod_spec(
     });
     let mut sidecar = None;
     if let Some((init, watch, volume)) = sized {
+        if let (Some(c), Some(bytes)) = (pod_spec.containers.first_mut(), size) {
+            sizelimit::give_limit(c, bytes);
+        }
         inits.push(init);
         sidecar = Some(watch);
         pod_spec.volumes.get_or_insert_with(Vec::new).push(volume);
@@ -773,6 +776,49 @@ pub(super) mod tests {
         assert_eq!(c.image.as_deref(), Some(HELPER.image));
         assert_eq!(c.command.as_ref().unwrap()[0], agentbox_helper::BIN);
         assert_eq!(c.volume_mounts.as_ref().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_limited_workspace_s_container_is_told_its_limit_outside_the_hash() {
+        use agentbox_api::remote::LIMIT_ENV;
+        let env = |p: &Pod| -> Vec<(String, Option<String>)> {
+            p.spec.as_ref().unwrap().containers[0]
+                .env
+                .iter()
+                .flatten()
+                .map(|e| (e.name.clone(), e.value.clone()))
+                .collect()
+        };
+        let hash = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH].clone();
+        // The spec's own entry of that name is replaced, its other entries kept.
+        let own =
+            serde_json::json!([{"name": LIMIT_ENV, "value": "1"}, {"name": "A", "value": "b"}]);
+        let sbx = sandbox(serde_json::json!({"workspace": {"sizeLimit": "64Mi"}, "env": own}));
+        let limited = build_pod(&sbx, &cfg("/w"), None);
+        assert_eq!(
+            env(&limited),
+            [
+                ("A".to_string(), Some("b".to_string())),
+                (LIMIT_ENV.to_string(), Some((64u64 << 20).to_string()))
+            ]
+        );
+        // Without a helper no limit is set up, so none is announced (the spec's env is left as
+        // it is); the hash is the same.
+        let bare = PodConfig {
+            helper: None,
+            ..cfg("/w")
+        };
+        let unenforced = build_pod(&sbx, &bare, None);
+        assert_eq!(
+            env(&unenforced),
+            [
+                (LIMIT_ENV.to_string(), Some("1".to_string())),
+                ("A".to_string(), Some("b".to_string()))
+            ]
+        );
+        assert_eq!(hash(&limited), hash(&unenforced));
+        let plain = build_pod(&sandbox(serde_json::json!({})), &cfg("/w"), None);
+        assert!(env(&plain).is_empty());
     }
 
     #[test]

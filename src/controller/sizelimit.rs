@@ -20,10 +20,11 @@
 use std::path::Path;
 
 use agentbox_api::crd::{SandboxSpec, size_limit_bytes};
+use agentbox_api::remote::LIMIT_ENV;
 use agentbox_helper::Report;
 use agentbox_helper::quota::{Fallback, OVER_LIMIT_EXIT};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, HostPathVolumeSource, Pod, Volume, VolumeMount,
+    Container, ContainerStatus, EnvVar, HostPathVolumeSource, Pod, Volume, VolumeMount,
 };
 
 use super::pod::{HelperImage, helper_container};
@@ -136,6 +137,21 @@ pub fn containers(
         ..Default::default()
     };
     Some((init, sidecar, volume))
+}
+
+/// Gives the sandbox's container its limit in [`LIMIT_ENV`], replacing an entry of that name
+/// from the spec: the clients' directory upload ([`agentbox_api::remote::UPLOAD`]) refuses,
+/// before extracting anything, an upload that would pass it (a hard limit would stop `tar`
+/// midway). Set where the limit is, not in the pod's spec hash (the limit already is): a pod
+/// made before it was given keeps running, and its uploads are checked only by the limit itself.
+pub fn give_limit(container: &mut Container, bytes: u64) {
+    let env = container.env.get_or_insert_with(Vec::new);
+    env.retain(|e| e.name != LIMIT_ENV);
+    env.push(EnvVar {
+        name: LIMIT_ENV.into(),
+        value: Some(bytes.to_string()),
+        value_from: None,
+    });
 }
 
 /// The limit a pod was made with: the argument of its [`INIT_CONTAINER`].

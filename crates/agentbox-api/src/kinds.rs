@@ -309,6 +309,18 @@ pub const KINDS: &[ErrorKind] = &[
         java: Some("UploadSpoolException"),
     },
     ErrorKind {
+        name: "UploadTooLarge",
+        parent: Some("Remote"),
+        doc: "a directory upload would pass the workspace's size limit (the workspace's use, its spool and what extraction needs, against workspace.sizeLimit): refused before anything was extracted, and no spool is left.",
+        python: Some("UploadTooLargeError"),
+        go: go(
+            "ErrUploadTooLarge",
+            "agentbox: upload would pass the workspace's size limit",
+            "A RemoteError with ExitUploadTooLarge, so also ErrRemote.",
+        ),
+        java: Some("UploadTooLargeException"),
+    },
+    ErrorKind {
         name: "FileTooLarge",
         parent: None,
         doc: "a workspace file is larger than the read cap.",

@@ -2,8 +2,8 @@
 //! (workspace init, snapshot, restore) and the clients' (the exec wrapper, a persistent
 //! session's command line, file operations), and the builders of their arguments. The scripts
 //! use only POSIX `sh`, `tar`, `mkdir`, `mv`, `rm`, `cat`, `head -c`, `readlink -f`, `stat -c`,
-//! `setsid` (and `dd` when present), as busybox has them; the tests below run each with the host's.
-//! Paths are judged before any script runs by [`crate::paths`].
+//! `setsid`, `wc`, `du -s -k` (and `dd` when present), as busybox has them; the tests below run
+//! each with the host's. Paths are judged before any script runs by [`crate::paths`].
 //!
 //! Everything a script leaves in the workspace lives under [`STATE_DIR`], which the operator
 //! reserves (admission and the archive validator refuse user paths there).
@@ -379,6 +379,14 @@ pub const MISSING: i32 = 96;
 /// the workspace's disk is full; stderr has the writer's own words): nothing was extracted and
 /// no spool is left.
 pub const SPOOL_FAILED: i32 = 95;
+/// Exit code of [`UPLOAD`] for "extracting the archive would pass the workspace's size limit"
+/// ([`LIMIT_ENV`]; stderr names the sizes and the limit): nothing was extracted and no spool is
+/// left.
+pub const TOO_LARGE: i32 = 94;
+/// The sandbox container's environment variable that holds its workspace's size limit in bytes,
+/// set by the operator only when a limit is enforced (`workspace.sizeLimit`); [`UPLOAD`] checks
+/// an upload against it before extracting anything.
+pub const LIMIT_ENV: &str = "AGENTBOX_WORKSPACE_LIMIT_BYTES";
 
 /// Shared prologue: `$1` root, `$2` path (absolute, from [`confine`]). `confine P` exits
 /// [`ESCAPES`] unless the nearest existing ancestor of P resolves under the resolved root.
@@ -447,6 +455,17 @@ done
 /// removed before anything is extracted, and the script exits [`SPOOL_FAILED`] with the
 /// writer's own error and a line that names the spool.
 ///
+/// With a size limit ([`LIMIT_ENV`], which the operator sets only where one is enforced), the
+/// spool is checked before anything is extracted, so an upload that would pass the limit fails
+/// whole (a hard limit would otherwise stop `tar` midway, leaving part of the upload in place):
+/// the workspace's use (`du`, the spool included, as it stays until extraction ends) plus what
+/// extraction needs must not pass the limit, else the script exits [`TOO_LARGE`] naming the
+/// numbers. What extraction needs is taken as the archive's size (every member's bytes and a
+/// 512-byte header) plus one 4 KiB block per member (a file's last partial block, a directory's
+/// own): never less than what `tar -x` writes. It is conservative: a file the upload replaces
+/// counts twice (its old copy is in the use), and `du`'s count may lag a btrfs quota's by its
+/// metadata, so an upload within a few blocks of the limit can still meet it midway.
+///
 /// Whatever ends the script, the rest of its stdin is read and dropped first (the `EXIT`
 /// trap): a script that exits with the client's stream unread leaves the client waiting
 /// forever on an exec whose stdin no one reads (seen with an upload refused by the symlink
@@ -467,10 +486,21 @@ find "$s" -maxdepth 1 -name 'upload-*.tar' -mmin +60 -exec rm -f -- {} + 2>/dev/
 sp="$s/upload-$$.tar"
 trap 'rm -f -- "$sp"; cat >/dev/null' EXIT
 trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
+lim=${AGENTBOX_WORKSPACE_LIMIT_BYTES:-}
+case $lim in *[!0-9]*) lim=;; esac
 if ! cat > "$sp"; then
   rm -f -- "$sp"
-  echo "agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted" >&2
+  echo "agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?${lim:+ its size limit is $lim bytes}); nothing was extracted" >&2
   exit 95
+fi
+if [ -n "$lim" ]; then
+  a=$(wc -c < "$sp"); m=$(tar -t -f "$sp" | wc -l); u=$(du -s -k "$R" 2>/dev/null)
+  a=${a##*[!0-9]}; m=${m##*[!0-9]}; u=${u%%[!0-9]*}
+  need=$((${a:-0} + ${m:-0} * 4096)); used=$((${u:-0} * 1024))
+  if [ $((used + need)) -gt "$lim" ]; then
+    echo "agentbox: the upload would pass the workspace's size limit of $lim bytes: extracting it needs up to $need bytes ($a in its archive, $m entries) and the workspace holds $used (its spool included); nothing was extracted" >&2
+    exit 94
+  fi
 fi
 tar -x -o -f "$sp" -C "$p"
 "#;
@@ -1267,7 +1297,7 @@ mod tests {
             .find(|p| Path::new(p).exists())?;
         let dir = scratch("busybox-bin");
         for tool in [
-            "sh", "tar", "cat", "mkdir", "rm", "find", "readlink", "dirname",
+            "sh", "tar", "cat", "mkdir", "rm", "find", "readlink", "dirname", "wc", "du",
         ] {
             std::os::unix::fs::symlink(bb, dir.join(tool)).unwrap();
         }
@@ -1289,6 +1319,18 @@ mod tests {
         fsize: Option<u32>,
         bin: Option<&Path>,
     ) -> (i32, String, bool) {
+        upload_limited(root, dest, stdin, (fsize, None), bin)
+    }
+
+    /// [`upload_run`] with the workspace's size limit `size_limit` in [`LIMIT_ENV`], as the operator
+    /// gives a limited sandbox's container.
+    fn upload_limited(
+        root: &Path,
+        dest: &str,
+        stdin: &[u8],
+        (fsize, size_limit): (Option<u32>, Option<u64>),
+        bin: Option<&Path>,
+    ) -> (i32, String, bool) {
         use std::io::Write;
         let mut argv = vec!["sh".to_string(), "-c".to_string()];
         let limit = fsize.map_or(String::new(), |n| format!("trap '' XFSZ; ulimit -f {n}; "));
@@ -1297,6 +1339,10 @@ mod tests {
         argv.extend(file_op(UPLOAD, root, dest));
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..]);
+        cmd.env_remove(LIMIT_ENV);
+        if let Some(bytes) = size_limit {
+            cmd.env(LIMIT_ENV, bytes.to_string());
+        }
         if let Some(bin) = bin {
             let old = std::env::var("PATH").unwrap_or_default();
             cmd.env("PATH", format!("{}:{old}", bin.display()));
@@ -1431,6 +1477,54 @@ mod tests {
             for d in [root, outside] {
                 let _ = std::fs::remove_dir_all(d);
             }
+        }
+        if let Some(b) = bb {
+            let _ = std::fs::remove_dir_all(b);
+        }
+    }
+
+    #[test]
+    fn an_upload_that_would_pass_the_size_limit_extracts_nothing() {
+        assert!(UPLOAD.contains(&format!("${{{LIMIT_ENV}:-}}")));
+        let big: Vec<u8> = (0..=255u8).cycle().take(256 << 10).collect();
+        let tar = archive(&[("a/big.bin", big.as_slice()), ("a/one.txt", &b"one"[..])]);
+        let n = tar.len() as u64;
+        let bb = busybox_path();
+        for bin in toolsets(bb.as_deref()) {
+            let what = format!("{bin:?}");
+            let root = scratch("upload-limit");
+            std::fs::create_dir_all(root.join("dst")).unwrap();
+            std::fs::write(root.join("dst/keep.txt"), b"kept").unwrap();
+            // The spool (the archive's size) fits, the spool and what extraction writes do
+            // not: refused with the numbers, nothing extracted, no spool, the stream read whole.
+            let limit = n + n / 2;
+            let (code, err, wrote) = upload_limited(&root, "dst", &tar, (None, Some(limit)), bin);
+            assert_eq!(code, TOO_LARGE, "{what}: {err}");
+            assert!(wrote, "the script stopped reading its stdin: {what}: {err}");
+            assert!(
+                err.contains(&format!("size limit of {limit} bytes"))
+                    && err.contains(&format!("{n} in its archive, 2 entries"))
+                    && err.contains("nothing was extracted"),
+                "{what}: {err}"
+            );
+            assert_eq!(tree(&root.join("dst")), ["keep.txt"], "{what}");
+            assert!(spools(&root).is_empty(), "{what}");
+
+            // Room for the spool and the files beside it: extracted.
+            let limit = 4 * n;
+            let (code, err, _) = upload_limited(&root, "dst", &tar, (None, Some(limit)), bin);
+            assert_eq!(code, 0, "{what}: {err}");
+            assert_eq!(std::fs::read(root.join("dst/a/big.bin")).unwrap(), big);
+            assert!(spools(&root).is_empty(), "{what}");
+
+            // A spool that cannot be written says the limit too.
+            let (code, err, _) = upload_limited(&root, "dst", &tar, (Some(32), Some(limit)), bin);
+            assert_eq!(code, SPOOL_FAILED, "{what}: {err}");
+            assert!(
+                err.contains(&format!("its size limit is {limit} bytes")),
+                "{what}: {err}"
+            );
+            let _ = std::fs::remove_dir_all(&root);
         }
         if let Some(b) = bb {
             let _ = std::fs::remove_dir_all(b);

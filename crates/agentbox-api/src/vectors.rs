@@ -772,6 +772,8 @@ fn file_vectors() -> Value {
         "exit_escapes": crate::remote::ESCAPES,
         "exit_missing": crate::remote::MISSING,
         "exit_spool_failed": crate::remote::SPOOL_FAILED,
+        "exit_too_large": crate::remote::TOO_LARGE,
+        "limit_env": crate::remote::LIMIT_ENV,
         "read_cap": 64u64 << 20,
         "requests": reqs,
         "listings": listings,

@@ -498,3 +498,53 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// A directory upload that would pass the workspace's size limit is ErrUploadTooLarge before
+// anything is extracted, naming the limit (the limit is measured on this default node root; the
+// check is the upload's own either way: tests/quota.rs has the hard limit), and leaves no spool;
+// an upload that fits goes through afterwards.
+func TestAnUploadThatWouldPassTheSizeLimitFailsWhole(t *testing.T) {
+	ctx := context.Background()
+	s := spec()
+	s.Extra = map[string]any{"workspace": map[string]any{"sizeLimit": "64Mi"}}
+	sbx, err := sandboxes.GetOrCreate(ctx, agentbox.SessionScope("go-tests", ns+"-limit"), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sbx.WaitReady(ctx, 3*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, tail(opLog, 40))
+	}
+	tree := func(mib int) string {
+		d := t.TempDir()
+		must(t, os.MkdirAll(filepath.Join(d, "sub"), 0o755))
+		must(t, os.WriteFile(filepath.Join(d, "first.txt"), []byte("first"), 0o644))
+		must(t, os.WriteFile(filepath.Join(d, "sub", "blob"), bytes.Repeat([]byte{7}, mib<<20), 0o644))
+		return d
+	}
+	left := func() string {
+		r, err := sbx.Run(ctx, "echo $(ls -A dst)/$(ls -A .agentbox/tmp | grep upload-)", agentbox.ExecOptions{})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("%+v %v", r, err)
+		}
+		return strings.TrimSpace(string(r.Stdout))
+	}
+	// ~40 MiB: its spool fits the 64 MiB, the spool and its files do not.
+	err = sbx.UploadDir(ctx, tree(40), "dst")
+	var re *agentbox.RemoteError
+	if !errors.Is(err, agentbox.ErrUploadTooLarge) || !errors.As(err, &re) || !strings.Contains(re.Stderr, "size limit of 67108864 bytes") {
+		t.Fatalf("got %v", err)
+	}
+	if got := left(); got != "/" {
+		t.Fatalf("left: %q", got)
+	}
+	if err := sbx.UploadDir(ctx, tree(8), "dst"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := sbx.Run(ctx, "wc -c < dst/sub/blob", agentbox.ExecOptions{})
+	if err != nil || strings.TrimSpace(string(r.Stdout)) != strconv.Itoa(8<<20) {
+		t.Fatalf("the upload that fits: %+v %v", r, err)
+	}
+	if got := left(); got != "first.txt sub/" {
+		t.Fatalf("left: %q", got)
+	}
+}

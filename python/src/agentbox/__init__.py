@@ -47,6 +47,7 @@ from .errors import (
     SnapshotFailedError,
     TransportError,
     UploadSpoolError,
+    UploadTooLargeError,
 )
 from .exec import (
     CommandError,
@@ -148,6 +149,7 @@ __all__ = [
     "TemplateRef",
     "TransportError",
     "UploadSpoolError",
+    "UploadTooLargeError",
     "WorkspaceFile",
     "WorkspaceSpec",
     "__version__",

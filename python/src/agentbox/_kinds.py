@@ -36,6 +36,7 @@ from .errors import (
     SnapshotFailedError,
     TransportError,
     UploadSpoolError,
+    UploadTooLargeError,
 )
 from .exec import CommandError, ExecTimeoutError
 
@@ -104,6 +105,10 @@ ERROR_KINDS: Final[dict[str, type[AgentboxError]]] = {
     # A directory upload's archive could not be written to its spool in the pod, most often because
     # the workspace's disk is full: nothing was extracted and no spool is left.
     "UploadSpool": UploadSpoolError,
+    # A directory upload would pass the workspace's size limit (the workspace's use, its spool and
+    # what extraction needs, against workspace.sizeLimit): refused before anything was extracted,
+    # and no spool is left.
+    "UploadTooLarge": UploadTooLargeError,
     # A workspace file is larger than the read cap.
     "FileTooLarge": FileTooLargeError,
     # The scope's execution guard could not be taken or was lost (the kinds that refine it say

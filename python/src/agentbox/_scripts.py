@@ -87,10 +87,21 @@ find "$s" -maxdepth 1 -name 'upload-*.tar' -mmin +60 -exec rm -f -- {} + 2>/dev/
 sp="$s/upload-$$.tar"
 trap 'rm -f -- "$sp"; cat >/dev/null' EXIT
 trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
+lim=${AGENTBOX_WORKSPACE_LIMIT_BYTES:-}
+case $lim in *[!0-9]*) lim=;; esac
 if ! cat > "$sp"; then
   rm -f -- "$sp"
-  echo "agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?); nothing was extracted" >&2
+  echo "agentbox: the upload could not be written to its spool $sp (is the workspace's disk full?${lim:+ its size limit is $lim bytes}); nothing was extracted" >&2
   exit 95
+fi
+if [ -n "$lim" ]; then
+  a=$(wc -c < "$sp"); m=$(tar -t -f "$sp" | wc -l); u=$(du -s -k "$R" 2>/dev/null)
+  a=${a##*[!0-9]}; m=${m##*[!0-9]}; u=${u%%[!0-9]*}
+  need=$((${a:-0} + ${m:-0} * 4096)); used=$((${u:-0} * 1024))
+  if [ $((used + need)) -gt "$lim" ]; then
+    echo "agentbox: the upload would pass the workspace's size limit of $lim bytes: extracting it needs up to $need bytes ($a in its archive, $m entries) and the workspace holds $used (its spool included); nothing was extracted" >&2
+    exit 94
+  fi
 fi
 tar -x -o -f "$sp" -C "$p"
 """

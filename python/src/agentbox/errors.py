@@ -42,6 +42,7 @@ __all__ = [
     "SnapshotFailedError",
     "TransportError",
     "UploadSpoolError",
+    "UploadTooLargeError",
 ]
 
 
@@ -247,6 +248,17 @@ class UploadSpoolError(RemoteError):
         self.args = (
             "the upload could not be spooled in the pod (is the workspace's disk full?): " + stderr,
         )
+
+
+class UploadTooLargeError(RemoteError):
+    """A directory upload would pass the workspace's size limit (``workspace.sizeLimit``):
+    ``stderr`` has the pod's own words, with the sizes and the limit. Refused before anything
+    was extracted, and no spool is left.
+    """
+
+    def __init__(self, exit_code: int | None, stderr: str) -> None:
+        super().__init__(exit_code, stderr)
+        self.args = ("the upload would pass the workspace's size limit: " + stderr,)
 
 
 class FileTooLargeError(AgentboxError):

@@ -38,6 +38,7 @@ from .errors import (
     RemoteError,
     RemoteFileNotFoundError,
     UploadSpoolError,
+    UploadTooLargeError,
 )
 from .exec import ExecResult, Output, StdinSource
 
@@ -50,6 +51,9 @@ MISSING = 96
 #: Exit code of the upload script for "the archive could not be written to its spool" (a
 #: full disk, most often): nothing was extracted and no spool is left.
 SPOOL_FAILED = 95
+#: Exit code of the upload script for "extracting the archive would pass the workspace's size
+#: limit" (stderr names the sizes and the limit): nothing was extracted and no spool is left.
+TOO_LARGE = 94
 #: Largest file :meth:`agentbox.Sandbox.read` returns by default.
 READ_CAP = 64 << 20
 #: argv[0] of the file scripts.
@@ -156,6 +160,8 @@ def check(path: str, result: ExecResult) -> None:
         raise RemoteFileNotFoundError(msg)
     if result.exit_code == SPOOL_FAILED:
         raise UploadSpoolError(result.exit_code, msg)
+    if result.exit_code == TOO_LARGE:
+        raise UploadTooLargeError(result.exit_code, msg)
     raise RemoteError(result.exit_code, msg)
 
 
@@ -240,7 +246,8 @@ class Workspace:
         is spooled to a file under the workspace's ``.agentbox`` state directory and extracted
         from there, so the workspace's disk needs room for the archive beside its files while
         the upload lasts; a spool that cannot be written (a full disk) raises
-        :class:`UploadSpoolError`, with nothing extracted.
+        :class:`UploadSpoolError`, and an upload that would pass the workspace's size limit
+        :class:`UploadTooLargeError`, each with nothing extracted.
         """
         src = Path(local)
         if not src.is_dir():  # noqa: ASYNC240 (one stat, before anything starts)

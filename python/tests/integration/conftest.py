@@ -132,6 +132,13 @@ class Env:
             },
         )
 
+    def node_root(self) -> Path:
+        """The operators' node root: the module's ``--node-root``, else the default."""
+        args = self.operator_args
+        if "--node-root" in args[:-1]:
+            return Path(args[args.index("--node-root") + 1])
+        return NODE_ROOT
+
     def logs(self) -> str:
         """Every operator's log tail."""
         return "\n".join(f"--- {o.log} ---\n{o.tail()}" for o in self.operators)
@@ -227,7 +234,7 @@ async def teardown(e: Env) -> None:
             await e.kube.call("DELETE", f"/api/v1/namespaces/{e.ns}")
         finally:
             shutil.rmtree(e.store, ignore_errors=True)
-            shutil.rmtree(NODE_ROOT / e.ns, ignore_errors=True)
+            shutil.rmtree(e.node_root() / e.ns, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

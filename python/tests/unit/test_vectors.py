@@ -258,8 +258,10 @@ def test_file_scripts_are_the_rust_ones() -> None:
         v["exit_escapes"],
         v["exit_missing"],
         v["exit_spool_failed"],
+        v["exit_too_large"],
         v["read_cap"],
-    ) == (files.ESCAPES, files.MISSING, files.SPOOL_FAILED, files.READ_CAP)
+    ) == (files.ESCAPES, files.MISSING, files.SPOOL_FAILED, files.TOO_LARGE, files.READ_CAP)
+    assert "${" + v["limit_env"] + ":-}" in files.UPLOAD
 
 
 def test_a_failed_upload_spool_is_its_own_error() -> None:
@@ -274,6 +276,17 @@ def test_a_failed_upload_spool_is_its_own_error() -> None:
     with pytest.raises(agentbox.RemoteError) as other:
         files.check("/workspace/src", result(1))
     assert not isinstance(other.value, agentbox.UploadSpoolError)
+
+
+def test_an_upload_past_the_size_limit_is_its_own_error() -> None:
+    said = b"agentbox: the upload would pass the workspace's size limit of 67108864 bytes\n"
+    with pytest.raises(agentbox.UploadTooLargeError) as e:
+        files.check("/workspace/src", ExecResult(files.TOO_LARGE, b"", said))
+    assert isinstance(e.value, agentbox.RemoteError)
+    assert not isinstance(e.value, agentbox.UploadSpoolError)
+    assert e.value.exit_code == files.TOO_LARGE
+    assert "size limit of 67108864 bytes" in str(e.value)
+    assert agentbox.kind_of(e.value) == "UploadTooLarge"
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,9 @@ pub use agentbox_api::files::{DirEntry, EntryKind};
 use agentbox_api::files::{file_argv, parse_listing};
 pub use agentbox_api::paths::{PathError, confine};
 
-use agentbox_api::remote::{DOWNLOAD, ESCAPES, LIST, MISSING, READ, SPOOL_FAILED, UPLOAD, WRITE};
+use agentbox_api::remote::{
+    DOWNLOAD, ESCAPES, LIST, MISSING, READ, SPOOL_FAILED, TOO_LARGE, UPLOAD, WRITE,
+};
 
 /// Maps a file script's exit to an error.
 fn check(path: &str, status: &ExitStatus, stderr: &[u8]) -> Result<(), ClientError> {
@@ -32,6 +34,7 @@ fn check(path: &str, status: &ExitStatus, stderr: &[u8]) -> Result<(), ClientErr
         Some(ESCAPES) => Err(ClientError::Path(PathError::Escapes(path.to_string()))),
         Some(MISSING) => Err(ClientError::NotFound(msg())),
         Some(SPOOL_FAILED) => Err(ClientError::UploadSpool(msg())),
+        Some(TOO_LARGE) => Err(ClientError::UploadTooLarge(msg())),
         _ => Err(ClientError::Remote {
             status: status.clone(),
             stderr: msg(),
@@ -126,8 +129,9 @@ impl Workspace {
     /// stays flat here whatever the size; in the pod it is spooled to a file beside the
     /// workspace (under its `.agentbox` state directory) and extracted from there, so the
     /// workspace's disk needs room for the archive as well as its files while the upload lasts
-    /// ([`UPLOAD`]). A spool that cannot be written is [`ClientError::UploadSpool`], with
-    /// nothing extracted. Symlinks are sent as symlinks, never followed.
+    /// ([`UPLOAD`]). A spool that cannot be written is [`ClientError::UploadSpool`], and an
+    /// upload that would pass the workspace's size limit [`ClientError::UploadTooLarge`], each
+    /// with nothing extracted. Symlinks are sent as symlinks, never followed.
     pub async fn upload_dir(&self, local: &Path, remote: &str) -> Result<(), ClientError> {
         self.upload_dir_counted(local, remote, |_| {}).await
     }
@@ -262,5 +266,24 @@ mod tests {
         assert_eq!(v[2].mtime, 1_700_000_002);
         assert!(parse_listing(b"zz\0").is_err());
         assert!(parse_listing(b"").unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_upload_s_refusals_are_errors_of_their_own_kinds() {
+        let said =
+            b"agentbox: the upload would pass the workspace's size limit of 67108864 bytes\n";
+        let e = check("/w/d", &ExitStatus::Code(TOO_LARGE), said).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::UploadTooLarge(m) if m.contains("67108864")),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("size limit of 67108864 bytes"),
+            "{e}"
+        );
+        let e = check("/w/d", &ExitStatus::Code(SPOOL_FAILED), b"No space").unwrap_err();
+        assert!(matches!(e, ClientError::UploadSpool(_)), "{e:?}");
+        let e = check("/w/d", &ExitStatus::Code(1), b"tar").unwrap_err();
+        assert!(matches!(e, ClientError::Remote { .. }), "{e:?}");
     }
 }

@@ -42,6 +42,7 @@ impl ClientError {
             ClientError::TooLarge(..) => "FileTooLarge",
             ClientError::Remote { .. } => "Remote",
             ClientError::UploadSpool(_) => "UploadSpool",
+            ClientError::UploadTooLarge(_) => "UploadTooLarge",
             ClientError::Protocol(_) => "Protocol",
             ClientError::Local(_) => return None,
             ClientError::Suspended(_) => "SandboxSuspended",
@@ -160,6 +161,10 @@ mod tests {
                 Some("Remote"),
             ),
             (ClientError::UploadSpool("full".into()), Some("UploadSpool")),
+            (
+                ClientError::UploadTooLarge("limit".into()),
+                Some("UploadTooLarge"),
+            ),
             (ClientError::Protocol("?".into()), Some("Protocol")),
             (ClientError::Local("io".into()), None),
             (ClientError::Suspended("s".into()), Some("SandboxSuspended")),

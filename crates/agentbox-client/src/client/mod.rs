@@ -138,6 +138,11 @@ pub enum ClientError {
     /// spool is left ([`agentbox_api::remote::UPLOAD`]).
     #[error("the upload could not be spooled in the pod (is the workspace's disk full?): {0}")]
     UploadSpool(String),
+    /// A directory upload would pass the workspace's size limit (`workspace.sizeLimit`), with
+    /// what the pod said (the sizes and the limit): refused before anything was extracted, and
+    /// no spool is left ([`agentbox_api::remote::UPLOAD`]).
+    #[error("the upload would pass the workspace's size limit: {0}")]
+    UploadTooLarge(String),
     /// Unexpected output from the pod.
     #[error("protocol: {0}")]
     Protocol(String),

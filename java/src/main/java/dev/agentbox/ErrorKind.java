@@ -115,6 +115,13 @@ public enum ErrorKind {
    */
   UPLOAD_SPOOL("UploadSpool", "Remote", UploadSpoolException.class),
 
+  /**
+   * A directory upload would pass the workspace's size limit (the workspace's use, its spool and
+   * what extraction needs, against workspace.sizeLimit): refused before anything was extracted, and
+   * no spool is left.
+   */
+  UPLOAD_TOO_LARGE("UploadTooLarge", "Remote", UploadTooLargeException.class),
+
   /** A workspace file is larger than the read cap. */
   FILE_TOO_LARGE("FileTooLarge", null, FileTooLargeException.class),
 

@@ -26,6 +26,11 @@ public final class Files {
    * disk, most often): nothing was extracted and no spool is left.
    */
   public static final int SPOOL_FAILED = 95;
+  /**
+   * Exit code of the upload script for "extracting the archive would pass the workspace's size
+   * limit" (stderr names the sizes and the limit): nothing was extracted and no spool is left.
+   */
+  public static final int TOO_LARGE = 94;
   /** Largest file a read returns by default. */
   public static final int READ_CAP = 64 << 20;
   /** argv[0] of the file scripts. */
@@ -170,6 +175,9 @@ public final class Files {
     }
     if (code != null && code == SPOOL_FAILED) {
       throw new UploadSpoolException(code, msg);
+    }
+    if (code != null && code == TOO_LARGE) {
+      throw new UploadTooLargeException(code, msg);
     }
     throw new RemoteException(code, msg);
   }

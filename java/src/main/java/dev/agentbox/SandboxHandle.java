@@ -361,8 +361,9 @@ public final class SandboxHandle {
    * lead out. Build the archive with any tar library or {@code tar -c}. In the pod the stream is
    * spooled to a file under the workspace's {@code .agentbox} state directory and extracted from
    * there, so the workspace's disk needs room for the archive beside its files while the upload
-   * lasts; a spool that cannot be written (a full disk) is an {@link UploadSpoolException}, with
-   * nothing extracted.
+   * lasts; a spool that cannot be written (a full disk) is an {@link UploadSpoolException}, and
+   * an upload that would pass the workspace's size limit an {@link UploadTooLargeException},
+   * each with nothing extracted.
    */
   public void uploadTar(String remote, java.io.InputStream tar) {
     Files.Request r = Files.fileArgv(Files.UPLOAD, workspaceRoot(), remote);

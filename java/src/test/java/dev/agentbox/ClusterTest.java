@@ -243,6 +243,40 @@ class ClusterTest {
     ready.rm("copy", true);
   }
 
+  /**
+   * A tar upload that would pass the workspace's size limit is an {@link UploadTooLargeException}
+   * before anything is extracted, naming the limit (measured on this default node root; the check
+   * is the upload's own either way: tests/quota.rs has the hard limit), with no spool left; an
+   * upload that fits goes through afterwards. The archives come from the unlimited sandbox.
+   */
+  @Test
+  void anUploadThatWouldPassTheSizeLimitFailsWhole() {
+    SandboxHandle sbx = env.sandboxes.getOrCreate(Scope.forSession("java-tests", env.ns + "-limit"),
+        SandboxSpec.image(ClusterEnv.BASE_IMAGE).imagePullPolicy("Never")
+            .set("workspace", Map.of("sizeLimit", "64Mi")))
+        .waitReady(180_000);
+    String left = "echo $(ls -A /workspace/dst)/$(ls -A /workspace/.agentbox/tmp | grep upload-)";
+    // ~40 MiB: its spool fits the 64 MiB, the spool and its files do not.
+    byte[] forty = tarOf(40);
+    UploadTooLargeException e = assertThrows(UploadTooLargeException.class,
+        () -> sbx.uploadTar("dst", new java.io.ByteArrayInputStream(forty)));
+    assertTrue(e.getMessage().contains("size limit of 67108864 bytes"), e.getMessage());
+    assertEquals("/\n", sbx.exec(left).stdoutText());
+    sbx.uploadTar("dst", new java.io.ByteArrayInputStream(tarOf(8)));
+    assertEquals(8 << 20, Integer.parseInt(sbx.exec("wc -c < /workspace/dst/sub/blob").stdoutText().trim()));
+    assertEquals("first.txt sub/\n", sbx.exec(left).stdoutText());
+  }
+
+  /** A tar of a tree with {@code mib} MiB in {@code sub/blob}, made in the unlimited sandbox. */
+  byte[] tarOf(int mib) {
+    ready.exec(ExecOptions.shell("rm -rf /workspace/lim && mkdir -p /workspace/lim/sub && echo first > "
+        + "/workspace/lim/first.txt && head -c " + (mib << 20) + " /dev/zero > /workspace/lim/sub/blob").check());
+    java.io.ByteArrayOutputStream tar = new java.io.ByteArrayOutputStream();
+    ready.downloadTar("lim", tar);
+    ready.rm("lim", true);
+    return tar.toByteArray();
+  }
+
   @Test
   void twoThreadsExcludeEachOtherOnOneScopeWithMonotonicFencingTokens() throws Exception {
     ExecutorService pool = Executors.newFixedThreadPool(2);

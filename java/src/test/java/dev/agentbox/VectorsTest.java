@@ -400,6 +400,8 @@ class VectorsTest {
     assertEquals(Files.ESCAPES, i(f, "exit_escapes"));
     assertEquals(Files.MISSING, i(f, "exit_missing"));
     assertEquals(Files.SPOOL_FAILED, i(f, "exit_spool_failed"));
+    assertEquals(Files.TOO_LARGE, i(f, "exit_too_large"));
+    assertTrue(Files.UPLOAD.contains("${" + s(f, "limit_env") + ":-}"));
     assertEquals(Files.READ_CAP, i(f, "read_cap"));
   }
 
@@ -415,6 +417,18 @@ class VectorsTest {
     RemoteException other = assertThrows(RemoteException.class, () -> Files.check("/workspace/src",
         new ExecResult(1, new byte[0], err, false, false, false, "")));
     assertFalse(other instanceof UploadSpoolException);
+  }
+
+  @Test
+  void anUploadPastTheSizeLimitIsItsOwnException() {
+    byte[] err = "agentbox: the upload would pass the workspace's size limit of 67108864 bytes\n"
+        .getBytes(StandardCharsets.UTF_8);
+    UploadTooLargeException e = assertThrows(UploadTooLargeException.class, () -> Files.check("/workspace/src",
+        new ExecResult(Files.TOO_LARGE, new byte[0], err, false, false, false, "")));
+    assertEquals(Files.TOO_LARGE, e.exitCode());
+    assertTrue(e instanceof RemoteException);
+    assertTrue(e.getMessage().contains("size limit of 67108864 bytes"), e.getMessage());
+    assertEquals("UploadTooLarge", ErrorKind.of(e).orElseThrow().kindName());
   }
 
   static String script(String name) {
