@@ -754,13 +754,16 @@ async fn suspended(kind: Kind) {
         .await;
     gone_pod(&env, &pod_a, 120).await;
 
-    // Every pod that appears in the namespace from now until the snapshot is Ready.
+    // Every pod of the sandbox that appears from now until the snapshot is Ready (the
+    // namespace's network check has pods of its own, of no sandbox).
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let watch = {
         let seen = seen.clone();
         let pods = env.api::<Pod>();
+        let of_a = format!("{}={}", labels::SANDBOX, labels::sandbox_label_value("a"));
         tokio::spawn(async move {
-            let mut w = watcher(pods, watcher::Config::default()).boxed();
+            let config = watcher::Config::default().labels(&of_a);
+            let mut w = watcher(pods, config).boxed();
             while let Some(ev) = w.next().await {
                 if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev {
                     let n = p.name_any();
@@ -779,7 +782,7 @@ async fn suspended(kind: Kind) {
     let uid = s.uid().expect("uid");
     assert!(
         seen.iter().all(|n| *n == format!("snap-archive-{uid}")),
-        "only the archive pod may run: {seen:?}"
+        "only the archive pod may run, never the sandbox's ({pod_a}): {seen:?}"
     );
     assert!(
         !seen.is_empty(),

@@ -786,6 +786,42 @@ pub async fn run_unwrapped_stdin(
     collect(ExecStream { rx, killer: None }, DEFAULT_MAX_OUTPUT).await
 }
 
+/// Streams `argv` as it is, without [`WRAPPER`] (so in a container without a shell), its
+/// stdin read from `stdin` until EOF and then half-closed. With no trailer, the command itself
+/// must not exit before the client has its whole output (kubernetes/kubernetes#124571): the
+/// node helper's `archive` job writes an archive whose end marker the client recognises, then
+/// waits for its stdin to end, which the client ends once the marker has arrived (as
+/// `TAR_SCRIPT` does for the wrapped path). No timeout: the caller bounds it.
+pub async fn stream_unwrapped(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    argv: Vec<String>,
+    stdin: impl AsyncRead + Send + 'static,
+) -> Result<ExecStream, ExecError> {
+    if argv.is_empty() {
+        return Err(ExecError::Invalid("empty argv".into()));
+    }
+    let conn = connect(pods, pod, container, argv, true).await?;
+    if !conn.supports_stream_close() {
+        return Err(ExecError::Stream(
+            "the API server spoke v4.channel.k8s.io; a stream whose end is signalled on stdin \
+             needs v5.channel.k8s.io (Kubernetes 1.30 or later)"
+                .into(),
+        ));
+    }
+    let (tx, rx) = mpsc::channel(16);
+    let frame = Frame {
+        mark: String::new(),
+        linger: false,
+        stdin: true,
+        stop: None,
+    };
+    let stdin = Stdin::Reader(Box::pin(stdin));
+    tokio::spawn(drive(conn, Some(stdin), None, frame, tx));
+    Ok(ExecStream { rx, killer: None })
+}
+
 /// Runs a command to completion and collects its output (each stream capped at
 /// `req.max_output`; the rest is read and dropped so the command is never blocked).
 pub async fn run(

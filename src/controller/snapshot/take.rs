@@ -469,6 +469,7 @@ async fn stream_to_store(
                 container: CONTAINER,
                 argv,
                 what: "tar -c",
+                wrapped: true,
             };
             stream_from(ctx, run, store, keys, upload_id).await
         }
@@ -482,6 +483,7 @@ async fn stream_to_store(
                     container: helper_pod::ARCHIVE_CONTAINER,
                     argv: helper_pod::archive_argv(),
                     what: "agentbox-helper archive",
+                    wrapped: false,
                 };
                 stream_from(ctx, run, store, keys, upload_id).await
             }
@@ -582,6 +584,9 @@ struct Run<'a> {
     argv: Vec<String>,
     /// Its name in errors.
     what: &'static str,
+    /// Through the exec wrapper (a shell in the container, a timeout); the helper's image
+    /// has no shell.
+    wrapped: bool,
 }
 
 /// Runs `run` and streams its stdout through the snapshot pipeline into the store.
@@ -593,6 +598,7 @@ async fn stream_from(
         container,
         argv,
         what,
+        wrapped,
     }: Run<'_>,
     store: &Store,
     keys: &SnapshotKeys,
@@ -604,15 +610,14 @@ async fn stream_from(
     // dropping `release`.
     let (release, held) = tokio::io::duplex(64);
     let mut release = Some(release);
-    let stream = exec::stream(
-        pods,
-        pod,
-        container,
-        ExecRequest::argv(argv)
+    let stream = if wrapped {
+        let req = ExecRequest::argv(argv)
             .timeout(TAR_TIMEOUT)
-            .stdin_reader(held),
-    )
-    .await
+            .stdin_reader(held);
+        exec::stream(pods, pod, container, req).await
+    } else {
+        exec::stream_unwrapped(pods, pod, container, argv, held).await
+    }
     .map_err(|e| {
         ctx.metrics.exec_failed(ExecOp::Snapshot, e.kind());
         SnapshotError::Source(format!("exec: {e}"))
