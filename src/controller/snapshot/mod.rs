@@ -84,7 +84,12 @@ async fn observe_sandbox(
     if let Some(pod) = &pod
         && podstate::serves_workspace(&st, pod)
     {
-        return Ok((SandboxState::Ready, Some(sbx)));
+        let helper = !ctx.config.helper_image.trim().is_empty();
+        let state = match decide::helper_for_running(&sbx, pod, helper, &ctx.config.node_root) {
+            Some(at) => SandboxState::ReadyOnNode(at),
+            None => SandboxState::Ready,
+        };
+        return Ok((state, Some(sbx)));
     }
     // No pod serves the workspace. One that is starting (or coming back) is waited for; a
     // suspended or deleted sandbox gets none until someone resumes it, so waiting would keep
