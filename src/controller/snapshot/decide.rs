@@ -46,11 +46,13 @@ pub struct AtRest {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reader {
     /// `tar -c` in the sandbox's own pod, by exec (`TAR_SCRIPT`): the sandbox's code writes
-    /// the stream, the canonicaliser checks it. The path for a running sandbox: the helper
-    /// path costs a pod start per snapshot and was not measured faster (docs/benchmarks.md).
+    /// the stream, the canonicaliser checks it. The path for a running sandbox under the
+    /// node's default runtime (runc), where it was measured faster than the helper's, whose
+    /// pod starts per snapshot (see [`helper_for_running`]).
     Exec,
     /// The helper's `archive` job in a pod on the workspace's node: nothing of the sandbox
-    /// takes part, and no sandbox pod is needed. The path for a suspended sandbox.
+    /// takes part, and no sandbox pod is needed. The path for a suspended sandbox, and for a
+    /// running one under a runtime class (gVisor).
     Helper(AtRest),
 }
 
