@@ -730,6 +730,17 @@ async fn connect(
         })
 }
 
+/// The frame of an exec without [`WRAPPER`]: an empty mark (every stream is whole as it is),
+/// no linger.
+fn unwrapped_frame(stdin: bool) -> Frame {
+    Frame {
+        mark: String::new(),
+        linger: false,
+        stdin,
+        stop: None,
+    }
+}
+
 /// Runs `argv` as it is, without [`WRAPPER`]: no trailer, no linger, no stdin, the framing
 /// one-shot execs had before the lossless protocol (and `kubectl exec`'s), over the same
 /// transport. Its output can lose its tail with no error (kubernetes/kubernetes#124571), so
@@ -748,13 +759,7 @@ pub async fn run_unwrapped(
     }
     let conn = connect(pods, pod, container, argv, false).await?;
     let (tx, rx) = mpsc::channel(16);
-    // An empty mark: every stream is whole as it is.
-    let frame = Frame {
-        mark: String::new(),
-        linger: false,
-        stdin: false,
-        stop: None,
-    };
+    let frame = unwrapped_frame(false);
     tokio::spawn(drive(conn, None, None, frame, tx));
     collect(ExecStream { rx, killer: None }, DEFAULT_MAX_OUTPUT).await
 }
@@ -776,12 +781,7 @@ pub async fn run_unwrapped_stdin(
     }
     let conn = connect(pods, pod, container, argv, true).await?;
     let (tx, rx) = mpsc::channel(16);
-    let frame = Frame {
-        mark: String::new(),
-        linger: false,
-        stdin: true,
-        stop: None,
-    };
+    let frame = unwrapped_frame(true);
     tokio::spawn(drive(conn, Some(Stdin::Bytes(stdin)), None, frame, tx));
     collect(ExecStream { rx, killer: None }, DEFAULT_MAX_OUTPUT).await
 }
@@ -811,12 +811,7 @@ pub async fn stream_unwrapped(
         ));
     }
     let (tx, rx) = mpsc::channel(16);
-    let frame = Frame {
-        mark: String::new(),
-        linger: false,
-        stdin: true,
-        stop: None,
-    };
+    let frame = unwrapped_frame(true);
     let stdin = Stdin::Reader(Box::pin(stdin));
     tokio::spawn(drive(conn, Some(stdin), None, frame, tx));
     Ok(ExecStream { rx, killer: None })
