@@ -796,6 +796,43 @@ async fn suspended(kind: Kind) {
     // No orphan: the archive pod goes with the attempt.
     gone_pod(&env, &format!("snap-archive-{uid}"), 60).await;
 
+    // What the rules refuse is refused through the helper too, and the failed attempt's pod
+    // goes as well: a FIFO put in the suspended workspace (on the node, where it lies).
+    let host = agentbox_operator::controller::pod::workspace_host_path(
+        NODE_ROOT,
+        &env.ns,
+        &a.uid().expect("uid of a"),
+    );
+    let made = std::process::Command::new("mkfifo")
+        .arg(format!("{host}/pipe"))
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let obj: SandboxSnapshot = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+        "metadata": {"name": "s2"}, "spec": {"sandboxRef": {"name": "a"}},
+    }))
+    .expect("snapshot json");
+    env.api::<SandboxSnapshot>()
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create s2");
+    let s2 = env.wait_for::<SandboxSnapshot>("s2", 300, finished).await;
+    let st = s2.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(SnapshotPhase::Failed), "{s2:#?}");
+    assert!(
+        st.conditions.iter().any(|c| c.reason == "Fifo"),
+        "{:?}",
+        st.conditions
+    );
+    gone_pod(
+        &env,
+        &format!("snap-archive-{}", s2.uid().expect("uid")),
+        60,
+    )
+    .await;
+    std::fs::remove_file(format!("{host}/pipe")).expect("rm fifo");
+
     // Restored into a new sandbox of the scope: the same tree, links still links.
     create_sandbox(&env, "b", spec("rest", json!({})))
         .await
