@@ -8,7 +8,10 @@
 //!   multipart upload, commit, manifest);
 //! - restore: a new sandbox of the same scope, from its pod running to the sandbox Ready
 //!   (one validating, extracting pass, then the swap);
-//! - the operator's peak RSS growth over its idle RSS (`VmHWM` − `VmRSS` before the run).
+//! - the operator's peak RSS growth over its idle RSS (`VmHWM` − `VmRSS` before the run);
+//! - last, the helper path: the sandbox suspended, then a snapshot of it by the node helper's
+//!   `archive` job in a pod of its own (created → Ready, that pod's start included), and
+//!   whether its digest is the exec path's.
 //!
 //! `BENCH_STORE=s3` uses the S3-compatible s3s-fs server of `hack/s3` instead of a `file://`
 //! store, `BENCH_STORE=s3-minio` its MinIO server, `BENCH_STORE=s3-moto` its moto server.
@@ -338,6 +341,8 @@ async fn raw_stream(c: &Ctx<'_>, keep: bool) -> Res<(u64, Vec<u8>, Duration, u64
 /// A snapshot of the source sandbox, created → Ready.
 struct Taken {
     size: u64,
+    /// The canonical archive's digest.
+    sha256: String,
     members: u64,
     /// Create → Ready.
     total: Duration,
@@ -348,16 +353,21 @@ struct Taken {
 }
 
 async fn take_snapshot(c: &Ctx<'_>) -> Res<Taken> {
+    take_snapshot_named(c, "bench").await
+}
+
+/// A snapshot `name` of the source sandbox, created → Ready.
+async fn take_snapshot_named(c: &Ctx<'_>, name: &str) -> Res<Taken> {
     let snap: SandboxSnapshot = serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
-        "metadata": {"name": "bench"}, "spec": {"sandboxRef": {"name": "src"}},
+        "metadata": {"name": name}, "spec": {"sandboxRef": {"name": "src"}},
     }))?;
     let cpu0 = cpu(c.pid);
     let t = Instant::now();
     c.snaps.create(&PostParams::default(), &snap).await?;
     let mut running = None;
     loop {
-        let s = c.snaps.get("bench").await?;
+        let s = c.snaps.get(name).await?;
         let st = s.status.unwrap_or_default();
         match st.phase {
             Some(SnapshotPhase::Running) if running.is_none() => running = Some(Instant::now()),
@@ -365,6 +375,7 @@ async fn take_snapshot(c: &Ctx<'_>) -> Res<Taken> {
                 let total = t.elapsed();
                 return Ok(Taken {
                     size: st.size_bytes.unwrap_or(0) as u64,
+                    sha256: st.sha256.clone().unwrap_or_default(),
                     members: st.members.unwrap_or(0) as u64,
                     total,
                     upload: running.map_or(total, |r| r.elapsed()),
@@ -377,6 +388,28 @@ async fn take_snapshot(c: &Ctx<'_>) -> Res<Taken> {
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
+}
+
+/// The helper path: the source sandbox suspended (its pod gone), then a snapshot of it taken
+/// by the node helper's `archive` job in a pod of its own, created → Ready (the archive pod's
+/// start included). Run last: the source stays suspended.
+async fn suspended_snapshot(c: &Ctx<'_>) -> Res<Taken> {
+    let patch = json!({"spec": {"lifecycle": {"mode": "Suspended"}}});
+    c.sandboxes
+        .patch("src", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    for i in 0.. {
+        let suspended = c.sandboxes.get("src").await?.status.and_then(|s| s.phase)
+            == Some(SandboxPhase::Suspended);
+        if suspended && c.pods.get_opt(c.pod).await?.is_none() {
+            break;
+        }
+        if i > 3000 {
+            return Err("the source sandbox did not suspend within five minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    take_snapshot_named(c, "bench-suspended").await
 }
 
 /// A sandbox started and seen Ready.
@@ -467,6 +500,7 @@ async fn big(c: &Ctx<'_>, store: &str, label: &str, mib: u64) -> Res<()> {
     let taken = take_snapshot(c).await?;
     let (restore_time, branch, _) = restore(c).await?;
     let peak = proc_kib(c.pid, "VmHWM:");
+    let helper = suspended_snapshot(c).await?;
 
     let size = taken.size;
     let raw_rate = mib_s(raw_bytes, raw);
@@ -495,6 +529,16 @@ async fn big(c: &Ctx<'_>, store: &str, label: &str, mib: u64) -> Res<()> {
         "restore (pod running->Ready, 1 pass): {restore_rate:8.1} MiB/s ({:.1}s), branch {branch:?}",
         restore_time.as_secs_f64()
     );
+    let helper_rate = mib_s(helper.size, helper.total);
+    println!(
+        "snapshot of the suspended sandbox by the node helper (create->Ready): {helper_rate:8.1} MiB/s ({:.1}s); sha256 {}",
+        helper.total.as_secs_f64(),
+        if helper.sha256 == taken.sha256 {
+            "equal to the exec path's"
+        } else {
+            "DIFFERS from the exec path's"
+        }
+    );
     println!(
         "operator RSS: idle {:.1} MiB, peak {:.1} MiB, growth {:.1} MiB",
         idle_rss as f64 / 1024.0,
@@ -513,6 +557,7 @@ async fn big(c: &Ctx<'_>, store: &str, label: &str, mib: u64) -> Res<()> {
     fig("raw_mib_s", raw_rate, "MiB/s");
     fig("snapshot_mib_s", snap_rate, "MiB/s");
     fig("restore_mib_s", restore_rate, "MiB/s");
+    fig("helper_snapshot_mib_s", helper_rate, "MiB/s");
     fig("idle_rss_mib", idle_rss as f64 / 1024.0, "MiB");
     fig("peak_rss_mib", peak as f64 / 1024.0, "MiB");
     let growth = peak.saturating_sub(idle_rss) as f64 / 1024.0;
@@ -716,6 +761,20 @@ async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
         in_process.as_secs_f64(),
         in_process.as_secs_f64() * 1e6 / members.max(1) as f64
     );
+    let helper = suspended_snapshot(c).await?;
+    println!(
+        "snapshot of the suspended sandbox by the node helper (create->Ready): {:.2}s = {:.0}% of the exec path's time (Running->Ready {:.2}s); operator CPU {:.2}s; {} members, sha256 {}",
+        helper.total.as_secs_f64(),
+        100.0 * helper.total.as_secs_f64() / taken.total.as_secs_f64(),
+        helper.upload.as_secs_f64(),
+        helper.cpu.as_secs_f64(),
+        helper.members,
+        if helper.sha256 == taken.sha256 {
+            "equal to the exec path's"
+        } else {
+            "DIFFERS from the exec path's"
+        }
+    );
     let fig = |key: &str, value: f64, unit: &str| {
         emit(
             &bench_name("snapshot"),
@@ -725,6 +784,7 @@ async fn small_files(c: &Ctx<'_>, store: &str, n: u64) -> Res<()> {
             n,
         );
     };
+    fig("helper_snapshot_secs", helper.total.as_secs_f64(), "s");
     fig("file_bytes", bytes as f64, "B");
     fig("raw_secs", raw.as_secs_f64(), "s");
     fig("snapshot_secs", taken.total.as_secs_f64(), "s");

@@ -1,7 +1,8 @@
 //! Snapshots against the real local cluster, each scenario against a `file://` store and an
 //! S3-compatible server on loopback (`hack/s3`, started here when not running): round trip
 //! into a new sandbox (branch C), recovery of a lost workspace (branch B), hostile archives,
-//! an operator killed mid-upload, retention, deletion policies and onStop.
+//! an operator killed mid-upload, retention, deletion policies and onStop, and a suspended
+//! sandbox snapshotted by the node helper without its pod.
 
 mod common;
 
@@ -714,4 +715,154 @@ async fn retention_keeps_n_and_deletion_policies_behave_file() {
 #[ignore = "needs a cluster"]
 async fn retention_keeps_n_and_deletion_policies_behave_s3() {
     retention(Kind::S3).await;
+}
+
+/// What [`suspended`] writes: files, a directory, links inside the workspace, a mode.
+const AT_REST: &str = r#"set -e
+cd /workspace
+mkdir -p src/deep 'with space'
+head -c 1048576 /dev/urandom > src/blob.bin
+echo 'echo hi' > run.sh && chmod 0755 run.sh
+echo spaced > 'with space/file name'
+: > empty
+ln -s deep src/link-to-deep
+ln -s ../run.sh src/deep/up
+"#;
+
+async fn suspended(kind: Kind) {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let name = format!("snap-rest-{}", format!("{kind:?}").to_lowercase());
+    let mut env = TestEnv::new(&name).await;
+    let b = backend(kind, &env.ns);
+    start(&mut env, &b);
+    create_sandbox(&env, "a", spec("rest", json!({})))
+        .await
+        .expect("create a");
+    let a = ready(&env, "a").await;
+    let pod_a = pod_of(&a);
+    fill(&env, &pod_a, AT_REST).await;
+    let before = listing(&env, &pod_a).await;
+    assert!(before.contains("L ./src/link-to-deep deep"), "{before}");
+
+    let patch = json!({"spec": {"lifecycle": {"mode": "Suspended"}}});
+    env.api::<Sandbox>()
+        .patch("a", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("suspend");
+    env.wait_for::<Sandbox>("a", 300, phase_is("Suspended"))
+        .await;
+    gone_pod(&env, &pod_a, 120).await;
+
+    // Every pod of the sandbox that appears from now until the snapshot is Ready (the
+    // namespace's network check has pods of its own, of no sandbox).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let watch = {
+        let seen = seen.clone();
+        let pods = env.api::<Pod>();
+        let of_a = format!("{}={}", labels::SANDBOX, labels::sandbox_label_value("a"));
+        tokio::spawn(async move {
+            let config = watcher::Config::default().labels(&of_a);
+            let mut w = watcher(pods, config).boxed();
+            while let Some(ev) = w.next().await {
+                if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev {
+                    let n = p.name_any();
+                    let mut s = seen.lock().expect("seen");
+                    if !s.contains(&n) {
+                        s.push(n);
+                    }
+                }
+            }
+        })
+    };
+    let s = take_snapshot(&env, "s1", "a", "Delete").await;
+    watch.abort();
+    check_committed(&b, &env, &s).await;
+    let seen = seen.lock().expect("seen").clone();
+    let uid = s.uid().expect("uid");
+    assert!(
+        seen.iter().all(|n| *n == format!("snap-archive-{uid}")),
+        "only the archive pod may run, never the sandbox's ({pod_a}): {seen:?}"
+    );
+    assert!(
+        !seen.is_empty(),
+        "the snapshot went through the archive pod"
+    );
+    let a = env.api::<Sandbox>().get("a").await.expect("get a");
+    assert_eq!(
+        a.status.as_ref().and_then(|st| st.phase),
+        Some(SandboxPhase::Suspended)
+    );
+    // No orphan: the archive pod goes with the attempt.
+    gone_pod(&env, &format!("snap-archive-{uid}"), 60).await;
+
+    // What the rules refuse is refused through the helper too, and the failed attempt's pod
+    // goes as well: a FIFO put in the suspended workspace (on the node, where it lies).
+    let host = agentbox_operator::controller::pod::workspace_host_path(
+        NODE_ROOT,
+        &env.ns,
+        &a.uid().expect("uid of a"),
+    );
+    let made = std::process::Command::new("mkfifo")
+        .arg(format!("{host}/pipe"))
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let obj: SandboxSnapshot = serde_json::from_value(json!({
+        "apiVersion": "agentbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+        "metadata": {"name": "s2"}, "spec": {"sandboxRef": {"name": "a"}},
+    }))
+    .expect("snapshot json");
+    env.api::<SandboxSnapshot>()
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create s2");
+    let s2 = env.wait_for::<SandboxSnapshot>("s2", 300, finished).await;
+    let st = s2.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(SnapshotPhase::Failed), "{s2:#?}");
+    assert!(
+        st.conditions.iter().any(|c| c.reason == "Fifo"),
+        "{:?}",
+        st.conditions
+    );
+    gone_pod(
+        &env,
+        &format!("snap-archive-{}", s2.uid().expect("uid")),
+        60,
+    )
+    .await;
+    std::fs::remove_file(format!("{host}/pipe")).expect("rm fifo");
+
+    // Restored into a new sandbox of the scope: the same tree, links still links.
+    create_sandbox(&env, "b", spec("rest", json!({})))
+        .await
+        .expect("create b");
+    let sb = ready(&env, "b").await;
+    assert_eq!(branch(&sb), Some(StartBranch::Restored), "{sb:#?}");
+    let after = listing(&env, &pod_of(&sb)).await;
+    assert_eq!(before, after, "restored workspace differs");
+    finish(env, &b).await;
+}
+
+/// Waits until pod `name` is gone.
+async fn gone_pod(env: &TestEnv, name: &str, secs: u64) {
+    for _ in 0..secs * 5 {
+        if env
+            .api::<Pod>()
+            .get_opt(name)
+            .await
+            .expect("get pod")
+            .is_none()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("pod {name} still there after {secs}s");
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster"]
+async fn a_suspended_sandbox_is_snapshotted_without_starting_its_pod_file() {
+    suspended(Kind::File).await;
 }

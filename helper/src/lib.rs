@@ -16,6 +16,10 @@
 //!   [`quota`];
 //! - [`Job::Watch`]: measure a workspace periodically and end when it is over its limit, as
 //!   a sidecar of the sandbox pod;
+//! - [`Job::Archive`]: write a tar of a workspace to stdout, read on the node without ever
+//!   following a symbolic link (see [`archive`]), for the operator to take a snapshot without
+//!   the sandbox's pod (the operator runs it with `exec` in a pod holding [`Job::Hold`]);
+//! - [`Job::Hold`]: do nothing for a while, as the main process of such a pod;
 //! - [`Job::Pids`]: set the process limit (`pids.max`) of the pod it runs in, as the first init
 //!   container of a sandbox pod, before any of the sandbox's code runs (the kubelet's own
 //!   `podPidsLimit` is one value per node; this is the sandbox's own limit).
@@ -25,12 +29,14 @@
 //! with [`Job::to_args`] and reads the report with [`Report::parse`], so both sides share this
 //! one definition of the protocol.
 //!
-//! Only the standard library: the program stays small enough to audit and builds statically in
+//! Only the standard library, `rustix` and `tar`, the two the archive job needs (see
+//! helper/Cargo.toml): the program stays small enough to audit and builds statically in
 //! seconds. `std::fs::remove_dir_all` is symlink-safe on Linux (it walks with `openat` and
 //! `O_NOFOLLOW`, the fix for CVE-2022-21658), which is why removal is not hand-written.
 // Denied, not forbidden: the one exception is `quota::sys`, the two btrfs ioctls.
 #![deny(unsafe_code)]
 
+pub mod archive;
 pub mod quota;
 
 use std::fmt;
@@ -110,6 +116,18 @@ pub enum Job {
         /// What to do where no hard limit can be set.
         fallback: quota::Fallback,
     },
+    /// Write a tar of the workspace `dir` to stdout ([`archive::archive`]); the report goes to
+    /// stderr and the termination message only.
+    Archive {
+        /// The workspace (the helper's read-only mount of it).
+        dir: PathBuf,
+    },
+    /// Sleep `secs` seconds, then end: the main process of a pod the operator runs
+    /// [`Job::Archive`] in with `exec` (bounded, so a pod the operator lost ends by itself).
+    Hold {
+        /// How long.
+        secs: u64,
+    },
     /// Measure `dir` every `interval_secs` until it holds more than `bytes` ([`quota::watch`]).
     Watch {
         /// The workspace (the helper's read-only mount of it).
@@ -145,6 +163,12 @@ pub enum Error {
     NoQuota(quota::NoQuota),
     /// No hard limit could be set where one is required.
     Refused(String),
+    /// An entry of a workspace being archived changed kind or identity between being listed
+    /// and being opened (a link swapped in for a directory, say): the archive would not be
+    /// of one tree.
+    Changed(PathBuf),
+    /// A directory to archive has no workspace marker (lost or never initialised).
+    NotAWorkspace(PathBuf),
     /// A directory that must be root's is not.
     NotRootOwned {
         /// The directory.
@@ -162,6 +186,16 @@ impl fmt::Display for Error {
                 write!(f, "{what} {}: {source}", path.display())
             }
             Error::NoQuota(why) => write!(f, "{why}"),
+            Error::Changed(p) => write!(
+                f,
+                "{} changed while the workspace was read (listed as one thing, opened as another)",
+                p.display()
+            ),
+            Error::NotAWorkspace(p) => write!(
+                f,
+                "{} has no agentbox marker (lost or not initialised)",
+                p.display()
+            ),
             Error::Refused(why) => write!(
                 f,
                 "the workspace size limit cannot be enforced and this operator refuses to only measure it: {why}"
@@ -223,6 +257,8 @@ impl Job {
                 bytes.to_string(),
                 fallback.as_str().into(),
             ],
+            Job::Archive { dir } => vec!["archive".into(), dir.display().to_string()],
+            Job::Hold { secs } => vec!["hold".into(), secs.to_string()],
             Job::Watch {
                 dir,
                 bytes,
@@ -243,7 +279,7 @@ impl Job {
             Error::Usage(
                 "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID | list DIR [SKIP...] \
                  | prune ROOT NAME... | pids DIR LIMIT | quota ROOT NAME BYTES measure|refuse \
-                 | watch DIR BYTES SECONDS"
+                 | watch DIR BYTES SECONDS | archive DIR | hold SECONDS"
                     .into(),
             )
         };
@@ -311,6 +347,10 @@ impl Job {
                     Error::Usage(format!("{fallback:?} is neither measure nor refuse"))
                 })?,
             }),
+            [job, dir] if job == "archive" => Ok(Job::Archive { dir: path(dir)? }),
+            [job, secs] if job == "hold" => Ok(Job::Hold {
+                secs: positive(secs)?,
+            }),
             [job, dir, bytes, secs] if job == "watch" => Ok(Job::Watch {
                 dir: path(dir)?,
                 bytes: positive(bytes)?,
@@ -320,9 +360,25 @@ impl Job {
         }
     }
 
+    /// Whether the job writes its output (not its report) to stdout.
+    pub fn writes_stdout(&self) -> bool {
+        matches!(self, Job::Archive { .. })
+    }
+
     /// Runs the job.
     pub fn run(&self) -> Result<Report, Error> {
         match self {
+            Job::Archive { dir } => {
+                let out = std::io::BufWriter::with_capacity(64 << 10, std::io::stdout().lock());
+                let report = archive::archive(dir, out)?;
+                // Only a whole archive has an end marker to wait for.
+                archive::linger(std::time::Duration::from_secs(600));
+                Ok(report)
+            }
+            Job::Hold { secs } => {
+                std::thread::sleep(std::time::Duration::from_secs(*secs));
+                Ok(Report::default().with("job", "hold"))
+            }
             Job::Remove { root, names } => remove(root, names),
             Job::Prepare { dir } => {
                 let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
@@ -801,6 +857,10 @@ mod tests {
                 bytes: 1 << 30,
                 interval_secs: 30,
             },
+            Job::Archive {
+                dir: "/workspace".into(),
+            },
+            Job::Hold { secs: 600 },
         ] {
             assert_eq!(Job::parse(&job.to_args()).unwrap(), job);
         }
@@ -813,6 +873,9 @@ mod tests {
             &["quota", "/ns", "a", "1", "maybe"],
             &["watch", "/ws", "1", "0"],
             &["watch", "ws", "1", "1"],
+            &["archive", "/ws/../etc"],
+            &["archive", "ws"],
+            &["hold", "0"],
         ] {
             assert!(Job::parse(&args(bad)).is_err(), "{bad:?}");
         }

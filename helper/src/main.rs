@@ -9,7 +9,10 @@ const TERMINATION_LOG: &str = "/dev/termination-log";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let outcome = Job::parse(&args).and_then(|job| job.run());
+    let job = Job::parse(&args);
+    // A job whose output is stdout (an archive) reports on stderr only.
+    let stdout_taken = job.as_ref().is_ok_and(Job::writes_stdout);
+    let outcome = job.and_then(|job| job.run());
     let (line, code) = match &outcome {
         // A workspace over its limit: a report, and a code the operator tells apart.
         Ok(report) if report.flag("over") == Some(true) => (report.line(), quota::OVER_LIMIT_EXIT),
@@ -17,7 +20,7 @@ fn main() {
         Err(e @ Error::Usage(_)) => (format!("agentbox-helper: {e}"), 2),
         Err(e) => (format!("agentbox-helper: {e}"), 1),
     };
-    if code == 0 || code == quota::OVER_LIMIT_EXIT {
+    if (code == 0 || code == quota::OVER_LIMIT_EXIT) && !stdout_taken {
         println!("{line}");
     } else {
         eprintln!("{line}");

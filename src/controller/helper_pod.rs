@@ -19,13 +19,22 @@ use super::pod::{
     HelperImage, PREPARE_CAPS, PodConfig, REMOVE_CAPS, helper_container, namespace_host_path,
     owned_labels, owner_ref, runtime_default,
 };
-use agentbox_api::crd::{Sandbox, SandboxPool, SandboxSpec};
+use agentbox_api::crd::{Sandbox, SandboxPool, SandboxSnapshot, SandboxSpec};
 use agentbox_api::labels;
 
 /// Where helper pods mount the namespace's workspace directory.
 pub const NAMESPACE_MOUNT: &str = "/ns";
-/// Label on helper pods: which job (`remove`, `prepare`).
+/// Where an archive pod mounts the workspace it archives.
+pub const WORKSPACE_MOUNT: &str = "/workspace";
+/// Label on helper pods: which job (`remove`, `prepare`, `archive`).
 pub const HELPER_LABEL: &str = "agentbox.dev/helper";
+/// The container of an archive pod (see [`build_archive_pod`]), the one the operator execs in.
+pub const ARCHIVE_CONTAINER: &str = "archive";
+/// The one capability an archive pod has: root reads and searches every file and directory of
+/// the workspace whatever its owner and mode (a non-root sandbox's workspace is `0700`, its
+/// files may be `000`), and nothing else: no write (the mount is read-only anyway), no chown,
+/// no `DAC_OVERRIDE`.
+pub const ARCHIVE_CAPS: &[&str] = &["DAC_READ_SEARCH"];
 
 /// Name of the pod that removes a sandbox's workspace directory from its node.
 pub fn cleanup_pod_name(sbx: &Sandbox) -> String {
@@ -55,7 +64,7 @@ pub fn prepare_pod_name(node: &str) -> String {
 
 /// The host directory a helper pod mounts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum HelperMount {
+enum HelperMount<'a> {
     /// The namespace's workspace directory, read-write at [`NAMESPACE_MOUNT`]: the parent of
     /// the workspaces a job changes.
     Namespace,
@@ -71,6 +80,51 @@ enum HelperMount {
     /// The node root read-write, to remove a deleted namespace's empty directory. Only ever in
     /// `--helper-namespace`.
     NodeRoot,
+    /// One sandbox's workspace directory (this host path), read-only at [`WORKSPACE_MOUNT`], to
+    /// archive it: nothing of the namespace's other workspaces. It must exist (a missing one
+    /// is not created empty).
+    WorkspaceReadOnly(&'a str),
+}
+
+impl HelperMount<'_> {
+    /// The pod's one volume and its container's mount of it.
+    fn volume(self, node_root: &str, ns: &str) -> (Volume, VolumeMount) {
+        let (name, mount_path, path) = match self {
+            HelperMount::Namespace | HelperMount::NamespaceReadOnly => (
+                "namespace",
+                NAMESPACE_MOUNT,
+                namespace_host_path(node_root, ns),
+            ),
+            HelperMount::NodeRoot | HelperMount::NodeRootReadOnly => {
+                ("namespace", NAMESPACE_MOUNT, node_root.to_string())
+            }
+            HelperMount::WorkspaceReadOnly(dir) => ("workspace", WORKSPACE_MOUNT, dir.to_string()),
+        };
+        let read_only = !matches!(self, HelperMount::Namespace | HelperMount::NodeRoot);
+        // A namespace directory removed by hand must not leave the pod stuck on its mount; an
+        // empty one created here holds nothing (and `prepare` makes it root-only once a
+        // sandbox of the namespace starts on the node). A workspace is never made: an empty
+        // one would be archived as the sandbox's.
+        let type_ = match self {
+            HelperMount::WorkspaceReadOnly(_) => "Directory",
+            _ => "DirectoryOrCreate",
+        };
+        let volume = Volume {
+            name: name.into(),
+            host_path: Some(HostPathVolumeSource {
+                path,
+                type_: Some(type_.into()),
+            }),
+            ..Default::default()
+        };
+        let mount = VolumeMount {
+            name: name.into(),
+            mount_path: mount_path.into(),
+            read_only: read_only.then_some(true),
+            ..Default::default()
+        };
+        (volume, mount)
+    }
 }
 
 /// One helper pod's work: where it runs, what it runs and with which rights.
@@ -86,7 +140,7 @@ struct Work<'a> {
     /// The capabilities the job needs, and no more.
     caps: &'a [&'a str],
     /// The directory it mounts.
-    mount: HelperMount,
+    mount: HelperMount<'a>,
     /// Its labels.
     labels: BTreeMap<String, String>,
 }
@@ -110,20 +164,7 @@ fn helper_pod(
         mount,
         labels,
     } = work;
-    // A namespace directory removed by hand must not leave the pod stuck on its mount; an
-    // empty one created here holds nothing (and `prepare` makes it root-only once a sandbox
-    // of the namespace starts on the node).
-    let volume = "namespace";
-    let volume_mount = VolumeMount {
-        name: volume.into(),
-        mount_path: NAMESPACE_MOUNT.into(),
-        read_only: matches!(
-            mount,
-            HelperMount::NamespaceReadOnly | HelperMount::NodeRootReadOnly
-        )
-        .then_some(true),
-        ..Default::default()
-    };
+    let (volume, volume_mount) = mount.volume(cfg.node_root, ns);
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
@@ -139,21 +180,7 @@ fn helper_pod(
             termination_grace_period_seconds: Some(1),
             tolerations,
             containers: vec![helper_container(kind, helper, &job, caps, volume_mount)],
-            volumes: Some(vec![Volume {
-                name: volume.into(),
-                host_path: Some(HostPathVolumeSource {
-                    path: match mount {
-                        HelperMount::Namespace | HelperMount::NamespaceReadOnly => {
-                            namespace_host_path(cfg.node_root, ns)
-                        }
-                        HelperMount::NodeRoot | HelperMount::NodeRootReadOnly => {
-                            cfg.node_root.to_string()
-                        }
-                    },
-                    type_: Some("DirectoryOrCreate".into()),
-                }),
-                ..Default::default()
-            }]),
+            volumes: Some(vec![volume]),
             security_context: Some(PodSecurityContext {
                 seccomp_profile: Some(runtime_default()),
                 ..Default::default()
@@ -209,6 +236,61 @@ pub fn build_cleanup_pod(
         labels,
     };
     Some(sandbox_helper_pod(sbx, cfg, helper, work))
+}
+
+/// Name of the pod that archives a snapshot's workspace: one per SandboxSnapshot (its uid), so
+/// a retried attempt finds its own pod and no other snapshot's.
+pub fn archive_pod_name(snap: &SandboxSnapshot) -> String {
+    format!("snap-archive-{}", snap.uid().unwrap_or_default())
+}
+
+/// The pod in which the operator runs the helper's `archive` job on the workspace `at.dir` of
+/// `sbx` on `at.node`, by exec, for snapshot `snap` (see the snapshot controller's choice of
+/// path): that directory alone mounted read-only, root with [`ARCHIVE_CAPS`] only, no service
+/// account token, the runtime's default seccomp profile and no runtime class (the trusted
+/// helper runs under the node's default runtime, runc, whatever runtime the sandbox has). Its
+/// main process holds for `hold_secs` and then ends, so a pod the operator lost ends by
+/// itself; it is owned by the snapshot, so it goes with it; the operator deletes it when the
+/// attempt ends. `None` without a helper image.
+pub fn build_archive_pod(
+    sbx: &Sandbox,
+    snap: &SandboxSnapshot,
+    cfg: &PodConfig<'_>,
+    at: NodeDir<'_>,
+    hold_secs: u64,
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let mut labels = owned_labels(sbx);
+    labels.insert(HELPER_LABEL.into(), "archive".into());
+    let work = Work {
+        name: archive_pod_name(snap),
+        node: at.node,
+        kind: ARCHIVE_CONTAINER,
+        job: agentbox_helper::Job::Hold { secs: hold_secs },
+        caps: ARCHIVE_CAPS,
+        mount: HelperMount::WorkspaceReadOnly(at.dir),
+        labels,
+    };
+    let mut pod = sandbox_helper_pod(sbx, cfg, helper, work);
+    // Not as controller: nothing controls it but the attempt that made it.
+    pod.metadata.owner_references = snap.controller_owner_ref(&()).map(|mut o| {
+        o.controller = None;
+        o.block_owner_deletion = None;
+        vec![o]
+    });
+    Some(pod)
+}
+
+/// The helper's command line that writes the archive of an archive pod's workspace.
+pub fn archive_argv() -> Vec<String> {
+    let mut argv = vec![agentbox_helper::BIN.to_string()];
+    argv.extend(
+        agentbox_helper::Job::Archive {
+            dir: WORKSPACE_MOUNT.into(),
+        }
+        .to_args(),
+    );
+    argv
 }
 
 /// Name of the orphan sweep's pod on `node` for `job` (`list` or `sweep`), one per node in each
@@ -483,6 +565,79 @@ pub fn namespace_takes_no_pods(e: &kube::Error) -> bool {
 mod tests {
     use super::*;
     use crate::controller::pod::tests::*;
+
+    #[test]
+    fn an_archive_pod_reads_only_this_workspace_with_one_capability() {
+        let sbx = sandbox(serde_json::json!({}));
+        let mut snap = SandboxSnapshot::new(
+            "snap-1",
+            serde_json::from_value(serde_json::json!({"sandboxRef": {"name": "demo"}})).unwrap(),
+        );
+        snap.metadata.namespace = Some("team".into());
+        snap.metadata.uid = Some("snap-uid".into());
+        let at = NodeDir {
+            node: "node-a",
+            dir: "/w/team/1234-uid",
+        };
+        let pod = build_archive_pod(&sbx, &snap, &cfg("/w"), at, 900).unwrap();
+        assert_eq!(pod.metadata.name.as_deref(), Some("snap-archive-snap-uid"));
+        let owners = pod.metadata.owner_references.as_ref().unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].uid, "snap-uid");
+        assert_eq!(owners[0].kind, "SandboxSnapshot");
+        assert_eq!(
+            pod.metadata.labels.as_ref().unwrap()[HELPER_LABEL],
+            "archive"
+        );
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(
+            spec.runtime_class_name, None,
+            "runc, not the sandbox's runtime"
+        );
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        let vols = spec.volumes.unwrap();
+        assert_eq!(vols.len(), 1);
+        let host = vols[0].host_path.as_ref().unwrap();
+        assert_eq!(
+            host.path, "/w/team/1234-uid",
+            "the workspace, not its namespace's"
+        );
+        assert_eq!(host.type_.as_deref(), Some("Directory"), "never made empty");
+        assert_eq!(spec.containers.len(), 1);
+        let c = &spec.containers[0];
+        assert_eq!(c.name, ARCHIVE_CONTAINER);
+        assert_least_privilege(c, ARCHIVE_CAPS);
+        let m = &c.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (WORKSPACE_MOUNT, Some(true))
+        );
+        assert_eq!(
+            agentbox_helper::Job::parse(&c.command.as_ref().unwrap()[1..]).unwrap(),
+            agentbox_helper::Job::Hold { secs: 900 }
+        );
+        assert_eq!(
+            agentbox_helper::Job::parse(&archive_argv()[1..]).unwrap(),
+            agentbox_helper::Job::Archive {
+                dir: WORKSPACE_MOUNT.into()
+            }
+        );
+        assert!(
+            build_archive_pod(
+                &sbx,
+                &snap,
+                &PodConfig {
+                    helper: None,
+                    ..cfg("/w")
+                },
+                at,
+                1
+            )
+            .is_none()
+        );
+    }
 
     #[test]
     fn cleanup_pod_runs_the_helper_on_this_workspace_only() {

@@ -730,6 +730,17 @@ async fn connect(
         })
 }
 
+/// The frame of an exec without [`WRAPPER`]: an empty mark (every stream is whole as it is),
+/// no linger.
+fn unwrapped_frame(stdin: bool) -> Frame {
+    Frame {
+        mark: String::new(),
+        linger: false,
+        stdin,
+        stop: None,
+    }
+}
+
 /// Runs `argv` as it is, without [`WRAPPER`]: no trailer, no linger, no stdin, the framing
 /// one-shot execs had before the lossless protocol (and `kubectl exec`'s), over the same
 /// transport. Its output can lose its tail with no error (kubernetes/kubernetes#124571), so
@@ -748,13 +759,7 @@ pub async fn run_unwrapped(
     }
     let conn = connect(pods, pod, container, argv, false).await?;
     let (tx, rx) = mpsc::channel(16);
-    // An empty mark: every stream is whole as it is.
-    let frame = Frame {
-        mark: String::new(),
-        linger: false,
-        stdin: false,
-        stop: None,
-    };
+    let frame = unwrapped_frame(false);
     tokio::spawn(drive(conn, None, None, frame, tx));
     collect(ExecStream { rx, killer: None }, DEFAULT_MAX_OUTPUT).await
 }
@@ -776,14 +781,40 @@ pub async fn run_unwrapped_stdin(
     }
     let conn = connect(pods, pod, container, argv, true).await?;
     let (tx, rx) = mpsc::channel(16);
-    let frame = Frame {
-        mark: String::new(),
-        linger: false,
-        stdin: true,
-        stop: None,
-    };
+    let frame = unwrapped_frame(true);
     tokio::spawn(drive(conn, Some(Stdin::Bytes(stdin)), None, frame, tx));
     collect(ExecStream { rx, killer: None }, DEFAULT_MAX_OUTPUT).await
+}
+
+/// Streams `argv` as it is, without [`WRAPPER`] (so in a container without a shell), its
+/// stdin read from `stdin` until EOF and then half-closed. With no trailer, the command itself
+/// must not exit before the client has its whole output (kubernetes/kubernetes#124571): the
+/// node helper's `archive` job writes an archive whose end marker the client recognises, then
+/// waits for its stdin to end, which the client ends once the marker has arrived (as
+/// `TAR_SCRIPT` does for the wrapped path). No timeout: the caller bounds it.
+pub async fn stream_unwrapped(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    argv: Vec<String>,
+    stdin: impl AsyncRead + Send + 'static,
+) -> Result<ExecStream, ExecError> {
+    if argv.is_empty() {
+        return Err(ExecError::Invalid("empty argv".into()));
+    }
+    let conn = connect(pods, pod, container, argv, true).await?;
+    if !conn.supports_stream_close() {
+        return Err(ExecError::Stream(
+            "the API server spoke v4.channel.k8s.io; a stream whose end is signalled on stdin \
+             needs v5.channel.k8s.io (Kubernetes 1.30 or later)"
+                .into(),
+        ));
+    }
+    let (tx, rx) = mpsc::channel(16);
+    let frame = unwrapped_frame(true);
+    let stdin = Stdin::Reader(Box::pin(stdin));
+    tokio::spawn(drive(conn, Some(stdin), None, frame, tx));
+    Ok(ExecStream { rx, killer: None })
 }
 
 /// Runs a command to completion and collects its output (each stream capped at

@@ -84,7 +84,12 @@ async fn observe_sandbox(
     if let Some(pod) = &pod
         && podstate::serves_workspace(&st, pod)
     {
-        return Ok((SandboxState::Ready, Some(sbx)));
+        let helper = !ctx.config.helper_image.trim().is_empty();
+        let state = match decide::helper_for_running(&sbx, pod, helper, &ctx.config.node_root) {
+            Some(at) => SandboxState::ReadyOnNode(at),
+            None => SandboxState::Ready,
+        };
+        return Ok((state, Some(sbx)));
     }
     // No pod serves the workspace. One that is starting (or coming back) is waited for; a
     // suspended or deleted sandbox gets none until someone resumes it, so waiting would keep
@@ -92,10 +97,16 @@ async fn observe_sandbox(
     let stopping = if sbx.metadata.deletion_timestamp.is_some() {
         Some("the sandbox is being deleted and no pod serves its workspace")
     } else if sbx.spec.lifecycle.mode == LifecycleMode::Suspended {
-        Some(
-            "the sandbox is suspended and no pod serves its workspace: take snapshots before \
-             suspending (under the scope's guard, see spec.guard), or resume it first",
-        )
+        // Its pod stopping still: wait for it to go, so nothing writes while the helper reads.
+        if pod.is_some() {
+            let why = "the suspended sandbox's pod is still stopping";
+            return Ok((SandboxState::NotReady(why.into()), Some(sbx)));
+        }
+        let helper = !ctx.config.helper_image.trim().is_empty();
+        match decide::at_rest(&sbx, helper, &ctx.config.node_root) {
+            Ok(at) => return Ok((SandboxState::AtRest(at), Some(sbx))),
+            Err(why) => Some(why),
+        }
     } else {
         None
     };
@@ -166,11 +177,14 @@ async fn apply(snap: &SandboxSnapshot, ctx: &Context) -> Result<Action, Error> {
             }
             Ok(Action::requeue(Duration::from_secs(3)))
         }
-        Plan::Take { clean_first } => {
+        Plan::Take {
+            clean_first,
+            reader,
+        } => {
             let (Some(store), Some(sbx)) = (ctx.store.clone(), sbx) else {
                 return Ok(Action::requeue(Duration::from_secs(5)));
             };
-            take::take(ctx, snap, &sbx, &store, clean_first, st).await
+            take::take(ctx, snap, &sbx, &store, clean_first, reader, st).await
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Taking a snapshot: labels, the scope's guard, the Running write, `tar -c` in the pod
-//! streamed into the store, commit and manifest, Ready, the sandbox's `lastSnapshot`, and
-//! retention.
+//! Taking a snapshot: labels, the scope's guard, the Running write, the workspace's tar
+//! streamed into the store (`tar -c` in the sandbox's pod, or the helper's `archive` job in a
+//! pod on the workspace's node: see [`Reader`]), commit and manifest, Ready, the sandbox's
+//! `lastSnapshot`, and retention.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,18 +12,20 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use object_store::MultipartId;
 use tracing::{info, warn};
 
-use super::decide::MAX_ATTEMPTS;
 use super::decide::retention_victims;
+use super::decide::{AtRest, MAX_ATTEMPTS, Reader};
 use super::write::{
     InFlight, LAST_SNAPSHOT_MANAGER, discard_attempt, set_committed, snapshot_err, write_failure,
 };
 use crate::controller::context::{Context, Error, scope_guard};
+use crate::controller::helper_pod;
+use crate::controller::placement::NodeDir;
 use crate::controller::pod::CONTAINER;
 use crate::controller::restore_source::{self, Age, age};
 use agentbox_api::crd::{
@@ -57,6 +60,7 @@ struct Taking<'a> {
     name: String,
     scope_key: String,
     keys: SnapshotKeys,
+    reader: Reader,
 }
 
 /// Takes the snapshot: labels, guard, Running, stream, commit, manifest, Ready, retention.
@@ -66,6 +70,7 @@ pub(super) async fn take(
     sbx: &Sandbox,
     store: &Store,
     clean_first: bool,
+    reader: Reader,
     mut st: SandboxSnapshotStatus,
 ) -> Result<Action, Error> {
     let ns = snap.namespace().ok_or(Error::NotNamespaced)?;
@@ -81,6 +86,7 @@ pub(super) async fn take(
         keys: store.keys(&ns, &scope_key, &uid),
         ns,
         scope_key,
+        reader,
     };
     ensure_labels(&t.api, snap, sbx).await?;
     if clean_first {
@@ -285,10 +291,17 @@ impl Taking<'_> {
         g: &Hold,
         upload_id: Option<&MultipartId>,
     ) -> Result<Summary, SnapshotError> {
-        let pod_name = crate::controller::placement::pod_name(self.sbx);
         let ctx = self.ctx;
+        let pod_name = crate::controller::placement::pod_name(self.sbx);
+        let source = match &self.reader {
+            Reader::Exec => Source::Sandbox { pod: &pod_name },
+            Reader::Helper(at) => Source::Helper {
+                snap: self.snap,
+                at,
+            },
+        };
         let upload = stream_to_store(
-            ctx, self.sbx, &self.ns, &pod_name, self.store, &self.keys, upload_id,
+            ctx, self.sbx, &self.ns, source, self.store, &self.keys, upload_id,
         );
         let (summary, commit) = g
             .run(upload)
@@ -409,49 +422,210 @@ async fn set_last_snapshot(
     }
 }
 
-/// Runs `tar -c` in the pod and streams its stdout into the store's temporary key, through
-/// the multipart upload `upload_id` when the store has them.
+/// Who writes the workspace's tar.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// `TAR_SCRIPT` in the sandbox's pod `pod`.
+    Sandbox { pod: &'a str },
+    /// The helper's `archive` job in a pod of its own for snapshot `snap`, on the node and
+    /// directory `at`.
+    Helper {
+        snap: &'a SandboxSnapshot,
+        at: &'a AtRest,
+    },
+}
+
+/// Longest wait for an archive pod to run (its image is the small helper image, usually on
+/// the node already).
+const ARCHIVE_POD_START: Duration = Duration::from_secs(120);
+
+/// Streams the workspace's tar (from `source`) into the store's temporary key, through the
+/// multipart upload `upload_id` when the store has them. A helper pod made for it is deleted
+/// however the stream ends.
 async fn stream_to_store(
     ctx: &Context,
     sbx: &Sandbox,
     ns: &str,
-    pod: &str,
+    source: Source<'_>,
+    store: &Store,
+    keys: &SnapshotKeys,
+    upload_id: Option<&MultipartId>,
+) -> Result<(Summary, Commit), SnapshotError> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    match source {
+        Source::Sandbox { pod } => {
+            let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
+            let mounts: Vec<String> = sbx
+                .spec
+                .workspace
+                .mounts
+                .iter()
+                .map(|m| m.path.clone())
+                .collect();
+            let argv = remote::sh(remote::TAR_SCRIPT, remote::tar_args(&root, &mounts));
+            let run = Run {
+                pods: &pods,
+                pod,
+                container: CONTAINER,
+                argv,
+                what: "tar -c",
+                wrapped: true,
+            };
+            stream_from(ctx, run, store, keys, upload_id).await
+        }
+        Source::Helper { snap, at } => {
+            let name = helper_pod::archive_pod_name(snap);
+            let result = async {
+                start_archive_pod(ctx, &pods, sbx, snap, at).await?;
+                let run = Run {
+                    pods: &pods,
+                    pod: &name,
+                    container: helper_pod::ARCHIVE_CONTAINER,
+                    argv: helper_pod::archive_argv(),
+                    what: "agentbox-helper archive",
+                    wrapped: false,
+                };
+                stream_from(ctx, run, store, keys, upload_id).await
+            }
+            .await;
+            // However the attempt ended: the pod is the attempt's alone (owned by the snapshot
+            // too, should this delete not happen).
+            let gone = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            match pods.delete(&name, &gone).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => warn!(pod = %name, namespace = %ns, "deleting the archive pod: {e}"),
+            }
+            result
+        }
+    }
+}
+
+/// Creates the archive pod of `snap` (a leftover of an earlier attempt is replaced: its
+/// process may have been mid-archive) and waits until it runs.
+async fn start_archive_pod(
+    ctx: &Context,
+    pods: &Api<Pod>,
+    sbx: &Sandbox,
+    snap: &SandboxSnapshot,
+    at: &AtRest,
+) -> Result<(), SnapshotError> {
+    let cfg = crate::controller::pod::PodConfig::from_config(&ctx.config);
+    let dir = NodeDir {
+        node: &at.node,
+        dir: &at.host_dir,
+    };
+    let hold = TAR_TIMEOUT.as_secs() + 300;
+    let pod = helper_pod::build_archive_pod(sbx, snap, &cfg, dir, hold)
+        .ok_or_else(|| SnapshotError::Source("this operator has no helper image".into()))?;
+    let name = helper_pod::archive_pod_name(snap);
+    let source = |what: &str, e: kube::Error| SnapshotError::Source(format!("{what} {name}: {e}"));
+    let mut replaced = false;
+    loop {
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(s)) if s.code == 409 && !replaced => {
+                // An earlier attempt's, left by an operator that stopped: its process may be
+                // mid-archive. Removed, then made again.
+                let gone = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                };
+                let _ = pods.delete(&name, &gone).await;
+                let deleted =
+                    kube::runtime::wait::await_condition(pods.clone(), &name, |p: Option<&Pod>| {
+                        p.is_none()
+                    });
+                let _ = tokio::time::timeout(ARCHIVE_POD_START, deleted).await;
+                replaced = true;
+            }
+            Err(e) => return Err(source("creating the archive pod", e)),
+        }
+    }
+    let started = |p: Option<&Pod>| {
+        let phase = p.and_then(|p| p.status.as_ref()?.phase.as_deref());
+        matches!(phase, Some("Running" | "Succeeded" | "Failed"))
+    };
+    let waited = tokio::time::timeout(
+        ARCHIVE_POD_START,
+        kube::runtime::wait::await_condition(pods.clone(), &name, started),
+    )
+    .await;
+    let pod = match waited {
+        Err(_) => {
+            return Err(SnapshotError::Source(format!(
+                "the archive pod {name} did not start within {}s",
+                ARCHIVE_POD_START.as_secs()
+            )));
+        }
+        Ok(Err(e)) => return Err(SnapshotError::Source(format!("watching {name}: {e}"))),
+        Ok(Ok(p)) => p,
+    };
+    let phase = pod
+        .as_ref()
+        .and_then(|p| p.status.as_ref()?.phase.clone())
+        .unwrap_or_default();
+    if phase != "Running" {
+        return Err(SnapshotError::Source(format!(
+            "the archive pod {name} ended before it was used ({phase})"
+        )));
+    }
+    Ok(())
+}
+
+/// A command whose stdout is a workspace's tar.
+struct Run<'a> {
+    pods: &'a Api<Pod>,
+    pod: &'a str,
+    container: &'a str,
+    argv: Vec<String>,
+    /// Its name in errors.
+    what: &'static str,
+    /// Through the exec wrapper (a shell in the container, a timeout); the helper's image
+    /// has no shell.
+    wrapped: bool,
+}
+
+/// Runs `run` and streams its stdout through the snapshot pipeline into the store.
+async fn stream_from(
+    ctx: &Context,
+    Run {
+        pods,
+        pod,
+        container,
+        argv,
+        what,
+        wrapped,
+    }: Run<'_>,
     store: &Store,
     keys: &SnapshotKeys,
     upload_id: Option<&MultipartId>,
 ) -> Result<(Summary, Commit), SnapshotError> {
     store.delete_temp(keys).await?;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
-    let mounts: Vec<String> = sbx
-        .spec
-        .workspace
-        .mounts
-        .iter()
-        .map(|m| m.path.clone())
-        .collect();
-    let argv = remote::sh(remote::TAR_SCRIPT, remote::tar_args(&root, &mounts));
-    // The script waits for its stdin to end before it exits (see TAR_SCRIPT); it ends when
-    // the archive's end marker has arrived here, by dropping `release`.
+    // The command waits for its stdin to end before it exits (see TAR_SCRIPT, and the
+    // helper's `archive`); it ends when the archive's end marker has arrived here, by
+    // dropping `release`.
     let (release, held) = tokio::io::duplex(64);
     let mut release = Some(release);
-    let stream = exec::stream(
-        &pods,
-        pod,
-        CONTAINER,
-        ExecRequest::argv(argv)
+    let stream = if wrapped {
+        let req = ExecRequest::argv(argv)
             .timeout(TAR_TIMEOUT)
-            .stdin_reader(held),
-    )
-    .await
+            .stdin_reader(held);
+        exec::stream(pods, pod, container, req).await
+    } else {
+        exec::stream_unwrapped(pods, pod, container, argv, held).await
+    }
     .map_err(|e| {
         ctx.metrics.exec_failed(ExecOp::Snapshot, e.kind());
         SnapshotError::Source(format!("exec: {e}"))
     })?;
-    // Only the time spent waiting for the sandbox counts towards the deadline: a slow store
+    // Only the time spent waiting for the source counts towards the deadline: a slow store
     // is not the sandbox stalling.
     let chunks = Deadline::new(
-        Box::pin(archive_chunks(stream, ctx.metrics.clone())),
+        Box::pin(archive_chunks(stream, ctx.metrics.clone(), what)),
         ctx.config.stream_stall(),
     )
     .map(|item| item.unwrap_or_else(|stalled| Err(stalled.into())));
@@ -467,11 +641,12 @@ async fn stream_to_store(
     result
 }
 
-/// The archive `tar -c` writes to stdout, from its exec's events: its stderr kept for the
-/// error when it fails, stream errors counted in `metrics`.
+/// The archive the command `what` writes to stdout, from its exec's events: its stderr kept
+/// for the error when it fails, stream errors counted in `metrics`.
 fn archive_chunks(
     stream: exec::ExecStream,
     metrics: Arc<Metrics>,
+    what: &'static str,
 ) -> impl futures::Stream<Item = Result<Bytes, SnapshotError>> {
     let stderr = Arc::new(Mutex::new(exec::Capped::new(16 << 10)));
     stream.filter_map(move |ev| {
@@ -492,7 +667,7 @@ fn archive_chunks(
                         .map(|c| String::from_utf8_lossy(&c.buf).trim().to_string())
                         .unwrap_or_default();
                     Some(Err(SnapshotError::Source(format!(
-                        "tar -c ended with {status}{}: {text}",
+                        "{what} ended with {status}{}: {text}",
                         if timed_out { " (timed out)" } else { "" }
                     ))))
                 }

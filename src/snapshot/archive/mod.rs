@@ -56,6 +56,8 @@ mod validate;
 mod differential;
 #[cfg(test)]
 mod memory;
+#[cfg(test)]
+mod two_paths;
 
 use std::fmt;
 
