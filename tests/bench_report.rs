@@ -6,6 +6,9 @@
 
 #[path = "../benches/report/render.rs"]
 mod render;
+// The scale bench's kwok mode's decisions: pure, tested here with the renderer.
+#[path = "../benches/scale/kwok.rs"]
+mod kwok;
 // The scale bench's deletion rounds: pure, tested here with the renderer.
 #[path = "../benches/scale/rounds.rs"]
 mod rounds;
@@ -552,4 +555,127 @@ fn each_scale_size_has_its_rows_with_memory_per_sandbox_at_rest_and_after_a_rest
     )
     .expect("the document");
     assert!(!plain.contains("| Scale 500:"));
+}
+
+#[test]
+fn the_marginal_cost_per_sandbox_is_the_slope_between_two_sizes() {
+    // 20 MiB fixed + 20 KiB a sandbox: 29.5 MiB at 500, 59 MiB at 2,000. The average at 500
+    // is 60.4 KiB; the slope is the 20 KiB each one costs.
+    let slope = render::marginal_kib(500, 29.765625, 2000, 59.0625).expect("a slope");
+    assert!((slope - 20.0).abs() < 1e-9, "{slope}");
+    assert_eq!(render::marginal_kib(2000, 59.0, 500, 29.0), None);
+    assert_eq!(render::marginal_kib(500, 29.0, 500, 29.0), None);
+
+    let line = |n: u64, key: &str, value: f64| {
+        serde_json::json!({"bench": format!("scale_{n}"), "key": key, "value": value,
+            "unit": "MiB", "n": 3})
+        .to_string()
+    };
+    let lines = [
+        line(500, "rest_rss_mib", 30.0),
+        line(500, "restart_rss_mib", 31.0),
+        line(2000, "rest_rss_mib", 60.0),
+        line(2000, "restart_rss_mib", 61.0),
+        line(10_000, "rest_rss_mib", 300.0),
+        line(10_000, "restart_rss_mib", 351.0),
+    ];
+    let data = render::parse(&format!(
+        "{}\n{}\n",
+        full_run(&read(render::LAST_RUN)),
+        lines.join("\n")
+    ))
+    .expect("parse");
+    let doc = render::document(&data, &read(render::NOTES)).expect("the document");
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.contains("marginal memory per Suspended sandbox"))
+        .collect();
+    assert_eq!(rows.len(), 2, "one a pair of consecutive sizes: {rows:?}");
+    assert!(
+        rows[0].starts_with("| Scale 500 → 2000:") && rows[0].contains("| 20.5 / 20.5 KiB |"),
+        "{}",
+        rows[0]
+    );
+    assert!(rows[0].ends_with("| yes |"), "{}", rows[0]);
+    // (300 − 60) MiB / 8,000 = 30.72 KiB at rest, (351 − 61) / 8,000 = 37.12 after: over.
+    assert!(
+        rows[1].starts_with("| Scale 2000 → 10000:") && rows[1].contains("| 30.7 / 37.1 KiB |"),
+        "{}",
+        rows[1]
+    );
+    assert!(rows[1].ends_with("| **no** |"), "{}", rows[1]);
+}
+
+#[test]
+fn the_kwok_mode_keeps_its_pods_within_the_simulated_nodes_and_settles_on_initializing() {
+    assert!(kwok::fits(2000, 20, 2200).is_ok());
+    let err = kwok::fits(2000, 20, 2000).unwrap_err();
+    assert!(err.contains("do not fit on 20 simulated nodes"), "{err}");
+    let err = kwok::fits(1, 0, 0).unwrap_err();
+    assert!(err.contains("hack/cluster kwok up"), "{err}");
+
+    let place = kwok::placement();
+    assert_eq!(place["nodeSelector"][kwok::LABEL_KEY], kwok::LABEL_VALUE);
+    assert_eq!(place["tolerations"][0]["effect"], "NoSchedule");
+
+    let node = Some("agentbox-kwok-1");
+    assert!(kwok::settled(Some("Initializing"), node, Some(1), Some(1)));
+    assert!(
+        !kwok::settled(Some("Initializing"), node, Some(1), Some(2)),
+        "an older generation's status"
+    );
+    assert!(
+        !kwok::settled(Some("Initializing"), None, Some(1), Some(1)),
+        "no node yet"
+    );
+    assert!(!kwok::settled(Some("Pending"), node, Some(1), Some(1)));
+    assert!(!kwok::settled(None, node, None, None));
+
+    let line = |key: &str, value: f64| {
+        serde_json::json!({"bench": "scale_kwok_2000", "key": key, "value": value,
+            "unit": "", "n": 3})
+        .to_string()
+    };
+    let lines = [
+        line("reconcile_all_secs", 95.0),
+        line("create_secs", 20.0),
+        line("pods", 2020.0),
+        line("kwok_nodes", 20.0),
+        line("rest_rss_mib", 70.0),
+        line("restart_rss_mib", 72.0),
+        line("restart_peak_mib", 80.0),
+        line("rest_kib_per_sandbox", 25.0),
+        line("restart_reconciled_secs", 12.0),
+        line("rest_writes_per_min", 3.0),
+        line("restart_writes", 40.0),
+        line("restart_sandbox_writes", 0.0),
+        line("delete_all_secs", 30.0),
+        line("delete_pods_secs", 31.5),
+    ];
+    let data = render::parse(&format!(
+        "{}\n{}\n",
+        full_run(&read(render::LAST_RUN)),
+        lines.join("\n")
+    ))
+    .expect("parse");
+    let doc = render::document(&data, &read(render::NOTES)).expect("the document");
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.starts_with("| Scale, kwok 2000:"))
+        .collect();
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert!(
+        rows[0].contains("20 simulated nodes") && rows[0].contains("2020 pods"),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[1].contains("| 70.0 / 72.0 / 80.0 MiB |"),
+        "{}",
+        rows[1]
+    );
+    assert!(rows[3].contains("| 3.0 / 40 (0) |"), "{}", rows[3]);
+    assert!(rows[4].contains("| 30.0 / 31.5 s |"), "{}", rows[4]);
+    // The kwok bench is not taken for a Suspended size of its own.
+    assert!(!doc.contains("| Scale kwok_2000"), "{doc}");
 }
