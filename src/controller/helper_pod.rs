@@ -32,9 +32,14 @@ pub const HELPER_LABEL: &str = "agentbox.dev/helper";
 pub const ARCHIVE_CONTAINER: &str = "archive";
 /// The one capability an archive pod has: root reads and searches every file and directory of
 /// the workspace whatever its owner and mode (a non-root sandbox's workspace is `0700`, its
-/// files may be `000`), and nothing else: no write (the mount is read-only anyway), no chown,
-/// no `DAC_OVERRIDE`.
-pub const ARCHIVE_CAPS: &[&str] = &["DAC_READ_SEARCH"];
+/// files may be `000`). `DAC_OVERRIDE`, not `DAC_READ_SEARCH`: the latter also grants
+/// `open_by_handle_at(2)` (the runtime's default seccomp profile allows it to a holder of that
+/// capability), which opens any file of the mount's filesystem by its handle, past the
+/// mounted directory (the "shocker" container escape), and a harness allowed `pods/exec` in the
+/// namespace could run a program the sandbox left in its workspace in this pod. What
+/// `DAC_OVERRIDE` adds, writing, the read-only mount takes away; the sandbox's own container
+/// has it too.
+pub const ARCHIVE_CAPS: &[&str] = &["DAC_OVERRIDE"];
 
 /// Name of the pod that removes a sandbox's workspace directory from its node.
 pub fn cleanup_pod_name(sbx: &Sandbox) -> String {
