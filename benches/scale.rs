@@ -35,13 +35,7 @@
 //! root, no writable hierarchy), the limit is checked instead against the operator's `VmHWM`,
 //! and the output says which.
 //!
-//! With `BENCH_SCALE_KWOK=1` (scale/kwok.rs) the sandboxes are not suspended: each has a pod,
-//! placed on the simulated nodes of `hack/cluster kwok up` (the bench stops first if they do
-//! not fit), which kwok reports Running while nothing runs, so each stays `Initializing`; a
-//! sandbox counts as reconciled once its status says so for its generation, and the deletion
-//! is complete once their pods are gone too.
-//!
-//! Figures go to `BENCH_RESULTS` as JSON lines under the bench `scale_<N>` (`scale_kwok_<N>`).
+//! Figures go to `BENCH_RESULTS` as JSON lines under the bench `scale_<N>`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -58,8 +52,6 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 mod common;
-#[path = "scale/kwok.rs"]
-mod kwok;
 #[path = "scale/rounds.rs"]
 mod rounds;
 
@@ -91,90 +83,20 @@ fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
-/// Whether the operator has reconciled `s`: Suspended for its generation, or in the kwok mode
-/// Initializing on a node ([`kwok::settled`]).
-fn reconciled(s: &Sandbox, on_kwok: bool) -> bool {
+fn reconciled(s: &Sandbox) -> bool {
     let st = s.status.as_ref();
-    let observed = st.and_then(|st| st.observed_generation);
-    if on_kwok {
-        let phase = st.and_then(|st| st.phase).map(SandboxPhase::as_str);
-        let node = st.and_then(|st| st.node_name.as_deref());
-        return kwok::settled(phase, node, observed, s.metadata.generation);
-    }
-    st.and_then(|st| st.phase) == Some(SandboxPhase::Suspended) && observed == s.metadata.generation
+    st.and_then(|st| st.phase) == Some(SandboxPhase::Suspended)
+        && st.and_then(|st| st.observed_generation) == s.metadata.generation
 }
 
-/// The bench's sandbox `i`: Suspended, or in the kwok mode running on a simulated node.
-fn sandbox(i: usize, on_kwok: bool) -> Res<Sandbox> {
-    let mut spec = json!({"image": "docker.io/library/busybox:1.37",
-        "scope": {"kind": "Session", "agent": "bench", "session": format!("s-{i}")}});
-    if on_kwok {
-        if let (Some(spec), serde_json::Value::Object(place)) =
-            (spec.as_object_mut(), kwok::placement())
-        {
-            spec.extend(place);
-        }
-    } else {
-        spec["lifecycle"] = json!({"mode": "Suspended"});
-    }
+fn sandbox(i: usize) -> Res<Sandbox> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "agentbox.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": format!("s-{i:05}")},
-        "spec": spec,
+        "spec": {"image": "docker.io/library/busybox:1.37",
+            "scope": {"kind": "Session", "agent": "bench", "session": format!("s-{i}")},
+            "lifecycle": {"mode": "Suspended"}},
     }))?)
-}
-
-/// The Ready simulated nodes and the pods they take in all (`allocatable.pods`).
-async fn kwok_capacity(client: &kube::Client) -> Res<(usize, u64)> {
-    use k8s_openapi::api::core::v1::Node;
-    let nodes: Api<Node> = Api::all(client.clone());
-    let lp = ListParams::default().labels(&kwok::selector());
-    let (mut ready, mut pods) = (0, 0);
-    for node in nodes.list(&lp).await?.items {
-        let st = node.status.unwrap_or_default();
-        let is_ready = st
-            .conditions
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        if !is_ready {
-            continue;
-        }
-        ready += 1;
-        pods += st
-            .allocatable
-            .and_then(|a| a.get("pods").and_then(|q| q.0.parse::<u64>().ok()))
-            .unwrap_or(0);
-    }
-    Ok((ready, pods))
-}
-
-/// The pods in `ns` other than the chart's (its operator and proxy, installed there as the
-/// release `ns`): the sandboxes' and the helpers'.
-async fn pod_count(client: &kube::Client, ns: &str) -> Res<usize> {
-    use k8s_openapi::api::core::v1::Pod;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance!={ns}"));
-    Ok(pods.list_metadata(&lp).await?.items.len())
-}
-
-/// Waits (up to `wait`) until `ns` has no pod: the time that took.
-async fn pods_gone(client: &kube::Client, ns: &str, wait: Duration) -> Res<Duration> {
-    let t = Instant::now();
-    loop {
-        let left = pod_count(client, ns).await?;
-        if left == 0 {
-            return Ok(t.elapsed());
-        }
-        if t.elapsed() > wait {
-            return Err(format!(
-                "{left} pods still in {ns} {} s after their sandboxes",
-                wait.as_secs()
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// The chart's default memory limit in MiB (`resources.limits.memory` of
@@ -881,8 +803,6 @@ struct Settings {
     limit_mib: u64,
     /// The chart's operator pod (`BENCH_SCALE_IMAGE`) instead of a process of this build.
     chart: bool,
-    /// Sandboxes with pods on simulated nodes (`BENCH_SCALE_KWOK=1`, scale/kwok.rs).
-    on_kwok: bool,
 }
 
 #[tokio::main]
@@ -908,16 +828,9 @@ async fn main() -> Res<()> {
             None => chart_limit_mib()?,
         },
         chart: image.is_some(),
-        on_kwok: std::env::var("BENCH_SCALE_KWOK").is_ok_and(|v| v == "1"),
     };
     let audit = audit_log()?;
     let client = agentbox_api::kube_client().await?;
-    if set.on_kwok {
-        // Before anything is made: the bench's pods stay within the simulated nodes' room.
-        let (nodes, pods) = kwok_capacity(&client).await?;
-        kwok::fits(set.n, nodes, pods)?;
-        eprintln!("kwok mode: {nodes} simulated nodes Ready, {pods} pods allocatable");
-    }
     let cleanup = namespace(&client, "bench-scale").await?;
     let ns = cleanup.1.clone();
     let (mut release, mut op) = match &image {
@@ -965,18 +878,8 @@ async fn measure(
         inflight,
         limit_mib,
         chart,
-        on_kwok,
     } = *set;
-    let bench = if on_kwok {
-        format!("scale_kwok_{n}")
-    } else {
-        format!("scale_{n}")
-    };
-    let what = if on_kwok {
-        "sandboxes on simulated nodes"
-    } else {
-        "Suspended sandboxes"
-    };
+    let bench = format!("scale_{n}");
     let enforced = op.as_ref().is_some_and(Op::enforced);
     let pid = op.as_ref().map_or(0, Op::pid);
     let ticks = clock_ticks();
@@ -990,7 +893,7 @@ async fn measure(
         "checked against VmHWM"
     };
     eprintln!(
-        "operator pid {pid} leads in {ns} ({limit_mib} MiB limit, {where_}); creating {n} {what}"
+        "operator pid {pid} leads in {ns} ({limit_mib} MiB limit, {where_}); creating {n} Suspended sandboxes"
     );
 
     // The watch is open before the first create, so no status is missed.
@@ -1005,7 +908,7 @@ async fn measure(
         .map(|i| {
             let (sbxs, created_at) = (&sbxs, &created_at);
             async move {
-                let s = sandbox(i, on_kwok)?;
+                let s = sandbox(i)?;
                 let t = Instant::now();
                 sbxs.create(&PostParams::default(), &s).await?;
                 created_at
@@ -1033,7 +936,7 @@ async fn measure(
                     continue;
                 }
             };
-            if reconciled(&s, on_kwok) {
+            if reconciled(&s) {
                 done.entry(s.name_any()).or_insert_with(Instant::now);
             }
         }
@@ -1061,7 +964,6 @@ async fn measure(
     // Let the last writes land and the queue settle before the window at rest opens.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let reconcile_end = Timestamp::now();
-    let pods = pod_count(client, ns).await?;
 
     let (cpu_a, idle_start) = (cpu_secs(pid, ticks), Timestamp::now());
     let t_idle = Instant::now();
@@ -1106,8 +1008,6 @@ async fn measure(
     // server cuts a long one off); done when the last finalizer is gone.
     let del_start = Timestamp::now();
     let (delete_time, delete_rounds) = delete_all(sbxs, Duration::from_secs(900)).await?;
-    // Their pods too (the kwok mode's: kwok removes a deleted pod at once).
-    let delete_pods_time = delete_time + pods_gone(client, ns, Duration::from_secs(300)).await?;
     let del_end = Timestamp::now();
     let last_pid = op.as_ref().map_or(0, Op::pid);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -1158,7 +1058,7 @@ async fn measure(
 
     println!();
     println!(
-        "{n} {what}, one operator at a time under a {limit_mib} MiB limit ({where_}); {pods} pods in the namespace once reconciled:"
+        "{n} Suspended sandboxes, one operator at a time under a {limit_mib} MiB limit ({where_}):"
     );
     println!(
         "  created in {:.1} s ({:.0}/s, {inflight} in flight); all reconciled {:.1} s after the first create",
@@ -1208,9 +1108,8 @@ async fn measure(
         "  restarts: {restart_writes} operator writes ({restart_sandbox_writes} to Sandboxes) {restart_kinds:?}"
     );
     println!(
-        "  deletecollection → all gone {:.1} s ({delete_rounds} requests), their pods too {:.1} s; operator writes {w_delete}: {k_delete:?}; its RSS 5 s later {:.1} MiB",
+        "  deletecollection → all gone {:.1} s ({delete_rounds} requests); operator writes {w_delete}: {k_delete:?}; its RSS 5 s later {:.1} MiB",
         delete_time.as_secs_f64(),
-        delete_pods_time.as_secs_f64(),
         mib(rss_deleted)
     );
 
@@ -1273,13 +1172,6 @@ async fn measure(
         n64,
     );
     emit(b, "deleted_rss_mib", mib(rss_deleted), "MiB", n64);
-    emit(b, "pods", pods as f64, "pods", n64);
-    let pods_secs = delete_pods_time.as_secs_f64();
-    emit(b, "delete_pods_secs", pods_secs, "s", n64);
-    if on_kwok {
-        let (nodes, _) = kwok_capacity(client).await?;
-        emit(b, "kwok_nodes", nodes as f64, "nodes", n64);
-    }
 
     // The limit, where no cgroup enforced it: the peak must have stayed under it.
     let peak_all = restart_peak.max(peak_first);

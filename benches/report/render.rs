@@ -303,17 +303,6 @@ impl Figures {
         sizes.dedup();
         sizes
     }
-    /// The sizes the scale bench's kwok mode ran at (benches `scale_kwok_<n>`), smallest first.
-    fn kwok_sizes(&self) -> Vec<u64> {
-        let mut sizes: Vec<u64> = self
-            .0
-            .keys()
-            .filter_map(|(b, _)| b.strip_prefix("scale_kwok_")?.parse().ok())
-            .collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        sizes
-    }
 }
 
 /// One line of the table.
@@ -955,10 +944,6 @@ pub fn rows(f: &Figures) -> Vec<Row> {
     for n in f.scale_sizes() {
         out.extend(scale_rows(f, n));
     }
-    out.extend(marginal_rows(f));
-    for n in f.kwok_sizes() {
-        out.extend(kwok_rows(f, n));
-    }
     out.extend(idle_rows(f));
     out
 }
@@ -1084,110 +1069,6 @@ fn scale_rows(f: &Figures, n: u64) -> Vec<Row> {
                 (Some(r), None) => format!("{r:.0} requests"),
                 (None, None) => "—".into(),
             },
-        ));
-    }
-    out
-}
-
-/// The marginal memory of one more Sandbox between two sizes `a` < `b` of the same run, in KiB:
-/// the slope of the operator's RSS, `(RSS(b) − RSS(a)) / (b − a)`, from RSS in MiB. Beside the
-/// per-Sandbox average it leaves out the fixed part (the process with no Sandbox, about 20 MiB),
-/// which dominates the average at small sizes. `None` when the sizes are not increasing.
-pub fn marginal_kib(a: u64, rss_a_mib: f64, b: u64, rss_b_mib: f64) -> Option<f64> {
-    (b > a).then(|| (rss_b_mib - rss_a_mib) * 1024.0 / (b - a) as f64)
-}
-
-/// Issue 44's marginal cost per Suspended Sandbox, at rest and after a restart, between each
-/// two consecutive sizes of the scale bench (one run's figures): the target is the same 30 KiB.
-fn marginal_rows(f: &Figures) -> Vec<Row> {
-    let sizes = f.scale_sizes();
-    let mut out = Vec::new();
-    for pair in sizes.windows(2) {
-        let (a, b) = (pair[0], pair[1]);
-        let rss = |n: u64, key: &str| f.get(&format!("scale_{n}"), key);
-        let (Some(rest), Some(after)) = (
-            rss(a, "rest_rss_mib")
-                .zip(rss(b, "rest_rss_mib"))
-                .and_then(|(x, y)| marginal_kib(a, x, b, y)),
-            rss(a, "restart_rss_mib")
-                .zip(rss(b, "restart_rss_mib"))
-                .and_then(|(x, y)| marginal_kib(a, x, b, y)),
-        ) else {
-            continue;
-        };
-        out.push(Row {
-            target: "≤ 30 KiB",
-            met: Some(rest <= 30.0 && after <= 30.0),
-            ..row(
-                format!(
-                    "Scale {a} → {b}: marginal memory per Suspended sandbox (slope of the RSS), at rest / after a restart"
-                ),
-                format!("{rest:.1} / {after:.1} KiB"),
-                "—".into(),
-            )
-        });
-    }
-    out
-}
-
-/// The scale bench's kwok mode (bench `scale_kwok_<n>`): `n` Sandboxes, not suspended, placed on
-/// simulated nodes (`hack/cluster kwok up`) whose pods kwok reports Running while nothing runs:
-/// the operator's memory, API writes and queueing with thousands of pods and nodes.
-fn kwok_rows(f: &Figures, n: u64) -> Vec<Row> {
-    let bench = format!("scale_kwok_{n}");
-    let c = |k: &str| f.get(&bench, k);
-    let nodes = c("kwok_nodes").map_or(String::new(), |x| format!(", {x:.0} simulated nodes"));
-    let mut out = Vec::new();
-    if let (Some(all), Some(create), Some(pods)) =
-        (c("reconcile_all_secs"), c("create_secs"), c("pods"))
-    {
-        out.push(row(
-            format!("Scale, kwok {n}: sandboxes with a pod on simulated nodes, first create → all Initializing{nodes}"),
-            format!("{all:.1} s"),
-            format!("the creates alone {create:.1} s; {pods:.0} pods in the namespace"),
-        ));
-    }
-    if let (Some(rest), Some(after), Some(peak), Some(per)) = (
-        c("rest_rss_mib"),
-        c("restart_rss_mib"),
-        c("restart_peak_mib"),
-        c("rest_kib_per_sandbox"),
-    ) {
-        let restarts = f.n(&bench, "restart_rss_mib");
-        out.push(row(
-            format!("Scale, kwok {n}: operator RSS at rest / after a restart / restart's peak (worst of {restarts})"),
-            format!("{rest:.1} / {after:.1} / {peak:.1} MiB"),
-            format!("{per:.1} KiB per sandbox with its pod at rest"),
-        ));
-    }
-    if let Some(t) = c("restart_reconciled_secs") {
-        let restarts = f.n(&bench, "restart_reconciled_secs");
-        out.push(row(
-            format!(
-                "Scale, kwok {n}: restart → every sandbox reconciled (worst of {restarts} in a row)"
-            ),
-            format!("{t:.1} s"),
-            "—".into(),
-        ));
-    }
-    if let (Some(rest), Some(all), Some(sbx)) = (
-        c("rest_writes_per_min"),
-        c("restart_writes"),
-        c("restart_sandbox_writes"),
-    ) {
-        out.push(row(
-            format!(
-                "Scale, kwok {n}: API writes at rest (per min) / during the restarts (to Sandboxes)"
-            ),
-            format!("{rest:.1} / {all:.0} ({sbx:.0})"),
-            "—".into(),
-        ));
-    }
-    if let (Some(d), Some(p)) = (c("delete_all_secs"), c("delete_pods_secs")) {
-        out.push(row(
-            format!("Scale, kwok {n}: deletecollection → all sandboxes gone / their pods too"),
-            format!("{d:.1} / {p:.1} s"),
-            "—".into(),
         ));
     }
     out
@@ -1494,14 +1375,7 @@ const METHOD: &str = "\
   (`VmRSS`), beside the container cgroup's working set (usage less inactive file pages) and its
   peak usage; memory per sandbox is (RSS − the RSS of an operator with none) / n; writes during
   a restart are the operator's from the rollout to the end of that window, those to Sandboxes
-  apart. The marginal rows `Scale a → b` are the slope of the RSS between two sizes of the run,
-  (RSS(b) − RSS(a)) / (b − a): the cost of one more Sandbox without the fixed part of the
-  process, which dominates the average at small sizes. The rows `Scale, kwok <n>` are the same
-  bench with sandboxes that are not suspended, each with a pod on simulated nodes
-  (`hack/cluster kwok up`, `BENCH_SCALE_KWOK_PODS`): kwok reports the pods Running while nothing
-  runs in them, so each sandbox stays `Initializing` (its workspace's exec is refused), and
-  reconciled = phase `Initializing` on a node with `observedGeneration` current; the deletion
-  ends when their pods are gone too.
+  apart.
 
 Timings share the machine with the whole cluster (API server, etcd, kubelet, containerd) and
 with whatever else runs on it; figures from a busy machine are slower, not wrong in kind.
