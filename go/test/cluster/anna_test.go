@@ -376,11 +376,7 @@ func TestAnnaSessionEndsWhenItsGuardIsLost(t *testing.T) {
 	}
 	defer s.Close()
 	name := agentbox.LeaseName(agentbox.ScopeKey(f.Scope))
-	lease, err := dyn.Resource(lseGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
-	must(t, err)
-	lease.Object["spec"].(map[string]any)["holderIdentity"] = "another-runner"
-	_, err = dyn.Resource(lseGVR).Namespace(ns).Update(ctx, lease, metav1.UpdateOptions{})
-	must(t, err)
+	must(t, takeLease(ctx, name, "another-runner"))
 	select {
 	case <-s.Done():
 	case <-time.After(15 * time.Second):
