@@ -224,12 +224,51 @@ async fn a_sandbox_lives_its_whole_life_under_gvisor() {
     let before = listing(&env, &pod_g).await;
     assert!(before.contains("L ./d/l e/f"), "{before}");
 
-    // A snapshot, restored into a new gVisor sandbox of the same scope (branch C).
+    // A snapshot, restored into a new gVisor sandbox of the same scope (branch C), extracted
+    // on the node by the helper's restore pod, not by the sandbox's `tar` through gVisor.
     take_snapshot(&env, "s1", "g", "Delete").await;
+    let restore_pods = {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let (seen2, pods) = (seen.clone(), pods.clone());
+        let selector = format!(
+            "{}=restore",
+            agentbox_operator::controller::helper_pod::HELPER_LABEL
+        );
+        let task = tokio::spawn(async move {
+            let config = watcher::Config::default().labels(&selector);
+            let mut w = watcher(pods, config).boxed();
+            while let Some(ev) = w.next().await {
+                if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev {
+                    let mut s = seen2.lock().expect("seen");
+                    let n = kube::ResourceExt::name_any(&p);
+                    if !s.contains(&n) {
+                        s.push(n);
+                    }
+                }
+            }
+        });
+        (seen, task)
+    };
     create_sandbox(&env, "g2", spec("alice", Some("gvisor")))
         .await
         .expect("create g2");
     let g2 = ready(&env, "g2").await;
+    restore_pods.1.abort();
+    let seen = restore_pods.0.lock().expect("seen").clone();
+    let uid = kube::ResourceExt::uid(&g2).expect("uid");
+    let restore_pod = format!("sbx-restore-{uid}");
+    assert_eq!(seen, vec![restore_pod.clone()], "restore pods seen");
+    // The restore pod goes with the restore.
+    let gone =
+        kube::runtime::wait::await_condition(pods.clone(), &restore_pod, |p: Option<&Pod>| {
+            p.is_none()
+        });
+    tokio::time::timeout(Duration::from_secs(60), gone)
+        .await
+        .expect("the restore pod is deleted")
+        .expect("watch");
     let st = g2.status.as_ref().expect("status");
     assert_eq!(
         st.workspace.as_ref().and_then(|w| w.last_start_branch),

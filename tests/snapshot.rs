@@ -754,19 +754,28 @@ async fn suspended(kind: Kind) {
         .await;
     gone_pod(&env, &pod_a, 120).await;
 
-    // Every pod of the sandbox that appears from now until the snapshot is Ready (the
-    // namespace's network check has pods of its own, of no sandbox).
+    // Every pod of the sandbox, or archive pod, that appears from now until the snapshot is
+    // Ready (the namespace's network check has pods of its own, of no sandbox). The archive
+    // pod must not carry the sandbox's label: the sandbox's Service selects by it.
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let watch = {
         let seen = seen.clone();
         let pods = env.api::<Pod>();
-        let of_a = format!("{}={}", labels::SANDBOX, labels::sandbox_label_value("a"));
+        let of_a = labels::sandbox_label_value("a");
+        let helper = agentbox_operator::controller::helper_pod::HELPER_LABEL;
         tokio::spawn(async move {
-            let config = watcher::Config::default().labels(&of_a);
-            let mut w = watcher(pods, config).boxed();
+            let mut w = watcher(pods, watcher::Config::default()).boxed();
             while let Some(ev) = w.next().await {
                 if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev {
-                    let n = p.name_any();
+                    let l = p.labels();
+                    let archive = l.get(helper).map(String::as_str) == Some("archive");
+                    let n = if archive && l.contains_key(labels::SANDBOX) {
+                        format!("{} (with the sandbox's label)", p.name_any())
+                    } else if archive || l.get(labels::SANDBOX) == Some(&of_a) {
+                        p.name_any()
+                    } else {
+                        continue;
+                    };
                     let mut s = seen.lock().expect("seen");
                     if !s.contains(&n) {
                         s.push(n);

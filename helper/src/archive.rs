@@ -429,20 +429,24 @@ pub fn linger(limit: std::time::Duration) {
     let _ = rx.recv_timeout(limit);
 }
 
+/// A fresh initialised workspace for the tests (`.agentbox/marker` in it), named for `name`
+/// and this process.
+#[cfg(test)]
+pub(crate) fn scratch_workspace(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("agentbox-helper-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(d.join(STATE_DIR)).unwrap();
+    std::fs::write(d.join(MARKER), "uid").unwrap();
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
     fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "agentbox-helper-archive-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(d.join(STATE_DIR)).unwrap();
-        std::fs::write(d.join(MARKER), "uid").unwrap();
-        d
+        scratch_workspace(&format!("archive-{name}"))
     }
 
     /// A member's path, type, link name and data.

@@ -19,6 +19,9 @@
 //! - [`Job::Archive`]: write a tar of a workspace to stdout, read on the node without ever
 //!   following a symbolic link (see [`archive`]), for the operator to take a snapshot without
 //!   the sandbox's pod (the operator runs it with `exec` in a pod holding [`Job::Hold`]);
+//! - [`Job::Extract`]: extract the operator's canonical archive (stdin) into a new staging
+//!   directory of a workspace on the node, never following a symbolic link (see [`extract`]),
+//!   for a restore that does not run through the sandbox's pod;
 //! - [`Job::Hold`]: do nothing for a while, as the main process of such a pod;
 //! - [`Job::Pids`]: set the process limit (`pids.max`) of the pod it runs in, as the first init
 //!   container of a sandbox pod, before any of the sandbox's code runs (the kubelet's own
@@ -37,6 +40,7 @@
 #![deny(unsafe_code)]
 
 pub mod archive;
+pub mod extract;
 pub mod quota;
 
 use std::fmt;
@@ -122,6 +126,14 @@ pub enum Job {
         /// The workspace (the helper's read-only mount of it).
         dir: PathBuf,
     },
+    /// Extract the canonical archive on stdin into `dir/.agentbox/staging-<id>`
+    /// ([`extract::extract`]), for the operator to swap in.
+    Extract {
+        /// The workspace (the helper's read-write mount of it).
+        dir: PathBuf,
+        /// The restore's id (letters, digits, `-`, `_`).
+        id: String,
+    },
     /// Sleep `secs` seconds, then end: the main process of a pod the operator runs
     /// [`Job::Archive`] in with `exec` (bounded, so a pod the operator lost ends by itself).
     Hold {
@@ -169,6 +181,9 @@ pub enum Error {
     Changed(PathBuf),
     /// A directory to archive has no workspace marker (lost or never initialised).
     NotAWorkspace(PathBuf),
+    /// An archive to extract holds what cannot be restored (a path that is not plain and
+    /// relative, a member that is not a file, directory or symbolic link).
+    BadArchive(String),
     /// A directory that must be root's is not.
     NotRootOwned {
         /// The directory.
@@ -200,6 +215,7 @@ impl fmt::Display for Error {
                 f,
                 "the workspace size limit cannot be enforced and this operator refuses to only measure it: {why}"
             ),
+            Error::BadArchive(why) => write!(f, "the archive cannot be restored: {why}"),
             Error::NotRootOwned { path, uid } => write!(
                 f,
                 "{} is owned by uid {uid}, not root: refusing to use it as a workspace parent",
@@ -258,6 +274,9 @@ impl Job {
                 fallback.as_str().into(),
             ],
             Job::Archive { dir } => vec!["archive".into(), dir.display().to_string()],
+            Job::Extract { dir, id } => {
+                vec!["extract".into(), dir.display().to_string(), id.clone()]
+            }
             Job::Hold { secs } => vec!["hold".into(), secs.to_string()],
             Job::Watch {
                 dir,
@@ -279,7 +298,7 @@ impl Job {
             Error::Usage(
                 "agentbox-helper remove ROOT NAME... | prepare DIR | own DIR UID GID | list DIR [SKIP...] \
                  | prune ROOT NAME... | pids DIR LIMIT | quota ROOT NAME BYTES measure|refuse \
-                 | watch DIR BYTES SECONDS | archive DIR | hold SECONDS"
+                 | watch DIR BYTES SECONDS | archive DIR | extract DIR ID | hold SECONDS"
                     .into(),
             )
         };
@@ -348,6 +367,14 @@ impl Job {
                 })?,
             }),
             [job, dir] if job == "archive" => Ok(Job::Archive { dir: path(dir)? }),
+            [job, dir, id] if job == "extract" => Ok(Job::Extract {
+                dir: path(dir)?,
+                id: if extract::is_staging_id(id) {
+                    id.clone()
+                } else {
+                    return Err(Error::Usage(format!("{id:?} is not a staging id")));
+                },
+            }),
             [job, secs] if job == "hold" => Ok(Job::Hold {
                 secs: positive(secs)?,
             }),
@@ -374,6 +401,15 @@ impl Job {
                 // Only a whole archive has an end marker to wait for.
                 archive::linger(std::time::Duration::from_secs(600));
                 Ok(report)
+            }
+            Job::Extract { dir, id } => {
+                let input = std::io::BufReader::with_capacity(256 << 10, std::io::stdin().lock());
+                let outcome = extract::extract(dir, id, input);
+                // The operator ends stdin once it has sent the whole archive: read to that end
+                // (also after a failure), so the report is out before the exec ends (output
+                // still on its way when an exec's process exits can be dropped).
+                archive::linger(std::time::Duration::from_secs(600));
+                outcome
             }
             Job::Hold { secs } => {
                 std::thread::sleep(std::time::Duration::from_secs(*secs));
@@ -860,6 +896,10 @@ mod tests {
             Job::Archive {
                 dir: "/workspace".into(),
             },
+            Job::Extract {
+                dir: "/workspace".into(),
+                id: "0123abcd".into(),
+            },
             Job::Hold { secs: 600 },
         ] {
             assert_eq!(Job::parse(&job.to_args()).unwrap(), job);
@@ -875,6 +915,9 @@ mod tests {
             &["watch", "ws", "1", "1"],
             &["archive", "/ws/../etc"],
             &["archive", "ws"],
+            &["extract", "/ws", "../x"],
+            &["extract", "/ws", ""],
+            &["extract", "ws", "id"],
             &["hold", "0"],
         ] {
             assert!(Job::parse(&args(bad)).is_err(), "{bad:?}");

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use super::placement::NodeDir;
 use super::pod::{
     HelperImage, PREPARE_CAPS, PodConfig, REMOVE_CAPS, helper_container, namespace_host_path,
-    owned_labels, owner_ref, runtime_default,
+    owner_ref, runtime_default,
 };
 use agentbox_api::crd::{Sandbox, SandboxPool, SandboxSnapshot, SandboxSpec};
 use agentbox_api::labels;
@@ -40,6 +40,25 @@ pub const ARCHIVE_CONTAINER: &str = "archive";
 /// `DAC_OVERRIDE` adds, writing, the read-only mount takes away; the sandbox's own container
 /// has it too.
 pub const ARCHIVE_CAPS: &[&str] = &["DAC_OVERRIDE"];
+/// The container of a restore pod (see [`build_restore_pod`]), the one the operator execs in.
+pub const RESTORE_CONTAINER: &str = "restore";
+/// What a restore pod's root needs to write a workspace as the sandbox's own `tar -x` would:
+/// enter and write its directories whatever their owner and mode (`DAC_OVERRIDE`), give what
+/// it makes to the sandbox's user (`CHOWN`), then set the modes and times of what is no longer
+/// its own (`FOWNER`). No `FSETID`: the canonical archive carries no setuid or setgid bit, and
+/// without it none can be set on a file of another owner. No `DAC_READ_SEARCH` (see
+/// [`ARCHIVE_CAPS`]). The sandbox's own container under runc has all three.
+pub const RESTORE_CAPS: &[&str] = &["CHOWN", "DAC_OVERRIDE", "FOWNER"];
+
+/// The labels of one of a sandbox's helper pods (`job`: `remove`, `archive`): its scope's
+/// labels (so the operator's watch of its own pods sees it) and the job, but not the
+/// sandbox's own [`labels::SANDBOX`] label, which is what the sandbox's Service, egress
+/// policy and "the sandbox's pod" select by: a helper pod is never taken for the sandbox.
+fn sandbox_helper_labels(sbx: &Sandbox, job: &str) -> BTreeMap<String, String> {
+    let mut l = labels::scope_labels(&sbx.spec.scope);
+    l.insert(HELPER_LABEL.into(), job.into());
+    l
+}
 
 /// Name of the pod that removes a sandbox's workspace directory from its node.
 pub fn cleanup_pod_name(sbx: &Sandbox) -> String {
@@ -89,6 +108,8 @@ enum HelperMount<'a> {
     /// archive it: nothing of the namespace's other workspaces. It must exist (a missing one
     /// is not created empty).
     WorkspaceReadOnly(&'a str),
+    /// The same, read-write, to extract a restore into it.
+    Workspace(&'a str),
 }
 
 impl HelperMount<'_> {
@@ -103,15 +124,20 @@ impl HelperMount<'_> {
             HelperMount::NodeRoot | HelperMount::NodeRootReadOnly => {
                 ("namespace", NAMESPACE_MOUNT, node_root.to_string())
             }
-            HelperMount::WorkspaceReadOnly(dir) => ("workspace", WORKSPACE_MOUNT, dir.to_string()),
+            HelperMount::WorkspaceReadOnly(dir) | HelperMount::Workspace(dir) => {
+                ("workspace", WORKSPACE_MOUNT, dir.to_string())
+            }
         };
-        let read_only = !matches!(self, HelperMount::Namespace | HelperMount::NodeRoot);
+        let read_only = !matches!(
+            self,
+            HelperMount::Namespace | HelperMount::NodeRoot | HelperMount::Workspace(_)
+        );
         // A namespace directory removed by hand must not leave the pod stuck on its mount; an
         // empty one created here holds nothing (and `prepare` makes it root-only once a
         // sandbox of the namespace starts on the node). A workspace is never made: an empty
         // one would be archived as the sandbox's.
         let type_ = match self {
-            HelperMount::WorkspaceReadOnly(_) => "Directory",
+            HelperMount::WorkspaceReadOnly(_) | HelperMount::Workspace(_) => "Directory",
             _ => "DirectoryOrCreate",
         };
         let volume = Volume {
@@ -227,8 +253,7 @@ pub fn build_cleanup_pod(
         root: NAMESPACE_MOUNT.into(),
         names: vec![dir.to_string()],
     };
-    let mut labels = owned_labels(sbx);
-    labels.insert(HELPER_LABEL.into(), "remove".into());
+    let labels = sandbox_helper_labels(sbx, "remove");
     // Not owned: a foreground deletion of the sandbox would have the garbage collector remove
     // it before it ran. The reconciler deletes it once it has succeeded.
     let work = Work {
@@ -265,8 +290,7 @@ pub fn build_archive_pod(
     hold_secs: u64,
 ) -> Option<Pod> {
     let helper = cfg.helper.as_ref()?;
-    let mut labels = owned_labels(sbx);
-    labels.insert(HELPER_LABEL.into(), "archive".into());
+    let labels = sandbox_helper_labels(sbx, "archive");
     let work = Work {
         name: archive_pod_name(snap),
         node: at.node,
@@ -284,6 +308,59 @@ pub fn build_archive_pod(
         vec![o]
     });
     Some(pod)
+}
+
+/// Name of the pod that extracts a restore into a sandbox's workspace: one per sandbox (its
+/// uid), since a sandbox restores one snapshot at a time, under its scope's guard.
+pub fn restore_pod_name(sbx: &Sandbox) -> String {
+    format!("sbx-restore-{}", sbx.uid().unwrap_or_default())
+}
+
+/// The pod in which the operator runs the helper's `extract` job into the workspace `at.dir`
+/// of `sbx` on `at.node`, by exec, for a restore (see the restore's choice of path): that
+/// directory alone mounted read-write, root with [`RESTORE_CAPS`] only, no service account
+/// token, the runtime's default seccomp profile and no runtime class (the trusted helper runs
+/// under the node's default runtime whatever runtime the sandbox has). Its main process holds
+/// for `hold_secs`, so a pod the operator lost ends by itself; it is owned by the sandbox (not
+/// as controller: it is not the sandbox's pod), so it goes with it; the operator deletes it
+/// when the restore ends. `None` without a helper image.
+pub fn build_restore_pod(
+    sbx: &Sandbox,
+    cfg: &PodConfig<'_>,
+    at: NodeDir<'_>,
+    hold_secs: u64,
+) -> Option<Pod> {
+    let helper = cfg.helper.as_ref()?;
+    let work = Work {
+        name: restore_pod_name(sbx),
+        node: at.node,
+        kind: RESTORE_CONTAINER,
+        job: agentbox_helper::Job::Hold { secs: hold_secs },
+        caps: RESTORE_CAPS,
+        mount: HelperMount::Workspace(at.dir),
+        labels: sandbox_helper_labels(sbx, "restore"),
+    };
+    let mut pod = sandbox_helper_pod(sbx, cfg, helper, work);
+    pod.metadata.owner_references = owner_ref(sbx).map(|mut o| {
+        o.controller = None;
+        o.block_owner_deletion = None;
+        vec![o]
+    });
+    Some(pod)
+}
+
+/// The helper's command line that extracts the archive on its stdin into the staging
+/// directory `id` of a restore pod's workspace.
+pub fn extract_argv(id: &str) -> Vec<String> {
+    let mut argv = vec![agentbox_helper::BIN.to_string()];
+    argv.extend(
+        agentbox_helper::Job::Extract {
+            dir: WORKSPACE_MOUNT.into(),
+            id: id.to_string(),
+        }
+        .to_args(),
+    );
+    argv
 }
 
 /// The helper's command line that writes the archive of an archive pod's workspace.
@@ -590,10 +667,11 @@ mod tests {
         assert_eq!(owners.len(), 1);
         assert_eq!(owners[0].uid, "snap-uid");
         assert_eq!(owners[0].kind, "SandboxSnapshot");
-        assert_eq!(
-            pod.metadata.labels.as_ref().unwrap()[HELPER_LABEL],
-            "archive"
-        );
+        let l = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(l[HELPER_LABEL], "archive");
+        // Never taken for the sandbox's pod (its Service selects by this label).
+        assert!(!l.contains_key(labels::SANDBOX), "{l:?}");
+        assert_eq!(l[labels::MANAGED_BY], labels::MANAGER);
         let spec = pod.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-a"));
         assert_eq!(spec.automount_service_account_token, Some(false));
@@ -645,6 +723,57 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_pod_writes_only_this_workspace_with_three_capabilities() {
+        let mut sbx = sandbox(serde_json::json!({}));
+        sbx.metadata.uid = Some("sbx-uid".into());
+        let at = NodeDir {
+            node: "node-a",
+            dir: "/w/team/1234-uid",
+        };
+        let pod = build_restore_pod(&sbx, &cfg("/w"), at, 900).unwrap();
+        assert_eq!(pod.metadata.name.as_deref(), Some("sbx-restore-sbx-uid"));
+        let owners = pod.metadata.owner_references.as_ref().unwrap();
+        assert_eq!(
+            (owners.len(), owners[0].kind.as_str(), owners[0].controller),
+            (1, "Sandbox", None),
+            "owned, but not the sandbox's pod"
+        );
+        let l = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(l[HELPER_LABEL], "restore");
+        assert!(!l.contains_key(labels::SANDBOX), "{l:?}");
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+        assert_eq!(spec.runtime_class_name, None, "runc, not gVisor");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let vols = spec.volumes.unwrap();
+        let host = vols[0].host_path.as_ref().unwrap();
+        assert_eq!(
+            (vols.len(), host.path.as_str(), host.type_.as_deref()),
+            (1, "/w/team/1234-uid", Some("Directory"))
+        );
+        let c = &spec.containers[0];
+        assert_eq!(c.name, RESTORE_CONTAINER);
+        assert_least_privilege(c, RESTORE_CAPS);
+        let m = &c.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (WORKSPACE_MOUNT, None)
+        );
+        assert_eq!(
+            agentbox_helper::Job::parse(&extract_argv("0a1b")[1..]).unwrap(),
+            agentbox_helper::Job::Extract {
+                dir: WORKSPACE_MOUNT.into(),
+                id: "0a1b".into()
+            }
+        );
+        let none = PodConfig {
+            helper: None,
+            ..cfg("/w")
+        };
+        assert!(build_restore_pod(&sbx, &none, at, 900).is_none());
+    }
+
+    #[test]
     fn cleanup_pod_runs_the_helper_on_this_workspace_only() {
         let sbx = sandbox(serde_json::json!({"tolerations": [
             {"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}
@@ -659,6 +788,9 @@ mod tests {
             cleanup_pod_name(&sbx),
         )
         .unwrap();
+        let l = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(l[HELPER_LABEL], "remove");
+        assert!(!l.contains_key(labels::SANDBOX), "{l:?}");
         let spec = pod.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-a"));
         assert_eq!(spec.automount_service_account_token, Some(false));

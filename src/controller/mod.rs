@@ -9,6 +9,7 @@ pub mod credential_status;
 pub mod domain_egress;
 pub mod effective;
 pub mod error;
+pub mod exec_pod;
 pub mod helper_pod;
 pub mod memos;
 pub mod netcheck;

@@ -11,6 +11,13 @@
 //!    entries that move, not the root. If a move fails, the moves done so far are undone.
 //!
 //! Any failure leaves the existing workspace as it was and removes the staging directory.
+//!
+//! Under a runtime class (gVisor), step 1 does not run through the sandbox: the trusted
+//! helper extracts the same stream into the staging directory on the node, in a pod of its
+//! own bound there ([`helper_pod::build_restore_pod`], the helper's `extract` job, which
+//! never follows a link), as snapshots read such a workspace
+//! ([`snapshot_ctl::helper_for_running`]); every file the sandbox's own `tar -x` makes goes
+//! through the runtime there. The swap still runs in the sandbox's container: a few renames.
 
 use std::time::{Duration, Instant};
 
@@ -22,8 +29,11 @@ use kube::api::Api;
 use tracing::info;
 
 use crate::controller::context::{Context, Error};
-use crate::controller::pod::CONTAINER;
+use crate::controller::placement::NodeDir;
+use crate::controller::pod::{CONTAINER, PodConfig};
 use crate::controller::reasons::RestoreReason;
+use crate::controller::snapshot as snapshot_ctl;
+use crate::controller::{exec_pod, helper_pod};
 use crate::metrics::GuardOp;
 use crate::progress;
 use crate::snapshot::{self, SnapshotError, archive};
@@ -38,6 +48,8 @@ use agentbox_api::remote::{
 const EXTRACT_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 /// Upper bound on the swap and cleanup execs.
 const SWAP_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a restore pod may take to start (or a leftover of it to go).
+const RESTORE_POD_START: Duration = Duration::from_secs(120);
 
 fn fail(reason: RestoreReason, message: impl Into<String>) -> Error {
     Error::Restore {
@@ -211,6 +223,7 @@ async fn attempt(
         Checked::Go(src) => src,
         Checked::Standing(r) => return Ok(Checked::Standing(r)),
     };
+    let on_node = restore_pod(ctx, sbx, pods, pod_name).await?;
     let g = crate::controller::context::scope_guard(ctx, &ns, &sbx.spec.scope, GuardOp::Restore)
         .await
         .map_err(|e| match e {
@@ -229,6 +242,7 @@ async fn attempt(
             store,
             snapshot_name,
             &src,
+            on_node.as_ref(),
         ))
         .await;
     let _ = g.release().await;
@@ -312,8 +326,36 @@ async fn source(
     }
 }
 
-/// Under the guard: extracts into a staging directory, then swaps it in. Either failing
-/// removes the staging directory and leaves the workspace as it was.
+/// The pod in which the helper extracts this restore on the node, when that is the better
+/// path: the sandbox's pod `pod_name` runs under a runtime class and the operator has a
+/// helper image (as for snapshots, [`snapshot_ctl::helper_for_running`]). `None`: the
+/// sandbox's own `tar -x`.
+async fn restore_pod(
+    ctx: &Context,
+    sbx: &Sandbox,
+    pods: &Api<Pod>,
+    pod_name: &str,
+) -> Result<Option<Pod>, Error> {
+    let Some(pod) = pods.get_opt(pod_name).await? else {
+        return Ok(None);
+    };
+    let cfg = PodConfig::from_config(&ctx.config);
+    let helper = cfg.helper.is_some();
+    let Some(at) = snapshot_ctl::helper_for_running(sbx, &pod, helper, &ctx.config.node_root)
+    else {
+        return Ok(None);
+    };
+    let dir = NodeDir {
+        node: &at.node,
+        dir: &at.host_dir,
+    };
+    let hold = EXTRACT_TIMEOUT.as_secs() + 300;
+    Ok(helper_pod::build_restore_pod(sbx, &cfg, dir, hold))
+}
+
+/// Under the guard: extracts into a staging directory (in the sandbox's pod, or on the node
+/// in `on_node`), then swaps it in. Either failing removes the staging directory and leaves
+/// the workspace as it was.
 async fn stage_and_swap(
     sbx: &Sandbox,
     pods: &Api<Pod>,
@@ -321,17 +363,22 @@ async fn stage_and_swap(
     store: &snapshot::store::Store,
     snapshot_name: &str,
     src: &Source,
+    on_node: Option<&Pod>,
 ) -> Result<archive::Summary, Error> {
     let root = sbx.spec.workspace.root.trim_end_matches('/').to_string();
     let id = format!("{:016x}", rand::random::<u64>());
-    info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, via = ?src.via, "extracting into staging");
+    info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, via = ?src.via, on_node = on_node.is_some(), "extracting into staging");
     let started = std::time::Instant::now();
     let expected = (src.sha.as_str(), src.size);
-    let extracted = extract(
+    let into = Target {
         pods,
         pod_name,
-        &root,
-        &id,
+        root: &root,
+        id: &id,
+        on_node,
+    };
+    let extracted = extract(
+        into,
         store,
         &src.keys.object,
         src.limits,
@@ -388,17 +435,50 @@ fn mount_tops(sbx: &Sandbox) -> Vec<String> {
     tops
 }
 
+/// Where a restore extracts: the sandbox's pod `pod_name` (its workspace at `root`), or the
+/// helper's pod `on_node`; the staging directory's `id`.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    pods: &'a Api<Pod>,
+    pod_name: &'a str,
+    root: &'a str,
+    id: &'a str,
+    on_node: Option<&'a Pod>,
+}
+
 /// Moves the canonical re-encoding of the object into the pod and extracts it into a fresh
-/// staging directory ([`Via`]), and checks that what was read is the snapshot (`expected`:
-/// digest and, when recorded, size). Through a spool, that check comes before the pod's `tar`
-/// reads a byte. Permanent refusals carry their record (`judged`). Both execs are bounded by
-/// the progress deadline `stall`.
-#[allow(clippy::too_many_arguments)]
+/// staging directory ([`Via`], or on the node by the helper), and checks that what was read is
+/// the snapshot (`expected`: digest and, when recorded, size). Through a spool, that check
+/// comes before the pod's `tar` reads a byte. Permanent refusals carry their record
+/// (`judged`). Both execs are bounded by the progress deadline `stall`. A restore pod is
+/// deleted however the extraction ends.
 async fn extract(
-    pods: &Api<Pod>,
-    pod_name: &str,
-    root: &str,
-    id: &str,
+    into: Target<'_>,
+    store: &snapshot::store::Store,
+    key: &object_store::path::Path,
+    limits: archive::Limits,
+    expected: (&str, Option<u64>),
+    judged: &Judged,
+    stall_via: (Duration, Via),
+) -> Result<archive::Summary, Error> {
+    let Some(pod) = into.on_node else {
+        return extract_in(into, store, key, limits, expected, judged, stall_via).await;
+    };
+    let name = pod.name_any();
+    let result = async {
+        exec_pod::start(into.pods, pod, RESTORE_POD_START)
+            .await
+            .map_err(|m| fail(RestoreReason::ExtractFailed, m))?;
+        extract_in(into, store, key, limits, expected, judged, stall_via).await
+    }
+    .await;
+    exec_pod::delete(into.pods, &name).await;
+    result
+}
+
+/// [`extract`] once its pod runs.
+async fn extract_in(
+    into: Target<'_>,
     store: &snapshot::store::Store,
     key: &object_store::path::Path,
     limits: archive::Limits,
@@ -406,23 +486,44 @@ async fn extract(
     judged: &Judged,
     (stall, via): (Duration, Via),
 ) -> Result<archive::Summary, Error> {
+    let Target {
+        pods,
+        pod_name,
+        root,
+        id,
+        on_node,
+    } = into;
     let (reader, task) = snapshot::canonical_reader(store, key, limits)
         .await
         .map_err(|e| judged.error(e))?;
-    // The pod's `cat` or `tar -x` is the sandbox's: when it stops reading, the exec stops
-    // taking bytes from the reader, and the meter stops.
+    // The pod's `cat` or `tar -x` (the sandbox's) or the helper: when it stops reading, the
+    // exec stops taking bytes from the reader, and the meter stops.
     let meter = progress::Meter::default();
     let reader = progress::Metered::new(Box::pin(reader), meter.clone());
-    let (script, what) = match via {
-        Via::Spool => (SPOOL_SCRIPT, "writing the archive into the pod's spool"),
-        Via::Stream => (EXTRACT_STREAM_SCRIPT, "tar -x in the pod"),
+    let what = match (on_node, via) {
+        (Some(_), _) => "agentbox-helper extract on the node",
+        (None, Via::Spool) => "writing the archive into the pod's spool",
+        (None, Via::Stream) => "tar -x in the pod",
     };
-    let req = ExecRequest::argv(remote::sh(script, [root, id]))
-        .stdin_reader(reader)
-        .timeout(EXTRACT_TIMEOUT)
-        .max_output(16 << 10);
-    let out = match progress::within(&meter, stall, exec::run(pods, pod_name, CONTAINER, req)).await
-    {
+    let run = async {
+        if let Some(pod) = on_node {
+            let name = pod.name_any();
+            let argv = helper_pod::extract_argv(id);
+            let container = helper_pod::RESTORE_CONTAINER;
+            let events = exec::stream_unwrapped(pods, &name, container, argv, reader).await?;
+            return until_exit(events, None).await;
+        }
+        let script = match via {
+            Via::Spool => SPOOL_SCRIPT,
+            Via::Stream => EXTRACT_STREAM_SCRIPT,
+        };
+        let req = ExecRequest::argv(remote::sh(script, [root, id]))
+            .stdin_reader(reader)
+            .timeout(EXTRACT_TIMEOUT)
+            .max_output(16 << 10);
+        exec::run(pods, pod_name, CONTAINER, req).await
+    };
+    let out = match progress::within(&meter, stall, run).await {
         Ok(out) => out,
         Err(stalled) => {
             task.abort();
@@ -449,20 +550,21 @@ async fn extract(
     if !out.success() {
         return Err(pod_failed(what, &out));
     }
-    if via == Via::Spool {
+    if via == Via::Spool && on_node.is_none() {
         extract_spool(pods, pod_name, root, id, stall).await?;
     }
     Ok(forwarded)
 }
 
-/// What the pod's stderr says when its disk (the workspace's filesystem) is full.
-const NO_SPACE: &str = "No space left on device";
+/// What the pod's stderr says when its disk (the workspace's filesystem) is full, or its
+/// quota is (`EDQUOT`, from the helper on a node root with quotas).
+const NO_SPACE: [&str; 2] = ["No space left on device", "Disk quota exceeded"];
 
 /// The failure of an exec of the restore in the pod: `DiskFull` when it ran out of space,
 /// `ExtractFailed` otherwise.
 fn pod_failed(what: &str, out: &exec::ExecOutput) -> Error {
     let stderr = out.stderr_str();
-    let reason = if stderr.contains(NO_SPACE) {
+    let reason = if NO_SPACE.iter().any(|m| stderr.contains(m)) {
         RestoreReason::DiskFull
     } else {
         RestoreReason::ExtractFailed
@@ -483,36 +585,12 @@ async fn extract_spool(
     id: &str,
     stall: Duration,
 ) -> Result<(), Error> {
-    use futures::StreamExt;
     let what = "tar -x of the spooled archive in the pod";
     let meter = progress::Meter::default();
     let req = ExecRequest::argv(remote::sh(EXTRACT_SCRIPT, [root, id])).timeout(EXTRACT_TIMEOUT);
     let run = async {
-        let mut events = exec::stream(pods, pod_name, CONTAINER, req).await?;
-        let mut stderr = Vec::new();
-        while let Some(ev) = events.next().await {
-            match ev? {
-                exec::ExecEvent::Stdout(b) => meter.add(b.len()),
-                exec::ExecEvent::Stderr(b) => {
-                    meter.add(b.len());
-                    let room = (16usize << 10).saturating_sub(stderr.len());
-                    stderr.extend_from_slice(&b[..b.len().min(room)]);
-                }
-                exec::ExecEvent::Exit { status, timed_out } => {
-                    return Ok(exec::ExecOutput {
-                        stdout: Vec::new(),
-                        stderr,
-                        status,
-                        stdout_truncated: false,
-                        stderr_truncated: false,
-                        timed_out,
-                    });
-                }
-            }
-        }
-        Err(exec::ExecError::Stream(
-            "stream ended without an exit status".into(),
-        ))
+        let events = exec::stream(pods, pod_name, CONTAINER, req).await?;
+        until_exit(events, Some(&meter)).await
     };
     let out = match progress::within(&meter, stall, run).await {
         Ok(out) => out?,
@@ -527,6 +605,45 @@ async fn extract_spool(
         return Err(pod_failed(what, &out));
     }
     Ok(())
+}
+
+/// Reads `events` to the command's exit: its stderr (its first 16 KiB) and status, each
+/// output counted by `meter` when given (the progress of a command whose input is not
+/// metered). Its stdout is dropped.
+async fn until_exit(
+    mut events: exec::ExecStream,
+    meter: Option<&progress::Meter>,
+) -> Result<exec::ExecOutput, exec::ExecError> {
+    use futures::StreamExt;
+    let mut stderr = Vec::new();
+    let count = |n: usize| {
+        if let Some(m) = meter {
+            m.add(n);
+        }
+    };
+    while let Some(ev) = events.next().await {
+        match ev? {
+            exec::ExecEvent::Stdout(b) => count(b.len()),
+            exec::ExecEvent::Stderr(b) => {
+                count(b.len());
+                let room = (16usize << 10).saturating_sub(stderr.len());
+                stderr.extend_from_slice(&b[..b.len().min(room)]);
+            }
+            exec::ExecEvent::Exit { status, timed_out } => {
+                return Ok(exec::ExecOutput {
+                    stdout: Vec::new(),
+                    stderr,
+                    status,
+                    stdout_truncated: false,
+                    stderr_truncated: false,
+                    timed_out,
+                });
+            }
+        }
+    }
+    Err(exec::ExecError::Stream(
+        "stream ended without an exit status".into(),
+    ))
 }
 
 async fn discard(pods: &Api<Pod>, pod_name: &str, root: &str, id: &str) {

@@ -35,7 +35,8 @@ use agentbox_api::crd::{DeletionPolicy, LifecycleMode, Sandbox, SandboxSnapshot,
 use agentbox_api::labels;
 pub use agentbox_api::remote::{TAR_SCRIPT, tar_args};
 pub use decide::{
-    MAX_ATTEMPTS, NotCommitted, Observed, Plan, SandboxState, decide, retention_victims,
+    AtRest, MAX_ATTEMPTS, NotCommitted, Observed, Plan, SandboxState, decide, helper_for_running,
+    retention_victims,
 };
 pub use on_stop::{ON_STOP, OnStop, on_stop};
 pub use write::{COMMITTED, LAST_SNAPSHOT_MANAGER, set_committed};

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use object_store::MultipartId;
@@ -24,10 +24,10 @@ use super::write::{
     InFlight, LAST_SNAPSHOT_MANAGER, discard_attempt, set_committed, snapshot_err, write_failure,
 };
 use crate::controller::context::{Context, Error, scope_guard};
-use crate::controller::helper_pod;
 use crate::controller::placement::NodeDir;
 use crate::controller::pod::CONTAINER;
 use crate::controller::restore_source::{self, Age, age};
+use crate::controller::{exec_pod, helper_pod};
 use agentbox_api::crd::{
     LastSnapshot, Sandbox, SandboxSnapshot, SandboxSnapshotStatus, SnapshotPhase,
 };
@@ -490,15 +490,7 @@ async fn stream_to_store(
             .await;
             // However the attempt ended: the pod is the attempt's alone (owned by the snapshot
             // too, should this delete not happen).
-            let gone = DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            };
-            match pods.delete(&name, &gone).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => warn!(pod = %name, namespace = %ns, "deleting the archive pod: {e}"),
-            }
+            exec_pod::delete(&pods, &name).await;
             result
         }
     }
@@ -521,59 +513,9 @@ async fn start_archive_pod(
     let hold = TAR_TIMEOUT.as_secs() + 300;
     let pod = helper_pod::build_archive_pod(sbx, snap, &cfg, dir, hold)
         .ok_or_else(|| SnapshotError::Source("this operator has no helper image".into()))?;
-    let name = helper_pod::archive_pod_name(snap);
-    let source = |what: &str, e: kube::Error| SnapshotError::Source(format!("{what} {name}: {e}"));
-    let mut replaced = false;
-    loop {
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => break,
-            Err(kube::Error::Api(s)) if s.code == 409 && !replaced => {
-                // An earlier attempt's, left by an operator that stopped: its process may be
-                // mid-archive. Removed, then made again.
-                let gone = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..DeleteParams::default()
-                };
-                let _ = pods.delete(&name, &gone).await;
-                let deleted =
-                    kube::runtime::wait::await_condition(pods.clone(), &name, |p: Option<&Pod>| {
-                        p.is_none()
-                    });
-                let _ = tokio::time::timeout(ARCHIVE_POD_START, deleted).await;
-                replaced = true;
-            }
-            Err(e) => return Err(source("creating the archive pod", e)),
-        }
-    }
-    let started = |p: Option<&Pod>| {
-        let phase = p.and_then(|p| p.status.as_ref()?.phase.as_deref());
-        matches!(phase, Some("Running" | "Succeeded" | "Failed"))
-    };
-    let waited = tokio::time::timeout(
-        ARCHIVE_POD_START,
-        kube::runtime::wait::await_condition(pods.clone(), &name, started),
-    )
-    .await;
-    let pod = match waited {
-        Err(_) => {
-            return Err(SnapshotError::Source(format!(
-                "the archive pod {name} did not start within {}s",
-                ARCHIVE_POD_START.as_secs()
-            )));
-        }
-        Ok(Err(e)) => return Err(SnapshotError::Source(format!("watching {name}: {e}"))),
-        Ok(Ok(p)) => p,
-    };
-    let phase = pod
-        .as_ref()
-        .and_then(|p| p.status.as_ref()?.phase.clone())
-        .unwrap_or_default();
-    if phase != "Running" {
-        return Err(SnapshotError::Source(format!(
-            "the archive pod {name} ended before it was used ({phase})"
-        )));
-    }
-    Ok(())
+    exec_pod::start(pods, &pod, ARCHIVE_POD_START)
+        .await
+        .map_err(SnapshotError::Source)
 }
 
 /// A command whose stdout is a workspace's tar.
