@@ -49,7 +49,7 @@ pub const DESCEND_LIMIT: usize = 257;
 
 /// How every entry is resolved: beneath the directory descriptor, through no symbolic link
 /// (nor a `/proc` magic link).
-fn resolve() -> ResolveFlags {
+pub(crate) fn resolve() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
 }
 
@@ -75,14 +75,7 @@ pub fn archive_observed(
     out: impl Write,
     before_open: BeforeOpen<'_>,
 ) -> Result<Report, Error> {
-    let root_fd = rustix::fs::openat2(
-        rustix::fs::CWD,
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
-    .map_err(sys("opening", root))?;
+    let root_fd = open_root(root)?;
     check_marker(root_fd.as_fd(), root)?;
     let mut walk = Walk {
         root,
@@ -152,8 +145,23 @@ fn check_marker(root_fd: BorrowedFd<'_>, root: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// A workspace's directory (the helper's mount of it), opened through no link.
+pub(crate) fn open_root(root: &Path) -> Result<OwnedFd, Error> {
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(sys("opening", root))
+}
+
 /// A `rustix` error as the helper's [`Error::Io`].
-fn sys(what: &'static str, path: &Path) -> impl FnOnce(rustix::io::Errno) -> Error + use<> {
+pub(crate) fn sys(
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(rustix::io::Errno) -> Error + use<> {
     let path = path.to_path_buf();
     move |e| Error::Io {
         what,

@@ -31,10 +31,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{AtFlags, Gid, Mode, OFlags, ResolveFlags, Timespec, Timestamps, Uid};
+use rustix::fs::{AtFlags, Gid, Mode, OFlags, Timespec, Timestamps, Uid};
 use tar::EntryType;
 
-use crate::archive::STATE_DIR;
+use crate::archive::{STATE_DIR, open_root, resolve, sys};
 use crate::{Error, Report};
 
 /// The prefix of a staging directory's name under the workspace's `.agentbox` (as the exec
@@ -43,18 +43,6 @@ pub const STAGING_PREFIX: &str = "staging-";
 /// Mode of a parent directory a member names without the archive listing it (`tar -x` makes
 /// those with the default umask).
 const IMPLICIT_DIR_MODE: u32 = 0o755;
-
-fn resolve() -> ResolveFlags {
-    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
-}
-
-fn sys(what: &'static str, path: PathBuf) -> impl FnOnce(rustix::io::Errno) -> Error {
-    move |e| Error::Io {
-        what,
-        path,
-        source: e.into(),
-    }
-}
 
 /// Whether `id` may name a staging directory: letters, digits, `-` and `_` only.
 pub fn is_staging_id(id: &str) -> bool {
@@ -94,15 +82,8 @@ pub fn extract(root: &Path, id: &str, input: impl Read) -> Result<Report, Error>
     if !is_staging_id(id) {
         return Err(Error::Usage(format!("{id:?} is not a staging id")));
     }
-    let root_fd = rustix::fs::openat2(
-        rustix::fs::CWD,
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
-    .map_err(sys("opening", root.to_path_buf()))?;
-    let st = rustix::fs::fstat(&root_fd).map_err(sys("inspecting", root.to_path_buf()))?;
+    let root_fd = open_root(root)?;
+    let st = rustix::fs::fstat(&root_fd).map_err(sys("inspecting", root))?;
     let owners = Owners {
         uid: st.st_uid,
         gid: st.st_gid,
@@ -113,33 +94,33 @@ pub fn extract(root: &Path, id: &str, input: impl Read) -> Result<Report, Error>
         Err(rustix::io::Errno::NOENT) => {
             let at = root.join(STATE_DIR);
             rustix::fs::mkdirat(&root_fd, STATE_DIR, Mode::from_raw_mode(0o700))
-                .map_err(sys("making", at.clone()))?;
-            let fd = open_dir(root_fd.as_fd(), STATE_DIR.as_bytes())
-                .map_err(sys("opening", at.clone()))?;
+                .map_err(sys("making", &at))?;
+            let fd =
+                open_dir(root_fd.as_fd(), STATE_DIR.as_bytes()).map_err(sys("opening", &at))?;
             rustix::fs::fchown(
                 &fd,
                 Some(Uid::from_raw(owners.uid)),
                 Some(Gid::from_raw(owners.gid)),
             )
-            .map_err(sys("changing the owner of", at.clone()))?;
+            .map_err(sys("changing the owner of", &at))?;
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(IMPLICIT_DIR_MODE))
-                .map_err(sys("setting the mode of", at))?;
+                .map_err(sys("setting the mode of", &at))?;
             fd
         }
-        other => other.map_err(sys("opening", root.join(STATE_DIR)))?,
+        other => other.map_err(sys("opening", &root.join(STATE_DIR)))?,
     };
     let name = format!("{STAGING_PREFIX}{id}");
     let staging_path = root.join(STATE_DIR).join(&name);
     rustix::fs::mkdirat(&state, name.as_str(), Mode::from_raw_mode(0o700))
-        .map_err(sys("making", staging_path.clone()))?;
+        .map_err(sys("making", &staging_path))?;
     let staging =
-        open_dir(state.as_fd(), name.as_bytes()).map_err(sys("opening", staging_path.clone()))?;
+        open_dir(state.as_fd(), name.as_bytes()).map_err(sys("opening", &staging_path))?;
     rustix::fs::fchown(
         &staging,
         Some(Uid::from_raw(owners.uid)),
         Some(Gid::from_raw(owners.gid)),
     )
-    .map_err(sys("changing the owner of", staging_path.clone()))?;
+    .map_err(sys("changing the owner of", &staging_path))?;
     let mut x = Extraction {
         staging: staging.as_fd(),
         path: staging_path,
@@ -238,25 +219,25 @@ impl Extraction<'_> {
     fn parent(&mut self, rel: &[u8]) -> Result<BorrowedFd<'_>, Error> {
         if self.parent.as_ref().is_none_or(|(p, _)| p != rel) {
             let fd = if rel.is_empty() {
-                rustix::io::dup(self.staging).map_err(sys("opening", self.path.clone()))?
+                rustix::io::dup(self.staging).map_err(sys("opening", &self.path))?
             } else {
                 match open_dir(self.staging, rel) {
                     Ok(fd) => fd,
                     Err(rustix::io::Errno::NOENT) => self.make_parents(rel)?,
-                    Err(e) => return Err(sys("opening", self.at(rel))(e)),
+                    Err(e) => return Err(sys("opening", &self.at(rel))(e)),
                 }
             };
             self.parent = Some((rel.to_vec(), fd));
         }
         match &self.parent {
             Some((_, fd)) => Ok(fd.as_fd()),
-            None => Err(sys("opening", self.at(rel))(rustix::io::Errno::NOENT)),
+            None => Err(sys("opening", &self.at(rel))(rustix::io::Errno::NOENT)),
         }
     }
 
     /// Makes the missing directories of `rel` (`0755`, the owner's), one component at a time.
     fn make_parents(&mut self, rel: &[u8]) -> Result<OwnedFd, Error> {
-        let mut fd = rustix::io::dup(self.staging).map_err(sys("opening", self.path.clone()))?;
+        let mut fd = rustix::io::dup(self.staging).map_err(sys("opening", &self.path))?;
         let mut done = Vec::new();
         for c in rel.split(|b| *b == b'/') {
             if !done.is_empty() {
@@ -266,22 +247,22 @@ impl Extraction<'_> {
             let name = std::ffi::OsStr::from_bytes(c);
             match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(0o700)) {
                 Ok(()) => {
-                    let child = open_dir(fd.as_fd(), c).map_err(sys("opening", self.at(&done)))?;
+                    let child = open_dir(fd.as_fd(), c).map_err(sys("opening", &self.at(&done)))?;
                     // As `tar -x` makes them: its own (the workspace owner's).
                     let (u, g) = (
                         Uid::from_raw(self.owners.uid),
                         Gid::from_raw(self.owners.gid),
                     );
                     rustix::fs::fchown(&child, Some(u), Some(g))
-                        .map_err(sys("changing the owner of", self.at(&done)))?;
+                        .map_err(sys("changing the owner of", &self.at(&done)))?;
                     rustix::fs::fchmod(&child, Mode::from_raw_mode(IMPLICIT_DIR_MODE))
-                        .map_err(sys("setting the mode of", self.at(&done)))?;
+                        .map_err(sys("setting the mode of", &self.at(&done)))?;
                     fd = child;
                 }
                 Err(rustix::io::Errno::EXIST) => {
-                    fd = open_dir(fd.as_fd(), c).map_err(sys("opening", self.at(&done)))?;
+                    fd = open_dir(fd.as_fd(), c).map_err(sys("opening", &self.at(&done)))?;
                 }
-                Err(e) => return Err(sys("making", self.at(&done))(e)),
+                Err(e) => return Err(sys("making", &self.at(&done))(e)),
             }
         }
         Ok(fd)
@@ -311,11 +292,11 @@ impl Extraction<'_> {
         match ty {
             EntryType::Directory => {
                 rustix::fs::mkdirat(dir, name_os, Mode::from_raw_mode(0o700))
-                    .map_err(sys("making", at.clone()))?;
-                let fd = open_dir(dir, &name).map_err(sys("opening", at.clone()))?;
+                    .map_err(sys("making", &at))?;
+                let fd = open_dir(dir, &name).map_err(sys("opening", &at))?;
                 rustix::fs::fchown(&fd, Some(uid), Some(gid))
-                    .map_err(sys("changing the owner of", at.clone()))?;
-                rustix::fs::fchmod(&fd, mode).map_err(sys("setting the mode of", at))?;
+                    .map_err(sys("changing the owner of", &at))?;
+                rustix::fs::fchmod(&fd, mode).map_err(sys("setting the mode of", &at))?;
                 self.dirs.push((rel, mtime));
             }
             EntryType::Regular | EntryType::Continuous => {
@@ -330,7 +311,7 @@ impl Extraction<'_> {
                     Mode::from_raw_mode(0o600),
                     resolve(),
                 )
-                .map_err(sys("creating", at.clone()))?;
+                .map_err(sys("creating", &at))?;
                 let mut file = std::fs::File::from(fd);
                 let n = std::io::copy(&mut entry, &mut file).map_err(|source| Error::Io {
                     what: "writing",
@@ -339,10 +320,10 @@ impl Extraction<'_> {
                 })?;
                 self.bytes += n;
                 rustix::fs::fchown(&file, Some(uid), Some(gid))
-                    .map_err(sys("changing the owner of", at.clone()))?;
-                rustix::fs::fchmod(&file, mode).map_err(sys("setting the mode of", at.clone()))?;
+                    .map_err(sys("changing the owner of", &at))?;
+                rustix::fs::fchmod(&file, mode).map_err(sys("setting the mode of", &at))?;
                 rustix::fs::futimens(&file, &time(mtime))
-                    .map_err(sys("setting the time of", at))?;
+                    .map_err(sys("setting the time of", &at))?;
             }
             EntryType::Symlink => {
                 let target = entry
@@ -352,7 +333,7 @@ impl Extraction<'_> {
                     })?
                     .into_owned();
                 rustix::fs::symlinkat(std::ffi::OsStr::from_bytes(&target), dir, name_os)
-                    .map_err(sys("making the link", at.clone()))?;
+                    .map_err(sys("making the link", &at))?;
                 rustix::fs::chownat(
                     dir,
                     name_os,
@@ -360,9 +341,9 @@ impl Extraction<'_> {
                     Some(gid),
                     AtFlags::SYMLINK_NOFOLLOW,
                 )
-                .map_err(sys("changing the owner of", at.clone()))?;
+                .map_err(sys("changing the owner of", &at))?;
                 rustix::fs::utimensat(dir, name_os, &time(mtime), AtFlags::SYMLINK_NOFOLLOW)
-                    .map_err(sys("setting the time of", at))?;
+                    .map_err(sys("setting the time of", &at))?;
             }
             other => {
                 return Err(Error::BadArchive(format!(
@@ -382,8 +363,8 @@ impl Extraction<'_> {
         let dirs = std::mem::take(&mut self.dirs);
         for (rel, mtime) in dirs.iter().rev() {
             let at = self.at(rel);
-            let fd = open_dir(self.staging, rel).map_err(sys("opening", at.clone()))?;
-            rustix::fs::futimens(&fd, &time(*mtime)).map_err(sys("setting the time of", at))?;
+            let fd = open_dir(self.staging, rel).map_err(sys("opening", &at))?;
+            rustix::fs::futimens(&fd, &time(*mtime)).map_err(sys("setting the time of", &at))?;
         }
         Ok(())
     }

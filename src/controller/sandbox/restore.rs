@@ -369,7 +369,6 @@ async fn stage_and_swap(
     let id = format!("{:016x}", rand::random::<u64>());
     info!(sandbox = %sbx.name_any(), snapshot = %snapshot_name, via = ?src.via, on_node = on_node.is_some(), "extracting into staging");
     let started = std::time::Instant::now();
-    let expected = (src.sha.as_str(), src.size);
     let into = Target {
         pods,
         pod_name,
@@ -377,16 +376,7 @@ async fn stage_and_swap(
         id: &id,
         on_node,
     };
-    let extracted = extract(
-        into,
-        store,
-        &src.keys.object,
-        src.limits,
-        expected,
-        &src.judged,
-        (src.stall, src.via),
-    )
-    .await;
+    let extracted = extract(into, store, src).await;
     let staged = match extracted {
         Ok(s) => s,
         Err(e) => {
@@ -446,30 +436,26 @@ struct Target<'a> {
     on_node: Option<&'a Pod>,
 }
 
-/// Moves the canonical re-encoding of the object into the pod and extracts it into a fresh
-/// staging directory ([`Via`], or on the node by the helper), and checks that what was read is
-/// the snapshot (`expected`: digest and, when recorded, size). Through a spool, that check
+/// Moves the canonical re-encoding of `src`'s object into the pod and extracts it into a
+/// fresh staging directory ([`Via`], or on the node by the helper), and checks that what was
+/// read is the snapshot (its digest and, when recorded, size). Through a spool, that check
 /// comes before the pod's `tar` reads a byte. Permanent refusals carry their record
-/// (`judged`). Both execs are bounded by the progress deadline `stall`. A restore pod is
-/// deleted however the extraction ends.
+/// (`src.judged`). Both execs are bounded by the progress deadline `src.stall`. A restore pod
+/// is deleted however the extraction ends.
 async fn extract(
     into: Target<'_>,
     store: &snapshot::store::Store,
-    key: &object_store::path::Path,
-    limits: archive::Limits,
-    expected: (&str, Option<u64>),
-    judged: &Judged,
-    stall_via: (Duration, Via),
+    src: &Source,
 ) -> Result<archive::Summary, Error> {
     let Some(pod) = into.on_node else {
-        return extract_in(into, store, key, limits, expected, judged, stall_via).await;
+        return extract_in(into, store, src).await;
     };
     let name = pod.name_any();
     let result = async {
         exec_pod::start(into.pods, pod, RESTORE_POD_START)
             .await
             .map_err(|m| fail(RestoreReason::ExtractFailed, m))?;
-        extract_in(into, store, key, limits, expected, judged, stall_via).await
+        extract_in(into, store, src).await
     }
     .await;
     exec_pod::delete(into.pods, &name).await;
@@ -480,11 +466,7 @@ async fn extract(
 async fn extract_in(
     into: Target<'_>,
     store: &snapshot::store::Store,
-    key: &object_store::path::Path,
-    limits: archive::Limits,
-    expected: (&str, Option<u64>),
-    judged: &Judged,
-    (stall, via): (Duration, Via),
+    src: &Source,
 ) -> Result<archive::Summary, Error> {
     let Target {
         pods,
@@ -493,7 +475,8 @@ async fn extract_in(
         id,
         on_node,
     } = into;
-    let (reader, task) = snapshot::canonical_reader(store, key, limits)
+    let (judged, stall, via) = (&src.judged, src.stall, src.via);
+    let (reader, task) = snapshot::canonical_reader(store, &src.keys.object, src.limits)
         .await
         .map_err(|e| judged.error(e))?;
     // The pod's `cat` or `tar -x` (the sandbox's) or the helper: when it stops reading, the
@@ -546,7 +529,7 @@ async fn extract_in(
         Err(SnapshotError::Source(_)) if !out.success() => return Err(pod_failed(what, &out)),
         other => other.map_err(|e| judged.error(e))?,
     };
-    archive::verify(&forwarded, expected.0, expected.1).map_err(|r| judged.error(r.into()))?;
+    archive::verify(&forwarded, &src.sha, src.size).map_err(|r| judged.error(r.into()))?;
     if !out.success() {
         return Err(pod_failed(what, &out));
     }
